@@ -1,0 +1,115 @@
+// Prefill-size products through oneDNN's matmul: weights are dequantized once to
+// bf16 (or f32) and reordered into the blocked layout oneDNN's brgemm kernels
+// want; activations are converted to bf16 per call. Primitives are cached per
+// row count, since creating one costs far more than running a small one.
+#include "kernels/cpu/simd_math.h"  // first: see the note there
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/dequant.h"
+
+namespace bs::kernels::cpu {
+namespace {
+
+using dnnl::memory;
+
+struct DnnlContext {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+};
+
+DnnlContext& context() {
+  static DnnlContext ctx;
+  return ctx;
+}
+
+// Reference row count used to pick the packed weight layout.
+constexpr int64_t kLayoutRows = 512;
+
+memory::data_type dt(Precision p) { return p == Precision::BF16 ? memory::data_type::bf16 : memory::data_type::f32; }
+
+}  // namespace
+
+struct DnnlWeights {
+  Precision precision;
+  int64_t in = 0, out = 0;
+  memory::desc packed_desc;
+  memory packed;
+  mutable std::mutex mu;  // guards the primitive cache
+  mutable std::map<int64_t, dnnl::matmul> primitives;
+};
+
+void destroy(DnnlWeights* w) { delete w; }
+
+DnnlWeightsPtr pack_for_gemm(const WeightView& w, Precision precision) {
+  auto& ctx = context();
+  DnnlWeightsPtr out(new DnnlWeights);
+  out->precision = precision;
+  out->in = w.in_features;
+  out->out = w.out_features;
+  const auto type = static_cast<uint32_t>(w.type);
+  const int64_t row_bytes = w.in_features / type_block_elements(type) * type_block_bytes(type);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  // Plain weights as oneDNN's [K, N] with strides {1, K}: our rows are output features.
+  memory::desc plain_desc({w.in_features, w.out_features}, dt(precision), memory::dims{1, w.in_features});
+  memory plain(plain_desc, ctx.engine);
+  if (precision == Precision::BF16) {
+    auto* dst = static_cast<uint16_t*>(plain.get_data_handle());
+    for (int64_t r = 0; r < w.out_features; ++r)
+      dequantize_row_to_bf16(type, base + r * row_bytes, dst + r * w.in_features, w.in_features);
+  } else {
+    auto* dst = static_cast<float*>(plain.get_data_handle());
+    for (int64_t r = 0; r < w.out_features; ++r)
+      dequantize_row(type, base + r * row_bytes, dst + r * w.in_features, w.in_features);
+  }
+  memory::desc src_desc({kLayoutRows, w.in_features}, dt(precision), memory::format_tag::ab);
+  memory::desc any_w({w.in_features, w.out_features}, dt(precision), memory::format_tag::any);
+  memory::desc dst_desc({kLayoutRows, w.out_features}, memory::data_type::f32, memory::format_tag::ab);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_desc, any_w, dst_desc), ctx.engine);
+  out->packed_desc = pd.weights_desc();
+  out->packed = memory(out->packed_desc, ctx.engine);
+  dnnl::reorder(plain, out->packed).execute(ctx.stream, plain, out->packed);
+  ctx.stream.wait();
+  return out;
+}
+
+void gemm(const DnnlWeights& w, const float* x, float* y, int64_t n) {
+  auto& ctx = context();
+  const auto sdt = dt(w.precision);
+  memory::desc src_desc({n, w.in}, sdt, memory::format_tag::ab);
+  memory::desc dst_desc({n, w.out}, memory::data_type::f32, memory::format_tag::ab);
+  dnnl::matmul prim;
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    auto it = w.primitives.find(n);
+    if (it == w.primitives.end()) {
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_desc, w.packed_desc, dst_desc), ctx.engine);
+      it = w.primitives.emplace(n, dnnl::matmul(pd)).first;
+    }
+    prim = it->second;
+  }
+  memory dst(dst_desc, ctx.engine, y);
+  if (w.precision == Precision::BF16) {
+    std::vector<uint16_t> xb(static_cast<size_t>(n * w.in));
+    const int64_t count = n * w.in;
+    const int64_t vec_end = count & ~int64_t{31};
+#pragma omp parallel for schedule(static) if (count >= 65536)
+    for (int64_t i = 0; i < vec_end; i += 32) {
+      const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+      _mm512_storeu_si512(xb.data() + i, reinterpret_cast<const __m512i&>(b));
+    }
+    for (int64_t i = vec_end; i < count; ++i) xb[i] = fp32_to_bf16(x[i]);
+    memory src(src_desc, ctx.engine, xb.data());
+    prim.execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w.packed}, {DNNL_ARG_DST, dst}});
+  } else {
+    memory src(src_desc, ctx.engine, const_cast<float*>(x));
+    prim.execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w.packed}, {DNNL_ARG_DST, dst}});
+  }
+  ctx.stream.wait();
+}
+
+}  // namespace bs::kernels::cpu

@@ -1,0 +1,44 @@
+#include "kernels/profiling_backend.h"
+
+#include <chrono>
+
+namespace bs::kernels {
+namespace {
+
+template <class F>
+void timed(std::map<std::string, OpStats>& stats, const char* op, F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  auto& s = stats[op];
+  s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++s.calls;
+}
+
+}  // namespace
+
+std::unique_ptr<PreparedWeights> ProfilingBackend::prepare(const WeightView& w, Precision p) {
+  return inner_.prepare(w, p);
+}
+void ProfilingBackend::linear(const PreparedWeights& w, const float* x, float* y, int64_t n, const float* bias) {
+  timed(stats_, n <= 4 ? "linear_gemv" : "linear_gemm", [&] { inner_.linear(w, x, y, n, bias); });
+}
+void ProfilingBackend::embed(const WeightView& table, const int32_t* ids, float* out, int64_t n) {
+  timed(stats_, "embed", [&] { inner_.embed(table, ids, out, n); });
+}
+void ProfilingBackend::rmsnorm(const float* x, const float* weight, float* out, int64_t n, int64_t dim, float eps) {
+  timed(stats_, "rmsnorm", [&] { inner_.rmsnorm(x, weight, out, n, dim, eps); });
+}
+void ProfilingBackend::rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const RopeTable& table) {
+  timed(stats_, "rope", [&] { inner_.rope(x, pos, n, heads, table); });
+}
+void ProfilingBackend::swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) {
+  timed(stats_, "swiglu", [&] { inner_.swiglu(gate_up, out, n, ff); });
+}
+void ProfilingBackend::attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out,
+                                 int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv,
+                                 int64_t kv_stride, float scale) {
+  timed(stats_, "attention",
+        [&] { inner_.attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale); });
+}
+
+}  // namespace bs::kernels

@@ -1,0 +1,40 @@
+// A Backend decorator that times every op it forwards (wall-clock per call), so a
+// benchmark can say where prefill and decode time goes.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "kernels/backend.h"
+
+namespace bs::kernels {
+
+struct OpStats {
+  double seconds = 0;
+  int64_t calls = 0;
+};
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(Backend& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name() + "+profile"; }
+  const std::map<std::string, OpStats>& stats() const { return stats_; }
+  void reset() { stats_.clear(); }
+
+  std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision p) override;
+  void linear(const PreparedWeights& w, const float* x, float* y, int64_t n, const float* bias) override;
+  void embed(const WeightView& table, const int32_t* ids, float* out, int64_t n) override;
+  void rmsnorm(const float* x, const float* weight, float* out, int64_t n, int64_t dim, float eps) override;
+  void rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const RopeTable& table) override;
+  void swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) override;
+  void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
+                 int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
+                 float scale) override;
+
+ private:
+  Backend& inner_;
+  std::map<std::string, OpStats> stats_;
+};
+
+}  // namespace bs::kernels

@@ -1,0 +1,95 @@
+// A Llama-family model (Llama, SmolLM2, Qwen2) loaded from GGUF: hyper-parameters,
+// weights prepared on a backend, tokenizer and chat template.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+namespace bs {
+
+struct RopeScaling {
+  std::string type = "none";  // none | linear | llama3 (frequency factors)
+  float factor = 1.0f;
+  // Llama-3 style frequency scaling parameters (used when type == "llama3" and the
+  // file carries no precomputed rope_freqs tensor).
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_context = 8192;
+};
+
+struct LlamaConfig {
+  std::string architecture;
+  int n_layers = 0;
+  int dim = 0;
+  int ff = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int vocab = 0;
+  int context_length = 0;
+  float rms_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  kernels::RopeStyle rope_style = kernels::RopeStyle::Interleaved;
+  RopeScaling rope_scaling;
+  int q_dim() const { return n_heads * head_dim; }
+  int kv_dim() const { return n_kv_heads * head_dim; }
+};
+
+// inv_freq for a config, scaling applied. `freq_factors` (Llama-3 rope_freqs
+// tensor, may be empty) divides each frequency's wavelength factor in.
+kernels::RopeTable make_rope_table(const LlamaConfig& cfg, const std::vector<float>& freq_factors = {});
+
+struct LayerWeights {
+  std::vector<float> attn_norm;                       // [dim]
+  std::vector<float> ffn_norm;                        // [dim]
+  std::vector<float> qkv_bias;                        // [q_dim + 2 kv_dim] or empty
+  std::unique_ptr<kernels::PreparedWeights> wqkv;     // [q_dim + 2 kv_dim, dim]
+  std::unique_ptr<kernels::PreparedWeights> wo;       // [dim, q_dim]
+  std::unique_ptr<kernels::PreparedWeights> w_gate_up;// [2 ff, dim]
+  std::unique_ptr<kernels::PreparedWeights> w_down;   // [dim, ff]
+};
+
+class LlamaModel {
+ public:
+  // Loads and prepares all weights on `backend` (which must outlive the model).
+  LlamaModel(const std::string& gguf_path, kernels::Backend& backend, kernels::Precision precision);
+
+  const LlamaConfig& config() const { return cfg_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const ChatTemplate& chat_template() const { return chat_template_; }
+  kernels::Backend& backend() const { return *backend_; }
+  kernels::Precision precision() const { return precision_; }
+  const kernels::RopeTable& rope() const { return rope_; }
+  const LayerWeights& layer(int l) const { return layers_[l]; }
+  const kernels::WeightView& token_embedding() const { return embed_view_; }
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  const kernels::PreparedWeights& output() const { return *output_; }
+  // Identifies the weights: sha-free but content-derived (hash of metadata, tensor
+  // table and a sample of tensor bytes), used to key cached KV.
+  uint64_t fingerprint() const { return fingerprint_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  gguf::GgufFile file_;
+  LlamaConfig cfg_;
+  kernels::Backend* backend_;
+  kernels::Precision precision_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ChatTemplate chat_template_;
+  kernels::RopeTable rope_;
+  std::vector<LayerWeights> layers_;
+  std::vector<std::vector<uint8_t>> fused_storage_;  // concatenated raw rows of fused weights
+  kernels::WeightView embed_view_;
+  std::vector<float> output_norm_;
+  std::unique_ptr<kernels::PreparedWeights> output_;
+  uint64_t fingerprint_ = 0;
+};
+
+}  // namespace bs

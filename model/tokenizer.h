@@ -1,0 +1,88 @@
+// Byte-level BPE tokenizer built from GGUF metadata (tokenizer.ggml.*), with the
+// model's pre-tokenizer (tokenizer.ggml.pre), special (control) tokens and
+// streaming UTF-8-safe decoding.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace bs {
+
+namespace gguf { class GgufFile; }
+
+struct TokenizerSpec {
+  std::string model = "gpt2";          // tokenizer.ggml.model
+  std::string pre = "default";         // tokenizer.ggml.pre
+  std::vector<std::string> tokens;     // tokenizer.ggml.tokens (byte-level unicode form)
+  std::vector<int64_t> token_types;    // tokenizer.ggml.token_type (1 normal, 3 control, 4 user-defined, ...)
+  std::vector<std::string> merges;     // tokenizer.ggml.merges ("a b")
+  int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
+  bool add_bos = false;
+};
+
+class Tokenizer {
+ public:
+  explicit Tokenizer(TokenizerSpec spec);
+  static Tokenizer from_gguf(const gguf::GgufFile& file);
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  // parse_special: control tokens written in the text (e.g. "<|im_start|>") become
+  // their ids; otherwise they are tokenized as plain text.
+  std::vector<int32_t> encode(std::string_view text, bool parse_special) const;
+  // Raw bytes of one token (control tokens render as their text).
+  const std::string& token_bytes(int32_t id) const;
+  std::string decode(std::span<const int32_t> ids) const;
+  int32_t vocab_size() const;
+  bool is_control(int32_t id) const;
+  int32_t bos_id() const;
+  int32_t eos_id() const;
+  // Id of a token given by its exact text, -1 when absent (e.g. "<|im_end|>").
+  int32_t token_id(std::string_view text) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Accumulates token bytes and releases only complete UTF-8 sequences, so a
+// multi-byte character split across tokens is never emitted half-way.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok) : tok_(&tok) {}
+  std::string push(int32_t id);  // the complete text that became available
+  std::string flush();           // whatever is left (invalid tails become U+FFFD)
+ private:
+  const Tokenizer* tok_;
+  std::string pending_;
+};
+
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+// Chat template from the GGUF's tokenizer.chat_template. We do not run Jinja:
+// the known template families (ChatML, as used by SmolLM2 and Qwen2) are
+// recognised and rendered by a built-in equivalent, including a default system
+// prompt the template injects. Unknown templates fall back to ChatML.
+class ChatTemplate {
+ public:
+  static ChatTemplate from_gguf(const gguf::GgufFile& file);
+  static ChatTemplate chatml(std::string default_system = "");
+  std::string apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // Strings that end an assistant turn (e.g. "<|im_end|>").
+  const std::vector<std::string>& stop_strings() const { return stops_; }
+  const std::string& default_system() const { return default_system_; }
+
+ private:
+  std::string default_system_;
+  std::vector<std::string> stops_{"<|im_end|>"};
+};
+
+}  // namespace bs
