@@ -100,5 +100,7 @@ class Backend {
 
 std::unique_ptr<Backend> make_reference_backend();
 std::unique_ptr<Backend> make_cpu_backend();
+// Threads the CPU kernels run on (OpenMP).
+int cpu_compute_threads();
 
 }  // namespace bs::kernels

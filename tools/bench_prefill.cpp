@@ -97,7 +97,7 @@ int bench_prefill(const BenchOptions& opt) {
     std::printf("%s\n", nlohmann::json{{"bench", "prefill"}, {"precision", prec}, {"tokens", n},
                                        {"seconds", t}, {"tokens_per_s", n / t},
                                        {"gemm_gflops_effective", gemm_flops_per_token(c) * n / t / 1e9},
-                                       {"threads", kernels::cpu::compute_threads()},
+                                       {"threads", kernels::cpu_compute_threads()},
                                        {"breakdown_last_run", breakdown(prof, times.back())}}.dump().c_str());
     std::fflush(stdout);
   }

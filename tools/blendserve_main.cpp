@@ -51,6 +51,7 @@ int run_generate(const std::string& model_path, const std::string& prompt, bool 
     return true;
   });
   std::fputc('\n', stdout);
+  std::fflush(stdout);
   if (show_stats)
     std::fprintf(stderr, "prompt %lld tokens, prefill %.3f s; %zu tokens in %.3f s (%.1f tok/s); finish: %s\n",
                  static_cast<long long>(r.prompt_tokens), r.prefill_seconds, r.tokens.size(), r.decode_seconds,

@@ -122,8 +122,6 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
-namespace cpu {
-int compute_threads() { return omp_get_max_threads(); }
-}  // namespace cpu
+int cpu_compute_threads() { return omp_get_max_threads(); }
 
 }  // namespace bs::kernels

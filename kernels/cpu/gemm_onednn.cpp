@@ -3,6 +3,7 @@
 // want; activations are converted to bf16 per call. Primitives are cached per
 // row count, since creating one costs far more than running a small one.
 #include "kernels/cpu/simd_math.h"  // first: see the note there
+#include <compare>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -27,6 +28,16 @@ DnnlContext& context() {
   return ctx;
 }
 
+// Matmul primitives by (rows, in, out, precision): every layer has the same shapes,
+// so one primitive serves all of them.
+struct PrimitiveKey {
+  int64_t rows, in, out;
+  int precision;
+  auto operator<=>(const PrimitiveKey&) const = default;
+};
+std::mutex primitive_mu;
+std::map<PrimitiveKey, dnnl::matmul> primitive_cache;
+
 // Reference row count used to pick the packed weight layout.
 constexpr int64_t kLayoutRows = 512;
 
@@ -39,8 +50,6 @@ struct DnnlWeights {
   int64_t in = 0, out = 0;
   memory::desc packed_desc;
   memory packed;
-  mutable std::mutex mu;  // guards the primitive cache
-  mutable std::map<int64_t, dnnl::matmul> primitives;
 };
 
 void destroy(DnnlWeights* w) { delete w; }
@@ -84,11 +93,13 @@ void gemm(const DnnlWeights& w, const float* x, float* y, int64_t n) {
   memory::desc dst_desc({n, w.out}, memory::data_type::f32, memory::format_tag::ab);
   dnnl::matmul prim;
   {
-    std::lock_guard<std::mutex> lock(w.mu);
-    auto it = w.primitives.find(n);
-    if (it == w.primitives.end()) {
+    std::lock_guard<std::mutex> lock(primitive_mu);
+    const PrimitiveKey key{n, w.in, w.out, static_cast<int>(w.precision)};
+    auto it = primitive_cache.find(key);
+    if (it == primitive_cache.end()) {
+      if (primitive_cache.size() > 4096) primitive_cache.clear();  // bound memory over many prompt lengths
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_desc, w.packed_desc, dst_desc), ctx.engine);
-      it = w.primitives.emplace(n, dnnl::matmul(pd)).first;
+      it = primitive_cache.emplace(key, dnnl::matmul(pd)).first;
     }
     prim = it->second;
   }

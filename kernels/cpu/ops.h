@@ -52,7 +52,4 @@ void gemm(const DnnlWeights& w,
           float* y,        // [n, out_features]
           int64_t n);
 
-// Number of OpenMP threads the kernels use.
-int compute_threads();
-
 }  // namespace bs::kernels::cpu

@@ -1,0 +1,257 @@
+#include "kernels/dequant.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+// Exactness note: ggml rounds q * d and (q * d) + m separately. q has at most 8 significant
+// bits and d (an fp16) 11, so q * d is exact in fp32 and a fused multiply-add gives the same
+// result: these loops match ggml bit for bit whatever the compiler's fp-contract setting.
+
+namespace bs::kernels {
+
+namespace {
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline float bits_to_f32(uint32_t u) { return std::bit_cast<float>(u); }
+inline uint32_t f32_to_bits(float f) { return std::bit_cast<uint32_t>(f); }
+
+}  // namespace
+
+// ---- scalar conversions ---------------------------------------------------------------
+
+float fp16_to_fp32(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal half: normalize
+      uint32_t e = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --e;
+      }
+      mant &= 0x3ffu;
+      bits = sign | (e << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + (127 - 15)) << 23) | (mant << 13);
+  }
+  return bits_to_f32(bits);
+#endif
+}
+
+uint16_t fp32_to_fp16(float f) {
+#if defined(__F16C__)
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+#else
+  // Same algorithm as ggml's portable GGML_COMPUTE_FP32_TO_FP16.
+  const float scale_to_inf = 0x1.0p+112f;
+  const float scale_to_zero = 0x1.0p-110f;
+  float base = std::fabs(f) * scale_to_inf;
+  base = base * scale_to_zero;
+  const uint32_t w = f32_to_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xff000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = bits_to_f32((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = f32_to_bits(base);
+  const uint32_t exp_bits = (bits >> 13) & 0x00007c00u;
+  const uint32_t mantissa_bits = bits & 0x00000fffu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xff000000u ? 0x7e00u : nonsign));
+#endif
+}
+
+float bf16_to_fp32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
+
+uint16_t fp32_to_bf16(float f) {
+  const uint32_t u = f32_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: truncate, force the quiet bit
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  }
+  return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+// ---- row dequantization ---------------------------------------------------------------
+
+void dequantize_f32(const void* src, float* dst, int64_t n) {
+  if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+void dequantize_f16(const void* src, float* dst, int64_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = fp16_to_fp32(load_u16(s + 2 * i));
+}
+
+void dequantize_bf16(const void* src, float* dst, int64_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(load_u16(s + 2 * i));
+}
+
+void dequantize_q4_0(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kQK4_0;
+  for (int64_t i = 0; i < nb; ++i, b += kBlockBytesQ4_0) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const uint8_t* qs = b + 2;
+    float* y = dst + i * kQK4_0;
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = (qs[j] & 0x0f) - 8;
+      const int x1 = (qs[j] >> 4) - 8;
+      y[j] = static_cast<float>(x0) * d;
+      y[j + 16] = static_cast<float>(x1) * d;
+    }
+  }
+}
+
+void dequantize_q4_1(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kQK4_1;
+  for (int64_t i = 0; i < nb; ++i, b += kBlockBytesQ4_1) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const float m = fp16_to_fp32(load_u16(b + 2));
+    const uint8_t* qs = b + 4;
+    float* y = dst + i * kQK4_1;
+    for (int j = 0; j < 16; ++j) {
+      const float p0 = static_cast<float>(qs[j] & 0x0f) * d;
+      const float p1 = static_cast<float>(qs[j] >> 4) * d;
+      y[j] = p0 + m;
+      y[j + 16] = p1 + m;
+    }
+  }
+}
+
+void dequantize_q8_0(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kQK8_0;
+  for (int64_t i = 0; i < nb; ++i, b += kBlockBytesQ8_0) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const auto* qs = reinterpret_cast<const int8_t*>(b + 2);
+    float* y = dst + i * kQK8_0;
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+  }
+}
+
+int64_t type_block_elements(uint32_t type) {
+  switch (type) {
+    case ggml_type::kF32:
+    case ggml_type::kF16:
+    case ggml_type::kBF16:
+      return 1;
+    case ggml_type::kQ4_0:
+      return kQK4_0;
+    case ggml_type::kQ4_1:
+      return kQK4_1;
+    case ggml_type::kQ8_0:
+      return kQK8_0;
+    default:
+      return 0;
+  }
+}
+
+int64_t type_block_bytes(uint32_t type) {
+  switch (type) {
+    case ggml_type::kF32:
+      return 4;
+    case ggml_type::kF16:
+    case ggml_type::kBF16:
+      return 2;
+    case ggml_type::kQ4_0:
+      return kBlockBytesQ4_0;
+    case ggml_type::kQ4_1:
+      return kBlockBytesQ4_1;
+    case ggml_type::kQ8_0:
+      return kBlockBytesQ8_0;
+    default:
+      return 0;
+  }
+}
+
+namespace {
+
+void check_row(uint32_t type, int64_t n) {
+  const int64_t be = type_block_elements(type);
+  if (be == 0) throw std::invalid_argument("dequantize: unsupported ggml type " + std::to_string(type));
+  if (n < 0 || n % be != 0) {
+    throw std::invalid_argument("dequantize: element count " + std::to_string(n) +
+                                " is not a non-negative multiple of the block size " +
+                                std::to_string(be));
+  }
+}
+
+}  // namespace
+
+void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n) {
+  check_row(type, n);
+  switch (type) {
+    case ggml_type::kF32:
+      dequantize_f32(src, dst, n);
+      break;
+    case ggml_type::kF16:
+      dequantize_f16(src, dst, n);
+      break;
+    case ggml_type::kBF16:
+      dequantize_bf16(src, dst, n);
+      break;
+    case ggml_type::kQ4_0:
+      dequantize_q4_0(src, dst, n);
+      break;
+    case ggml_type::kQ4_1:
+      dequantize_q4_1(src, dst, n);
+      break;
+    case ggml_type::kQ8_0:
+      dequantize_q8_0(src, dst, n);
+      break;
+    default:
+      break;  // unreachable: check_row rejected it
+  }
+}
+
+void dequantize_row_to_bf16(uint32_t type, const void* src, uint16_t* dst, int64_t n) {
+  check_row(type, n);
+  if (type == ggml_type::kBF16) {
+    if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(uint16_t));
+    return;
+  }
+  // Chunks of whole blocks through a small fp32 buffer.
+  constexpr int64_t kChunk = 256;  // a multiple of every block size
+  float buf[kChunk];
+  const auto* s = static_cast<const uint8_t*>(src);
+  const int64_t be = type_block_elements(type);
+  const int64_t bb = type_block_bytes(type);
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t len = n - i < kChunk ? n - i : kChunk;
+    dequantize_row(type, s + (i / be) * bb, buf, len);
+    for (int64_t j = 0; j < len; ++j) dst[i + j] = fp32_to_bf16(buf[j]);
+  }
+}
+
+}  // namespace bs::kernels

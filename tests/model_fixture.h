@@ -1,0 +1,44 @@
+// Shared test helpers: the real model, loaded once per test binary and precision.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "kernels/backend.h"
+#include "model/llama_model.h"
+
+namespace bs::testing {
+
+inline std::string model_path() {
+  if (const char* env = std::getenv("BLENDSERVE_MODEL")) return env;
+  return BLENDSERVE_DEFAULT_MODEL;
+}
+
+inline bool model_available() { return std::filesystem::exists(model_path()); }
+
+// The model on the CPU backend at the given GEMM precision, loaded on first use.
+inline const LlamaModel& shared_model(kernels::Precision precision) {
+  static std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend();
+  static std::map<kernels::Precision, std::unique_ptr<LlamaModel>> models;
+  auto& m = models[precision];
+  if (!m) m = std::make_unique<LlamaModel>(model_path(), *backend, precision);
+  return *m;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+}  // namespace bs::testing
+
+// The model file comes from tools/setup.sh; without it the model tests cannot run.
+#define REQUIRE_MODEL()                                                              \
+  do {                                                                               \
+    if (!bs::testing::model_available()) FAIL() << "model missing: run tools/setup.sh"; \
+  } while (0)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The test command (README): set up (idempotent), build, run every test.
+#   1. tools/setup.sh: Debian packages + the model file (verified sha256)
+#   2. Release build in build/ (binaries: build/blendserve, build/blendctl); all tests
+#   3. ASan+UBSan build in build-asan/; the unit tests (label "unit") under it
+# Set BLENDSERVE_SKIP_SANITIZE=1 to skip step 3 while iterating.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+JOBS="$(nproc)"
+
+"$ROOT/tools/setup.sh"
+
+echo "[test] Release build"
+cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$ROOT/build" -j"$JOBS"
+echo "[test] all tests (Release)"
+ctest --test-dir "$ROOT/build" --output-on-failure -j1
+
+if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
+  echo "[test] ASan+UBSan build"
+  cmake -S "$ROOT" -B "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_SANITIZE=ON >/dev/null
+  cmake --build "$ROOT/build-asan" -j"$JOBS"
+  echo "[test] unit tests under ASan+UBSan"
+  # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir "$ROOT/build-asan" --output-on-failure -L unit -j1
+fi
