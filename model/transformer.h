@@ -1,6 +1,6 @@
 // The Llama forward pass over a KvCache, on any backend. Layers are exposed one
-// at a time so the blend pipeline can run them on a subset of tokens and look at
-// the fresh K/V before they are written.
+// at a time, and split in halves, so the blend pipeline can compare fresh K/V with
+// loaded K/V and carry only some tokens forward.
 #pragma once
 
 #include <cstdint>
@@ -12,17 +12,6 @@
 #include "model/llama_model.h"
 
 namespace bs {
-
-// Called after a layer computed the fresh K (after RoPE) and V of its tokens and
-// before they are written into the cache; may inspect or edit them.
-struct LayerHook {
-  virtual ~LayerHook() = default;
-  virtual void on_fresh_kv(int layer,
-                           const int32_t* pos,  // [n]
-                           float* k,            // [n, kv_heads, head_dim]
-                           float* v,            // [n, kv_heads, head_dim]
-                           int64_t n) = 0;
-};
 
 class Transformer {
  public:
@@ -39,7 +28,27 @@ class Transformer {
   void run_layer(int layer,
                  float* hidden,        // [n, dim]
                  const int32_t* pos,   // [n]
-                 int64_t n, KvCache& cache, int64_t n_kv, LayerHook* hook = nullptr) const;
+                 int64_t n, KvCache& cache, int64_t n_kv) const;
+
+  // The two halves of run_layer, for callers that continue only some of the
+  // tokens whose K/V they computed (the blend pipeline).
+  // Attention input projections: q after RoPE, k after RoPE, v.
+  void project_qkv(int layer,
+                   const float* hidden,  // [n, dim]
+                   const int32_t* pos,   // [n]
+                   int64_t n,
+                   float* q,             // [n, q_heads, head_dim]
+                   float* k,             // [n, kv_heads, head_dim]
+                   float* v              // [n, kv_heads, head_dim]
+                   ) const;
+  // Writes K/V rows into the cache at the given positions.
+  void store_kv(int layer, const int32_t* pos, int64_t n, const float* k, const float* v, KvCache& cache) const;
+  // Attention over the cache + output projection + MLP, residual added into hidden.
+  void attend_and_mlp(int layer,
+                      float* hidden,        // [n, dim]
+                      const float* q,       // [n, q_heads, head_dim]
+                      const int32_t* pos,   // [n]
+                      int64_t n, const KvCache& cache, int64_t n_kv) const;
 
   // Final norm + LM head for n rows: [n, vocab]
   void logits(const float* hidden, int64_t n, float* out) const;

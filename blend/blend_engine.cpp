@@ -1,0 +1,323 @@
+#include "blend/blend_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+
+namespace bs {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+// Rows of `src` ([n, width]) at the given indices.
+std::vector<float> gather_rows(const std::vector<float>& src, int64_t width, const std::vector<int64_t>& rows) {
+  std::vector<float> out(rows.size() * static_cast<size_t>(width));
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(out.data() + i * width, src.data() + rows[i] * width, width * sizeof(float));
+  return out;
+}
+
+// The kept fraction of cached tokens after each check layer.
+std::vector<float> keep_fractions(const BlendOptions& o) {
+  const size_t k = o.check_layers.size();
+  std::vector<float> f(k);
+  if (!o.schedule.empty()) {
+    if (o.schedule.size() + 1 != k)
+      throw std::invalid_argument("blend schedule needs one fraction per check layer but the last");
+    for (size_t i = 0; i + 1 < k; ++i) f[i] = o.schedule[i];
+  } else {
+    for (size_t i = 0; i + 1 < k; ++i)
+      f[i] = o.ratio + (1.0f - o.ratio) * static_cast<float>(k - 1 - i) / static_cast<float>(k);
+  }
+  f[k - 1] = o.ratio;
+  return f;
+}
+
+}  // namespace
+
+const char* mode_name(BlendMode m) {
+  switch (m) {
+    case BlendMode::Full: return "full";
+    case BlendMode::Prefix: return "prefix";
+    case BlendMode::Reuse: return "reuse";
+    case BlendMode::Blend: return "blend";
+  }
+  return "?";
+}
+
+BlendMode parse_mode(const std::string& s) {
+  if (s == "full") return BlendMode::Full;
+  if (s == "prefix") return BlendMode::Prefix;
+  if (s == "reuse") return BlendMode::Reuse;
+  if (s == "blend") return BlendMode::Blend;
+  throw std::invalid_argument("unknown mode '" + s + "' (full, prefix, reuse, blend)");
+}
+
+ChunkKey BlendEngine::chunk_key(std::span<const int32_t> tokens) const {
+  return make_chunk_key(tf_.model().fingerprint(), KvKind::Chunk, tokens);
+}
+ChunkKey BlendEngine::prefix_key(std::span<const int32_t> tokens) const {
+  return make_chunk_key(tf_.model().fingerprint(), KvKind::Prefix, tokens);
+}
+
+void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernels::Backend& backend,
+                    const kernels::RopeTable& rope) {
+  const int64_t m = chunk.length(), hd = chunk.head_dim;
+  if (offset < 0 || offset + m > cache.capacity) throw std::out_of_range("place_chunk_kv: chunk outside the cache");
+  const std::vector<int32_t> delta(static_cast<size_t>(m), static_cast<int32_t>(offset));
+  for (int l = 0; l < chunk.n_layers; ++l)
+    for (int h = 0; h < chunk.kv_heads; ++h) {
+      const int64_t src = (static_cast<int64_t>(h) * m) * hd;
+      float* k = cache.k_at(l, h, offset);
+      std::memcpy(k, chunk.k_layer(l) + src, m * hd * sizeof(float));
+      std::memcpy(cache.v_at(l, h, offset), chunk.v_layer(l) + src, m * hd * sizeof(float));
+      if (offset != 0) backend.rope(k, delta.data(), m, 1, rope);
+    }
+}
+
+std::shared_ptr<const ChunkKv> BlendEngine::compute_chunk_kv(std::span<const int32_t> tokens) const {
+  const auto& c = tf_.model().config();
+  const int64_t m = static_cast<int64_t>(tokens.size());
+  if (m == 0) throw std::invalid_argument("compute_chunk_kv: empty chunk");
+  auto cache = tf_.make_cache(m);
+  std::vector<int32_t> pos(static_cast<size_t>(m));
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> hidden(static_cast<size_t>(m * c.dim));
+  tf_.embed(tokens, hidden.data());
+  for (int l = 0; l < c.n_layers; ++l) tf_.run_layer(l, hidden.data(), pos.data(), m, cache, m);
+  auto kv = std::make_shared<ChunkKv>();
+  kv->tokens.assign(tokens.begin(), tokens.end());
+  kv->n_layers = c.n_layers;
+  kv->kv_heads = c.n_kv_heads;
+  kv->head_dim = c.head_dim;
+  kv->k.resize(static_cast<size_t>(c.n_layers) * kv->layer_stride());
+  kv->v.resize(kv->k.size());
+  for (int l = 0; l < c.n_layers; ++l)
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      const int64_t dst = l * kv->layer_stride() + static_cast<int64_t>(h) * m * c.head_dim;
+      std::memcpy(kv->k.data() + dst, cache.k_at(l, h, 0), m * c.head_dim * sizeof(float));
+      std::memcpy(kv->v.data() + dst, cache.v_at(l, h, 0), m * c.head_dim * sizeof(float));
+    }
+  return kv;
+}
+
+void BlendEngine::warm(const RagPrompt& prompt) const {
+  if (!prompt.prefix.empty()) {
+    const auto key = prefix_key(prompt.prefix);
+    if (!store_.contains(key)) store_.put(key, compute_chunk_kv(prompt.prefix));
+  }
+  for (const auto& chunk : prompt.chunks) {
+    const auto key = chunk_key(chunk);
+    if (!store_.contains(key)) store_.put(key, compute_chunk_kv(chunk));
+  }
+}
+
+std::vector<int32_t> BlendEngine::select_recompute(const std::vector<int32_t>& prompt_tokens,
+                                                   const std::vector<int32_t>& cached,
+                                                   const std::vector<int32_t>& missed, int64_t chunks_end,
+                                                   const BlendOptions& opt, KvCache& cache, BlendStats& st) const {
+  const auto& c = tf_.model().config();
+  std::vector<int> checks = opt.check_layers;
+  std::sort(checks.begin(), checks.end());
+  checks.erase(std::unique(checks.begin(), checks.end()), checks.end());
+  if (checks.empty()) throw std::invalid_argument("blend: no check layer");
+  // At layer 0 a token's K/V depend on the token alone, so fresh and loaded agree:
+  // deviation only shows from layer 1 on.
+  if (checks.front() < 1 || checks.back() >= c.n_layers)
+    throw std::invalid_argument("blend: check layers must be in [1, " + std::to_string(c.n_layers - 1) + "]");
+  BlendOptions o = opt;
+  o.check_layers = checks;
+  const std::vector<float> keep = keep_fractions(o);
+  const int64_t H = static_cast<int64_t>(cached.size());
+  const int last = checks.back();
+
+  // Scratch: the layers the selection pass writes are restored afterwards, so the
+  // final pass sees loaded KV for every token it does not recompute.
+  const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * cache.capacity * c.head_dim;
+  std::vector<float> saved_k(cache.k.begin(), cache.k.begin() + (last + 1) * layer_floats);
+  std::vector<float> saved_v(cache.v.begin(), cache.v.begin() + (last + 1) * layer_floats);
+
+  // Rows: every chunk token (cached or missed), in position order.
+  std::vector<int32_t> pos(cached);
+  pos.insert(pos.end(), missed.begin(), missed.end());
+  std::sort(pos.begin(), pos.end());
+  std::vector<char> is_cached(static_cast<size_t>(chunks_end), 0);
+  for (int32_t p : cached) is_cached[p] = 1;
+  int64_t n = static_cast<int64_t>(pos.size());
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[i] = prompt_tokens[pos[i]];
+  std::vector<float> hidden(static_cast<size_t>(n * c.dim));
+  tf_.embed(ids, hidden.data());
+
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
+  std::vector<int32_t> selected;
+  size_t check_index = 0;
+  for (int l = 0; l <= last; ++l) {
+    if (l != checks[check_index]) {
+      tf_.run_layer(l, hidden.data(), pos.data(), n, cache, chunks_end);
+      continue;
+    }
+    std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)), v(static_cast<size_t>(n * kvd));
+    tf_.project_qkv(l, hidden.data(), pos.data(), n, q.data(), k.data(), v.data());
+    // Deviation of each cached token: squared distance of fresh vs loaded K and/or V,
+    // summed over KV heads.
+    std::vector<std::pair<double, int64_t>> scored;  // (deviation, row)
+    std::vector<int64_t> keep_rows;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!is_cached[pos[i]]) {
+        keep_rows.push_back(i);
+        continue;
+      }
+      double dev = 0;
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        const float* kf = k.data() + i * kvd + h * hd;
+        const float* vf = v.data() + i * kvd + h * hd;
+        const float* kl = cache.k_at(l, h, pos[i]);
+        const float* vl = cache.v_at(l, h, pos[i]);
+        for (int64_t d = 0; d < hd; ++d) {
+          if (opt.deviation != Deviation::V) dev += static_cast<double>(kf[d] - kl[d]) * (kf[d] - kl[d]);
+          if (opt.deviation != Deviation::K) dev += static_cast<double>(vf[d] - vl[d]) * (vf[d] - vl[d]);
+        }
+      }
+      scored.emplace_back(dev, i);
+    }
+    int64_t count = static_cast<int64_t>(std::llround(static_cast<double>(keep[check_index]) * H));
+    count = std::clamp<int64_t>(std::max<int64_t>(count, opt.min_tokens), 0, static_cast<int64_t>(scored.size()));
+    // Largest deviation first; ties by position so the choice is deterministic.
+    std::partial_sort(scored.begin(), scored.begin() + count, scored.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    st.candidates_per_check.push_back(count);
+    if (l == last) {
+      for (int64_t i = 0; i < count; ++i) selected.push_back(pos[scored[i].second]);
+      std::sort(selected.begin(), selected.end());
+      break;
+    }
+    tf_.store_kv(l, pos.data(), n, k.data(), v.data(), cache);
+    for (int64_t i = 0; i < count; ++i) keep_rows.push_back(scored[i].second);
+    std::sort(keep_rows.begin(), keep_rows.end());
+    hidden = gather_rows(hidden, c.dim, keep_rows);
+    q = gather_rows(q, qd, keep_rows);
+    std::vector<int32_t> kept_pos(keep_rows.size());
+    for (size_t i = 0; i < keep_rows.size(); ++i) kept_pos[i] = pos[keep_rows[i]];
+    pos = std::move(kept_pos);
+    n = static_cast<int64_t>(pos.size());
+    tf_.attend_and_mlp(l, hidden.data(), q.data(), pos.data(), n, cache, chunks_end);
+    ++check_index;
+  }
+  std::copy(saved_k.begin(), saved_k.end(), cache.k.begin());
+  std::copy(saved_v.begin(), saved_v.end(), cache.v.begin());
+  return selected;
+}
+
+BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& opt, int64_t extra_capacity,
+                                  int64_t logit_rows) const {
+  const auto t_start = clock_type::now();
+  const auto& c = tf_.model().config();
+  auto& backend = tf_.model().backend();
+  const int64_t N = prompt.size();
+  const int64_t P = static_cast<int64_t>(prompt.prefix.size());
+  const int64_t S = static_cast<int64_t>(prompt.suffix.size());
+  if (N == 0) throw std::invalid_argument("blend: empty prompt");
+  if (logit_rows < 1 || logit_rows > N) throw std::invalid_argument("blend: logit_rows out of range");
+  if (opt.mode != BlendMode::Full && logit_rows > S)
+    throw std::invalid_argument("blend: logits are only available for suffix tokens");
+  if (opt.mode == BlendMode::Full && logit_rows > N) throw std::invalid_argument("blend: logit_rows > prompt");
+  if (opt.mode != BlendMode::Full && S == 0) throw std::invalid_argument("blend: the suffix is empty");
+  if (N + extra_capacity > c.context_length)
+    throw std::length_error("prompt of " + std::to_string(N) + " tokens (+" + std::to_string(extra_capacity) +
+                            " to generate) exceeds the model context of " + std::to_string(c.context_length));
+  if (!(opt.ratio >= 0.0f && opt.ratio <= 1.0f)) throw std::invalid_argument("blend: ratio must be in [0, 1]");
+
+  BlendPrefill r;
+  r.cache = tf_.make_cache(N + extra_capacity);
+  auto& st = r.stats;
+  st.prompt_tokens = N;
+  st.prefix_tokens = P;
+  st.suffix_tokens = S;
+  st.chunks = static_cast<int>(prompt.chunks.size());
+  st.chunk_tokens = N - P - S;
+  const std::vector<int32_t> all = prompt.concatenated();
+
+  // Positions computed through every layer by the final pass.
+  std::vector<int32_t> active;
+  const auto t_load = clock_type::now();
+  if (opt.mode == BlendMode::Full) {
+    active.resize(static_cast<size_t>(N));
+    std::iota(active.begin(), active.end(), 0);
+  } else {
+    // Exact prefix: KV valid as stored, no recompute.
+    if (P > 0) {
+      const auto key = prefix_key(prompt.prefix);
+      auto kv = store_.get(key);
+      if (kv && kv->tokens == prompt.prefix && kv->n_layers == c.n_layers) {
+        place_chunk_kv(*kv, 0, r.cache, backend, tf_.model().rope());
+        st.prefix_hit = true;
+      } else {
+        kv = compute_chunk_kv(prompt.prefix);
+        place_chunk_kv(*kv, 0, r.cache, backend, tf_.model().rope());
+        store_.put(key, kv);
+      }
+    }
+    std::vector<int32_t> cached;  // positions whose KV came from the store
+    for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+      const auto& chunk = prompt.chunks[i];
+      const int64_t off = prompt.chunk_offset(i);
+      std::shared_ptr<const ChunkKv> kv;
+      if (opt.mode != BlendMode::Prefix) {
+        kv = store_.get(chunk_key(chunk));
+        // A hash collision or a stale entry must never be used as this chunk's KV.
+        if (kv && (kv->tokens != chunk || kv->n_layers != c.n_layers || kv->kv_heads != c.n_kv_heads ||
+                   kv->head_dim != c.head_dim))
+          kv.reset();
+      }
+      if (kv) {
+        place_chunk_kv(*kv, off, r.cache, backend, tf_.model().rope());
+        ++st.chunks_hit;
+        for (int64_t j = 0; j < static_cast<int64_t>(chunk.size()); ++j) cached.push_back(static_cast<int32_t>(off + j));
+      } else {
+        for (int64_t j = 0; j < static_cast<int64_t>(chunk.size()); ++j) active.push_back(static_cast<int32_t>(off + j));
+      }
+    }
+    st.cached_tokens = static_cast<int64_t>(cached.size());
+    st.load_seconds = since(t_load);
+
+    if (opt.mode == BlendMode::Blend && !cached.empty()) {
+      const auto t_sel = clock_type::now();
+      std::vector<int32_t> selected;
+      if (opt.ratio >= 1.0f)
+        selected = cached;
+      else if (opt.ratio > 0.0f)
+        selected = select_recompute(all, cached, active, N - S, opt, r.cache, st);
+      st.recomputed_tokens = static_cast<int64_t>(selected.size());
+      r.recomputed_positions = selected;
+      active.insert(active.end(), selected.begin(), selected.end());
+      st.select_seconds = since(t_sel);
+    }
+    for (int64_t p = N - S; p < N; ++p) active.push_back(static_cast<int32_t>(p));
+    std::sort(active.begin(), active.end());
+  }
+
+  // Final pass: the active tokens through every layer over the fused cache.
+  const auto t_comp = clock_type::now();
+  const int64_t n = static_cast<int64_t>(active.size());
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[i] = all[active[i]];
+  std::vector<float> hidden(static_cast<size_t>(n * c.dim));
+  tf_.embed(ids, hidden.data());
+  for (int l = 0; l < c.n_layers; ++l) tf_.run_layer(l, hidden.data(), active.data(), n, r.cache, N);
+  r.cache.length = N;
+  r.logits.resize(static_cast<size_t>(logit_rows * c.vocab));
+  tf_.logits(hidden.data() + (n - logit_rows) * c.dim, logit_rows, r.logits.data());
+  st.computed_tokens = n;
+  st.compute_seconds = since(t_comp);
+  st.total_seconds = since(t_start);
+  return r;
+}
+
+}  // namespace bs

@@ -1,0 +1,72 @@
+#include "blend/rag_prompt.h"
+
+#include <stdexcept>
+
+namespace bs {
+
+int64_t RagPrompt::size() const {
+  int64_t n = static_cast<int64_t>(prefix.size() + suffix.size());
+  for (const auto& c : chunks) n += static_cast<int64_t>(c.size());
+  return n;
+}
+
+std::vector<int32_t> RagPrompt::concatenated() const {
+  std::vector<int32_t> all(prefix);
+  for (const auto& c : chunks) all.insert(all.end(), c.begin(), c.end());
+  all.insert(all.end(), suffix.begin(), suffix.end());
+  return all;
+}
+
+int64_t RagPrompt::chunk_offset(size_t i) const {
+  int64_t off = static_cast<int64_t>(prefix.size());
+  for (size_t j = 0; j < i; ++j) off += static_cast<int64_t>(chunks[j].size());
+  return off;
+}
+
+RagPrompt assemble_rag_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
+                              const std::vector<std::string>& documents) {
+  if (messages.empty() || messages.back().role != "user")
+    throw std::invalid_argument("the last message must be the user's question");
+  RagPrompt p;
+  // Render the conversation with an empty final user turn, and cut it where the
+  // user's content would start: everything before is the prefix.
+  std::vector<ChatMessage> head(messages.begin(), messages.end() - 1);
+  head.push_back({"user", ""});
+  const std::string rendered = tmpl.apply(head, false);
+  const std::string user_open = "<|im_start|>user\n";
+  const size_t cut = rendered.rfind(user_open);
+  if (cut == std::string::npos) throw std::logic_error("chat template did not render a user turn");
+  p.prefix = tok.encode(rendered.substr(0, cut + user_open.size()), true);
+  for (const auto& d : documents) {
+    auto ids = tok.encode(d + "\n\n", false);
+    if (!ids.empty()) p.chunks.push_back(std::move(ids));
+  }
+  p.suffix = tok.encode(messages.back().content, false);
+  const auto close = tok.encode("<|im_end|>\n<|im_start|>assistant\n", true);
+  p.suffix.insert(p.suffix.end(), close.begin(), close.end());
+  return p;
+}
+
+SplitMessage split_text_parts(const std::vector<std::string>& parts) {
+  SplitMessage m;
+  if (parts.empty()) return m;
+  m.documents.assign(parts.begin(), parts.end() - 1);
+  m.question = parts.back();
+  return m;
+}
+
+SplitMessage split_by_separator(const std::string& text, const std::string& separator) {
+  if (separator.empty()) return SplitMessage{{}, text};
+  std::vector<std::string> pieces;
+  size_t start = 0;
+  while (true) {
+    const size_t at = text.find(separator, start);
+    std::string piece = text.substr(start, at == std::string::npos ? std::string::npos : at - start);
+    if (!piece.empty()) pieces.push_back(std::move(piece));
+    if (at == std::string::npos) break;
+    start = at + separator.size();
+  }
+  return split_text_parts(pieces);
+}
+
+}  // namespace bs

@@ -1,0 +1,55 @@
+// How a RAG chat request becomes prefix + chunks + suffix.
+//
+// For a conversation whose last message is the user's question and a list of
+// retrieved documents, with the model's chat template (ChatML for SmolLM2):
+//
+//   prefix  = template(messages before the last user message, default system
+//             prompt included) + "<|im_start|>user\n"
+//   chunk_i = document_i + "\n\n"          (one per document, in request order)
+//   suffix  = question + "<|im_end|>\n<|im_start|>assistant\n"
+//
+// Each part is tokenized on its own, so a chunk's tokens never depend on its
+// neighbours and the same document is the same token sequence (and cache key) in
+// every request. Documents are tokenized as plain text: a control token written
+// inside a document is text, never markup. The `full` mode runs the very same
+// concatenated token sequence, so modes are compared on identical inputs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/tokenizer.h"
+
+namespace bs {
+
+struct RagPrompt {
+  std::vector<int32_t> prefix;
+  std::vector<std::vector<int32_t>> chunks;
+  std::vector<int32_t> suffix;
+
+  int64_t size() const;
+  std::vector<int32_t> concatenated() const;
+  // Position of chunk i's first token in the concatenated prompt.
+  int64_t chunk_offset(size_t i) const;
+  int64_t suffix_offset() const { return size() - static_cast<int64_t>(suffix.size()); }
+};
+
+// messages: the conversation; its last message must be the user's question.
+RagPrompt assemble_rag_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
+                              const std::vector<std::string>& documents);
+
+// Documents given inside the user's message instead of a `documents` array:
+//  - as several text parts (OpenAI content array): every part but the last is a
+//    document, the last part is the question;
+//  - LMCache compatibility: one text with documents separated by `separator`
+//    (e.g. " # # "); the last piece is the question. Empty pieces are dropped.
+struct SplitMessage {
+  std::vector<std::string> documents;
+  std::string question;
+};
+SplitMessage split_text_parts(const std::vector<std::string>& parts);
+SplitMessage split_by_separator(const std::string& text, const std::string& separator);
+
+}  // namespace bs

@@ -1,0 +1,758 @@
+// Byte-level BPE tokenizer (tokenizer.ggml.model == "gpt2") with llama.cpp's
+// pre-tokenizers, special-token partitioning and UTF-8-safe streaming decode.
+//
+// Behaviour follows llama.cpp (src/llama-vocab.cpp, src/unicode.cpp), the runtime
+// the GGUF files are converted for:
+//   1. Special tokens: the text is split on exact occurrences of special-token
+//      texts, one token at a time, longest text first (tokenizer_st_partition).
+//      Control/unknown tokens only when parse_special; user-defined always.
+//   2. Pre-tokenizer: hand-written state machines over code points equivalent to
+//      the regexes llama.cpp uses for the "pre" type (its unicode_regex_split
+//      fast paths). \s is the Unicode White_Space property, \p{L}/\p{N} are the
+//      general categories (from ICU).
+//   3. Each piece is mapped to bytes -> GPT-2 byte-level symbols and merged by
+//      BPE rank (lowest rank first, leftmost first on ties).
+// Invalid UTF-8 in the input never throws: each offending byte is its own code
+// point of the "other" class and is byte-encoded like any other byte. Bytes with
+// no token of their own in the vocabulary are dropped, as in llama.cpp.
+#include "model/tokenizer.h"
+
+#include <unicode/uchar.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+
+#include "model/gguf.h"
+
+namespace bs {
+
+namespace {
+
+// ---- UTF-8 -------------------------------------------------------------------------
+
+enum class U8 { Ok, Truncated, Invalid };
+
+// Examines the sequence starting at p[0] (n >= 1 bytes available).
+// Ok: *len bytes form a valid scalar value *cp. Truncated: all n bytes are a valid
+// but incomplete prefix. Invalid: *len (>= 1) bytes form the maximal ill-formed
+// subpart (Unicode "best practice" for U+FFFD substitution).
+U8 utf8_next(const unsigned char* p, size_t n, size_t* len, uint32_t* cp) {
+  const unsigned char b0 = p[0];
+  if (b0 < 0x80) {
+    *len = 1;
+    *cp = b0;
+    return U8::Ok;
+  }
+  int need;
+  unsigned char lo = 0x80, hi = 0xBF;
+  uint32_t c;
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    need = 1;
+    c = b0 & 0x1F;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    need = 2;
+    c = b0 & 0x0F;
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;  // no surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    need = 3;
+    c = b0 & 0x07;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;  // <= U+10FFFF
+  } else {
+    *len = 1;
+    return U8::Invalid;
+  }
+  for (int i = 1; i <= need; ++i) {
+    if (static_cast<size_t>(i) >= n) {
+      *len = n;
+      return U8::Truncated;
+    }
+    const unsigned char b = p[i];
+    if (b < lo || b > hi) {
+      *len = static_cast<size_t>(i);
+      return U8::Invalid;
+    }
+    lo = 0x80;
+    hi = 0xBF;
+    c = (c << 6) | (b & 0x3F);
+  }
+  *len = static_cast<size_t>(need) + 1;
+  *cp = c;
+  return U8::Ok;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+constexpr const char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
+
+// ---- code point classes (llama.cpp's codepoint flags, reduced) ---------------------
+
+// 0 is reserved for "outside the current segment".
+enum : uint8_t {
+  kLetter = 1,  // \p{L}
+  kNumber = 2,  // \p{N}
+  kSpace = 4,   // \s = White_Space
+  kOther = 8,   // everything else (punctuation, symbols, marks, controls, unassigned, bad bytes)
+};
+
+constexpr uint32_t kBadByte = 0x110000;  // cps >= this stand for one invalid input byte
+
+uint8_t classify_slow(uint32_t cp) {
+  if (cp >= kBadByte) return kOther;
+  const UChar32 c = static_cast<UChar32>(cp);
+  if (u_isUWhiteSpace(c)) return kSpace;
+  const uint32_t mask = U_GET_GC_MASK(c);
+  if (mask & U_GC_L_MASK) return kLetter;
+  if (mask & U_GC_N_MASK) return kNumber;
+  return kOther;
+}
+
+const std::array<uint8_t, 128>& ascii_classes() {
+  static const std::array<uint8_t, 128> table = [] {
+    std::array<uint8_t, 128> t{};
+    for (uint32_t c = 0; c < 128; ++c) t[c] = classify_slow(c);
+    return t;
+  }();
+  return table;
+}
+
+inline uint8_t classify(uint32_t cp) {
+  return cp < 128 ? ascii_classes()[cp] : classify_slow(cp);
+}
+
+inline uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
+
+// ---- GPT-2 byte <-> unicode mapping ----------------------------------------------
+
+struct ByteMap {
+  std::array<uint32_t, 256> byte_to_cp{};
+  std::array<int16_t, 512> cp_to_byte{};  // all mapped cps are < 0x144
+  ByteMap() {
+    cp_to_byte.fill(-1);
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool direct = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      byte_to_cp[b] = direct ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
+      cp_to_byte[byte_to_cp[b]] = static_cast<int16_t>(b);
+    }
+  }
+};
+
+const ByteMap& byte_map() {
+  static const ByteMap m;
+  return m;
+}
+
+enum class PreKind { Gpt2, DigitsGpt2, Llama3, Qwen2 };
+
+PreKind pre_kind_for(const std::string& pre) {
+  static const std::unordered_map<std::string, PreKind> kinds = {
+      {"default", PreKind::Gpt2},        {"gpt2", PreKind::Gpt2},
+      {"gpt-2", PreKind::Gpt2},          {"mpt", PreKind::Gpt2},
+      {"olmo", PreKind::Gpt2},           {"jais", PreKind::Gpt2},
+      {"smollm", PreKind::DigitsGpt2},   {"starcoder", PreKind::DigitsGpt2},
+      {"refact", PreKind::DigitsGpt2},   {"command-r", PreKind::DigitsGpt2},
+      {"codeshell", PreKind::DigitsGpt2}, {"exaone", PreKind::DigitsGpt2},
+      {"minerva-7b", PreKind::DigitsGpt2},
+      {"llama3", PreKind::Llama3},       {"llama-v3", PreKind::Llama3},
+      {"llama-bpe", PreKind::Llama3},    {"falcon3", PreKind::Llama3},
+      {"dbrx", PreKind::Llama3},         {"smaug-bpe", PreKind::Llama3},
+      {"qwen2", PreKind::Qwen2},         {"stablelm2", PreKind::Qwen2},
+      {"deepseek-r1-qwen", PreKind::Qwen2}, {"megrez", PreKind::Qwen2},
+  };
+  auto it = kinds.find(pre);
+  if (it == kinds.end()) {
+    throw std::invalid_argument("tokenizer: unsupported pre-tokenizer '" + pre + "'");
+  }
+  return it->second;
+}
+
+// Splits the code points [ini, end) into pre-tokens; emit(end_index) is called with
+// the end of each piece (pieces are contiguous and start at ini).
+class Splitter {
+ public:
+  Splitter(const std::vector<uint32_t>& cps, const std::vector<uint8_t>& cls) : cps_(cps), cls_(cls) {}
+
+  template <class Emit>
+  void split(PreKind kind, size_t ini, size_t end, Emit&& emit) const {
+    switch (kind) {
+      case PreKind::Gpt2:
+        gpt2(ini, end, emit);
+        break;
+      case PreKind::DigitsGpt2: {
+        // "\p{N}" first: every number code point is a segment of its own.
+        size_t seg = ini;
+        for (size_t i = ini; i < end; ++i) {
+          if (cls_[i] & kNumber) {
+            if (seg < i) gpt2(seg, i, emit);
+            emit(i + 1);
+            seg = i + 1;
+          }
+        }
+        if (seg < end) gpt2(seg, end, emit);
+        break;
+      }
+      case PreKind::Llama3:
+        llama3(ini, end, 3, emit);
+        break;
+      case PreKind::Qwen2:
+        llama3(ini, end, 1, emit);
+        break;
+    }
+  }
+
+ private:
+  static constexpr uint32_t kOutOfRange = 0xFFFFFFFF;
+
+  // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+  template <class Emit>
+  void gpt2(size_t ini, size_t end, Emit& emit) const {
+    auto cls = [&](size_t p) -> uint8_t { return p < end ? cls_[p] : 0; };
+    size_t pos = ini;
+    while (pos < end) {
+      const uint32_t c = cps_[pos];
+      const uint8_t f = cls_[pos];
+      if (c == '\'' && pos + 1 < end) {
+        const uint32_t n1 = cps_[pos + 1];
+        if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
+          pos += 2;
+          emit(pos);
+          continue;
+        }
+        if (pos + 2 < end) {
+          const uint32_t n2 = cps_[pos + 2];
+          if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
+            pos += 3;
+            emit(pos);
+            continue;
+          }
+        }
+      }
+      const uint8_t f2 = (c == ' ') ? cls(pos + 1) : f;
+      if (f2 & (kLetter | kNumber | kOther)) {  // <space>?\p{L}+ | <space>?\p{N}+ | <space>?[^\s\p{L}\p{N}]+
+        pos += (c == ' ');
+        while (cls(pos) & f2) ++pos;
+        emit(pos);
+        continue;
+      }
+      size_t nws = 0;
+      while (cls(pos + nws) & kSpace) ++nws;
+      if (nws > 1 && pos + nws < end) {  // \s+(?!\S)
+        pos += nws - 1;
+        emit(pos);
+        continue;
+      }
+      if (nws > 0) {  // \s+
+        pos += nws;
+        emit(pos);
+        continue;
+      }
+      emit(++pos);  // unreachable: every in-range code point has a class
+    }
+  }
+
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}|
+  //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  template <class Emit>
+  void llama3(size_t ini, size_t end, size_t max_digits, Emit& emit) const {
+    auto cls = [&](size_t p) -> uint8_t { return p < end ? cls_[p] : 0; };
+    auto cpt = [&](size_t p) -> uint32_t { return p < end ? cps_[p] : kOutOfRange; };
+    size_t pos = ini;
+    while (pos < end) {
+      const uint32_t c = cps_[pos];
+      const uint8_t f = cls_[pos];
+      if (c == '\'' && pos + 1 < end) {
+        const uint32_t n1 = ascii_lower(cps_[pos + 1]);
+        if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
+          pos += 2;
+          emit(pos);
+          continue;
+        }
+        if (pos + 2 < end) {
+          const uint32_t n2 = ascii_lower(cps_[pos + 2]);
+          if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
+            pos += 3;
+            emit(pos);
+            continue;
+          }
+        }
+      }
+      if (!(c == '\r' || c == '\n' || (f & kNumber))) {
+        if ((f & kLetter) || (cls(pos + 1) & kLetter)) {
+          ++pos;
+          while (cls(pos) & kLetter) ++pos;
+          emit(pos);
+          continue;
+        }
+      }
+      if (f & kNumber) {
+        size_t start = pos;
+        while (cls(pos) & kNumber) {
+          if (++pos - start >= max_digits) {
+            emit(pos);
+            start = pos;
+          }
+        }
+        if (pos > start) emit(pos);
+        continue;
+      }
+      const uint8_t f2 = (c == ' ') ? cls(pos + 1) : f;
+      if (!(f2 & (kSpace | kLetter | kNumber))) {
+        pos += (c == ' ');
+        while (cls(pos) & kOther) ++pos;
+        while (cpt(pos) == '\r' || cpt(pos) == '\n') ++pos;
+        emit(pos);
+        continue;
+      }
+      size_t nws = 0, last_rn = 0;
+      while (cls(pos + nws) & kSpace) {
+        const uint32_t c2 = cps_[pos + nws];
+        if (c2 == '\r' || c2 == '\n') last_rn = pos + nws + 1;
+        ++nws;
+      }
+      if (last_rn > 0) {  // \s*[\r\n]+
+        pos = last_rn;
+        emit(pos);
+        continue;
+      }
+      if (nws > 1 && pos + nws < end) {  // \s+(?!\S)
+        pos += nws - 1;
+        emit(pos);
+        continue;
+      }
+      if (nws > 0) {
+        pos += nws;
+        emit(pos);
+        continue;
+      }
+      emit(++pos);
+    }
+  }
+
+  const std::vector<uint32_t>& cps_;
+  const std::vector<uint8_t>& cls_;
+};
+
+struct MergeInfo {
+  int32_t rank;
+  int32_t result;
+};
+
+inline uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
+
+struct PairHash {
+  size_t operator()(uint64_t k) const noexcept {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return static_cast<size_t>(k);
+  }
+};
+
+// Scratch buffers for one encode() call.
+struct Work {
+  struct Sym {
+    int32_t id;  // token id; -1: byte without a token; -2: merged away
+    int32_t prev, next;
+  };
+  struct Cand {
+    int32_t rank, left, right, lid, rid, result;
+  };
+  std::vector<Sym> syms;
+  std::vector<Cand> heap;
+  std::vector<uint32_t> cps;
+  std::vector<uint8_t> cls;
+  std::vector<uint32_t> offs;  // byte offset of each code point (+ end)
+};
+
+}  // namespace
+
+// ---- Tokenizer -----------------------------------------------------------------------
+
+struct Tokenizer::Impl {
+  TokenizerSpec spec;
+  PreKind pre_kind = PreKind::Gpt2;
+  std::vector<std::string> bytes;                        // raw bytes per token
+  std::vector<uint8_t> types;                            // token type per token
+  std::unordered_map<std::string, int32_t> text_to_id;   // vocabulary text -> id
+  std::array<int32_t, 256> byte_token{};                 // byte -> token of its byte-level char
+  std::unordered_map<uint64_t, MergeInfo, PairHash> merges;
+  std::vector<int32_t> specials;                         // control/user-defined/unknown, longest first
+
+  bool parse_always(int32_t id) const { return types[id] == 4; }  // user-defined
+
+  void partition(std::string_view text, bool parse_special,
+                 std::vector<std::pair<size_t, int32_t>>& frags) const;
+  void bpe(const unsigned char* s, size_t n, std::vector<int32_t>& out, Work& w) const;
+  void encode_fragment(std::string_view text, std::vector<int32_t>& out, Work& w) const;
+};
+
+namespace {
+
+std::string decode_token_text(const std::string& text) {
+  const ByteMap& bm = byte_map();
+  std::string out;
+  out.reserve(text.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t len;
+    uint32_t cp;
+    if (utf8_next(p + i, text.size() - i, &len, &cp) == U8::Ok) {
+      if (cp < bm.cp_to_byte.size() && bm.cp_to_byte[cp] >= 0) {
+        out.push_back(static_cast<char>(bm.cp_to_byte[cp]));
+      } else {
+        out.append(text, i, len);  // not a byte-level symbol: keep as is
+      }
+      i += len;
+    } else {
+      out.push_back(text[i]);
+      ++i;
+    }
+  }
+  return out;
+}
+
+// "<0xAB>" -> 0xAB, for BYTE-type tokens; -1 otherwise.
+int parse_byte_token(const std::string& t) {
+  if (t.size() != 6 || t[0] != '<' || t[1] != '0' || t[2] != 'x' || t[5] != '>') return -1;
+  auto hex = [](char ch) -> int {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    return -1;
+  };
+  const int hi = hex(t[3]), lo = hex(t[4]);
+  return (hi < 0 || lo < 0) ? -1 : hi * 16 + lo;
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  if (spec.model != "gpt2") {
+    throw std::invalid_argument("tokenizer: unsupported model '" + spec.model +
+                                "' (only byte-level BPE 'gpt2' is implemented)");
+  }
+  if (spec.tokens.empty()) throw std::invalid_argument("tokenizer: empty vocabulary");
+  if (spec.tokens.size() > static_cast<size_t>(INT32_MAX)) throw std::invalid_argument("tokenizer: vocabulary too large");
+  if (!spec.token_types.empty() && spec.token_types.size() != spec.tokens.size()) {
+    throw std::invalid_argument("tokenizer: token_type has " + std::to_string(spec.token_types.size()) +
+                                " entries for " + std::to_string(spec.tokens.size()) + " tokens");
+  }
+  const auto n = static_cast<int32_t>(spec.tokens.size());
+  for (int32_t* id : {&spec.bos_id, &spec.eos_id, &spec.unk_id, &spec.pad_id}) {
+    if (*id < -1 || *id >= n) *id = -1;  // out of range ids are treated as absent
+  }
+  m.pre_kind = pre_kind_for(spec.pre);
+
+  m.types.resize(spec.tokens.size());
+  for (size_t i = 0; i < spec.tokens.size(); ++i) {
+    const int64_t t = spec.token_types.empty() ? 1 : spec.token_types[i];
+    m.types[i] = (t >= 0 && t <= 6) ? static_cast<uint8_t>(t) : 1;
+  }
+
+  m.text_to_id.reserve(spec.tokens.size() * 2);
+  m.bytes.resize(spec.tokens.size());
+  for (int32_t i = 0; i < n; ++i) {
+    const std::string& t = spec.tokens[i];
+    m.text_to_id[t] = i;  // a duplicate text maps to its last id, as in llama.cpp
+    const uint8_t ty = m.types[i];
+    if (ty == 2 || ty == 3 || ty == 4) {  // unknown, control, user-defined: their text
+      m.bytes[i] = t;
+    } else if (ty == 6 && parse_byte_token(t) >= 0) {
+      m.bytes[i] = std::string(1, static_cast<char>(parse_byte_token(t)));
+    } else {
+      m.bytes[i] = decode_token_text(t);
+    }
+  }
+
+  const ByteMap& bm = byte_map();
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    append_utf8(s, bm.byte_to_cp[b]);
+    auto it = m.text_to_id.find(s);
+    m.byte_token[b] = it == m.text_to_id.end() ? -1 : it->second;
+  }
+
+  m.merges.reserve(spec.merges.size() * 2);
+  int32_t rank = 0;
+  for (const std::string& mg : spec.merges) {
+    const int32_t r = rank++;
+    const size_t sp = mg.find(' ', 1);
+    if (sp == std::string::npos) continue;
+    auto a = m.text_to_id.find(mg.substr(0, sp));
+    auto b = m.text_to_id.find(mg.substr(sp + 1));
+    if (a == m.text_to_id.end() || b == m.text_to_id.end()) continue;
+    auto res = m.text_to_id.find(a->first + b->first);
+    if (res == m.text_to_id.end()) continue;
+    m.merges.emplace(pair_key(a->second, b->second), MergeInfo{r, res->second});  // first rank wins
+  }
+
+  for (int32_t i = 0; i < n; ++i) {
+    const uint8_t ty = m.types[i];
+    if ((ty == 2 || ty == 3 || ty == 4) && !spec.tokens[i].empty()) m.specials.push_back(i);
+  }
+  std::stable_sort(m.specials.begin(), m.specials.end(), [&](int32_t a, int32_t b) {
+    return spec.tokens[a].size() > spec.tokens[b].size();
+  });
+
+  m.spec = std::move(spec);
+  m.spec.merges.clear();  // folded into m.merges
+  m.spec.merges.shrink_to_fit();
+}
+
+Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
+  TokenizerSpec s;
+  if (auto v = file.get_string("tokenizer.ggml.model")) {
+    s.model = *v;
+  } else {
+    throw gguf::GgufError("missing tokenizer.ggml.model");
+  }
+  if (auto v = file.get_string("tokenizer.ggml.pre")) s.pre = *v;
+  const auto* tokens = file.get_string_array("tokenizer.ggml.tokens");
+  if (!tokens) throw gguf::GgufError("missing tokenizer.ggml.tokens");
+  s.tokens = *tokens;
+  if (const auto* types = file.get_int_array("tokenizer.ggml.token_type")) s.token_types = *types;
+  if (const auto* merges = file.get_string_array("tokenizer.ggml.merges")) s.merges = *merges;
+  auto id = [&](const char* key) -> int32_t {
+    auto v = file.get_int(key);
+    return (v && *v >= 0 && *v <= INT32_MAX) ? static_cast<int32_t>(*v) : -1;
+  };
+  s.bos_id = id("tokenizer.ggml.bos_token_id");
+  s.eos_id = id("tokenizer.ggml.eos_token_id");
+  s.unk_id = id("tokenizer.ggml.unknown_token_id");
+  s.pad_id = id("tokenizer.ggml.padding_token_id");
+  if (auto v = file.get_bool("tokenizer.ggml.add_bos_token")) s.add_bos = *v;
+  return Tokenizer(std::move(s));
+}
+
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+// Splits text into raw-text and special-token fragments: frags holds (end offset, id)
+// with id -1 for raw text, like llama.cpp's tokenizer_st_partition.
+void Tokenizer::Impl::partition(std::string_view text, bool parse_special,
+                                std::vector<std::pair<size_t, int32_t>>& frags) const {
+  struct Frag {
+    size_t off, len;
+    int32_t id;
+  };
+  std::vector<Frag> cur{{0, text.size(), -1}}, next;
+  for (int32_t sid : specials) {
+    if (!parse_special && !parse_always(sid)) continue;
+    const std::string& st = spec.tokens[sid];
+    if (text.find(st) == std::string_view::npos) continue;
+    next.clear();
+    for (const Frag& f : cur) {
+      if (f.id >= 0) {
+        next.push_back(f);
+        continue;
+      }
+      const std::string_view window = text.substr(0, f.off + f.len);
+      size_t pos = f.off;
+      for (;;) {
+        const size_t m = window.find(st, pos);
+        if (m == std::string_view::npos) break;
+        if (m > pos) next.push_back({pos, m - pos, -1});
+        next.push_back({m, st.size(), sid});
+        pos = m + st.size();
+      }
+      if (pos < f.off + f.len) next.push_back({pos, f.off + f.len - pos, -1});
+    }
+    cur.swap(next);
+  }
+  frags.clear();
+  for (const Frag& f : cur) frags.emplace_back(f.off + f.len, f.id);
+}
+
+void Tokenizer::Impl::bpe(const unsigned char* s, size_t n, std::vector<int32_t>& out, Work& w) const {
+  if (n == 1) {
+    if (byte_token[s[0]] >= 0) out.push_back(byte_token[s[0]]);
+    return;
+  }
+  auto& syms = w.syms;
+  auto& heap = w.heap;
+  syms.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    syms[i] = {byte_token[s[i]], static_cast<int32_t>(i) - 1, i + 1 < n ? static_cast<int32_t>(i + 1) : -1};
+  }
+  // Min-heap on (rank, left position).
+  auto later = [](const Work::Cand& a, const Work::Cand& b) {
+    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
+  };
+  heap.clear();
+  auto try_pair = [&](int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    const int32_t a = syms[l].id, b = syms[r].id;
+    if (a < 0 || b < 0) return;
+    auto it = merges.find(pair_key(a, b));
+    if (it == merges.end()) return;
+    heap.push_back({it->second.rank, l, r, a, b, it->second.result});
+    std::push_heap(heap.begin(), heap.end(), later);
+  };
+  for (size_t i = 1; i < n; ++i) try_pair(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Work::Cand c = heap.back();
+    heap.pop_back();
+    Work::Sym& L = syms[c.left];
+    if (L.id != c.lid || L.next != c.right || syms[c.right].id != c.rid) continue;  // stale
+    Work::Sym& R = syms[c.right];
+    L.id = c.result;
+    L.next = R.next;
+    if (R.next >= 0) syms[R.next].prev = c.left;
+    R.id = -2;
+    try_pair(L.prev, c.left);
+    try_pair(c.left, L.next);
+  }
+  for (int32_t i = 0; i >= 0; i = syms[i].next) {
+    if (syms[i].id >= 0) out.push_back(syms[i].id);
+  }
+}
+
+void Tokenizer::Impl::encode_fragment(std::string_view text, std::vector<int32_t>& out, Work& w) const {
+  if (text.empty()) return;
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  w.cps.clear();
+  w.cls.clear();
+  w.offs.clear();
+  for (size_t i = 0; i < text.size();) {
+    size_t len;
+    uint32_t cp;
+    if (utf8_next(p + i, text.size() - i, &len, &cp) != U8::Ok) {
+      cp = kBadByte + p[i];
+      len = 1;
+    }
+    w.cps.push_back(cp);
+    w.cls.push_back(classify(cp));
+    w.offs.push_back(static_cast<uint32_t>(i));
+    i += len;
+  }
+  w.offs.push_back(static_cast<uint32_t>(text.size()));
+  Splitter splitter(w.cps, w.cls);
+  size_t prev = 0;
+  splitter.split(pre_kind, 0, w.cps.size(), [&](size_t end) {
+    if (end <= prev) return;
+    bpe(p + w.offs[prev], w.offs[end] - w.offs[prev], out, w);
+    prev = end;
+  });
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
+  std::vector<int32_t> out;
+  if (text.empty()) return out;
+  if (text.size() > UINT32_MAX) throw std::length_error("tokenizer: text too long");
+  out.reserve(text.size() / 3 + 4);
+  std::vector<std::pair<size_t, int32_t>> frags;
+  impl_->partition(text, parse_special, frags);
+  Work w;
+  size_t start = 0;
+  for (const auto& [end, id] : frags) {
+    if (id >= 0) {
+      out.push_back(id);
+    } else {
+      impl_->encode_fragment(text.substr(start, end - start), out, w);
+    }
+    start = end;
+  }
+  return out;
+}
+
+const std::string& Tokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= impl_->bytes.size()) {
+    throw std::out_of_range("tokenizer: token id " + std::to_string(id) + " out of range");
+  }
+  return impl_->bytes[id];
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+  std::string out;
+  for (int32_t id : ids) out += token_bytes(id);
+  return out;
+}
+
+int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->bytes.size()); }
+
+bool Tokenizer::is_control(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->types.size() && impl_->types[id] == 3;
+}
+
+int32_t Tokenizer::bos_id() const { return impl_->spec.bos_id; }
+int32_t Tokenizer::eos_id() const { return impl_->spec.eos_id; }
+
+int32_t Tokenizer::token_id(std::string_view text) const {
+  const auto& map = impl_->text_to_id;
+  auto it = map.find(std::string(text));
+  if (it != map.end()) return it->second;
+  // Not a vocabulary string: try the byte-level form of the raw text (" the" -> "Ġthe").
+  std::string encoded;
+  for (unsigned char b : text) append_utf8(encoded, byte_map().byte_to_cp[b]);
+  it = map.find(encoded);
+  return it == map.end() ? -1 : it->second;
+}
+
+// ---- StreamDecoder -----------------------------------------------------------------
+
+std::string StreamDecoder::push(int32_t id) {
+  pending_ += tok_->token_bytes(id);
+  std::string out;
+  const auto* p = reinterpret_cast<const unsigned char*>(pending_.data());
+  const size_t n = pending_.size();
+  size_t i = 0, run = 0;  // [run, i) is valid text not yet copied
+  while (i < n) {
+    if (p[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    const U8 r = utf8_next(p + i, n - i, &len, &cp);
+    if (r == U8::Ok) {
+      i += len;
+    } else if (r == U8::Truncated) {
+      break;  // may complete with the next token
+    } else {
+      out.append(pending_, run, i - run);
+      out += kReplacement;
+      i += len;
+      run = i;
+    }
+  }
+  out.append(pending_, run, i - run);
+  pending_.erase(0, i);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out;
+  if (!pending_.empty()) out = kReplacement;  // only an incomplete sequence can be left
+  pending_.clear();
+  return out;
+}
+
+}  // namespace bs

@@ -1,0 +1,62 @@
+#include "storage/memory_store.h"
+
+namespace bs {
+
+std::shared_ptr<const ChunkKv> MemoryKvStore::get(const ChunkKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) {
+    ++stats_.misses;
+    return nullptr;
+  }
+  lru_.splice(lru_.begin(), lru_, it->second.lru_pos);
+  ++stats_.hits;
+  return it->second.kv;
+}
+
+bool MemoryKvStore::contains(const ChunkKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.count(key) != 0;
+}
+
+bool MemoryKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
+  const auto size = static_cast<int64_t>(kv->bytes());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (size > budget_) return false;
+  if (auto it = map_.find(key); it != map_.end()) {
+    stats_.bytes -= static_cast<int64_t>(it->second.kv->bytes());
+    lru_.erase(it->second.lru_pos);
+    map_.erase(it);
+  }
+  while (stats_.bytes + size > budget_ && !lru_.empty()) {
+    auto victim = map_.find(lru_.back());
+    stats_.bytes -= static_cast<int64_t>(victim->second.kv->bytes());
+    map_.erase(victim);
+    lru_.pop_back();
+    ++stats_.evictions;
+  }
+  lru_.push_front(key);
+  map_.emplace(key, Entry{std::move(kv), lru_.begin()});
+  stats_.bytes += size;
+  ++stats_.puts;
+  return true;
+}
+
+bool MemoryKvStore::erase(const ChunkKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) return false;
+  stats_.bytes -= static_cast<int64_t>(it->second.kv->bytes());
+  lru_.erase(it->second.lru_pos);
+  map_.erase(it);
+  return true;
+}
+
+StoreStats MemoryKvStore::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  StoreStats s = stats_;
+  s.entries = static_cast<int64_t>(map_.size());
+  return s;
+}
+
+}  // namespace bs

