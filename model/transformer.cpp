@@ -2,9 +2,27 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 
 namespace bs {
+namespace {
+
+// Per-thread scratch buffers that only grow: a prefill's activations are tens of
+// MB per layer, and zero-filling fresh vectors for every op costs more than the
+// element-wise ops themselves. Each slot is used by one op at a time.
+enum Slot { kXn, kQkv, kAttn, kProj, kGateUp, kAct, kQ, kK, kV, kSlots };
+float* scratch(Slot slot, int64_t count) {
+  thread_local std::vector<std::unique_ptr<float[]>> bufs(kSlots);
+  thread_local std::vector<int64_t> sizes(kSlots, 0);
+  if (sizes[slot] < count) {
+    bufs[slot].reset(new float[static_cast<size_t>(count)]);
+    sizes[slot] = count;
+  }
+  return bufs[slot].get();
+}
+
+}  // namespace
 
 KvCache Transformer::make_cache(int64_t capacity) const {
   const auto& c = model_.config();
@@ -22,12 +40,12 @@ void Transformer::project_qkv(int layer, const float* hidden, const int32_t* pos
   auto& be = model_.backend();
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim();
   const int64_t qkv_w = qd + 2 * kvd;
-  std::vector<float> xn(static_cast<size_t>(n * dim));
-  std::vector<float> qkv(static_cast<size_t>(n * qkv_w));
-  be.rmsnorm(hidden, L.attn_norm.data(), xn.data(), n, dim, c.rms_eps);
-  be.linear(*L.wqkv, xn.data(), qkv.data(), n, L.qkv_bias.empty() ? nullptr : L.qkv_bias.data());
+  float* xn = scratch(kXn, n * dim);
+  float* qkv = scratch(kQkv, n * qkv_w);
+  be.rmsnorm(hidden, L.attn_norm.data(), xn, n, dim, c.rms_eps);
+  be.linear(*L.wqkv, xn, qkv, n, L.qkv_bias.empty() ? nullptr : L.qkv_bias.data());
   for (int64_t t = 0; t < n; ++t) {
-    const float* row = qkv.data() + t * qkv_w;
+    const float* row = qkv + t * qkv_w;
     std::memcpy(q + t * qd, row, qd * sizeof(float));
     std::memcpy(k + t * kvd, row + qd, kvd * sizeof(float));
     std::memcpy(v + t * kvd, row + qd + kvd, kvd * sizeof(float));
@@ -55,37 +73,39 @@ void Transformer::attend_and_mlp(int layer, float* hidden, const float* q, const
   const auto& L = model_.layer(layer);
   auto& be = model_.backend();
   const int64_t dim = c.dim, qd = c.q_dim(), hd = c.head_dim;
-  std::vector<float> attn(static_cast<size_t>(n * qd));
-  be.attention(q, pos, cache.k_layer(layer), cache.v_layer(layer), attn.data(), n, c.n_heads, c.n_kv_heads, hd, n_kv,
+  float* attn = scratch(kAttn, n * qd);
+  be.attention(q, pos, cache.k_layer(layer), cache.v_layer(layer), attn, n, c.n_heads, c.n_kv_heads, hd, n_kv,
                cache.capacity, 1.0f / std::sqrt(static_cast<float>(hd)));
-  std::vector<float> proj(static_cast<size_t>(n * dim));
-  be.linear(*L.wo, attn.data(), proj.data(), n, nullptr);
+  float* proj = scratch(kProj, n * dim);
+  be.linear(*L.wo, attn, proj, n, nullptr);
   for (int64_t i = 0; i < n * dim; ++i) hidden[i] += proj[i];
 
-  std::vector<float> xn(static_cast<size_t>(n * dim));
-  be.rmsnorm(hidden, L.ffn_norm.data(), xn.data(), n, dim, c.rms_eps);
-  std::vector<float> gate_up(static_cast<size_t>(n * 2 * c.ff)), act(static_cast<size_t>(n * c.ff));
-  be.linear(*L.w_gate_up, xn.data(), gate_up.data(), n, nullptr);
-  be.swiglu(gate_up.data(), act.data(), n, c.ff);
-  be.linear(*L.w_down, act.data(), proj.data(), n, nullptr);
+  float* xn = scratch(kXn, n * dim);
+  be.rmsnorm(hidden, L.ffn_norm.data(), xn, n, dim, c.rms_eps);
+  float* gate_up = scratch(kGateUp, n * 2 * c.ff);
+  float* act = scratch(kAct, n * c.ff);
+  be.linear(*L.w_gate_up, xn, gate_up, n, nullptr);
+  be.swiglu(gate_up, act, n, c.ff);
+  be.linear(*L.w_down, act, proj, n, nullptr);
   for (int64_t i = 0; i < n * dim; ++i) hidden[i] += proj[i];
 }
 
 void Transformer::run_layer(int layer, float* hidden, const int32_t* pos, int64_t n, KvCache& cache,
                             int64_t n_kv) const {
   const auto& c = model_.config();
-  std::vector<float> q(static_cast<size_t>(n * c.q_dim())), k(static_cast<size_t>(n * c.kv_dim())),
-      v(static_cast<size_t>(n * c.kv_dim()));
-  project_qkv(layer, hidden, pos, n, q.data(), k.data(), v.data());
-  store_kv(layer, pos, n, k.data(), v.data(), cache);
-  attend_and_mlp(layer, hidden, q.data(), pos, n, cache, n_kv);
+  float* q = scratch(kQ, n * c.q_dim());
+  float* k = scratch(kK, n * c.kv_dim());
+  float* v = scratch(kV, n * c.kv_dim());
+  project_qkv(layer, hidden, pos, n, q, k, v);
+  store_kv(layer, pos, n, k, v, cache);
+  attend_and_mlp(layer, hidden, q, pos, n, cache, n_kv);
 }
 
 void Transformer::logits(const float* hidden, int64_t n, float* out) const {
   const auto& c = model_.config();
-  std::vector<float> xn(static_cast<size_t>(n * c.dim));
-  model_.backend().rmsnorm(hidden, model_.output_norm().data(), xn.data(), n, c.dim, c.rms_eps);
-  model_.backend().linear(model_.output(), xn.data(), out, n, nullptr);
+  float* xn = scratch(kXn, n * c.dim);
+  model_.backend().rmsnorm(hidden, model_.output_norm().data(), xn, n, c.dim, c.rms_eps);
+  model_.backend().linear(model_.output(), xn, out, n, nullptr);
 }
 
 std::vector<float> Transformer::forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits) const {

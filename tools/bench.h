@@ -20,4 +20,31 @@ struct BenchOptions {
 
 int bench_prefill(const BenchOptions& opt);
 
+struct TtftOptions {
+  std::string model_path;
+  std::string dataset;  // JSON lines with "documents": text the chunks are cut from
+  kernels::Precision precision = kernels::Precision::BF16;
+  int chunks = 6;
+  int chunk_tokens = 512;
+  float ratio = 0.15f;
+  std::vector<int> check_layers{1};
+  int requests = 3;  // distinct requests (different chunks)
+  int repeats = 1;   // runs of each request per mode (median reported)
+};
+int bench_ttft(const TtftOptions& opt);
+
+struct EvalOptions {
+  std::string model_path;
+  std::string dataset;
+  kernels::Precision precision = kernels::Precision::BF16;
+  std::vector<std::string> modes{"blend"};
+  float ratio = 0.15f;
+  std::vector<int> check_layers{1};
+  std::vector<float> schedule;
+  int max_cases = 0;  // 0: all
+  int max_tokens = 32;
+  bool print_cases = true;
+};
+int eval_rag(const EvalOptions& opt);
+
 }  // namespace bs::tools

@@ -1,4 +1,4 @@
-// blendctl: benchmarks, evaluation and (later) the inspection console.
+// blendctl: benchmarks and the RAG quality evaluation.
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
@@ -23,10 +23,51 @@ int main(int argc, char** argv) {
   prefill->add_option("--decode-context", opt.decode_context)->check(CLI::Range(1, 8000));
   prefill->add_option("--decode-tokens", opt.decode_tokens)->check(CLI::Range(1, 4096));
 
+  bs::tools::TtftOptions topt;
+  topt.dataset = std::string(BLENDSERVE_SOURCE_DIR) + "/tests/data/rag_qa.jsonl";
+  auto* ttft = bench->add_subcommand("ttft", "Time to first token of full, prefix, reuse and blend on the same requests");
+  ttft->add_option("--chunks", topt.chunks, "Documents per request")->check(CLI::Range(1, 64));
+  ttft->add_option("--chunk-tokens", topt.chunk_tokens, "Tokens per document")->check(CLI::Range(16, 4096));
+  ttft->add_option("--ratio", topt.ratio, "Blend recompute ratio")->check(CLI::Range(0.0, 1.0));
+  ttft->add_option("--check-layers", topt.check_layers, "Blend check layers");
+  ttft->add_option("--requests", topt.requests, "Distinct requests")->check(CLI::Range(1, 100));
+  ttft->add_option("--repeats", topt.repeats, "Runs per request and mode")->check(CLI::Range(1, 100));
+  ttft->add_option("--dataset", topt.dataset, "JSON lines whose documents provide the chunk text");
+  ttft->add_option("--precision", precision)->check(CLI::IsMember({"bf16", "f32"}));
+
+  bs::tools::EvalOptions eopt;
+  auto* eval = app.add_subcommand("eval", "RAG quality of full/prefix/reuse/blend on a QA set (JSON lines)");
+  std::string modes = "blend";
+  eval->add_option("--dataset", eopt.dataset, "JSON lines {id, documents, question, answers}")->required();
+  eval->add_option("--mode", modes, "full|prefix|reuse|blend, or a comma list (the full reference runs once)");
+  eval->add_option("--ratio", eopt.ratio, "Blend recompute ratio")->check(CLI::Range(0.0, 1.0));
+  eval->add_option("--check-layers", eopt.check_layers, "Blend check layers (several = gradual filtering)");
+  eval->add_option("--schedule", eopt.schedule, "Kept fractions after each check layer but the last");
+  eval->add_option("--max-cases", eopt.max_cases, "Evaluate only the first N cases")->check(CLI::NonNegativeNumber);
+  eval->add_option("--max-tokens", eopt.max_tokens, "Answer length limit")->check(CLI::Range(1, 512));
+  eval->add_flag("!--no-cases", eopt.print_cases, "Print only the summary lines");
+  eval->add_option("--precision", precision)->check(CLI::IsMember({"bf16", "f32"}));
+
   CLI11_PARSE(app, argc, argv);
-  opt.precision = precision == "f32" ? bs::kernels::Precision::F32 : bs::kernels::Precision::BF16;
+  const auto prec = precision == "f32" ? bs::kernels::Precision::F32 : bs::kernels::Precision::BF16;
+  opt.precision = topt.precision = eopt.precision = prec;
+  topt.model_path = eopt.model_path = opt.model_path;
   try {
     if (prefill->parsed()) return bs::tools::bench_prefill(opt);
+    if (ttft->parsed()) return bs::tools::bench_ttft(topt);
+    if (eval->parsed()) {
+      eopt.modes.clear();
+      std::string m;
+      for (char ch : modes + ",") {
+        if (ch == ',') {
+          if (!m.empty()) eopt.modes.push_back(m);
+          m.clear();
+        } else {
+          m += ch;
+        }
+      }
+      return bs::tools::eval_rag(eopt);
+    }
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

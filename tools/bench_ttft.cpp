@@ -1,0 +1,119 @@
+// blendctl bench ttft: the same RAG requests in all four modes, in one run.
+// Chunks (and the system prefix) are stored in RAM before the cached modes run,
+// as they would be in a warm server; `full` computes everything. Prints one JSON
+// object per mode and a summary with the ratios to `full`.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "blend/blend_engine.h"
+#include "model/generate.h"
+#include "tools/bench.h"
+
+namespace bs::tools {
+namespace {
+
+using json = nlohmann::json;
+
+// Chunks of exactly `chunk_tokens` tokens cut from the dataset's documents,
+// (joined document text), so the sizes are exact and the text is realistic.
+std::vector<std::vector<int32_t>> make_chunks(const Tokenizer& tok, const std::string& dataset, int count,
+                                              int chunk_tokens, int skip) {
+  std::ifstream in(dataset);
+  if (!in) throw std::runtime_error("cannot open dataset " + dataset);
+  std::vector<int32_t> stream;
+  std::string line;
+  int seen = 0;
+  std::vector<std::vector<int32_t>> chunks;
+  while (static_cast<int>(chunks.size()) < count && std::getline(in, line)) {
+    if (line.empty()) continue;
+    auto j = json::parse(line);
+    for (const auto& d : j.at("documents")) {
+      if (seen++ < skip) continue;
+      auto ids = tok.encode(d.get<std::string>() + "\n\n", false);
+      stream.insert(stream.end(), ids.begin(), ids.end());
+      while (static_cast<int>(stream.size()) >= chunk_tokens && static_cast<int>(chunks.size()) < count) {
+        chunks.emplace_back(stream.begin(), stream.begin() + chunk_tokens);
+        stream.erase(stream.begin(), stream.begin() + chunk_tokens);
+      }
+    }
+  }
+  if (static_cast<int>(chunks.size()) < count) throw std::runtime_error("dataset too small for the requested chunks");
+  return chunks;
+}
+
+}  // namespace
+
+int bench_ttft(const TtftOptions& opt) {
+  auto backend = kernels::make_cpu_backend();
+  LlamaModel model(opt.model_path, *backend, opt.precision);
+  Transformer tf(model);
+  MemoryKvStore store(int64_t{16} << 30);
+  BlendEngine engine(tf, store);
+  const auto& tok = model.tokenizer();
+  const BlendMode modes[] = {BlendMode::Full, BlendMode::Prefix, BlendMode::Reuse, BlendMode::Blend};
+  std::map<BlendMode, std::vector<double>> ttft;
+  std::map<BlendMode, BlendStats> last_stats;
+  int64_t prompt_tokens = 0;
+
+  for (int req = 0; req < opt.requests; ++req) {
+    RagPrompt prompt = assemble_rag_prompt(tok, model.chat_template(),
+                                           {{"user", "Which of the facts above happened first? Answer briefly."}}, {});
+    prompt.chunks = make_chunks(tok, opt.dataset, opt.chunks, opt.chunk_tokens, req * opt.chunks * 3);
+    prompt_tokens = prompt.size();
+    engine.warm(prompt);
+    for (int rep = 0; rep < opt.repeats + (req == 0 ? 1 : 0); ++rep) {  // request 0 warms oneDNN up
+      for (BlendMode mode : modes) {
+        BlendOptions o;
+        o.mode = mode;
+        o.ratio = opt.ratio;
+        o.check_layers = opt.check_layers;
+        const auto t0 = std::chrono::steady_clock::now();
+        auto r = engine.prefill(prompt, o, 1);
+        const int32_t first = argmax(r.logits.data(), model.config().vocab);  // the first token is out
+        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        (void)first;
+        if (req == 0 && rep == 0) continue;
+        ttft[mode].push_back(t);
+        last_stats[mode] = r.stats;
+      }
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double full = median(ttft[BlendMode::Full]);
+  json summary = {{"bench", "ttft_summary"}, {"chunks", opt.chunks}, {"chunk_tokens", opt.chunk_tokens},
+                  {"prompt_tokens", prompt_tokens}, {"ratio", opt.ratio}};
+  for (BlendMode mode : modes) {
+    const double t = median(ttft[mode]);
+    const auto& s = last_stats[mode];
+    json line = {{"bench", "ttft"},
+                 {"mode", mode_name(mode)},
+                 {"chunks", opt.chunks},
+                 {"chunk_tokens", opt.chunk_tokens},
+                 {"prompt_tokens", prompt_tokens},
+                 {"samples", ttft[mode].size()},
+                 {"ttft_s", t},
+                 {"ratio_to_full", t / full},
+                 {"computed_tokens", s.computed_tokens},
+                 {"recomputed_tokens", s.recomputed_tokens},
+                 {"load_s", s.load_seconds},
+                 {"select_s", s.select_seconds},
+                 {"compute_s", s.compute_seconds}};
+    if (mode == BlendMode::Blend) line["blend_ratio"] = opt.ratio;
+    std::printf("%s\n", line.dump().c_str());
+    summary[std::string(mode_name(mode)) + "_ttft_s"] = t;
+    summary[std::string(mode_name(mode)) + "_vs_full"] = t / full;
+  }
+  std::printf("%s\n", summary.dump().c_str());
+  return 0;
+}
+
+}  // namespace bs::tools
