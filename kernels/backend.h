@@ -95,7 +95,9 @@ class Backend {
                          const float* v,       // [kv_heads, kv_stride, head_dim]
                          float* out,           // [n, q_heads, head_dim]
                          int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                         int64_t n_kv, int64_t kv_stride, float scale) = 0;
+                         int64_t n_kv, int64_t kv_stride, float scale,
+                         Precision precision  // BF16: bf16 dot products, fp32 softmax/accumulation
+                         ) = 0;
 };
 
 std::unique_ptr<Backend> make_reference_backend();

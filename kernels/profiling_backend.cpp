@@ -36,9 +36,9 @@ void ProfilingBackend::swiglu(const float* gate_up, float* out, int64_t n, int64
 }
 void ProfilingBackend::attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out,
                                  int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv,
-                                 int64_t kv_stride, float scale) {
+                                 int64_t kv_stride, float scale, Precision precision) {
   timed(stats_, "attention",
-        [&] { inner_.attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale); });
+        [&] { inner_.attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale, precision); });
 }
 
 }  // namespace bs::kernels

@@ -30,7 +30,7 @@ class ProfilingBackend final : public Backend {
   void swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) override;
   void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
                  int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-                 float scale) override;
+                 float scale, Precision precision) override;
 
  private:
   Backend& inner_;

@@ -75,7 +75,7 @@ void Transformer::attend_and_mlp(int layer, float* hidden, const float* q, const
   const int64_t dim = c.dim, qd = c.q_dim(), hd = c.head_dim;
   float* attn = scratch(kAttn, n * qd);
   be.attention(q, pos, cache.k_layer(layer), cache.v_layer(layer), attn, n, c.n_heads, c.n_kv_heads, hd, n_kv,
-               cache.capacity, 1.0f / std::sqrt(static_cast<float>(hd)));
+               cache.capacity, 1.0f / std::sqrt(static_cast<float>(hd)), model_.precision());
   float* proj = scratch(kProj, n * dim);
   be.linear(*L.wo, attn, proj, n, nullptr);
   for (int64_t i = 0; i < n * dim; ++i) hidden[i] += proj[i];

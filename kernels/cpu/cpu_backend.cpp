@@ -76,8 +76,11 @@ class CpuBackend final : public Backend {
 
   void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
                  int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-                 float scale) override {
-    cpu::attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
+                 float scale, Precision precision) override {
+    if (precision == Precision::BF16 && head_dim % 32 == 0)
+      cpu::attention_bf16(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
+    else
+      cpu::attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
   }
 
  private:

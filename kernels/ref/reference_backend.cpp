@@ -92,7 +92,7 @@ class ReferenceBackend final : public Backend {
 
   void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
                  int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-                 float scale) override {
+                 float scale, Precision) override {
     const int64_t group = q_heads / kv_heads;
     std::vector<double> scores(static_cast<size_t>(n_kv));
     for (int64_t t = 0; t < n; ++t)

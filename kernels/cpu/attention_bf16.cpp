@@ -1,0 +1,195 @@
+// The attention of kernels/cpu/attention.cpp with bf16 dot products
+// (AVX512-BF16 vdpbf16ps: 32 multiply-adds per instruction instead of 16):
+// Q, K, V and the softmax probabilities are rounded to bf16, scores, the online
+// softmax and the output accumulate in fp32. Used by the bf16 (fast) path.
+//
+// Layouts built per call, per KV head (zero-padded to whole tiles):
+//   kp [head_dim/2, kt_stride] 32-bit words: (K[key][2j], K[key][2j+1]) — a vector
+//      load gives one dimension pair of 16 consecutive keys.
+//   vp [kt_stride/2, head_dim] 32-bit words: (V[2p][d], V[2p+1][d]) — a vector load
+//      gives one key pair of 16 consecutive dimensions.
+#include "kernels/cpu/simd_math.h"  // first: see the note there
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/dequant.h"
+
+namespace bs::kernels::cpu {
+namespace {
+
+constexpr int kRows = 4;
+constexpr int kKeys = 64;
+constexpr int kMaxHeadDim = 256;
+
+inline uint32_t pack_bf16_pair(float lo, float hi) {
+  return static_cast<uint32_t>(fp32_to_bf16(lo)) | (static_cast<uint32_t>(fp32_to_bf16(hi)) << 16);
+}
+
+struct RowRef {
+  const float* q;
+  float* out;
+  int32_t pos;
+};
+
+void attend_block_bf16(const RowRef* rows, int nrows, const uint32_t* kp, const uint32_t* vp, int64_t kt_stride,
+                       int64_t head_dim, int64_t key_end, float scale) {
+  alignas(64) uint32_t sp[kRows][kKeys / 2];      // probabilities as bf16 pairs
+  alignas(64) float o[kRows][kMaxHeadDim];
+  uint32_t qp[kRows][kMaxHeadDim / 2];             // query as bf16 pairs
+  float m[kRows], l[kRows];
+  int32_t pos[kRows];
+  const int64_t pairs = head_dim / 2;
+  for (int r = 0; r < kRows; ++r) {
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+    std::memset(o[r], 0, sizeof(float) * head_dim);
+    const float* q = rows[r < nrows ? r : 0].q;
+    for (int64_t j = 0; j < pairs; ++j) qp[r][j] = pack_bf16_pair(q[2 * j], q[2 * j + 1]);
+    pos[r] = r < nrows ? rows[r].pos : -1;
+  }
+  const int64_t dvecs = head_dim / 16;
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+
+  for (int64_t k0 = 0; k0 < key_end; k0 += kKeys) {
+    const int64_t kn = std::min<int64_t>(kKeys, key_end - k0);
+    __m512 acc[kRows][4];
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < pairs; ++j) {
+      const uint32_t* krow = kp + j * kt_stride + k0;
+      const __m512bh k_0 = (__m512bh)_mm512_loadu_si512(krow);
+      const __m512bh k_1 = (__m512bh)_mm512_loadu_si512(krow + 16);
+      const __m512bh k_2 = (__m512bh)_mm512_loadu_si512(krow + 32);
+      const __m512bh k_3 = (__m512bh)_mm512_loadu_si512(krow + 48);
+      for (int r = 0; r < kRows; ++r) {
+        const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[r][j]));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qv, k_0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qv, k_1);
+        acc[r][2] = _mm512_dpbf16_ps(acc[r][2], qv, k_2);
+        acc[r][3] = _mm512_dpbf16_ps(acc[r][3], qv, k_3);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      __mmask16 valid[4];
+      for (int c = 0; c < 4; ++c) {
+        const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int32_t>(k0 + c * 16)));
+        valid[c] = _mm512_cmple_epi32_mask(key, _mm512_set1_epi32(pos[r])) &
+                   _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(static_cast<int32_t>(k0 + kn)));
+        acc[r][c] = _mm512_mul_ps(acc[r][c], vscale);
+        mx = _mm512_mask_max_ps(mx, valid[c], mx, acc[r][c]);
+      }
+      const float tile_max = hmax512(mx);
+      if (tile_max == -std::numeric_limits<float>::infinity()) {
+        std::memset(sp[r], 0, sizeof sp[r]);
+        continue;
+      }
+      const float m_new = std::max(m[r], tile_max);
+      const float alpha = std::exp(m[r] - m_new);
+      const __m512 vm = _mm512_set1_ps(m_new);
+      __m512 sum = _mm512_setzero_ps();
+      __m512 p[4];
+      for (int c = 0; c < 4; ++c) {
+        p[c] = _mm512_maskz_mov_ps(valid[c], exp512(_mm512_sub_ps(acc[r][c], vm)));
+        sum = _mm512_add_ps(sum, p[c]);
+      }
+      // 64 probabilities -> 32 bf16 pairs (keys 2i, 2i+1): two 32-lane conversions.
+      const __m512bh b01 = _mm512_cvtne2ps_pbh(p[1], p[0]);
+      const __m512bh b23 = _mm512_cvtne2ps_pbh(p[3], p[2]);
+      _mm512_store_si512(sp[r], (__m512i)b01);
+      _mm512_store_si512(sp[r] + 16, (__m512i)b23);
+      l[r] = l[r] * alpha + hsum512(sum);
+      m[r] = m_new;
+      if (alpha != 1.0f) {
+        const __m512 va = _mm512_set1_ps(alpha);
+        for (int64_t dv = 0; dv < dvecs; ++dv)
+          _mm512_store_ps(o[r] + dv * 16, _mm512_mul_ps(_mm512_load_ps(o[r] + dv * 16), va));
+      }
+    }
+    // O += P V over key pairs; the bf16 sum accumulates the probabilities as rounded,
+    // l above uses fp32 ones: the difference is within bf16 rounding.
+    const int64_t kpairs = (kn + 1) / 2;
+    const uint32_t* vtile = vp + (k0 / 2) * head_dim;
+    for (int64_t d0 = 0; d0 < dvecs; d0 += 4) {
+      const int64_t width = std::min<int64_t>(4, dvecs - d0);
+      __m512 oacc[kRows][4];
+      for (int r = 0; r < kRows; ++r)
+        for (int c = 0; c < width; ++c) oacc[r][c] = _mm512_load_ps(o[r] + (d0 + c) * 16);
+      for (int64_t j = 0; j < kpairs; ++j) {
+        const uint32_t* vrow = vtile + j * head_dim + d0 * 16;
+        __m512bh vv[4];
+        for (int c = 0; c < width; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(vrow + c * 16);
+        for (int r = 0; r < kRows; ++r) {
+          const __m512bh pv = (__m512bh)_mm512_set1_epi32(static_cast<int>(sp[r][j]));
+          for (int c = 0; c < width; ++c) oacc[r][c] = _mm512_dpbf16_ps(oacc[r][c], pv, vv[c]);
+        }
+      }
+      for (int r = 0; r < kRows; ++r)
+        for (int c = 0; c < width; ++c) _mm512_store_ps(o[r] + (d0 + c) * 16, oacc[r][c]);
+    }
+  }
+  for (int r = 0; r < nrows; ++r) {
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    for (int64_t d = 0; d < head_dim; ++d) rows[r].out[d] = o[r][d] * inv;
+  }
+}
+
+}  // namespace
+
+void attention_bf16(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
+                    int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
+                    float scale) {
+  if (head_dim % 32 != 0 || head_dim > kMaxHeadDim)
+    throw std::invalid_argument("cpu attention (bf16): head_dim must be a multiple of 32 and <= 256");
+  if (n == 0) return;
+  const int64_t group = q_heads / kv_heads;
+  const int64_t pairs = head_dim / 2;
+  const int64_t kt_stride = (n_kv + kKeys - 1) / kKeys * kKeys;
+  // Zero padding matters: padded keys get probability 0, and 0 * NaN would poison O.
+  std::vector<uint32_t> kp(static_cast<size_t>(kv_heads * pairs * kt_stride), 0);
+  std::vector<uint32_t> vp(static_cast<size_t>(kv_heads * (kt_stride / 2) * head_dim), 0);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t h = 0; h < kv_heads; ++h)
+    for (int64_t j0 = 0; j0 < n_kv; j0 += 64) {
+      const float* ks = k + h * kv_stride * head_dim;
+      const float* vs = v + h * kv_stride * head_dim;
+      uint32_t* kd = kp.data() + h * pairs * kt_stride;
+      uint32_t* vd = vp.data() + h * (kt_stride / 2) * head_dim;
+      const int64_t j1 = std::min(n_kv, j0 + 64);
+      for (int64_t key = j0; key < j1; ++key)
+        for (int64_t j = 0; j < pairs; ++j)
+          kd[j * kt_stride + key] = pack_bf16_pair(ks[key * head_dim + 2 * j], ks[key * head_dim + 2 * j + 1]);
+      for (int64_t key = j0; key < j1; key += 2) {
+        const float* v0 = vs + key * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d)
+          vd[(key / 2) * head_dim + d] = pack_bf16_pair(v0[d], key + 1 < n_kv ? v0[head_dim + d] : 0.0f);
+      }
+    }
+
+  const int64_t rows_per_head = n * group;
+  const int64_t blocks_per_head = (rows_per_head + kRows - 1) / kRows;
+  const int64_t total_blocks = kv_heads * blocks_per_head;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = total_blocks - 1; b >= 0; --b) {
+    const int64_t h = b / blocks_per_head;
+    const int64_t r0 = (b % blocks_per_head) * kRows;
+    RowRef rows[kRows];
+    int nrows = 0;
+    int64_t key_end = 0;
+    for (int64_t r = r0; r < std::min(rows_per_head, r0 + kRows); ++r) {
+      const int64_t t = r / group, qh = h * group + r % group;
+      rows[nrows++] = RowRef{q + (t * q_heads + qh) * head_dim, out + (t * q_heads + qh) * head_dim, qpos[t]};
+      key_end = std::max<int64_t>(key_end, std::min<int64_t>(n_kv, static_cast<int64_t>(qpos[t]) + 1));
+    }
+    attend_block_bf16(rows, nrows, kp.data() + h * pairs * kt_stride, vp.data() + h * (kt_stride / 2) * head_dim,
+                      kt_stride, head_dim, key_end, scale);
+  }
+}
+
+}  // namespace bs::kernels::cpu
