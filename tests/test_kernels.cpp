@@ -123,7 +123,8 @@ TEST_F(BackendOps, RopeMatchesReferenceBothStyles) {
 TEST_F(BackendOps, AttentionMatchesReference) {
   struct Case { int64_t n, q_heads, kv_heads, head_dim, n_kv; bool prefill; };
   for (auto c : {Case{1, 9, 3, 64, 1, true}, Case{37, 9, 3, 64, 37, true}, Case{130, 9, 3, 64, 130, true},
-                 Case{1, 9, 3, 64, 300, false}, Case{5, 4, 4, 32, 71, false}, Case{3, 8, 2, 128, 200, false}}) {
+                 Case{1, 9, 3, 64, 300, false}, Case{5, 4, 4, 32, 71, false}, Case{3, 8, 2, 128, 200, false},
+                 Case{4, 9, 3, 64, 1000, false}, Case{2, 2, 1, 256, 17, false}}) {
     const int64_t stride = c.n_kv + 11;  // cache capacity larger than the filled part
     auto q = random_vec(c.n * c.q_heads * c.head_dim, 5);
     auto k = random_vec(c.kv_heads * stride * c.head_dim, 6);

@@ -19,6 +19,8 @@ namespace {
 // Up to this many rows a product reads the stored weights directly; above it,
 // the packed oneDNN GEMM wins.
 constexpr int64_t kGemvMaxRows = 4;
+// Up to this many query tokens attention reads the cache directly (decode).
+constexpr int64_t kDecodeMaxQueries = 4;
 
 struct CpuWeights final : PreparedWeights {
   cpu::DnnlWeightsPtr packed;
@@ -77,7 +79,9 @@ class CpuBackend final : public Backend {
   void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
                  int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
                  float scale, Precision precision) override {
-    if (precision == Precision::BF16 && head_dim % 32 == 0)
+    if (n <= kDecodeMaxQueries && head_dim <= 256)
+      cpu::attention_decode(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
+    else if (precision == Precision::BF16 && head_dim % 32 == 0)
       cpu::attention_bf16(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
     else
       cpu::attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);

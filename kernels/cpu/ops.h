@@ -32,6 +32,11 @@ void attention(const float* q,       // [n, q_heads, head_dim]
                int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv,
                int64_t kv_stride, float scale);
 
+// Same contract for a few queries (decode): no re-layout of K/V, fp32; head_dim <= 256.
+void attention_decode(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
+                      int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
+                      float scale);
+
 // Same contract, bf16 dot products (kernels/cpu/attention_bf16.cpp).
 void attention_bf16(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
                     int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
