@@ -52,6 +52,8 @@ void attend_block_bf16(const RowRef* rows, int nrows, const uint32_t* kp, const 
     for (int64_t j = 0; j < pairs; ++j) qp[r][j] = pack_bf16_pair(q[2 * j], q[2 * j + 1]);
     pos[r] = r < nrows ? rows[r].pos : -1;
   }
+  int32_t min_pos = pos[0];
+  for (int r = 1; r < nrows; ++r) min_pos = std::min(min_pos, pos[r]);
   const int64_t dvecs = head_dim / 16;
   const __m512 vscale = _mm512_set1_ps(scale);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -75,13 +77,19 @@ void attend_block_bf16(const RowRef* rows, int nrows, const uint32_t* kp, const 
         acc[r][3] = _mm512_dpbf16_ps(acc[r][3], qv, k_3);
       }
     }
+    // Masking is only needed on the causal diagonal and the ragged last tile.
+    const bool full_tile = kn == kKeys && k0 + kKeys - 1 <= min_pos;
     for (int r = 0; r < kRows; ++r) {
       __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
       __mmask16 valid[4];
       for (int c = 0; c < 4; ++c) {
-        const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int32_t>(k0 + c * 16)));
-        valid[c] = _mm512_cmple_epi32_mask(key, _mm512_set1_epi32(pos[r])) &
-                   _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(static_cast<int32_t>(k0 + kn)));
+        if (full_tile) {
+          valid[c] = 0xFFFF;
+        } else {
+          const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int32_t>(k0 + c * 16)));
+          valid[c] = _mm512_cmple_epi32_mask(key, _mm512_set1_epi32(pos[r])) &
+                     _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(static_cast<int32_t>(k0 + kn)));
+        }
         acc[r][c] = _mm512_mul_ps(acc[r][c], vscale);
         mx = _mm512_mask_max_ps(mx, valid[c], mx, acc[r][c]);
       }
@@ -96,7 +104,7 @@ void attend_block_bf16(const RowRef* rows, int nrows, const uint32_t* kp, const 
       __m512 sum = _mm512_setzero_ps();
       __m512 p[4];
       for (int c = 0; c < 4; ++c) {
-        p[c] = _mm512_maskz_mov_ps(valid[c], exp512(_mm512_sub_ps(acc[r][c], vm)));
+        p[c] = _mm512_maskz_mov_ps(valid[c], exp512_bf16(_mm512_sub_ps(acc[r][c], vm)));
         sum = _mm512_add_ps(sum, p[c]);
       }
       // 64 probabilities -> 32 bf16 pairs (keys 2i, 2i+1): two 32-lane conversions.
@@ -162,13 +170,32 @@ void attention_bf16(const float* q, const int32_t* qpos, const float* k, const f
       uint32_t* kd = kp.data() + h * pairs * kt_stride;
       uint32_t* vd = vp.data() + h * (kt_stride / 2) * head_dim;
       const int64_t j1 = std::min(n_kv, j0 + 64);
-      for (int64_t key = j0; key < j1; ++key)
-        for (int64_t j = 0; j < pairs; ++j)
-          kd[j * kt_stride + key] = pack_bf16_pair(ks[key * head_dim + 2 * j], ks[key * head_dim + 2 * j + 1]);
+      alignas(64) uint32_t row[kMaxHeadDim / 2];
+      for (int64_t key = j0; key < j1; ++key) {
+        // K row -> bf16 pairs (adjacent dimensions), scattered into the transposed layout
+        const float* kr = ks + key * head_dim;
+        for (int64_t d = 0; d < head_dim; d += 32) {
+          const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(kr + d + 16), _mm512_loadu_ps(kr + d));
+          _mm512_store_si512(row + d / 2, (__m512i)b);
+        }
+        for (int64_t j = 0; j < pairs; ++j) kd[j * kt_stride + key] = row[j];
+      }
+      // V rows 2p and 2p+1 -> interleaved bf16 pairs per dimension
+      const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                              6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+      const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
       for (int64_t key = j0; key < j1; key += 2) {
         const float* v0 = vs + key * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d)
-          vd[(key / 2) * head_dim + d] = pack_bf16_pair(v0[d], key + 1 < n_kv ? v0[head_dim + d] : 0.0f);
+        const bool has_next = key + 1 < n_kv;
+        for (int64_t d = 0; d < head_dim; d += 32) {
+          const __m512i a = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v0 + d + 16), _mm512_loadu_ps(v0 + d));
+          const __m512i b = has_next ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v0 + head_dim + d + 16),
+                                                                    _mm512_loadu_ps(v0 + head_dim + d))
+                                     : _mm512_setzero_si512();
+          uint32_t* dst = vd + (key / 2) * head_dim + d;
+          _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo_idx, b));
+          _mm512_storeu_si512(dst + 16, _mm512_permutex2var_epi16(a, hi_idx, b));
+        }
       }
     }
 
