@@ -104,7 +104,7 @@ void attend_block_bf16(const RowRef* rows, int nrows, const uint32_t* kp, const 
       __m512 sum = _mm512_setzero_ps();
       __m512 p[4];
       for (int c = 0; c < 4; ++c) {
-        p[c] = _mm512_maskz_mov_ps(valid[c], exp512_bf16(_mm512_sub_ps(acc[r][c], vm)));
+        p[c] = _mm512_maskz_mov_ps(valid[c], exp512(_mm512_sub_ps(acc[r][c], vm)));
         sum = _mm512_add_ps(sum, p[c]);
       }
       // 64 probabilities -> 32 bf16 pairs (keys 2i, 2i+1): two 32-lane conversions.
