@@ -218,7 +218,7 @@ Builder one_tensor(std::string name, std::vector<uint64_t> dims, uint32_t type, 
 // ---- the real model ------------------------------------------------------------------
 
 TEST(GgufRealModel, MetadataAndTensorTable) {
-  if (!file_exists(kModelPath)) GTEST_SKIP() << "model not found: " << kModelPath;
+  if (!file_exists(kModelPath)) FAIL() << "model not found (run tools/setup.sh): " << kModelPath;
   const GgufFile f = GgufFile::open(kModelPath);
   EXPECT_EQ(f.version(), 3u);
   EXPECT_EQ(f.get_string("general.architecture"), "llama");
@@ -284,7 +284,7 @@ TEST(GgufRealModel, MetadataAndTensorTable) {
 }
 
 TEST(GgufRealModel, ParseFromHeapCopyMatchesOpen) {
-  if (!file_exists(kModelPath)) GTEST_SKIP() << "model not found: " << kModelPath;
+  if (!file_exists(kModelPath)) FAIL() << "model not found (run tools/setup.sh): " << kModelPath;
   const std::vector<uint8_t> buf = read_prefix(kModelPath, size_t{1} << 30);
   ASSERT_GT(buf.size(), 90u << 20);
   const GgufFile a = GgufFile::parse(buf.data(), buf.size());
@@ -315,7 +315,7 @@ TEST(GgufRealModel, ParseFromHeapCopyMatchesOpen) {
 }
 
 TEST(GgufRealModel, TruncatedPrefixesThrow) {
-  if (!file_exists(kModelPath)) GTEST_SKIP() << "model not found: " << kModelPath;
+  if (!file_exists(kModelPath)) FAIL() << "model not found (run tools/setup.sh): " << kModelPath;
   const std::vector<uint8_t> head = read_prefix(kModelPath, 2u << 20);
   ASSERT_EQ(head.size(), 2u << 20);
   std::vector<size_t> cuts;
@@ -345,7 +345,7 @@ TEST(GgufRealModel, TruncatedPrefixesThrow) {
 // ---- dequantization against gguf-py ---------------------------------------------------
 
 TEST(GgufDequant, MatchesGgufPyReference) {
-  if (!file_exists(kModelPath)) GTEST_SKIP() << "model not found: " << kModelPath;
+  if (!file_exists(kModelPath)) FAIL() << "model not found (run tools/setup.sh): " << kModelPath;
   const std::string fixture = kFixtures + "/dequant_reference.json";
   std::ifstream in(fixture);
   ASSERT_TRUE(in) << "missing " << fixture << " (tools/make_dequant_fixture.py)";

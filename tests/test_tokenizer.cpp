@@ -54,7 +54,7 @@ Shared* shared() {
 
 #define REQUIRE_MODEL()                                                  \
   do {                                                                   \
-    if (!shared()) GTEST_SKIP() << "model file not found: " << kModel;   \
+    if (!shared()) FAIL() << "model file not found (run tools/setup.sh): " << kModel;   \
   } while (0)
 
 std::optional<json> load_json(const std::string& name) {
@@ -269,7 +269,7 @@ TEST(Tokenizer, MatchesHuggingFaceReferenceWithoutSpecial) {
   REQUIRE_MODEL();
   auto j = load_json("tokenizer_hf_reference.json");
   ASSERT_TRUE(j);
-  if (!j->contains("no_special")) GTEST_SKIP() << "fixture has no no_special ids";
+  if (!j->contains("no_special")) FAIL() << "fixture has no no_special ids";
   auto cases = hf_cases(*j);
   for (const auto& d : (*j)["no_special"]) {
     cases.at(d.at("index").get<size_t>()).ids = d.at("ids").get<std::vector<int32_t>>();
@@ -291,7 +291,7 @@ TEST(Tokenizer, MatchesHuggingFaceReferenceWithoutSpecial) {
 TEST(Tokenizer, MatchesLlamaCppGolden) {
   REQUIRE_MODEL();
   auto j = load_json("golden_tokens.json");
-  if (!j) GTEST_SKIP() << "tests/fixtures/golden_tokens.json not present";
+  if (!j) FAIL() << "tests/fixtures/golden_tokens.json not present";
   const auto cases = golden_cases(*j);
   ASSERT_FALSE(cases.empty());
   EXPECT_EQ(compare_cases(shared()->tok, cases, "llama.cpp"), 0u);
@@ -302,7 +302,7 @@ TEST(Tokenizer, OtherPreTokenizersMatchReference) {
   REQUIRE_MODEL();
   auto j = load_json("tokenizer_hf_reference.json");
   ASSERT_TRUE(j);
-  if (!j->contains("pre_variants")) GTEST_SKIP() << "fixture has no pre_variants";
+  if (!j->contains("pre_variants")) FAIL() << "fixture has no pre_variants";
   for (const auto& [pre, ids] : (*j)["pre_variants"].items()) {
     TokenizerSpec s = spec_from_file(shared()->file);
     s.pre = pre;

@@ -3,7 +3,8 @@
 #   1. tools/setup.sh: Debian packages + the model file (verified sha256)
 #   2. Release build in build/ (binaries: build/blendserve, build/blendctl); all tests
 #   3. ASan+UBSan build in build-asan/; the unit tests (label "unit") under it
-# Set BLENDSERVE_SKIP_SANITIZE=1 to skip step 3 while iterating.
+#   4. the GGUF reader's libFuzzer target for BLENDSERVE_FUZZ_SECONDS (default 30)
+# Set BLENDSERVE_SKIP_SANITIZE=1 to skip steps 3 and 4 while iterating.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 JOBS="$(nproc)"
@@ -24,4 +25,6 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$ROOT/build-asan" --output-on-failure -L unit -j1
+  echo "[test] fuzzing the GGUF reader for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
+  JOBS="$JOBS" "$ROOT/tools/fuzz_gguf.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
 fi
