@@ -44,6 +44,12 @@ struct EvalOptions {
   int max_cases = 0;  // 0: all
   int max_tokens = 32;
   bool print_cases = true;
+  std::string system_prompt =
+      "You will be asked a question after reading several passages. Please directly answer the question based on "
+      "the given passages. Do NOT repeat the question. The answer should be within 5 words.";
+  std::string question_prefix =
+      "Answer the question directly based on the given passages. Do NOT repeat the question. The answer should be "
+      "within 5 words.\nQuestion: ";
 };
 int eval_rag(const EvalOptions& opt);
 

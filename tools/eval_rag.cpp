@@ -55,7 +55,11 @@ int eval_rag(const EvalOptions& opt) {
     const auto answers = c.at("answers").get<std::vector<std::string>>();
     const std::string question = c.at("question").get<std::string>();
     if (answers.empty()) throw std::runtime_error("case " + c.value("id", "?") + " has no answers");
-    const RagPrompt prompt = assemble_rag_prompt(tok, model.chat_template(), {{"user", question}}, docs);
+    // The CacheBlend evaluation's instructions (blend_musique.py): a fixed system
+    // prompt (reused as the exact prefix) and the question after the passages.
+    const RagPrompt prompt = assemble_rag_prompt(
+        tok, model.chat_template(),
+        {{"system", opt.system_prompt}, {"user", opt.question_prefix + question}}, docs);
     engine.warm(prompt);  // cached modes find every chunk in RAM
 
     // Teacher forcing: the first gold answer (all tokens but its last) appended to
