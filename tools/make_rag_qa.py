@@ -14,13 +14,18 @@ documents through a bridge entity: document A says "Dravik Optics was founded by
 Osterby in 1887.", document B says "Clara Osterby was born in Tarnwick in 1851.", and the
 question is "In which town was the founder of Dravik Optics born?".
 
+Each document opens with a lead paragraph that holds all of its entity's facts (as an
+encyclopedia article would), followed by one or two paragraphs of templated background prose
+(dates, numbers and names that are never asked about).
+
 Distractors are look-alikes: documents of the same kind (another company founded by another
 person in another year, sometimes sharing a name root with the gold entity), and for multi-hop
 cases a complete look-alike chain (another company plus its founder's biography).
 
 Guarantees (checked here for every case, re-checked by tests/test_rag_dataset.cpp):
-  * 6 documents, each MIN_CHARS..MAX_CHARS characters (about 330-450 SmolLM2 tokens at
-    ~4.2 characters per token), ASCII only;
+  * 6 documents, each MIN_CHARS..MAX_CHARS characters, ASCII only (the committed file:
+    1487..1867 characters = 313..450 SmolLM2 tokens, measured with blendserve's tokenizer;
+    3.9..4.9 characters per token);
   * every answer string (all aliases) occurs in the answer document (gold_doc[-1]) and in no
     other document of the case (plain substring test, case-sensitive);
   * the question's subject occurs in gold_doc[0] and in no other document;
@@ -30,7 +35,9 @@ Guarantees (checked here for every case, re-checked by tests/test_rag_dataset.cp
   * the answer document's slot is balanced over the 6 positions.
 
 Deterministic: fixed seed, stdlib only, never iterates a set; running it again produces a
-byte-identical file (check with sha256sum).
+byte-identical file (check with sha256sum or --check). Generated with CPython 3.11; the
+random-module calls used (random, randint, choice, shuffle) are meant to give the same
+streams on other CPython 3 versions (only 3.11 was checked).
 
     python3 tools/make_rag_qa.py            # writes tests/data/rag_qa.jsonl + rag_qa_small.jsonl
     python3 tools/make_rag_qa.py --check    # regenerates in memory, compares with the files
@@ -41,6 +48,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import sys
 
 SEED = 20240516
@@ -87,9 +95,9 @@ RIVER_HEAD = ["Ald", "Bre", "Cel", "Dor", "Ev", "Fal", "Gwy", "Hel", "Is", "Kel"
 RIVER_TAIL = ["on", "wen", "ent", "ara", "ine", "ow", "ay", "isk", "ern", "ade", "ola",
               "et"]
 ROOT_HEAD = ["Vel", "Cor", "Dra", "Hal", "Ar", "Bel", "Mor", "Kes", "Lum", "Sar", "Tes",
-             "Val", "Zor", "Qua", "Ren", "Pol", "Ind", "Gal", "Fen", "Ost", "Cal", "Mar",
+             "Val", "Zor", "Quen", "Ren", "Pol", "Eld", "Gal", "Fen", "Ost", "Cal", "Mar",
              "Ver", "Ul"]
-ROOT_TAIL = ["mor", "ane", "vik", "oran", "ith", "ova", "ex", "dor", "ant", "ell", "ura",
+ROOT_TAIL = ["mor", "ane", "vik", "oran", "ith", "ova", "ex", "dren", "ant", "ell", "ura",
              "ine", "ast", "ion", "esk", "ard", "ulon", "emar"]
 
 INDUSTRIES = [
@@ -182,6 +190,14 @@ CARVINGS = ["ships and sea creatures", "local saints", "farm animals", "the four
 LEGEND_OBJ = ["silver bell", "chest of coins", "lost map", "stone lion", "golden key"]
 
 
+# Generated names that are real words or well-known names (a model's prior knowledge about
+# them would interfere with reading).
+BLOCKED = ["marine", "marion", "galant", "renard", "arion", "event", "silent", "below",
+           "belay", "evade", "urine", "ardent", "tamara", "celine", "isle", "orient",
+           "halley", "marley", "wesley", "ashley", "glendale", "langley", "ashford",
+           "wickford", "sandford", "morley", "holby", "marrow", "harrow", "marten"]
+
+
 def plural(n, word):
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -201,6 +217,10 @@ class Ctx:
     def _ok(self, name):
         if name.startswith(("No", "no", "Yes", "yes")):
             return False
+        if any(a == b == c for a, b, c in zip(name, name[1:], name[2:])):
+            return False  # "Kessstead"
+        if re.search(r"(\w{2,3})\1", name.lower()) or name.lower() in BLOCKED:
+            return False  # "Ululon", "Bellell"; real words and well-known names
         low = name.lower()
         for u in self.used:
             ul = u.lower()
@@ -582,42 +602,36 @@ def town_doc(ctx, t):
 
 
 def assemble(r, opening, facts, fillers, tail_facts):
-    """Opening sentence, fact sentences spread through the text, filler sentences until the
-    document reaches a random target length in [TARGET_LO, TARGET_HI] (never MAX_CHARS)."""
+    """A lead paragraph (opening sentence, then every fact sentence, with up to two filler
+    sentences mixed in), then one or two paragraphs of filler sentences, until the document
+    reaches a random target length in [TARGET_LO, TARGET_HI] (never MAX_CHARS)."""
     target = r.randint(TARGET_LO, TARGET_HI)
+    facts = facts + tail_facts
     order = list(range(len(fillers)))
     r.shuffle(order)
     body = []
-    fixed = len(opening) + sum(len(s) + 1 for s in facts + tail_facts)
-    total = fixed
+    total = len(opening) + sum(len(s) + 1 for s in facts)
     for i in order:
         s = fillers[i]()
-        if total + len(s) + 1 > MAX_CHARS - 8:
+        if total + len(s) + 2 > MAX_CHARS - 8:
             continue
         body.append(s)
-        total += len(s) + 1
+        total += len(s) + 2
         if total >= target:
             break
-    # Facts: the first one within the first three sentences, the others anywhere.
-    for j, f in enumerate(facts):
-        if j == 0:
-            pos = r.randint(0, min(2, len(body)))
-        else:
-            pos = r.randint(0, len(body))
-        body.insert(pos, f)
-    sents = [opening] + body + tail_facts
-    # Two or three paragraphs.
-    n_par = r.choice([2, 3])
-    cuts = []
-    for k in range(1, n_par):
-        c = min(len(sents) - 1, max(2, round(len(sents) * k / n_par) + r.randint(-2, 2)))
-        if c not in cuts:
-            cuts.append(c)
-    paras, prev = [], 0
-    for c in cuts + [len(sents)]:
-        paras.append(" ".join(sents[prev:c]))
-        prev = c
-    return "\n\n".join(paras)
+    n_mixed = r.randint(0, 2)
+    lead = list(facts)
+    for s in body[:n_mixed]:
+        lead.insert(r.randint(0, len(lead)), s)
+    lead = [opening] + lead
+    rest = body[n_mixed:]
+    paras = [lead]
+    if len(rest) >= 8 and r.random() < 0.6:
+        cut = len(rest) // 2 + r.randint(-2, 2)
+        paras += [rest[:cut], rest[cut:]]
+    else:
+        paras.append(rest)
+    return "\n\n".join(" ".join(p) for p in paras)
 
 
 RENDER = {"person": person_doc, "company": company_doc, "landmark": landmark_doc,
