@@ -17,6 +17,8 @@
 #include <map>
 #include <stdexcept>
 
+#include <unicode/utf8.h>
+
 namespace bs::blend {
 namespace {
 
@@ -86,21 +88,10 @@ bool py_word(uint32_t cp) {
 }
 
 void encode(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  char buf[U8_MAX_LENGTH];
+  int32_t len = 0;
+  U8_APPEND_UNSAFE(buf, len, cp);
+  out.append(buf, static_cast<size_t>(len));
 }
 
 // Python's str.lower() for one code point, exact for ASCII, Latin-1, Latin Extended-A,

@@ -17,6 +17,7 @@
 // no token of their own in the vocabulary are dropped, as in llama.cpp.
 #include "model/tokenizer.h"
 
+#include <unicode/utf8.h>
 #include <unicode/uchar.h>
 
 #include <algorithm>
@@ -87,21 +88,10 @@ U8 utf8_next(const unsigned char* p, size_t n, size_t* len, uint32_t* cp) {
 }
 
 void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  char buf[U8_MAX_LENGTH];
+  int32_t len = 0;
+  U8_APPEND_UNSAFE(buf, len, cp);
+  out.append(buf, static_cast<size_t>(len));
 }
 
 constexpr const char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD

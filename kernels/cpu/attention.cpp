@@ -15,24 +15,19 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/cpu/attention_blocks.h"
 #include "kernels/cpu/ops.h"
 
 namespace bs::kernels::cpu {
 namespace {
 
-constexpr int kRows = 4;    // query rows per register block
+constexpr int kRows = kAttentionRows;
 constexpr int kKeys = 64;   // keys per tile (4 vectors)
 constexpr int kMaxHeadDim = 256;
 
-struct RowRef {
-  const float* q;
-  float* out;
-  int32_t pos;
-};
-
 // Process one block of up to kRows rows of one KV head over keys [0, key_end).
 // kt: [head_dim, kt_stride] transposed keys; v: [n_kv, head_dim] (row stride head_dim).
-void attend_block(const RowRef* rows, int nrows, const float* kt, int64_t kt_stride, const float* v,
+void attend_block(const AttentionRow* rows, int nrows, const float* kt, int64_t kt_stride, const float* v,
                   int64_t head_dim, int64_t key_end, float scale) {
   alignas(64) float s[kRows][kKeys];
   alignas(64) float o[kRows][kMaxHeadDim];
@@ -139,7 +134,6 @@ void attention(const float* q, const int32_t* qpos, const float* k, const float*
   if (head_dim % 16 != 0 || head_dim > kMaxHeadDim)
     throw std::invalid_argument("cpu attention: head_dim must be a multiple of 16 and <= 256");
   if (n == 0) return;
-  const int64_t group = q_heads / kv_heads;
   // Transposed keys per head, padded to a whole tile: [kv_heads, head_dim, kt_stride].
   const int64_t kt_stride = (n_kv + kKeys - 1) / kKeys * kKeys;
   std::vector<float> kt(static_cast<size_t>(kv_heads * head_dim * kt_stride), 0.0f);
@@ -155,25 +149,11 @@ void attention(const float* q, const int32_t* qpos, const float* k, const float*
         for (int64_t d = 0; d < head_dim; ++d) dst[d * kt_stride + j] = src[j * head_dim + d];
     }
 
-  // Rows of each KV head: (token t, query head g of the group), blocked by kRows.
-  const int64_t rows_per_head = n * group;
-  const int64_t blocks_per_head = (rows_per_head + kRows - 1) / kRows;
-  const int64_t total_blocks = kv_heads * blocks_per_head;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t b = total_blocks - 1; b >= 0; --b) {  // longest (latest) blocks first
-    const int64_t h = b / blocks_per_head;
-    const int64_t r0 = (b % blocks_per_head) * kRows;
-    RowRef rows[kRows];
-    int nrows = 0;
-    int64_t key_end = 0;
-    for (int64_t r = r0; r < std::min(rows_per_head, r0 + kRows); ++r) {
-      const int64_t t = r / group, qh = h * group + r % group;
-      rows[nrows++] = RowRef{q + (t * q_heads + qh) * head_dim, out + (t * q_heads + qh) * head_dim, qpos[t]};
-      key_end = std::max<int64_t>(key_end, std::min<int64_t>(n_kv, static_cast<int64_t>(qpos[t]) + 1));
-    }
-    attend_block(rows, nrows, kt.data() + h * head_dim * kt_stride, kt_stride, v + h * kv_stride * head_dim,
-                 head_dim, key_end, scale);
-  }
+  for_each_row_block(q, qpos, out, n, q_heads, kv_heads, head_dim, n_kv,
+                     [&](int64_t h, const AttentionRow* rows, int nrows, int64_t key_end) {
+                       attend_block(rows, nrows, kt.data() + h * head_dim * kt_stride, kt_stride, v + h * kv_stride * head_dim,
+                   head_dim, key_end, scale);
+                     });
 }
 
 }  // namespace bs::kernels::cpu

@@ -16,13 +16,14 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/cpu/attention_blocks.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/dequant.h"
 
 namespace bs::kernels::cpu {
 namespace {
 
-constexpr int kRows = 4;
+constexpr int kRows = kAttentionRows;
 constexpr int kKeys = 64;
 constexpr int kMaxHeadDim = 256;
 
@@ -30,13 +31,7 @@ inline uint32_t pack_bf16_pair(float lo, float hi) {
   return static_cast<uint32_t>(fp32_to_bf16(lo)) | (static_cast<uint32_t>(fp32_to_bf16(hi)) << 16);
 }
 
-struct RowRef {
-  const float* q;
-  float* out;
-  int32_t pos;
-};
-
-void attend_block_bf16(const RowRef* rows, int nrows, const uint32_t* kp, const uint32_t* vp, int64_t kt_stride,
+void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, const uint32_t* vp, int64_t kt_stride,
                        int64_t head_dim, int64_t key_end, float scale) {
   alignas(64) uint32_t sp[kRows][kKeys / 2];      // probabilities as bf16 pairs
   alignas(64) float o[kRows][kMaxHeadDim];
@@ -156,7 +151,6 @@ void attention_bf16(const float* q, const int32_t* qpos, const float* k, const f
   if (head_dim % 32 != 0 || head_dim > kMaxHeadDim)
     throw std::invalid_argument("cpu attention (bf16): head_dim must be a multiple of 32 and <= 256");
   if (n == 0) return;
-  const int64_t group = q_heads / kv_heads;
   const int64_t pairs = head_dim / 2;
   const int64_t kt_stride = (n_kv + kKeys - 1) / kKeys * kKeys;
   // Zero padding matters: padded keys get probability 0, and 0 * NaN would poison O.
@@ -199,24 +193,11 @@ void attention_bf16(const float* q, const int32_t* qpos, const float* k, const f
       }
     }
 
-  const int64_t rows_per_head = n * group;
-  const int64_t blocks_per_head = (rows_per_head + kRows - 1) / kRows;
-  const int64_t total_blocks = kv_heads * blocks_per_head;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t b = total_blocks - 1; b >= 0; --b) {
-    const int64_t h = b / blocks_per_head;
-    const int64_t r0 = (b % blocks_per_head) * kRows;
-    RowRef rows[kRows];
-    int nrows = 0;
-    int64_t key_end = 0;
-    for (int64_t r = r0; r < std::min(rows_per_head, r0 + kRows); ++r) {
-      const int64_t t = r / group, qh = h * group + r % group;
-      rows[nrows++] = RowRef{q + (t * q_heads + qh) * head_dim, out + (t * q_heads + qh) * head_dim, qpos[t]};
-      key_end = std::max<int64_t>(key_end, std::min<int64_t>(n_kv, static_cast<int64_t>(qpos[t]) + 1));
-    }
-    attend_block_bf16(rows, nrows, kp.data() + h * pairs * kt_stride, vp.data() + h * (kt_stride / 2) * head_dim,
-                      kt_stride, head_dim, key_end, scale);
-  }
+  for_each_row_block(q, qpos, out, n, q_heads, kv_heads, head_dim, n_kv,
+                     [&](int64_t h, const AttentionRow* rows, int nrows, int64_t key_end) {
+                       attend_block_bf16(rows, nrows, kp.data() + h * pairs * kt_stride, vp.data() + h * (kt_stride / 2) * head_dim,
+                        kt_stride, head_dim, key_end, scale);
+                     });
 }
 
 }  // namespace bs::kernels::cpu
