@@ -41,7 +41,8 @@ struct EvalOptions {
   float ratio = 0.15f;
   std::vector<int> check_layers{1};
   std::vector<float> schedule;
-  int max_cases = 0;  // 0: all
+  int skip_cases = 0;  // start after the first N cases (split a long run)
+  int max_cases = 0;   // 0: all
   int max_tokens = 32;
   bool print_cases = true;
   std::string system_prompt =

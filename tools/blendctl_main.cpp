@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   eval->add_option("--ratio", eopt.ratio, "Blend recompute ratio")->check(CLI::Range(0.0, 1.0));
   eval->add_option("--check-layers", eopt.check_layers, "Blend check layers (several = gradual filtering)");
   eval->add_option("--schedule", eopt.schedule, "Kept fractions after each check layer but the last");
-  eval->add_option("--max-cases", eopt.max_cases, "Evaluate only the first N cases")->check(CLI::NonNegativeNumber);
+  eval->add_option("--max-cases", eopt.max_cases, "Evaluate at most N cases")->check(CLI::NonNegativeNumber);
+  eval->add_option("--skip-cases", eopt.skip_cases, "Skip the first N cases")->check(CLI::NonNegativeNumber);
   eval->add_option("--max-tokens", eopt.max_tokens, "Answer length limit")->check(CLI::Range(1, 512));
   eval->add_flag("!--no-cases", eopt.print_cases, "Print only the summary lines");
   eval->add_option("--precision", precision)->check(CLI::IsMember({"bf16", "f32"}));

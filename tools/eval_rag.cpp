@@ -48,8 +48,8 @@ int eval_rag(const EvalOptions& opt) {
   int case_no = 0;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
-    if (opt.max_cases > 0 && case_no >= opt.max_cases) break;
-    ++case_no;
+    if (opt.max_cases > 0 && case_no >= opt.skip_cases + opt.max_cases) break;
+    if (case_no++ < opt.skip_cases) continue;
     json c = json::parse(line);
     const auto docs = c.at("documents").get<std::vector<std::string>>();
     const auto answers = c.at("answers").get<std::vector<std::string>>();
