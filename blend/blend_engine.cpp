@@ -227,7 +227,6 @@ BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& o
   if (logit_rows < 1 || logit_rows > N) throw std::invalid_argument("blend: logit_rows out of range");
   if (opt.mode != BlendMode::Full && logit_rows > S)
     throw std::invalid_argument("blend: logits are only available for suffix tokens");
-  if (opt.mode == BlendMode::Full && logit_rows > N) throw std::invalid_argument("blend: logit_rows > prompt");
   if (opt.mode != BlendMode::Full && S == 0) throw std::invalid_argument("blend: the suffix is empty");
   if (N + extra_capacity > c.context_length)
     throw std::length_error("prompt of " + std::to_string(N) + " tokens (+" + std::to_string(extra_capacity) +

@@ -45,7 +45,6 @@ struct BlendOptions {
   std::vector<float> schedule;
   int min_tokens = 1;                // recompute at least this many cached tokens (if any)
   Deviation deviation = Deviation::KV;
-  bool store_new_chunks = true;      // precompute and store chunks that missed
 };
 
 struct BlendStats {
@@ -57,7 +56,6 @@ struct BlendStats {
   int64_t computed_tokens = 0;               // tokens run through all layers in the final pass
   std::vector<int64_t> candidates_per_check; // selection narrowing, one per check layer
   double load_seconds = 0, select_seconds = 0, compute_seconds = 0, total_seconds = 0;
-  double store_seconds = 0;                  // precomputing missed chunks (after the first token)
 };
 
 struct BlendPrefill {
@@ -80,6 +78,8 @@ class BlendEngine {
   // KV of a chunk computed alone at positions 0..m-1 (what the store holds).
   std::shared_ptr<const ChunkKv> compute_chunk_kv(std::span<const int32_t> tokens) const;
   // Computes and stores the prompt's prefix and chunk KV that are not stored yet.
+  // A request whose chunks missed computes them in context for its answer; running
+  // this afterwards (off the first-token path) makes the next request hit.
   void warm(const RagPrompt& prompt) const;
 
   ChunkKey chunk_key(std::span<const int32_t> tokens) const;
