@@ -47,6 +47,15 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// The real model on a backend precision, a RAM store and the engine over them.
+struct BlendSetup {
+  explicit BlendSetup(Precision precision) : m(testing::shared_model(precision)), tf(m), engine(tf, store) {}
+  const LlamaModel& m;
+  Transformer tf;
+  MemoryKvStore store{int64_t{1} << 30};
+  BlendEngine engine;
+};
+
 // KL(P || Q) of the softmaxes, in nats.
 double kl_divergence(const std::vector<float>& p, const std::vector<float>& q) {
   auto log_sum_exp = [](const std::vector<float>& x) {
@@ -106,10 +115,10 @@ TEST(DeltaRope, Llama3ScalingSlowsOnlyLongWavelengths) {
 
 TEST(DeltaRope, StoredChunkPlacedAnywhereMatchesLayerZeroKeysInPlace) {
   REQUIRE_MODEL();
-  const auto& m = testing::shared_model(Precision::F32);
-  Transformer tf(m);
-  MemoryKvStore store(1 << 30);
-  BlendEngine engine(tf, store);
+  BlendSetup setup(Precision::F32);
+  const auto& m = setup.m;
+  const Transformer& tf = setup.tf;
+  BlendEngine& engine = setup.engine;
   const auto& c = m.config();
   const auto chunk = m.tokenizer().encode(kDocs[0], false);
   const int64_t len = static_cast<int64_t>(chunk.size());
@@ -139,10 +148,10 @@ class BlendModes : public ::testing::Test {
 };
 
 TEST_F(BlendModes, RatioOneEqualsFullAndRatioZeroEqualsReuse) {
-  const auto& m = testing::shared_model(Precision::F32);
-  Transformer tf(m);
-  MemoryKvStore store(1 << 30);
-  BlendEngine engine(tf, store);
+  BlendSetup setup(Precision::F32);
+  const auto& m = setup.m;
+  const Transformer& tf = setup.tf;
+  BlendEngine& engine = setup.engine;
   const auto prompt = make_prompt(m, kDocs);
   engine.warm(prompt);
   auto run = [&](BlendMode mode, float ratio) {
@@ -164,10 +173,10 @@ TEST_F(BlendModes, RatioOneEqualsFullAndRatioZeroEqualsReuse) {
 }
 
 TEST_F(BlendModes, BlendAnswersAndIsCloserToFullThanReuse) {
-  const auto& m = testing::shared_model(Precision::BF16);
-  Transformer tf(m);
-  MemoryKvStore store(1 << 30);
-  BlendEngine engine(tf, store);
+  BlendSetup setup(Precision::BF16);
+  const auto& m = setup.m;
+  const Transformer& tf = setup.tf;
+  BlendEngine& engine = setup.engine;
   const auto prompt = make_prompt(m, kDocs);
   engine.warm(prompt);
   BlendOptions o;
@@ -194,10 +203,9 @@ TEST_F(BlendModes, BlendAnswersAndIsCloserToFullThanReuse) {
 }
 
 TEST_F(BlendModes, ReorderedDocumentsAndRepeatedRequestsHitEveryChunk) {
-  const auto& m = testing::shared_model(Precision::BF16);
-  Transformer tf(m);
-  MemoryKvStore store(1 << 30);
-  BlendEngine engine(tf, store);
+  BlendSetup setup(Precision::BF16);
+  const auto& m = setup.m;
+  BlendEngine& engine = setup.engine;
   const auto first = make_prompt(m, kDocs);
   engine.warm(first);
   std::vector<std::string> reordered = {kDocs[3], kDocs[1], kDocs[0], kDocs[2]};
@@ -214,10 +222,10 @@ TEST_F(BlendModes, ReorderedDocumentsAndRepeatedRequestsHitEveryChunk) {
 }
 
 TEST_F(BlendModes, AllChunksMissingComputesLikeFull) {
-  const auto& m = testing::shared_model(Precision::F32);
-  Transformer tf(m);
-  MemoryKvStore store(1 << 30);
-  BlendEngine engine(tf, store);
+  BlendSetup setup(Precision::F32);
+  const auto& m = setup.m;
+  const Transformer& tf = setup.tf;
+  BlendEngine& engine = setup.engine;
   const auto prompt = make_prompt(m, kDocs);
   BlendOptions o;
   auto r = engine.prefill(prompt, o, 16);  // empty store
@@ -231,10 +239,9 @@ TEST_F(BlendModes, AllChunksMissingComputesLikeFull) {
 }
 
 TEST_F(BlendModes, GradualFilteringNarrowsToTheRatio) {
-  const auto& m = testing::shared_model(Precision::BF16);
-  Transformer tf(m);
-  MemoryKvStore store(1 << 30);
-  BlendEngine engine(tf, store);
+  BlendSetup setup(Precision::BF16);
+  const auto& m = setup.m;
+  BlendEngine& engine = setup.engine;
   const auto prompt = make_prompt(m, kDocs);
   engine.warm(prompt);
   BlendOptions o;
@@ -258,10 +265,9 @@ TEST_F(BlendModes, GradualFilteringNarrowsToTheRatio) {
 }
 
 TEST_F(BlendModes, RejectsBadOptionsAndOversizedPrompts) {
-  const auto& m = testing::shared_model(Precision::BF16);
-  Transformer tf(m);
-  MemoryKvStore store(1 << 30);
-  BlendEngine engine(tf, store);
+  BlendSetup setup(Precision::BF16);
+  const auto& m = setup.m;
+  BlendEngine& engine = setup.engine;
   const auto prompt = make_prompt(m, kDocs);
   engine.warm(prompt);
   BlendOptions o;
