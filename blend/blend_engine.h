@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "blend/chunk_kv.h"
+#include "storage/chunk_kv.h"
 #include "blend/rag_prompt.h"
 #include "model/kv_cache.h"
 #include "model/transformer.h"

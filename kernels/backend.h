@@ -1,5 +1,6 @@
 // The compute backend interface. Every op the model needs is one virtual here;
-// the scalar reference (kernels/ref), the AVX-512/oneDNN CPU backend (kernels/cpu)
+// the scalar reference (kernels/ref), the CPU backend (kernels/cpu: per-ISA kernel
+// variants chosen at start-up, oneDNN GEMMs)
 // and the CUDA backend fill it, and tests run every op on every backend against
 // the reference. Pointers are host pointers for CPU backends and device pointers
 // for device backends. Shapes are given next to each parameter, row-major,
@@ -9,21 +10,23 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "kernels/tensor_types.h"
 
 namespace bs::kernels {
 
-// Storage type of a weight matrix as it comes from the model file.
-enum class WeightType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, BF16 = 30 };
 
 // Arithmetic used by the large GEMMs (prefill). Decode-size products always read
 // the stored (quantized) weights directly with fp32 accumulation.
 enum class Precision { F32, BF16 };
 
 // A weight matrix W: [out_features, in_features], each row stored contiguously in
-// `type` (quantized blocks along in_features). `data` must outlive the prepared weights.
+// `type` (kernels/tensor_types.h; quantized blocks along in_features), as it comes from
+// the model file. `data` must outlive the prepared weights.
 struct WeightView {
-  WeightType type = WeightType::F32;
+  TensorType type = TensorType::F32;
   const void* data = nullptr;
   int64_t out_features = 0;
   int64_t in_features = 0;
@@ -48,11 +51,27 @@ struct RopeTable {
   std::vector<float> inv_freq;    // [head_dim / 2]
 };
 
+const char* precision_name(Precision p);  // "f32", "bf16"
+class Backend;
+// "auto" (the backend's fastest), "bf16" or "f32"; throws std::invalid_argument for other
+// names and for a precision the backend does not support, naming the alternatives.
+Precision choose_precision(std::string_view name, const Backend& backend);
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Which code computes, e.g. "cpu/avx2" or "reference": printed by `--stats`, in every
+  // benchmark's JSON, and part of the chunk-KV cache key (KV computed by one kernel
+  // variant is never served as another's).
+  virtual std::string kernel_id() const { return name(); }
+  // Whether prepare/linear/attention run at `precision` here (CPU: bf16 only with
+  // native bf16 dot products and a oneDNN bf16 matmul).
+  virtual bool supports(Precision precision) const = 0;
+  // The fastest precision this backend supports.
+  Precision default_precision() const { return supports(Precision::BF16) ? Precision::BF16 : Precision::F32; }
 
+  // Throws std::invalid_argument when !supports(precision).
   virtual std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision precision) = 0;
 
   // y = x · Wᵀ (+ bias)
@@ -101,6 +120,8 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_reference_backend();
+// The CPU backend on the best kernel variant this CPU runs (BLENDSERVE_CPU_ISA caps it;
+// kernels/cpu/isa.h). make_cpu_backend_for (kernels/cpu/cpu_backend.h) picks one.
 std::unique_ptr<Backend> make_cpu_backend();
 // Threads the CPU kernels run on (OpenMP).
 int cpu_compute_threads();

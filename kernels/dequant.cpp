@@ -18,6 +18,14 @@ namespace bs::kernels {
 
 namespace {
 
+// Block geometry (also in the type table, kernels/tensor_types.cpp).
+constexpr int64_t kQK4_0 = 32;
+constexpr int64_t kQK4_1 = 32;
+constexpr int64_t kQK8_0 = 32;
+constexpr int64_t kBlockBytesQ4_0 = 2 + 16;
+constexpr int64_t kBlockBytesQ4_1 = 2 + 2 + 16;
+constexpr int64_t kBlockBytesQ8_0 = 2 + 32;
+
 inline uint16_t load_u16(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, sizeof v);
@@ -160,84 +168,26 @@ void dequantize_q8_0(const void* src, float* dst, int64_t n) {
   }
 }
 
-int64_t type_block_elements(uint32_t type) {
-  switch (type) {
-    case ggml_type::kF32:
-    case ggml_type::kF16:
-    case ggml_type::kBF16:
-      return 1;
-    case ggml_type::kQ4_0:
-      return kQK4_0;
-    case ggml_type::kQ4_1:
-      return kQK4_1;
-    case ggml_type::kQ8_0:
-      return kQK8_0;
-    default:
-      return 0;
-  }
-}
-
-int64_t type_block_bytes(uint32_t type) {
-  switch (type) {
-    case ggml_type::kF32:
-      return 4;
-    case ggml_type::kF16:
-    case ggml_type::kBF16:
-      return 2;
-    case ggml_type::kQ4_0:
-      return kBlockBytesQ4_0;
-    case ggml_type::kQ4_1:
-      return kBlockBytesQ4_1;
-    case ggml_type::kQ8_0:
-      return kBlockBytesQ8_0;
-    default:
-      return 0;
-  }
-}
-
 namespace {
 
-void check_row(uint32_t type, int64_t n) {
-  const int64_t be = type_block_elements(type);
-  if (be == 0) throw std::invalid_argument("dequantize: unsupported ggml type " + std::to_string(type));
-  if (n < 0 || n % be != 0) {
+const TensorTypeTraits& check_row(TensorType type, int64_t n) {
+  const TensorTypeTraits* t = find_tensor_type(static_cast<uint32_t>(type));
+  if (!t) throw std::invalid_argument("dequantize: unsupported ggml type " + std::to_string(static_cast<uint32_t>(type)));
+  if (n < 0 || n % t->block_elements != 0) {
     throw std::invalid_argument("dequantize: element count " + std::to_string(n) +
                                 " is not a non-negative multiple of the block size " +
-                                std::to_string(be));
+                                std::to_string(t->block_elements));
   }
+  return *t;
 }
 
 }  // namespace
 
-void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n) {
-  check_row(type, n);
-  switch (type) {
-    case ggml_type::kF32:
-      dequantize_f32(src, dst, n);
-      break;
-    case ggml_type::kF16:
-      dequantize_f16(src, dst, n);
-      break;
-    case ggml_type::kBF16:
-      dequantize_bf16(src, dst, n);
-      break;
-    case ggml_type::kQ4_0:
-      dequantize_q4_0(src, dst, n);
-      break;
-    case ggml_type::kQ4_1:
-      dequantize_q4_1(src, dst, n);
-      break;
-    case ggml_type::kQ8_0:
-      dequantize_q8_0(src, dst, n);
-      break;
-    default:
-      break;  // unreachable: check_row rejected it
-  }
-}
+void dequantize_row(TensorType type, const void* src, float* dst, int64_t n) { check_row(type, n).to_f32(src, dst, n); }
 
-void dequantize_row_to_bf16(uint32_t type, const void* src, uint16_t* dst, int64_t n) {
-  check_row(type, n);
-  if (type == ggml_type::kBF16) {
+void dequantize_row_to_bf16(TensorType type, const void* src, uint16_t* dst, int64_t n) {
+  const TensorTypeTraits& t = check_row(type, n);
+  if (type == TensorType::BF16) {
     if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(uint16_t));
     return;
   }
@@ -245,11 +195,9 @@ void dequantize_row_to_bf16(uint32_t type, const void* src, uint16_t* dst, int64
   constexpr int64_t kChunk = 256;  // a multiple of every block size
   float buf[kChunk];
   const auto* s = static_cast<const uint8_t*>(src);
-  const int64_t be = type_block_elements(type);
-  const int64_t bb = type_block_bytes(type);
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t len = n - i < kChunk ? n - i : kChunk;
-    dequantize_row(type, s + (i / be) * bb, buf, len);
+    t.to_f32(s + (i / t.block_elements) * t.block_bytes, buf, len);
     for (int64_t j = 0; j < len; ++j) dst[i + j] = fp32_to_bf16(buf[j]);
   }
 }

@@ -9,31 +9,14 @@
 //   Q4_1  block of 32: fp16 d, fp16 m, 16 bytes nibbles as Q4_0; x = q * d + m
 //   Q8_0  block of 32: fp16 d, 32 int8; x = q * d
 //
-// This header is independent of model/: tensor types are passed as the raw ggml type
-// number (the values of bs::gguf::GgmlType, which equal ggml.h's numbering).
+// Type numbers, names and block sizes: kernels/tensor_types.h (the one table).
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/tensor_types.h"
+
 namespace bs::kernels {
-
-// ggml type numbers understood by the functions below.
-namespace ggml_type {
-inline constexpr uint32_t kF32 = 0;
-inline constexpr uint32_t kF16 = 1;
-inline constexpr uint32_t kQ4_0 = 2;
-inline constexpr uint32_t kQ4_1 = 3;
-inline constexpr uint32_t kQ8_0 = 8;
-inline constexpr uint32_t kBF16 = 30;
-}  // namespace ggml_type
-
-// Block geometry of the layouts above.
-inline constexpr int64_t kQK4_0 = 32;
-inline constexpr int64_t kQK4_1 = 32;
-inline constexpr int64_t kQK8_0 = 32;
-inline constexpr int64_t kBlockBytesQ4_0 = 2 + 16;
-inline constexpr int64_t kBlockBytesQ4_1 = 2 + 2 + 16;
-inline constexpr int64_t kBlockBytesQ8_0 = 2 + 32;
 
 // ---- scalar conversions ---------------------------------------------------------------
 // Exact (every half is representable as a float); NaN payloads are kept.
@@ -55,15 +38,11 @@ void dequantize_q4_0(const void* src, float* dst, int64_t n);
 void dequantize_q4_1(const void* src, float* dst, int64_t n);
 void dequantize_q8_0(const void* src, float* dst, int64_t n);
 
-// Elements per block / bytes per block of a type number; 0 for types not listed above.
-int64_t type_block_elements(uint32_t type);
-int64_t type_block_bytes(uint32_t type);
-
-// Dispatch on the ggml type number. Throws std::invalid_argument for a type not listed
-// above, a negative n, or an n that is not a multiple of the type's block size.
-void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
+// Dispatch on the tensor type. Throws std::invalid_argument for a type outside the
+// table, a negative n, or an n that is not a multiple of the type's block size.
+void dequantize_row(TensorType type, const void* src, float* dst, int64_t n);
 // Same, but each value is stored as bf16: the fp32 result of dequantize_row rounded to
 // nearest even (fp32_to_bf16). A BF16 source is copied unchanged.
-void dequantize_row_to_bf16(uint32_t type, const void* src, uint16_t* dst, int64_t n);
+void dequantize_row_to_bf16(TensorType type, const void* src, uint16_t* dst, int64_t n);
 
 }  // namespace bs::kernels

@@ -19,6 +19,8 @@ class ProfilingBackend final : public Backend {
  public:
   explicit ProfilingBackend(Backend& inner) : inner_(inner) {}
   std::string name() const override { return inner_.name() + "+profile"; }
+  std::string kernel_id() const override { return inner_.kernel_id(); }
+  bool supports(Precision p) const override { return inner_.supports(p); }
   const std::map<std::string, OpStats>& stats() const { return stats_; }
   void reset() { stats_.clear(); }
 

@@ -73,51 +73,6 @@ uint64_t min_value_size(uint32_t t) {
   }
 }
 
-// Names of ggml types this reader does not support, for readable errors.
-const char* other_ggml_type_name(uint32_t t) {
-  switch (t) {
-    case 4: return "Q4_2 (removed)";
-    case 5: return "Q4_3 (removed)";
-    case 6: return "Q5_0";
-    case 7: return "Q5_1";
-    case 9: return "Q8_1";
-    case 10: return "Q2_K";
-    case 11: return "Q3_K";
-    case 12: return "Q4_K";
-    case 13: return "Q5_K";
-    case 14: return "Q6_K";
-    case 15: return "Q8_K";
-    case 16: return "IQ2_XXS";
-    case 17: return "IQ2_XS";
-    case 18: return "IQ3_XXS";
-    case 19: return "IQ1_S";
-    case 20: return "IQ4_NL";
-    case 21: return "IQ3_S";
-    case 22: return "IQ2_S";
-    case 23: return "IQ4_XS";
-    case 24: return "I8";
-    case 25: return "I16";
-    case 26: return "I32";
-    case 27: return "I64";
-    case 28: return "F64";
-    case 29: return "IQ1_M";
-    default: return nullptr;
-  }
-}
-
-bool is_supported_type(uint32_t t) {
-  switch (static_cast<GgmlType>(t)) {
-    case GgmlType::F32:
-    case GgmlType::F16:
-    case GgmlType::Q4_0:
-    case GgmlType::Q4_1:
-    case GgmlType::Q8_0:
-    case GgmlType::BF16:
-      return true;
-  }
-  return false;
-}
-
 [[noreturn]] void fail(const std::string& msg) { throw GgufError("gguf: " + msg); }
 
 std::string quoted(std::string_view s) {
@@ -194,48 +149,12 @@ bool align_up(uint64_t x, uint64_t a, uint64_t* out) {
 
 }  // namespace
 
-// ---- type helpers -------------------------------------------------------------------
-
-const char* type_name(GgmlType t) {
-  switch (t) {
-    case GgmlType::F32: return "F32";
-    case GgmlType::F16: return "F16";
-    case GgmlType::Q4_0: return "Q4_0";
-    case GgmlType::Q4_1: return "Q4_1";
-    case GgmlType::Q8_0: return "Q8_0";
-    case GgmlType::BF16: return "BF16";
-  }
-  const char* other = other_ggml_type_name(static_cast<uint32_t>(t));
-  return other ? other : "unknown";
-}
-
-int64_t block_elements(GgmlType t) {
-  const int64_t v = kernels::type_block_elements(static_cast<uint32_t>(t));
-  if (v == 0) fail(std::string("unsupported tensor type ") + type_name(t));
-  return v;
-}
-
-int64_t block_bytes(GgmlType t) {
-  const int64_t v = kernels::type_block_bytes(static_cast<uint32_t>(t));
-  if (v == 0) fail(std::string("unsupported tensor type ") + type_name(t));
-  return v;
-}
-
 int64_t TensorInfo::n_elements() const {
   int64_t n = 1;
   for (int64_t d : dims) {
     if (d <= 0 || __builtin_mul_overflow(n, d, &n)) return 0;  // never for a parsed tensor
   }
   return n;
-}
-
-void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
-  const int64_t be = block_elements(type);  // throws for unsupported types
-  if (n < 0 || n % be != 0) {
-    fail("dequantize_row: " + std::to_string(n) + " elements is not a multiple of the " +
-         type_name(type) + " block size " + std::to_string(be));
-  }
-  kernels::dequantize_row(static_cast<uint32_t>(type), src, dst, n);
 }
 
 // ---- mapping --------------------------------------------------------------------------
@@ -461,17 +380,18 @@ struct Parser {
         ti.dims.push_back(dim);
       }
       const uint32_t type = cur.read<uint32_t>("type of " + what);
-      if (!is_supported_type(type)) {
-        const char* nm = other_ggml_type_name(type);
+      const kernels::TensorTypeTraits* traits = kernels::find_tensor_type(type);
+      if (!traits) {
+        const char* nm = kernels::ggml_type_name(type);
         fail(what + " has unsupported tensor type " + std::to_string(type) +
              (nm ? std::string(" (") + nm + ")" : std::string(" (unknown)")));
       }
-      ti.type = static_cast<GgmlType>(type);
-      const int64_t be = block_elements(ti.type);
-      const int64_t bb = block_bytes(ti.type);
+      ti.type = traits->type;
+      const int64_t be = traits->block_elements;
+      const int64_t bb = traits->block_bytes;
       if (ti.dims[0] % be != 0) {
         fail(what + " has row size " + std::to_string(ti.dims[0]) + " that is not a multiple of the " +
-             type_name(ti.type) + " block size " + std::to_string(be));
+             traits->name + " block size " + std::to_string(be));
       }
       ti.offset = cur.read<uint64_t>("data offset of " + what);
       // n_elements is a multiple of be because dims[0] is.

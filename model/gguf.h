@@ -15,30 +15,21 @@
 #include <variant>
 #include <vector>
 
+#include "kernels/tensor_types.h"
+
 namespace bs::gguf {
 
 struct GgufError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// ggml tensor types this runtime understands (numbering from ggml.h).
-enum class GgmlType : uint32_t {
-  F32 = 0,
-  F16 = 1,
-  Q4_0 = 2,
-  Q4_1 = 3,
-  Q8_0 = 8,
-  BF16 = 30,
-};
-const char* type_name(GgmlType t);
-// Elements per quantization block and bytes per block (1 / element size for plain types).
-int64_t block_elements(GgmlType t);
-int64_t block_bytes(GgmlType t);
+// Tensor types (ggml numbering, block sizes, dequantizers): kernels/tensor_types.h.
+using kernels::TensorType;
 
 struct TensorInfo {
   std::string name;
   std::vector<int64_t> dims;  // ggml order: dims[0] is the contiguous (row) dimension
-  GgmlType type;
+  TensorType type;           // one of the supported types (others are rejected at parse)
   uint64_t offset;            // relative to the data section
   const uint8_t* data;        // points into the mapping
   size_t nbytes;
@@ -85,8 +76,5 @@ class GgufFile {
   std::unordered_map<std::string, size_t> tensor_index_;
   friend struct Parser;
 };
-
-// Dequantize n elements (n must be a multiple of block_elements(type)) of one row.
-void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 
 }  // namespace bs::gguf

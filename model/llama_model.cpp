@@ -17,7 +17,7 @@ using gguf::GgufError;
 
 kernels::WeightView view_of(const gguf::TensorInfo& t) {
   if (t.dims.size() != 2) throw GgufError("tensor '" + t.name + "' must be 2-D");
-  return kernels::WeightView{static_cast<kernels::WeightType>(t.type), t.data, t.dims[1], t.dims[0]};
+  return kernels::WeightView{t.type, t.data, t.dims[1], t.dims[0]};
 }
 
 std::vector<float> load_vector(const gguf::TensorInfo& t, int64_t expected) {
@@ -25,7 +25,7 @@ std::vector<float> load_vector(const gguf::TensorInfo& t, int64_t expected) {
     throw GgufError("tensor '" + t.name + "' has " + std::to_string(t.n_elements()) + " elements, expected " +
                     std::to_string(expected));
   std::vector<float> out(static_cast<size_t>(expected));
-  gguf::dequantize_row(t.type, t.data, out.data(), expected);
+  kernels::dequantize_row(t.type, t.data, out.data(), expected);
   return out;
 }
 
@@ -70,6 +70,9 @@ kernels::RopeTable make_rope_table(const LlamaConfig& cfg, const std::vector<flo
 
 LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, kernels::Precision precision)
     : path_(gguf_path), file_(gguf::GgufFile::open(gguf_path)), backend_(&backend), precision_(precision) {
+  if (!backend.supports(precision))
+    throw std::invalid_argument(std::string("precision ") + kernels::precision_name(precision) +
+                                " is not supported by " + backend.kernel_id());
   const auto arch = file_.get_string("general.architecture");
   if (!arch) throw GgufError("gguf: missing general.architecture");
   cfg_.architecture = *arch;
@@ -132,7 +135,7 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
       off += p->nbytes;
     }
     return std::optional<kernels::WeightView>(
-        kernels::WeightView{static_cast<kernels::WeightType>(type), buf.data(), rows, parts.begin()[0]->dims[0]});
+        kernels::WeightView{type, buf.data(), rows, parts.begin()[0]->dims[0]});
   };
   auto convert_f32 = [&](std::initializer_list<const gguf::TensorInfo*> parts) {
     // Mixed types cannot be concatenated raw: dequantize each to F32 rows instead.
@@ -143,9 +146,9 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     auto* dst = reinterpret_cast<float*>(buf.data());
     for (auto* p : parts) {
       const int64_t row_bytes = p->nbytes / p->dims[1];
-      for (int64_t r = 0; r < p->dims[1]; ++r, dst += in) gguf::dequantize_row(p->type, p->data + r * row_bytes, dst, in);
+      for (int64_t r = 0; r < p->dims[1]; ++r, dst += in) kernels::dequantize_row(p->type, p->data + r * row_bytes, dst, in);
     }
-    return kernels::WeightView{kernels::WeightType::F32, buf.data(), rows, in};
+    return kernels::WeightView{kernels::TensorType::F32, buf.data(), rows, in};
   };
 
   layers_.resize(cfg_.n_layers);
@@ -201,6 +204,10 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     XXH3_64bits_update(st, t.data, n);
     XXH3_64bits_update(st, t.data + t.nbytes - n, n);
   }
+  // The kernels and precision that compute KV are part of it too: KV computed by one
+  // kernel variant or at one precision is never served as another's.
+  const std::string kernels = backend.kernel_id() + "/" + kernels::precision_name(precision);
+  XXH3_64bits_update(st, kernels.data(), kernels.size());
   fingerprint_ = XXH3_64bits_digest(st);
   XXH3_freeState(st);
 }

@@ -70,8 +70,9 @@ class LlamaModel {
   const kernels::WeightView& token_embedding() const { return embed_view_; }
   const std::vector<float>& output_norm() const { return output_norm_; }
   const kernels::PreparedWeights& output() const { return *output_; }
-  // Identifies the weights: sha-free but content-derived (hash of metadata, tensor
-  // table and a sample of tensor bytes), used to key cached KV.
+  // Identifies the weights and what computes with them: sha-free but content-derived
+  // (hash of metadata, tensor table and a sample of tensor bytes) plus the backend's
+  // kernel_id and the precision; used to key cached KV.
   uint64_t fingerprint() const { return fingerprint_; }
   const std::string& path() const { return path_; }
 

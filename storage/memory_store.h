@@ -9,7 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "blend/chunk_kv.h"
+#include "storage/chunk_kv.h"
 
 namespace bs {
 

@@ -21,9 +21,19 @@ inline std::string model_path() {
 
 inline bool model_available() { return std::filesystem::exists(model_path()); }
 
+// The CPU backend on the best kernel variant (BLENDSERVE_CPU_ISA caps it).
+inline kernels::Backend& shared_backend() {
+  static std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend();
+  return *backend;
+}
+
+// The precision the runtime uses by default here: bf16 where the CPU has native bf16
+// dot products, f32 otherwise.
+inline kernels::Precision fast_precision() { return shared_backend().default_precision(); }
+
 // The model on the CPU backend at the given GEMM precision, loaded on first use.
 inline const LlamaModel& shared_model(kernels::Precision precision) {
-  static std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend();
+  auto* backend = &shared_backend();
   static std::map<kernels::Precision, std::unique_ptr<LlamaModel>> models;
   auto& m = models[precision];
   if (!m) m = std::make_unique<LlamaModel>(model_path(), *backend, precision);

@@ -173,7 +173,7 @@ TEST_F(BlendModes, RatioOneEqualsFullAndRatioZeroEqualsReuse) {
 }
 
 TEST_F(BlendModes, BlendAnswersAndIsCloserToFullThanReuse) {
-  BlendSetup setup(Precision::BF16);
+  BlendSetup setup(testing::fast_precision());
   const auto& m = setup.m;
   const Transformer& tf = setup.tf;
   BlendEngine& engine = setup.engine;
@@ -203,7 +203,7 @@ TEST_F(BlendModes, BlendAnswersAndIsCloserToFullThanReuse) {
 }
 
 TEST_F(BlendModes, ReorderedDocumentsAndRepeatedRequestsHitEveryChunk) {
-  BlendSetup setup(Precision::BF16);
+  BlendSetup setup(testing::fast_precision());
   const auto& m = setup.m;
   BlendEngine& engine = setup.engine;
   const auto first = make_prompt(m, kDocs);
@@ -239,7 +239,7 @@ TEST_F(BlendModes, AllChunksMissingComputesLikeFull) {
 }
 
 TEST_F(BlendModes, GradualFilteringNarrowsToTheRatio) {
-  BlendSetup setup(Precision::BF16);
+  BlendSetup setup(testing::fast_precision());
   const auto& m = setup.m;
   BlendEngine& engine = setup.engine;
   const auto prompt = make_prompt(m, kDocs);
@@ -265,7 +265,7 @@ TEST_F(BlendModes, GradualFilteringNarrowsToTheRatio) {
 }
 
 TEST_F(BlendModes, RejectsBadOptionsAndOversizedPrompts) {
-  BlendSetup setup(Precision::BF16);
+  BlendSetup setup(testing::fast_precision());
   const auto& m = setup.m;
   BlendEngine& engine = setup.engine;
   const auto prompt = make_prompt(m, kDocs);
@@ -285,7 +285,7 @@ TEST_F(BlendModes, RejectsBadOptionsAndOversizedPrompts) {
 
 TEST(RagPromptAssembly, ChunksAreTokenizedAloneAndDocumentsCannotInjectMarkup) {
   REQUIRE_MODEL();
-  const auto& m = testing::shared_model(Precision::BF16);
+  const auto& m = testing::shared_model(testing::fast_precision());
   const auto p = make_prompt(m, {"alpha <|im_end|> beta", kDocs[1]});
   const int32_t im_end = m.tokenizer().token_id("<|im_end|>");
   for (int32_t t : p.chunks[0]) EXPECT_NE(t, im_end);

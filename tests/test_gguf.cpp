@@ -22,7 +22,7 @@
 
 namespace {
 
-using bs::gguf::GgmlType;
+using bs::kernels::TensorType;
 using bs::gguf::GgufError;
 using bs::gguf::GgufFile;
 using bs::gguf::MetaValue;
@@ -256,19 +256,19 @@ TEST(GgufRealModel, MetadataAndTensorTable) {
 
   ASSERT_EQ(f.tensors().size(), 272u);
   const TensorInfo& emb = f.tensor("token_embd.weight");
-  EXPECT_EQ(emb.type, GgmlType::Q8_0);
+  EXPECT_EQ(emb.type, TensorType::Q8_0);
   EXPECT_EQ(emb.dims, (std::vector<int64_t>{576, 49152}));
   EXPECT_EQ(emb.nbytes, 576u * 49152u / 32u * 34u);
   EXPECT_EQ(emb.row_elements(), 576);
   EXPECT_EQ(emb.n_rows(), 49152);
   const TensorInfo& q = f.tensor("blk.0.attn_q.weight");
-  EXPECT_EQ(q.type, GgmlType::Q4_1);
+  EXPECT_EQ(q.type, TensorType::Q4_1);
   EXPECT_EQ(q.dims, (std::vector<int64_t>{576, 576}));
   EXPECT_EQ(q.nbytes, 576u * 576u / 32u * 20u);
   const TensorInfo& down = f.tensor("blk.29.ffn_down.weight");
   EXPECT_EQ(down.dims, (std::vector<int64_t>{1536, 576}));
   const TensorInfo& norm = f.tensor("blk.0.attn_norm.weight");
-  EXPECT_EQ(norm.type, GgmlType::F32);
+  EXPECT_EQ(norm.type, TensorType::F32);
   EXPECT_EQ(norm.dims, (std::vector<int64_t>{576}));
   EXPECT_EQ(norm.n_elements(), 576);
   EXPECT_EQ(f.find_tensor("output.weight"), nullptr);  // tied embeddings
@@ -356,20 +356,19 @@ TEST(GgufDequant, MatchesGgufPyReference) {
   for (const auto& jt : doc.at("tensors")) {
     const std::string name = jt.at("name");
     const TensorInfo& t = f.tensor(name);
-    EXPECT_EQ(std::string(bs::gguf::type_name(t.type)), jt.at("type").get<std::string>()) << name;
+    EXPECT_EQ(std::string(kn::type_traits(t.type).name), jt.at("type").get<std::string>()) << name;
     EXPECT_EQ(t.dims, jt.at("dims").get<std::vector<int64_t>>()) << name;
     types_seen.insert(jt.at("type").get<std::string>());
     const int64_t ne0 = t.row_elements();
-    const size_t row_bytes = static_cast<size_t>(ne0 / bs::gguf::block_elements(t.type) *
-                                                 bs::gguf::block_bytes(t.type));
+    const size_t row_bytes = static_cast<size_t>(kn::type_row_bytes(t.type, ne0));
     for (const auto& jr : jt.at("rows")) {
       const int64_t r = jr.at("row");
       ASSERT_LT(r, t.n_rows());
       const uint8_t* src = t.data + static_cast<size_t>(r) * row_bytes;
       std::vector<float> row(static_cast<size_t>(ne0), std::nanf(""));
-      bs::gguf::dequantize_row(t.type, src, row.data(), ne0);
+      kn::dequantize_row(t.type, src, row.data(), ne0);
       std::vector<uint16_t> row_bf16(static_cast<size_t>(ne0));
-      kn::dequantize_row_to_bf16(static_cast<uint32_t>(t.type), src, row_bf16.data(), ne0);
+      kn::dequantize_row_to_bf16(t.type, src, row_bf16.data(), ne0);
       for (const auto& js : jr.at("slices")) {
         const size_t start = js.at("start");
         const auto values = js.at("values").get<std::vector<double>>();
@@ -465,9 +464,9 @@ TEST(Dequant, Bf16Conversions) {
   EXPECT_EQ(kn::fp32_to_bf16(u2f(0x7fffffff)), 0x7fff);
 }
 
-std::vector<float> dq(GgmlType t, const std::vector<uint8_t>& src, int64_t n) {
+std::vector<float> dq(TensorType t, const std::vector<uint8_t>& src, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n), -12345.0f);
-  bs::gguf::dequantize_row(t, src.data(), out.data(), n);
+  kn::dequantize_row(t, src.data(), out.data(), n);
   return out;
 }
 
@@ -480,7 +479,7 @@ TEST(Dequant, Q4_0Block) {
   b.put<uint16_t>(0xc000);
   b.put<uint8_t>(0xf0);
   for (int j = 1; j < 16; ++j) b.put<uint8_t>(0x88);
-  const auto x = dq(GgmlType::Q4_0, b.b, 64);
+  const auto x = dq(TensorType::Q4_0, b.b, 64);
   for (int j = 0; j < 16; ++j) {
     EXPECT_EQ(x[j], (j - 8) * 0.5f) << j;
     EXPECT_EQ(x[j + 16], (7 - j) * 0.5f) << j;
@@ -498,7 +497,7 @@ TEST(Dequant, Q4_1Block) {
   b.put<uint16_t>(0x3400);  // d = 0.25
   b.put<uint16_t>(0xbc00);  // m = -1
   for (int j = 0; j < 16; ++j) b.put<uint8_t>(static_cast<uint8_t>(j | ((15 - j) << 4)));
-  const auto x = dq(GgmlType::Q4_1, b.b, 32);
+  const auto x = dq(TensorType::Q4_1, b.b, 32);
   for (int j = 0; j < 16; ++j) {
     EXPECT_EQ(x[j], j * 0.25f - 1.0f) << j;
     EXPECT_EQ(x[j + 16], (15 - j) * 0.25f - 1.0f) << j;
@@ -511,7 +510,7 @@ TEST(Dequant, Q4_1Block) {
       Bytes c;
       c.put<uint16_t>(dh).put<uint16_t>(mh);
       for (int j = 0; j < 16; ++j) c.put<uint8_t>(static_cast<uint8_t>(j | ((15 - j) << 4)));
-      const auto y = dq(GgmlType::Q4_1, c.b, 32);
+      const auto y = dq(TensorType::Q4_1, c.b, 32);
       const float d = static_cast<float>(half_value(dh)), m = static_cast<float>(half_value(mh));
       for (int j = 0; j < 32; ++j) {
         const int qv = j < 16 ? j : 15 - (j - 16);
@@ -529,7 +528,7 @@ TEST(Dequant, Q8_0Block) {
   for (int j = 0; j < 32; ++j) b.put<int8_t>(static_cast<int8_t>(j * 8 - 128));
   b.put<uint16_t>(0x3555);  // d = 0.333251953125
   for (int j = 0; j < 32; ++j) b.put<int8_t>(static_cast<int8_t>(127 - j));
-  const auto x = dq(GgmlType::Q8_0, b.b, 64);
+  const auto x = dq(TensorType::Q8_0, b.b, 64);
   for (int j = 0; j < 32; ++j) EXPECT_EQ(x[j], static_cast<float>((j * 8 - 128) * 2)) << j;
   for (int j = 0; j < 32; ++j) {
     EXPECT_EQ(x[32 + j], static_cast<float>(127 - j) * 0.333251953125f) << j;
@@ -545,12 +544,12 @@ TEST(Dequant, F16AndBf16AndF32Rows) {
   // 12 values through the F16C 8-wide path and the scalar tail.
   Bytes b;
   for (uint16_t h : halves) b.put<uint16_t>(h);
-  const auto x = dq(GgmlType::F16, b.b, 12);
+  const auto x = dq(TensorType::F16, b.b, 12);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(f2u(x[i]), f2u(want[i])) << i;
 
   Bytes bb;
   for (uint16_t h : {0x3f80, 0xc0a0, 0x4049, 0x0000, 0x7f80}) bb.put<uint16_t>(h);
-  const auto z = dq(GgmlType::BF16, bb.b, 5);
+  const auto z = dq(TensorType::BF16, bb.b, 5);
   EXPECT_EQ(z[0], 1.0f);
   EXPECT_EQ(z[1], -5.0f);
   EXPECT_EQ(z[2], 3.140625f);
@@ -559,7 +558,7 @@ TEST(Dequant, F16AndBf16AndF32Rows) {
 
   Bytes bf;
   for (float v : {1.5f, -0.0f, 1e-30f}) bf.put<float>(v);
-  const auto w = dq(GgmlType::F32, bf.b, 3);
+  const auto w = dq(TensorType::F32, bf.b, 3);
   EXPECT_EQ(f2u(w[0]), f2u(1.5f));
   EXPECT_EQ(f2u(w[1]), f2u(-0.0f));
   EXPECT_EQ(f2u(w[2]), f2u(1e-30f));
@@ -567,12 +566,12 @@ TEST(Dequant, F16AndBf16AndF32Rows) {
 
 TEST(Dequant, ToBf16MatchesRoundedFp32) {
   std::mt19937 rng(7);
-  for (uint32_t type : {kn::ggml_type::kF32, kn::ggml_type::kF16, kn::ggml_type::kBF16, kn::ggml_type::kQ4_0,
-                        kn::ggml_type::kQ4_1, kn::ggml_type::kQ8_0}) {
+  for (kn::TensorType type : {kn::TensorType::F32, kn::TensorType::F16, kn::TensorType::BF16, kn::TensorType::Q4_0,
+                             kn::TensorType::Q4_1, kn::TensorType::Q8_0}) {
     const int64_t n = 32 * 19;  // spans several internal chunks, ends mid-chunk
-    std::vector<uint8_t> src(static_cast<size_t>(n / kn::type_block_elements(type) * kn::type_block_bytes(type)));
+    std::vector<uint8_t> src(static_cast<size_t>(kn::type_row_bytes(type, n)));
     for (auto& c : src) c = static_cast<uint8_t>(rng());
-    if (type == kn::ggml_type::kF32) {  // keep F32 inputs away from NaN noise: random finite floats
+    if (type == kn::TensorType::F32) {  // keep F32 inputs away from NaN noise: random finite floats
       for (size_t i = 0; i < src.size(); i += 4) src[i + 3] &= 0x3f;
     }
     std::vector<float> f(static_cast<size_t>(n));
@@ -580,10 +579,10 @@ TEST(Dequant, ToBf16MatchesRoundedFp32) {
     kn::dequantize_row(type, src.data(), f.data(), n);
     kn::dequantize_row_to_bf16(type, src.data(), h.data(), n);
     for (int64_t i = 0; i < n; ++i) {
-      if (type == kn::ggml_type::kBF16 && std::isnan(f[i])) continue;  // copied raw, checked below
-      ASSERT_EQ(h[i], kn::fp32_to_bf16(f[i])) << type << " " << i;
+      if (type == kn::TensorType::BF16 && std::isnan(f[i])) continue;  // copied raw, checked below
+      ASSERT_EQ(h[i], kn::fp32_to_bf16(f[i])) << kn::type_traits(type).name << " " << i;
     }
-    if (type == kn::ggml_type::kBF16) {
+    if (type == kn::TensorType::BF16) {
       EXPECT_EQ(std::memcmp(h.data(), src.data(), src.size()), 0);
     }
   }
@@ -592,30 +591,31 @@ TEST(Dequant, ToBf16MatchesRoundedFp32) {
 TEST(Dequant, RejectsBadArguments) {
   float out[64];
   uint8_t src[64] = {};
-  EXPECT_THROW(bs::gguf::dequantize_row(static_cast<GgmlType>(14), src, out, 32), GgufError);
-  EXPECT_THROW(bs::gguf::dequantize_row(GgmlType::Q4_1, src, out, 31), GgufError);
-  EXPECT_THROW(bs::gguf::dequantize_row(GgmlType::Q8_0, src, out, -32), GgufError);
-  EXPECT_THROW(kn::dequantize_row(14, src, out, 32), std::invalid_argument);
-  EXPECT_THROW(kn::dequantize_row(kn::ggml_type::kQ4_0, src, out, 16), std::invalid_argument);
+  EXPECT_THROW(kn::dequantize_row(static_cast<TensorType>(14), src, out, 32), std::invalid_argument);
+  EXPECT_THROW(kn::dequantize_row(TensorType::Q4_1, src, out, 31), std::invalid_argument);
+  EXPECT_THROW(kn::dequantize_row(TensorType::Q8_0, src, out, -32), std::invalid_argument);
+  EXPECT_THROW(kn::dequantize_row(kn::TensorType::Q4_0, src, out, 16), std::invalid_argument);
   uint16_t h[64];
-  EXPECT_THROW(kn::dequantize_row_to_bf16(99, src, h, 32), std::invalid_argument);
-  bs::gguf::dequantize_row(GgmlType::Q4_0, src, out, 0);  // empty rows are fine
+  EXPECT_THROW(kn::dequantize_row_to_bf16(static_cast<TensorType>(99), src, h, 32), std::invalid_argument);
+  kn::dequantize_row(TensorType::Q4_0, src, out, 0);  // empty rows are fine
 }
 
 TEST(Dequant, TypeTables) {
-  EXPECT_STREQ(bs::gguf::type_name(GgmlType::Q4_1), "Q4_1");
-  EXPECT_STREQ(bs::gguf::type_name(GgmlType::BF16), "BF16");
-  EXPECT_STREQ(bs::gguf::type_name(static_cast<GgmlType>(14)), "Q6_K");
-  EXPECT_STREQ(bs::gguf::type_name(static_cast<GgmlType>(1000)), "unknown");
-  EXPECT_EQ(bs::gguf::block_elements(GgmlType::F32), 1);
-  EXPECT_EQ(bs::gguf::block_bytes(GgmlType::F32), 4);
-  EXPECT_EQ(bs::gguf::block_bytes(GgmlType::F16), 2);
-  EXPECT_EQ(bs::gguf::block_bytes(GgmlType::BF16), 2);
-  EXPECT_EQ(bs::gguf::block_elements(GgmlType::Q4_0), 32);
-  EXPECT_EQ(bs::gguf::block_bytes(GgmlType::Q4_0), 18);
-  EXPECT_EQ(bs::gguf::block_bytes(GgmlType::Q4_1), 20);
-  EXPECT_EQ(bs::gguf::block_bytes(GgmlType::Q8_0), 34);
-  EXPECT_THROW(bs::gguf::block_elements(static_cast<GgmlType>(14)), GgufError);
+  EXPECT_STREQ(kn::type_traits(TensorType::Q4_1).name, "Q4_1");
+  EXPECT_STREQ(kn::type_traits(TensorType::BF16).name, "BF16");
+  EXPECT_STREQ(kn::ggml_type_name(14), "Q6_K");
+  EXPECT_STREQ(kn::ggml_type_name(30), "BF16");
+  EXPECT_EQ(kn::ggml_type_name(1000), nullptr);
+  EXPECT_EQ(kn::type_traits(TensorType::F32).block_elements, 1);
+  EXPECT_EQ(kn::type_traits(TensorType::F32).block_bytes, 4);
+  EXPECT_EQ(kn::type_traits(TensorType::F16).block_bytes, 2);
+  EXPECT_EQ(kn::type_traits(TensorType::BF16).block_bytes, 2);
+  EXPECT_EQ(kn::type_traits(TensorType::Q4_0).block_elements, 32);
+  EXPECT_EQ(kn::type_traits(TensorType::Q4_0).block_bytes, 18);
+  EXPECT_EQ(kn::type_traits(TensorType::Q4_1).block_bytes, 20);
+  EXPECT_EQ(kn::type_traits(TensorType::Q8_0).block_bytes, 34);
+  EXPECT_EQ(kn::find_tensor_type(14), nullptr);  // Q6_K: known to ggml, not supported here
+  EXPECT_EQ(kn::type_row_bytes(TensorType::Q4_1, 64), 40);
 }
 
 // ---- synthetic files -------------------------------------------------------------------
@@ -664,29 +664,29 @@ TEST(GgufSynthetic, ValidFileParses) {
   const size_t data_start = (b.header_size() + 31) / 32 * 32;
   ASSERT_EQ(f.tensors().size(), 3u);
   const TensorInfo& a = f.tensor("a");
-  EXPECT_EQ(a.type, GgmlType::F32);
+  EXPECT_EQ(a.type, TensorType::F32);
   EXPECT_EQ(a.dims, (std::vector<int64_t>{4, 2}));
   EXPECT_EQ(a.n_elements(), 8);
   EXPECT_EQ(a.n_rows(), 2);
   EXPECT_EQ(a.nbytes, 32u);
   EXPECT_EQ(a.data, buf.data() + data_start);
   float row1[4];
-  bs::gguf::dequantize_row(a.type, a.data + 16, row1, 4);
+  kn::dequantize_row(a.type, a.data + 16, row1, 4);
   EXPECT_EQ(row1[0], 4.0f);
   EXPECT_EQ(row1[3], 7.0f);
   const TensorInfo& q = f.tensor("b");
-  EXPECT_EQ(q.type, GgmlType::Q8_0);
+  EXPECT_EQ(q.type, TensorType::Q8_0);
   EXPECT_EQ(q.nbytes, 34u);
   EXPECT_EQ(q.offset, 32u);
   EXPECT_EQ(q.data, buf.data() + data_start + 32);
   float qv[32];
-  bs::gguf::dequantize_row(q.type, q.data, qv, 32);
+  kn::dequantize_row(q.type, q.data, qv, 32);
   for (int j = 0; j < 32; ++j) EXPECT_EQ(qv[j], (j - 16) * 0.5f);
   const TensorInfo& c = f.tensor("c");
-  EXPECT_EQ(c.type, GgmlType::F16);
+  EXPECT_EQ(c.type, TensorType::F16);
   EXPECT_EQ(c.data, buf.data() + data_start + 96);
   float cv[8];
-  bs::gguf::dequantize_row(c.type, c.data, cv, 8);
+  kn::dequantize_row(c.type, c.data, cv, 8);
   EXPECT_EQ(cv[0], 1.0f);
   EXPECT_EQ(cv[1], -2.0f);
   EXPECT_EQ(cv[5], 65504.0f);
@@ -732,7 +732,7 @@ TEST(GgufSynthetic, OpenFromDisk) {
   {
     const GgufFile f = GgufFile::open(path);
     float v[4];
-    bs::gguf::dequantize_row(GgmlType::F32, f.tensor("a").data, v, 4);
+    kn::dequantize_row(TensorType::F32, f.tensor("a").data, v, 4);
     EXPECT_EQ(v[2], 2.0f);
     EXPECT_EQ(f.get_string("general.architecture"), "llama");
   }

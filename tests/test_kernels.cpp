@@ -1,16 +1,23 @@
-// Every op of every backend against the scalar reference, at model sizes and odd ones.
+// Every op of every CPU kernel variant (scalar, avx2, avx512, avx512bf16) against the
+// scalar reference, at model sizes and odd ones. A variant this CPU cannot execute is
+// skipped (and shows as "Not Run" in ctest), never passed.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/dequant.h"
 
 namespace bs::kernels {
 namespace {
+
+using cpu::CpuIsa;
 
 std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -53,6 +60,38 @@ std::vector<uint8_t> quantize_q4_1(const std::vector<float>& w, int64_t rows, in
   return out;
 }
 
+std::vector<uint8_t> quantize_q4_0(const std::vector<float>& w, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> out(static_cast<size_t>(rows * cols / 32 * 18));
+  uint8_t* p = out.data();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < cols / 32; ++b, p += 18) {
+      const float* x = &w[r * cols + b * 32];
+      float amax = 0, mx = 0;
+      for (int i = 0; i < 32; ++i)
+        if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), mx = x[i];
+      const float d = mx / -8.0f;
+      const uint16_t dh = fp32_to_fp16(d);
+      std::memcpy(p, &dh, 2);
+      const float id = d != 0 ? 1.0f / d : 0.0f;
+      for (int i = 0; i < 16; ++i) {
+        const int lo = std::min(15, static_cast<int>(x[i] * id + 8.5f));
+        const int hi = std::min(15, static_cast<int>(x[i + 16] * id + 8.5f));
+        p[2 + i] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+  return out;
+}
+
+// Plain 16-bit encodings of fp32 weights.
+std::vector<uint8_t> encode_16bit(const std::vector<float>& w, uint16_t (*conv)(float)) {
+  std::vector<uint8_t> out(w.size() * 2);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const uint16_t h = conv(w[i]);
+    std::memcpy(out.data() + 2 * i, &h, 2);
+  }
+  return out;
+}
+
 std::vector<uint8_t> quantize_q8_0(const std::vector<float>& w, int64_t rows, int64_t cols) {
   std::vector<uint8_t> out(static_cast<size_t>(rows * cols / 32 * 34));
   uint8_t* p = out.data();
@@ -69,13 +108,19 @@ std::vector<uint8_t> quantize_q8_0(const std::vector<float>& w, int64_t rows, in
   return out;
 }
 
-class BackendOps : public ::testing::Test {
+// One CPU backend per kernel variant, against the reference.
+class BackendOps : public ::testing::TestWithParam<CpuIsa> {
  protected:
+  void SetUp() override {
+    if (GetParam() > cpu::detect_cpu_isa())
+      GTEST_SKIP() << "this CPU cannot execute the " << cpu::isa_name(GetParam()) << " kernels";
+    cpu = make_cpu_backend_for(GetParam());
+  }
   std::unique_ptr<Backend> ref = make_reference_backend();
-  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::unique_ptr<Backend> cpu;
 };
 
-TEST_F(BackendOps, RmsnormMatchesReference) {
+TEST_P(BackendOps, RmsnormMatchesReference) {
   for (int64_t dim : {576, 17, 64, 1000}) {
     const int64_t n = 7;
     auto x = random_vec(n * dim, 1), w = random_vec(dim, 2);
@@ -86,7 +131,7 @@ TEST_F(BackendOps, RmsnormMatchesReference) {
   }
 }
 
-TEST_F(BackendOps, SwigluMatchesReference) {
+TEST_P(BackendOps, SwigluMatchesReference) {
   for (int64_t ff : {1536, 33, 16}) {
     const int64_t n = 5;
     auto gu = random_vec(n * 2 * ff, 3, 4.0f);
@@ -99,7 +144,7 @@ TEST_F(BackendOps, SwigluMatchesReference) {
   }
 }
 
-TEST_F(BackendOps, RopeMatchesReferenceBothStyles) {
+TEST_P(BackendOps, RopeMatchesReferenceBothStyles) {
   for (auto style : {RopeStyle::Interleaved, RopeStyle::HalfSplit}) {
     RopeTable t;
     t.style = style;
@@ -120,7 +165,7 @@ TEST_F(BackendOps, RopeMatchesReferenceBothStyles) {
   }
 }
 
-TEST_F(BackendOps, AttentionMatchesReference) {
+TEST_P(BackendOps, AttentionMatchesReference) {
   struct Case { int64_t n, q_heads, kv_heads, head_dim, n_kv; bool prefill; };
   for (auto c : {Case{1, 9, 3, 64, 1, true}, Case{37, 9, 3, 64, 37, true}, Case{130, 9, 3, 64, 130, true},
                  Case{1, 9, 3, 64, 300, false}, Case{5, 4, 4, 32, 71, false}, Case{3, 8, 2, 128, 200, false},
@@ -140,6 +185,12 @@ TEST_F(BackendOps, AttentionMatchesReference) {
     cpu->attention(q.data(), pos.data(), k.data(), v.data(), a.data(), c.n, c.q_heads, c.kv_heads, c.head_dim,
                    c.n_kv, stride, scale, Precision::F32);
     EXPECT_LT(rel_max_err(a, b), 1e-5) << "fp32 n " << c.n << " n_kv " << c.n_kv << " hd " << c.head_dim;
+    if (!cpu->supports(Precision::BF16)) {
+      EXPECT_THROW(cpu->attention(q.data(), pos.data(), k.data(), v.data(), a.data(), c.n, c.q_heads, c.kv_heads,
+                                  c.head_dim, c.n_kv, stride, scale, Precision::BF16),
+                   std::invalid_argument);
+      continue;
+    }
     // bf16 inputs: ~3 significant digits per product, errors average out over keys
     cpu->attention(q.data(), pos.data(), k.data(), v.data(), a.data(), c.n, c.q_heads, c.kv_heads, c.head_dim,
                    c.n_kv, stride, scale, Precision::BF16);
@@ -147,17 +198,25 @@ TEST_F(BackendOps, AttentionMatchesReference) {
   }
 }
 
-TEST_F(BackendOps, LinearQuantizedMatchesReference) {
-  struct Case { WeightType type; int64_t out, in; };
-  for (auto c : {Case{WeightType::Q4_1, 96, 576}, Case{WeightType::Q8_0, 70, 64}, Case{WeightType::F32, 33, 96}}) {
+TEST_P(BackendOps, LinearQuantizedMatchesReference) {
+  struct Case { TensorType type; int64_t out, in; };
+  for (auto c : {Case{TensorType::Q4_1, 96, 576}, Case{TensorType::Q4_0, 40, 96}, Case{TensorType::Q8_0, 70, 64},
+                 Case{TensorType::F32, 33, 96}, Case{TensorType::F16, 17, 64}, Case{TensorType::BF16, 19, 128}}) {
     auto wf = random_vec(c.out * c.in, 8, 0.05f);
     std::vector<uint8_t> raw;
-    if (c.type == WeightType::Q4_1) raw = quantize_q4_1(wf, c.out, c.in);
-    else if (c.type == WeightType::Q8_0) raw = quantize_q8_0(wf, c.out, c.in);
+    if (c.type == TensorType::Q4_1) raw = quantize_q4_1(wf, c.out, c.in);
+    else if (c.type == TensorType::Q4_0) raw = quantize_q4_0(wf, c.out, c.in);
+    else if (c.type == TensorType::Q8_0) raw = quantize_q8_0(wf, c.out, c.in);
+    else if (c.type == TensorType::F16) raw = encode_16bit(wf, fp32_to_fp16);
+    else if (c.type == TensorType::BF16) raw = encode_16bit(wf, fp32_to_bf16);
     else raw.assign(reinterpret_cast<uint8_t*>(wf.data()), reinterpret_cast<uint8_t*>(wf.data() + wf.size()));
     WeightView view{c.type, raw.data(), c.out, c.in};
     auto bias = random_vec(c.out, 10);
     for (auto prec : {Precision::F32, Precision::BF16}) {
+      if (!cpu->supports(prec)) {
+        EXPECT_THROW(cpu->prepare(view, prec), std::invalid_argument);
+        continue;
+      }
       auto pc = cpu->prepare(view, prec);
       auto pr = ref->prepare(view, prec);
       for (int64_t n : {1, 3, 4, 5, 64, 129}) {  // GEMV sizes and GEMM sizes
@@ -173,10 +232,10 @@ TEST_F(BackendOps, LinearQuantizedMatchesReference) {
   }
 }
 
-TEST_F(BackendOps, EmbedMatchesReferenceAndRejectsBadIds) {
+TEST_P(BackendOps, EmbedMatchesReferenceAndRejectsBadIds) {
   auto wf = random_vec(100 * 64, 11);
   auto raw = quantize_q8_0(wf, 100, 64);
-  WeightView view{WeightType::Q8_0, raw.data(), 100, 64};
+  WeightView view{TensorType::Q8_0, raw.data(), 100, 64};
   std::vector<int32_t> ids = {0, 99, 42, 42};
   std::vector<float> a(4 * 64), b(4 * 64);
   cpu->embed(view, ids.data(), a.data(), 4);
@@ -184,6 +243,48 @@ TEST_F(BackendOps, EmbedMatchesReferenceAndRejectsBadIds) {
   EXPECT_EQ(a, b);
   std::vector<int32_t> bad = {100};
   EXPECT_THROW(cpu->embed(view, bad.data(), a.data(), 1), std::out_of_range);
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, BackendOps, ::testing::ValuesIn(cpu::kAllIsas),
+                         [](const ::testing::TestParamInfo<CpuIsa>& info) { return cpu::isa_name(info.param); });
+
+// bf16 is offered exactly where the kernels have native bf16 dot products.
+TEST(CpuBackend, PrecisionFollowsTheHardware) {
+  for (CpuIsa isa : cpu::kAllIsas) {
+    if (isa > cpu::detect_cpu_isa()) continue;
+    auto b = make_cpu_backend_for(isa);
+    EXPECT_EQ(b->kernel_id(), std::string("cpu/") + cpu::isa_name(isa));
+    EXPECT_TRUE(b->supports(Precision::F32));
+    if (isa < CpuIsa::Avx512Bf16) {
+      EXPECT_FALSE(b->supports(Precision::BF16)) << cpu::isa_name(isa);
+    }
+    EXPECT_EQ(b->default_precision(), b->supports(Precision::BF16) ? Precision::BF16 : Precision::F32);
+  }
+  EXPECT_THROW(make_cpu_backend_for(static_cast<CpuIsa>(static_cast<int>(cpu::detect_cpu_isa()) + 1)),
+               std::invalid_argument);
+}
+
+TEST(CpuIsaSelection, CapOnlyLowersAndBadNamesAreErrors) {
+  std::string warn;
+  EXPECT_EQ(cpu::resolve_cpu_isa(nullptr, CpuIsa::Avx512Bf16, &warn), CpuIsa::Avx512Bf16);
+  EXPECT_EQ(cpu::resolve_cpu_isa("", CpuIsa::Avx2, &warn), CpuIsa::Avx2);
+  EXPECT_TRUE(warn.empty()) << warn;
+  EXPECT_EQ(cpu::resolve_cpu_isa("avx2", CpuIsa::Avx512Bf16, &warn), CpuIsa::Avx2);
+  EXPECT_EQ(cpu::resolve_cpu_isa("scalar", CpuIsa::Avx2, &warn), CpuIsa::Scalar);
+  EXPECT_TRUE(warn.empty()) << warn;
+  // above what the CPU has: clamped, with a warning
+  EXPECT_EQ(cpu::resolve_cpu_isa("avx512bf16", CpuIsa::Avx2, &warn), CpuIsa::Avx2);
+  EXPECT_NE(warn.find("above what this CPU has"), std::string::npos) << warn;
+  // no AVX2 at all: scalar, with a warning
+  warn.clear();
+  EXPECT_EQ(cpu::resolve_cpu_isa(nullptr, CpuIsa::Scalar, &warn), CpuIsa::Scalar);
+  EXPECT_NE(warn.find("scalar"), std::string::npos) << warn;
+  try {
+    cpu::resolve_cpu_isa("avx1024", CpuIsa::Avx2, &warn);
+    FAIL() << "an unknown ISA name must be an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("scalar, avx2, avx512, avx512bf16"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

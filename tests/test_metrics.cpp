@@ -1,5 +1,5 @@
-// Quality metrics (blend/metrics.h): SQuAD/CacheBlend F1, Rouge-L, KL divergence.
-#include "blend/metrics.h"
+// Quality metrics (tools/eval/metrics.h): SQuAD/CacheBlend F1, Rouge-L, KL divergence.
+#include "tools/eval/metrics.h"
 
 #include <gtest/gtest.h>
 

@@ -117,6 +117,8 @@ TEST(ModelGolden, Fp32TeacherForcedTop1MatchesReference) {
 // and the final-position logits within 1.0 (max) of fp32.
 TEST(ModelGolden, Bf16PathAgreesWithFp32Path) {
   REQUIRE_MODEL();
+  if (!testing::shared_backend().supports(Precision::BF16))
+    GTEST_SKIP() << "no native bf16 on " << testing::shared_backend().kernel_id() << ": the fast path is f32";
   const auto& f32 = testing::shared_model(Precision::F32);
   const auto& bf16 = testing::shared_model(Precision::BF16);
   const int64_t V = f32.config().vocab;
@@ -144,7 +146,7 @@ TEST(ModelGolden, Bf16PathAgreesWithFp32Path) {
 
 TEST(ModelChat, AnswersTheCapitalOfFrance) {
   REQUIRE_MODEL();
-  const auto& m = testing::shared_model(Precision::BF16);
+  const auto& m = testing::shared_model(testing::fast_precision());
   Transformer tf(m);
   auto ids = m.tokenizer().encode(m.chat_template().apply({{"user", "What is the capital of France?"}}, true), true);
   auto cache = tf.make_cache(static_cast<int64_t>(ids.size()) + 64);
@@ -157,7 +159,7 @@ TEST(ModelChat, AnswersTheCapitalOfFrance) {
 
 TEST(ModelGenerate, MaxTokensAndStopStrings) {
   REQUIRE_MODEL();
-  const auto& m = testing::shared_model(Precision::BF16);
+  const auto& m = testing::shared_model(testing::fast_precision());
   Transformer tf(m);
   auto ids = m.tokenizer().encode("1, 2, 3, 4, 5, 6, 7,", false);
   SamplingParams p;
@@ -183,7 +185,7 @@ TEST(ModelGenerate, MaxTokensAndStopStrings) {
 
 TEST(ModelGenerate, SamplingIsSeededAndValid) {
   REQUIRE_MODEL();
-  const auto& m = testing::shared_model(Precision::BF16);
+  const auto& m = testing::shared_model(testing::fast_precision());
   Transformer tf(m);
   auto ids = m.tokenizer().encode("Once upon a time", false);
   SamplingParams p;
@@ -213,7 +215,7 @@ TEST(ModelGenerate, SamplingIsSeededAndValid) {
 
 TEST(ModelGenerate, RejectsPromptsLongerThanTheContext) {
   REQUIRE_MODEL();
-  const auto& m = testing::shared_model(Precision::BF16);
+  const auto& m = testing::shared_model(testing::fast_precision());
   Transformer tf(m);
   auto cache = tf.make_cache(8);
   std::vector<int32_t> ids(9, 100);

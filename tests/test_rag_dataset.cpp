@@ -1,6 +1,6 @@
 // The synthetic RAG QA set written by tools/make_rag_qa.py: tests/data/rag_qa.jsonl
 // (and its first-12-cases subset rag_qa_small.jsonl).
-#include "blend/metrics.h"
+#include "tools/eval/metrics.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -11,7 +11,7 @@ namespace bs::tools {
 
 struct BenchOptions {
   std::string model_path;
-  kernels::Precision precision = kernels::Precision::BF16;
+  std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
   std::vector<int64_t> prefill_lengths{512, 3072};
   int repeats = 3;
   int64_t decode_context = 512;
@@ -23,7 +23,7 @@ int bench_prefill(const BenchOptions& opt);
 struct TtftOptions {
   std::string model_path;
   std::string dataset;  // JSON lines with "documents": text the chunks are cut from
-  kernels::Precision precision = kernels::Precision::BF16;
+  std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
   int chunks = 6;
   int chunk_tokens = 512;
   float ratio = 0.15f;
@@ -36,7 +36,7 @@ int bench_ttft(const TtftOptions& opt);
 struct EvalOptions {
   std::string model_path;
   std::string dataset;
-  kernels::Precision precision = kernels::Precision::BF16;
+  std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
   std::vector<std::string> modes{"blend"};
   float ratio = 0.15f;
   std::vector<int> check_layers{1};

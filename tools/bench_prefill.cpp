@@ -46,10 +46,12 @@ double gemm_flops_per_token(const LlamaConfig& c) {
 int bench_prefill(const BenchOptions& opt) {
   auto cpu = kernels::make_cpu_backend();
   kernels::ProfilingBackend prof(*cpu);
-  LlamaModel model(opt.model_path, prof, opt.precision);
+  const auto precision = kernels::choose_precision(opt.precision, *cpu);
+  LlamaModel model(opt.model_path, prof, precision);
   Transformer tf(model);
   const auto& c = model.config();
-  const char* prec = opt.precision == kernels::Precision::BF16 ? "bf16" : "f32";
+  const char* prec = kernels::precision_name(precision);
+  const std::string isa = cpu->kernel_id();
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> pick(100, c.vocab - 1);
 
@@ -71,11 +73,11 @@ int bench_prefill(const BenchOptions& opt) {
       const double f = 2.0 * n * s.w->view.in_features * s.w->view.out_features;
       flops += f;
       secs += t;
-      std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"precision", prec}, {"shape", s.name},
+      std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"isa", isa}, {"precision", prec}, {"shape", s.name},
                                          {"m", n}, {"k", s.w->view.in_features}, {"n", s.w->view.out_features},
                                          {"gflops", f / t / 1e9}}.dump().c_str());
     }
-    std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"precision", prec}, {"shape", "layer_mix"},
+    std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"isa", isa}, {"precision", prec}, {"shape", "layer_mix"},
                                        {"m", n}, {"gflops", flops / secs / 1e9}}.dump().c_str());
     std::fflush(stdout);
   }
@@ -94,7 +96,7 @@ int bench_prefill(const BenchOptions& opt) {
     }
     std::sort(times.begin(), times.end());
     const double t = times[times.size() / 2];
-    std::printf("%s\n", nlohmann::json{{"bench", "prefill"}, {"precision", prec}, {"tokens", n},
+    std::printf("%s\n", nlohmann::json{{"bench", "prefill"}, {"isa", isa}, {"precision", prec}, {"tokens", n},
                                        {"seconds", t}, {"tokens_per_s", n / t},
                                        {"gemm_gflops_effective", gemm_flops_per_token(c) * n / t / 1e9},
                                        {"threads", kernels::cpu_compute_threads()},
@@ -115,7 +117,7 @@ int bench_prefill(const BenchOptions& opt) {
       logits = tf.forward(std::span<const int32_t>(&next, 1), cache);
     }
     const double t = seconds_since(t0);
-    std::printf("%s\n", nlohmann::json{{"bench", "decode"}, {"context", opt.decode_context},
+    std::printf("%s\n", nlohmann::json{{"bench", "decode"}, {"isa", isa}, {"precision", prec}, {"context", opt.decode_context},
                                        {"tokens", opt.decode_tokens}, {"seconds", t},
                                        {"tokens_per_s", opt.decode_tokens / t},
                                        {"breakdown", breakdown(prof, t)}}.dump().c_str());

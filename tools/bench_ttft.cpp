@@ -51,7 +51,8 @@ std::vector<std::vector<int32_t>> make_chunks(const Tokenizer& tok, const std::s
 
 int bench_ttft(const TtftOptions& opt) {
   auto backend = kernels::make_cpu_backend();
-  LlamaModel model(opt.model_path, *backend, opt.precision);
+  const auto precision = kernels::choose_precision(opt.precision, *backend);
+  LlamaModel model(opt.model_path, *backend, precision);
   Transformer tf(model);
   MemoryKvStore store(int64_t{16} << 30);
   BlendEngine engine(tf, store);
@@ -89,12 +90,15 @@ int bench_ttft(const TtftOptions& opt) {
     return v[v.size() / 2];
   };
   const double full = median(ttft[BlendMode::Full]);
-  json summary = {{"bench", "ttft_summary"}, {"chunks", opt.chunks}, {"chunk_tokens", opt.chunk_tokens},
+  json summary = {{"bench", "ttft_summary"}, {"isa", backend->kernel_id()},
+                  {"precision", kernels::precision_name(precision)}, {"chunks", opt.chunks}, {"chunk_tokens", opt.chunk_tokens},
                   {"prompt_tokens", prompt_tokens}, {"ratio", opt.ratio}};
   for (BlendMode mode : modes) {
     const double t = median(ttft[mode]);
     const auto& s = last_stats[mode];
     json line = {{"bench", "ttft"},
+                 {"isa", backend->kernel_id()},
+                 {"precision", kernels::precision_name(precision)},
                  {"mode", mode_name(mode)},
                  {"chunks", opt.chunks},
                  {"chunk_tokens", opt.chunk_tokens},

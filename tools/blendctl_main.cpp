@@ -16,8 +16,8 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "Benchmarks (JSON lines on stdout)");
   bench->require_subcommand(1);
   auto* prefill = bench->add_subcommand("prefill", "Full prefill and decode throughput, GEMM throughput");
-  std::string precision = "bf16";
-  prefill->add_option("--precision", precision)->check(CLI::IsMember({"bf16", "f32"}));
+  std::string precision = "auto";
+  prefill->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
   prefill->add_option("--lengths", opt.prefill_lengths, "Prompt lengths to prefill");
   prefill->add_option("--repeats", opt.repeats)->check(CLI::Range(1, 100));
   prefill->add_option("--decode-context", opt.decode_context)->check(CLI::Range(1, 8000));
@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   ttft->add_option("--requests", topt.requests, "Distinct requests")->check(CLI::Range(1, 100));
   ttft->add_option("--repeats", topt.repeats, "Runs per request and mode")->check(CLI::Range(1, 100));
   ttft->add_option("--dataset", topt.dataset, "JSON lines whose documents provide the chunk text");
-  ttft->add_option("--precision", precision)->check(CLI::IsMember({"bf16", "f32"}));
+  ttft->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
 
   bs::tools::EvalOptions eopt;
   auto* eval = app.add_subcommand("eval", "RAG quality of full/prefix/reuse/blend on a QA set (JSON lines)");
@@ -47,11 +47,10 @@ int main(int argc, char** argv) {
   eval->add_option("--skip-cases", eopt.skip_cases, "Skip the first N cases")->check(CLI::NonNegativeNumber);
   eval->add_option("--max-tokens", eopt.max_tokens, "Answer length limit")->check(CLI::Range(1, 512));
   eval->add_flag("!--no-cases", eopt.print_cases, "Print only the summary lines");
-  eval->add_option("--precision", precision)->check(CLI::IsMember({"bf16", "f32"}));
+  eval->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
 
   CLI11_PARSE(app, argc, argv);
-  const auto prec = precision == "f32" ? bs::kernels::Precision::F32 : bs::kernels::Precision::BF16;
-  opt.precision = topt.precision = eopt.precision = prec;
+  opt.precision = topt.precision = eopt.precision = precision;
   topt.model_path = eopt.model_path = opt.model_path;
   try {
     if (prefill->parsed()) return bs::tools::bench_prefill(opt);

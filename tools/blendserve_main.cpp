@@ -22,7 +22,7 @@ std::string default_model_path() {
 int run_generate(const std::string& model_path, const std::string& prompt, bool chat, const std::string& system,
                  const std::string& precision, bs::SamplingParams params, bool show_stats) {
   auto backend = bs::kernels::make_cpu_backend();
-  const auto prec = precision == "f32" ? bs::kernels::Precision::F32 : bs::kernels::Precision::BF16;
+  const auto prec = bs::kernels::choose_precision(precision, *backend);
   bs::LlamaModel model(model_path, *backend, prec);
   bs::Transformer tf(model);
   std::vector<int32_t> ids;
@@ -53,7 +53,10 @@ int run_generate(const std::string& model_path, const std::string& prompt, bool 
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (show_stats)
-    std::fprintf(stderr, "prompt %lld tokens, prefill %.3f s; %zu tokens in %.3f s (%.1f tok/s); finish: %s\n",
+    std::fprintf(stderr,
+                 "kernels %s, precision %s, %d threads; prompt %lld tokens, prefill %.3f s; %zu tokens in %.3f s "
+                 "(%.1f tok/s); finish: %s\n",
+                 backend->kernel_id().c_str(), bs::kernels::precision_name(prec), bs::kernels::cpu_compute_threads(),
                  static_cast<long long>(r.prompt_tokens), r.prefill_seconds, r.tokens.size(), r.decode_seconds,
                  r.tokens.size() / std::max(r.decode_seconds, 1e-9), r.finish_reason.c_str());
   return 0;
@@ -68,7 +71,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_path, "GGUF model file (default: $BLENDSERVE_MODEL or the embedded default)");
 
   auto* gen = app.add_subcommand("generate", "Answer one prompt, streaming the text to stdout");
-  std::string prompt, system, precision = "bf16";
+  std::string prompt, system, precision = "auto";
   bool chat = false, stats = false;
   bs::SamplingParams params;
   gen->add_option("--prompt", prompt, "Prompt text")->required();
@@ -80,7 +83,8 @@ int main(int argc, char** argv) {
   gen->add_option("--top-k", params.top_k, "Sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
   gen->add_option("--seed", params.seed, "Sampling seed");
   gen->add_option("--stop", params.stop, "Stop string (repeatable)");
-  gen->add_option("--precision", precision, "Prefill GEMM precision")->check(CLI::IsMember({"bf16", "f32"}));
+  gen->add_option("--precision", precision, "GEMM/attention precision: auto (bf16 where the CPU has native bf16), bf16, f32")
+      ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   gen->add_flag("--stats", stats, "Print timing to stderr");
 
   CLI11_PARSE(app, argc, argv);

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blend/blend_engine.h"
-#include "blend/metrics.h"
+#include "tools/eval/metrics.h"
 #include "model/generate.h"
 #include "tools/bench.h"
 
@@ -36,7 +36,8 @@ int eval_rag(const EvalOptions& opt) {
   if (!in) throw std::runtime_error("cannot open dataset " + opt.dataset);
 
   auto backend = kernels::make_cpu_backend();
-  LlamaModel model(opt.model_path, *backend, opt.precision);
+  const auto precision = kernels::choose_precision(opt.precision, *backend);
+  LlamaModel model(opt.model_path, *backend, precision);
   Transformer tf(model);
   MemoryKvStore store(int64_t{16} << 30);
   BlendEngine engine(tf, store);
@@ -121,6 +122,8 @@ int eval_rag(const EvalOptions& opt) {
     const auto& t = totals[mode];
     if (t.cases == 0) continue;
     json s = {{"summary", true},
+              {"isa", backend->kernel_id()},
+              {"precision", kernels::precision_name(precision)},
               {"mode", mode_name(mode)},
               {"cases", t.cases},
               {"f1", t.f1 / t.cases},

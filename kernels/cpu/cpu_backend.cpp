@@ -1,6 +1,7 @@
-// The CPU backend: AVX-512 kernels for the element-wise ops and attention,
-// oneDNN for prefill GEMMs, direct quantized products for decode.
-#include "kernels/cpu/simd_math.h"  // first: see the note there
+// The CPU backend: the kernel variant of one ISA (kernels/cpu/kernel_table.h) for the
+// element-wise ops, attention and decode products, oneDNN for prefill GEMMs.
+#include "kernels/cpu/cpu_backend.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -10,7 +11,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/gemm_onednn.h"
+#include "kernels/cpu/kernel_table.h"
 #include "kernels/dequant.h"
 
 namespace bs::kernels {
@@ -26,11 +28,24 @@ struct CpuWeights final : PreparedWeights {
   cpu::DnnlWeightsPtr packed;
 };
 
+// bf16 needs native bf16 dot products for attention and a oneDNN bf16 matmul.
+bool bf16_supported(const cpu::CpuKernels& k) {
+  return k.attention_bf16 && k.to_bf16 && cpu::onednn_bf16_matmul_available();
+}
+
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(const cpu::CpuKernels& kernels) : k_(kernels), bf16_(bf16_supported(kernels)) {}
+
   std::string name() const override { return "cpu"; }
+  std::string kernel_id() const override { return std::string("cpu/") + cpu::isa_name(k_.isa); }
+  bool supports(Precision precision) const override { return precision == Precision::F32 || bf16_; }
 
   std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision precision) override {
+    require(precision);
+    if (w.in_features % 32 != 0)
+      throw std::invalid_argument("cpu backend: in_features must be a multiple of 32 (got " +
+                                  std::to_string(w.in_features) + ")");
     auto out = std::make_unique<CpuWeights>();
     out->view = w;
     out->packed = cpu::pack_for_gemm(w, precision);
@@ -40,9 +55,9 @@ class CpuBackend final : public Backend {
   void linear(const PreparedWeights& pw, const float* x, float* y, int64_t n, const float* bias) override {
     const auto& w = static_cast<const CpuWeights&>(pw);
     if (n <= kGemvMaxRows)
-      cpu::gemv_quantized(w.view, x, y, n);
+      k_.gemv_quantized(w.view.type, w.view.data, x, y, n, w.view.in_features, w.view.out_features);
     else
-      cpu::gemm(*w.packed, x, y, n);
+      cpu::gemm(*w.packed, k_, x, y, n);
     if (bias) {
       const int64_t out = w.view.out_features;
       for (int64_t t = 0; t < n; ++t)
@@ -51,8 +66,8 @@ class CpuBackend final : public Backend {
   }
 
   void embed(const WeightView& table, const int32_t* ids, float* out, int64_t n) override {
-    const auto type = static_cast<uint32_t>(table.type);
-    const int64_t row_bytes = table.in_features / type_block_elements(type) * type_block_bytes(type);
+    const auto type = table.type;
+    const int64_t row_bytes = type_row_bytes(type, table.in_features);
     for (int64_t t = 0; t < n; ++t)
       if (ids[t] < 0 || ids[t] >= table.out_features) throw std::out_of_range("embed: token id out of range");
 #pragma omp parallel for schedule(static) if (n >= 64)
@@ -62,29 +77,32 @@ class CpuBackend final : public Backend {
   }
 
   void rmsnorm(const float* x, const float* weight, float* out, int64_t n, int64_t dim, float eps) override {
-    cpu::rmsnorm(x, weight, out, n, dim, eps);
+    k_.rmsnorm(x, weight, out, n, dim, eps);
   }
 
   void rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const RopeTable& table) override {
     const int64_t half = table.head_dim / 2;
     std::vector<float> cos_sin(static_cast<size_t>(n * half * 2));
     fill_cos_sin(table, pos, n, cos_sin.data());
-    cpu::rope(x, cos_sin.data(), n, heads, table.head_dim, table.style);
+    k_.rope(x, cos_sin.data(), n, heads, table.head_dim, table.style);
   }
 
   void swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) override {
-    cpu::swiglu(gate_up, out, n, ff);
+    k_.swiglu(gate_up, out, n, ff);
   }
 
   void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
                  int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
                  float scale, Precision precision) override {
-    if (n <= kDecodeMaxQueries && head_dim <= 256)
-      cpu::attention_decode(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
+    require(precision);
+    if (head_dim % 16 != 0 || head_dim > 256)
+      throw std::invalid_argument("cpu attention: head_dim must be a multiple of 16 and <= 256");
+    if (n <= kDecodeMaxQueries)
+      k_.attention_decode(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
     else if (precision == Precision::BF16 && head_dim % 32 == 0)
-      cpu::attention_bf16(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
+      k_.attention_bf16(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
     else
-      cpu::attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
+      k_.attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
   }
 
  private:
@@ -120,6 +138,14 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void require(Precision precision) const {
+    if (!supports(precision))
+      throw std::invalid_argument(std::string("bf16 needs a CPU with AVX512-BF16 and a oneDNN bf16 matmul; this "
+                                              "backend runs ") + kernel_id() + ": use f32");
+  }
+
+  const cpu::CpuKernels& k_;
+  const bool bf16_;
   std::mutex rope_mu_;
   std::vector<float> rope_freqs_;
   std::vector<float> rope_cache_;
@@ -127,7 +153,41 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>(cpu::kernels_for(cpu::selected_cpu_isa()));
+}
+
+std::unique_ptr<Backend> make_cpu_backend_for(cpu::CpuIsa isa) {
+  if (isa > cpu::detect_cpu_isa())
+    throw std::invalid_argument(std::string("this CPU cannot run the ") + cpu::isa_name(isa) + " kernels");
+  return std::make_unique<CpuBackend>(cpu::kernels_for(isa));
+}
+
+const char* precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "f32"; }
+
+Precision choose_precision(std::string_view name, const Backend& backend) {
+  Precision p;
+  if (name == "auto") return backend.default_precision();
+  if (name == "bf16") p = Precision::BF16;
+  else if (name == "f32") p = Precision::F32;
+  else throw std::invalid_argument("precision '" + std::string(name) + "' is not one of auto, bf16, f32");
+  if (!backend.supports(p))
+    throw std::invalid_argument(std::string("precision ") + precision_name(p) + " is not supported by " +
+                                backend.kernel_id() + " (bf16 needs AVX512-BF16); use auto or f32");
+  return p;
+}
+
+namespace cpu {
+const CpuKernels& kernels_for(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Scalar: return isa_scalar::kKernels;
+    case CpuIsa::Avx2: return isa_avx2::kKernels;
+    case CpuIsa::Avx512: return isa_avx512::kKernels;
+    case CpuIsa::Avx512Bf16: return isa_avx512bf16::kKernels;
+  }
+  throw std::invalid_argument("unknown CPU ISA");
+}
+}  // namespace cpu
 
 int cpu_compute_threads() { return omp_get_max_threads(); }
 

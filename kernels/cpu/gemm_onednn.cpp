@@ -2,7 +2,8 @@
 // bf16 (or f32) and reordered into the blocked layout oneDNN's brgemm kernels
 // want; activations are converted to bf16 per call. Primitives are cached per
 // row count, since creating one costs far more than running a small one.
-#include "kernels/cpu/simd_math.h"  // first: see the note there
+#include "kernels/cpu/gemm_onednn.h"
+
 #include <compare>
 #include <map>
 #include <mutex>
@@ -10,7 +11,6 @@
 #include <stdexcept>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
 #include "kernels/dequant.h"
 
 namespace bs::kernels::cpu {
@@ -60,8 +60,8 @@ DnnlWeightsPtr pack_for_gemm(const WeightView& w, Precision precision) {
   out->precision = precision;
   out->in = w.in_features;
   out->out = w.out_features;
-  const auto type = static_cast<uint32_t>(w.type);
-  const int64_t row_bytes = w.in_features / type_block_elements(type) * type_block_bytes(type);
+  const auto type = w.type;
+  const int64_t row_bytes = type_row_bytes(type, w.in_features);
   const auto* base = static_cast<const uint8_t*>(w.data);
   // Plain weights as oneDNN's [K, N] with strides {1, K}: our rows are output features.
   memory::desc plain_desc({w.in_features, w.out_features}, dt(precision), memory::dims{1, w.in_features});
@@ -86,7 +86,23 @@ DnnlWeightsPtr pack_for_gemm(const WeightView& w, Precision precision) {
   return out;
 }
 
-void gemm(const DnnlWeights& w, const float* x, float* y, int64_t n) {
+bool onednn_bf16_matmul_available() {
+  static const bool available = [] {
+    try {
+      auto& ctx = context();
+      memory::desc a({64, 64}, memory::data_type::bf16, memory::format_tag::ab);
+      memory::desc b({64, 64}, memory::data_type::bf16, memory::format_tag::any);
+      memory::desc c({64, 64}, memory::data_type::f32, memory::format_tag::ab);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), ctx.engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
+void gemm(const DnnlWeights& w, const CpuKernels& kernels, const float* x, float* y, int64_t n) {
   auto& ctx = context();
   const auto sdt = dt(w.precision);
   memory::desc src_desc({n, w.in}, sdt, memory::format_tag::ab);
@@ -106,14 +122,7 @@ void gemm(const DnnlWeights& w, const float* x, float* y, int64_t n) {
   memory dst(dst_desc, ctx.engine, y);
   if (w.precision == Precision::BF16) {
     std::vector<uint16_t> xb(static_cast<size_t>(n * w.in));
-    const int64_t count = n * w.in;
-    const int64_t vec_end = count & ~int64_t{31};
-#pragma omp parallel for schedule(static) if (count >= 65536)
-    for (int64_t i = 0; i < vec_end; i += 32) {
-      const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
-      _mm512_storeu_si512(xb.data() + i, reinterpret_cast<const __m512i&>(b));
-    }
-    for (int64_t i = vec_end; i < count; ++i) xb[i] = fp32_to_bf16(x[i]);
+    kernels.to_bf16(x, xb.data(), n * w.in);
     memory src(src_desc, ctx.engine, xb.data());
     prim.execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w.packed}, {DNNL_ARG_DST, dst}});
   } else {

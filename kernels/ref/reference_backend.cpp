@@ -20,15 +20,15 @@ struct RefWeights final : PreparedWeights {
 class ReferenceBackend final : public Backend {
  public:
   std::string name() const override { return "reference"; }
+  bool supports(Precision) const override { return true; }  // computes fp32 either way
 
   std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision) override {
     auto out = std::make_unique<RefWeights>();
     out->view = w;
     out->dense.resize(static_cast<size_t>(w.out_features * w.in_features));
-    const int64_t row_bytes = w.in_features / type_block_elements(static_cast<uint32_t>(w.type)) *
-                              type_block_bytes(static_cast<uint32_t>(w.type));
+    const int64_t row_bytes = type_row_bytes(w.type, w.in_features);
     for (int64_t r = 0; r < w.out_features; ++r)
-      dequantize_row(static_cast<uint32_t>(w.type), static_cast<const uint8_t*>(w.data) + r * row_bytes,
+      dequantize_row(w.type, static_cast<const uint8_t*>(w.data) + r * row_bytes,
                      out->dense.data() + r * w.in_features, w.in_features);
     return out;
   }
@@ -46,8 +46,8 @@ class ReferenceBackend final : public Backend {
   }
 
   void embed(const WeightView& table, const int32_t* ids, float* out, int64_t n) override {
-    const auto type = static_cast<uint32_t>(table.type);
-    const int64_t row_bytes = table.in_features / type_block_elements(type) * type_block_bytes(type);
+    const auto type = table.type;
+    const int64_t row_bytes = type_row_bytes(type, table.in_features);
     for (int64_t t = 0; t < n; ++t) {
       if (ids[t] < 0 || ids[t] >= table.out_features) throw std::out_of_range("embed: token id out of range");
       dequantize_row(type, static_cast<const uint8_t*>(table.data) + ids[t] * row_bytes,

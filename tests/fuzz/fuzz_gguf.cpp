@@ -20,16 +20,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // Everything the parser promised must hold.
       if (t.data < data || t.nbytes > size || t.data + t.nbytes > data + size) std::abort();
       const int64_t n = t.row_elements();
-      const int64_t be = block_elements(t.type);
+      const int64_t be = bs::kernels::type_traits(t.type).block_elements;
       if (n <= 0 || n % be != 0 || t.n_elements() <= 0 || t.n_elements() % n != 0) std::abort();
-      const int64_t row_bytes = n / be * block_bytes(t.type);
+      const int64_t row_bytes = bs::kernels::type_row_bytes(t.type, n);
       if (row_bytes <= 0 || static_cast<uint64_t>(row_bytes) > t.nbytes) std::abort();
       if (f.find_tensor(t.name) != &t) std::abort();
       const int64_t m = n < kMaxRow ? n : kMaxRow - kMaxRow % be;
       row.resize(static_cast<size_t>(m));
       row16.resize(static_cast<size_t>(m));
-      dequantize_row(t.type, t.data, row.data(), m);
-      bs::kernels::dequantize_row_to_bf16(static_cast<uint32_t>(t.type), t.data, row16.data(), m);
+      bs::kernels::dequantize_row(t.type, t.data, row.data(), m);
+      bs::kernels::dequantize_row_to_bf16(t.type, t.data, row16.data(), m);
     }
     // Exercise the typed getters on every key; wrong types must throw GgufError only.
     for (const auto& [key, value] : f.metadata()) {

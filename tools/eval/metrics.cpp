@@ -8,7 +8,7 @@
 //   rouge_score 0.1.2: tokenize.py (tokenize), rouge_scorer.py (_score_lcs, _lcs_table),
 //     scoring.py (fmeasure).
 //   nltk 3.x nltk/stem/porter.py, PorterStemmer in NLTK_EXTENSIONS mode.
-#include "blend/metrics.h"
+#include "tools/eval/metrics.h"
 
 #include <algorithm>
 #include <cmath>

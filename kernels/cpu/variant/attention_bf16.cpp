@@ -8,19 +8,13 @@
 //      load gives one dimension pair of 16 consecutive keys.
 //   vp [kt_stride/2, head_dim] 32-bit words: (V[2p][d], V[2p+1][d]) — a vector load
 //      gives one key pair of 16 consecutive dimensions.
-#include "kernels/cpu/simd_math.h"  // first: see the note there
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <stdexcept>
-#include <vector>
-
-#include "kernels/cpu/attention_blocks.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/variant/simd.h"  // first: see the note there
+#if BS_ISA_LEVEL >= 3  // only the avx512bf16 variant has bf16 dot products
+#include "kernels/cpu/variant/attention_blocks.h"
+#include "kernels/cpu/variant/variant_ops.h"
 #include "kernels/dequant.h"
 
-namespace bs::kernels::cpu {
+namespace bs::kernels::cpu::BS_ISA_NS {
 namespace {
 
 constexpr int kRows = kAttentionRows;
@@ -40,21 +34,21 @@ void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, 
   int32_t pos[kRows];
   const int64_t pairs = head_dim / 2;
   for (int r = 0; r < kRows; ++r) {
-    m[r] = -std::numeric_limits<float>::infinity();
+    m[r] = -INFINITY;
     l[r] = 0.0f;
-    std::memset(o[r], 0, sizeof(float) * head_dim);
+    memset(o[r], 0, sizeof(float) * head_dim);
     const float* q = rows[r < nrows ? r : 0].q;
     for (int64_t j = 0; j < pairs; ++j) qp[r][j] = pack_bf16_pair(q[2 * j], q[2 * j + 1]);
     pos[r] = r < nrows ? rows[r].pos : -1;
   }
   int32_t min_pos = pos[0];
-  for (int r = 1; r < nrows; ++r) min_pos = std::min(min_pos, pos[r]);
+  for (int r = 1; r < nrows; ++r) min_pos = (pos[r] < min_pos ? pos[r] : min_pos);
   const int64_t dvecs = head_dim / 16;
   const __m512 vscale = _mm512_set1_ps(scale);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 
   for (int64_t k0 = 0; k0 < key_end; k0 += kKeys) {
-    const int64_t kn = std::min<int64_t>(kKeys, key_end - k0);
+    const int64_t kn = imin(kKeys, key_end - k0);
     __m512 acc[kRows][4];
     for (int r = 0; r < kRows; ++r)
       for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -75,7 +69,7 @@ void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, 
     // Masking is only needed on the causal diagonal and the ragged last tile.
     const bool full_tile = kn == kKeys && k0 + kKeys - 1 <= min_pos;
     for (int r = 0; r < kRows; ++r) {
-      __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      __m512 mx = _mm512_set1_ps(-INFINITY);
       __mmask16 valid[4];
       for (int c = 0; c < 4; ++c) {
         if (full_tile) {
@@ -88,18 +82,18 @@ void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, 
         acc[r][c] = _mm512_mul_ps(acc[r][c], vscale);
         mx = _mm512_mask_max_ps(mx, valid[c], mx, acc[r][c]);
       }
-      const float tile_max = hmax512(mx);
-      if (tile_max == -std::numeric_limits<float>::infinity()) {
-        std::memset(sp[r], 0, sizeof sp[r]);
+      const float tile_max = hmax(mx);
+      if (tile_max == -INFINITY) {
+        memset(sp[r], 0, sizeof sp[r]);
         continue;
       }
-      const float m_new = std::max(m[r], tile_max);
-      const float alpha = std::exp(m[r] - m_new);
+      const float m_new = fmax2(m[r], tile_max);
+      const float alpha = expf(m[r] - m_new);
       const __m512 vm = _mm512_set1_ps(m_new);
       __m512 sum = _mm512_setzero_ps();
       __m512 p[4];
       for (int c = 0; c < 4; ++c) {
-        p[c] = _mm512_maskz_mov_ps(valid[c], exp512(_mm512_sub_ps(acc[r][c], vm)));
+        p[c] = _mm512_maskz_mov_ps(valid[c], vexp(_mm512_sub_ps(acc[r][c], vm)));
         sum = _mm512_add_ps(sum, p[c]);
       }
       // 64 probabilities -> 32 bf16 pairs (keys 2i, 2i+1): two 32-lane conversions.
@@ -107,7 +101,7 @@ void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, 
       const __m512bh b23 = _mm512_cvtne2ps_pbh(p[3], p[2]);
       _mm512_store_si512(sp[r], (__m512i)b01);
       _mm512_store_si512(sp[r] + 16, (__m512i)b23);
-      l[r] = l[r] * alpha + hsum512(sum);
+      l[r] = l[r] * alpha + hsum(sum);
       m[r] = m_new;
       if (alpha != 1.0f) {
         const __m512 va = _mm512_set1_ps(alpha);
@@ -120,7 +114,7 @@ void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, 
     const int64_t kpairs = (kn + 1) / 2;
     const uint32_t* vtile = vp + (k0 / 2) * head_dim;
     for (int64_t d0 = 0; d0 < dvecs; d0 += 4) {
-      const int64_t width = std::min<int64_t>(4, dvecs - d0);
+      const int64_t width = imin(4, dvecs - d0);
       __m512 oacc[kRows][4];
       for (int r = 0; r < kRows; ++r)
         for (int c = 0; c < width; ++c) oacc[r][c] = _mm512_load_ps(o[r] + (d0 + c) * 16);
@@ -148,22 +142,22 @@ void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, 
 void attention_bf16(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
                     int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
                     float scale) {
-  if (head_dim % 32 != 0 || head_dim > kMaxHeadDim)
-    throw std::invalid_argument("cpu attention (bf16): head_dim must be a multiple of 32 and <= 256");
   if (n == 0) return;
   const int64_t pairs = head_dim / 2;
   const int64_t kt_stride = (n_kv + kKeys - 1) / kKeys * kKeys;
   // Zero padding matters: padded keys get probability 0, and 0 * NaN would poison O.
-  std::vector<uint32_t> kp(static_cast<size_t>(kv_heads * pairs * kt_stride), 0);
-  std::vector<uint32_t> vp(static_cast<size_t>(kv_heads * (kt_stride / 2) * head_dim), 0);
+  Scratch kp_buf(static_cast<size_t>(kv_heads * pairs * kt_stride) * sizeof(uint32_t), /*zero=*/true);
+  Scratch vp_buf(static_cast<size_t>(kv_heads * (kt_stride / 2) * head_dim) * sizeof(uint32_t), /*zero=*/true);
+  uint32_t* kp = kp_buf.as<uint32_t>();
+  uint32_t* vp = vp_buf.as<uint32_t>();
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t h = 0; h < kv_heads; ++h)
     for (int64_t j0 = 0; j0 < n_kv; j0 += 64) {
       const float* ks = k + h * kv_stride * head_dim;
       const float* vs = v + h * kv_stride * head_dim;
-      uint32_t* kd = kp.data() + h * pairs * kt_stride;
-      uint32_t* vd = vp.data() + h * (kt_stride / 2) * head_dim;
-      const int64_t j1 = std::min(n_kv, j0 + 64);
+      uint32_t* kd = kp + h * pairs * kt_stride;
+      uint32_t* vd = vp + h * (kt_stride / 2) * head_dim;
+      const int64_t j1 = imin(n_kv, j0 + 64);
       alignas(64) uint32_t row[kMaxHeadDim / 2];
       for (int64_t key = j0; key < j1; ++key) {
         // K row -> bf16 pairs (adjacent dimensions), scattered into the transposed layout
@@ -195,9 +189,21 @@ void attention_bf16(const float* q, const int32_t* qpos, const float* k, const f
 
   for_each_row_block(q, qpos, out, n, q_heads, kv_heads, head_dim, n_kv,
                      [&](int64_t h, const AttentionRow* rows, int nrows, int64_t key_end) {
-                       attend_block_bf16(rows, nrows, kp.data() + h * pairs * kt_stride, vp.data() + h * (kt_stride / 2) * head_dim,
+                       attend_block_bf16(rows, nrows, kp + h * pairs * kt_stride, vp + h * (kt_stride / 2) * head_dim,
                         kt_stride, head_dim, key_end, scale);
                      });
 }
 
-}  // namespace bs::kernels::cpu
+// dst = bf16(src), round to nearest even: the activations of the bf16 GEMMs.
+void to_bf16(const float* src, uint16_t* dst, int64_t count) {
+  const int64_t vec_end = count & ~int64_t{31};
+#pragma omp parallel for schedule(static) if (count >= 65536)
+  for (int64_t i = 0; i < vec_end; i += 32) {
+    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+    _mm512_storeu_si512(dst + i, (__m512i)b);
+  }
+  for (int64_t i = vec_end; i < count; ++i) dst[i] = fp32_to_bf16(src[i]);
+}
+
+}  // namespace bs::kernels::cpu::BS_ISA_NS
+#endif  // BS_ISA_LEVEL >= 3

@@ -1,14 +1,13 @@
-// Work split shared by the tiled attention kernels (fp32 and bf16).
+// Work split shared by the tiled attention kernels (fp32 and bf16) of one variant.
 //
 // The rows of a KV head are (token, query head of its group) pairs, so the grouped
 // query heads share every K/V tile a block loads. Blocks of kAttentionRows rows
 // are the parallel work items; the latest (longest, causally) run first.
 #pragma once
 
-#include <algorithm>
-#include <cstdint>
+#include "kernels/cpu/variant/simd.h"
 
-namespace bs::kernels::cpu {
+namespace bs::kernels::cpu::BS_ISA_NS {
 
 constexpr int kAttentionRows = 4;
 
@@ -37,13 +36,13 @@ void for_each_row_block(const float* q,       // [n, q_heads, head_dim]
     AttentionRow rows[kAttentionRows];
     int nrows = 0;
     int64_t key_end = 0;
-    for (int64_t r = r0; r < std::min(rows_per_head, r0 + kAttentionRows); ++r) {
+    for (int64_t r = r0; r < imin(rows_per_head, r0 + kAttentionRows); ++r) {
       const int64_t t = r / group, qh = h * group + r % group;
       rows[nrows++] = AttentionRow{q + (t * q_heads + qh) * head_dim, out + (t * q_heads + qh) * head_dim, qpos[t]};
-      key_end = std::max<int64_t>(key_end, std::min<int64_t>(n_kv, static_cast<int64_t>(qpos[t]) + 1));
+      key_end = imax(key_end, imin(n_kv, static_cast<int64_t>(qpos[t]) + 1));
     }
     block(h, rows, nrows, key_end);
   }
 }
 
-}  // namespace bs::kernels::cpu
+}  // namespace bs::kernels::cpu::BS_ISA_NS

@@ -1,4 +1,4 @@
-#include "blend/chunk_kv.h"
+#include "storage/chunk_kv.h"
 
 #include <xxhash.h>
 

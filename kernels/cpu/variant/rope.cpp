@@ -1,10 +1,12 @@
-#include "kernels/cpu/simd_math.h"  // first: see the note there
-#include "kernels/cpu/ops.h"
+// Rotary embedding with a precomputed (cos, sin) table per row.
+#include "kernels/cpu/variant/simd.h"  // first: see the note there
+#include "kernels/cpu/variant/variant_ops.h"
 
-namespace bs::kernels::cpu {
+namespace bs::kernels::cpu::BS_ISA_NS {
 
 void rope(float* x, const float* cos_sin, int64_t n, int64_t heads, int64_t head_dim, RopeStyle style) {
   const int64_t half = head_dim / 2;
+  constexpr int64_t kPairs = kLanes / 2;  // dimension pairs per vector
 #pragma omp parallel for schedule(static) if (n >= 32)
   for (int64_t t = 0; t < n; ++t) {
     const float* cs = cos_sin + t * half * 2;
@@ -13,15 +15,12 @@ void rope(float* x, const float* cos_sin, int64_t n, int64_t heads, int64_t head
       if (style == RopeStyle::Interleaved) {
         // pairs (2i, 2i+1): the (cos, sin) table has the same interleaving as v
         int64_t i = 0;
-        for (; i + 8 <= half; i += 8) {
-          const __m512 xv = _mm512_loadu_ps(v + 2 * i);
-          const __m512 c_s = _mm512_loadu_ps(cs + 2 * i);
-          const __m512 c = _mm512_moveldup_ps(c_s);       // cos cos ...
-          const __m512 s = _mm512_movehdup_ps(c_s);       // sin sin ...
-          const __m512 swapped = _mm512_permute_ps(xv, 0xB1);  // x1 x0 ...
+        for (; i + kPairs <= half; i += kPairs) {
+          const vf xv = vload(v + 2 * i);
+          const vf c_s = vload(cs + 2 * i);
           // even: x0 c - x1 s ; odd: x1 c + x0 s
-          const __m512 t1 = _mm512_mul_ps(swapped, s);
-          _mm512_storeu_ps(v + 2 * i, _mm512_fmaddsub_ps(xv, c, t1));
+          const vf t1 = vmul(vswap_pairs(xv), vdup_odd(c_s));
+          vstore(v + 2 * i, vfmaddsub(xv, vdup_even(c_s), t1));
         }
         for (; i < half; ++i) {
           const float x0 = v[2 * i], x1 = v[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
@@ -39,4 +38,4 @@ void rope(float* x, const float* cos_sin, int64_t n, int64_t heads, int64_t head
   }
 }
 
-}  // namespace bs::kernels::cpu
+}  // namespace bs::kernels::cpu::BS_ISA_NS

@@ -1,0 +1,80 @@
+// The CPU kernels of one ISA variant, as a table of plain functions.
+//
+// kernels/cpu/variant/*.cpp are compiled once per variant (scalar, avx2, avx512,
+// avx512bf16; kernels/CMakeLists.txt), each copy in its own namespace, and each copy
+// exports one `const CpuKernels` table. The CpuBackend picks the best table the CPU can
+// run once, at start-up (kernels/cpu/isa.h), so one binary runs on every x86-64 CPU.
+// Arguments are raw pointers and plain values only: the variant code must not
+// instantiate STL templates (see kernels/cpu/variant/simd.h for why).
+//
+// Preconditions the backend checks before calling (the variants do not re-check):
+// head_dim % 16 == 0 and <= 256 for attention (% 32 for bf16), in_features % 32 == 0
+// for gemv_quantized, and the weight type one of the table's types.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/isa.h"
+
+namespace bs::kernels::cpu {
+
+struct CpuKernels {
+  CpuIsa isa;
+
+  void (*rmsnorm)(const float* x,       // [n, dim]
+                  const float* weight,  // [dim]
+                  float* out,           // [n, dim]
+                  int64_t n, int64_t dim, float eps);
+
+  // cos_sin: (cos, sin) of each row's angles, computed by the caller.
+  void (*rope)(float* x,              // [n, heads, head_dim], rotated in place
+               const float* cos_sin,  // [n, head_dim / 2, 2]
+               int64_t n, int64_t heads, int64_t head_dim, RopeStyle style);
+
+  void (*swiglu)(const float* gate_up,  // [n, 2 * ff]: gate then up
+                 float* out,            // [n, ff]
+                 int64_t n, int64_t ff);
+
+  // Causal-by-position attention, the contract of Backend::attention; tiled online
+  // softmax, fp32 (prefill-size n).
+  void (*attention)(const float* q,       // [n, q_heads, head_dim]
+                    const int32_t* qpos,  // [n]
+                    const float* k,       // [kv_heads, kv_stride, head_dim]
+                    const float* v,       // [kv_heads, kv_stride, head_dim]
+                    float* out,           // [n, q_heads, head_dim]
+                    int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv,
+                    int64_t kv_stride, float scale);
+
+  // Same contract for a few queries (decode): reads the cache rows as they are, fp32.
+  decltype(attention) attention_decode;
+
+  // Same contract, bf16 dot products with fp32 softmax and accumulation; nullptr in
+  // variants without native bf16 arithmetic.
+  decltype(attention) attention_bf16;
+
+  // y[t, o] = sum_i W[o, i] x[t, i] straight from the stored (quantized) rows, fp32
+  // accumulation; for the few rows of decode steps.
+  void (*gemv_quantized)(TensorType type,
+                         const void* w,   // [out_features] rows of `type` blocks
+                         const float* x,  // [n, in_features]
+                         float* y,        // [n, out_features]
+                         int64_t n, int64_t in_features, int64_t out_features);
+
+  // dst = bf16(src), round to nearest even (the activations of bf16 GEMMs); nullptr in
+  // variants without bf16 arithmetic.
+  void (*to_bf16)(const float* src,  // [count]
+                  uint16_t* dst,     // [count]
+                  int64_t count);
+};
+
+// One table per variant, defined in kernels/cpu/variant/kernel_table.cpp.
+namespace isa_scalar { extern const CpuKernels kKernels; }
+namespace isa_avx2 { extern const CpuKernels kKernels; }
+namespace isa_avx512 { extern const CpuKernels kKernels; }
+namespace isa_avx512bf16 { extern const CpuKernels kKernels; }
+
+// The table of `isa` (every variant is compiled into every build).
+const CpuKernels& kernels_for(CpuIsa isa);
+
+}  // namespace bs::kernels::cpu
