@@ -23,7 +23,7 @@
 #      static libs, no GPU, no curl/openssl, `nice -n 19` and -j1.  Nothing is
 #      cloned; PyPI is the only network source.  The llama-cpp-python version
 #      and the build time are kept in build-llamacpp/llama-cpp-python.version
-#      and build-llamacpp/build-seconds.
+#      and build-llamacpp/build-seconds.<target>.
 #   2. llama.cpp: llama-bench -p 512,3072 -n 128 -b 3072 -ub 512 -t N -r R -o json
 #      (prefill 512/3072, decode 128 from an empty context), plus
 #      llama-bench -p 0 -n 128 -d 512 (decode 128 after a 512-token context,
@@ -89,6 +89,11 @@ fi
 [ -f "$MODEL" ] || die "model not found: $MODEL"
 MODEL="$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")"
 log "model $MODEL, threads $THREADS, repeats $REPEATS"
+LOAD_START="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)"
+if awk -v l="$LOAD_START" 'BEGIN { exit !(l > 0.5) }'; then
+  log "WARNING: 1-min load average is $LOAD_START before starting; other processes on the"
+  log "WARNING: CPU make the numbers unreliable (llama.cpp's spinning threadpool suffers most)"
+fi
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/bench-vs-llamacpp.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -156,7 +161,7 @@ build_llamacpp() {
     die "llama.cpp build of $LCPP_TARGET failed"
   [ -x "$LCPP_BIN" ] || die "build finished but $LCPP_BIN is missing"
   echo "$version" > "$LCPP_VERSION_FILE"
-  echo $((SECONDS - t0)) > "$LCPP_DIR/build-seconds"
+  echo $((SECONDS - t0)) > "$LCPP_DIR/build-seconds.$LCPP_TARGET"
   log "llama.cpp built in $((SECONDS - t0)) s"
 }
 
@@ -305,7 +310,9 @@ else
 fi
 
 # ------------------------------------------------------ ratios and machine
-python3 - "$WORK/llamacpp.jsonl" "$WORK/blendserve.jsonl" "$THREADS" "$LCPP_PY_VERSION" <<'PY'
+LOAD_END="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)"
+python3 - "$WORK/llamacpp.jsonl" "$WORK/blendserve.jsonl" "$THREADS" "$LCPP_PY_VERSION" \
+  "$LOAD_START" "$LOAD_END" <<'PY'
 import json, sys
 
 def load(path):
@@ -350,7 +357,8 @@ except OSError:
     pass
 want = ["avx2", "avx512f", "avx512_bf16", "amx_bf16"]  # /proc/cpuinfo spelling
 print(json.dumps({"cpu": cpu, "flags": " ".join(f for f in want if f in flags),
-                  "threads": int(sys.argv[3]), "llama_cpp_python": sys.argv[4]}))
+                  "threads": int(sys.argv[3]), "llama_cpp_python": sys.argv[4],
+                  "load_avg_1m_start": float(sys.argv[5]), "load_avg_1m_end": float(sys.argv[6])}))
 PY
 
 [ "$LCPP_OK" -eq 1 ] || exit 1

@@ -23,10 +23,32 @@ constexpr int kQkVecs = kLanes == 16 ? 4 : 2;
 constexpr int kPvVecs = kLanes == 16 ? 4 : 2;
 constexpr int kMaxHeadDim = 256;
 
+// o[r][d_off, d_off + W*kLanes) += sum_j s[r][j] * V[j][same dims] over the tile's kn keys.
+// W is a compile-time width so the accumulators stay in registers.
+template <int W>
+inline void accumulate_pv(float (*o)[kMaxHeadDim], const float (*s)[kKeys], const float* vtile, int64_t head_dim,
+                          int64_t kn, int64_t d_off) {
+  vf oacc[kRows][W];
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < W; ++c) oacc[r][c] = vload(o[r] + d_off + c * kLanes);
+  for (int64_t j = 0; j < kn; ++j) {
+    const float* vrow = vtile + j * head_dim + d_off;
+    vf vv[W];
+    for (int c = 0; c < W; ++c) vv[c] = vload(vrow + c * kLanes);
+    for (int r = 0; r < kRows; ++r) {
+      const vf p = vset1(s[r][j]);
+      for (int c = 0; c < W; ++c) oacc[r][c] = vfma(p, vv[c], oacc[r][c]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < W; ++c) vstore(o[r] + d_off + c * kLanes, oacc[r][c]);
+}
+
 // One block of up to kRows rows of one KV head over keys [0, key_end).
-// kt: [head_dim, kt_stride] transposed keys; v: [n_kv, head_dim] (row stride head_dim).
-void attend_block(const AttentionRow* rows, int nrows, const float* kt, int64_t kt_stride, const float* v,
-                  int64_t head_dim, int64_t key_end, float scale) {
+// kt: [tiles, head_dim, kKeys] transposed keys, one contiguous block per tile;
+// v: [n_kv, head_dim] (row stride head_dim).
+void attend_block(const AttentionRow* rows, int nrows, const float* kt, const float* v, int64_t head_dim,
+                  int64_t key_end, float scale) {
   alignas(64) float s[kRows][kKeys];
   alignas(64) float o[kRows][kMaxHeadDim];
   float m[kRows], l[kRows];
@@ -51,9 +73,9 @@ void attend_block(const AttentionRow* rows, int nrows, const float* kt, int64_t 
       vf acc[kRows][kQkVecs];
       for (int r = 0; r < kRows; ++r)
         for (int c = 0; c < kQkVecs; ++c) acc[r][c] = vzero();
-      const float* ktile = kt + k0 + c0 * kLanes;
+      const float* ktile = kt + (k0 / kKeys) * head_dim * kKeys + c0 * kLanes;
       for (int64_t d = 0; d < head_dim; ++d) {
-        const float* krow = ktile + d * kt_stride;
+        const float* krow = ktile + d * kKeys;
         vf kv[kQkVecs];
         for (int c = 0; c < kQkVecs; ++c) kv[c] = vload(krow + c * kLanes);
         for (int r = 0; r < kRows; ++r) {
@@ -98,25 +120,11 @@ void attend_block(const AttentionRow* rows, int nrows, const float* kt, int64_t 
         for (int64_t dv = 0; dv < dvecs; ++dv) vstore(o[r] + dv * kLanes, vmul(vload(o[r] + dv * kLanes), va));
       }
     }
-    // ---- O += P V, kPvVecs slices of the head dimension at a time
+    // ---- O += P V, kPvVecs slices of the head dimension at a time (then single ones)
     const float* vtile = v + k0 * head_dim;
-    for (int64_t d0 = 0; d0 < dvecs; d0 += kPvVecs) {
-      const int width = static_cast<int>(imin(kPvVecs, dvecs - d0));
-      vf oacc[kRows][kPvVecs];
-      for (int r = 0; r < kRows; ++r)
-        for (int c = 0; c < width; ++c) oacc[r][c] = vload(o[r] + (d0 + c) * kLanes);
-      for (int64_t j = 0; j < kn; ++j) {
-        const float* vrow = vtile + j * head_dim + d0 * kLanes;
-        vf vv[kPvVecs];
-        for (int c = 0; c < width; ++c) vv[c] = vload(vrow + c * kLanes);
-        for (int r = 0; r < kRows; ++r) {
-          const vf p = vset1(s[r][j]);
-          for (int c = 0; c < width; ++c) oacc[r][c] = vfma(p, vv[c], oacc[r][c]);
-        }
-      }
-      for (int r = 0; r < kRows; ++r)
-        for (int c = 0; c < width; ++c) vstore(o[r] + (d0 + c) * kLanes, oacc[r][c]);
-    }
+    int64_t dv = 0;
+    for (; dv + kPvVecs <= dvecs; dv += kPvVecs) accumulate_pv<kPvVecs>(o, s, vtile, head_dim, kn, dv * kLanes);
+    for (; dv < dvecs; ++dv) accumulate_pv<1>(o, s, vtile, head_dim, kn, dv * kLanes);
   }
   for (int r = 0; r < nrows; ++r) {
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
@@ -130,24 +138,27 @@ void attention(const float* q, const int32_t* qpos, const float* k, const float*
                int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
                float scale) {
   if (n == 0) return;
-  // Transposed keys per head, zero-padded to a whole tile: [kv_heads, head_dim, kt_stride].
+  // Transposed keys, tile by tile, zero-padded to a whole tile:
+  // [kv_heads, kt_stride / kKeys, head_dim, kKeys]. A tile is one contiguous block, so the
+  // S loop walks consecutive lines (a plain [head_dim, kt_stride] transpose puts each
+  // dimension's row of a tile in another page).
   const int64_t kt_stride = (n_kv + kKeys - 1) / kKeys * kKeys;
   Scratch kt_buf(static_cast<size_t>(kv_heads * head_dim * kt_stride) * sizeof(float), /*zero=*/true);
   float* kt = kt_buf.as<float>();
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t h = 0; h < kv_heads; ++h)
-    for (int64_t j0 = 0; j0 < n_kv; j0 += 64) {
+    for (int64_t j0 = 0; j0 < n_kv; j0 += kKeys) {
       const float* src = k + h * kv_stride * head_dim;
-      float* dst = kt + h * head_dim * kt_stride;
-      const int64_t j1 = imin(n_kv, j0 + 64);
+      float* dst = kt + h * head_dim * kt_stride + j0 * head_dim;  // this tile
+      const int64_t j1 = imin(n_kv, j0 + kKeys);
       for (int64_t j = j0; j < j1; ++j)
-        for (int64_t d = 0; d < head_dim; ++d) dst[d * kt_stride + j] = src[j * head_dim + d];
+        for (int64_t d = 0; d < head_dim; ++d) dst[d * kKeys + (j - j0)] = src[j * head_dim + d];
     }
 
   for_each_row_block(q, qpos, out, n, q_heads, kv_heads, head_dim, n_kv,
                      [&](int64_t h, const AttentionRow* rows, int nrows, int64_t key_end) {
-                       attend_block(rows, nrows, kt + h * head_dim * kt_stride, kt_stride,
-                                    v + h * kv_stride * head_dim, head_dim, key_end, scale);
+                       attend_block(rows, nrows, kt + h * head_dim * kt_stride, v + h * kv_stride * head_dim,
+                                    head_dim, key_end, scale);
                      });
 }
 

@@ -2,6 +2,14 @@
 // directly: decode is memory-bound, and 4/8-bit rows are 4-8x fewer bytes than
 // bf16. Each 32-element block is expanded to fp32 in registers and multiplied
 // with fp32 activations (no activation quantization, so no extra error).
+//
+// AVX2 exception: expanding every 4/8-bit weight to fp32 costs ~25 instructions per
+// block, which makes decode compute-bound at a third of the memory bandwidth on AVX2.
+// There the activations of Q4_0/Q4_1 products are rounded to int16 per block of 32
+// (scale max|x| / 32767: error <= 2^-16 of the block's largest value, far below the
+// weights' own 4-bit error), and blocks multiply as integers (vpmaddwd). Q8_0 blocks
+// expand cheaply and keep fp32 activations (the output projection's logits stay
+// within 1e-4 of llama.cpp's).
 #include "kernels/cpu/variant/simd.h"  // first: see the note there
 #include "kernels/cpu/variant/variant_ops.h"
 #include "kernels/dequant.h"
@@ -107,29 +115,155 @@ inline void load_block(const uint8_t* blk, vf* w) {
 #endif
 }
 
+// Rows [0, out) of W times NT tokens. NT is a compile-time count so the accumulators
+// stay in registers; a single token gets one accumulator per vector of a block, so its
+// FMAs do not wait on each other.
+template <TensorType T, int NT>
+void gemv_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
+                 int64_t out) {
+  constexpr int kChains = NT == 1 ? kBlockVecs : 1;
+  const int64_t row_bytes = blocks * bbytes;
+#pragma omp parallel for schedule(static) if (out >= 64)
+  for (int64_t o = 0; o < out; ++o) {
+    const uint8_t* row = base + o * row_bytes;
+    vf acc[NT][kChains];
+    for (int t = 0; t < NT; ++t)
+      for (int c = 0; c < kChains; ++c) acc[t][c] = vzero();
+    for (int64_t b = 0; b < blocks; ++b) {
+      vf wv[kBlockVecs];
+      load_block<T>(row + b * bbytes, wv);
+      for (int t = 0; t < NT; ++t) {
+        const float* xb = x + t * in + b * kBlock;
+        for (int i = 0; i < kBlockVecs; ++i) acc[t][i % kChains] = vfma(wv[i], vload(xb + i * kLanes), acc[t][i % kChains]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      vf sum = acc[t][0];
+      for (int c = 1; c < kChains; ++c) sum = vadd(sum, acc[t][c]);
+      y[t * out + o] = hsum(sum);
+    }
+  }
+}
+
+#if BS_ISA_LEVEL == 1
+// x rounded per block of 32: q[t][i] = round(x[t][i] / scale[t][b]), scale = max|x| / 32767;
+// sum[t][b] = the block's exact fp32 sum (Q4_1's offset term).
+struct Int16Activations {
+  const int16_t* q;      // [nt, in]
+  const float* scale;    // [nt, blocks]
+  const float* sum;      // [nt, blocks]
+};
+
+void quantize_int16(const float* x, int64_t nt, int64_t in, int16_t* q, float* scale, float* sum) {
+  const int64_t blocks = in / kBlock;
+  for (int64_t t = 0; t < nt; ++t)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + t * in + b * kBlock;
+      float amax = 0.0f, s = 0.0f;
+      for (int i = 0; i < kBlock; ++i) {
+        amax = fmax2(amax, fabsf(xb[i]));
+        s += xb[i];
+      }
+      const float sc = amax > 0.0f ? amax / 32767.0f : 1.0f;
+      const float inv = 1.0f / sc;
+      for (int i = 0; i < kBlock; ++i) q[t * in + b * kBlock + i] = static_cast<int16_t>(lrintf(xb[i] * inv));
+      scale[t * blocks + b] = sc;
+      sum[t * blocks + b] = s;
+    }
+}
+
+// The block's 32 weights as int16 (Q4_0: q - 8; Q4_1: q, the offset m handled apart;
+// Q8_0: q), elements 0..15 and 16..31.
+template <TensorType T>
+inline void load_block_int16(const uint8_t* blk, __m256i& w0, __m256i& w1) {
+  if constexpr (T == TensorType::Q8_0) {
+    w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
+  } else {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == TensorType::Q4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
+    w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
+    if constexpr (T == TensorType::Q4_0) {
+      w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(8));
+      w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(8));
+    }
+  }
+}
+
+// NT tokens at once (a compile-time count: the accumulators stay in registers).
+template <TensorType T, int NT>
+void gemv_int16_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, Int16Activations xa, int64_t in,
+                       float* y, int64_t out) {
+  const int64_t row_bytes = blocks * bbytes;
+#pragma omp parallel for schedule(static) if (out >= 64)
+  for (int64_t o = 0; o < out; ++o) {
+    const uint8_t* row = base + o * row_bytes;
+    __m256 acc[NT];
+    float offset[NT];  // Q4_1: sum over blocks of m * sum(x)
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps(), offset[t] = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* blk = row + b * bbytes;
+      __m256i w0, w1;
+      load_block_int16<T>(blk, w0, w1);
+      const float d = half_to_float(blk);
+      for (int t = 0; t < NT; ++t) {
+        const int16_t* xq = xa.q + t * in + b * kBlock;
+        const __m256i p = _mm256_add_epi32(
+            _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
+            _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xa.scale[t * blocks + b]), acc[t]);
+        if constexpr (T == TensorType::Q4_1) offset[t] += half_to_float(blk + 2) * xa.sum[t * blocks + b];
+      }
+    }
+    for (int t = 0; t < NT; ++t) y[t * out + o] = hsum(acc[t]) + offset[t];
+  }
+}
+#endif
+
 template <TensorType T>
 void gemv_typed(const void* w, const float* x, float* y, int64_t n, int64_t in, int64_t out) {
   const int64_t blocks = in / kBlock;
   const int64_t bbytes = T == TensorType::Q4_1 ? 20 : T == TensorType::Q4_0 ? 18 : T == TensorType::Q8_0 ? 34
                          : T == TensorType::F32 ? 128 : 64;
-  const int64_t row_bytes = blocks * bbytes;
   const auto* base = static_cast<const uint8_t*>(w);
-  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
-    const int nt = static_cast<int>(imin(kMaxTokens, n - t0));
-#pragma omp parallel for schedule(static) if (out >= 64)
-    for (int64_t o = 0; o < out; ++o) {
-      const uint8_t* row = base + o * row_bytes;
-      vf acc[kMaxTokens];
-      for (int t = 0; t < nt; ++t) acc[t] = vzero();
-      for (int64_t b = 0; b < blocks; ++b) {
-        vf wv[kBlockVecs];
-        load_block<T>(row + b * bbytes, wv);
-        for (int t = 0; t < nt; ++t) {
-          const float* xb = x + (t0 + t) * in + b * kBlock;
-          for (int i = 0; i < kBlockVecs; ++i) acc[t] = vfma(wv[i], vload(xb + i * kLanes), acc[t]);
-        }
+#if BS_ISA_LEVEL == 1
+  if constexpr (T == TensorType::Q4_0 || T == TensorType::Q4_1) {
+    Scratch q_buf(static_cast<size_t>(n * in) * sizeof(int16_t) + 64);
+    Scratch f_buf(static_cast<size_t>(2 * n * blocks) * sizeof(float));
+    int16_t* q = q_buf.as<int16_t>();
+    float* scale = f_buf.as<float>();
+    float* sum = scale + n * blocks;
+    quantize_int16(x, n, in, q, scale, sum);
+    for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
+      const Int16Activations xa{q + t0 * in, scale + t0 * blocks, sum + t0 * blocks};
+      float* yt = y + t0 * out;
+      switch (imin(kMaxTokens, n - t0)) {
+        case 1: gemv_int16_tokens<T, 1>(base, bbytes, blocks, xa, in, yt, out); break;
+        case 2: gemv_int16_tokens<T, 2>(base, bbytes, blocks, xa, in, yt, out); break;
+        case 3: gemv_int16_tokens<T, 3>(base, bbytes, blocks, xa, in, yt, out); break;
+        case 4: gemv_int16_tokens<T, 4>(base, bbytes, blocks, xa, in, yt, out); break;
+        case 5: gemv_int16_tokens<T, 5>(base, bbytes, blocks, xa, in, yt, out); break;
+        case 6: gemv_int16_tokens<T, 6>(base, bbytes, blocks, xa, in, yt, out); break;
+        case 7: gemv_int16_tokens<T, 7>(base, bbytes, blocks, xa, in, yt, out); break;
+        default: gemv_int16_tokens<T, 8>(base, bbytes, blocks, xa, in, yt, out); break;
       }
-      for (int t = 0; t < nt; ++t) y[(t0 + t) * out + o] = hsum(acc[t]);
+    }
+    return;
+  }
+#endif
+  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
+    const float* xt = x + t0 * in;
+    float* yt = y + t0 * out;
+    switch (imin(kMaxTokens, n - t0)) {
+      case 1: gemv_tokens<T, 1>(base, bbytes, blocks, xt, in, yt, out); break;
+      case 2: gemv_tokens<T, 2>(base, bbytes, blocks, xt, in, yt, out); break;
+      case 3: gemv_tokens<T, 3>(base, bbytes, blocks, xt, in, yt, out); break;
+      case 4: gemv_tokens<T, 4>(base, bbytes, blocks, xt, in, yt, out); break;
+      case 5: gemv_tokens<T, 5>(base, bbytes, blocks, xt, in, yt, out); break;
+      case 6: gemv_tokens<T, 6>(base, bbytes, blocks, xt, in, yt, out); break;
+      case 7: gemv_tokens<T, 7>(base, bbytes, blocks, xt, in, yt, out); break;
+      default: gemv_tokens<T, 8>(base, bbytes, blocks, xt, in, yt, out); break;
     }
   }
 }
