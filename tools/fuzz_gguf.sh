@@ -39,7 +39,6 @@ CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" \
   -DBLENDSERVE_FUZZ=ON \
   -DBLENDSERVE_SANITIZE=ON \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link" \
-  -DBLENDSERVE_ARCH_FLAGS="-march=native" \
   ${BLENDSERVE_CMAKE_ARGS:-} >"$BUILD/configure.log" 2>&1 ||
   { cat "$BUILD/configure.log" >&2; log "cmake configure failed"; exit 1; }
 log "building fuzz_gguf in $BUILD"
