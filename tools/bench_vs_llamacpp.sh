@@ -30,8 +30,10 @@
 #      the same setting as blendserve's decode measurement).
 #   3. blendserve: OMP_NUM_THREADS=N build/blendctl --model M bench prefill
 #      --lengths 512 3072 --repeats R --decode-tokens 128 (build/blendctl is
-#      built first if missing); only its prefill/decode rows are kept.
-#   4. Ratio rows blendserve/llama.cpp (prefill 512, prefill 3072, decode) and
+#      built first if missing), and a second run for decode from a 1-token
+#      prompt (--decode-context 1); only prefill/decode rows are kept.
+#   4. Ratio rows blendserve/llama.cpp (prefill 512, prefill 3072, decode after a
+#      512-token context and from an empty one) and
 #      one row describing the CPU, thread count and llama-cpp-python version.
 #
 # Output: JSON lines on stdout only, e.g.
@@ -272,9 +274,13 @@ if [ ! -x "$BLENDCTL" ]; then
 fi
 if [ -z "$BS_ERR" ]; then
   log "running blendctl bench prefill (OMP_NUM_THREADS=$THREADS)"
+  # second run: decode from a 1-token prompt, matched with llama.cpp's tg128 (empty context)
   if OMP_NUM_THREADS="$THREADS" "$BLENDCTL" --model "$MODEL" bench prefill \
        --lengths 512 3072 --repeats "$REPEATS" --decode-tokens 128 \
-       > "$WORK/bs.out" 2> "$WORK/bs.err"; then
+       > "$WORK/bs.out" 2> "$WORK/bs.err" &&
+     OMP_NUM_THREADS="$THREADS" "$BLENDCTL" --model "$MODEL" bench prefill \
+       --lengths 16 --repeats 1 --decode-context 1 --decode-tokens 128 2>> "$WORK/bs.err" |
+       grep '"bench":"decode"' >> "$WORK/bs.out"; then
     python3 - "$WORK/bs.out" > "$WORK/blendserve.jsonl" <<'PY' || BS_ERR="could not parse blendctl output"
 import json, sys
 for line in open(sys.argv[1], errors="replace"):
@@ -334,15 +340,19 @@ def pick(rows, test, tokens, context=None):
         c = same or c
     return c[0] if c else None
 
-for test, tokens in (("prefill", 512), ("prefill", 3072), ("decode", 128)):
-    b = pick(bs, test, tokens)
-    ctx = b.get("context") if (b and test == "decode") else None
-    l = pick(lcpp, test, tokens, ctx)
-    out = {"ratio": "blendserve/llama.cpp", "test": test, "tokens": tokens,
-           "value": (b["tokens_per_s"] / l["tokens_per_s"]) if (b and l and l["tokens_per_s"]) else None}
-    if test == "decode":
-        out["context"] = ctx if ctx is not None else (l.get("context") if l else None)
-    print(json.dumps(out))
+for test, tokens in (("prefill", 512), ("prefill", 3072)):
+    b, l = pick(bs, test, tokens), pick(lcpp, test, tokens)
+    print(json.dumps({"ratio": "blendserve/llama.cpp", "test": test, "tokens": tokens,
+                      "value": (b["tokens_per_s"] / l["tokens_per_s"]) if (b and l and l["tokens_per_s"]) else None}))
+# decode after a 512-token context, and from an (almost) empty one: blendserve's
+# shortest prompt is 1 token, llama-bench's tg128 starts from none
+for ctx in (512, 1):
+    b = pick(bs, "decode", 128, ctx)
+    l = pick(lcpp, "decode", 128, 0 if ctx == 1 else ctx)
+    if b and b.get("context") != ctx:
+        b = None
+    print(json.dumps({"ratio": "blendserve/llama.cpp", "test": "decode", "tokens": 128, "context": ctx,
+                      "value": (b["tokens_per_s"] / l["tokens_per_s"]) if (b and l and l["tokens_per_s"]) else None}))
 
 cpu, flags = "unknown", set()
 try:
