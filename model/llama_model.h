@@ -55,6 +55,9 @@ struct LayerWeights {
   std::unique_ptr<kernels::PreparedWeights> w_down;   // [dim, ff]
 };
 
+// Bumped whenever the meaning of stored KV bytes changes (layout, RoPE convention).
+inline constexpr uint32_t kKvLayoutVersion = 1;
+
 class LlamaModel {
  public:
   // Loads and prepares all weights on `backend` (which must outlive the model).
@@ -70,9 +73,10 @@ class LlamaModel {
   const kernels::WeightView& token_embedding() const { return embed_view_; }
   const std::vector<float>& output_norm() const { return output_norm_; }
   const kernels::PreparedWeights& output() const { return *output_; }
-  // Identifies the weights and what computes with them: sha-free but content-derived
-  // (hash of metadata, tensor table and a sample of tensor bytes) plus the backend's
-  // kernel_id and the precision; used to key cached KV.
+  // Identifies everything that changes computed KV bytes: all weight bytes, the
+  // hyper-parameters (norm epsilon, RoPE base/style/scaling/inv_freq), kKvLayoutVersion,
+  // the backend's kernel_id and the precision (llama_model.cpp lists them). Keys cached
+  // KV, so KV is never served to a model or kernel that would compute other bytes.
   uint64_t fingerprint() const { return fingerprint_; }
   const std::string& path() const { return path_; }
 

@@ -8,7 +8,10 @@
 # every object that uses them, and the linker keeps one copy. If that copy comes from
 # a file compiled with -mavx512f, a baseline caller on an AVX2 CPU executes AVX-512
 # instructions and dies with SIGILL. Symbols that mention the variant namespace are
-# safe: no other object can define them.
+# safe: no other object can define them; so are RTTI objects ("typeinfo for ...",
+# emitted by clang's -fsanitize=function), which are data, not code, and clang's
+# __clang_call_terminate (two calls, __cxa_begin_catch and std::terminate: no vector
+# code whatever the flags).
 set -euo pipefail
 NM="${NM:-nm}"
 status=0
@@ -19,7 +22,7 @@ for obj in "$@"; do
   ns="bs::kernels::cpu::isa_${variant}::"
   # defined weak (W, V) or unique (u) symbols, demangled
   bad="$("$NM" -C --defined-only "$obj" | awk '$2 ~ /^[WVu]$/ { $1 = ""; $2 = ""; sub(/^  /, ""); print }' |
-         grep -v -F "$ns" | grep -v -E '^DW\.ref\.__gxx_personality_v0$' || true)"
+         grep -v -F "$ns" | grep -v -E '^(DW\.ref\.__gxx_personality_v0|__clang_call_terminate)$|^typeinfo (name )?for ' || true)"
   if [ -n "$bad" ]; then
     echo "check_variant_symbols: $obj (variant $variant) defines weak symbols outside $ns:" >&2
     printf '%s\n' "$bad" | sed 's/^/  /' >&2

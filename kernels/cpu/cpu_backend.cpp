@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -26,6 +27,7 @@ constexpr int64_t kDecodeMaxQueries = 4;
 
 struct CpuWeights final : PreparedWeights {
   cpu::DnnlWeightsPtr packed;
+  std::vector<float> block_scales;  // Q4_0/Q4_1: cpu::extract_block_scales, for decode
 };
 
 // bf16 needs native bf16 dot products for attention and a oneDNN bf16 matmul.
@@ -49,13 +51,18 @@ class CpuBackend final : public Backend {
     auto out = std::make_unique<CpuWeights>();
     out->view = w;
     out->packed = cpu::pack_for_gemm(w, precision);
+    if (w.type == TensorType::Q4_0 || w.type == TensorType::Q4_1) {
+      out->block_scales.resize(static_cast<size_t>(w.out_features * 2 * (w.in_features / 32)));
+      cpu::extract_block_scales(w.type, w.data, w.out_features, w.in_features, out->block_scales.data());
+    }
     return out;
   }
 
   void linear(const PreparedWeights& pw, const float* x, float* y, int64_t n, const float* bias) override {
     const auto& w = static_cast<const CpuWeights&>(pw);
     if (n <= kGemvMaxRows)
-      k_.gemv_quantized(w.view.type, w.view.data, x, y, n, w.view.in_features, w.view.out_features);
+      k_.gemv_quantized(w.view.type, w.view.data, w.block_scales.empty() ? nullptr : w.block_scales.data(), x, y,
+                        n, w.view.in_features, w.view.out_features);
     else
       cpu::gemm(*w.packed, k_, x, y, n);
     if (bias) {
@@ -178,6 +185,19 @@ Precision choose_precision(std::string_view name, const Backend& backend) {
 }
 
 namespace cpu {
+void extract_block_scales(TensorType type, const void* w, int64_t rows, int64_t in_features, float* out) {
+  const TensorTypeTraits& t = type_traits(type);
+  const int64_t blocks = in_features / t.block_elements;
+  const auto* p = static_cast<const uint8_t*>(w);
+  for (int64_t r = 0; r < rows; ++r, out += 2 * blocks)
+    for (int64_t b = 0; b < blocks; ++b, p += t.block_bytes) {
+      uint16_t h[2] = {0, 0};
+      std::memcpy(h, p, type == TensorType::Q4_1 ? 4 : 2);
+      out[b] = fp16_to_fp32(h[0]);
+      out[blocks + b] = type == TensorType::Q4_1 ? fp16_to_fp32(h[1]) : 0.0f;
+    }
+}
+
 const CpuKernels& kernels_for(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Scalar: return isa_scalar::kKernels;

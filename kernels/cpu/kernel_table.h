@@ -57,6 +57,9 @@ struct CpuKernels {
   // accumulation; for the few rows of decode steps.
   void (*gemv_quantized)(TensorType type,
                          const void* w,   // [out_features] rows of `type` blocks
+                         // Q4_0/Q4_1: [out_features, 2, in_features / 32] each row's block
+                         // scales d then offsets m as fp32 (extract_block_scales), else nullptr
+                         const float* block_scales,
                          const float* x,  // [n, in_features]
                          float* y,        // [n, out_features]
                          int64_t n, int64_t in_features, int64_t out_features);
@@ -67,6 +70,10 @@ struct CpuKernels {
                   uint16_t* dst,     // [count]
                   int64_t count);
 };
+
+// The fp32 block scales of a Q4_0/Q4_1 matrix for gemv_quantized: per row, d of every
+// block, then m (0 for Q4_0). [rows, 2, in_features / 32].
+void extract_block_scales(TensorType type, const void* w, int64_t rows, int64_t in_features, float* out);
 
 // One table per variant, defined in kernels/cpu/variant/kernel_table.cpp.
 namespace isa_scalar { extern const CpuKernels kKernels; }

@@ -191,66 +191,84 @@ inline void load_block_int16(const uint8_t* blk, __m256i& w0, __m256i& w1) {
   }
 }
 
-// NT tokens at once (a compile-time count: the accumulators stay in registers).
+// NT tokens at once (a compile-time count: the accumulators stay in registers). The
+// block scales come as fp32 arrays (block_scales), so a block costs no fp16
+// conversion, and Q4_1's offset term sum_b m_b * sum(x_b) is one dot product per row.
 template <TensorType T, int NT>
-void gemv_int16_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, Int16Activations xa, int64_t in,
-                       float* y, int64_t out) {
+void gemv_int16_tokens(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks,
+                       Int16Activations xa, int64_t in, float* y, int64_t out) {
   const int64_t row_bytes = blocks * bbytes;
 #pragma omp parallel for schedule(static) if (out >= 64)
   for (int64_t o = 0; o < out; ++o) {
     const uint8_t* row = base + o * row_bytes;
+    const float* dr = block_scales + o * 2 * blocks;  // d of each block, then m
     __m256 acc[NT];
-    float offset[NT];  // Q4_1: sum over blocks of m * sum(x)
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps(), offset[t] = 0.0f;
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* blk = row + b * bbytes;
       __m256i w0, w1;
-      load_block_int16<T>(blk, w0, w1);
-      const float d = half_to_float(blk);
+      load_block_int16<T>(row + b * bbytes, w0, w1);
+      const __m256 d = _mm256_broadcast_ss(dr + b);
       for (int t = 0; t < NT; ++t) {
         const int16_t* xq = xa.q + t * in + b * kBlock;
         const __m256i p = _mm256_add_epi32(
             _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
             _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xa.scale[t * blocks + b]), acc[t]);
-        if constexpr (T == TensorType::Q4_1) offset[t] += half_to_float(blk + 2) * xa.sum[t * blocks + b];
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                 _mm256_mul_ps(d, _mm256_broadcast_ss(xa.scale + t * blocks + b)), acc[t]);
       }
     }
-    for (int t = 0; t < NT; ++t) y[t * out + o] = hsum(acc[t]) + offset[t];
+    for (int t = 0; t < NT; ++t) {
+      float offset = 0.0f;
+      if constexpr (T == TensorType::Q4_1) {
+        const float* mr = dr + blocks;
+        const float* xs = xa.sum + t * blocks;
+        __m256 om = _mm256_setzero_ps();
+        int64_t b = 0;
+        for (; b + 8 <= blocks; b += 8) om = _mm256_fmadd_ps(_mm256_loadu_ps(mr + b), _mm256_loadu_ps(xs + b), om);
+        offset = hsum(om);
+        for (; b < blocks; ++b) offset += mr[b] * xs[b];
+      }
+      y[t * out + o] = hsum(acc[t]) + offset;
+    }
   }
 }
 #endif
 
 template <TensorType T>
-void gemv_typed(const void* w, const float* x, float* y, int64_t n, int64_t in, int64_t out) {
+void gemv_typed(const void* w, const float* block_scales, const float* x, float* y, int64_t n, int64_t in,
+                int64_t out) {
   const int64_t blocks = in / kBlock;
   const int64_t bbytes = T == TensorType::Q4_1 ? 20 : T == TensorType::Q4_0 ? 18 : T == TensorType::Q8_0 ? 34
                          : T == TensorType::F32 ? 128 : 64;
   const auto* base = static_cast<const uint8_t*>(w);
 #if BS_ISA_LEVEL == 1
   if constexpr (T == TensorType::Q4_0 || T == TensorType::Q4_1) {
-    Scratch q_buf(static_cast<size_t>(n * in) * sizeof(int16_t) + 64);
-    Scratch f_buf(static_cast<size_t>(2 * n * blocks) * sizeof(float));
-    int16_t* q = q_buf.as<int16_t>();
-    float* scale = f_buf.as<float>();
-    float* sum = scale + n * blocks;
-    quantize_int16(x, n, in, q, scale, sum);
-    for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
-      const Int16Activations xa{q + t0 * in, scale + t0 * blocks, sum + t0 * blocks};
-      float* yt = y + t0 * out;
-      switch (imin(kMaxTokens, n - t0)) {
-        case 1: gemv_int16_tokens<T, 1>(base, bbytes, blocks, xa, in, yt, out); break;
-        case 2: gemv_int16_tokens<T, 2>(base, bbytes, blocks, xa, in, yt, out); break;
-        case 3: gemv_int16_tokens<T, 3>(base, bbytes, blocks, xa, in, yt, out); break;
-        case 4: gemv_int16_tokens<T, 4>(base, bbytes, blocks, xa, in, yt, out); break;
-        case 5: gemv_int16_tokens<T, 5>(base, bbytes, blocks, xa, in, yt, out); break;
-        case 6: gemv_int16_tokens<T, 6>(base, bbytes, blocks, xa, in, yt, out); break;
-        case 7: gemv_int16_tokens<T, 7>(base, bbytes, blocks, xa, in, yt, out); break;
-        default: gemv_int16_tokens<T, 8>(base, bbytes, blocks, xa, in, yt, out); break;
+    if (block_scales) {
+      Scratch q_buf(static_cast<size_t>(n * in) * sizeof(int16_t) + 64);
+      Scratch f_buf(static_cast<size_t>(2 * n * blocks) * sizeof(float));
+      int16_t* q = q_buf.as<int16_t>();
+      float* scale = f_buf.as<float>();
+      float* sum = scale + n * blocks;
+      quantize_int16(x, n, in, q, scale, sum);
+      for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
+        const Int16Activations xa{q + t0 * in, scale + t0 * blocks, sum + t0 * blocks};
+        float* yt = y + t0 * out;
+        switch (imin(kMaxTokens, n - t0)) {
+          case 1: gemv_int16_tokens<T, 1>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+          case 2: gemv_int16_tokens<T, 2>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+          case 3: gemv_int16_tokens<T, 3>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+          case 4: gemv_int16_tokens<T, 4>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+          case 5: gemv_int16_tokens<T, 5>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+          case 6: gemv_int16_tokens<T, 6>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+          case 7: gemv_int16_tokens<T, 7>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+          default: gemv_int16_tokens<T, 8>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+        }
       }
+      return;
     }
-    return;
   }
+#else
+  (void)block_scales;  // only the AVX2 int16 path reads them
 #endif
   for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
     const float* xt = x + t0 * in;
@@ -270,15 +288,15 @@ void gemv_typed(const void* w, const float* x, float* y, int64_t n, int64_t in, 
 
 }  // namespace
 
-void gemv_quantized(TensorType type, const void* w, const float* x, float* y, int64_t n, int64_t in_features,
-                    int64_t out_features) {
+void gemv_quantized(TensorType type, const void* w, const float* block_scales, const float* x, float* y, int64_t n,
+                    int64_t in_features, int64_t out_features) {
   switch (type) {
-    case TensorType::Q4_0: return gemv_typed<TensorType::Q4_0>(w, x, y, n, in_features, out_features);
-    case TensorType::Q4_1: return gemv_typed<TensorType::Q4_1>(w, x, y, n, in_features, out_features);
-    case TensorType::Q8_0: return gemv_typed<TensorType::Q8_0>(w, x, y, n, in_features, out_features);
-    case TensorType::F32: return gemv_typed<TensorType::F32>(w, x, y, n, in_features, out_features);
-    case TensorType::F16: return gemv_typed<TensorType::F16>(w, x, y, n, in_features, out_features);
-    case TensorType::BF16: return gemv_typed<TensorType::BF16>(w, x, y, n, in_features, out_features);
+    case TensorType::Q4_0: return gemv_typed<TensorType::Q4_0>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::Q4_1: return gemv_typed<TensorType::Q4_1>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::Q8_0: return gemv_typed<TensorType::Q8_0>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::F32: return gemv_typed<TensorType::F32>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::F16: return gemv_typed<TensorType::F16>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::BF16: return gemv_typed<TensorType::BF16>(w, block_scales, x, y, n, in_features, out_features);
   }
 }
 

@@ -25,7 +25,9 @@
 // _mm512_undefined_* uses; the state at the header's lines decides, so the headers are
 // included here, first, with that one warning off.
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #include <math.h>
