@@ -29,7 +29,16 @@ std::vector<float> keep_fractions(const BlendOptions& o) {
   if (!o.schedule.empty()) {
     if (o.schedule.size() + 1 != k)
       throw std::invalid_argument("blend schedule needs one fraction per check layer but the last");
-    for (size_t i = 0; i + 1 < k; ++i) f[i] = o.schedule[i];
+    // Candidates only narrow: each kept fraction in [ratio, 1] and none above the one before.
+    for (size_t i = 0; i + 1 < k; ++i) {
+      const float v = o.schedule[i];
+      if (!(v >= o.ratio && v <= 1.0f))
+        throw std::invalid_argument("blend schedule value " + std::to_string(v) + " is outside [ratio, 1]");
+      if (i > 0 && v > o.schedule[i - 1])
+        throw std::invalid_argument("blend schedule must not increase (" + std::to_string(o.schedule[i - 1]) +
+                                    " then " + std::to_string(v) + ")");
+      f[i] = v;
+    }
   } else {
     for (size_t i = 0; i + 1 < k; ++i)
       f[i] = o.ratio + (1.0f - o.ratio) * static_cast<float>(k - 1 - i) / static_cast<float>(k);
@@ -112,6 +121,7 @@ void BlendEngine::warm(const RagPrompt& prompt) const {
     if (!store_.contains(key)) store_.put(key, compute_chunk_kv(prompt.prefix));
   }
   for (const auto& chunk : prompt.chunks) {
+    if (chunk.empty()) continue;  // nothing to store; the others still are
     const auto key = chunk_key(chunk);
     if (!store_.contains(key)) store_.put(key, compute_chunk_kv(chunk));
   }
@@ -232,6 +242,7 @@ BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& o
     throw std::length_error("prompt of " + std::to_string(N) + " tokens (+" + std::to_string(extra_capacity) +
                             " to generate) exceeds the model context of " + std::to_string(c.context_length));
   if (!(opt.ratio >= 0.0f && opt.ratio <= 1.0f)) throw std::invalid_argument("blend: ratio must be in [0, 1]");
+  if (opt.min_tokens < 0) throw std::invalid_argument("blend: min_tokens must be >= 0");
 
   BlendPrefill r;
   r.cache = tf_.make_cache(N + extra_capacity);

@@ -281,6 +281,32 @@ TEST_F(BlendModes, RejectsBadOptionsAndOversizedPrompts) {
   o.ratio = 0.15f;
   EXPECT_THROW(engine.prefill(prompt, o, m.config().context_length), std::length_error);
   EXPECT_THROW(parse_mode("fast"), std::invalid_argument);
+  o.min_tokens = -1;
+  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  o.min_tokens = 1;
+  // schedules: one value per check layer but the last, within [ratio, 1], never increasing
+  o.check_layers = {1, 2, 3};
+  for (auto bad : std::vector<std::vector<float>>{{0.5f}, {1.2f, 0.5f}, {0.5f, 0.9f}, {0.9f, 0.1f}, {-0.1f, 0.2f}}) {
+    o.schedule = bad;
+    EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument) << bad[0];
+  }
+  o.schedule = {0.9f, 0.9f};
+  EXPECT_NO_THROW(engine.prefill(prompt, o));
+}
+
+TEST_F(BlendModes, WarmSkipsAnEmptyChunkAndStoresTheRest) {
+  BlendSetup setup(testing::fast_precision());
+  auto prompt = make_prompt(setup.m, kDocs);
+  prompt.chunks.insert(prompt.chunks.begin() + 1, std::vector<int32_t>{});
+  setup.engine.warm(prompt);
+  for (const auto& chunk : prompt.chunks) {
+    if (!chunk.empty()) {
+      EXPECT_TRUE(setup.store.contains(setup.engine.chunk_key(chunk)));
+    }
+  }
+  BlendOptions o;
+  auto r = setup.engine.prefill(prompt, o);
+  EXPECT_EQ(r.stats.chunks_hit, static_cast<int>(prompt.chunks.size()) - 1);
 }
 
 TEST(RagPromptAssembly, ChunksAreTokenizedAloneAndDocumentsCannotInjectMarkup) {
