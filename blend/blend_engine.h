@@ -26,7 +26,7 @@
 #include "blend/rag_prompt.h"
 #include "model/kv_cache.h"
 #include "model/transformer.h"
-#include "storage/memory_store.h"
+#include "storage/kv_store.h"
 
 namespace bs {
 
@@ -67,7 +67,7 @@ struct BlendPrefill {
 
 class BlendEngine {
  public:
-  BlendEngine(const Transformer& tf, MemoryKvStore& store) : tf_(tf), store_(store) {}
+  BlendEngine(const Transformer& tf, KvStore& store) : tf_(tf), store_(store) {}
 
   // Prefill of a RAG prompt in the given mode. The cache gets room for
   // `extra_capacity` more tokens (decode). logit_rows > 1 returns the logits of
@@ -94,7 +94,7 @@ class BlendEngine {
                                         const BlendOptions& opt, KvCache& cache, BlendStats& stats) const;
 
   const Transformer& tf_;
-  MemoryKvStore& store_;
+  KvStore& store_;  // any tier: RAM, SSD, or (later) a storage node
 };
 
 // Copies a stored chunk's KV into the cache at `offset` and rotates its K from

@@ -10,26 +10,23 @@
 #include <unordered_map>
 
 #include "storage/chunk_kv.h"
+#include "storage/kv_store.h"
 
 namespace bs {
 
-struct StoreStats {
-  int64_t hits = 0, misses = 0, puts = 0, evictions = 0;
-  int64_t bytes = 0, entries = 0;
-};
-
-class MemoryKvStore {
+class MemoryKvStore : public KvStore {
  public:
   explicit MemoryKvStore(int64_t byte_budget) : budget_(byte_budget) {}
 
-  std::shared_ptr<const ChunkKv> get(const ChunkKey& key);
-  bool contains(const ChunkKey& key) const;
+  std::shared_ptr<const ChunkKv> get(const ChunkKey& key) override;
+  bool contains(const ChunkKey& key) const override;
   // Inserts (or replaces) an entry, evicting the least recently used ones to fit.
   // An entry larger than the whole budget is not stored; returns false then.
-  bool put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv);
-  bool erase(const ChunkKey& key);
-  StoreStats stats() const;
-  int64_t budget() const { return budget_; }
+  bool put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) override;
+  bool erase(const ChunkKey& key) override;
+  StoreStats stats() const override;
+  int64_t budget() const override { return budget_; }
+  std::string_view name() const override { return "ram"; }
 
  private:
   struct Entry {

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "blend/blend_engine.h"
+#include "storage/memory_store.h"
 #include "blend/rag_prompt.h"
 #include "model/generate.h"
 #include "tests/model_fixture.h"

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blend/blend_engine.h"
+#include "storage/memory_store.h"
 #include "tools/eval/metrics.h"
 #include "model/generate.h"
 #include "tools/bench.h"

@@ -1,0 +1,128 @@
+// The SSD tier: one file per chunk in a directory, least-recently-used eviction
+// under a byte budget, and an index rebuilt from the files at start-up, so the
+// cache survives restarts.
+//
+// File `<key.hex()>.bskv`; integers in host byte order (little-endian targets):
+//   header: "BSKV", u32 version, u64 key.hi, u64 key.lo, u32 dtype (0 = f32),
+//           u32 n_layers, u32 kv_heads, u32 head_dim, u64 m (token count),
+//           i32 tokens[m], u64 layer_sum[n_layers], u64 header_sum;
+//           zero-padded to a multiple of 4096 (header_bytes)
+//   layer l at header_bytes + l * layer_span: K [kv_heads, m, head_dim] then
+//           V [kv_heads, m, head_dim], zero-padded to layer_span (a multiple of 4096).
+// Why this shape:
+// - Layer-major, each layer 4096-aligned: layer l is one contiguous (O_DIRECT-able)
+//   read, so the layer-by-layer pipeline can load layer l+1 while layer l computes.
+// - Checksums (XXH3-64): one per layer over its K then V bytes, one over the header.
+//   A torn, truncated, renamed or bit-rotted file is a miss and is deleted; never
+//   a wrong answer. The full 128-bit key is in the header (it already folds in the
+//   model fingerprint), and must match the file name and the key asked for.
+// - Atomic writes: a temp file `<name>.tmp.<pid>.<n>` in the same directory, fsync,
+//   rename, fsync the directory. A crash leaves the old entry or the new one, plus
+//   at most a temp file that the next start-up deletes.
+// One store owns its directory: start-up deletes `.bskv` files that fail the
+// header checks and our leftover temp files; other files are left alone.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "storage/chunk_kv.h"
+#include "storage/kv_store.h"
+
+namespace bs {
+
+class DiskKvStore final : public KvStore {
+ public:
+  static constexpr int64_t kAlign = 4096;  // header and layer alignment in the file
+  static constexpr uint32_t kVersion = 1;
+
+  // Creates `dir` if needed (throws std::system_error if it cannot) and indexes the
+  // valid entries in it. byte_budget counts file sizes. direct_io: read with O_DIRECT
+  // (falls back to buffered reads, with a warning, where the filesystem refuses).
+  DiskKvStore(std::string dir, int64_t byte_budget, bool direct_io = false);
+
+  std::shared_ptr<const ChunkKv> get(const ChunkKey& key) override;
+  bool contains(const ChunkKey& key) const override;
+  // Never throws for I/O errors: a failed write (e.g. ENOSPC) returns false, removes
+  // its temp file and leaves existing entries intact.
+  bool put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) override;
+  bool erase(const ChunkKey& key) override;
+  StoreStats stats() const override;
+  int64_t budget() const override { return budget_; }
+  std::string_view name() const override { return "ssd"; }
+
+  const std::string& dir() const { return dir_; }
+  std::string path_of(const ChunkKey& key) const;
+
+  // An opened entry for the per-layer reader: the header's info plus the open file,
+  // so it stays readable even if it is evicted meanwhile. Move-only.
+  class Entry {
+   public:
+    Entry(Entry&& o) noexcept;
+    Entry& operator=(Entry&& o) noexcept;
+    Entry(const Entry&) = delete;
+    Entry& operator=(const Entry&) = delete;
+    ~Entry();
+
+    ChunkKey key;
+    std::vector<int32_t> tokens;
+    int n_layers = 0, kv_heads = 0, head_dim = 0;
+
+    int64_t length() const { return static_cast<int64_t>(tokens.size()); }
+    // Floats in K (and in V) of one layer: kv_heads * m * head_dim.
+    int64_t layer_floats() const { return static_cast<int64_t>(kv_heads) * length() * head_dim; }
+    int64_t layer_offset(int layer) const { return header_bytes_ + layer * layer_span_; }
+
+   private:
+    friend class DiskKvStore;
+    Entry() = default;
+    int fd_ = -1;
+    bool direct_ = false;
+    uint64_t dev_ = 0, ino_ = 0;
+    int64_t header_bytes_ = 0, layer_span_ = 0;
+    std::vector<uint64_t> layer_sums_;
+  };
+
+  // Opens and checks the header of `key`'s file; nullopt on a miss. Counts a hit or
+  // a miss and makes the entry most recent.
+  std::optional<Entry> open(const ChunkKey& key);
+  // Reads exactly layer `layer` (one pread at its offset) into k and v, each
+  // e.layer_floats() floats laid out [kv_heads, m, head_dim], and verifies the
+  // layer's checksum. False on a short read or a mismatch: the file is then
+  // removed and `corrupt` counted.
+  bool read_layer(const Entry& e, int layer, float* k, float* v);
+
+ private:
+  struct Slot {
+    int64_t bytes = 0;
+    std::list<ChunkKey>::iterator lru_pos;
+  };
+
+  void scan();
+  std::optional<Entry> open_entry(const ChunkKey& key);
+  bool read_layer_raw(const Entry& e, int layer, float* k, float* v) const;
+  int open_read(const std::string& path, bool& direct);
+  void drop_corrupt(const Entry& e);
+  void evict_to_fit_locked(int64_t incoming);
+  void unindex_locked(std::unordered_map<ChunkKey, Slot, ChunkKeyHash>::iterator it);
+  void touch_locked(const ChunkKey& key);
+
+  std::string dir_;
+  int64_t budget_;
+  std::atomic<bool> direct_;
+  std::atomic<uint64_t> tmp_counter_{0};
+
+  mutable std::mutex mu_;
+  std::list<ChunkKey> lru_;  // front = most recent
+  std::unordered_map<ChunkKey, Slot, ChunkKeyHash> map_;
+  StoreStats stats_;
+};
+
+}  // namespace bs

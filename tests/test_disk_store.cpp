@@ -1,0 +1,421 @@
+// The SSD tier: bit-exact round trips, the per-layer reader, restart, LRU budget,
+// and every kind of damaged file being a miss (and removed), never a wrong answer.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "storage/disk_store.h"
+#include "storage/memory_store.h"
+
+namespace bs {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory per test, removed at the end.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const fs::path& root = fs::temp_directory_path()) {
+    static std::atomic<int> n{0};
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path = root / ("bs_disk_" + std::string(info->name()) + "_" + std::to_string(::getpid()) + "_" +
+                   std::to_string(n++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string str() const { return path.string(); }
+};
+
+// Random bit patterns (NaNs included): equality below is bytewise.
+std::shared_ptr<ChunkKv> random_kv(std::mt19937& rng, int layers, int heads, int m, int head_dim) {
+  auto kv = std::make_shared<ChunkKv>();
+  kv->n_layers = layers, kv->kv_heads = heads, kv->head_dim = head_dim;
+  for (int i = 0; i < m; ++i) kv->tokens.push_back(static_cast<int32_t>(rng() % 150000));
+  const size_t n = static_cast<size_t>(layers) * heads * m * head_dim;
+  kv->k.resize(n), kv->v.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t a = static_cast<uint32_t>(rng()), b = static_cast<uint32_t>(rng());
+    std::memcpy(&kv->k[i], &a, 4);
+    std::memcpy(&kv->v[i], &b, 4);
+  }
+  return kv;
+}
+
+ChunkKey key_of(const ChunkKv& kv, uint64_t salt = 7) { return make_chunk_key(salt, KvKind::Chunk, kv.tokens); }
+
+void expect_same(const ChunkKv& a, const ChunkKv& b) {
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.n_layers, b.n_layers);
+  EXPECT_EQ(a.kv_heads, b.kv_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  ASSERT_EQ(a.k.size(), b.k.size());
+  ASSERT_EQ(a.v.size(), b.v.size());
+  EXPECT_EQ(0, std::memcmp(a.k.data(), b.k.data(), a.k.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), a.v.size() * sizeof(float)));
+}
+
+void flip_byte(const std::string& path, int64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f.good());
+  f.seekg(offset);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x40);
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+
+constexpr int64_t kBig = int64_t{1} << 30;
+
+TEST(DiskStore, RoundTripBitExact) {
+  TempDir dir;
+  std::mt19937 rng(1);
+  DiskKvStore store(dir.str(), kBig);
+  EXPECT_EQ(store.name(), "ssd");
+  auto small = random_kv(rng, 3, 2, 17, 16);
+  auto long_header = random_kv(rng, 2, 1, 3000, 4);  // 12 KB of token ids: a multi-block header
+  for (const auto& kv : {small, long_header}) {
+    const ChunkKey key = key_of(*kv);
+    EXPECT_FALSE(store.contains(key));
+    ASSERT_TRUE(store.put(key, kv));
+    EXPECT_TRUE(store.contains(key));
+    EXPECT_TRUE(fs::exists(dir.path / (key.hex() + ".bskv")));
+    auto got = store.get(key);
+    ASSERT_NE(got, nullptr);
+    expect_same(*got, *kv);
+    EXPECT_EQ(fs::file_size(store.path_of(key)) % DiskKvStore::kAlign, 0u);
+  }
+  const StoreStats s = store.stats();
+  EXPECT_EQ(s.puts, 2);
+  EXPECT_EQ(s.hits, 2);
+  EXPECT_EQ(s.entries, 2);
+  EXPECT_EQ(s.bytes, static_cast<int64_t>(fs::file_size(store.path_of(key_of(*small))) +
+                                          fs::file_size(store.path_of(key_of(*long_header)))));
+  EXPECT_EQ(store.get(ChunkKey{1, 2}), nullptr);
+  EXPECT_EQ(store.stats().misses, 1);
+
+  // Replacing a key keeps one file with the newest bytes.
+  auto other = random_kv(rng, 3, 2, 17, 16);
+  ASSERT_TRUE(store.put(key_of(*small), other));
+  expect_same(*store.get(key_of(*small)), *other);
+  EXPECT_EQ(store.stats().entries, 2);
+  EXPECT_TRUE(store.erase(key_of(*small)));
+  EXPECT_FALSE(fs::exists(store.path_of(key_of(*small))));
+  EXPECT_FALSE(store.erase(key_of(*small)));
+}
+
+TEST(DiskStore, PerLayerReadEqualsSlice) {
+  TempDir dir;
+  std::mt19937 rng(2);
+  DiskKvStore store(dir.str(), kBig);
+  auto kv = random_kv(rng, 4, 2, 33, 8);
+  const ChunkKey key = key_of(*kv);
+  ASSERT_TRUE(store.put(key, kv));
+  auto e = store.open(key);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->tokens, kv->tokens);
+  EXPECT_EQ(e->n_layers, 4);
+  EXPECT_EQ(e->kv_heads, 2);
+  EXPECT_EQ(e->head_dim, 8);
+  ASSERT_EQ(e->layer_floats(), kv->layer_stride());
+  std::vector<float> k(e->layer_floats()), v(e->layer_floats());
+  for (int l = 3; l >= 0; --l) {
+    EXPECT_EQ(e->layer_offset(l) % DiskKvStore::kAlign, 0);
+    ASSERT_TRUE(store.read_layer(*e, l, k.data(), v.data()));
+    EXPECT_EQ(0, std::memcmp(k.data(), kv->k_layer(l), k.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(v.data(), kv->v_layer(l), v.size() * sizeof(float)));
+  }
+  EXPECT_FALSE(store.read_layer(*e, 4, k.data(), v.data()));
+  EXPECT_EQ(store.stats().corrupt, 0);
+  EXPECT_FALSE(store.open(ChunkKey{3, 4}).has_value());
+
+  // An open entry stays readable after it is evicted.
+  EXPECT_TRUE(store.erase(key));
+  ASSERT_TRUE(store.read_layer(*e, 1, k.data(), v.data()));
+  EXPECT_EQ(0, std::memcmp(k.data(), kv->k_layer(1), k.size() * sizeof(float)));
+}
+
+TEST(DiskStore, RestartFindsAllEntries) {
+  TempDir dir;
+  std::mt19937 rng(3);
+  std::vector<std::shared_ptr<ChunkKv>> kvs;
+  {
+    DiskKvStore store(dir.str(), kBig);
+    for (int i = 0; i < 1000; ++i) {
+      kvs.push_back(random_kv(rng, 2, 1, 4, 8));
+      ASSERT_TRUE(store.put(key_of(*kvs.back(), i), kvs.back()));
+    }
+    EXPECT_EQ(store.stats().entries, 1000);
+  }
+  DiskKvStore again(dir.str(), kBig);
+  EXPECT_EQ(again.stats().entries, 1000);
+  for (int i = 0; i < 1000; ++i) {
+    auto got = again.get(key_of(*kvs[i], i));
+    ASSERT_NE(got, nullptr) << i;
+    expect_same(*got, *kvs[i]);
+  }
+  EXPECT_EQ(again.stats().corrupt, 0);
+}
+
+TEST(DiskStore, EvictsLeastRecentlyUsedWithinBudget) {
+  TempDir dir;
+  std::mt19937 rng(4);
+  std::vector<std::shared_ptr<ChunkKv>> kvs;
+  for (int i = 0; i < 4; ++i) kvs.push_back(random_kv(rng, 2, 2, 8, 16));
+  int64_t file_bytes = 0;
+  {
+    TempDir probe;
+    DiskKvStore p(probe.str(), kBig);
+    ASSERT_TRUE(p.put(key_of(*kvs[0]), kvs[0]));
+    file_bytes = p.stats().bytes;
+  }
+  DiskKvStore store(dir.str(), 3 * file_bytes);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store.put(key_of(*kvs[i]), kvs[i]));
+  ASSERT_NE(store.get(key_of(*kvs[0])), nullptr);  // 0 is now the most recent; 1 the least
+  ASSERT_TRUE(store.put(key_of(*kvs[3]), kvs[3]));
+  EXPECT_FALSE(store.contains(key_of(*kvs[1])));
+  EXPECT_FALSE(fs::exists(store.path_of(key_of(*kvs[1]))));
+  for (int i : {0, 2, 3}) EXPECT_TRUE(store.contains(key_of(*kvs[i]))) << i;
+  StoreStats s = store.stats();
+  EXPECT_EQ(s.evictions, 1);
+  EXPECT_EQ(s.bytes, 3 * file_bytes);
+  EXPECT_LE(s.bytes, store.budget());
+
+  // Larger than the whole budget: refused, nothing evicted.
+  auto huge = random_kv(rng, 2, 2, 2000, 16);
+  EXPECT_FALSE(store.put(key_of(*huge), huge));
+  EXPECT_EQ(store.stats().entries, 3);
+  EXPECT_EQ(store.stats().evictions, 1);
+
+  // A smaller budget at restart evicts down to it.
+  DiskKvStore smaller(dir.str(), 2 * file_bytes);
+  EXPECT_EQ(smaller.stats().entries, 2);
+  EXPECT_LE(smaller.stats().bytes, 2 * file_bytes);
+}
+
+TEST(DiskStore, FlippedByteIsAMissAndRemoved) {
+  TempDir dir;
+  std::mt19937 rng(5);
+  DiskKvStore store(dir.str(), kBig);
+  auto kv = random_kv(rng, 3, 2, 8, 16);
+  const ChunkKey key = key_of(*kv);
+  ASSERT_TRUE(store.put(key, kv));
+  int64_t off = 0;
+  {
+    auto e = store.open(key);
+    ASSERT_TRUE(e.has_value());
+    off = e->layer_offset(1) + 4 * e->layer_floats() + 5;  // in layer 1's V
+  }
+  flip_byte(store.path_of(key), off);
+  EXPECT_EQ(store.get(key), nullptr);
+  EXPECT_FALSE(fs::exists(store.path_of(key)));
+  EXPECT_FALSE(store.contains(key));
+  EXPECT_EQ(store.stats().corrupt, 1);
+  EXPECT_EQ(store.stats().bytes, 0);
+
+  // Through the per-layer reader: the good layer reads, the bad one fails.
+  ASSERT_TRUE(store.put(key, kv));
+  auto e = store.open(key);
+  ASSERT_TRUE(e.has_value());
+  flip_byte(store.path_of(key), e->layer_offset(2) + 3);  // in layer 2's K
+  std::vector<float> k(e->layer_floats()), v(e->layer_floats());
+  EXPECT_TRUE(store.read_layer(*e, 0, k.data(), v.data()));
+  EXPECT_FALSE(store.read_layer(*e, 2, k.data(), v.data()));
+  EXPECT_EQ(store.stats().corrupt, 2);
+  EXPECT_FALSE(fs::exists(store.path_of(key)));
+
+  // A flipped header byte: caught by the header checksum.
+  ASSERT_TRUE(store.put(key, kv));
+  flip_byte(store.path_of(key), 60);  // inside the token ids
+  EXPECT_EQ(store.get(key), nullptr);
+  EXPECT_EQ(store.stats().corrupt, 3);
+  EXPECT_FALSE(fs::exists(store.path_of(key)));
+}
+
+TEST(DiskStore, TruncatedFileIsRemoved) {
+  TempDir dir;
+  std::mt19937 rng(6);
+  auto a = random_kv(rng, 2, 2, 8, 16), b = random_kv(rng, 2, 2, 8, 16);
+  std::string path_a, path_b;
+  {
+    DiskKvStore store(dir.str(), kBig);
+    ASSERT_TRUE(store.put(key_of(*a), a));
+    ASSERT_TRUE(store.put(key_of(*b), b));
+    path_a = store.path_of(key_of(*a)), path_b = store.path_of(key_of(*b));
+  }
+  fs::resize_file(path_a, fs::file_size(path_a) - 100);
+  {
+    DiskKvStore store(dir.str(), kBig);
+    EXPECT_FALSE(fs::exists(path_a));
+    EXPECT_FALSE(store.contains(key_of(*a)));
+    EXPECT_EQ(store.get(key_of(*a)), nullptr);
+    ASSERT_NE(store.get(key_of(*b)), nullptr);
+
+    // Truncated while running: a short read is a miss too.
+    fs::resize_file(path_b, 5000);
+    EXPECT_EQ(store.get(key_of(*b)), nullptr);
+    EXPECT_FALSE(fs::exists(path_b));
+    EXPECT_EQ(store.stats().corrupt, 1);
+  }
+}
+
+TEST(DiskStore, StartupRemovesGarbageAndTempFilesKeepsOthers) {
+  TempDir dir;
+  std::mt19937 rng(7);
+  auto kv = random_kv(rng, 2, 2, 8, 16);
+  const ChunkKey key = key_of(*kv);
+  {
+    DiskKvStore store(dir.str(), kBig);
+    ASSERT_TRUE(store.put(key, kv));
+  }
+  const fs::path garbage = dir.path / (ChunkKey{5, 6}.hex() + ".bskv");
+  const fs::path tmp = dir.path / (key.hex() + ".bskv.tmp.12345.0");
+  const fs::path empty = dir.path / "empty.bskv";
+  const fs::path unrelated = dir.path / "notes.txt";
+  {
+    std::ofstream(garbage, std::ios::binary) << std::string(9000, 'x');
+    std::ofstream(tmp, std::ios::binary) << std::string(4096, '\0');
+    std::ofstream(empty, std::ios::binary);
+    std::ofstream(unrelated) << "keep me";
+  }
+  DiskKvStore store(dir.str(), kBig);
+  EXPECT_FALSE(fs::exists(garbage));
+  EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_FALSE(fs::exists(empty));
+  EXPECT_TRUE(fs::exists(unrelated));
+  EXPECT_EQ(store.stats().entries, 1);
+  ASSERT_NE(store.get(key), nullptr);
+  expect_same(*store.get(key), *kv);
+}
+
+TEST(DiskStore, FileUnderAnotherKeysNameIsAMiss) {
+  TempDir dir;
+  std::mt19937 rng(8);
+  auto a = random_kv(rng, 2, 2, 8, 16), b = random_kv(rng, 2, 2, 8, 16);
+  const ChunkKey ka = key_of(*a), kb = key_of(*b), kc{11, 12};
+  {
+    DiskKvStore store(dir.str(), kBig);
+    ASSERT_TRUE(store.put(ka, a));
+    ASSERT_TRUE(store.put(kb, b));
+    // While running: a's file now sits under b's name.
+    fs::rename(store.path_of(ka), store.path_of(kb));
+    EXPECT_EQ(store.get(kb), nullptr);
+    EXPECT_EQ(store.get(ka), nullptr);
+    EXPECT_EQ(store.stats().corrupt, 1);
+    EXPECT_FALSE(fs::exists(store.path_of(kb)));
+    EXPECT_EQ(store.stats().entries, 0);
+    ASSERT_TRUE(store.put(ka, a));
+  }
+  // At start-up: a file whose name is not its key is dropped.
+  fs::rename(dir.path / (ka.hex() + ".bskv"), dir.path / (kc.hex() + ".bskv"));
+  DiskKvStore store(dir.str(), kBig);
+  EXPECT_EQ(store.stats().entries, 0);
+  EXPECT_EQ(store.get(kc), nullptr);
+  EXPECT_EQ(store.get(ka), nullptr);
+  EXPECT_FALSE(fs::exists(dir.path / (kc.hex() + ".bskv")));
+}
+
+void direct_round_trip(const fs::path& root) {
+  TempDir dir(root);
+  std::mt19937 rng(9);
+  DiskKvStore store(dir.str(), kBig, /*direct_io=*/true);
+  auto kv = random_kv(rng, 3, 2, 21, 8);
+  const ChunkKey key = key_of(*kv);
+  ASSERT_TRUE(store.put(key, kv));
+  auto got = store.get(key);
+  ASSERT_NE(got, nullptr);
+  expect_same(*got, *kv);
+  auto e = store.open(key);
+  ASSERT_TRUE(e.has_value());
+  std::vector<float> k(e->layer_floats()), v(e->layer_floats());
+  ASSERT_TRUE(store.read_layer(*e, 2, k.data(), v.data()));
+  EXPECT_EQ(0, std::memcmp(k.data(), kv->k_layer(2), k.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(v.data(), kv->v_layer(2), v.size() * sizeof(float)));
+  EXPECT_EQ(store.stats().corrupt, 0);
+}
+
+TEST(DiskStore, DirectIoRoundTrip) {
+  direct_round_trip(fs::temp_directory_path());
+  // tmpfs refuses O_DIRECT (EINVAL): the buffered fallback must give the same bytes.
+  if (fs::is_directory("/dev/shm")) direct_round_trip("/dev/shm");
+}
+
+TEST(DiskStore, FailedWriteReturnsFalse) {
+  std::mt19937 rng(10);
+  auto kv = random_kv(rng, 2, 2, 8, 16);
+  auto dir = std::make_unique<TempDir>();
+  const std::string path = dir->str();
+  DiskKvStore store(path, kBig);
+  dir.reset();  // the directory vanishes: open of the temp file fails
+  EXPECT_FALSE(store.put(key_of(*kv), kv));
+  EXPECT_FALSE(store.contains(key_of(*kv)));
+  EXPECT_EQ(store.get(key_of(*kv)), nullptr);
+  // Malformed entries are refused, not written.
+  auto bad = random_kv(rng, 2, 2, 8, 16);
+  bad->v.pop_back();
+  EXPECT_FALSE(store.put(key_of(*bad), bad));
+}
+
+TEST(DiskStore, ConcurrentPutsAndGetsNeverGiveWrongBytes) {
+  TempDir dir;
+  std::mt19937 rng(11);
+  std::vector<std::shared_ptr<ChunkKv>> kvs;
+  for (int i = 0; i < 12; ++i) kvs.push_back(random_kv(rng, 2, 1, 8, 16));
+  DiskKvStore store(dir.str(), 6 * 3 * DiskKvStore::kAlign);  // room for about 6 of 12
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937 r(100 + t);
+      for (int op = 0; op < 150; ++op) {
+        const int i = static_cast<int>(r() % kvs.size());
+        if (r() % 2) {
+          store.put(key_of(*kvs[i]), kvs[i]);
+        } else if (auto got = store.get(key_of(*kvs[i]))) {
+          const auto& want = *kvs[i];
+          if (got->k.size() != want.k.size() || got->v.size() != want.v.size() || got->tokens != want.tokens ||
+              std::memcmp(got->k.data(), want.k.data(), want.k.size() * sizeof(float)) != 0 ||
+              std::memcmp(got->v.data(), want.v.data(), want.v.size() * sizeof(float)) != 0)
+            ++wrong;
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(store.stats().corrupt, 0);
+  EXPECT_LE(store.stats().bytes, store.budget());
+}
+
+TEST(KvStoreInterface, MemoryStoreThroughInterface) {
+  std::mt19937 rng(12);
+  std::unique_ptr<KvStore> s = std::make_unique<MemoryKvStore>(int64_t{1} << 20);
+  EXPECT_EQ(s->name(), "ram");
+  auto kv = random_kv(rng, 2, 2, 8, 16);
+  const ChunkKey key = key_of(*kv);
+  EXPECT_EQ(s->get(key), nullptr);
+  ASSERT_TRUE(s->put(key, kv));
+  EXPECT_TRUE(s->contains(key));
+  EXPECT_EQ(s->get(key), kv);  // RAM shares the very entry
+  EXPECT_EQ(s->stats().entries, 1);
+  EXPECT_EQ(s->stats().hits, 1);
+  EXPECT_EQ(s->stats().misses, 1);
+  EXPECT_EQ(s->budget(), int64_t{1} << 20);
+  EXPECT_TRUE(s->erase(key));
+  EXPECT_FALSE(s->contains(key));
+}
+
+}  // namespace
+}  // namespace bs
