@@ -1,5 +1,7 @@
 #include "kernels/cpu/isa.h"
 
+#include <cpuid.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -25,12 +27,20 @@ std::optional<CpuIsa> parse_isa(std::string_view name) {
 CpuIsa detect_cpu_isa() {
   // libgcc's cpuid reader also checks (xgetbv) that the OS saves the vector state.
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C is CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports lacks "f16c").
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   if (!avx2) return CpuIsa::Scalar;
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   if (!avx512) return CpuIsa::Avx2;
-  return __builtin_cpu_supports("avx512bf16") ? CpuIsa::Avx512Bf16 : CpuIsa::Avx512;
+  // AVX512_BF16 is CPUID leaf 7, sub-leaf 1, EAX bit 5 (read directly: clang 14's
+  // __builtin_cpu_supports does not know "avx512bf16"). The AVX-512 state is already
+  // known to be OS-enabled from the checks above.
+  eax = ebx = ecx = edx = 0;
+  const bool bf16 = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5));
+  return bf16 ? CpuIsa::Avx512Bf16 : CpuIsa::Avx512;
 }
 
 CpuIsa resolve_cpu_isa(const char* env_value, CpuIsa detected, std::string* warnings) {
