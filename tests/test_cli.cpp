@@ -48,6 +48,34 @@ TEST(Cli, GenerateAnswersAChatQuestion) {
   EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
 }
 
+// The chosen kernels and precision are printed; bf16 where the CPU has no native bf16
+// is a clear error, and BLENDSERVE_CPU_ISA with an unknown name is one too.
+TEST(Cli, StatsNameTheKernelsAndPrecisionFollowsTheHardware) {
+  REQUIRE_MODEL();
+  auto& backend = bs::testing::shared_backend();
+  auto r = run("blendserve generate --prompt hi --max-tokens 2 --stats");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("kernels " + backend.kernel_id() + ", precision " +
+                       bs::kernels::precision_name(backend.default_precision())),
+            std::string::npos)
+      << r.out;
+  r = run("blendserve generate --prompt hi --max-tokens 2 --precision bf16");
+  if (backend.supports(bs::kernels::Precision::BF16)) {
+    EXPECT_EQ(r.code, 0) << r.out;
+  } else {
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("bf16 needs AVX512-BF16"), std::string::npos) << r.out;
+  }
+  const std::string bin = std::string(BLENDSERVE_BINARY_DIR) + "/blendserve";
+  FILE* p = popen(("BLENDSERVE_CPU_ISA=avx1024 " + bin + " generate --prompt hi --max-tokens 2 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out(4096, '\0');
+  out.resize(fread(out.data(), 1, out.size(), p));
+  const int status = pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << out;
+  EXPECT_NE(out.find("avx1024"), std::string::npos) << out;
+}
+
 TEST(Cli, BadArgumentsAndBadModelsGiveClearErrors) {
   auto r = run("blendserve generate --prompt hi --precision fp8");
   EXPECT_NE(r.code, 0);
