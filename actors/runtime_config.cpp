@@ -1,0 +1,510 @@
+// The runtime's YAML configuration. Every key is known and checked: each section
+// is walked entry by entry, so an unknown or repeated key, a wrong type or an
+// impossible value stops the parse with a ConfigError that names the key's full
+// dotted path ("tiers.ram.budget: ...") and, where yaml-cpp knows it, the line.
+#include "actors/runtime_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string_view>
+
+namespace bs {
+
+// configs/default.yaml, compiled in: ${CMAKE_BINARY_DIR}/generated/default_config.cpp
+// (actors/CMakeLists.txt generates it at configure time).
+namespace generated {
+extern const char default_config_yaml[];
+extern const std::size_t default_config_yaml_size;
+}  // namespace generated
+
+namespace {
+
+namespace fs = std::filesystem;
+using Keys = std::initializer_list<std::string_view>;
+
+std::string join_path(const std::string& prefix, std::string_view key) {
+  return prefix.empty() ? std::string(key) : prefix + "." + std::string(key);
+}
+
+std::string list_keys(Keys keys) {
+  std::string out;
+  for (std::string_view k : keys) {
+    if (!out.empty()) out += ", ";
+    out += k;
+  }
+  return out;
+}
+
+// " (line 3, column 7)" where yaml-cpp kept the position (1-based, as editors count).
+std::string position(const YAML::Node& n) {
+  if (!n.IsDefined()) return "";  // a key that is absent
+  const YAML::Mark m = n.Mark();
+  if (m.is_null() || m.line < 0) return "";
+  return " (line " + std::to_string(m.line + 1) + ", column " + std::to_string(m.column + 1) + ")";
+}
+
+std::string describe(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null: return "nothing";
+    case YAML::NodeType::Scalar: return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a map";
+    case YAML::NodeType::Undefined: break;
+  }
+  return "an undefined node";
+}
+
+std::string fmt(float v) {  // 0.4, not 0.400000
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+[[noreturn]] void fail(const std::string& key, const YAML::Node& n, const std::string& what) {
+  throw ConfigError(key + ": " + what + position(n));
+}
+[[noreturn]] void wrong_type(const std::string& key, const YAML::Node& n, const std::string& expected) {
+  fail(key, n, "expected " + expected + ", got " + describe(n));
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Walks a section (a map): every key must be a known, unrepeated string; `on` gets
+// each entry. Nothing (`section:` with every key commented out) is an empty section.
+void for_each_key(const YAML::Node& map, const std::string& path, Keys keys,
+                  const std::function<void(std::string_view, const YAML::Node&)>& on) {
+  if (map.IsNull()) return;
+  if (!map.IsMap())
+    wrong_type(path.empty() ? "config" : path, map,
+               "a map" + std::string(path.empty() ? " of sections (" : " with keys (") + list_keys(keys) + ")");
+  std::vector<std::string> seen;
+  for (const auto& entry : map) {
+    const YAML::Node& k = entry.first;
+    if (!k.IsScalar()) wrong_type(path.empty() ? "config" : path, k, "string keys");
+    const std::string name = k.Scalar();
+    const std::string full = join_path(path, name);
+    const auto known = std::find(keys.begin(), keys.end(), std::string_view(name));
+    if (known == keys.end()) {
+      std::string msg = "unknown key (valid keys " + (path.empty() ? std::string("at the top level") : "in " + path) +
+                        ": " + list_keys(keys) + ")";
+      std::string_view best;
+      size_t best_d = 3;  // suggest only close misspellings
+      for (std::string_view cand : keys) {
+        const size_t d = edit_distance(name, cand);
+        if (d < best_d) best_d = d, best = cand;
+      }
+      if (!best.empty()) msg += "; did you mean '" + join_path(path, best) + "'?";
+      fail(full, k, msg);
+    }
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) fail(full, k, "key given twice");
+    seen.push_back(name);
+    on(*known, entry.second);
+  }
+}
+
+// ---- scalars -----------------------------------------------------------------
+
+std::string get_string(const YAML::Node& n, const std::string& key) {
+  if (n.IsNull()) return "";  // `data_dir:` with nothing after it
+  if (!n.IsScalar()) wrong_type(key, n, "a string");
+  return n.Scalar();
+}
+
+int get_int(const YAML::Node& n, const std::string& key) {
+  if (!n.IsScalar()) wrong_type(key, n, "an integer");
+  const std::string& s = n.Scalar();
+  long long v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == s.data() + s.size() &&
+                                               (v > std::numeric_limits<int>::max() ||
+                                                v < std::numeric_limits<int>::min())))
+    fail(key, n, "integer '" + s + "' is out of range");
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) wrong_type(key, n, "an integer");
+  return static_cast<int>(v);
+}
+
+double get_number(const YAML::Node& n, const std::string& key) {
+  if (!n.IsScalar()) wrong_type(key, n, "a number");
+  const std::string& s = n.Scalar();
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) wrong_type(key, n, "a number");
+  return v;
+}
+
+bool get_bool(const YAML::Node& n, const std::string& key) {
+  bool b = false;
+  if (!n.IsScalar() || !YAML::convert<bool>::decode(n, b)) wrong_type(key, n, "true or false");
+  return b;
+}
+
+int64_t get_size(const YAML::Node& n, const std::string& key) {
+  if (!n.IsScalar()) wrong_type(key, n, "a byte size (e.g. 4096, 512MiB, 2GiB)");
+  try {
+    return parse_byte_size(n.Scalar());
+  } catch (const ConfigError& e) {
+    fail(key, n, e.what());
+  }
+}
+
+template <typename T, typename Get>
+std::vector<T> get_list(const YAML::Node& n, const std::string& key, const std::string& item, Get get) {
+  if (n.IsNull()) return {};
+  if (!n.IsSequence()) wrong_type(key, n, "a list of " + item + " (e.g. [1, 2])");
+  std::vector<T> out;
+  for (size_t i = 0; i < n.size(); ++i) out.push_back(get(n[i], key + "[" + std::to_string(i) + "]"));
+  return out;
+}
+
+template <typename T>
+void check_at_least(T v, T lo, const YAML::Node& n, const std::string& key, const std::string& note = "") {
+  if (v < lo) fail(key, n, "must be >= " + std::to_string(lo) + note + ", got " + n.Scalar());
+}
+
+// ---- sections ----------------------------------------------------------------
+
+void parse_model(const YAML::Node& sec, RuntimeConfig& c) {
+  for_each_key(sec, "model", {"path", "precision"}, [&](std::string_view k, const YAML::Node& v) {
+    const std::string key = join_path("model", k);
+    if (k == "path") {
+      c.model_path = get_string(v, key);
+    } else if (k == "precision") {
+      const std::string p = get_string(v, key);
+      if (p != "auto" && p != "bf16" && p != "f32") fail(key, v, "unknown precision '" + p + "' (auto, bf16, f32)");
+      c.precision = p;
+    }
+  });
+}
+
+void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
+  for_each_key(sec, "device", {"kind", "threads"}, [&](std::string_view k, const YAML::Node& v) {
+    const std::string key = join_path("device", k);
+    if (k == "kind") {
+      const std::string d = get_string(v, key);
+      if (d == "cuda")
+        fail(key, v, "the CUDA backend is not available in this build (device kinds: cpu)");
+      if (d != "cpu") fail(key, v, "unknown device kind '" + d + "' (cpu)");
+      c.device_kind = d;
+    } else if (k == "threads") {
+      c.threads = get_int(v, key);
+      check_at_least(c.threads, 0, v, key, " (0 = all cores)");
+    }
+  });
+}
+
+void parse_tier(const YAML::Node& sec, const std::string& path, bool is_ssd, TierConfig& t) {
+  const Keys ram_keys{"enabled", "budget"};
+  const Keys ssd_keys{"enabled", "path", "budget", "direct_io", "throttle"};
+  for_each_key(sec, path, is_ssd ? ssd_keys : ram_keys, [&](std::string_view k, const YAML::Node& v) {
+    const std::string key = join_path(path, k);
+    if (k == "enabled") {
+      t.enabled = get_bool(v, key);
+    } else if (k == "budget") {
+      t.budget_bytes = get_size(v, key);
+    } else if (k == "path") {
+      t.path = get_string(v, key);
+    } else if (k == "direct_io") {
+      t.direct_io = get_bool(v, key);
+    } else if (k == "throttle") {
+      if (!v.IsScalar()) wrong_type(key, v, "a bandwidth in bytes/s (e.g. 100MB) or 0");
+      std::string s = v.Scalar();
+      if (s.size() > 2 && s.compare(s.size() - 2, 2, "/s") == 0) s.resize(s.size() - 2);  // "100MB/s"
+      try {
+        t.throttle_bytes_per_s = static_cast<double>(parse_byte_size(s));
+      } catch (const ConfigError& e) {
+        fail(key, v, e.what());
+      }
+    }
+  });
+  // Checked after the whole section: `enabled: false` may come after the budget.
+  if (t.enabled && t.budget_bytes == 0)
+    fail(path + ".budget", sec["budget"],
+         "a budget of 0 stores nothing; set " + path + ".enabled: false to turn the tier off");
+  if (is_ssd && t.enabled && t.path.empty())
+    fail(path + ".path", sec["path"], "the SSD tier needs a directory (relative paths are under data_dir)");
+}
+
+void parse_tiers(const YAML::Node& sec, RuntimeConfig& c) {
+  for_each_key(sec, "tiers", {"ram", "ssd"}, [&](std::string_view k, const YAML::Node& v) {
+    if (k == "ram") parse_tier(v, "tiers.ram", false, c.ram);
+    if (k == "ssd") parse_tier(v, "tiers.ssd", true, c.ssd);
+  });
+}
+
+void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
+  BlendOptions& b = c.blend;
+  std::optional<YAML::Node> checks_node, schedule_node;  // for the positions of the cross-key checks
+  for_each_key(sec, "blend",
+               {"mode", "ratio", "adaptive_ratio", "check_layers", "schedule", "min_tokens", "deviation", "write_back"},
+               [&](std::string_view k, const YAML::Node& v) {
+                 const std::string key = join_path("blend", k);
+                 if (k == "mode") {
+                   const std::string m = get_string(v, key);
+                   try {
+                     b.mode = parse_mode(m);
+                   } catch (const std::invalid_argument&) {
+                     fail(key, v, "unknown mode '" + m + "' (full, prefix, reuse, blend)");
+                   }
+                 } else if (k == "ratio") {
+                   const double r = get_number(v, key);
+                   if (!(r >= 0.0 && r <= 1.0)) fail(key, v, "must be in [0, 1], got " + v.Scalar());
+                   b.ratio = static_cast<float>(r);
+                 } else if (k == "adaptive_ratio") {
+                   c.adaptive_ratio = get_bool(v, key);
+                 } else if (k == "check_layers") {
+                   b.check_layers = get_list<int>(v, key, "layers", get_int);
+                   checks_node = v;
+                 } else if (k == "schedule") {
+                   b.schedule = get_list<float>(v, key, "fractions", [](const YAML::Node& n, const std::string& item) {
+                     return static_cast<float>(get_number(n, item));
+                   });
+                   schedule_node = v;
+                 } else if (k == "min_tokens") {
+                   b.min_tokens = get_int(v, key);
+                   check_at_least(b.min_tokens, 0, v, key);
+                 } else if (k == "deviation") {
+                   const std::string d = get_string(v, key);
+                   if (d == "k") b.deviation = Deviation::K;
+                   else if (d == "v") b.deviation = Deviation::V;
+                   else if (d == "kv") b.deviation = Deviation::KV;
+                   else fail(key, v, "unknown deviation '" + d + "' (k, v, kv)");
+                 } else if (k == "write_back") {
+                   c.write_back = get_bool(v, key);
+                 }
+               });
+  // The checks below tie keys together, so they run once every key is read.
+  const auto item_of = [](const std::optional<YAML::Node>& list, size_t i) {
+    return list && list->IsSequence() ? static_cast<const YAML::Node&>(*list)[i] : YAML::Node();
+  };
+  if (b.check_layers.empty())
+    fail("blend.check_layers", checks_node.value_or(YAML::Node()), "needs at least one layer");
+  for (size_t i = 0; i < b.check_layers.size(); ++i) {
+    const std::string key = "blend.check_layers[" + std::to_string(i) + "]";
+    const YAML::Node item = item_of(checks_node, i);
+    if (b.check_layers[i] < 1)
+      fail(key, item, "check layers must be >= 1 (layer 0 shows no deviation), got " + std::to_string(b.check_layers[i]));
+    if (i > 0 && b.check_layers[i] <= b.check_layers[i - 1])
+      fail(key, item, "check layers must increase (" + std::to_string(b.check_layers[i - 1]) + " then " +
+                          std::to_string(b.check_layers[i]) + ")");
+  }
+  if (b.schedule.empty()) return;
+  if (b.schedule.size() + 1 != b.check_layers.size())
+    fail("blend.schedule", schedule_node.value_or(YAML::Node()),
+         "needs one fraction per check layer but the last (" + std::to_string(b.check_layers.size() - 1) +
+             " for " + std::to_string(b.check_layers.size()) +
+             (b.check_layers.size() == 1 ? " check layer), got " : " check layers), got ") +
+             std::to_string(b.schedule.size()));
+  // The same comparisons as the blend engine (in float), so what passes here runs there.
+  for (size_t i = 0; i < b.schedule.size(); ++i) {
+    const std::string key = "blend.schedule[" + std::to_string(i) + "]";
+    const YAML::Node item = item_of(schedule_node, i);
+    const float v = b.schedule[i];
+    if (!(v >= b.ratio && v <= 1.0f))
+      fail(key, item, "must be in [ratio, 1] = [" + fmt(b.ratio) + ", 1], got " + fmt(v));
+    if (i > 0 && v > b.schedule[i - 1])
+      fail(key, item, "the schedule must not increase (" + fmt(b.schedule[i - 1]) + " then " + fmt(v) + ")");
+  }
+}
+
+void parse_limits(const YAML::Node& sec, RuntimeConfig& c) {
+  for_each_key(sec, "limits", {"max_requests", "max_prompt_tokens", "trace_history"},
+               [&](std::string_view k, const YAML::Node& v) {
+                 const std::string key = join_path("limits", k);
+                 if (k == "max_requests") {
+                   c.max_requests = get_int(v, key);
+                   check_at_least(c.max_requests, 1, v, key);
+                 } else if (k == "max_prompt_tokens") {
+                   c.max_prompt_tokens = get_int(v, key);
+                   check_at_least(c.max_prompt_tokens, 0, v, key, " (0 = the model's context)");
+                 } else if (k == "trace_history") {
+                   c.trace_history = get_int(v, key);
+                   check_at_least(c.trace_history, 0, v, key);
+                 }
+               });
+}
+
+void parse_server(const YAML::Node& sec, RuntimeConfig& c) {
+  for_each_key(sec, "server", {"host", "port"}, [&](std::string_view k, const YAML::Node& v) {
+    const std::string key = join_path("server", k);
+    if (k == "host") {
+      c.host = get_string(v, key);
+      if (c.host.empty()) fail(key, v, "must not be empty (e.g. 127.0.0.1, or 0.0.0.0 for every interface)");
+    } else if (k == "port") {
+      c.port = get_int(v, key);
+      if (c.port < 1 || c.port > 65535) fail(key, v, "must be in 1..65535, got " + v.Scalar());
+    }
+  });
+}
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+// "~" and "~/x" from $HOME; other paths unchanged.
+fs::path expand_home(const std::string& p, const char* key) {
+  if (p != "~" && p.rfind("~/", 0) != 0) return p;
+  const std::string home = env_or_empty("HOME");
+  if (home.empty()) throw ConfigError(std::string(key) + ": '" + p + "' needs $HOME, which is not set");
+  return p.size() <= 2 ? fs::path(home) : fs::path(home) / p.substr(2);
+}
+
+std::string normal(const fs::path& p) {
+  fs::path n = p.lexically_normal();
+  if (!n.has_filename() && n.has_parent_path() && n != n.root_path()) n = n.parent_path();  // "/a/b/" -> "/a/b"
+  return n.string();
+}
+
+bool is_digit(char ch) { return ch >= '0' && ch <= '9'; }
+
+}  // namespace
+
+RuntimeConfig parse_runtime_config(const std::string& yaml_text) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(yaml_text);
+  } catch (const YAML::Exception& e) {
+    std::string where = e.mark.is_null() ? std::string()
+                                         : " at line " + std::to_string(e.mark.line + 1) + ", column " +
+                                               std::to_string(e.mark.column + 1);
+    throw ConfigError("invalid YAML" + where + ": " + e.msg);
+  }
+  if (docs.size() > 1)
+    throw ConfigError("config: expected one YAML document, got " + std::to_string(docs.size()) + position(docs[1]));
+  RuntimeConfig c;
+  if (docs.empty()) return c;
+  const YAML::Node& root = docs.front();
+  for_each_key(root, "", {"model", "device", "data_dir", "tiers", "blend", "limits", "server"},
+               [&](std::string_view k, const YAML::Node& v) {
+                 if (k == "model") parse_model(v, c);
+                 else if (k == "device") parse_device(v, c);
+                 else if (k == "data_dir") c.data_dir = get_string(v, "data_dir");
+                 else if (k == "tiers") parse_tiers(v, c);
+                 else if (k == "blend") parse_blend(v, c);
+                 else if (k == "limits") parse_limits(v, c);
+                 else if (k == "server") parse_server(v, c);
+               });
+  return c;
+}
+
+RuntimeConfig load_runtime_config(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw ConfigError("cannot read config '" + path + "': it is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("cannot read config '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError("cannot read config '" + path + "': read error");
+  try {
+    return parse_runtime_config(text.str());
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
+
+const std::string& default_config_text() {
+  static const std::string text(generated::default_config_yaml, generated::default_config_yaml_size);
+  return text;
+}
+
+RuntimeConfig default_runtime_config() {
+  static const RuntimeConfig c = parse_runtime_config(default_config_text());
+  return c;
+}
+
+std::string resolve_data_dir(const RuntimeConfig& c) {
+  fs::path dir;
+  const std::string from_env = env_or_empty("BLENDSERVE_DATA_DIR");
+  const std::string xdg = env_or_empty("XDG_CACHE_HOME");
+  const std::string home = env_or_empty("HOME");
+  if (!c.data_dir.empty()) dir = expand_home(c.data_dir, "data_dir");
+  else if (!from_env.empty()) dir = expand_home(from_env, "BLENDSERVE_DATA_DIR");
+  // The XDG spec: a relative XDG_CACHE_HOME is invalid and ignored.
+  else if (!xdg.empty() && fs::path(xdg).is_absolute()) dir = fs::path(xdg) / "blendserve";
+  else if (!home.empty()) dir = fs::path(home) / ".cache" / "blendserve";
+  else dir = "/tmp/blendserve";
+  return normal(fs::absolute(dir));
+}
+
+std::string resolve_ssd_path(const RuntimeConfig& c) {
+  const fs::path p = expand_home(c.ssd.path, "tiers.ssd.path");
+  if (p.is_absolute()) return normal(p);
+  return normal(fs::path(resolve_data_dir(c)) / p);
+}
+
+int64_t parse_byte_size(const std::string& text) {
+  const auto bad = [&](const std::string& why, bool example = true) {
+    return ConfigError("invalid byte size '" + text + "': " + why +
+                       (example ? " (e.g. 4096, 512MiB, 1.5GiB, 100MB)" : ""));
+  };
+  constexpr unsigned __int128 kMax = static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max());
+  std::string_view s(text);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  if (s.empty()) throw bad("empty");
+  if (s.front() == '-') throw bad("negative");
+  size_t i = 0;
+  unsigned __int128 whole = 0, frac = 0, scale = 1;
+  bool digits = false;
+  for (; i < s.size() && is_digit(s[i]); ++i, digits = true) {
+    whole = whole * 10 + static_cast<unsigned>(s[i] - '0');
+    if (whole > kMax) throw bad("too large");
+  }
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    bool frac_digits = false;
+    for (; i < s.size() && is_digit(s[i]); ++i, frac_digits = true)
+      if (scale < static_cast<unsigned __int128>(1000000000000000000ULL)) {  // 18 digits are plenty
+        frac = frac * 10 + static_cast<unsigned>(s[i] - '0');
+        scale *= 10;
+      }
+    if (!frac_digits) throw bad("expected digits after '.'");
+  }
+  if (!digits && scale == 1) throw bad("expected a number");
+  while (i < s.size() && s[i] == ' ') ++i;
+  const std::string_view unit = s.substr(i);
+  struct Unit {
+    std::string_view name;
+    uint64_t bytes;
+  };
+  static constexpr Unit kUnits[] = {
+      {"", 1},          {"B", 1},
+      {"KB", 1000ULL},  {"MB", 1000ULL * 1000},  {"GB", 1000ULL * 1000 * 1000},  {"TB", 1000ULL * 1000 * 1000 * 1000},
+      {"KiB", 1ULL << 10}, {"MiB", 1ULL << 20}, {"GiB", 1ULL << 30},           {"TiB", 1ULL << 40},
+  };
+  const Unit* u = std::find_if(std::begin(kUnits), std::end(kUnits), [&](const Unit& x) { return x.name == unit; });
+  if (u == std::end(kUnits)) throw bad("unknown unit '" + std::string(unit) + "' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", false);
+  if (u->bytes == 1 && frac != 0) throw bad("a fraction of a byte");
+  // Exact: 1.5GiB is 1610612736, not a float rounding of it; a fraction of a byte is dropped.
+  const unsigned __int128 total = whole * u->bytes + frac * u->bytes / scale;
+  if (total > kMax) throw bad("too large");
+  return static_cast<int64_t>(total);
+}
+
+}  // namespace bs

@@ -1,0 +1,75 @@
+// The runtime's configuration: YAML (yaml-cpp), `configs/default.yaml` is the
+// embedded default. Every key is known: an unknown key, a wrong type or an
+// impossible value is a ConfigError naming the key ("tiers.ram.budget: ...").
+// No CAF here: the config is read before any actor exists.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "blend/blend_engine.h"
+
+namespace bs {
+
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct TierConfig {
+  bool enabled = true;
+  int64_t budget_bytes = 0;       // byte budget of the tier ("2GiB", "512MiB", plain integers)
+  std::string path;               // ssd: the directory (relative paths are under data_dir)
+  bool direct_io = false;         // ssd: O_DIRECT reads (real reads, not the page cache)
+  double throttle_bytes_per_s = 0;  // > 0: reads limited to this bandwidth (benchmarks)
+  bool operator==(const TierConfig&) const = default;
+};
+
+struct RuntimeConfig {
+  // model
+  std::string model_path;          // empty: $BLENDSERVE_MODEL or the embedded default model
+  std::string precision = "auto";  // auto | bf16 | f32
+  // device
+  std::string device_kind = "cpu"; // cpu (the only backend of this build)
+  int threads = 0;                 // compute threads; 0 = all cores
+  // where the SSD tier and traces live; empty: $BLENDSERVE_DATA_DIR, else
+  // $XDG_CACHE_HOME/blendserve, else ~/.cache/blendserve, else /tmp/blendserve
+  std::string data_dir;
+  // The member defaults equal configs/default.yaml (a test checks it).
+  TierConfig ram{.enabled = true, .budget_bytes = int64_t{2} << 30, .path = "", .direct_io = false,
+                 .throttle_bytes_per_s = 0};
+  TierConfig ssd{.enabled = true, .budget_bytes = int64_t{8} << 30, .path = "kv", .direct_io = true,
+                 .throttle_bytes_per_s = 0};
+  // blend: mode, ratio (the floor the loading controller never goes below),
+  // check layers, schedule, min_tokens, deviation
+  BlendOptions blend;
+  bool adaptive_ratio = true;      // the loading controller may raise the ratio above the floor
+  bool write_back = true;          // store missed chunks after the first token
+  // limits
+  int max_requests = 8;            // requests in flight at once
+  int max_prompt_tokens = 0;       // 0 = the model's context
+  int trace_history = 64;          // traces the inspector keeps
+  // server (used by `blendserve serve`)
+  std::string host = "127.0.0.1";
+  int port = 8000;
+};
+
+// Parses YAML text. Keys absent from the text keep the defaults above (an empty
+// document or `{}` is the default config). Errors are ConfigError naming the key.
+RuntimeConfig parse_runtime_config(const std::string& yaml_text);
+// A file; ConfigError if unreadable. Errors are prefixed with the path.
+RuntimeConfig load_runtime_config(const std::string& path);
+// The embedded default (configs/default.yaml, compiled into the binary).
+RuntimeConfig default_runtime_config();
+const std::string& default_config_text();
+// data_dir resolved (env / XDG / HOME as above, "~/" expanded; always absolute);
+// ssd.path: an absolute path is kept, a relative one is joined under data_dir.
+std::string resolve_data_dir(const RuntimeConfig& c);
+std::string resolve_ssd_path(const RuntimeConfig& c);
+// "2GiB" -> 2147483648; accepts B, KB/MB/GB/TB (10^3), KiB/MiB/GiB/TiB (2^10), plain
+// integers; decimals with a unit ("1.5GiB", rounded down to whole bytes). ConfigError
+// on a negative, malformed or out-of-range (> int64) size.
+int64_t parse_byte_size(const std::string& text);
+
+}  // namespace bs
