@@ -74,19 +74,31 @@ ChunkKey BlendEngine::prefix_key(std::span<const int32_t> tokens) const {
   return make_chunk_key(tf_.model().fingerprint(), KvKind::Prefix, tokens);
 }
 
+void copy_chunk_layer(const float* k, const float* v, int64_t m, int layer, int64_t offset, KvCache& cache) {
+  if (offset < 0 || offset + m > cache.capacity) throw std::out_of_range("copy_chunk_layer: chunk outside the cache");
+  const int64_t hd = cache.head_dim;
+  for (int h = 0; h < cache.kv_heads; ++h) {
+    const int64_t src = static_cast<int64_t>(h) * m * hd;
+    std::memcpy(cache.k_at(layer, h, offset), k + src, m * hd * sizeof(float));
+    std::memcpy(cache.v_at(layer, h, offset), v + src, m * hd * sizeof(float));
+  }
+}
+
+void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, kernels::Backend& backend,
+                        const kernels::RopeTable& rope) {
+  if (offset == 0 || m == 0) return;
+  const std::vector<int32_t> delta(static_cast<size_t>(m), static_cast<int32_t>(offset));
+  for (int h = 0; h < cache.kv_heads; ++h) backend.rope(cache.k_at(layer, h, offset), delta.data(), m, 1, rope);
+}
+
 void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernels::Backend& backend,
                     const kernels::RopeTable& rope) {
-  const int64_t m = chunk.length(), hd = chunk.head_dim;
+  const int64_t m = chunk.length();
   if (offset < 0 || offset + m > cache.capacity) throw std::out_of_range("place_chunk_kv: chunk outside the cache");
-  const std::vector<int32_t> delta(static_cast<size_t>(m), static_cast<int32_t>(offset));
-  for (int l = 0; l < chunk.n_layers; ++l)
-    for (int h = 0; h < chunk.kv_heads; ++h) {
-      const int64_t src = (static_cast<int64_t>(h) * m) * hd;
-      float* k = cache.k_at(l, h, offset);
-      std::memcpy(k, chunk.k_layer(l) + src, m * hd * sizeof(float));
-      std::memcpy(cache.v_at(l, h, offset), chunk.v_layer(l) + src, m * hd * sizeof(float));
-      if (offset != 0) backend.rope(k, delta.data(), m, 1, rope);
-    }
+  for (int l = 0; l < chunk.n_layers; ++l) {
+    copy_chunk_layer(chunk.k_layer(l), chunk.v_layer(l), m, l, offset, cache);
+    rotate_chunk_layer(l, offset, m, cache, backend, rope);
+  }
 }
 
 std::shared_ptr<const ChunkKv> BlendEngine::compute_chunk_kv(std::span<const int32_t> tokens) const {
@@ -130,7 +142,8 @@ void BlendEngine::warm(const RagPrompt& prompt) const {
 std::vector<int32_t> BlendEngine::select_recompute(const std::vector<int32_t>& prompt_tokens,
                                                    const std::vector<int32_t>& cached,
                                                    const std::vector<int32_t>& missed, int64_t chunks_end,
-                                                   const BlendOptions& opt, KvCache& cache, BlendStats& st) const {
+                                                   const BlendOptions& opt, KvCache& cache, BlendStats& st,
+                                                   const std::function<void(int)>& ready) const {
   const auto& c = tf_.model().config();
   std::vector<int> checks = opt.check_layers;
   std::sort(checks.begin(), checks.end());
@@ -147,10 +160,11 @@ std::vector<int32_t> BlendEngine::select_recompute(const std::vector<int32_t>& p
   const int last = checks.back();
 
   // Scratch: the layers the selection pass writes are restored afterwards, so the
-  // final pass sees loaded KV for every token it does not recompute.
+  // final pass sees loaded KV for every token it does not recompute. Each layer is
+  // saved once it has arrived (and its positions are repaired).
   const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * cache.capacity * c.head_dim;
-  std::vector<float> saved_k(cache.k.begin(), cache.k.begin() + (last + 1) * layer_floats);
-  std::vector<float> saved_v(cache.v.begin(), cache.v.begin() + (last + 1) * layer_floats);
+  std::vector<float> saved_k(static_cast<size_t>((last + 1) * layer_floats));
+  std::vector<float> saved_v(saved_k.size());
 
   // Rows: every chunk token (cached or missed), in position order.
   std::vector<int32_t> pos(cached);
@@ -168,6 +182,9 @@ std::vector<int32_t> BlendEngine::select_recompute(const std::vector<int32_t>& p
   std::vector<int32_t> selected;
   size_t check_index = 0;
   for (int l = 0; l <= last; ++l) {
+    ready(l);
+    std::copy_n(cache.k_layer(l), layer_floats, saved_k.begin() + l * layer_floats);
+    std::copy_n(cache.v_layer(l), layer_floats, saved_v.begin() + l * layer_floats);
     if (l != checks[check_index]) {
       tf_.run_layer(l, hidden.data(), pos.data(), n, cache, chunks_end);
       continue;
@@ -225,77 +242,153 @@ std::vector<int32_t> BlendEngine::select_recompute(const std::vector<int32_t>& p
   return selected;
 }
 
-BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& opt, int64_t extra_capacity,
-                                  int64_t logit_rows) const {
-  const auto t_start = clock_type::now();
+void BlendEngine::validate(const RagPrompt& prompt, const BlendOptions& opt, int64_t extra_capacity,
+                           int64_t logit_rows) const {
   const auto& c = tf_.model().config();
-  auto& backend = tf_.model().backend();
   const int64_t N = prompt.size();
-  const int64_t P = static_cast<int64_t>(prompt.prefix.size());
   const int64_t S = static_cast<int64_t>(prompt.suffix.size());
   if (N == 0) throw std::invalid_argument("blend: empty prompt");
   if (logit_rows < 1 || logit_rows > N) throw std::invalid_argument("blend: logit_rows out of range");
   if (opt.mode != BlendMode::Full && logit_rows > S)
     throw std::invalid_argument("blend: logits are only available for suffix tokens");
   if (opt.mode != BlendMode::Full && S == 0) throw std::invalid_argument("blend: the suffix is empty");
-  if (N + extra_capacity > c.context_length)
+  if (extra_capacity < 0 || N + extra_capacity > c.context_length)
     throw std::length_error("prompt of " + std::to_string(N) + " tokens (+" + std::to_string(extra_capacity) +
                             " to generate) exceeds the model context of " + std::to_string(c.context_length));
   if (!(opt.ratio >= 0.0f && opt.ratio <= 1.0f)) throw std::invalid_argument("blend: ratio must be in [0, 1]");
   if (opt.min_tokens < 0) throw std::invalid_argument("blend: min_tokens must be >= 0");
+  if (opt.mode == BlendMode::Blend) {
+    if (opt.check_layers.empty()) throw std::invalid_argument("blend: no check layer");
+    for (int l : opt.check_layers)
+      if (l < 1 || l >= c.n_layers)
+        throw std::invalid_argument("blend: check layers must be in [1, " + std::to_string(c.n_layers - 1) + "]");
+    BlendOptions sorted = opt;
+    std::sort(sorted.check_layers.begin(), sorted.check_layers.end());
+    sorted.check_layers.erase(std::unique(sorted.check_layers.begin(), sorted.check_layers.end()),
+                              sorted.check_layers.end());
+    keep_fractions(sorted);  // throws on a bad schedule
+  }
+}
+
+BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& opt, int64_t extra_capacity,
+                                  int64_t logit_rows) const {
+  const auto t_start = clock_type::now();
+  validate(prompt, opt, extra_capacity, logit_rows);
+  const auto& c = tf_.model().config();
+  const int64_t N = prompt.size();
+  const int64_t P = static_cast<int64_t>(prompt.prefix.size());
+  KvCache cache = tf_.make_cache(N + extra_capacity);
+  PrefillPlan plan;
+  plan.chunk_loaded.assign(prompt.chunks.size(), 0);
+  bool prefix_hit = false;
+  if (opt.mode != BlendMode::Full) {
+    // Exact prefix: KV valid as stored, no recompute. A miss is computed alone and
+    // stored here (a prefix at position 0 is the same in every prompt).
+    if (P > 0) {
+      const auto key = prefix_key(prompt.prefix);
+      auto kv = store_.get(key);
+      if (kv && kv->tokens == prompt.prefix && kv->n_layers == c.n_layers) {
+        prefix_hit = true;
+      } else {
+        kv = compute_chunk_kv(prompt.prefix);
+        store_.put(key, kv);
+      }
+      for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(kv->k_layer(l), kv->v_layer(l), P, l, 0, cache);
+      plan.prefix_loaded = true;
+    }
+    if (opt.mode != BlendMode::Prefix)
+      for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+        const auto& chunk = prompt.chunks[i];
+        auto kv = store_.get(chunk_key(chunk));
+        // A hash collision or a stale entry must never be used as this chunk's KV.
+        if (!kv || kv->tokens != chunk || kv->n_layers != c.n_layers || kv->kv_heads != c.n_kv_heads ||
+            kv->head_dim != c.head_dim)
+          continue;
+        const int64_t off = prompt.chunk_offset(i);
+        for (int l = 0; l < c.n_layers; ++l)
+          copy_chunk_layer(kv->k_layer(l), kv->v_layer(l), kv->length(), l, off, cache);
+        plan.chunk_loaded[i] = 1;
+      }
+  }
+  const double load = since(t_start);
+  BlendPrefill r = prefill_planned(prompt, plan, cache, opt, [](int) {}, logit_rows, t_start);
+  r.stats.prefix_hit = prefix_hit;
+  r.stats.load_seconds += load;
+  r.stats.total_seconds = since(t_start);
+  return r;
+}
+
+BlendPrefill BlendEngine::prefill_planned(const RagPrompt& prompt, const PrefillPlan& plan, KvCache& cache,
+                                          const BlendOptions& opt, const LayerWait& wait, int64_t logit_rows,
+                                          clock_type::time_point epoch) const {
+  const auto t_start = clock_type::now();
+  validate(prompt, opt, 0, logit_rows);
+  const auto& c = tf_.model().config();
+  auto& backend = tf_.model().backend();
+  const int64_t N = prompt.size();
+  const int64_t P = static_cast<int64_t>(prompt.prefix.size());
+  const int64_t S = static_cast<int64_t>(prompt.suffix.size());
+  if (cache.capacity < N || cache.n_layers != c.n_layers || cache.kv_heads != c.n_kv_heads ||
+      cache.head_dim != c.head_dim)
+    throw std::invalid_argument("blend: the cache does not fit the prompt or the model");
+  if (plan.chunk_loaded.size() != prompt.chunks.size())
+    throw std::invalid_argument("blend: the plan has " + std::to_string(plan.chunk_loaded.size()) +
+                                " chunk entries for " + std::to_string(prompt.chunks.size()) + " chunks");
+  auto rel = [&](clock_type::time_point t) { return std::chrono::duration<double>(t - epoch).count(); };
 
   BlendPrefill r;
-  r.cache = tf_.make_cache(N + extra_capacity);
   auto& st = r.stats;
   st.prompt_tokens = N;
   st.prefix_tokens = P;
   st.suffix_tokens = S;
   st.chunks = static_cast<int>(prompt.chunks.size());
   st.chunk_tokens = N - P - S;
+  st.layers.resize(static_cast<size_t>(c.n_layers));
   const std::vector<int32_t> all = prompt.concatenated();
+
+  // Layer l is usable once the loaders delivered it and its chunks' positions are
+  // repaired; each layer is waited for and repaired exactly once.
+  struct Placed {
+    int64_t offset, length;
+  };
+  std::vector<Placed> repair;  // delivered chunks whose K needs delta-RoPE
+  std::vector<char> is_ready(static_cast<size_t>(c.n_layers), 0);
+  auto ready = [&](int l) {
+    if (is_ready[l]) return;
+    auto& lt = st.layers[l];
+    const auto t0 = clock_type::now();
+    lt.wait_begin = rel(t0);
+    wait(l);
+    const auto t1 = clock_type::now();
+    st.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
+    for (const auto& p : repair) rotate_chunk_layer(l, p.offset, p.length, cache, backend, tf_.model().rope());
+    lt.ready = rel(clock_type::now());
+    is_ready[l] = 1;
+  };
 
   // Positions computed through every layer by the final pass.
   std::vector<int32_t> active;
-  const auto t_load = clock_type::now();
+  const bool reuse_chunks = opt.mode == BlendMode::Reuse || opt.mode == BlendMode::Blend;
   if (opt.mode == BlendMode::Full) {
     active.resize(static_cast<size_t>(N));
     std::iota(active.begin(), active.end(), 0);
   } else {
-    // Exact prefix: KV valid as stored, no recompute.
-    if (P > 0) {
-      const auto key = prefix_key(prompt.prefix);
-      auto kv = store_.get(key);
-      if (kv && kv->tokens == prompt.prefix && kv->n_layers == c.n_layers) {
-        place_chunk_kv(*kv, 0, r.cache, backend, tf_.model().rope());
-        st.prefix_hit = true;
-      } else {
-        kv = compute_chunk_kv(prompt.prefix);
-        place_chunk_kv(*kv, 0, r.cache, backend, tf_.model().rope());
-        store_.put(key, kv);
-      }
-    }
+    st.prefix_hit = plan.prefix_loaded;
+    if (!plan.prefix_loaded)
+      for (int64_t p = 0; p < P; ++p) active.push_back(static_cast<int32_t>(p));
     std::vector<int32_t> cached;  // positions whose KV came from the store
     for (size_t i = 0; i < prompt.chunks.size(); ++i) {
-      const auto& chunk = prompt.chunks[i];
       const int64_t off = prompt.chunk_offset(i);
-      std::shared_ptr<const ChunkKv> kv;
-      if (opt.mode != BlendMode::Prefix) {
-        kv = store_.get(chunk_key(chunk));
-        // A hash collision or a stale entry must never be used as this chunk's KV.
-        if (kv && (kv->tokens != chunk || kv->n_layers != c.n_layers || kv->kv_heads != c.n_kv_heads ||
-                   kv->head_dim != c.head_dim))
-          kv.reset();
-      }
-      if (kv) {
-        place_chunk_kv(*kv, off, r.cache, backend, tf_.model().rope());
+      const int64_t m = static_cast<int64_t>(prompt.chunks[i].size());
+      if (reuse_chunks && plan.chunk_loaded[i]) {
+        repair.push_back({off, m});
         ++st.chunks_hit;
-        for (int64_t j = 0; j < static_cast<int64_t>(chunk.size()); ++j) cached.push_back(static_cast<int32_t>(off + j));
+        for (int64_t j = 0; j < m; ++j) cached.push_back(static_cast<int32_t>(off + j));
       } else {
-        for (int64_t j = 0; j < static_cast<int64_t>(chunk.size()); ++j) active.push_back(static_cast<int32_t>(off + j));
+        for (int64_t j = 0; j < m; ++j) active.push_back(static_cast<int32_t>(off + j));
       }
     }
     st.cached_tokens = static_cast<int64_t>(cached.size());
-    st.load_seconds = since(t_load);
 
     if (opt.mode == BlendMode::Blend && !cached.empty()) {
       const auto t_sel = clock_type::now();
@@ -303,7 +396,7 @@ BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& o
       if (opt.ratio >= 1.0f)
         selected = cached;
       else if (opt.ratio > 0.0f)
-        selected = select_recompute(all, cached, active, N - S, opt, r.cache, st);
+        selected = select_recompute(all, cached, active, N - S, opt, cache, st, ready);
       st.recomputed_tokens = static_cast<int64_t>(selected.size());
       r.recomputed_positions = selected;
       active.insert(active.end(), selected.begin(), selected.end());
@@ -320,10 +413,16 @@ BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& o
   for (int64_t i = 0; i < n; ++i) ids[i] = all[active[i]];
   std::vector<float> hidden(static_cast<size_t>(n * c.dim));
   tf_.embed(ids, hidden.data());
-  for (int l = 0; l < c.n_layers; ++l) tf_.run_layer(l, hidden.data(), active.data(), n, r.cache, N);
-  r.cache.length = N;
+  for (int l = 0; l < c.n_layers; ++l) {
+    ready(l);
+    st.layers[l].compute_begin = rel(clock_type::now());
+    tf_.run_layer(l, hidden.data(), active.data(), n, cache, N);
+    st.layers[l].compute_end = rel(clock_type::now());
+  }
   r.logits.resize(static_cast<size_t>(logit_rows * c.vocab));
   tf_.logits(hidden.data() + (n - logit_rows) * c.dim, logit_rows, r.logits.data());
+  cache.length = N;
+  r.cache = std::move(cache);
   st.computed_tokens = n;
   st.compute_seconds = since(t_comp);
   st.total_seconds = since(t_start);

@@ -17,7 +17,9 @@
 // and ratio 0 exactly what `reuse` does.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,7 +58,28 @@ struct BlendStats {
   int64_t computed_tokens = 0;               // tokens run through all layers in the final pass
   std::vector<int64_t> candidates_per_check; // selection narrowing, one per check layer
   double load_seconds = 0, select_seconds = 0, compute_seconds = 0, total_seconds = 0;
+  // Time blocked waiting for loaded layers (prefill_planned with a pipelined loader).
+  double wait_seconds = 0;
+  // Per layer, in seconds since the prefill's epoch: when its loaded KV was there
+  // (after the wait and the position repair), and the final pass over it.
+  struct LayerTiming {
+    double wait_begin = -1, ready = -1, compute_begin = -1, compute_end = -1;
+  };
+  std::vector<LayerTiming> layers;
 };
+
+// Which parts of a prompt arrive with stored KV (prefill_planned). The loaders
+// write each delivered part's stored KV *as stored* (K rotated for positions
+// 0..m-1) into the cache at the part's offset, layer by layer; the engine repairs
+// the positions of a layer once it is there.
+struct PrefillPlan {
+  bool prefix_loaded = false;      // the exact prefix's KV is delivered (position 0)
+  std::vector<char> chunk_loaded;  // per chunk: its stored KV is delivered
+};
+
+// Blocks until layer `layer` of every delivered part is in the cache. Throws to
+// abort the prefill (e.g. a loader failed); layers are asked for in order.
+using LayerWait = std::function<void(int layer)>;
 
 struct BlendPrefill {
   KvCache cache;               // the fused KV of the whole prompt (length = prompt size)
@@ -75,6 +98,20 @@ class BlendEngine {
   BlendPrefill prefill(const RagPrompt& prompt, const BlendOptions& options, int64_t extra_capacity = 0,
                        int64_t logit_rows = 1) const;
 
+  // The same prefill over KV that arrives layer by layer: `cache` (capacity >= the
+  // prompt, length ignored) receives the plan's parts from loaders running
+  // concurrently; before touching layer l the engine calls wait(l), then repairs
+  // the positions of the delivered chunks in that layer. So loading layer l+1
+  // overlaps with computing layer l. On success the cache is moved into the
+  // result; if this throws, `cache` is still the caller's (loaders may still be
+  // writing into it). Times in stats are seconds since `epoch`.
+  BlendPrefill prefill_planned(const RagPrompt& prompt, const PrefillPlan& plan, KvCache& cache,
+                               const BlendOptions& options, const LayerWait& wait, int64_t logit_rows = 1,
+                               std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now()) const;
+  // Throws the same errors prefill() would for these arguments, before any work.
+  void validate(const RagPrompt& prompt, const BlendOptions& options, int64_t extra_capacity = 0,
+                int64_t logit_rows = 1) const;
+
   // KV of a chunk computed alone at positions 0..m-1 (what the store holds).
   std::shared_ptr<const ChunkKv> compute_chunk_kv(std::span<const int32_t> tokens) const;
   // Computes and stores the prompt's prefix and chunk KV that are not stored yet.
@@ -91,11 +128,20 @@ class BlendEngine {
   // recompute. `missed` are chunk positions computed anyway (cache misses).
   std::vector<int32_t> select_recompute(const std::vector<int32_t>& prompt_tokens, const std::vector<int32_t>& cached,
                                         const std::vector<int32_t>& missed, int64_t chunks_end,
-                                        const BlendOptions& opt, KvCache& cache, BlendStats& stats) const;
+                                        const BlendOptions& opt, KvCache& cache, BlendStats& stats,
+                                        const std::function<void(int)>& ready) const;
 
   const Transformer& tf_;
   KvStore& store_;  // any tier: RAM, SSD, or (later) a storage node
 };
+
+// Copies one layer of a stored chunk's KV into the cache at `offset` as stored (K
+// still rotated for positions 0..m-1). k, v: [kv_heads, m, head_dim].
+void copy_chunk_layer(const float* k, const float* v, int64_t m, int layer, int64_t offset, KvCache& cache);
+// Rotates K of cache rows offset..offset+m-1 in `layer` from positions 0..m-1 to
+// offset..offset+m-1 (delta-RoPE, R(offset + i) = R(offset)·R(i)).
+void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, kernels::Backend& backend,
+                        const kernels::RopeTable& rope);
 
 // Copies a stored chunk's KV into the cache at `offset` and rotates its K from
 // positions 0..m-1 to offset..offset+m-1 (R(offset + i) = R(offset)·R(i)).

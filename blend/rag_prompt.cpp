@@ -38,13 +38,17 @@ RagPrompt assemble_rag_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, co
   if (cut == std::string::npos) throw std::logic_error("chat template did not render a user turn");
   p.prefix = tok.encode(rendered.substr(0, cut + user_open.size()), true);
   for (const auto& d : documents) {
-    auto ids = tok.encode(d + "\n\n", false);
+    auto ids = document_chunk_tokens(tok, d);
     if (!ids.empty()) p.chunks.push_back(std::move(ids));
   }
   p.suffix = tok.encode(messages.back().content, false);
   const auto close = tok.encode("<|im_end|>\n<|im_start|>assistant\n", true);
   p.suffix.insert(p.suffix.end(), close.begin(), close.end());
   return p;
+}
+
+std::vector<int32_t> document_chunk_tokens(const Tokenizer& tok, const std::string& document) {
+  return tok.encode(document + "\n\n", false);
 }
 
 SplitMessage split_text_parts(const std::vector<std::string>& parts) {

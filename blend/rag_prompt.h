@@ -40,6 +40,10 @@ struct RagPrompt {
 RagPrompt assemble_rag_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
                               const std::vector<std::string>& documents);
 
+// The chunk tokens of one document, exactly as assemble_rag_prompt makes them
+// (so a document stored ahead of time has the key a request will look up).
+std::vector<int32_t> document_chunk_tokens(const Tokenizer& tok, const std::string& document);
+
 // Documents given inside the user's message instead of a `documents` array:
 //  - as several text parts (OpenAI content array): every part but the last is a
 //    document, the last part is the question;

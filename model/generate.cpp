@@ -62,62 +62,90 @@ size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
 
 }  // namespace
 
+DecodeSession::DecodeSession(const Tokenizer& tok, int64_t vocab, const SamplingParams& params)
+    : tok_(tok), vocab_(vocab), params_(params), sampler_(params), stream_(tok) {
+  for (const auto& s : params.stop)
+    if (!s.empty()) stops_.push_back(s);
+}
+
+std::string DecodeSession::release(size_t upto) {
+  if (upto <= emitted_) return {};
+  std::string out = text_.substr(emitted_, upto - emitted_);
+  emitted_ = upto;
+  return out;
+}
+
+void DecodeSession::cancel() {
+  if (done_) return;
+  done_ = true;
+  finish_ = "cancelled";
+}
+
+DecodeSession::Step DecodeSession::step(const float* logits, bool can_continue) {
+  Step st;
+  if (done_) {
+    st.done = true;
+    return st;
+  }
+  const int32_t id = sampler_.sample(logits, vocab_);
+  if (id == tok_.eos_id() || tok_.is_control(id)) {
+    done_ = true;
+    finish_ = "stop";
+    text_ += stream_.flush();
+    st.text = release(text_.size());
+    st.done = true;
+    return st;
+  }
+  tokens_.push_back(id);
+  text_ += stream_.push(id);
+  // Stop strings: cut the text at the first occurrence (searching only where a new
+  // occurrence can start).
+  bool stopped = false;
+  for (const auto& s : stops_) {
+    const size_t at = text_.find(s, emitted_ > s.size() ? emitted_ - s.size() : 0);
+    if (at != std::string::npos) {
+      text_.resize(at);
+      stopped = true;
+    }
+  }
+  if (stopped) {
+    done_ = true;
+    finish_ = "stop";
+    st.text = release(text_.size());
+    st.done = true;
+    return st;
+  }
+  if (static_cast<int>(tokens_.size()) >= params_.max_tokens || !can_continue) {
+    done_ = true;
+    finish_ = "length";
+    text_ += stream_.flush();
+    st.text = release(text_.size());
+    st.done = true;
+    return st;
+  }
+  st.text = release(text_.size() - held_back(text_, stops_));
+  st.token = id;
+  return st;
+}
+
 GenerationResult decode_from(const Transformer& tf, KvCache& cache, std::vector<float> logits,
                              const SamplingParams& params, const TextCallback& on_text) {
   using clock = std::chrono::steady_clock;
-  const auto& tok = tf.model().tokenizer();
-  const int64_t vocab = tf.model().config().vocab;
-  Sampler sampler(params);
-  GenerationResult r;
-  StreamDecoder stream(tok);
-  std::string pending;  // decoded text not yet released to the callback
-  size_t emitted = 0;   // bytes of r.text already released
   const auto t0 = clock::now();
-  std::vector<std::string> stops;
-  for (const auto& s : params.stop)
-    if (!s.empty()) stops.push_back(s);
-  bool cancelled = false;
-  bool cut = false;  // text was cut at a stop string
-  r.finish_reason = "length";
-  for (int i = 0; i < params.max_tokens; ++i) {
-    const int32_t id = sampler.sample(logits.data(), vocab);
-    if (id == tok.eos_id() || tok.is_control(id)) {
-      r.finish_reason = "stop";
+  DecodeSession session(tf.model().tokenizer(), tf.model().config().vocab, params);
+  while (true) {
+    auto st = session.step(logits.data(), cache.length + 1 <= cache.capacity);
+    if (on_text && !st.text.empty() && !on_text(st.text)) {
+      session.cancel();
       break;
     }
-    r.tokens.push_back(id);
-    r.text += stream.push(id);
-    // Stop strings: cut the text at the first occurrence.
-    bool stopped = false;
-    for (const auto& s : stops) {
-      const size_t at = r.text.find(s, emitted > s.size() ? emitted - s.size() : 0);
-      if (at != std::string::npos) {
-        r.text.resize(at);
-        stopped = true;
-      }
-    }
-    if (stopped) {
-      r.finish_reason = "stop";
-      cut = true;
-      break;
-    }
-    if (on_text) {
-      const size_t hold = held_back(r.text, stops);
-      if (r.text.size() - hold > emitted) {
-        if (!on_text(std::string_view(r.text).substr(emitted, r.text.size() - hold - emitted))) {
-          cancelled = true;
-          emitted = r.text.size() - hold;
-          break;
-        }
-        emitted = r.text.size() - hold;
-      }
-    }
-    if (i + 1 == params.max_tokens) break;
-    if (cache.length + 1 > cache.capacity) break;  // context full: finish with "length"
-    logits = tf.forward(std::span<const int32_t>(&id, 1), cache);
+    if (st.done) break;
+    logits = tf.forward(std::span<const int32_t>(&st.token, 1), cache);
   }
-  if (!cancelled && !cut) r.text += stream.flush();
-  if (on_text && !cancelled && r.text.size() > emitted) on_text(std::string_view(r.text).substr(emitted));
+  GenerationResult r;
+  r.tokens = session.tokens();
+  r.text = session.text();
+  r.finish_reason = session.finish_reason() == "cancelled" ? "length" : session.finish_reason();
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   return r;
 }

@@ -43,6 +43,46 @@ struct GenerationResult {
   double decode_seconds = 0;
 };
 
+// One sequence's decoding state, one token at a time: sampling, end of turn, stop
+// strings (cut, never emitted), and text released only as whole UTF-8 characters
+// that can no longer become part of a stop string. decode_from() loops over it; the
+// runtime's decoder interleaves many of them, one step per message.
+class DecodeSession {
+ public:
+  DecodeSession(const Tokenizer& tok, int64_t vocab, const SamplingParams& params);
+
+  struct Step {
+    int32_t token = -1;  // the sampled token to feed next, or -1 when finished
+    std::string text;    // text that became final with this step (may be empty)
+    bool done = false;
+  };
+  // logits: [vocab] after the last token. can_continue: the cache has room for one
+  // more token (false: this step is the last, finish "length").
+  Step step(const float* logits, bool can_continue);
+  // Ends the session early (cancelled): nothing more is released.
+  void cancel();
+
+  bool done() const { return done_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::string& text() const { return text_; }           // the final text so far
+  const std::string& finish_reason() const { return finish_; }  // "stop" | "length" | "cancelled"
+
+ private:
+  std::string release(size_t upto);
+
+  const Tokenizer& tok_;
+  int64_t vocab_;
+  SamplingParams params_;
+  Sampler sampler_;
+  StreamDecoder stream_;
+  std::vector<std::string> stops_;
+  std::vector<int32_t> tokens_;
+  std::string text_;
+  size_t emitted_ = 0;
+  bool done_ = false;
+  std::string finish_ = "length";
+};
+
 // Text callback receives each newly final piece of text; return false to cancel.
 using TextCallback = std::function<bool(std::string_view)>;
 

@@ -1,65 +1,88 @@
 // blendserve: the inference runtime's command line.
-//   blendserve generate --prompt TEXT [--chat] [--max-tokens N] ...
+//   blendserve [--config F] generate --prompt TEXT [--chat] [--document TEXT]... [--max-tokens N] ...
+// Every request goes through the actor runtime (actors/runtime.h): the same path
+// the HTTP server uses.
 #include <CLI/CLI.hpp>
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 
+#include "actors/runtime.h"
+#include "actors/runtime_context.h"
 #include "kernels/backend.h"
-#include "model/generate.h"
-#include "model/llama_model.h"
-#include "model/transformer.h"
 
 namespace {
 
-std::string default_model_path() {
-  if (const char* env = std::getenv("BLENDSERVE_MODEL")) return env;
-  return BLENDSERVE_DEFAULT_MODEL;
+// SIGINT/SIGTERM: the first one cancels the request (the runtime then shuts down
+// cleanly: queued SSD writes finish); a second one exits at once.
+std::atomic<bool> interrupted{false};
+extern "C" void on_signal(int sig) {
+  if (interrupted.exchange(true)) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
 }
 
-int run_generate(const std::string& model_path, const std::string& prompt, bool chat, const std::string& system,
-                 const std::string& precision, bs::SamplingParams params, bool show_stats) {
-  auto backend = bs::kernels::make_cpu_backend();
-  const auto prec = bs::kernels::choose_precision(precision, *backend);
-  bs::LlamaModel model(model_path, *backend, prec);
-  bs::Transformer tf(model);
-  std::vector<int32_t> ids;
-  if (chat) {
-    std::vector<bs::ChatMessage> msgs;
-    if (!system.empty()) msgs.push_back({"system", system});
-    msgs.push_back({"user", prompt});
-    ids = model.tokenizer().encode(model.chat_template().apply(msgs, true), true);
-    for (const auto& s : model.chat_template().stop_strings()) params.stop.push_back(s);
+struct GenerateArgs {
+  std::string prompt, system, precision, mode;
+  std::vector<std::string> documents;
+  bool chat = false, stats = false, trace = false;
+  float ratio = -1;
+  bs::SamplingParams params;
+};
+
+int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
+  if (!g.precision.empty()) config.precision = g.precision;
+  bs::Runtime runtime(config);
+  const auto& ctx = runtime.context();
+  bs::RuntimeRequest req;
+  req.sampling = g.params;
+  if (g.chat || !g.documents.empty()) {
+    if (!g.system.empty()) req.messages.push_back({"system", g.system});
+    req.messages.push_back({"user", g.prompt});
+    req.documents = g.documents;
   } else {
-    ids = model.tokenizer().encode(prompt, false);
+    req.raw = true;
+    req.raw_prompt = g.prompt;
   }
-  if (ids.empty()) {
-    std::cerr << "error: the prompt is empty\n";
+  if (!g.mode.empty()) req.mode = bs::parse_mode(g.mode);
+  if (g.ratio >= 0) req.ratio = g.ratio;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  bs::RequestResult r;
+  try {
+    r = runtime.run(std::move(req), [](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      return !interrupted.load();
+    });
+  } catch (const bs::RequestError& e) {
+    std::cerr << "error: " << e.what() << "\n";
     return 2;
   }
-  const int64_t ctx = model.config().context_length;
-  if (static_cast<int64_t>(ids.size()) >= ctx) {
-    std::cerr << "error: the prompt has " << ids.size() << " tokens; the model's context is " << ctx << "\n";
-    return 2;
-  }
-  auto cache = tf.make_cache(std::min<int64_t>(ctx, static_cast<int64_t>(ids.size()) + params.max_tokens));
-  auto r = bs::generate(tf, cache, ids, params, [](std::string_view piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-    return true;
-  });
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  if (show_stats)
+  if (r.finish_reason == "error") {
+    std::cerr << "error: " << r.error << "\n";
+    return 1;
+  }
+  if (g.stats)
     std::fprintf(stderr,
-                 "kernels %s, precision %s, %d threads; prompt %lld tokens, prefill %.3f s; %zu tokens in %.3f s "
-                 "(%.1f tok/s); finish: %s\n",
-                 backend->kernel_id().c_str(), bs::kernels::precision_name(prec), bs::kernels::cpu_compute_threads(),
-                 static_cast<long long>(r.prompt_tokens), r.prefill_seconds, r.tokens.size(), r.decode_seconds,
+                 "kernels %s, precision %s, %d threads; prompt %lld tokens (%lld cached, %lld recomputed; chunks: "
+                 "%d ram, %d ssd, %d missed; ratio %.3f), first token %.3f s; %zu tokens in %.3f s (%.1f tok/s); "
+                 "finish: %s\n",
+                 ctx.backend->kernel_id().c_str(), bs::kernels::precision_name(ctx.precision),
+                 bs::kernels::cpu_compute_threads(), static_cast<long long>(r.prompt_tokens),
+                 static_cast<long long>(r.cached_tokens), static_cast<long long>(r.recomputed_tokens), r.chunks_ram,
+                 r.chunks_ssd, r.chunks_missed, r.ratio, r.ttft_seconds, r.tokens.size(), r.decode_seconds,
                  r.tokens.size() / std::max(r.decode_seconds, 1e-9), r.finish_reason.c_str());
-  return 0;
+  if (g.trace) std::fprintf(stderr, "%s\n", runtime.traces_json(1).c_str());
+  runtime.shutdown();
+  return interrupted.load() ? 130 : 0;
 }
 
 }  // namespace
@@ -67,29 +90,36 @@ int run_generate(const std::string& model_path, const std::string& prompt, bool 
 int main(int argc, char** argv) {
   CLI::App app{"blendserve: RAG inference runtime with CacheBlend KV reuse"};
   app.require_subcommand(1);
-  std::string model_path = default_model_path();
-  app.add_option("--model", model_path, "GGUF model file (default: $BLENDSERVE_MODEL or the embedded default)");
+  std::string model_path, config_path;
+  app.add_option("--model", model_path, "GGUF model file (default: the config's, else $BLENDSERVE_MODEL or the embedded default)");
+  app.add_option("--config", config_path, "YAML config (default: the embedded configs/default.yaml)");
 
   auto* gen = app.add_subcommand("generate", "Answer one prompt, streaming the text to stdout");
-  std::string prompt, system, precision = "auto";
-  bool chat = false, stats = false;
-  bs::SamplingParams params;
-  gen->add_option("--prompt", prompt, "Prompt text")->required();
-  gen->add_flag("--chat", chat, "Apply the model's chat template (user turn + assistant header)");
-  gen->add_option("--system", system, "System prompt for --chat (default: the template's own)");
-  gen->add_option("--max-tokens", params.max_tokens, "Maximum new tokens")->check(CLI::Range(1, 1 << 20));
-  gen->add_option("--temperature", params.temperature, "0 = greedy")->check(CLI::Range(0.0, 10.0));
-  gen->add_option("--top-p", params.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
-  gen->add_option("--top-k", params.top_k, "Sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
-  gen->add_option("--seed", params.seed, "Sampling seed");
-  gen->add_option("--stop", params.stop, "Stop string (repeatable)");
-  gen->add_option("--precision", precision, "GEMM/attention precision: auto (bf16 where the CPU has native bf16), bf16, f32")
+  GenerateArgs g;
+  gen->add_option("--prompt", g.prompt, "Prompt text (with --chat or --document: the user's question)")->required();
+  gen->add_flag("--chat", g.chat, "Apply the model's chat template (user turn + assistant header)");
+  gen->add_option("--system", g.system, "System prompt for --chat (default: the template's own)");
+  gen->add_option("--document", g.documents, "A retrieved document (repeatable; each one a cached chunk; implies --chat)");
+  gen->add_option("--mode", g.mode, "full, prefix, reuse or blend (default: the config's)")
+      ->check(CLI::IsMember({"full", "prefix", "reuse", "blend"}));
+  gen->add_option("--ratio", g.ratio, "Recompute ratio (default: the loading controller's choice, >= the config's floor)")
+      ->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--max-tokens", g.params.max_tokens, "Maximum new tokens")->check(CLI::Range(1, 1 << 20));
+  gen->add_option("--temperature", g.params.temperature, "0 = greedy")->check(CLI::Range(0.0, 2.0));
+  gen->add_option("--top-p", g.params.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--top-k", g.params.top_k, "Sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  gen->add_option("--seed", g.params.seed, "Sampling seed");
+  gen->add_option("--stop", g.params.stop, "Stop string (repeatable)");
+  gen->add_option("--precision", g.precision, "GEMM/attention precision: auto (bf16 where the CPU has native bf16), bf16, f32")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
-  gen->add_flag("--stats", stats, "Print timing to stderr");
+  gen->add_flag("--stats", g.stats, "Print timing and cache use to stderr");
+  gen->add_flag("--trace", g.trace, "Print the request's trace (JSON) to stderr");
 
   CLI11_PARSE(app, argc, argv);
   try {
-    if (gen->parsed()) return run_generate(model_path, prompt, chat, system, precision, params, stats);
+    bs::RuntimeConfig config = config_path.empty() ? bs::default_runtime_config() : bs::load_runtime_config(config_path);
+    if (!model_path.empty()) config.model_path = model_path;
+    if (gen->parsed()) return run_generate(std::move(config), g);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -1,0 +1,51 @@
+// The actor behaviours, one per file (intake.cpp, controller.cpp, ...). Runtime
+// spawns them; tests spawn them alone under CAF's test coordinator.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "actors/interfaces.h"
+#include "actors/runtime_context.h"
+
+namespace bs {
+
+using HandlesRef = std::shared_ptr<Handles>;  // filled after spawning, read-only afterwards
+
+// Validates, tokenizes and keys a request; answers its id or a runtime error.
+intake_actor::behavior_type intake(intake_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
+// The loading controller's measured profiles.
+struct ControllerState {
+  // Start values until measured (a laptop SSD, RAM copies, a 2-core AVX2 prefill).
+  double ram_bytes_per_s = 8e9;
+  double ssd_bytes_per_s = 1.5e9;
+  double compute_s_per_token_layer = 6e-5;
+  int ram_samples = 0, ssd_samples = 0, compute_samples = 0;
+  static constexpr const char* name = "controller";
+};
+
+// Looks chunks up in the tiers, picks the ratio from measured profiles, starts
+// the loaders and the worker.
+controller_actor::behavior_type controller(controller_actor::stateful_pointer<ControllerState> self,
+                                           RuntimeContext* ctx, HandlesRef h, CountersPtr c);
+// Streams one tier's KV into requests' caches layer by layer; writes entries to its tier.
+// Spawn detached: its reads block.
+loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, Tier tier,
+                                   CountersPtr c);
+// Feeds the compute thread: prefill, decode steps, write-back computes.
+worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
+// Hands the fused cache to decode; stores computed chunks back to the tiers.
+fusor_actor::behavior_type fusor(fusor_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
+// Sampling, stop conditions, streaming text out, one step per message.
+decoder_actor::behavior_type decoder(decoder_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
+struct InspectorState {
+  std::vector<CountersPtr> actors;
+  std::deque<std::string> traces;
+  static constexpr const char* name = "inspector";
+};
+// Registered actors' counters and the last requests' traces.
+inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<InspectorState> self, int history,
+                                         std::string trace_dir, CountersPtr c);
+
+}  // namespace bs

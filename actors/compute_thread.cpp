@@ -1,0 +1,84 @@
+#include "actors/compute_thread.h"
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+
+#include <omp.h>
+
+namespace bs {
+
+ComputeThread::ComputeThread(int threads) : thread_([this, threads] { loop(threads); }) {}
+
+ComputeThread::~ComputeThread() { stop(); }
+
+bool ComputeThread::submit(std::function<void()> job, Priority p) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return false;
+    (p == Priority::Urgent ? urgent_ : background_).push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void ComputeThread::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    background_.clear();
+  }
+  cv_.notify_all();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+int64_t ComputeThread::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(urgent_.size() + background_.size());
+}
+
+double ComputeThread::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_;
+}
+
+int64_t ComputeThread::jobs_done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void ComputeThread::loop(int threads) {
+  // The OpenMP thread count is a per-thread setting: this one sizes the team of
+  // every parallel region this thread starts (oneDNN's and ours).
+  if (threads > 0) omp_set_num_threads(threads);
+  while (true) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !urgent_.empty() || !background_.empty(); });
+      if (!urgent_.empty()) {
+        job = std::move(urgent_.front());
+        urgent_.pop_front();
+      } else if (!background_.empty()) {
+        job = std::move(background_.front());
+        background_.pop_front();
+      } else {
+        return;  // stopping and nothing urgent left
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      job();
+    } catch (const std::exception& e) {
+      // Jobs report their own errors by message; this is a last resort.
+      std::fprintf(stderr, "blendserve: compute job failed: %s\n", e.what());
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ += dt;
+    ++done_;
+  }
+}
+
+}  // namespace bs

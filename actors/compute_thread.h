@@ -1,0 +1,47 @@
+// The thread that owns the cores. Every heavy job of one device rank (prefill,
+// decode steps, write-back chunk computes) runs here, never on CAF's scheduler
+// threads: libgomp's worker threads busy-wait between parallel regions, and on a
+// 2-core machine anything else computing at the same time collapses both. Jobs
+// are plain closures; results go back to actors by message from inside the job.
+// Two priorities: latency-critical work (prefill, decode) always runs before
+// background work (write-back), one job at a time.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace bs {
+
+class ComputeThread {
+ public:
+  enum class Priority { Urgent, Background };
+  // threads: OpenMP threads for the jobs (0 = all cores).
+  explicit ComputeThread(int threads);
+  ~ComputeThread();  // stop(): finishes the running job, drops queued background jobs
+  ComputeThread(const ComputeThread&) = delete;
+  ComputeThread& operator=(const ComputeThread&) = delete;
+
+  // False after stop(). Urgent jobs queued before stop() still run.
+  bool submit(std::function<void()> job, Priority p = Priority::Urgent);
+  void stop();
+  int64_t queued() const;
+  double busy_seconds() const;
+  int64_t jobs_done() const;
+
+ private:
+  void loop(int threads);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> urgent_, background_;
+  bool stopping_ = false;
+  int64_t done_ = 0;
+  double busy_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace bs

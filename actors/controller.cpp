@@ -1,0 +1,148 @@
+// loading controller (CacheBlend §5): where each chunk's KV comes from, and at
+// which ratio to recompute. Loading and recompute overlap layer by layer, so TTFT
+// is about max(load time, recompute time). When loading is the slower of the two,
+// recomputing more tokens is free and buys quality: the ratio is raised until the
+// estimated recompute time meets the estimated load time, never below the
+// configured floor. Estimates come from measured profiles (bytes/s per tier from
+// the loaders, seconds per token-layer from the worker), refined after every request.
+#include <algorithm>
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/actor_counters.h"
+#include "actors/actors.h"
+
+namespace bs {
+
+
+namespace {
+
+// Exponential moving average; the first sample replaces the start value.
+void update(double& v, int& samples, double x) {
+  v = samples == 0 ? x : 0.7 * v + 0.3 * x;
+  ++samples;
+}
+
+}  // namespace
+
+controller_actor::behavior_type controller(controller_actor::stateful_pointer<ControllerState> self,
+                                           RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
+  return {
+      [=](plan_atom, RequestPtr r) {
+        BusyScope busy(*c, self->mailbox().size());
+        const double t_begin = r->now_s();
+        auto& st = self->state;
+        const auto& cfg = ctx->model->config();
+        const bool use_chunks = r->options.mode == BlendMode::Reuse || r->options.mode == BlendMode::Blend;
+        const bool use_prefix = r->options.mode != BlendMode::Full && !r->prompt.prefix.empty();
+        const size_t nchunks = r->prompt.chunks.size();
+        // Parts: chunks 0..n-1, then the prefix at index n.
+        r->chunk_tier.assign(nchunks, Tier::Miss);
+        r->ram_kv.assign(nchunks + 1, nullptr);
+        r->ssd_entry.assign(nchunks + 1, nullptr);
+        r->plan.chunk_loaded.assign(nchunks, 0);
+        int64_t bytes_ram = 0, bytes_ssd = 0, cached_tokens = 0;
+        const int64_t token_bytes = 2 * static_cast<int64_t>(cfg.n_layers) * cfg.kv_dim() * sizeof(float);
+        auto locate = [&](size_t part, const ChunkKey& key, const std::vector<int32_t>& tokens) -> Tier {
+          if (tokens.empty()) return Tier::Miss;
+          if (ctx->ram) {
+            auto kv = ctx->ram->get(key);
+            if (kv && kv->tokens == tokens && kv->n_layers == cfg.n_layers && kv->kv_heads == cfg.n_kv_heads &&
+                kv->head_dim == cfg.head_dim) {
+              r->ram_kv[part] = std::move(kv);
+              bytes_ram += static_cast<int64_t>(tokens.size()) * token_bytes;
+              return Tier::Ram;
+            }
+          }
+          if (ctx->ssd) {
+            auto e = ctx->ssd->open(key);
+            if (e && e->tokens == tokens && e->n_layers == cfg.n_layers && e->kv_heads == cfg.n_kv_heads &&
+                e->head_dim == cfg.head_dim) {
+              r->ssd_entry[part] = std::make_shared<DiskKvStore::Entry>(std::move(*e));
+              bytes_ssd += static_cast<int64_t>(tokens.size()) * token_bytes;
+              return Tier::Ssd;
+            }
+          }
+          return Tier::Miss;
+        };
+        if (use_prefix) r->prefix_tier = locate(nchunks, r->prefix_key, r->prompt.prefix);
+        r->plan.prefix_loaded = r->prefix_tier != Tier::Miss;
+        if (use_chunks)
+          for (size_t i = 0; i < nchunks; ++i) {
+            r->chunk_tier[i] = locate(i, r->chunk_keys[i], r->prompt.chunks[i]);
+            if (r->chunk_tier[i] != Tier::Miss) {
+              r->plan.chunk_loaded[i] = 1;
+              cached_tokens += static_cast<int64_t>(r->prompt.chunks[i].size());
+            }
+          }
+
+        // Ratio: recompute time at ratio x is about k * L * (other + x * cached) token-layers.
+        const int64_t other_tokens = r->prompt.size() - cached_tokens -
+                                     (r->plan.prefix_loaded ? static_cast<int64_t>(r->prompt.prefix.size()) : 0);
+        const double load_ram = bytes_ram / st.ram_bytes_per_s, load_ssd = bytes_ssd / st.ssd_bytes_per_s;
+        const double est_load = std::max(load_ram, load_ssd);  // the loaders run in parallel
+        const double per_token = st.compute_s_per_token_layer * cfg.n_layers;
+        const float floor = r->options.ratio;
+        const double est_compute_floor = per_token * (other_tokens + floor * cached_tokens);
+        std::string reason = "floor";
+        if (r->options.mode == BlendMode::Blend && ctx->config.adaptive_ratio && !r->request.ratio &&
+            cached_tokens > 0 && est_load > est_compute_floor) {
+          const double x = (est_load / per_token - other_tokens) / static_cast<double>(cached_tokens);
+          r->options.ratio = static_cast<float>(std::clamp(x, static_cast<double>(floor), 1.0));
+          reason = "load-bound: recompute while loading";
+        } else if (r->request.ratio) {
+          reason = "requested";
+        }
+        nlohmann::json decision = {
+            {"ratio", r->options.ratio},
+            {"ratio_floor", floor},
+            {"reason", reason},
+            {"inputs",
+             {{"bytes_ram", bytes_ram},
+              {"bytes_ssd", bytes_ssd},
+              {"ram_bytes_per_s", st.ram_bytes_per_s},
+              {"ssd_bytes_per_s", st.ssd_bytes_per_s},
+              {"compute_s_per_token_layer", st.compute_s_per_token_layer},
+              {"cached_tokens", cached_tokens},
+              {"other_tokens", other_tokens}}},
+            {"est_load_s", est_load},
+            {"est_compute_at_floor_s", est_compute_floor},
+            {"est_compute_s", per_token * (other_tokens + r->options.ratio * cached_tokens)}};
+        r->controller_json = decision.dump();
+
+        const int64_t capacity = r->prompt.size() + r->request.sampling.max_tokens;
+        r->cache = ctx->tf->make_cache(capacity);
+        const bool any_ram = bytes_ram > 0, any_ssd = bytes_ssd > 0;
+        r->gate.reset(cfg.n_layers, (any_ram ? 1 : 0) + (any_ssd ? 1 : 0));
+        r->add_event({"controller", "plan", -1, t_begin, r->now_s(), 0});
+        if (any_ram) self->send(h->ram_loader, load_atom::value, r);
+        if (any_ssd) self->send(h->ssd_loader, load_atom::value, r);
+        self->send(h->worker, prefill_atom::value, r);
+      },
+      [=](profile_atom, const std::string& source, int64_t units, double seconds) {
+        BusyScope busy(*c, self->mailbox().size());
+        if (units <= 0 || !(seconds > 0)) return;
+        auto& st = self->state;
+        const double rate = static_cast<double>(units) / seconds;
+        if (source == "ram")
+          update(st.ram_bytes_per_s, st.ram_samples, rate);
+        else if (source == "ssd")
+          update(st.ssd_bytes_per_s, st.ssd_samples, rate);
+        else if (source == "compute")
+          update(st.compute_s_per_token_layer, st.compute_samples, seconds / static_cast<double>(units));
+      },
+      [=](get_profile_atom) -> std::string {
+        const auto& st = self->state;
+        return nlohmann::json{{"ram_bytes_per_s", st.ram_bytes_per_s},
+                              {"ssd_bytes_per_s", st.ssd_bytes_per_s},
+                              {"compute_s_per_token_layer", st.compute_s_per_token_layer},
+                              {"ram_samples", st.ram_samples},
+                              {"ssd_samples", st.ssd_samples},
+                              {"compute_samples", st.compute_samples}}
+            .dump();
+      },
+  };
+}
+
+}  // namespace bs

@@ -1,0 +1,60 @@
+// inspector: every actor registers its counters (messages, busy time, mailbox
+// depth); the decoder sends each finished request's trace. Answers the actor table
+// and the last traces as JSON, and keeps the last trace in <data_dir>/traces/
+// so `blendctl trace --last` can print it after the process is gone.
+#include <deque>
+#include <filesystem>
+#include <fstream>
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/actor_counters.h"
+#include "actors/actors.h"
+
+namespace bs {
+
+
+inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<InspectorState> self, int history,
+                                         std::string trace_dir, CountersPtr c) {
+  self->state.actors.push_back(c);
+  return {
+      [=](register_atom, CountersPtr counters) { self->state.actors.push_back(std::move(counters)); },
+      [=](trace_atom, const std::string& trace) {
+        BusyScope busy(*c, self->mailbox().size());
+        auto& q = self->state.traces;
+        q.push_back(trace);
+        while (static_cast<int>(q.size()) > std::max(history, 1)) q.pop_front();
+        if (!trace_dir.empty()) {
+          std::error_code ec;
+          std::filesystem::create_directories(trace_dir, ec);
+          const auto tmp = trace_dir + "/last.json.tmp";
+          {
+            std::ofstream out(tmp, std::ios::trunc);
+            out << trace << "\n";
+            if (!out) return;  // a trace that cannot be written is not worth failing anything for
+          }
+          std::filesystem::rename(tmp, trace_dir + "/last.json", ec);
+        }
+      },
+      [=](get_trace_atom, int32_t n) -> std::string {
+        nlohmann::json out = nlohmann::json::array();
+        const auto& q = self->state.traces;
+        const int64_t count = std::min<int64_t>(std::max<int32_t>(n, 0), static_cast<int64_t>(q.size()));
+        for (int64_t i = static_cast<int64_t>(q.size()) - count; i < static_cast<int64_t>(q.size()); ++i)
+          out.push_back(nlohmann::json::parse(q[static_cast<size_t>(i)]));
+        return out.dump();
+      },
+      [=](actors_atom) -> std::string {
+        nlohmann::json out = nlohmann::json::array();
+        for (const auto& a : self->state.actors)
+          out.push_back({{"actor", a->name},
+                         {"messages", a->messages.load()},
+                         {"busy_s", a->busy_ns.load() * 1e-9},
+                         {"mailbox", a->mailbox.load()}});
+        return out.dump();
+      },
+  };
+}
+
+}  // namespace bs

@@ -1,0 +1,102 @@
+// intake: turns a caller's request into a keyed RAG prompt, or refuses it with a
+// clear error before any work is queued.
+#include <cmath>
+
+#include <caf/all.hpp>
+
+#include "actors/actor_counters.h"
+#include "actors/actors.h"
+#include "blend/rag_prompt.h"
+
+namespace bs {
+namespace {
+
+void check(bool ok, RequestErrc code, const std::string& message) {
+  if (!ok) throw RequestError(code, message);
+}
+
+// Fills the request's prompt, keys and options; throws RequestError.
+void prepare(RuntimeContext& ctx, RequestState& r) {
+  const auto& q = r.request;
+  check(!ctx.shutting_down.load(), RequestErrc::shutting_down, "the server is shutting down");
+  if (q.raw) {
+    check(q.messages.empty() && q.documents.empty(), RequestErrc::invalid,
+          "a raw prompt takes no messages or documents");
+  } else {
+    check(!q.messages.empty(), RequestErrc::invalid, "messages must not be empty");
+    for (const auto& m : q.messages)
+      check(m.role == "system" || m.role == "user" || m.role == "assistant", RequestErrc::invalid,
+            "unknown role '" + m.role + "' (system, user, assistant)");
+    check(q.messages.back().role == "user", RequestErrc::invalid, "the last message must be the user's");
+  }
+  const auto& s = q.sampling;
+  check(s.max_tokens >= 1, RequestErrc::invalid, "max_tokens must be >= 1");
+  check(std::isfinite(s.temperature) && s.temperature >= 0.0f && s.temperature <= 2.0f, RequestErrc::invalid,
+        "temperature must be in [0, 2]");
+  check(std::isfinite(s.top_p) && s.top_p > 0.0f && s.top_p <= 1.0f, RequestErrc::invalid, "top_p must be in (0, 1]");
+  check(s.top_k >= 0, RequestErrc::invalid, "top_k must be >= 0");
+  if (q.ratio) check(*q.ratio >= 0.0f && *q.ratio <= 1.0f, RequestErrc::invalid, "ratio must be in [0, 1]");
+
+  const auto& model = *ctx.model;
+  if (q.raw) {
+    r.prompt = RagPrompt{};
+    r.prompt.suffix = model.tokenizer().encode(q.raw_prompt, false);
+  } else {
+    r.prompt = assemble_rag_prompt(model.tokenizer(), model.chat_template(), q.messages, q.documents);
+  }
+  const int64_t n = r.prompt.size();
+  check(n > 0, RequestErrc::invalid, "the prompt is empty");
+  const int64_t context = model.config().context_length;
+  const int64_t limit = ctx.config.max_prompt_tokens > 0 ? std::min<int64_t>(ctx.config.max_prompt_tokens, context - 1)
+                                                         : context - 1;
+  check(n <= limit, RequestErrc::too_long,
+        "the prompt has " + std::to_string(n) + " tokens; at most " + std::to_string(limit) + " fit");
+  // Generation stops with "length" where the context ends.
+  r.request.sampling.max_tokens = static_cast<int>(std::min<int64_t>(s.max_tokens, context - n));
+  if (!q.raw)
+    for (const auto& stop : model.chat_template().stop_strings()) r.request.sampling.stop.push_back(stop);
+
+  r.options = ctx.config.blend;
+  if (q.mode) r.options.mode = *q.mode;
+  if (q.ratio) r.options.ratio = *q.ratio;
+  try {
+    ctx.engine->validate(r.prompt, r.options, r.request.sampling.max_tokens, 1);
+  } catch (const std::length_error& e) {
+    throw RequestError(RequestErrc::too_long, e.what());
+  } catch (const std::invalid_argument& e) {
+    throw RequestError(RequestErrc::invalid, e.what());
+  }
+  r.prefix_key = ctx.engine->prefix_key(r.prompt.prefix);
+  r.chunk_keys.clear();
+  for (const auto& chunk : r.prompt.chunks) r.chunk_keys.push_back(ctx.engine->chunk_key(chunk));
+}
+
+}  // namespace
+
+intake_actor::behavior_type intake(intake_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
+  return {
+      [=](submit_atom, RequestPtr r) -> caf::result<uint64_t> {
+        BusyScope busy(*c, self->mailbox().size());
+        // Admission: a bounded number of requests in flight; the caller retries.
+        if (ctx->in_flight.fetch_add(1) >= ctx->config.max_requests) {
+          ctx->in_flight.fetch_sub(1);
+          return make_runtime_error(RequestErrc::overloaded,
+                                    "too many requests in flight (" + std::to_string(ctx->config.max_requests) + ")");
+        }
+        try {
+          prepare(*ctx, *r);
+        } catch (const RequestError& e) {
+          ctx->in_flight.fetch_sub(1);
+          return make_runtime_error(e.code, e.what());
+        } catch (const std::exception& e) {
+          ctx->in_flight.fetch_sub(1);
+          return make_runtime_error(RequestErrc::invalid, e.what());
+        }
+        r->add_event({"intake", "tokenize", -1, 0, r->now_s(), 0});
+        self->send(h->controller, plan_atom::value, r);
+        return r->id;
+      },
+  };
+}
+
+}  // namespace bs

@@ -1,0 +1,77 @@
+// Every message the runtime's actors exchange, in one place: atoms name the
+// messages, and the payload types are declared here. CAF 0.17.6's type-ID blocks
+// register *serializable* types (for messages that cross the network); these
+// payloads (shared request state, KV buffers) never leave the process, so they are
+// declared allowed-unsafe instead — this header is the single list of both. The
+// remote-disk tier will add its serializable types as a type-ID block here.
+// Typed interfaces: actors/interfaces.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+
+#include "actors/request.h"
+
+namespace bs {
+
+// A chunk's KV with its key, for write-back and demotion.
+struct KeyedKv {
+  ChunkKey key;
+  std::shared_ptr<const ChunkKv> kv;
+};
+
+// What the inspector reads from every actor: counters the actor updates itself.
+struct ActorCounters {
+  std::string name;
+  std::atomic<int64_t> messages{0};
+  std::atomic<int64_t> busy_ns{0};
+  std::atomic<int64_t> mailbox{0};  // messages waiting, as seen at the last message
+};
+using CountersPtr = std::shared_ptr<ActorCounters>;
+
+// intake
+using submit_atom = caf::atom_constant<caf::atom("submit")>;      // (RequestPtr) -> request id
+// controller
+using plan_atom = caf::atom_constant<caf::atom("plan")>;          // (RequestPtr)
+using profile_atom = caf::atom_constant<caf::atom("profile")>;    // (source, units, seconds): bytes for a tier, token-layers for "compute"
+using get_profile_atom = caf::atom_constant<caf::atom("getprof")>;// () -> profile JSON
+// loaders
+using load_atom = caf::atom_constant<caf::atom("load")>;          // (RequestPtr): stream its chunks, layer by layer
+using store_atom = caf::atom_constant<caf::atom("store")>;        // (KeyedKv): write to this tier
+using flush_atom = caf::atom_constant<caf::atom("flush")>;        // () -> true once earlier stores are done
+// layer worker
+using prefill_atom = caf::atom_constant<caf::atom("prefill")>;    // (RequestPtr)
+using layer_atom = caf::atom_constant<caf::atom("layer")>;        // (RequestPtr, layer): one loader delivered a layer
+using load_end_atom = caf::atom_constant<caf::atom("loadend")>;   // (RequestPtr): one loader is done with the request
+using load_fail_atom = caf::atom_constant<caf::atom("loadfail")>; // (RequestPtr, why)
+using decode_atom = caf::atom_constant<caf::atom("decode")>;      // (RequestPtr, token): one decode step
+using warm_atom = caf::atom_constant<caf::atom("warm")>;          // (RequestPtr): compute the missed chunks alone
+// fusor
+using prefilled_atom = caf::atom_constant<caf::atom("prefilled")>;// (RequestPtr): fused cache + first logits ready
+using kv_ready_atom = caf::atom_constant<caf::atom("kvready")>;   // (KeyedKv): a chunk computed for write-back
+// decoder
+using start_atom = caf::atom_constant<caf::atom("start")>;        // (RequestPtr): decode from the prefill's logits
+using logits_atom = caf::atom_constant<caf::atom("logits")>;      // (RequestPtr): the next logits are in the request
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;      // (request id)
+// inspector
+using register_atom = caf::atom_constant<caf::atom("register")>;  // (CountersPtr)
+using trace_atom = caf::atom_constant<caf::atom("trace")>;        // (trace JSON)
+using get_trace_atom = caf::atom_constant<caf::atom("gettrace")>; // (n) -> JSON array of the last n traces
+using actors_atom = caf::atom_constant<caf::atom("actors")>;      // () -> JSON table of actors
+
+// Errors at the actor boundary: caf::error in this category, code = RequestErrc.
+inline caf::atom_value runtime_error_category() { return caf::atom("blendserve"); }
+inline caf::error make_runtime_error(RequestErrc code, std::string message) {
+  return caf::error(static_cast<uint8_t>(code), runtime_error_category(), caf::make_message(std::move(message)));
+}
+
+}  // namespace bs
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::RequestPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::KeyedKv)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::CountersPtr)

@@ -1,0 +1,150 @@
+// One request's life in the runtime, shared by the actors that work on it: what
+// the caller asked, the assembled prompt, the controller's plan, the cache the
+// loaders fill and the worker computes over, the decoding state and the trace.
+// Plain C++ (no CAF): the compute thread and the loaders touch it directly; the
+// actors pass it around by shared pointer. Who writes what, and when, is stated
+// per field — the message order makes those writes happen-before the reads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blend/blend_engine.h"
+#include "model/generate.h"
+#include "storage/disk_store.h"
+
+namespace bs {
+
+// What a caller submits.
+struct RuntimeRequest {
+  std::vector<ChatMessage> messages;   // the conversation; the last message is the user's question
+  std::vector<std::string> documents;  // retrieved documents, one cached chunk each
+  SamplingParams sampling;             // max_tokens, temperature, top_p, top_k, seed, stop
+  std::optional<BlendMode> mode;       // default: the config's
+  std::optional<float> ratio;          // default: the controller's choice (>= the config's floor)
+  // Completion without the chat template: `raw_prompt` is tokenized as is and
+  // `messages`/`documents` must be empty.
+  bool raw = false;
+  std::string raw_prompt;
+};
+
+// What a caller gets back at the end.
+struct RequestResult {
+  uint64_t id = 0;
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::string finish_reason;           // stop | length | cancelled | error
+  std::string error;                   // set when finish_reason == "error"
+  int64_t prompt_tokens = 0, cached_tokens = 0, recomputed_tokens = 0;
+  int chunks = 0, chunks_ram = 0, chunks_ssd = 0, chunks_missed = 0;
+  float ratio = 0;                     // the ratio the prefill ran at
+  double ttft_seconds = 0;             // submit -> first token sampled
+  double total_seconds = 0;
+  double decode_seconds = 0;
+};
+
+// Errors a request can fail with before it runs (intake), with the HTTP-ish class.
+enum class RequestErrc : uint8_t { invalid = 1, too_long = 2, overloaded = 3, shutting_down = 4, internal = 5 };
+struct RequestError : std::runtime_error {
+  RequestError(RequestErrc c, const std::string& m) : std::runtime_error(m), code(c) {}
+  RequestErrc code;
+};
+const char* errc_name(RequestErrc c);
+
+struct RequestCallbacks {
+  std::function<bool(std::string_view)> on_text;     // newly final text; false cancels
+  std::function<void(const RequestResult&)> on_done; // exactly once, at the end
+};
+
+// The loaders -> worker handshake for one request: layer l may be computed once
+// every loader with work delivered it. A loader failure aborts the waits.
+class LayerGate {
+ public:
+  struct LoadFailed : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  void reset(int n_layers, int loaders);
+  void arrive(int layer);                  // one loader delivered `layer`
+  void loader_done();                      // one loader finished (or gave up) this request
+  void fail(const std::string& why);       // wakes every waiter with LoadFailed
+  void wait(int layer);                    // blocks; throws LoadFailed
+  void wait_loaders_done();                // blocks until every loader is done
+  int loaders() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> arrived_;
+  int loaders_ = 0, done_ = 0;
+  std::string failure_;
+};
+
+// Where a chunk's KV comes from, decided by the controller.
+enum class Tier : uint8_t { Ram = 0, Ssd = 1, Miss = 2 };
+const char* tier_name(Tier t);
+
+// A request's timeline: every actor appends events; seconds since submit.
+struct TraceEvent {
+  std::string actor, what;
+  int layer = -1;
+  double begin = 0, end = 0;
+  int64_t bytes = 0;
+};
+
+struct RequestState {
+  using clock = std::chrono::steady_clock;
+  // intake
+  uint64_t id = 0;
+  clock::time_point submitted;
+  RuntimeRequest request;
+  RequestCallbacks callbacks;
+  RagPrompt prompt;
+  ChunkKey prefix_key;
+  std::vector<ChunkKey> chunk_keys;
+  // controller: the plan; cache allocated here, filled by loaders + worker
+  BlendOptions options;
+  PrefillPlan plan;
+  std::vector<Tier> chunk_tier;
+  Tier prefix_tier = Tier::Miss;
+  std::vector<std::shared_ptr<const ChunkKv>> ram_kv;     // pinned RAM entries (per chunk; prefix at the end)
+  std::vector<std::shared_ptr<DiskKvStore::Entry>> ssd_entry;  // opened SSD files (per chunk; prefix at the end)
+  KvCache cache;
+  LayerGate gate;
+  std::string controller_json;  // the decision and its inputs (trace)
+  // worker
+  BlendPrefill prefill;   // cache moved in here by the worker
+  std::string prefill_error;
+  bool fallback = false;  // a loader failed: the prefill was redone from whole entries
+  // decoder
+  std::unique_ptr<DecodeSession> decode;
+  clock::time_point first_token;
+  bool has_first_token = false;
+  RequestResult result;
+  // any thread
+  std::atomic<bool> cancelled{false};
+
+  double seconds_since_submit(clock::time_point t) const {
+    return std::chrono::duration<double>(t - submitted).count();
+  }
+  double now_s() const { return seconds_since_submit(clock::now()); }
+  void add_event(TraceEvent e);
+  std::vector<TraceEvent> events() const;
+  // The timeline as JSON, with the fraction of load time hidden behind compute.
+  std::string trace_json() const;
+
+ private:
+  mutable std::mutex trace_mu_;
+  std::vector<TraceEvent> events_;
+};
+using RequestPtr = std::shared_ptr<RequestState>;
+
+}  // namespace bs

@@ -1,0 +1,65 @@
+// The runtime's C++ entry point: a request in (messages, documents, sampling),
+// text streamed out, a result with per-request stats at the end. Behind it, the
+// actors of actors/interfaces.h on CAF; this header keeps CAF out of its users
+// (`blendserve generate`, the HTTP server, benchmarks, tests).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "actors/request.h"
+#include "actors/runtime_config.h"
+
+namespace bs {
+
+struct RuntimeContext;
+
+class Runtime {
+ public:
+  // Loads the model, opens the tiers (the SSD index is rebuilt from its files),
+  // starts the compute thread and spawns the actors. Throws on a bad model path,
+  // an unusable SSD directory or an unsupported precision.
+  explicit Runtime(const RuntimeConfig& config);
+  ~Runtime();  // shutdown()
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Queues a request; returns its id. Callbacks run on the runtime's threads,
+  // on_done exactly once. Throws RequestError (invalid, too_long, overloaded,
+  // shutting_down) when refused; then no callback runs.
+  uint64_t submit(RuntimeRequest request, RequestCallbacks callbacks);
+  // submit() and wait for the result.
+  RequestResult run(RuntimeRequest request, std::function<bool(std::string_view)> on_text = {});
+  // Cancels a request in flight (its KV is freed at its next step). False if unknown.
+  bool cancel(uint64_t id);
+  int in_flight() const;
+
+  // Computes and stores the KV of a document (as a chunk, as it would appear in a
+  // RAG request) unless stored; returns its key (hex).
+  std::string store_document(const std::string& text);
+  bool erase_document(const std::string& key_hex);
+
+  // Inspection, as JSON: the last n requests' traces, the actor table, the
+  // controller's profiles, the tiers' counters.
+  std::string traces_json(int n = 1);
+  std::string actors_json();
+  std::string profile_json();
+  std::string stores_json() const;
+
+  // Refuses new requests, cancels those in flight and waits for them, lets queued
+  // SSD writes finish, stops the actors and the compute thread. Idempotent.
+  void shutdown();
+
+  const RuntimeContext& context() const { return *ctx_; }
+  RuntimeContext& context() { return *ctx_; }
+
+ private:
+  struct Actors;
+  std::unique_ptr<RuntimeContext> ctx_;
+  std::unique_ptr<Actors> actors_;
+};
+
+}  // namespace bs

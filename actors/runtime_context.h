@@ -1,0 +1,35 @@
+// What every actor of one runtime shares: the config, the model and its compute,
+// the store tiers and the compute thread. Owned by Runtime; actors get a pointer
+// that outlives them (the actor system is shut down before the context dies).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "actors/compute_thread.h"
+#include "actors/runtime_config.h"
+#include "blend/blend_engine.h"
+#include "storage/disk_store.h"
+#include "storage/memory_store.h"
+#include "storage/tiered_store.h"
+
+namespace bs {
+
+struct RuntimeContext {
+  RuntimeConfig config;
+  std::unique_ptr<kernels::Backend> backend;
+  kernels::Precision precision = kernels::Precision::F32;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Transformer> tf;
+  std::unique_ptr<MemoryKvStore> ram;  // null when the tier is off
+  std::unique_ptr<DiskKvStore> ssd;    // null when the tier is off
+  std::unique_ptr<TieredKvStore> tiered;
+  std::unique_ptr<BlendEngine> engine;  // over `tiered` (fallback path, warm-up)
+  std::unique_ptr<ComputeThread> compute;
+  std::atomic<uint64_t> next_id{1};
+  std::atomic<int> in_flight{0};
+  std::atomic<bool> shutting_down{false};
+};
+
+}  // namespace bs
