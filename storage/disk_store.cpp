@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 namespace bs {
@@ -84,7 +86,8 @@ struct AlignedBuf {
 };
 
 // pread until n bytes or EOF. 0: all read; 1: short (EOF); -1: error, errno set.
-int read_exact(int fd, void* dst, int64_t n, int64_t off) {
+// Adds the bytes it read to *got (for the read throttle).
+int read_exact(int fd, void* dst, int64_t n, int64_t off, int64_t* got = nullptr) {
   auto* d = static_cast<uint8_t*>(dst);
   while (n > 0) {
     const ssize_t r = ::pread(fd, d, static_cast<size_t>(n), off);
@@ -93,6 +96,7 @@ int read_exact(int fd, void* dst, int64_t n, int64_t off) {
       return -1;
     }
     if (r == 0) return 1;
+    if (got) *got += r;
     d += r, n -= r, off += r;
   }
   return 0;
@@ -126,12 +130,12 @@ void store(std::vector<uint8_t>& out, const T& x) {
 
 // Reads and checks the header of an open file of `file_size` bytes (aligned reads,
 // so it works on O_DIRECT descriptors). nullopt if anything is off; errno is EINVAL
-// after a read the filesystem refused.
-std::optional<Header> read_header(int fd, int64_t file_size) {
+// after a read the filesystem refused. Adds the bytes it read to *got.
+std::optional<Header> read_header(int fd, int64_t file_size, int64_t* got = nullptr) {
   if (file_size < DiskKvStore::kAlign) return std::nullopt;
   AlignedBuf first(DiskKvStore::kAlign);
   errno = 0;
-  if (read_exact(fd, first.p, DiskKvStore::kAlign, 0) != 0) return std::nullopt;
+  if (read_exact(fd, first.p, DiskKvStore::kAlign, 0, got) != 0) return std::nullopt;
   const uint8_t* p = first.p;
   if (std::memcmp(p, kMagic, 4) != 0) return std::nullopt;
   p += 4;
@@ -153,7 +157,7 @@ std::optional<Header> read_header(int fd, int64_t file_size) {
   const uint8_t* base = first.p;
   if (h.header_bytes > DiskKvStore::kAlign) {
     whole.emplace(h.header_bytes);
-    if (read_exact(fd, whole->p, h.header_bytes, 0) != 0) return std::nullopt;
+    if (read_exact(fd, whole->p, h.header_bytes, 0, got) != 0) return std::nullopt;
     base = whole->p;
   }
   const size_t raw = kFixedBytes + 4 * m + 8 * n_layers;  // without the header sum
@@ -417,7 +421,9 @@ std::optional<DiskKvStore::Entry> DiskKvStore::open_entry(const ChunkKey& key) {
   struct stat st{};
   if (::fstat(e.fd_, &st) != 0) return std::nullopt;
   e.dev_ = st.st_dev, e.ino_ = st.st_ino;
-  auto h = read_header(e.fd_, st.st_size);
+  const auto started = std::chrono::steady_clock::now();
+  int64_t got = 0;
+  auto h = read_header(e.fd_, st.st_size, &got);
   if (!h && e.direct_ && errno == EINVAL) {  // opened with O_DIRECT, but reads refused
     if (direct_.exchange(false))
       std::fprintf(stderr, "blendserve: %s refuses O_DIRECT reads, using buffered reads\n", dir_.c_str());
@@ -426,8 +432,9 @@ std::optional<DiskKvStore::Entry> DiskKvStore::open_entry(const ChunkKey& key) {
     e.direct_ = false;
     if (e.fd_ < 0 || ::fstat(e.fd_, &st) != 0) return std::nullopt;
     e.dev_ = st.st_dev, e.ino_ = st.st_ino;
-    h = read_header(e.fd_, st.st_size);
+    h = read_header(e.fd_, st.st_size, &got);
   }
+  throttle(got, started);
   e.key = key;
   if (!h || !(h->key == key)) {
     drop_corrupt(e);
@@ -440,21 +447,46 @@ std::optional<DiskKvStore::Entry> DiskKvStore::open_entry(const ChunkKey& key) {
   return e;
 }
 
-bool DiskKvStore::read_layer_raw(const Entry& e, int layer, float* k, float* v) const {
+bool DiskKvStore::read_layer_raw(const Entry& e, int layer, float* k, float* v) {
   if (e.fd_ < 0 || layer < 0 || layer >= e.n_layers) return false;
   const int64_t bytes_each = e.layer_floats() * static_cast<int64_t>(sizeof(float));
   const int64_t off = e.layer_offset(layer);
+  const auto started = std::chrono::steady_clock::now();
+  int64_t got = 0;
   if (e.direct_) {  // aligned offset, length and buffer, then copy out
     AlignedBuf buf(e.layer_span_);
-    if (e.layer_span_ > 0 && read_exact(e.fd_, buf.p, e.layer_span_, off) != 0) return false;
+    const bool read_ok = e.layer_span_ <= 0 || read_exact(e.fd_, buf.p, e.layer_span_, off, &got) == 0;
+    throttle(got, started);
+    if (!read_ok) return false;
     if (layer_sum(buf.p, buf.p + bytes_each, static_cast<size_t>(bytes_each)) != e.layer_sums_[layer]) return false;
     std::memcpy(k, buf.p, static_cast<size_t>(bytes_each));
     std::memcpy(v, buf.p + bytes_each, static_cast<size_t>(bytes_each));
     return true;
   }
-  if (read_exact(e.fd_, k, bytes_each, off) != 0 || read_exact(e.fd_, v, bytes_each, off + bytes_each) != 0)
-    return false;
+  const bool read_ok =
+      read_exact(e.fd_, k, bytes_each, off, &got) == 0 && read_exact(e.fd_, v, bytes_each, off + bytes_each, &got) == 0;
+  throttle(got, started);
+  if (!read_ok) return false;
   return layer_sum(k, v, static_cast<size_t>(bytes_each)) == e.layer_sums_[layer];
+}
+
+void DiskKvStore::set_read_throttle(double bytes_per_s) {
+  read_bps_.store(std::isfinite(bytes_per_s) && bytes_per_s > 0 ? bytes_per_s : 0.0, std::memory_order_relaxed);
+}
+
+void DiskKvStore::throttle(int64_t bytes, std::chrono::steady_clock::time_point started) {
+  const double bps = read_bps_.load(std::memory_order_relaxed);
+  if (bps <= 0 || bytes <= 0) return;
+  using clock = std::chrono::steady_clock;
+  const auto cost = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(bytes / bps));
+  clock::time_point until;
+  {
+    // Idle time before this read started is not credit: no bursts above the rate.
+    std::lock_guard<std::mutex> lock(throttle_mu_);
+    throttle_free_ = std::max(throttle_free_, started) + cost;
+    until = throttle_free_;
+  }
+  std::this_thread::sleep_until(until);
 }
 
 // Removes the file `e` was read from, unless a newer put has replaced it already.

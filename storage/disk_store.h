@@ -24,6 +24,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -60,6 +61,14 @@ class DiskKvStore final : public KvStore {
 
   const std::string& dir() const { return dir_; }
   std::string path_of(const ChunkKey& key) const;
+
+  // For benchmarks: caps the read bandwidth of this store at bytes_per_s (0 = off),
+  // shared by all reader threads. Every read of the files (headers in open() and
+  // get(), layers in read_layer() and get()) is charged the bytes it actually read
+  // and the reader then sleeps until the bandwidth so far allows them: a pacing
+  // token bucket with no burst, where time a read itself took counts as paid.
+  void set_read_throttle(double bytes_per_s);
+  double read_throttle() const { return read_bps_.load(std::memory_order_relaxed); }
 
   // An opened entry for the per-layer reader: the header's info plus the open file,
   // so it stays readable even if it is evicted meanwhile. Move-only.
@@ -107,7 +116,9 @@ class DiskKvStore final : public KvStore {
 
   void scan();
   std::optional<Entry> open_entry(const ChunkKey& key);
-  bool read_layer_raw(const Entry& e, int layer, float* k, float* v) const;
+  bool read_layer_raw(const Entry& e, int layer, float* k, float* v);
+  // Charges `bytes` read since `started` to the throttle, sleeping as it says.
+  void throttle(int64_t bytes, std::chrono::steady_clock::time_point started);
   int open_read(const std::string& path, bool& direct);
   void drop_corrupt(const Entry& e);
   void evict_to_fit_locked(int64_t incoming);
@@ -118,6 +129,10 @@ class DiskKvStore final : public KvStore {
   int64_t budget_;
   std::atomic<bool> direct_;
   std::atomic<uint64_t> tmp_counter_{0};
+
+  std::atomic<double> read_bps_{0.0};
+  std::mutex throttle_mu_;
+  std::chrono::steady_clock::time_point throttle_free_{};  // when the bytes charged so far are paid
 
   mutable std::mutex mu_;
   std::list<ChunkKey> lru_;  // front = most recent

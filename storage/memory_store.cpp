@@ -1,5 +1,8 @@
 #include "storage/memory_store.h"
 
+#include <utility>
+#include <vector>
+
 namespace bs {
 
 std::shared_ptr<const ChunkKv> MemoryKvStore::get(const ChunkKey& key) {
@@ -20,33 +23,46 @@ bool MemoryKvStore::contains(const ChunkKey& key) const {
 }
 
 bool MemoryKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
+  if (!kv) return false;
   const auto size = static_cast<int64_t>(kv->bytes());
-  std::lock_guard<std::mutex> lock(mu_);
-  if (size > budget_) return false;
-  if (auto it = map_.find(key); it != map_.end()) {
-    stats_.bytes -= static_cast<int64_t>(it->second.kv->bytes());
-    lru_.erase(it->second.lru_pos);
-    map_.erase(it);
+  std::vector<std::pair<ChunkKey, std::shared_ptr<const ChunkKv>>> evicted;
+  std::shared_ptr<const EvictionListener> listener;
+  std::shared_ptr<const ChunkKv> replaced;  // released after the lock, like the victims
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (size > budget_) return false;
+    if (auto it = map_.find(key); it != map_.end()) {
+      stats_.bytes -= static_cast<int64_t>(it->second.kv->bytes());
+      replaced = std::move(it->second.kv);
+      lru_.erase(it->second.lru_pos);
+      map_.erase(it);
+    }
+    while (stats_.bytes + size > budget_ && !lru_.empty()) {
+      auto victim = map_.find(lru_.back());
+      stats_.bytes -= static_cast<int64_t>(victim->second.kv->bytes());
+      evicted.emplace_back(victim->first, std::move(victim->second.kv));
+      map_.erase(victim);
+      lru_.pop_back();
+      ++stats_.evictions;
+    }
+    lru_.push_front(key);
+    map_.emplace(key, Entry{std::move(kv), lru_.begin()});
+    stats_.bytes += size;
+    ++stats_.puts;
+    if (!evicted.empty()) listener = listener_;
   }
-  while (stats_.bytes + size > budget_ && !lru_.empty()) {
-    auto victim = map_.find(lru_.back());
-    stats_.bytes -= static_cast<int64_t>(victim->second.kv->bytes());
-    map_.erase(victim);
-    lru_.pop_back();
-    ++stats_.evictions;
-  }
-  lru_.push_front(key);
-  map_.emplace(key, Entry{std::move(kv), lru_.begin()});
-  stats_.bytes += size;
-  ++stats_.puts;
+  if (listener && *listener)
+    for (auto& [k, v] : evicted) (*listener)(k, std::move(v));
   return true;
 }
 
 bool MemoryKvStore::erase(const ChunkKey& key) {
+  std::shared_ptr<const ChunkKv> dropped;  // freed outside the lock
   std::lock_guard<std::mutex> lock(mu_);
   auto it = map_.find(key);
   if (it == map_.end()) return false;
   stats_.bytes -= static_cast<int64_t>(it->second.kv->bytes());
+  dropped = std::move(it->second.kv);
   lru_.erase(it->second.lru_pos);
   map_.erase(it);
   return true;
@@ -57,6 +73,12 @@ StoreStats MemoryKvStore::stats() const {
   StoreStats s = stats_;
   s.entries = static_cast<int64_t>(map_.size());
   return s;
+}
+
+void MemoryKvStore::set_eviction_listener(EvictionListener listener) {
+  auto next = listener ? std::make_shared<const EvictionListener>(std::move(listener)) : nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_.swap(next);
 }
 
 }  // namespace bs

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -16,17 +17,28 @@ namespace bs {
 
 class MemoryKvStore : public KvStore {
  public:
+  // Called with each entry evicted to fit the budget (the runtime demotes it to the
+  // next tier). Not called for erase() or for the old value of a key put again.
+  using EvictionListener = std::function<void(const ChunkKey&, std::shared_ptr<const ChunkKv>)>;
+
   explicit MemoryKvStore(int64_t byte_budget) : budget_(byte_budget) {}
 
   std::shared_ptr<const ChunkKv> get(const ChunkKey& key) override;
   bool contains(const ChunkKey& key) const override;
   // Inserts (or replaces) an entry, evicting the least recently used ones to fit.
-  // An entry larger than the whole budget is not stored; returns false then.
+  // An entry larger than the whole budget (or a null one) is not stored; returns
+  // false then. The eviction listener runs after the store's lock is released, on
+  // the thread of this put, once per victim, least recently used first; by then the
+  // victims are gone from this store (a get() in between is a miss).
   bool put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) override;
   bool erase(const ChunkKey& key) override;
   StoreStats stats() const override;
   int64_t budget() const override { return budget_; }
   std::string_view name() const override { return "ram"; }
+
+  // Replaces the listener (an empty one removes it). Puts already past their
+  // eviction step may still call the previous one.
+  void set_eviction_listener(EvictionListener listener);
 
  private:
   struct Entry {
@@ -38,6 +50,7 @@ class MemoryKvStore : public KvStore {
   std::list<ChunkKey> lru_;  // front = most recent
   std::unordered_map<ChunkKey, Entry, ChunkKeyHash> map_;
   StoreStats stats_;
+  std::shared_ptr<const EvictionListener> listener_;  // swapped whole under mu_
 };
 
 }  // namespace bs

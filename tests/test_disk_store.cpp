@@ -1,9 +1,12 @@
 // The SSD tier: bit-exact round trips, the per-layer reader, restart, LRU budget,
 // and every kind of damaged file being a miss (and removed), never a wrong answer.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +83,23 @@ void flip_byte(const std::string& path, int64_t offset) {
 
 constexpr int64_t kBig = int64_t{1} << 30;
 
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void write_all(const fs::path& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f << bytes;
+}
+
+void set_mtime(const fs::path& path, int64_t seconds) {
+  struct timespec times[2];
+  times[0].tv_sec = times[1].tv_sec = static_cast<time_t>(seconds);
+  times[0].tv_nsec = times[1].tv_nsec = 0;
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+}
+
 TEST(DiskStore, RoundTripBitExact) {
   TempDir dir;
   std::mt19937 rng(1);
@@ -152,22 +172,129 @@ TEST(DiskStore, RestartFindsAllEntries) {
   TempDir dir;
   std::mt19937 rng(3);
   std::vector<std::shared_ptr<ChunkKv>> kvs;
+  int64_t bytes_before = 0;
   {
     DiskKvStore store(dir.str(), kBig);
     for (int i = 0; i < 1000; ++i) {
-      kvs.push_back(random_kv(rng, 2, 1, 4, 8));
+      kvs.push_back(random_kv(rng, 2, 1, 4, 16));
       ASSERT_TRUE(store.put(key_of(*kvs.back(), i), kvs.back()));
     }
     EXPECT_EQ(store.stats().entries, 1000);
+    bytes_before = store.stats().bytes;
   }
   DiskKvStore again(dir.str(), kBig);
   EXPECT_EQ(again.stats().entries, 1000);
+  EXPECT_EQ(again.stats().bytes, bytes_before);
   for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(again.contains(key_of(*kvs[i], i))) << i;
     auto got = again.get(key_of(*kvs[i], i));
     ASSERT_NE(got, nullptr) << i;
     expect_same(*got, *kvs[i]);
   }
-  EXPECT_EQ(again.stats().corrupt, 0);
+  const StoreStats s = again.stats();
+  EXPECT_EQ(s.corrupt, 0);
+  EXPECT_EQ(s.hits, 1000);
+  EXPECT_EQ(s.evictions, 0);
+  EXPECT_EQ(s.bytes, bytes_before);
+}
+
+// A crash after the temp file was written (whole, or half) but before the rename:
+// the next start-up indexes neither, deletes both, and keeps the entries it had.
+TEST(DiskStore, CrashBetweenWriteAndRenameLeavesNoEntry) {
+  TempDir dir, elsewhere;
+  std::mt19937 rng(13);
+  auto kept = random_kv(rng, 2, 2, 8, 16), fresh = random_kv(rng, 2, 2, 8, 16), half = random_kv(rng, 2, 2, 8, 16);
+  auto kept_v2 = random_kv(rng, 2, 2, 8, 16);
+  const ChunkKey k_kept = key_of(*kept), k_fresh = key_of(*fresh), k_half = key_of(*half);
+  {
+    DiskKvStore store(dir.str(), kBig);
+    ASSERT_TRUE(store.put(k_kept, kept));
+  }
+  // Complete, valid files made by another store: what the temp files held.
+  std::string full_fresh, full_half, full_kept_v2;
+  {
+    DiskKvStore other(elsewhere.str(), kBig);
+    ASSERT_TRUE(other.put(k_fresh, fresh));
+    ASSERT_TRUE(other.put(k_half, half));
+    ASSERT_TRUE(other.put(k_kept, kept_v2));
+    full_fresh = read_all(other.path_of(k_fresh));
+    full_half = read_all(other.path_of(k_half));
+    full_kept_v2 = read_all(other.path_of(k_kept));
+  }
+  const std::string pid = std::to_string(::getpid());
+  const fs::path tmp_fresh = dir.path / (k_fresh.hex() + ".bskv.tmp." + pid + ".0");        // whole, never renamed
+  const fs::path tmp_half = dir.path / (k_half.hex() + ".bskv.tmp." + pid + ".1");          // torn mid-write
+  const fs::path tmp_kept = dir.path / (k_kept.hex() + ".bskv.tmp.4242.7");                 // a replacement, whole
+  const fs::path tmp_kept_half = dir.path / (k_kept.hex() + ".bskv.tmp." + pid + ".2");     // one, half
+  write_all(tmp_fresh, full_fresh);
+  write_all(tmp_half, full_half.substr(0, full_half.size() / 2));
+  write_all(tmp_kept, full_kept_v2);
+  write_all(tmp_kept_half, full_kept_v2.substr(0, 5000));
+
+  DiskKvStore store(dir.str(), kBig);
+  for (const auto& p : {tmp_fresh, tmp_half, tmp_kept, tmp_kept_half}) EXPECT_FALSE(fs::exists(p)) << p;
+  EXPECT_EQ(store.stats().entries, 1);
+  EXPECT_FALSE(store.contains(k_fresh));
+  EXPECT_FALSE(store.contains(k_half));
+  EXPECT_EQ(store.get(k_fresh), nullptr);
+  EXPECT_EQ(store.get(k_half), nullptr);
+  EXPECT_FALSE(store.open(k_fresh).has_value());
+  auto got = store.get(k_kept);
+  ASSERT_NE(got, nullptr);
+  expect_same(*got, *kept);  // the old entry, not the unfinished replacement
+  EXPECT_EQ(store.stats().corrupt, 0);
+  EXPECT_EQ(store.stats().bytes, static_cast<int64_t>(fs::file_size(store.path_of(k_kept))));
+  // Only the entry's own file is left.
+  int files = 0;
+  for ([[maybe_unused]] const auto& f : fs::directory_iterator(dir.path)) ++files;
+  EXPECT_EQ(files, 1);
+  // The store still writes new entries normally (the temp counter restarts at 0).
+  ASSERT_TRUE(store.put(k_fresh, fresh));
+  expect_same(*store.get(k_fresh), *fresh);
+}
+
+// Recency survives a restart through the files' mtimes (set on put and on every
+// read): after reopening, the least recently used by mtime is evicted first.
+TEST(DiskStore, EvictionOrderSurvivesRestart) {
+  TempDir dir;
+  std::mt19937 rng(14);
+  std::vector<std::shared_ptr<ChunkKv>> kvs;
+  for (int i = 0; i < 6; ++i) kvs.push_back(random_kv(rng, 2, 2, 8, 16));
+  std::vector<ChunkKey> keys;
+  for (const auto& kv : kvs) keys.push_back(key_of(*kv));
+  int64_t file_bytes = 0;
+  {
+    DiskKvStore store(dir.str(), kBig);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(store.put(keys[i], kvs[i]));
+    file_bytes = store.stats().bytes / 4;
+  }
+  // Distinct mtimes, older than now: 2 oldest, then 0, 3, 1. Put order says 0 1 2 3.
+  const int64_t base = 1'600'000'000;
+  set_mtime(dir.path / (keys[2].hex() + ".bskv"), base + 10);
+  set_mtime(dir.path / (keys[0].hex() + ".bskv"), base + 20);
+  set_mtime(dir.path / (keys[3].hex() + ".bskv"), base + 30);
+  set_mtime(dir.path / (keys[1].hex() + ".bskv"), base + 40);
+  {
+    DiskKvStore store(dir.str(), 4 * file_bytes);
+    EXPECT_EQ(store.stats().entries, 4);
+    ASSERT_TRUE(store.put(keys[4], kvs[4]));
+    EXPECT_FALSE(store.contains(keys[2]));
+    for (int i : {0, 1, 3, 4}) EXPECT_TRUE(store.contains(keys[i])) << i;
+    // A read makes 0 the most recent, here and (through its mtime) after a restart.
+    ASSERT_NE(store.get(keys[0]), nullptr);
+  }
+  {
+    // Order now, oldest first: 3 1 4 0. A smaller budget at start-up drops 3.
+    DiskKvStore store(dir.str(), 3 * file_bytes);
+    EXPECT_EQ(store.stats().entries, 3);
+    EXPECT_EQ(store.stats().evictions, 1);
+    EXPECT_FALSE(store.contains(keys[3]));
+    EXPECT_FALSE(fs::exists(store.path_of(keys[3])));
+    ASSERT_TRUE(store.put(keys[5], kvs[5]));  // evicts 1
+    EXPECT_FALSE(store.contains(keys[1]));
+    for (int i : {0, 4, 5}) EXPECT_TRUE(store.contains(keys[i])) << i;
+    EXPECT_LE(store.stats().bytes, store.budget());
+  }
 }
 
 TEST(DiskStore, EvictsLeastRecentlyUsedWithinBudget) {
@@ -301,6 +428,41 @@ TEST(DiskStore, StartupRemovesGarbageAndTempFilesKeepsOthers) {
   expect_same(*store.get(key), *kv);
 }
 
+// `get` of a key whose file another key's file was renamed over: a miss, counted
+// as corrupt, and that file is removed; the same through open().
+TEST(DiskStore, FileRenamedOverIsAMissAndCorrupt) {
+  TempDir dir;
+  std::mt19937 rng(15);
+  auto a = random_kv(rng, 2, 2, 8, 16), b = random_kv(rng, 2, 2, 8, 16), c = random_kv(rng, 2, 2, 8, 16);
+  const ChunkKey ka = key_of(*a), kb = key_of(*b), kc = key_of(*c);
+  DiskKvStore store(dir.str(), kBig);
+  for (const auto& kv : {a, b, c}) ASSERT_TRUE(store.put(key_of(*kv), kv));
+  fs::rename(store.path_of(ka), store.path_of(kb));
+  EXPECT_TRUE(store.contains(kb));  // the index cannot know yet
+  EXPECT_EQ(store.get(kb), nullptr);
+  StoreStats s = store.stats();
+  EXPECT_EQ(s.corrupt, 1);
+  EXPECT_EQ(s.misses, 1);
+  EXPECT_EQ(s.hits, 0);
+  EXPECT_FALSE(store.contains(kb));
+  EXPECT_FALSE(fs::exists(store.path_of(kb)));
+  // a's name is empty now: a plain miss, not corrupt.
+  EXPECT_EQ(store.get(ka), nullptr);
+  EXPECT_EQ(store.stats().corrupt, 1);
+  EXPECT_FALSE(store.contains(ka));
+  // Through the per-layer reader: b's file (put again) under c's name.
+  ASSERT_TRUE(store.put(kb, b));
+  fs::rename(store.path_of(kb), store.path_of(kc));
+  EXPECT_FALSE(store.open(kc).has_value());
+  EXPECT_EQ(store.stats().corrupt, 2);
+  EXPECT_FALSE(store.contains(kc));
+  EXPECT_FALSE(fs::exists(store.path_of(kc)));
+  EXPECT_EQ(store.get(kc), nullptr);
+  EXPECT_EQ(store.get(kb), nullptr);
+  EXPECT_EQ(store.stats().entries, 0);
+  EXPECT_EQ(store.stats().bytes, 0);
+}
+
 TEST(DiskStore, FileUnderAnotherKeysNameIsAMiss) {
   TempDir dir;
   std::mt19937 rng(8);
@@ -397,6 +559,57 @@ TEST(DiskStore, ConcurrentPutsAndGetsNeverGiveWrongBytes) {
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(store.stats().corrupt, 0);
   EXPECT_LE(store.stats().bytes, store.budget());
+}
+
+// The benchmark throttle: ~4 MB at 20 MB/s cannot take less than ~0.2 s, through
+// get() or through the per-layer reader from several threads. Lower bounds only.
+TEST(DiskStore, ReadThrottleCapsBandwidth) {
+  using clock = std::chrono::steady_clock;
+  TempDir dir;
+  std::mt19937 rng(16);
+  DiskKvStore store(dir.str(), kBig);
+  auto kv = random_kv(rng, 4, 4, 256, 128);  // 1 MiB of K+V per layer, 4 MiB in all
+  const ChunkKey key = key_of(*kv);
+  ASSERT_TRUE(store.put(key, kv));
+  const double total = 2.0 * static_cast<double>(kv->k.size() * sizeof(float));
+  ASSERT_GE(total, 4.0 * 1024 * 1024);
+  EXPECT_EQ(store.read_throttle(), 0.0);
+  store.set_read_throttle(20e6);
+  EXPECT_EQ(store.read_throttle(), 20e6);
+  const double want = total / 20e6;  // 0.21 s
+
+  auto t0 = clock::now();
+  auto got = store.get(key);
+  double took = std::chrono::duration<double>(clock::now() - t0).count();
+  ASSERT_NE(got, nullptr);
+  expect_same(*got, *kv);
+  EXPECT_GE(took, 0.9 * want) << "get() read " << total << " bytes in " << took << " s";
+
+  // Two readers share the one bandwidth.
+  auto e = store.open(key);
+  ASSERT_TRUE(e.has_value());
+  std::atomic<int> bad{0};
+  t0 = clock::now();
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r)
+    readers.emplace_back([&, r] {
+      std::vector<float> k(e->layer_floats()), v(e->layer_floats());
+      for (int l = r; l < e->n_layers; l += 2)
+        if (!store.read_layer(*e, l, k.data(), v.data()) ||
+            std::memcmp(k.data(), kv->k_layer(l), k.size() * sizeof(float)) != 0)
+          ++bad;
+    });
+  for (auto& th : readers) th.join();
+  took = std::chrono::duration<double>(clock::now() - t0).count();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GE(took, 0.9 * want) << "read_layer x2 threads read " << total << " bytes in " << took << " s";
+
+  // Off again: reads still give the same bytes (no upper time bound is asserted).
+  store.set_read_throttle(0);
+  EXPECT_EQ(store.read_throttle(), 0.0);
+  store.set_read_throttle(-5);
+  EXPECT_EQ(store.read_throttle(), 0.0);
+  expect_same(*store.get(key), *kv);
 }
 
 TEST(KvStoreInterface, MemoryStoreThroughInterface) {
