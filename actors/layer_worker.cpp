@@ -41,9 +41,12 @@ void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) 
   r->cache = KvCache();  // moved into the prefill on success; freed otherwise
   r->add_event({"worker", "prefill", -1, begin, r->now_s(), 0});
   if (r->prefill_error.empty()) {
+    // Compute time only: the final pass's layers, without the waits for loads.
     const auto& st = r->prefill.stats;
+    double seconds = 0;
+    for (const auto& lt : st.layers) seconds += lt.compute_end - lt.compute_begin;
     caf::anon_send(h->controller, profile_atom::value, std::string("compute"),
-                   static_cast<int64_t>(st.computed_tokens) * cfg.n_layers, st.compute_seconds);
+                   static_cast<int64_t>(st.computed_tokens) * cfg.n_layers, seconds);
   }
   caf::anon_send(h->fusor, prefilled_atom::value, r);
 }
@@ -103,11 +106,11 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
               },
               ComputeThread::Priority::Background);
         };
-        if (r->options.mode != BlendMode::Full && !r->prompt.prefix.empty() && !r->prefill.stats.prefix_hit)
-          queue(r->prompt.prefix, r->prefix_key);
-        if (r->options.mode == BlendMode::Reuse || r->options.mode == BlendMode::Blend)
-          for (size_t i = 0; i < r->prompt.chunks.size(); ++i)
-            if (!r->plan.chunk_loaded[i] || r->fallback) queue(r->prompt.chunks[i], r->chunk_keys[i]);
+        // Every mode stores what it had to compute: a `full` request warms the
+        // cache for the blend requests after it.
+        if (!r->prompt.prefix.empty() && !r->plan.prefix_loaded) queue(r->prompt.prefix, r->prefix_key);
+        for (size_t i = 0; i < r->prompt.chunks.size(); ++i)
+          if (!r->plan.chunk_loaded[i] || r->fallback) queue(r->prompt.chunks[i], r->chunk_keys[i]);
       },
   };
 }

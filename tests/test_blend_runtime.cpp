@@ -1,0 +1,417 @@
+// The actor runtime end to end on the real model: a request through intake,
+// controller, loaders, worker, fusor and decoder gives the tokens a direct
+// BlendEngine call gives; chunks come back from RAM, from the SSD after a
+// restart, and from a corrupt SSD file (as a miss, never as wrong KV); requests in
+// flight together give what they give alone; bad requests are refused clearly.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/runtime.h"
+#include "actors/runtime_context.h"
+#include "blend/rag_prompt.h"
+#include "model_fixture.h"
+
+namespace bs {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+
+struct Case {
+  std::string question;
+  std::vector<std::string> documents;
+};
+
+// The first `n` cases of the small RAG set, `docs` documents each.
+std::vector<Case> cases(int n, int docs = 3) {
+  std::ifstream in(std::string(BLENDSERVE_FIXTURES) + "/../data/rag_qa_small.jsonl");
+  std::vector<Case> out;
+  std::string line;
+  while (static_cast<int>(out.size()) < n && std::getline(in, line)) {
+    auto j = json::parse(line);
+    Case c;
+    c.question = j.at("question").get<std::string>();
+    for (int i = 0; i < docs; ++i) c.documents.push_back(j.at("documents").at(i).get<std::string>());
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+RuntimeRequest request_for(const Case& c, int max_tokens = 16) {
+  RuntimeRequest r;
+  r.messages = {{"user", c.question + " Answer briefly."}};
+  r.documents = c.documents;
+  r.sampling.max_tokens = max_tokens;
+  r.ratio = 0.15f;  // fixed, so the engine comparison runs the same selection
+  return r;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / ("bs_runtime_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+RuntimeConfig config_in(const fs::path& dir, bool ram = true, bool ssd = true) {
+  RuntimeConfig c = default_runtime_config();
+  c.data_dir = dir.string();
+  c.ssd.path = (dir / "kv").string();
+  c.ram.enabled = ram;
+  c.ssd.enabled = ssd;
+  c.ssd.direct_io = true;
+  return c;
+}
+
+// Write-back happens after the first token, in the background: wait for it.
+void wait_stored(Runtime& rt, const RuntimeRequest& req) {
+  auto& ctx = rt.context();
+  const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, req.documents);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  auto stored = [&] {
+    for (const auto& c : prompt.chunks)
+      if (!ctx.tiered->contains(ctx.engine->chunk_key(c))) return false;
+    return true;
+  };
+  while (!stored() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(stored()) << "write-back did not store the request's chunks";
+}
+
+TEST(Runtime, MatchesADirectEngineCallAndWritesMissedChunksBack) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  Runtime rt(config_in(dir.path()));
+  const auto c = cases(1)[0];
+  const auto req = request_for(c);
+
+  const auto first = rt.run(req);
+  ASSERT_NE(first.finish_reason, "error") << first.error;
+  EXPECT_EQ(first.chunks, 3);
+  EXPECT_EQ(first.chunks_missed, 3);
+  EXPECT_GT(first.tokens.size(), 0u);
+  wait_stored(rt, req);
+
+  const auto second = rt.run(req);
+  ASSERT_NE(second.finish_reason, "error") << second.error;
+  EXPECT_EQ(second.chunks_ram, 3);
+  EXPECT_GT(second.cached_tokens, 0);
+  EXPECT_GT(second.recomputed_tokens, 0);
+  EXPECT_LT(second.recomputed_tokens, second.cached_tokens);
+
+  // The same request straight through the engine, over the same stored KV.
+  auto& ctx = rt.context();
+  const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, req.documents);
+  BlendOptions opt = ctx.config.blend;
+  opt.ratio = 0.15f;
+  auto pre = ctx.engine->prefill(prompt, opt, req.sampling.max_tokens);
+  EXPECT_EQ(pre.stats.chunks_hit, 3);
+  EXPECT_EQ(pre.stats.recomputed_tokens, second.recomputed_tokens);
+  SamplingParams sp = req.sampling;
+  for (const auto& s : ctx.model->chat_template().stop_strings()) sp.stop.push_back(s);
+  const auto direct = decode_from(*ctx.tf, pre.cache, pre.logits, sp);
+  EXPECT_EQ(direct.tokens, second.tokens);
+  EXPECT_EQ(direct.text, second.text);
+}
+
+TEST(Runtime, SsdTierSurvivesARestartAndGivesTheTokensRamGives) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  const auto req = request_for(cases(1)[0]);
+  RequestResult from_ram;
+  {
+    Runtime rt(config_in(dir.path()));
+    rt.run(req);
+    wait_stored(rt, req);
+    from_ram = rt.run(req);
+    ASSERT_EQ(from_ram.chunks_ram, 3);
+  }  // shutdown: queued SSD writes finish
+  {
+    Runtime rt(config_in(dir.path(), /*ram=*/false));
+    EXPECT_GE(rt.context().ssd->stats().entries, 3);
+    const auto from_ssd = rt.run(req);
+    ASSERT_NE(from_ssd.finish_reason, "error") << from_ssd.error;
+    EXPECT_EQ(from_ssd.chunks_ssd, 3);
+    EXPECT_EQ(from_ssd.tokens, from_ram.tokens);
+    // The trace shows the SSD loader delivering every layer, and the overlap.
+    const auto traces = json::parse(rt.traces_json(1));
+    ASSERT_EQ(traces.size(), 1u);
+    const auto& t = traces[0];
+    int ssd_layers = 0;
+    for (const auto& e : t.at("events"))
+      if (e.at("actor") == "loader-ssd" && e.at("what") == "load") ++ssd_layers;
+    EXPECT_EQ(ssd_layers, rt.context().model->config().n_layers);
+    ASSERT_TRUE(t.contains("load_hidden_fraction"));
+    EXPECT_GE(t.at("load_hidden_fraction").get<double>(), 0.0);
+    EXPECT_LE(t.at("load_hidden_fraction").get<double>(), 1.0);
+    EXPECT_TRUE(t.contains("controller"));
+  }
+  {
+    // With RAM on, an SSD hit is promoted: the next request finds the chunks in RAM.
+    Runtime rt(config_in(dir.path()));
+    const auto a = rt.run(req);
+    EXPECT_EQ(a.chunks_ssd, 3);
+    EXPECT_EQ(a.tokens, from_ram.tokens);
+    const auto b = rt.run(req);
+    EXPECT_EQ(b.chunks_ram, 3);
+    EXPECT_EQ(b.tokens, from_ram.tokens);
+  }
+}
+
+TEST(Runtime, ACorruptSsdEntryIsAMissNeverWrongKv) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  const auto req = request_for(cases(1)[0]);
+  {
+    Runtime rt(config_in(dir.path()));
+    rt.run(req);
+    wait_stored(rt, req);
+  }
+  // Two copies of the store: in one a file is corrupted deep inside (layer 20),
+  // in the other the same file is simply gone.
+  const fs::path clean = dir.path() / "kv", gone = dir.path() / "kv_gone";
+  fs::copy(clean, gone);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(clean))
+    if (e.path().extension() == ".bskv") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 3u);
+  // The largest file is a document chunk (the prefix is short).
+  fs::path victim = files[0];
+  for (const auto& f : files)
+    if (fs::file_size(f) > fs::file_size(victim)) victim = f;
+  fs::remove(gone / victim.filename());
+  {
+    // Layer-major file: a 4096-byte header (this chunk's tokens fit in it), then
+    // n_layers equal spans. Flip a byte inside layer 20's K data (not its padding).
+    const auto size = static_cast<std::streamoff>(fs::file_size(victim));
+    const std::streamoff span = (size - 4096) / 30;
+    ASSERT_EQ((size - 4096) % 30, 0);
+    const std::streamoff at = 4096 + 20 * span + 1000;
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    char b = 0;
+    f.seekg(at);
+    f.read(&b, 1);
+    b ^= 0x5a;
+    f.seekp(at);
+    f.write(&b, 1);
+    ASSERT_TRUE(f.good());
+  }
+  auto cfg_gone = config_in(dir.path(), false);
+  cfg_gone.ssd.path = gone.string();
+  cfg_gone.write_back = false;
+  RequestResult expected;
+  {
+    Runtime rt(cfg_gone);
+    expected = rt.run(req);
+    EXPECT_EQ(expected.chunks_missed, 1);
+  }
+  auto cfg = config_in(dir.path(), false);
+  cfg.write_back = false;
+  Runtime rt(cfg);
+  const auto r = rt.run(req);
+  ASSERT_NE(r.finish_reason, "error") << r.error;
+  EXPECT_EQ(r.tokens, expected.tokens);
+  EXPECT_EQ(rt.context().ssd->stats().corrupt, 1);
+  EXPECT_FALSE(fs::exists(victim));
+  const auto t = json::parse(rt.traces_json(1))[0];
+  EXPECT_TRUE(t.at("fallback").get<bool>());
+}
+
+TEST(Runtime, RequestsInFlightTogetherGiveTheTokensTheyGiveAlone) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  Runtime rt(config_in(dir.path()));
+  const auto cs = cases(3);
+  std::vector<RuntimeRequest> reqs;
+  for (const auto& c : cs) reqs.push_back(request_for(c, 12));
+  reqs[2].mode = BlendMode::Full;  // a different path through the same worker
+  for (const auto& r : reqs) {
+    rt.run(r);
+    wait_stored(rt, r);
+  }
+  std::vector<RequestResult> alone;
+  for (const auto& r : reqs) alone.push_back(rt.run(r));
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::promise<RequestResult>> done(reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      RequestCallbacks cb;
+      cb.on_done = [&done, i](const RequestResult& res) { done[i].set_value(res); };
+      rt.submit(reqs[i], std::move(cb));
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const auto res = done[i].get_future().get();
+      ASSERT_NE(res.finish_reason, "error") << res.error;
+      EXPECT_EQ(res.tokens, alone[i].tokens) << "request " << i << " round " << round;
+      EXPECT_EQ(res.text, alone[i].text);
+    }
+  }
+  EXPECT_EQ(rt.in_flight(), 0);
+}
+
+TEST(Runtime, BadRequestsAreRefusedWithClearErrorsAndTheRuntimeGoesOn) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  auto cfg = config_in(dir.path());
+  cfg.max_prompt_tokens = 200;
+  cfg.max_requests = 1;
+  Runtime rt(cfg);
+  auto refused = [&](RuntimeRequest req, RequestErrc code, const std::string& words) {
+    try {
+      rt.submit(std::move(req), {});
+      ADD_FAILURE() << "accepted; expected: " << words;
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.code, code) << e.what();
+      EXPECT_THAT(std::string(e.what()), HasSubstr(words));
+    }
+  };
+  RuntimeRequest ok;
+  ok.messages = {{"user", "Say hi."}};
+  ok.sampling.max_tokens = 4;
+  RuntimeRequest r = ok;
+  r.messages.clear();
+  refused(r, RequestErrc::invalid, "messages must not be empty");
+  r = ok;
+  r.messages[0].role = "robot";
+  refused(r, RequestErrc::invalid, "unknown role 'robot'");
+  r = ok;
+  r.messages.push_back({"assistant", "hi"});
+  refused(r, RequestErrc::invalid, "last message must be the user's");
+  r = ok;
+  r.sampling.temperature = 5;
+  refused(r, RequestErrc::invalid, "temperature");
+  r = ok;
+  r.sampling.max_tokens = 0;
+  refused(r, RequestErrc::invalid, "max_tokens");
+  r = ok;
+  r.ratio = 1.5f;
+  refused(r, RequestErrc::invalid, "ratio");
+  r = ok;
+  r.documents = cases(1)[0].documents;  // ~1000 tokens > 200
+  refused(r, RequestErrc::too_long, "at most 200");
+  r = ok;
+  r.raw = true;
+  refused(r, RequestErrc::invalid, "raw prompt takes no messages");
+
+  // One request in flight at most: a second one is refused, not queued forever.
+  std::promise<RequestResult> done;
+  RequestCallbacks cb;
+  cb.on_done = [&](const RequestResult& res) { done.set_value(res); };
+  RuntimeRequest slow = ok;
+  slow.sampling.max_tokens = 64;
+  rt.submit(slow, std::move(cb));
+  refused(ok, RequestErrc::overloaded, "too many requests");
+  EXPECT_NE(done.get_future().get().finish_reason, "error");
+  // And afterwards the runtime answers normally.
+  const auto res = rt.run(ok);
+  EXPECT_NE(res.finish_reason, "error") << res.error;
+  EXPECT_GT(res.tokens.size(), 0u);
+  rt.shutdown();
+  refused(ok, RequestErrc::shutting_down, "shut");
+}
+
+TEST(Runtime, ACallerThatStopsListeningCancelsItsRequest) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  Runtime rt(config_in(dir.path()));
+  RuntimeRequest req;
+  req.messages = {{"user", "Write a long story about a lighthouse keeper."}};
+  req.sampling.max_tokens = 200;
+  int pieces = 0;
+  const auto res = rt.run(req, [&](std::string_view) { return ++pieces < 3; });
+  EXPECT_EQ(res.finish_reason, "cancelled");
+  EXPECT_EQ(pieces, 3);
+  EXPECT_LT(res.tokens.size(), 20u);
+  EXPECT_EQ(rt.in_flight(), 0);
+  // cancel() by id from another thread.
+  std::promise<RequestResult> done;
+  RequestCallbacks cb;
+  std::promise<void> started;
+  bool once = false;
+  cb.on_text = [&](std::string_view) {
+    if (!once) started.set_value();
+    once = true;
+    return true;
+  };
+  cb.on_done = [&](const RequestResult& r) { done.set_value(r); };
+  const uint64_t id = rt.submit(req, std::move(cb));
+  started.get_future().wait();
+  EXPECT_TRUE(rt.cancel(id));
+  const auto r2 = done.get_future().get();
+  EXPECT_EQ(r2.finish_reason, "cancelled");
+  EXPECT_LT(r2.tokens.size(), 200u);
+  EXPECT_FALSE(rt.cancel(id));  // gone
+}
+
+TEST(Runtime, ControllerRaisesTheRatioWhenLoadingIsTheBottleneck) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  const auto req0 = request_for(cases(1)[0]);
+  {
+    Runtime rt(config_in(dir.path()));
+    rt.run(req0);
+    wait_stored(rt, req0);
+  }
+  auto cfg = config_in(dir.path(), /*ram=*/false);
+  cfg.ssd.throttle_bytes_per_s = 20e6;  // a slow disk: ~45 MB of chunk KV takes ~2 s
+  cfg.write_back = false;
+  Runtime rt(cfg);
+  RuntimeRequest req = req0;
+  req.ratio.reset();  // the controller decides
+  const auto first = rt.run(req);  // measures the tier
+  EXPECT_EQ(first.chunks_ssd, 3);
+  const auto second = rt.run(req);
+  EXPECT_EQ(second.chunks_ssd, 3);
+  EXPECT_GT(second.ratio, cfg.blend.ratio + 0.1f);
+  const auto t = json::parse(rt.traces_json(1))[0];
+  EXPECT_THAT(t.at("controller").at("reason").get<std::string>(), HasSubstr("load-bound"));
+  EXPECT_NEAR(t.at("controller").at("inputs").at("ssd_bytes_per_s").get<double>(), 20e6, 8e6);
+  // A requested ratio is never overridden.
+  req.ratio = 0.15f;
+  const auto fixed = rt.run(req);
+  EXPECT_FLOAT_EQ(fixed.ratio, 0.15f);
+}
+
+TEST(Runtime, InspectorListsEveryActor) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  Runtime rt(config_in(dir.path()));
+  RuntimeRequest req;
+  req.messages = {{"user", "Say hi."}};
+  req.sampling.max_tokens = 3;
+  rt.run(req);
+  const auto actors = json::parse(rt.actors_json());
+  std::set<std::string> names;
+  for (const auto& a : actors) names.insert(a.at("actor").get<std::string>());
+  for (const char* n : {"intake", "controller", "loader-ram", "loader-ssd", "layer-worker", "fusor", "decoder",
+                        "inspector", "compute-thread"})
+    EXPECT_TRUE(names.count(n)) << n;
+  for (const auto& a : actors) {
+    if (a.at("actor") == "intake" || a.at("actor") == "decoder") {
+      EXPECT_GE(a.at("messages").get<int64_t>(), 1) << a.dump();
+    }
+  }
+  // The last trace is also on disk for `blendctl trace --last`.
+  EXPECT_TRUE(fs::exists(dir.path() / "traces" / "last.json"));
+}
+
+}  // namespace
+}  // namespace bs
