@@ -10,7 +10,7 @@ namespace bs {
 
 ComputeThread::ComputeThread(int threads) : thread_([this, threads] { loop(threads); }) {}
 
-ComputeThread::~ComputeThread() { stop(); }
+ComputeThread::~ComputeThread() { stop(false); }
 
 bool ComputeThread::submit(std::function<void()> job, Priority p) {
   {
@@ -22,12 +22,12 @@ bool ComputeThread::submit(std::function<void()> job, Priority p) {
   return true;
 }
 
-void ComputeThread::stop() {
+void ComputeThread::stop(bool finish_background) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
-    background_.clear();
+    if (!finish_background) background_.clear();
   }
   cv_.notify_all();
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();

@@ -21,13 +21,15 @@ class ComputeThread {
   enum class Priority { Urgent, Background };
   // threads: OpenMP threads for the jobs (0 = all cores).
   explicit ComputeThread(int threads);
-  ~ComputeThread();  // stop(): finishes the running job, drops queued background jobs
+  ~ComputeThread();  // stop(false)
   ComputeThread(const ComputeThread&) = delete;
   ComputeThread& operator=(const ComputeThread&) = delete;
 
   // False after stop(). Urgent jobs queued before stop() still run.
   bool submit(std::function<void()> job, Priority p = Priority::Urgent);
-  void stop();
+  // Joins the thread after the queued urgent jobs; queued background jobs run
+  // too with finish_background, else they are dropped.
+  void stop(bool finish_background = false);
   int64_t queued() const;
   double busy_seconds() const;
   int64_t jobs_done() const;

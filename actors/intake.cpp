@@ -19,9 +19,9 @@ void check(bool ok, RequestErrc code, const std::string& message) {
 void prepare(RuntimeContext& ctx, RequestState& r) {
   const auto& q = r.request;
   check(!ctx.shutting_down.load(), RequestErrc::shutting_down, "the server is shutting down");
-  if (q.raw) {
+  if (q.raw || q.prompt) {
     check(q.messages.empty() && q.documents.empty(), RequestErrc::invalid,
-          "a raw prompt takes no messages or documents");
+          "a raw or pre-tokenized prompt takes no messages or documents");
   } else {
     check(!q.messages.empty(), RequestErrc::invalid, "messages must not be empty");
     for (const auto& m : q.messages)
@@ -38,7 +38,11 @@ void prepare(RuntimeContext& ctx, RequestState& r) {
   if (q.ratio) check(*q.ratio >= 0.0f && *q.ratio <= 1.0f, RequestErrc::invalid, "ratio must be in [0, 1]");
 
   const auto& model = *ctx.model;
-  if (q.raw) {
+  if (q.prompt) {
+    r.prompt = *q.prompt;
+    for (int32_t t : r.prompt.concatenated())
+      check(t >= 0 && t < model.config().vocab, RequestErrc::invalid, "token id out of range");
+  } else if (q.raw) {
     r.prompt = RagPrompt{};
     r.prompt.suffix = model.tokenizer().encode(q.raw_prompt, false);
   } else {

@@ -35,6 +35,9 @@ struct RuntimeRequest {
   // `messages`/`documents` must be empty.
   bool raw = false;
   std::string raw_prompt;
+  // Pre-tokenized prompt (tools and benchmarks that need exact chunk sizes):
+  // used as is; `messages`/`documents` must be empty. Template stop strings apply.
+  std::optional<RagPrompt> prompt;
 };
 
 // What a caller gets back at the end.

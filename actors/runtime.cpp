@@ -258,7 +258,7 @@ std::string Runtime::stores_json() const {
   return j.dump();
 }
 
-void Runtime::shutdown() {
+void Runtime::shutdown(bool finish_write_back) {
   auto& a = *actors_;
   {
     std::lock_guard<std::mutex> lock(a.mu);
@@ -275,7 +275,7 @@ void Runtime::shutdown() {
   // Background write-back computes are dropped (they are a cache, recomputed on
   // demand); the one running finishes. Then every store already handed to the
   // fusor or the SSD loader is written before the actors stop.
-  ctx_->compute->stop();
+  ctx_->compute->stop(finish_write_back);
   {
     caf::scoped_actor self{*a.system};
     self->request(a.h->fusor, std::chrono::seconds(120), flush_atom::value).receive([](bool) {}, [](caf::error&) {});

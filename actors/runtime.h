@@ -51,7 +51,10 @@ class Runtime {
 
   // Refuses new requests, cancels those in flight and waits for them, lets queued
   // SSD writes finish, stops the actors and the compute thread. Idempotent.
-  void shutdown();
+  // finish_write_back: first compute and store the chunks queued for write-back
+  // (a one-shot command's next run then hits); otherwise they are dropped (they
+  // are a cache) — what is being written finishes either way.
+  void shutdown(bool finish_write_back = false);
 
   const RuntimeContext& context() const { return *ctx_; }
   RuntimeContext& context() { return *ctx_; }

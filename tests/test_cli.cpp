@@ -8,11 +8,35 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <csignal>
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
 
 #include "tests/model_fixture.h"
 
 namespace {
+
+namespace fs = std::filesystem;
+
+// Every process these tests start keeps its SSD tier and traces in a fresh
+// directory, never in the user's cache.
+const fs::path& data_dir() {
+  static const fs::path dir = [] {
+    auto d = fs::temp_directory_path() / ("bs_cli_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    ::setenv("BLENDSERVE_DATA_DIR", d.c_str(), 1);
+    return d;
+  }();
+  return dir;
+}
+struct RemoveDataDir : ::testing::Environment {
+  void TearDown() override { fs::remove_all(data_dir()); }
+};
+const auto* remove_data_dir = ::testing::AddGlobalTestEnvironment(new RemoveDataDir);
 
 struct Run {
   int code = -1;
@@ -130,6 +154,87 @@ TEST(Cli, TtftBenchRunsAllFourModes) {
   EXPECT_EQ(modes, (std::vector<std::string>{"full", "prefix", "reuse", "blend"}));
   EXPECT_DOUBLE_EQ(lines[0].at("ratio_to_full").get<double>(), 1.0);
   EXPECT_EQ(lines[4].at("bench"), "ttft_summary");
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Cli, GenerateWithDocumentsStoresThemForTheNextRunAndTraceShowsIt) {
+  REQUIRE_MODEL();
+  const std::string cmd =
+      "blendserve generate --prompt 'Who invented the Sarura compass?' "
+      "--document 'Teodor Brandlam invented the Sarura compass in 1802 while working in Luddale.' "
+      "--document 'Amalia Ullam was a mathematician born in Luddale in 1791.' --max-tokens 8 --stats";
+  auto first = run(cmd);
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_NE(first.out.find("chunks: 0 ram, 0 ssd, 2 missed"), std::string::npos) << first.out;
+  // A new process: RAM is empty, the documents come from the SSD tier.
+  auto second = run(cmd);
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_NE(second.out.find("chunks: 0 ram, 2 ssd, 0 missed"), std::string::npos) << second.out;
+  auto trace = run("blendctl trace --last");
+  ASSERT_EQ(trace.code, 0) << trace.out;
+  EXPECT_NE(trace.out.find("ssd ssd"), std::string::npos) << trace.out;
+  EXPECT_NE(trace.out.find("loader-ssd load"), std::string::npos) << trace.out;
+  EXPECT_NE(trace.out.find("of the load time hidden"), std::string::npos) << trace.out;
+  auto raw = run("blendctl trace --last --json");
+  ASSERT_EQ(raw.code, 0);
+  const auto j = nlohmann::json::parse(raw.out);
+  EXPECT_EQ(j.at("chunk_tiers"), nlohmann::json({"ssd", "ssd"}));
+  EXPECT_EQ(run("blendctl trace --file /nonexistent.json").code, 1);
+}
+
+TEST(Cli, SigintCancelsTheRequestAndExitsCleanly) {
+  REQUIRE_MODEL();
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    const std::string bin = std::string(BLENDSERVE_BINARY_DIR) + "/blendserve";
+    execl(bin.c_str(), bin.c_str(), "generate", "--chat", "--prompt", "Write a very long story about the sea.",
+          "--document", "The sea covers most of the Earth.", "--max-tokens", "4000", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  // Wait for the first text, then interrupt.
+  std::string text;
+  char buf[256];
+  pollfd pfd{out[0], POLLIN, 0};
+  while (text.size() < 20 && poll(&pfd, 1, 60000) > 0) {
+    const ssize_t n = read(out[0], buf, sizeof buf);
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ASSERT_GE(text.size(), 20u) << text;
+  kill(pid, SIGINT);
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    while (read(out[0], buf, sizeof buf) > 0) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (done == 0) kill(pid, SIGKILL);
+  close(out[0]);
+  ASSERT_EQ(done, pid) << "blendserve did not exit within 60 s of SIGINT";
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  // Nothing half-written is left in the SSD tier.
+  for (const auto& e : fs::directory_iterator(data_dir() / "kv"))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST(Cli, ABadConfigIsAClearErrorNamingTheKey) {
+  const auto path = data_dir() / "bad.yaml";
+  std::ofstream(path) << "tiers:\n  ram:\n    budgte: 1GiB\n";
+  auto r = run("blendserve --config " + path.string() + " generate --prompt hi");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("tiers.ram.budgte"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "model/tokenizer.h"
 
 namespace bs::tools {
 
@@ -32,6 +33,28 @@ struct TtftOptions {
   int repeats = 1;   // runs of each request per mode (median reported)
 };
 int bench_ttft(const TtftOptions& opt);
+
+// Chunks of exactly `chunk_tokens` tokens cut from the dataset's documents (after
+// skipping `skip` documents).
+std::vector<std::vector<int32_t>> make_bench_chunks(const Tokenizer& tok, const std::string& dataset, int count,
+                                                    int chunk_tokens, int skip);
+
+// `bench ttft --tier ...`: the same blend requests through the actor runtime with
+// chunks stored in the given tiers, against a direct BlendEngine call over the same
+// stores, plus `full` for reference; the trace's load overlap per request.
+struct RuntimeBenchOptions {
+  TtftOptions ttft;
+  std::vector<std::string> tiers{"ram"};  // ram | ssd (each run in its own runtime)
+  bool direct_io = false;                 // SSD reads with O_DIRECT (real reads, not the page cache)
+  double throttle_bytes_per_s = 0;        // SSD read bandwidth cap (0: none)
+  bool adaptive = false;                  // let the loading controller pick the ratio (>= --ratio)
+  std::string data_dir;                   // where the SSD tier lives (default: a fresh temp dir)
+};
+int bench_ttft_runtime(const RuntimeBenchOptions& opt);
+
+// blendctl trace: a request's timeline as a table (per layer: load per tier, wait,
+// compute), the controller's decision and the fraction of load time hidden.
+int print_trace(const std::string& file, bool last, const std::string& data_dir, bool raw_json);
 
 struct EvalOptions {
   std::string model_path;

@@ -21,9 +21,11 @@ namespace {
 
 using json = nlohmann::json;
 
+}  // namespace
+
 // Chunks of exactly `chunk_tokens` tokens cut from the dataset's documents,
 // (joined document text), so the sizes are exact and the text is realistic.
-std::vector<std::vector<int32_t>> make_chunks(const Tokenizer& tok, const std::string& dataset, int count,
+std::vector<std::vector<int32_t>> make_bench_chunks(const Tokenizer& tok, const std::string& dataset, int count,
                                               int chunk_tokens, int skip) {
   std::ifstream in(dataset);
   if (!in) throw std::runtime_error("cannot open dataset " + dataset);
@@ -48,7 +50,6 @@ std::vector<std::vector<int32_t>> make_chunks(const Tokenizer& tok, const std::s
   return chunks;
 }
 
-}  // namespace
 
 int bench_ttft(const TtftOptions& opt) {
   auto backend = kernels::make_cpu_backend();
@@ -66,7 +67,7 @@ int bench_ttft(const TtftOptions& opt) {
   for (int req = 0; req < opt.requests; ++req) {
     RagPrompt prompt = assemble_rag_prompt(tok, model.chat_template(),
                                            {{"user", "Which of the facts above happened first? Answer briefly."}}, {});
-    prompt.chunks = make_chunks(tok, opt.dataset, opt.chunks, opt.chunk_tokens, req * opt.chunks * 3);
+    prompt.chunks = make_bench_chunks(tok, opt.dataset, opt.chunks, opt.chunk_tokens, req * opt.chunks * 3);
     prompt_tokens = prompt.size();
     engine.warm(prompt);
     for (int rep = 0; rep < opt.repeats + (req == 0 ? 1 : 0); ++rep) {  // request 0 warms oneDNN up

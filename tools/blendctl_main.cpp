@@ -34,6 +34,25 @@ int main(int argc, char** argv) {
   ttft->add_option("--repeats", topt.repeats, "Runs per request and mode")->check(CLI::Range(1, 100));
   ttft->add_option("--dataset", topt.dataset, "JSON lines whose documents provide the chunk text");
   ttft->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  bs::tools::RuntimeBenchOptions ropt;
+  std::vector<std::string> tiers;
+  double throttle_mbps = 0;
+  ttft->add_option("--tier", tiers,
+                   "Through the actor runtime with the chunks in this tier (ram, ssd; repeatable): blend vs a direct "
+                   "engine call, load overlap from the trace")
+      ->check(CLI::IsMember({"ram", "ssd"}));
+  ttft->add_flag("--direct-io", ropt.direct_io, "SSD tier: O_DIRECT reads (real reads, not the page cache)");
+  ttft->add_option("--throttle-mbps", throttle_mbps, "SSD tier: cap reads at this many MB/s")->check(CLI::NonNegativeNumber);
+  ttft->add_flag("--adaptive", ropt.adaptive, "Let the loading controller raise the ratio above --ratio");
+  ttft->add_option("--data-dir", ropt.data_dir, "Where the SSD tier lives (default: a temp dir, removed after)");
+
+  auto* trace = app.add_subcommand("trace", "Print a request's trace: per-layer timeline and load overlap");
+  std::string trace_file, trace_data_dir;
+  bool trace_last = false, trace_json = false;
+  trace->add_flag("--last", trace_last, "The last request of the last runtime (<data dir>/traces/last.json)");
+  trace->add_option("--file", trace_file, "A trace JSON file");
+  trace->add_option("--data-dir", trace_data_dir, "Data dir (default: as the runtime resolves it)");
+  trace->add_flag("--json", trace_json, "Print the raw JSON");
 
   bs::tools::EvalOptions eopt;
   auto* eval = app.add_subcommand("eval", "RAG quality of full/prefix/reuse/blend on a QA set (JSON lines)");
@@ -54,7 +73,14 @@ int main(int argc, char** argv) {
   topt.model_path = eopt.model_path = opt.model_path;
   try {
     if (prefill->parsed()) return bs::tools::bench_prefill(opt);
+    if (ttft->parsed() && !tiers.empty()) {
+      ropt.ttft = topt;
+      ropt.tiers = tiers;
+      ropt.throttle_bytes_per_s = throttle_mbps * 1e6;
+      return bs::tools::bench_ttft_runtime(ropt);
+    }
     if (ttft->parsed()) return bs::tools::bench_ttft(topt);
+    if (trace->parsed()) return bs::tools::print_trace(trace_file, trace_last, trace_data_dir, trace_json);
     if (eval->parsed()) {
       eopt.modes.clear();
       std::string m;

@@ -81,7 +81,9 @@ int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
                  r.chunks_ssd, r.chunks_missed, r.ratio, r.ttft_seconds, r.tokens.size(), r.decode_seconds,
                  r.tokens.size() / std::max(r.decode_seconds, 1e-9), r.finish_reason.c_str());
   if (g.trace) std::fprintf(stderr, "%s\n", runtime.traces_json(1).c_str());
-  runtime.shutdown();
+  // A finished run stores what it computed (the next run hits); an interrupted one
+  // only completes the writes in progress.
+  runtime.shutdown(/*finish_write_back=*/!interrupted.load());
   return interrupted.load() ? 130 : 0;
 }
 

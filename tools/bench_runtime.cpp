@@ -1,0 +1,182 @@
+// blendctl bench ttft --tier ram|ssd: blend TTFT through the actor runtime, with
+// the chunks stored in one tier, against a direct BlendEngine call on the same
+// request over the same stores (which reads whole entries first, then computes),
+// plus `full` through the runtime for reference. Each tier runs in its own
+// runtime (RAM-only or SSD-only), so a chunk comes from exactly that tier. The
+// trace of every runtime request gives the load span and the fraction of it
+// hidden behind compute.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/runtime.h"
+#include "actors/runtime_context.h"
+#include "model/generate.h"
+#include "tools/bench.h"
+#include "tools/progress.h"
+
+namespace bs::tools {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Samples {
+  std::vector<double> ttft, hidden, load_span, wait, ratio;
+};
+
+}  // namespace
+
+int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
+  const auto& t = opt.ttft;
+  std::string data_dir = opt.data_dir;
+  bool temp_dir = false;
+  if (data_dir.empty()) {
+    data_dir = (fs::temp_directory_path() / ("blendctl_bench_" + std::to_string(::getpid()))).string();
+    temp_dir = true;
+  }
+  std::map<std::string, double> blend_ttft_by_tier, load_by_tier;
+  json summary = {{"bench", "ttft_runtime_summary"}, {"chunks", t.chunks}, {"chunk_tokens", t.chunk_tokens},
+                  {"ratio_floor", t.ratio}, {"adaptive", opt.adaptive}, {"direct_io", opt.direct_io},
+                  {"throttle_bytes_per_s", opt.throttle_bytes_per_s}};
+  Progress progress("bench ttft --tier", static_cast<int>(opt.tiers.size()) * t.requests * (2 + t.repeats));
+  for (const auto& tier : opt.tiers) {
+    if (tier != "ram" && tier != "ssd") throw std::invalid_argument("unknown tier '" + tier + "' (ram, ssd)");
+    RuntimeConfig cfg = default_runtime_config();
+    cfg.model_path = t.model_path;
+    cfg.precision = t.precision;
+    cfg.data_dir = data_dir;
+    cfg.ssd.path = (fs::path(data_dir) / ("kv_" + tier)).string();
+    fs::remove_all(cfg.ssd.path);  // cold store: every chunk is written by this run
+    cfg.ram.enabled = tier == "ram";
+    cfg.ram.budget_bytes = int64_t{16} << 30;
+    cfg.ssd.enabled = tier == "ssd";
+    cfg.ssd.direct_io = opt.direct_io;
+    cfg.ssd.throttle_bytes_per_s = opt.throttle_bytes_per_s;
+    cfg.blend.ratio = t.ratio;
+    cfg.blend.check_layers = t.check_layers;
+    cfg.adaptive_ratio = opt.adaptive;
+    Runtime rt(cfg);
+    auto& ctx = rt.context();
+    const auto& tok = ctx.model->tokenizer();
+
+    std::vector<RuntimeRequest> reqs;
+    for (int i = 0; i < t.requests; ++i) {
+      RuntimeRequest r;
+      RagPrompt p = assemble_rag_prompt(tok, ctx.model->chat_template(),
+                                        {{"user", "Which of the facts above happened first? Answer briefly."}}, {});
+      p.chunks = make_bench_chunks(tok, t.dataset, t.chunks, t.chunk_tokens, i * t.chunks * 3);
+      r.prompt = std::move(p);
+      r.sampling.max_tokens = 1;
+      if (!opt.adaptive) r.ratio = t.ratio;
+      reqs.push_back(std::move(r));
+    }
+    // Store every chunk (a miss computes and writes back), then one blend run per
+    // request so one-time costs (oneDNN primitives per shape) are out of the way.
+    for (const auto& r : reqs) {
+      rt.run(r);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+      auto stored = [&] {
+        for (const auto& c : r.prompt->chunks)
+          if (!ctx.tiered->contains(ctx.engine->chunk_key(c))) return false;
+        return ctx.tiered->contains(ctx.engine->prefix_key(r.prompt->prefix));
+      };
+      while (!stored() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (!stored()) throw std::runtime_error("write-back did not store the chunks");
+      progress.tick();
+    }
+    for (const auto& r : reqs) {
+      rt.run(r);
+      progress.tick();
+    }
+
+    Samples runtime_blend, engine_blend, runtime_full;
+    int64_t prompt_tokens = 0;
+    for (int rep = 0; rep < t.repeats; ++rep)
+      for (const auto& r : reqs) {
+        prompt_tokens = r.prompt->size();
+        const auto res = rt.run(r);
+        if (res.finish_reason == "error") throw std::runtime_error(res.error);
+        if (res.chunks_missed > 0) throw std::runtime_error("a chunk missed in the measured run");
+        const auto trace = json::parse(rt.traces_json(1)).at(0);
+        runtime_blend.ttft.push_back(res.ttft_seconds);
+        runtime_blend.ratio.push_back(res.ratio);
+        runtime_blend.wait.push_back(trace.at("wait_s").get<double>());
+        if (trace.contains("load_hidden_fraction")) {
+          runtime_blend.hidden.push_back(trace.at("load_hidden_fraction").get<double>());
+          runtime_blend.load_span.push_back(trace.at("load_span_s").get<double>());
+        }
+        // The same request straight through the engine, at the ratio the runtime ran.
+        BlendOptions o = ctx.config.blend;
+        o.ratio = res.ratio;
+        const auto t0 = std::chrono::steady_clock::now();
+        auto pre = ctx.engine->prefill(*r.prompt, o, 1);
+        (void)argmax(pre.logits.data(), ctx.model->config().vocab);
+        engine_blend.ttft.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        RuntimeRequest full = r;
+        full.mode = BlendMode::Full;
+        runtime_full.ttft.push_back(rt.run(full).ttft_seconds);
+        progress.tick();
+      }
+    const double rb = median(runtime_blend.ttft), eb = median(engine_blend.ttft), rf = median(runtime_full.ttft);
+    auto row = [&](const char* path, const char* mode, const Samples& s) {
+      json j = {{"bench", "ttft_runtime"},
+                {"isa", ctx.backend->kernel_id()},
+                {"precision", kernels::precision_name(ctx.precision)},
+                {"tier", tier},
+                {"path", path},
+                {"mode", mode},
+                {"prompt_tokens", prompt_tokens},
+                {"samples", s.ttft.size()},
+                {"ttft_s", median(s.ttft)}};
+      if (!s.ratio.empty()) j["ratio"] = median(s.ratio);
+      if (!s.hidden.empty()) {
+        j["load_span_s"] = median(s.load_span);
+        j["wait_s"] = median(s.wait);
+        j["load_hidden_fraction"] = median(s.hidden);
+      }
+      std::printf("%s\n", j.dump().c_str());
+      std::fflush(stdout);
+    };
+    row("runtime", "blend", runtime_blend);
+    row("engine", "blend", engine_blend);
+    row("runtime", "full", runtime_full);
+    summary[tier + "_runtime_blend_ttft_s"] = rb;
+    summary[tier + "_engine_blend_ttft_s"] = eb;
+    summary[tier + "_runtime_full_ttft_s"] = rf;
+    summary[tier + "_runtime_vs_engine"] = rb / eb;
+    summary[tier + "_blend_vs_full"] = rb / rf;
+    if (!runtime_blend.hidden.empty()) {
+      summary[tier + "_load_hidden_fraction"] = median(runtime_blend.hidden);
+      summary[tier + "_load_span_s"] = median(runtime_blend.load_span);
+      load_by_tier[tier] = median(runtime_blend.load_span);
+    }
+    summary[tier + "_ratio"] = median(runtime_blend.ratio);
+    blend_ttft_by_tier[tier] = rb;
+  }
+  if (blend_ttft_by_tier.count("ram") && blend_ttft_by_tier.count("ssd")) {
+    summary["ssd_vs_ram"] = blend_ttft_by_tier["ssd"] / blend_ttft_by_tier["ram"];
+    // TTFT against its floor: the slower of loading from SSD and computing at the
+    // floor ratio (the RAM run's blend TTFT is that compute, loads being ~free).
+    const double bound = std::max(load_by_tier["ssd"], blend_ttft_by_tier["ram"]);
+    summary["ssd_bound_s"] = bound;
+    summary["ssd_vs_bound"] = blend_ttft_by_tier["ssd"] / bound;
+  }
+  std::printf("%s\n", summary.dump().c_str());
+  if (temp_dir) fs::remove_all(data_dir);
+  return 0;
+}
+
+}  // namespace bs::tools

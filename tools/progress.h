@@ -1,0 +1,28 @@
+// Progress of a long-running command on stderr: "label: done/total, elapsed, ETA".
+// Results go to stdout as JSON lines; this never touches stdout.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+namespace bs::tools {
+
+class Progress {
+ public:
+  Progress(std::string label, int total) : label_(std::move(label)), total_(total), t0_(clock::now()) {}
+  void tick(int n = 1) {
+    done_ += n;
+    const double elapsed = std::chrono::duration<double>(clock::now() - t0_).count();
+    const double eta = done_ > 0 ? elapsed / done_ * (total_ - done_) : 0.0;
+    std::fprintf(stderr, "%s: %d/%d, %.0f s elapsed, ETA %.0f s\n", label_.c_str(), done_, total_, elapsed, eta);
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  std::string label_;
+  int total_, done_ = 0;
+  clock::time_point t0_;
+};
+
+}  // namespace bs::tools
