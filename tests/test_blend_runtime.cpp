@@ -309,7 +309,7 @@ TEST(Runtime, BadRequestsAreRefusedWithClearErrorsAndTheRuntimeGoesOn) {
   refused(r, RequestErrc::too_long, "at most 200");
   r = ok;
   r.raw = true;
-  refused(r, RequestErrc::invalid, "raw prompt takes no messages");
+  refused(r, RequestErrc::invalid, "raw or pre-tokenized prompt takes no messages");
 
   // One request in flight at most: a second one is refused, not queued forever.
   std::promise<RequestResult> done;
@@ -388,6 +388,34 @@ TEST(Runtime, ControllerRaisesTheRatioWhenLoadingIsTheBottleneck) {
   req.ratio = 0.15f;
   const auto fixed = rt.run(req);
   EXPECT_FLOAT_EQ(fixed.ratio, 0.15f);
+}
+
+TEST(Runtime, AnEntryEvictedFromRamIsDemotedToTheSsdWhenTheSsdLacksIt) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  auto cfg = config_in(dir.path());
+  const auto docs = cases(1)[0].documents;
+  // A RAM budget that holds one of these chunks, not two.
+  cfg.ram.budget_bytes = 24 << 20;
+  Runtime rt(cfg);
+  auto& ctx = rt.context();
+  const std::string a = rt.store_document(docs[0]);
+  ChunkKey ka;
+  ka.hi = std::stoull(a.substr(0, 16), nullptr, 16);
+  ka.lo = std::stoull(a.substr(16), nullptr, 16);
+  ASSERT_TRUE(ctx.ram->contains(ka));
+  ASSERT_TRUE(ctx.ssd->contains(ka));  // write-through
+  ASSERT_TRUE(ctx.ssd->erase(ka));     // as if the SSD had evicted it
+  rt.store_document(docs[1]);          // RAM evicts A
+  EXPECT_FALSE(ctx.ram->contains(ka));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!ctx.ssd->contains(ka) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(ctx.ssd->contains(ka)) << "not demoted";
+  // erase_document removes a stored document from every tier.
+  EXPECT_TRUE(rt.erase_document(a));
+  EXPECT_FALSE(ctx.tiered->contains(ka));
+  EXPECT_FALSE(rt.erase_document("not-a-key"));
 }
 
 TEST(Runtime, InspectorListsEveryActor) {
