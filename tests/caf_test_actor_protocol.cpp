@@ -1,0 +1,847 @@
+// The actors' message protocols, one actor at a time, under CAF's deterministic
+// test coordinator (caf/test/dsl.hpp): every actor is a plain scheduled actor, so
+// nothing runs until the test lets it (`expect`, `allow`, `sched.run()`), and the
+// messages an actor sends can be checked one by one, in order, before anyone
+// handles them. The actors under test are the real ones (actors/*.cpp) over a
+// RuntimeContext on the real model; the actors around them are test doubles that
+// only log what they receive. The prefill itself (on the compute thread, not
+// deterministic) is covered by tests/test_blend_runtime.cpp.
+#define CAF_SUITE actor_protocol
+#include <caf/test/dsl.hpp>
+#include <caf/test/unit_test_impl.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/actor_counters.h"
+#include "actors/actors.h"
+#include "blend/rag_prompt.h"
+#include "kernels/backend.h"
+
+namespace bs {
+
+// Readable values in CAF's check messages (found by ADL; without them CAF
+// prints "<unprintable>").
+std::string to_string(const RequestPtr& r) { return r ? "request#" + std::to_string(r->id) : "request<null>"; }
+std::string to_string(const KeyedKv& kk) { return "kv(" + kk.key.hex() + ")"; }
+std::string to_string(Tier t) { return tier_name(t); }
+
+}  // namespace bs
+
+namespace {
+
+using namespace bs;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+// Loading the model and computing chunk KV can be slow on a busy 2-core machine: allow
+// more than CAF's default 30 s per test (`-r` on the command line still wins).
+[[maybe_unused]] const bool longer_watchdog = [] {
+  caf::test::engine::max_runtime(300);
+  return true;
+}();
+
+std::string model_path() {
+  if (const char* env = std::getenv("BLENDSERVE_MODEL")) return env;
+  return BLENDSERVE_DEFAULT_MODEL;
+}
+
+const std::string kQuestion = "Which river flows through Basel? Answer briefly.";
+const std::vector<std::string> kDocs = {
+    "The Rhine flows from the Swiss Alps to the North Sea and passes Basel, Strasbourg, Cologne and Rotterdam.",
+    "Marie Curie was the first person to win Nobel Prizes in two sciences: physics in 1903 and chemistry in 1911.",
+    "The Great Barrier Reef lies off the coast of Queensland, Australia, and is the largest coral reef system.",
+};
+
+// -- test doubles: they log what they receive and do nothing else -------------
+
+using Log = std::shared_ptr<std::vector<std::string>>;
+
+intake_actor::behavior_type intake_double(intake_actor::pointer, Log log) {
+  return {[=](submit_atom, RequestPtr r) -> uint64_t {
+    log->push_back("intake:submit");
+    return r->id;
+  }};
+}
+
+controller_actor::behavior_type controller_double(controller_actor::pointer, Log log) {
+  return {
+      [=](plan_atom, RequestPtr) { log->push_back("controller:plan"); },
+      [=](profile_atom, const std::string& source, int64_t, double) { log->push_back("controller:profile:" + source); },
+      [=](get_profile_atom) -> std::string { return "{}"; },
+  };
+}
+
+loader_actor::behavior_type loader_double(loader_actor::pointer, Log log, std::string name) {
+  return {
+      [=](load_atom, RequestPtr) { log->push_back(name + ":load"); },
+      [=](store_atom, KeyedKv) { log->push_back(name + ":store"); },
+      [=](flush_atom) -> bool {
+        log->push_back(name + ":flush");
+        return true;
+      },
+  };
+}
+
+worker_actor::behavior_type worker_double(worker_actor::pointer, Log log) {
+  return {
+      [=](prefill_atom, RequestPtr) { log->push_back("worker:prefill"); },
+      [=](layer_atom, RequestPtr, int32_t l) { log->push_back("worker:layer:" + std::to_string(l)); },
+      [=](load_end_atom, RequestPtr) { log->push_back("worker:loadend"); },
+      [=](load_fail_atom, RequestPtr, const std::string&) { log->push_back("worker:loadfail"); },
+      [=](decode_atom, RequestPtr, int32_t) { log->push_back("worker:decode"); },
+      [=](warm_atom, RequestPtr) { log->push_back("worker:warm"); },
+  };
+}
+
+fusor_actor::behavior_type fusor_double(fusor_actor::pointer, Log log) {
+  return {
+      [=](prefilled_atom, RequestPtr) { log->push_back("fusor:prefilled"); },
+      [=](kv_ready_atom, KeyedKv) { log->push_back("fusor:kvready"); },
+      [=](flush_atom) -> bool { return true; },
+  };
+}
+
+decoder_actor::behavior_type decoder_double(decoder_actor::pointer, Log log) {
+  return {
+      [=](start_atom, RequestPtr) { log->push_back("decoder:start"); },
+      [=](logits_atom, RequestPtr) { log->push_back("decoder:logits"); },
+  };
+}
+
+inspector_actor::behavior_type inspector_double(inspector_actor::pointer, Log log) {
+  return {
+      [=](register_atom, CountersPtr) { log->push_back("inspector:register"); },
+      [=](trace_atom, const std::string&) { log->push_back("inspector:trace"); },
+      [=](get_trace_atom, int32_t) -> std::string { return "[]"; },
+      [=](actors_atom) -> std::string { return "[]"; },
+  };
+}
+
+// `needle` if `text` contains it, else `text`: CAF_CHECK_EQUAL(mentions(text, x), x)
+// shows the whole text when it fails.
+std::string mentions(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos ? needle : text;
+}
+
+// -- fixture ------------------------------------------------------------------
+
+// The actor system of the fixture renders runtime errors like the Runtime's.
+struct test_config : caf::actor_system_config {
+  test_config() {
+    add_error_category(runtime_error_category(), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
+      std::string s = errc_name(static_cast<RequestErrc>(code));
+      if (ctx.match_elements<std::string>()) s += ": " + ctx.get_as<std::string>(0);
+      return s;
+    });
+  }
+};
+
+// The runtime context, built by hand as Runtime does. A base class listed before
+// the test coordinator fixture, so it is destroyed after the actor system (the
+// actors hold a raw pointer to it).
+struct context_base {
+  fs::path dir;
+  std::unique_ptr<RuntimeContext> ctx;
+
+  context_base() {
+    static int counter = 0;
+    dir = fs::temp_directory_path() / ("bs_caf_protocol_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string path = model_path();
+    if (!fs::exists(path)) CAF_FAIL("model missing: " << path << " (run tools/setup.sh)");
+    ctx = std::make_unique<RuntimeContext>();
+    auto& c = *ctx;
+    c.config = default_runtime_config();
+    c.config.model_path = path;
+    c.config.data_dir = dir.string();
+    c.config.ssd.path = (dir / "kv").string();
+    c.config.ssd.direct_io = false;  // the temp dir may be a tmpfs; the protocol is the same
+    c.backend = kernels::make_cpu_backend();
+    c.precision = c.backend->default_precision();
+    c.model = std::make_unique<LlamaModel>(path, *c.backend, c.precision);
+    c.tf = std::make_unique<Transformer>(*c.model);
+    c.ram = std::make_unique<MemoryKvStore>(int64_t{256} << 20);
+    c.ssd = std::make_unique<DiskKvStore>(c.config.ssd.path, int64_t{1} << 30, false);
+    c.tiered = std::make_unique<TieredKvStore>(c.ram.get(), c.ssd.get());
+    c.engine = std::make_unique<BlendEngine>(*c.tf, *c.tiered);
+    c.compute = std::make_unique<ComputeThread>(0);
+  }
+
+  ~context_base() {
+    ctx.reset();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+struct fixture : context_base, test_coordinator_fixture<test_config> {
+  std::shared_ptr<Handles> h = std::make_shared<Handles>();
+  Log log = std::make_shared<std::vector<std::string>>();
+
+  // Every handle starts as a test double; a test replaces the ones it tests.
+  fixture() {
+    h->intake = sys.spawn(intake_double, log);
+    h->controller = sys.spawn(controller_double, log);
+    h->ram_loader = sys.spawn(loader_double, log, std::string("ram_loader"));
+    h->ssd_loader = sys.spawn(loader_double, log, std::string("ssd_loader"));
+    h->worker = sys.spawn(worker_double, log);
+    h->fusor = sys.spawn(fusor_double, log);
+    h->decoder = sys.spawn(decoder_double, log);
+    h->inspector = sys.spawn(inspector_double, log);
+    sched.run();  // the spawned actors start
+  }
+
+  ~fixture() override {
+    run();
+    *h = Handles{};  // the behaviours hold `h`: break the cycle so the actors end
+  }
+
+  const LlamaConfig& cfg() const { return ctx->model->config(); }
+  std::vector<int32_t> tokens_of(const std::string& doc) const {
+    return document_chunk_tokens(ctx->model->tokenizer(), doc);
+  }
+  ChunkKey key_of(const std::string& doc) const { return ctx->engine->chunk_key(tokens_of(doc)); }
+  std::shared_ptr<const ChunkKv> kv_of(const std::string& doc) const {
+    return ctx->engine->compute_chunk_kv(tokens_of(doc));
+  }
+
+  // A request as a caller submits it.
+  RequestPtr new_request(std::vector<std::string> docs, std::optional<float> ratio = std::nullopt,
+                         std::optional<BlendMode> mode = std::nullopt) {
+    auto r = std::make_shared<RequestState>();
+    r->id = ctx->next_id.fetch_add(1);
+    r->submitted = RequestState::clock::now();
+    r->request.messages = {{"user", kQuestion}};
+    r->request.documents = std::move(docs);
+    r->request.sampling.max_tokens = 8;
+    r->request.ratio = ratio;
+    r->request.mode = mode;
+    return r;
+  }
+
+  // What the intake makes of it (prompt, keys, options), for tests that start at
+  // the controller; the intake test checks the intake fills in the same.
+  RequestPtr intake_output(std::vector<std::string> docs, std::optional<float> ratio = std::nullopt,
+                           std::optional<BlendMode> mode = std::nullopt) {
+    auto r = new_request(std::move(docs), ratio, mode);
+    r->prompt = assemble_rag_prompt(ctx->model->tokenizer(), ctx->model->chat_template(), r->request.messages,
+                                    r->request.documents);
+    r->options = ctx->config.blend;
+    if (mode) r->options.mode = *mode;
+    if (ratio) r->options.ratio = *ratio;
+    r->prefix_key = ctx->engine->prefix_key(r->prompt.prefix);
+    for (const auto& c : r->prompt.chunks) r->chunk_keys.push_back(ctx->engine->chunk_key(c));
+    return r;
+  }
+
+  // Sends r to the intake, lets the intake (only it) handle it, returns its answer.
+  struct Answer {
+    std::optional<uint64_t> id;
+    caf::error error;
+  };
+  Answer submit(const RequestPtr& r) {
+    auto reply = self->request(h->intake, caf::infinite, submit_atom::value, r);
+    expect((submit_atom, RequestPtr), from(self).to(h->intake).with(_, r));
+    CAF_REQUIRE(!self->mailbox().empty());  // answered synchronously: receive() does not block
+    Answer a;
+    reply.receive([&](uint64_t id) { a.id = id; }, [&](caf::error& e) { a.error = std::move(e); });
+    return a;
+  }
+
+  // The controller's plan for r, handled by the controller alone.
+  void plan(const RequestPtr& r) {
+    self->send(h->controller, plan_atom::value, r);
+    expect((plan_atom, RequestPtr), from(self).to(h->controller).with(_, r));
+  }
+
+  // The actors whose mailboxes are not empty, in the order they became ready: the
+  // order of the first message each was sent.
+  std::vector<caf::resumable*> ready_jobs() const { return {sched.jobs.begin(), sched.jobs.end()}; }
+  template <class Handle>
+  static caf::resumable* job_of(const Handle& x) {
+    return dynamic_cast<caf::resumable*>(caf::actor_cast<caf::abstract_actor*>(x));
+  }
+
+  // Sends a request from `self`, runs every actor until nothing is left, returns
+  // the answer. (test_coordinator_fixture::request needs a FAIL macro that CAF
+  // 0.17.6's unit_test.hpp does not define.)
+  template <class T, class Handle, class... Ts>
+  T ask(const Handle& hdl, Ts... xs) {
+    auto reply = self->request(hdl, caf::infinite, std::move(xs)...);
+    run();
+    CAF_REQUIRE(!self->mailbox().empty());
+    T out{};
+    reply.receive([&](T& x) { out = std::move(x); }, [&](caf::error& e) { CAF_FAIL(sys.render(e)); });
+    return out;
+  }
+
+  json profile() { return json::parse(ask<std::string>(h->controller, get_profile_atom::value)); }
+
+  void check_runtime_error(const Answer& a, RequestErrc code, const std::string& needle) {
+    CAF_CHECK(!a.id);
+    CAF_REQUIRE(a.error);
+    CAF_CHECK_EQUAL(a.error.category(), runtime_error_category());
+    CAF_CHECK_EQUAL(a.error.code(), static_cast<uint8_t>(code));
+    std::string text;
+    if (a.error.context().match_elements<std::string>()) text = a.error.context().get_as<std::string>(0);
+    CAF_CHECK_EQUAL(mentions(text, needle), needle);
+  }
+};
+
+// Whether the wait running in `f` (another thread) finished within `limit`. A test
+// releases a wait that stays blocked (gate.fail / loader_done) before it ends, so
+// that the future's destructor can join the thread.
+enum class Waited { ready, blocked };
+template <class F>
+Waited wait_on(std::future<F>& f, std::chrono::milliseconds limit) {
+  return f.wait_for(limit) == std::future_status::ready ? Waited::ready : Waited::blocked;
+}
+
+// Counts the K and V rows (per head) of cache positions [offset, offset + m) in
+// `layer` that differ from the stored chunk's layer (as stored: K not yet rotated
+// to the offset).
+int64_t mismatches(const KvCache& cache, const ChunkKv& kv, int layer, int64_t offset) {
+  int64_t bad = 0;
+  const int64_t m = kv.length(), hd = kv.head_dim;
+  auto& c = const_cast<KvCache&>(cache);
+  for (int head = 0; head < kv.kv_heads; ++head)
+    for (int64_t i = 0; i < m; ++i) {
+      const float* sk = kv.k_layer(layer) + (head * m + i) * hd;
+      const float* sv = kv.v_layer(layer) + (head * m + i) * hd;
+      bad += std::memcmp(c.k_at(layer, head, offset + i), sk, hd * sizeof(float)) != 0;
+      bad += std::memcmp(c.v_at(layer, head, offset + i), sv, hd * sizeof(float)) != 0;
+    }
+  return bad;
+}
+
+}  // namespace
+
+CAF_TEST_FIXTURE_SCOPE(actor_protocol_tests, fixture)
+
+// -- 1. intake ----------------------------------------------------------------
+
+CAF_TEST(intake_answers_the_id_and_hands_the_prepared_request_to_the_controller) {
+  h->intake = sys.spawn(intake, ctx.get(), h, make_counters("intake"));
+  sched.run();  // the spawned actors start
+  auto r = new_request({kDocs[0], kDocs[1]});
+  r->id = 42;
+  const auto a = submit(r);
+  CAF_REQUIRE(a.id);
+  CAF_CHECK_EQUAL(*a.id, 42u);
+  CAF_CHECK(!a.error);
+  // One message out: (plan, r) to the controller.
+  CAF_REQUIRE_EQUAL(sched.jobs.size(), 1u);
+  expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, r));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(*log, std::vector<std::string>{"controller:plan"});
+  // The prompt: prefix + one chunk per document + suffix, keyed.
+  CAF_REQUIRE_EQUAL(r->prompt.chunks.size(), 2u);
+  CAF_REQUIRE_EQUAL(r->chunk_keys.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    CAF_CHECK_EQUAL(r->prompt.chunks[i], tokens_of(kDocs[i]));
+    CAF_CHECK(r->chunk_keys[i] == key_of(kDocs[i]));
+  }
+  CAF_CHECK(!(r->chunk_keys[0] == r->chunk_keys[1]));
+  CAF_CHECK(!r->prompt.prefix.empty());
+  CAF_CHECK(!r->prompt.suffix.empty());
+  CAF_CHECK(r->prefix_key == ctx->engine->prefix_key(r->prompt.prefix));
+  // Options from the config; sampling completed with the template's stops.
+  CAF_CHECK(r->options.mode == ctx->config.blend.mode);
+  CAF_CHECK_EQUAL(r->options.ratio, ctx->config.blend.ratio);
+  CAF_CHECK_EQUAL(r->options.check_layers, ctx->config.blend.check_layers);
+  CAF_CHECK_EQUAL(r->request.sampling.max_tokens, 8);
+  CAF_CHECK_EQUAL(r->request.sampling.stop, ctx->model->chat_template().stop_strings());
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
+
+  // A request's own mode and ratio override the config's.
+  auto r2 = new_request({kDocs[2]}, 0.4f, BlendMode::Reuse);
+  const auto a2 = submit(r2);
+  CAF_CHECK_EQUAL(a2.id.value_or(0), r2->id);
+  expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, r2));
+  CAF_CHECK(r2->options.mode == BlendMode::Reuse);
+  CAF_CHECK_EQUAL(r2->options.ratio, 0.4f);
+  CAF_CHECK_EQUAL(r2->prompt.chunks.size(), 1u);
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 2);
+}
+
+CAF_TEST(intake_refuses_invalid_requests_with_a_runtime_error_and_sends_nothing) {
+  h->intake = sys.spawn(intake, ctx.get(), h, make_counters("intake"));
+  sched.run();  // the spawned actors start
+
+  auto empty = new_request({kDocs[0]});
+  empty->request.messages.clear();
+  auto a = submit(empty);
+  check_runtime_error(a, RequestErrc::invalid, "messages must not be empty");
+  disallow((plan_atom, RequestPtr), from(_).to(h->controller));
+  CAF_CHECK(!sched.has_job());
+
+  auto robot = new_request({kDocs[0]});
+  robot->request.messages = {{"robot", "beep"}, {"user", kQuestion}};
+  a = submit(robot);
+  check_runtime_error(a, RequestErrc::invalid, "unknown role 'robot'");
+  disallow((plan_atom, RequestPtr), from(_).to(h->controller));
+  CAF_CHECK(!sched.has_job());
+
+  ctx->config.max_prompt_tokens = 24;
+  auto longer = new_request({kDocs[0], kDocs[1]});
+  a = submit(longer);
+  check_runtime_error(a, RequestErrc::too_long, "at most 24 fit");
+  disallow((plan_atom, RequestPtr), from(_).to(h->controller));
+  CAF_CHECK(!sched.has_job());
+
+  // None of them holds an admission slot.
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
+  CAF_CHECK(log->empty());
+}
+
+CAF_TEST(intake_admits_at_most_max_requests_in_flight) {
+  h->intake = sys.spawn(intake, ctx.get(), h, make_counters("intake"));
+  sched.run();  // the spawned actors start
+  ctx->config.max_requests = 1;
+  ctx->in_flight = 1;
+  auto r = new_request({kDocs[0]});
+  auto a = submit(r);
+  check_runtime_error(a, RequestErrc::overloaded, "too many requests in flight (1)");
+  disallow((plan_atom, RequestPtr), from(_).to(h->controller));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
+  // Once the slot is free, the same request is admitted.
+  ctx->in_flight = 0;
+  a = submit(r);
+  CAF_CHECK_EQUAL(a.id.value_or(0), r->id);
+  expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, r));
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
+}
+
+// -- 2. controller -------------------------------------------------------------
+
+CAF_TEST(controller_plans_ram_ssd_and_missed_chunks_and_starts_loaders_then_worker) {
+  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
+  sched.run();  // the spawned actors start
+  CAF_REQUIRE(ctx->ram->put(key_of(kDocs[0]), kv_of(kDocs[0])));
+  CAF_REQUIRE(ctx->ssd->put(key_of(kDocs[1]), kv_of(kDocs[1])));
+  CAF_REQUIRE(!ctx->ram->contains(key_of(kDocs[1])));
+
+  auto r = intake_output(kDocs);
+  plan(r);
+  CAF_CHECK_EQUAL(r->chunk_tier, (std::vector<Tier>{Tier::Ram, Tier::Ssd, Tier::Miss}));
+  CAF_CHECK_EQUAL(r->plan.chunk_loaded, (std::vector<char>{1, 1, 0}));
+  CAF_CHECK(!r->plan.prefix_loaded);
+  CAF_CHECK(r->prefix_tier == Tier::Miss);
+  CAF_CHECK_EQUAL(r->gate.loaders(), 2);
+  CAF_REQUIRE_EQUAL(r->ram_kv.size(), 4u);  // 3 chunks + the prefix
+  CAF_CHECK(r->ram_kv[0] != nullptr);
+  CAF_CHECK(r->ram_kv[1] == nullptr);
+  CAF_REQUIRE_EQUAL(r->ssd_entry.size(), 4u);
+  CAF_CHECK(r->ssd_entry[1] != nullptr);
+  CAF_CHECK(r->ssd_entry[0] == nullptr);
+  CAF_CHECK(r->ssd_entry[2] == nullptr);
+  CAF_CHECK_EQUAL(r->cache.capacity, r->prompt.size() + r->request.sampling.max_tokens);
+  CAF_CHECK_EQUAL(r->cache.n_layers, cfg().n_layers);
+  // Default profiles: loading is far faster than the recompute, the ratio is the floor.
+  const auto decision = json::parse(r->controller_json);
+  CAF_CHECK_EQUAL(decision.at("reason").get<std::string>(), "floor");
+  CAF_CHECK_EQUAL(r->options.ratio, ctx->config.blend.ratio);
+  const int64_t token_bytes = 2 * int64_t{cfg().n_layers} * cfg().kv_dim() * 4;
+  CAF_CHECK_EQUAL(decision.at("inputs").at("bytes_ram").get<int64_t>(),
+                  static_cast<int64_t>(r->prompt.chunks[0].size()) * token_bytes);
+  CAF_CHECK_EQUAL(decision.at("inputs").at("bytes_ssd").get<int64_t>(),
+                  static_cast<int64_t>(r->prompt.chunks[1].size()) * token_bytes);
+
+  // Exactly three messages, in this order: load -> RAM loader, load -> SSD loader,
+  // prefill -> worker.
+  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->ram_loader), job_of(h->ssd_loader),
+                                                              job_of(h->worker)}));
+  expect((load_atom, RequestPtr), from(h->controller).to(h->ram_loader).with(_, r));
+  expect((load_atom, RequestPtr), from(h->controller).to(h->ssd_loader).with(_, r));
+  expect((prefill_atom, RequestPtr), from(h->controller).to(h->worker).with(_, r));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"ram_loader:load", "ssd_loader:load", "worker:prefill"}));
+}
+
+CAF_TEST(controller_starts_only_the_loaders_with_work) {
+  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
+  sched.run();  // the spawned actors start
+  CAF_REQUIRE(ctx->ram->put(key_of(kDocs[0]), kv_of(kDocs[0])));
+  CAF_REQUIRE(ctx->ssd->put(key_of(kDocs[1]), kv_of(kDocs[1])));
+
+  // RAM hits only: no message to the SSD loader.
+  auto ram_only = intake_output({kDocs[0], kDocs[2]});
+  plan(ram_only);
+  CAF_CHECK_EQUAL(ram_only->chunk_tier, (std::vector<Tier>{Tier::Ram, Tier::Miss}));
+  CAF_CHECK_EQUAL(ram_only->gate.loaders(), 1);
+  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->ram_loader), job_of(h->worker)}));
+  disallow((load_atom, RequestPtr), from(_).to(h->ssd_loader));
+  expect((load_atom, RequestPtr), from(h->controller).to(h->ram_loader).with(_, ram_only));
+  expect((prefill_atom, RequestPtr), from(h->controller).to(h->worker).with(_, ram_only));
+  CAF_CHECK(!sched.has_job());
+
+  // Mode full: nothing is looked up, nothing is loaded, only the prefill.
+  auto full = intake_output(kDocs, std::nullopt, BlendMode::Full);
+  plan(full);
+  CAF_CHECK_EQUAL(full->chunk_tier, (std::vector<Tier>{Tier::Miss, Tier::Miss, Tier::Miss}));
+  CAF_CHECK_EQUAL(full->plan.chunk_loaded, (std::vector<char>{0, 0, 0}));
+  CAF_CHECK_EQUAL(full->gate.loaders(), 0);
+  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->worker)}));
+  disallow((load_atom, RequestPtr), from(_).to(h->ram_loader));
+  disallow((load_atom, RequestPtr), from(_).to(h->ssd_loader));
+  expect((prefill_atom, RequestPtr), from(h->controller).to(h->worker).with(_, full));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"ram_loader:load", "worker:prefill", "worker:prefill"}));
+}
+
+CAF_TEST(controller_raises_the_ratio_when_the_ssd_is_the_bottleneck) {
+  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
+  sched.run();  // the spawned actors start
+  CAF_REQUIRE(ctx->ssd->put(key_of(kDocs[1]), kv_of(kDocs[1])));
+  const float floor = ctx->config.blend.ratio;
+
+  auto p = profile();
+  CAF_CHECK_EQUAL(p.at("ssd_samples").get<int>(), 0);
+  CAF_CHECK_EQUAL(p.at("ssd_bytes_per_s").get<double>(), 1.5e9);
+  // A very slow SSD: two samples of 1 MB/s; a sample without units or time is ignored.
+  for (int i = 0; i < 2; ++i) {
+    self->send(h->controller, profile_atom::value, std::string("ssd"), int64_t{2'000'000}, 2.0);
+    expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller).with(_, "ssd", 2'000'000, 2.0));
+  }
+  self->send(h->controller, profile_atom::value, std::string("ssd"), int64_t{0}, 1.0);
+  expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller).with(_, "ssd", 0, 1.0));
+  p = profile();
+  CAF_CHECK_EQUAL(p.at("ssd_samples").get<int>(), 2);
+  CAF_CHECK(std::abs(p.at("ssd_bytes_per_s").get<double>() - 1e6) < 1e-3);
+  CAF_CHECK_EQUAL(p.at("ram_samples").get<int>(), 0);
+
+  // No requested ratio: the load takes longer than the recompute at the floor, so
+  // the ratio goes up (here to 1: the load takes longer than a full recompute).
+  auto r = intake_output({kDocs[1]});
+  plan(r);
+  CAF_CHECK_EQUAL(r->chunk_tier, (std::vector<Tier>{Tier::Ssd}));
+  CAF_CHECK_GREATER(r->options.ratio, floor);
+  CAF_CHECK_EQUAL(r->options.ratio, 1.0f);
+  auto d = json::parse(r->controller_json);
+  CAF_CHECK_EQUAL(d.at("reason").get<std::string>().rfind("load-bound", 0), 0u);
+  CAF_CHECK_EQUAL(d.at("ratio_floor").get<float>(), floor);
+  CAF_CHECK(std::abs(d.at("inputs").at("ssd_bytes_per_s").get<double>() - 1e6) < 1e-3);
+  CAF_CHECK_GREATER(d.at("est_load_s").get<double>(), d.at("est_compute_at_floor_s").get<double>());
+  sched.run();  // the doubles take the load and the prefill
+
+  // A requested ratio is kept.
+  auto fixed = intake_output({kDocs[1]}, 0.2f);
+  plan(fixed);
+  CAF_CHECK_EQUAL(fixed->options.ratio, 0.2f);
+  d = json::parse(fixed->controller_json);
+  CAF_CHECK_EQUAL(d.at("reason").get<std::string>(), "requested");
+  sched.run();
+
+  // The ratio meets the load time exactly where it lies between floor and 1: a
+  // fresh controller whose one SSD sample makes the load time the recompute time
+  // at ratio 0.5.
+  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
+  sched.run();  // the spawned actors start
+  auto half = intake_output({kDocs[1]});
+  const int64_t cached = static_cast<int64_t>(half->prompt.chunks[0].size());
+  const int64_t other = half->prompt.size() - cached;
+  const int64_t bytes = cached * 2 * int64_t{cfg().n_layers} * cfg().kv_dim() * 4;
+  const double per_token = profile().at("compute_s_per_token_layer").get<double>() * cfg().n_layers;
+  const double seconds = per_token * (other + 0.5 * cached);
+  self->send(h->controller, profile_atom::value, std::string("ssd"), bytes, seconds);
+  expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller).with(_, "ssd", bytes, seconds));
+  plan(half);
+  CAF_CHECK(std::abs(half->options.ratio - 0.5f) < 1e-4f);
+  sched.run();
+}
+
+// -- 3. loader (RAM) -----------------------------------------------------------
+
+CAF_TEST(ram_loader_streams_layer_by_layer_then_ends_and_reports_its_profile) {
+  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
+  h->ram_loader = sys.spawn(loader, ctx.get(), h, Tier::Ram, make_counters("loader-ram"));
+  sched.run();  // the spawned actors start
+  const auto kv0 = kv_of(kDocs[0]), kv1 = kv_of(kDocs[1]);
+  CAF_REQUIRE(ctx->ram->put(key_of(kDocs[0]), kv0));
+  CAF_REQUIRE(ctx->ram->put(key_of(kDocs[1]), kv1));
+
+  auto r = intake_output({kDocs[0], kDocs[1]});
+  plan(r);
+  CAF_REQUIRE_EQUAL(r->chunk_tier, (std::vector<Tier>{Tier::Ram, Tier::Ram}));
+  expect((load_atom, RequestPtr), from(h->controller).to(h->ram_loader).with(_, r));
+  // The worker: the controller's prefill, then the loader's n_layers layers in
+  // order, then its end.
+  const int n_layers = cfg().n_layers;
+  expect((prefill_atom, RequestPtr), from(h->controller).to(h->worker).with(_, r));
+  for (int32_t l = 0; l < n_layers; ++l)
+    expect((layer_atom, RequestPtr, int32_t), from(h->ram_loader).to(h->worker).with(_, r, l));
+  expect((load_end_atom, RequestPtr), from(h->ram_loader).to(h->worker).with(_, r));
+  // The controller: the bytes it moved and the time it took.
+  const int64_t tokens = static_cast<int64_t>(r->prompt.chunks[0].size() + r->prompt.chunks[1].size());
+  const int64_t bytes = 2 * tokens * n_layers * cfg().kv_dim() * 4;
+  const auto [atom, source, units, seconds] = extract<profile_atom, std::string, int64_t, double>(h->controller);
+  CAF_CHECK_GREATER(seconds, 0.0);
+  expect((profile_atom, std::string, int64_t, double), from(h->ram_loader).to(h->controller).with(_, "ram", bytes, _));
+  CAF_CHECK(!sched.has_job());
+  const auto p = profile();
+  CAF_CHECK_EQUAL(p.at("ram_samples").get<int>(), 1);
+  CAF_CHECK(std::abs(p.at("ram_bytes_per_s").get<double>() - bytes / seconds) < 1e-6 * (bytes / seconds));
+
+  // The cache holds each chunk's stored KV at the chunk's offset, as stored.
+  for (int l : {0, n_layers - 1}) {
+    CAF_CHECK_EQUAL(mismatches(r->cache, *kv0, l, r->prompt.chunk_offset(0)), 0);
+    CAF_CHECK_EQUAL(mismatches(r->cache, *kv1, l, r->prompt.chunk_offset(1)), 0);
+  }
+  // Guard: the comparison sees a difference where there is one.
+  CAF_CHECK_GREATER(mismatches(r->cache, *kv0, 0, r->prompt.chunk_offset(1)), 0);
+  int load_events = 0;
+  for (const auto& e : r->events()) load_events += e.actor == "loader-ram" && e.what == "load";
+  CAF_CHECK_EQUAL(load_events, n_layers);
+
+  // store: into its tier, unless the key is there already; flush answers true.
+  const auto kv2 = kv_of(kDocs[2]);
+  self->send(h->ram_loader, store_atom::value, KeyedKv{key_of(kDocs[2]), kv2});
+  expect((store_atom, KeyedKv), from(self).to(h->ram_loader).with(_, _));
+  CAF_CHECK(ctx->ram->get(key_of(kDocs[2])) == kv2);
+  self->send(h->ram_loader, store_atom::value, KeyedKv{key_of(kDocs[2]), kv_of(kDocs[2])});
+  expect((store_atom, KeyedKv), from(self).to(h->ram_loader).with(_, _));
+  CAF_CHECK(ctx->ram->get(key_of(kDocs[2])) == kv2);
+  CAF_CHECK(!ctx->ssd->contains(key_of(kDocs[2])));
+  CAF_CHECK_EQUAL(ask<bool>(h->ram_loader, flush_atom::value), true);
+}
+
+// -- 4. loader (SSD), corrupt file ---------------------------------------------
+
+CAF_TEST(ssd_loader_fails_the_load_on_a_corrupt_layer_and_reports_no_profile) {
+  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
+  h->ssd_loader = sys.spawn(loader, ctx.get(), h, Tier::Ssd, make_counters("loader-ssd"));
+  sched.run();  // the spawned actors start
+  const ChunkKey key = key_of(kDocs[1]);
+  CAF_REQUIRE(ctx->ssd->put(key, kv_of(kDocs[1])));
+  const std::string path = ctx->ssd->path_of(key);
+  CAF_REQUIRE_EQUAL(path, (fs::path(ctx->ssd->dir()) / (key.hex() + ".bskv")).string());
+  // Layout (storage/disk_store.h): a 4096-byte header, then equal 4096-aligned
+  // layer spans, K first. Flip a byte inside the K data of layer 3.
+  const int64_t m = static_cast<int64_t>(tokens_of(kDocs[1]).size());
+  const int64_t layer_bytes = 2 * m * cfg().kv_dim() * 4;
+  const int64_t span = (layer_bytes + 4095) / 4096 * 4096;
+  const off_t at = static_cast<off_t>(4096 + 3 * span + 100);
+  CAF_REQUIRE_LESS(100, m * cfg().kv_dim() * 4);
+  CAF_REQUIRE_EQUAL(static_cast<int64_t>(fs::file_size(path)), 4096 + cfg().n_layers * span);
+  {
+    const int fd = ::open(path.c_str(), O_RDWR);
+    CAF_REQUIRE(fd >= 0);
+    unsigned char b = 0;
+    CAF_REQUIRE_EQUAL(::pread(fd, &b, 1, at), 1);
+    b ^= 0x5a;
+    CAF_REQUIRE_EQUAL(::pwrite(fd, &b, 1, at), 1);
+    ::close(fd);
+  }
+
+  auto r = intake_output({kDocs[1]});
+  plan(r);
+  CAF_REQUIRE_EQUAL(r->chunk_tier, (std::vector<Tier>{Tier::Ssd}));  // the header is intact
+  CAF_CHECK_EQUAL(r->gate.loaders(), 1);
+  expect((load_atom, RequestPtr), from(h->controller).to(h->ssd_loader).with(_, r));
+  expect((prefill_atom, RequestPtr), from(h->controller).to(h->worker).with(_, r));
+  for (int32_t l = 0; l < 3; ++l)
+    expect((layer_atom, RequestPtr, int32_t), from(h->ssd_loader).to(h->worker).with(_, r, l));
+  const auto [atom, failed, why] = extract<load_fail_atom, RequestPtr, std::string>(h->worker);
+  CAF_CHECK_EQUAL(mentions(why, key.hex()), key.hex());
+  CAF_CHECK_EQUAL(mentions(why, "layer 3"), "layer 3");
+  expect((load_fail_atom, RequestPtr, std::string), from(h->ssd_loader).to(h->worker).with(_, r, why));
+  expect((load_end_atom, RequestPtr), from(h->ssd_loader).to(h->worker).with(_, r));
+  disallow((profile_atom, std::string, int64_t, double), from(_).to(h->controller));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(profile().at("ssd_samples").get<int>(), 0);
+  // The corrupt file is gone; nothing was promoted to RAM.
+  CAF_CHECK(!fs::exists(path));
+  CAF_CHECK(!ctx->ssd->contains(key));
+  CAF_CHECK_EQUAL(ctx->ssd->stats().corrupt, 1);
+  CAF_CHECK(!ctx->ram->contains(key));
+}
+
+// -- 5. worker: the loaders' gate messages --------------------------------------
+
+CAF_TEST(worker_passes_layer_load_end_and_load_failure_to_the_gate) {
+  h->worker = sys.spawn(layer_worker, ctx.get(), h, make_counters("layer-worker"));
+  sched.run();  // the spawned actors start
+  auto r = std::make_shared<RequestState>();
+  r->gate.reset(4, 1);
+
+  // Layer 0 is not there: a wait blocks; the worker's (layer, r, 0) releases it.
+  auto wait0 = std::async(std::launch::async, [r] { r->gate.wait(0); });
+  CAF_CHECK(wait_on(wait0, 100ms) == Waited::blocked);
+  self->send(h->worker, layer_atom::value, r, int32_t{0});
+  expect((layer_atom, RequestPtr, int32_t), from(self).to(h->worker).with(_, r, 0));
+  const bool released = wait_on(wait0, 10s) == Waited::ready;
+  CAF_CHECK(released);
+  if (!released) r->gate.fail("test: not released");
+  try {
+    wait0.get();
+  } catch (const std::exception&) {
+  }
+  // Later layers still wait.
+  auto wait1 = std::async(std::launch::async, [r] { r->gate.wait(1); });
+  CAF_CHECK(wait_on(wait1, 100ms) == Waited::blocked);
+
+  // load end: the loaders are done.
+  auto done = std::async(std::launch::async, [r] { r->gate.wait_loaders_done(); });
+  CAF_CHECK(wait_on(done, 100ms) == Waited::blocked);
+  self->send(h->worker, load_end_atom::value, r);
+  expect((load_end_atom, RequestPtr), from(self).to(h->worker).with(_, r));
+  const bool done_released = wait_on(done, 10s) == Waited::ready;
+  CAF_CHECK(done_released);
+
+  // load failure: a waiter throws LoadFailed with the loader's reason.
+  const std::string why = "chunk 0123 layer 1 failed its read or checksum";
+  self->send(h->worker, load_fail_atom::value, r, why);
+  expect((load_fail_atom, RequestPtr, std::string), from(self).to(h->worker).with(_, r, why));
+  CAF_REQUIRE(wait_on(wait1, 10s) == Waited::ready);
+  std::string thrown;
+  try {
+    wait1.get();
+  } catch (const LayerGate::LoadFailed& e) {
+    thrown = e.what();
+  }
+  CAF_CHECK_EQUAL(thrown, why);
+  // And so does every wait after it, even for a layer that arrived.
+  bool throws = false;
+  try {
+    r->gate.wait(0);
+  } catch (const LayerGate::LoadFailed&) {
+    throws = true;
+  }
+  CAF_CHECK(throws);
+  if (!done_released) r->gate.loader_done();
+  // The gate messages need no answer and start nothing.
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK(log->empty());
+  CAF_CHECK_EQUAL(ctx->compute->jobs_done(), 0);
+}
+
+// -- 6. inspector --------------------------------------------------------------
+
+CAF_TEST(inspector_lists_registered_actors_and_keeps_the_last_traces) {
+  const int history = 3;
+  const fs::path trace_dir = dir / "traces";
+  h->inspector = sys.spawn(inspector, history, trace_dir.string(), make_counters("inspector"));
+  sched.run();  // the spawned actors start
+  auto intake_counters = make_counters("intake");
+  intake_counters->messages = 5;
+  self->send(h->inspector, register_atom::value, intake_counters);
+  expect((register_atom, CountersPtr), from(self).to(h->inspector).with(_, intake_counters));
+  self->send(h->inspector, register_atom::value, make_counters("fusor"));
+  expect((register_atom, CountersPtr), from(self).to(h->inspector).with(_, _));
+
+  auto actors = json::parse(ask<std::string>(h->inspector, actors_atom::value));
+  CAF_REQUIRE_EQUAL(actors.size(), 3u);
+  CAF_CHECK_EQUAL(actors[0].at("actor").get<std::string>(), "inspector");
+  CAF_CHECK_EQUAL(actors[1].at("actor").get<std::string>(), "intake");
+  CAF_CHECK_EQUAL(actors[1].at("messages").get<int64_t>(), 5);
+  CAF_CHECK_EQUAL(actors[2].at("actor").get<std::string>(), "fusor");
+  CAF_CHECK_EQUAL(actors[2].at("messages").get<int64_t>(), 0);
+
+  for (int i = 1; i <= history + 2; ++i) {
+    const std::string trace = json{{"id", i}}.dump();
+    self->send(h->inspector, trace_atom::value, trace);
+    expect((trace_atom, std::string), from(self).to(h->inspector).with(_, trace));
+  }
+  auto ids = [&](int32_t n) {
+    std::vector<int> out;
+    const auto j = json::parse(ask<std::string>(h->inspector, get_trace_atom::value, n));
+    CAF_CHECK(j.is_array());
+    for (const auto& t : j) out.push_back(t.at("id").get<int>());
+    return out;
+  };
+  CAF_CHECK_EQUAL(ids(100), (std::vector<int>{3, 4, 5}));
+  CAF_CHECK_EQUAL(ids(history), (std::vector<int>{3, 4, 5}));
+  CAF_CHECK_EQUAL(ids(2), (std::vector<int>{4, 5}));
+  CAF_CHECK_EQUAL(ids(0), std::vector<int>{});
+  CAF_CHECK_EQUAL(ids(-1), std::vector<int>{});
+  // The last trace is on disk for `blendctl trace --last`.
+  std::ifstream last(trace_dir / "last.json");
+  std::string text((std::istreambuf_iterator<char>(last)), {});
+  CAF_CHECK_EQUAL(text, (json{{"id", 5}}.dump() + "\n"));
+  // The inspector counts (at least) the traces it handled in its own counters.
+  actors = json::parse(ask<std::string>(h->inspector, actors_atom::value));
+  CAF_CHECK_GREATER_OR_EQUAL(actors[0].at("messages").get<int64_t>(), history + 2);
+}
+
+// -- 7. fusor ------------------------------------------------------------------
+
+CAF_TEST(fusor_stores_computed_chunks_and_hands_prefilled_requests_on) {
+  h->fusor = sys.spawn(fusor, ctx.get(), h, make_counters("fusor"));
+  sched.run();  // the spawned actors start
+
+  // kv ready: into RAM here, to the SSD through the SSD loader.
+  const ChunkKey key = key_of(kDocs[2]);
+  const auto kv = kv_of(kDocs[2]);
+  self->send(h->fusor, kv_ready_atom::value, KeyedKv{key, kv});
+  expect((kv_ready_atom, KeyedKv), from(self).to(h->fusor).with(_, _));
+  CAF_CHECK(ctx->ram->get(key) == kv);
+  CAF_REQUIRE_EQUAL(ready_jobs(), std::vector<caf::resumable*>{job_of(h->ssd_loader)});
+  const auto [store, forwarded] = extract<store_atom, KeyedKv>(h->ssd_loader);
+  CAF_CHECK(forwarded.key == key);
+  CAF_CHECK(forwarded.kv == kv);
+  expect((store_atom, KeyedKv), from(h->fusor).to(h->ssd_loader).with(_, _));
+  CAF_CHECK(!ctx->ssd->contains(key));  // written by the SSD loader, not here
+  // flush: delegated to the SSD loader, whose answer comes after its stores.
+  CAF_CHECK_EQUAL(ask<bool>(h->fusor, flush_atom::value), true);
+  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"ssd_loader:store", "ssd_loader:flush"}));
+  log->clear();
+
+  // prefilled, write-back on, no error: start the decoder, then warm the missed chunks.
+  CAF_REQUIRE(ctx->config.write_back);
+  auto ok = intake_output({kDocs[0]});
+  self->send(h->fusor, prefilled_atom::value, ok);
+  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor).with(_, ok));
+  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->decoder), job_of(h->worker)}));
+  expect((start_atom, RequestPtr), from(h->fusor).to(h->decoder).with(_, ok));
+  expect((warm_atom, RequestPtr), from(h->fusor).to(h->worker).with(_, ok));
+  CAF_CHECK(!sched.has_job());
+
+  // A failed prefill: only the start (the decoder reports the error).
+  auto failed = intake_output({kDocs[0]});
+  failed->prefill_error = "boom";
+  self->send(h->fusor, prefilled_atom::value, failed);
+  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor).with(_, failed));
+  disallow((warm_atom, RequestPtr), from(_).to(h->worker));
+  expect((start_atom, RequestPtr), from(h->fusor).to(h->decoder).with(_, failed));
+  CAF_CHECK(!sched.has_job());
+
+  // A cancelled request is not warmed either.
+  auto cancelled = intake_output({kDocs[0]});
+  cancelled->cancelled = true;
+  self->send(h->fusor, prefilled_atom::value, cancelled);
+  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor).with(_, cancelled));
+  disallow((warm_atom, RequestPtr), from(_).to(h->worker));
+  expect((start_atom, RequestPtr), from(h->fusor).to(h->decoder).with(_, cancelled));
+  CAF_CHECK(!sched.has_job());
+
+  // Write-back off: only the start.
+  ctx->config.write_back = false;
+  auto no_wb = intake_output({kDocs[0]});
+  self->send(h->fusor, prefilled_atom::value, no_wb);
+  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor).with(_, no_wb));
+  disallow((warm_atom, RequestPtr), from(_).to(h->worker));
+  expect((start_atom, RequestPtr), from(h->fusor).to(h->decoder).with(_, no_wb));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"decoder:start", "worker:warm", "decoder:start", "decoder:start",
+                                                  "decoder:start"}));
+}
+
+CAF_TEST_FIXTURE_SCOPE_END()
