@@ -133,6 +133,7 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
           update(st.compute_s_per_token_layer, st.compute_samples, seconds / static_cast<double>(units));
       },
       [=](get_profile_atom) -> std::string {
+        BusyScope busy(*c, self->mailbox().size());
         const auto& st = self->state;
         return nlohmann::json{{"ram_bytes_per_s", st.ram_bytes_per_s},
                               {"ssd_bytes_per_s", st.ssd_bytes_per_s},

@@ -27,6 +27,7 @@ fusor_actor::behavior_type fusor(fusor_actor::pointer self, RuntimeContext* ctx,
         if (ctx->ssd) self->send(h->ssd_loader, store_atom::value, std::move(kk));
       },
       [=](flush_atom) -> caf::result<bool> {
+        BusyScope busy(*c, self->mailbox().size());
         // The SSD loader handles messages in order: its answer comes after every
         // store sent above.
         if (ctx->ssd) return self->delegate(h->ssd_loader, flush_atom::value);

@@ -19,7 +19,10 @@ inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<Inspe
                                          std::string trace_dir, CountersPtr c) {
   self->state.actors.push_back(c);
   return {
-      [=](register_atom, CountersPtr counters) { self->state.actors.push_back(std::move(counters)); },
+      [=](register_atom, CountersPtr counters) {
+        BusyScope busy(*c, self->mailbox().size());
+        self->state.actors.push_back(std::move(counters));
+      },
       [=](trace_atom, const std::string& trace) {
         BusyScope busy(*c, self->mailbox().size());
         auto& q = self->state.traces;
@@ -38,6 +41,7 @@ inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<Inspe
         }
       },
       [=](get_trace_atom, int32_t n) -> std::string {
+        BusyScope busy(*c, self->mailbox().size());
         nlohmann::json out = nlohmann::json::array();
         const auto& q = self->state.traces;
         const int64_t count = std::min<int64_t>(std::max<int32_t>(n, 0), static_cast<int64_t>(q.size()));
@@ -46,6 +50,7 @@ inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<Inspe
         return out.dump();
       },
       [=](actors_atom) -> std::string {
+        BusyScope busy(*c, self->mailbox().size());
         nlohmann::json out = nlohmann::json::array();
         for (const auto& a : self->state.actors)
           out.push_back({{"actor", a->name},

@@ -84,14 +84,17 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
     self->send(h->worker, layer_atom::value, r, static_cast<int32_t>(l));
   }
   self->send(h->worker, load_end_atom::value, r);
+  // The KV is in the request's cache now: release the pinned RAM entries (an
+  // evicted one is freed now, not when the request ends) and the opened files.
+  for (auto& p : parts) {
+    if (tier == Tier::Ram) r->ram_kv[p.index].reset();
+    if (tier == Tier::Ssd) r->ssd_entry[p.index].reset();
+  }
   if (failed) return;
   self->send(h->controller, profile_atom::value, std::string(tier_name(tier)), bytes, busy);
   // Promotion: the next request finds these chunks in RAM.
   if (tier == Tier::Ssd && ctx->ram)
     for (auto& p : parts) ctx->ram->put(p.key, std::move(p.staged));
-  // The opened files are no longer needed.
-  for (auto& p : parts)
-    if (tier == Tier::Ssd) r->ssd_entry[p.index].reset();
 }
 
 }  // namespace
@@ -108,7 +111,10 @@ loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* c
         KvStore* store = tier == Tier::Ram ? static_cast<KvStore*>(ctx->ram.get()) : ctx->ssd.get();
         if (store && !store->contains(kk.key)) store->put(kk.key, kk.kv);  // an I/O failure is a later miss
       },
-      [=](flush_atom) -> bool { return true; },  // FIFO: every earlier store is done
+      [=](flush_atom) -> bool {  // FIFO: every earlier store is done
+        BusyScope busy(*c, self->mailbox().size());
+        return true;
+      },
   };
 }
 
