@@ -21,7 +21,12 @@ struct ControllerState {
   double ram_bytes_per_s = 8e9;
   double ssd_bytes_per_s = 1.5e9;
   double compute_s_per_token_layer = 6e-5;
-  int ram_samples = 0, ssd_samples = 0, compute_samples = 0;
+  // Prefill time outside the final pass (selection, embedding, logits), per prompt token.
+  double overhead_s_per_prompt_token = 5e-5;
+  int ram_samples = 0, ssd_samples = 0, compute_samples = 0, overhead_samples = 0;
+  // Recompute is planned to end this much before the loads: running past them
+  // delays the first token one for one, ending early only costs a little quality.
+  static constexpr double load_margin = 0.85;
   static constexpr const char* name = "controller";
 };
 

@@ -83,12 +83,15 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         const double load_ram = bytes_ram / st.ram_bytes_per_s, load_ssd = bytes_ssd / st.ssd_bytes_per_s;
         const double est_load = std::max(load_ram, load_ssd);  // the loaders run in parallel
         const double per_token = st.compute_s_per_token_layer * cfg.n_layers;
+        const double overhead = st.overhead_s_per_prompt_token * static_cast<double>(r->prompt.size());
         const float floor = r->options.ratio;
-        const double est_compute_floor = per_token * (other_tokens + floor * cached_tokens);
+        auto est_compute = [&](double ratio) { return overhead + per_token * (other_tokens + ratio * cached_tokens); };
+        const double est_compute_floor = est_compute(floor);
+        const double budget = ControllerState::load_margin * est_load;
         std::string reason = "floor";
         if (r->options.mode == BlendMode::Blend && ctx->config.adaptive_ratio && !r->request.ratio &&
-            cached_tokens > 0 && est_load > est_compute_floor) {
-          const double x = (est_load / per_token - other_tokens) / static_cast<double>(cached_tokens);
+            cached_tokens > 0 && budget > est_compute_floor) {
+          const double x = ((budget - overhead) / per_token - other_tokens) / static_cast<double>(cached_tokens);
           r->options.ratio = static_cast<float>(std::clamp(x, static_cast<double>(floor), 1.0));
           reason = "load-bound: recompute while loading";
         } else if (r->request.ratio) {
@@ -104,11 +107,12 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
               {"ram_bytes_per_s", st.ram_bytes_per_s},
               {"ssd_bytes_per_s", st.ssd_bytes_per_s},
               {"compute_s_per_token_layer", st.compute_s_per_token_layer},
+              {"overhead_s_per_prompt_token", st.overhead_s_per_prompt_token},
               {"cached_tokens", cached_tokens},
               {"other_tokens", other_tokens}}},
             {"est_load_s", est_load},
             {"est_compute_at_floor_s", est_compute_floor},
-            {"est_compute_s", per_token * (other_tokens + r->options.ratio * cached_tokens)}};
+            {"est_compute_s", est_compute(r->options.ratio)}};
         r->controller_json = decision.dump();
 
         const int64_t capacity = r->prompt.size() + r->request.sampling.max_tokens;
@@ -131,6 +135,8 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
           update(st.ssd_bytes_per_s, st.ssd_samples, rate);
         else if (source == "compute")
           update(st.compute_s_per_token_layer, st.compute_samples, seconds / static_cast<double>(units));
+        else if (source == "overhead")
+          update(st.overhead_s_per_prompt_token, st.overhead_samples, seconds / static_cast<double>(units));
       },
       [=](get_profile_atom) -> std::string {
         BusyScope busy(*c, self->mailbox().size());
@@ -138,6 +144,7 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         return nlohmann::json{{"ram_bytes_per_s", st.ram_bytes_per_s},
                               {"ssd_bytes_per_s", st.ssd_bytes_per_s},
                               {"compute_s_per_token_layer", st.compute_s_per_token_layer},
+                              {"overhead_s_per_prompt_token", st.overhead_s_per_prompt_token},
                               {"ram_samples", st.ram_samples},
                               {"ssd_samples", st.ssd_samples},
                               {"compute_samples", st.compute_samples}}

@@ -47,6 +47,10 @@ void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) 
     for (const auto& lt : st.layers) seconds += lt.compute_end - lt.compute_begin;
     caf::anon_send(h->controller, profile_atom::value, std::string("compute"),
                    static_cast<int64_t>(st.computed_tokens) * cfg.n_layers, seconds);
+    // The rest of the prefill (selection, embedding, logits), without load waits.
+    const double overhead = st.total_seconds - st.wait_seconds - seconds;
+    if (overhead > 0)
+      caf::anon_send(h->controller, profile_atom::value, std::string("overhead"), st.prompt_tokens, overhead);
   }
   caf::anon_send(h->fusor, prefilled_atom::value, r);
 }

@@ -31,7 +31,7 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   auto add = [&](size_t i, Tier t, int64_t offset, const std::vector<int32_t>& tokens, const ChunkKey& key) {
     if (t != tier) return;
     Part p{i, offset, static_cast<int64_t>(tokens.size()), key, nullptr};
-    if (tier == Tier::Ssd) {
+    if (tier == Tier::Ssd && ctx->ram) {  // staged whole, for promotion
       auto kv = std::make_shared<ChunkKv>();
       kv->tokens = tokens;
       kv->n_layers = cfg.n_layers;
@@ -48,6 +48,8 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
     add(i, r->chunk_tier[i], r->prompt.chunk_offset(i), r->prompt.chunks[i], r->chunk_keys[i]);
 
   const std::string actor = std::string("loader-") + tier_name(tier);
+  // Without a RAM tier nothing is promoted: one reusable slice buffer suffices.
+  thread_local std::vector<float> slice;
   int64_t bytes = 0;
   double busy = 0;
   bool failed = false;
@@ -63,8 +65,16 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
         v = kv->v_layer(l);
       } else {
         auto& e = *r->ssd_entry[p.index];
-        float* sk = p.staged->k.data() + l * p.staged->layer_stride();
-        float* sv = p.staged->v.data() + l * p.staged->layer_stride();
+        float *sk, *sv;
+        if (p.staged) {
+          sk = p.staged->k.data() + l * p.staged->layer_stride();
+          sv = p.staged->v.data() + l * p.staged->layer_stride();
+        } else {
+          const size_t floats = static_cast<size_t>(e.layer_floats());
+          if (slice.size() < 2 * floats) slice.resize(2 * floats);
+          sk = slice.data();
+          sv = slice.data() + floats;
+        }
         if (!ctx->ssd->read_layer(e, l, sk, sv)) {
           failed = true;
           self->send(h->worker, load_fail_atom::value, r,
@@ -94,7 +104,8 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   self->send(h->controller, profile_atom::value, std::string(tier_name(tier)), bytes, busy);
   // Promotion: the next request finds these chunks in RAM.
   if (tier == Tier::Ssd && ctx->ram)
-    for (auto& p : parts) ctx->ram->put(p.key, std::move(p.staged));
+    for (auto& p : parts)
+      if (p.staged) ctx->ram->put(p.key, std::move(p.staged));
 }
 
 }  // namespace

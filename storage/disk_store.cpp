@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -84,6 +85,15 @@ struct AlignedBuf {
   int64_t size;
   uint8_t* p;
 };
+
+// One growing aligned buffer per reading thread, so a layer read allocates (and
+// page-faults) nothing: the loader reads hundreds of layer slices per request,
+// on cores the compute thread needs.
+uint8_t* direct_read_scratch(int64_t n) {
+  thread_local std::unique_ptr<AlignedBuf> buf;
+  if (!buf || buf->size < n) buf = std::make_unique<AlignedBuf>(n);
+  return buf->p;
+}
 
 // pread until n bytes or EOF. 0: all read; 1: short (EOF); -1: error, errno set.
 // Adds the bytes it read to *got (for the read throttle).
@@ -454,13 +464,13 @@ bool DiskKvStore::read_layer_raw(const Entry& e, int layer, float* k, float* v) 
   const auto started = std::chrono::steady_clock::now();
   int64_t got = 0;
   if (e.direct_) {  // aligned offset, length and buffer, then copy out
-    AlignedBuf buf(e.layer_span_);
-    const bool read_ok = e.layer_span_ <= 0 || read_exact(e.fd_, buf.p, e.layer_span_, off, &got) == 0;
+    uint8_t* buf = direct_read_scratch(e.layer_span_);
+    const bool read_ok = e.layer_span_ <= 0 || read_exact(e.fd_, buf, e.layer_span_, off, &got) == 0;
     throttle(got, started);
     if (!read_ok) return false;
-    if (layer_sum(buf.p, buf.p + bytes_each, static_cast<size_t>(bytes_each)) != e.layer_sums_[layer]) return false;
-    std::memcpy(k, buf.p, static_cast<size_t>(bytes_each));
-    std::memcpy(v, buf.p + bytes_each, static_cast<size_t>(bytes_each));
+    if (layer_sum(buf, buf + bytes_each, static_cast<size_t>(bytes_each)) != e.layer_sums_[layer]) return false;
+    std::memcpy(k, buf, static_cast<size_t>(bytes_each));
+    std::memcpy(v, buf + bytes_each, static_cast<size_t>(bytes_each));
     return true;
   }
   const bool read_ok =

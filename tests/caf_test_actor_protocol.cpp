@@ -550,9 +550,9 @@ CAF_TEST(controller_raises_the_ratio_when_the_ssd_is_the_bottleneck) {
   CAF_CHECK_EQUAL(d.at("reason").get<std::string>(), "requested");
   sched.run();
 
-  // The ratio meets the load time exactly where it lies between floor and 1: a
-  // fresh controller whose one SSD sample makes the load time the recompute time
-  // at ratio 0.5.
+  // The planned recompute (overhead + per-token cost) meets the load time, less the
+  // margin, exactly where that lies between floor and 1: a fresh controller whose
+  // one SSD sample makes margin x load time the recompute time at ratio 0.5.
   h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
   sched.run();  // the spawned actors start
   auto half = intake_output({kDocs[1]});
@@ -560,7 +560,8 @@ CAF_TEST(controller_raises_the_ratio_when_the_ssd_is_the_bottleneck) {
   const int64_t other = half->prompt.size() - cached;
   const int64_t bytes = cached * 2 * int64_t{cfg().n_layers} * cfg().kv_dim() * 4;
   const double per_token = profile().at("compute_s_per_token_layer").get<double>() * cfg().n_layers;
-  const double seconds = per_token * (other + 0.5 * cached);
+  const double overhead = profile().at("overhead_s_per_prompt_token").get<double>() * half->prompt.size();
+  const double seconds = (overhead + per_token * (other + 0.5 * cached)) / ControllerState::load_margin;
   self->send(h->controller, profile_atom::value, std::string("ssd"), bytes, seconds);
   expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller).with(_, "ssd", bytes, seconds));
   plan(half);
