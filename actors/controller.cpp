@@ -39,29 +39,25 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         const size_t nchunks = r->prompt.chunks.size();
         // Parts: chunks 0..n-1, then the prefix at index n.
         r->chunk_tier.assign(nchunks, Tier::Miss);
-        r->ram_kv.assign(nchunks + 1, nullptr);
-        r->ssd_entry.assign(nchunks + 1, nullptr);
+        r->readers.clear();
+        r->readers.resize(nchunks + 1);
         r->plan.chunk_loaded.assign(nchunks, 0);
-        int64_t bytes_ram = 0, bytes_ssd = 0, cached_tokens = 0;
+        int64_t cached_tokens = 0;
+        int64_t bytes_by_tier[2] = {0, 0};
         const int64_t token_bytes = 2 * static_cast<int64_t>(cfg.n_layers) * cfg.kv_dim() * sizeof(float);
+        // Tiers in lookup order; a remote tier is one more entry here.
+        const std::pair<Tier, KvStore*> tiers[] = {{Tier::Ram, ctx->ram.get()}, {Tier::Ssd, ctx->ssd.get()}};
         auto locate = [&](size_t part, const ChunkKey& key, const std::vector<int32_t>& tokens) -> Tier {
           if (tokens.empty()) return Tier::Miss;
-          if (ctx->ram) {
-            auto kv = ctx->ram->get(key);
-            if (kv && kv->tokens == tokens && kv->n_layers == cfg.n_layers && kv->kv_heads == cfg.n_kv_heads &&
-                kv->head_dim == cfg.head_dim) {
-              r->ram_kv[part] = std::move(kv);
-              bytes_ram += static_cast<int64_t>(tokens.size()) * token_bytes;
-              return Tier::Ram;
-            }
-          }
-          if (ctx->ssd) {
-            auto e = ctx->ssd->open(key);
-            if (e && e->tokens == tokens && e->n_layers == cfg.n_layers && e->kv_heads == cfg.n_kv_heads &&
-                e->head_dim == cfg.head_dim) {
-              r->ssd_entry[part] = std::make_shared<DiskKvStore::Entry>(std::move(*e));
-              bytes_ssd += static_cast<int64_t>(tokens.size()) * token_bytes;
-              return Tier::Ssd;
+          for (const auto& [tier, store] : tiers) {
+            if (!store) continue;
+            auto reader = store->open_layers(key);
+            // A hash collision or a stale entry must never be used as this chunk's KV.
+            if (reader && reader->tokens() == tokens && reader->n_layers() == cfg.n_layers &&
+                reader->kv_heads() == cfg.n_kv_heads && reader->head_dim() == cfg.head_dim) {
+              r->readers[part] = std::move(reader);
+              bytes_by_tier[static_cast<int>(tier)] += static_cast<int64_t>(tokens.size()) * token_bytes;
+              return tier;
             }
           }
           return Tier::Miss;
@@ -80,6 +76,8 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         // Ratio: recompute time at ratio x is about k * L * (other + x * cached) token-layers.
         const int64_t other_tokens = r->prompt.size() - cached_tokens -
                                      (r->plan.prefix_loaded ? static_cast<int64_t>(r->prompt.prefix.size()) : 0);
+        const int64_t bytes_ram = bytes_by_tier[static_cast<int>(Tier::Ram)];
+        const int64_t bytes_ssd = bytes_by_tier[static_cast<int>(Tier::Ssd)];
         const double load_ram = bytes_ram / st.ram_bytes_per_s, load_ssd = bytes_ssd / st.ssd_bytes_per_s;
         const double est_load = std::max(load_ram, load_ssd);  // the loaders run in parallel
         const double per_token = st.compute_s_per_token_layer * cfg.n_layers;

@@ -31,7 +31,7 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   auto add = [&](size_t i, Tier t, int64_t offset, const std::vector<int32_t>& tokens, const ChunkKey& key) {
     if (t != tier) return;
     Part p{i, offset, static_cast<int64_t>(tokens.size()), key, nullptr};
-    if (tier == Tier::Ssd && ctx->ram) {  // staged whole, for promotion
+    if (tier != Tier::Ram && ctx->ram) {  // staged whole, for promotion
       auto kv = std::make_shared<ChunkKv>();
       kv->tokens = tokens;
       kv->n_layers = cfg.n_layers;
@@ -58,24 +58,21 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
     const double begin = r->now_s();
     int64_t layer_bytes = 0;
     for (auto& p : parts) {
-      const float *k = nullptr, *v = nullptr;
-      if (tier == Tier::Ram) {
-        const auto& kv = r->ram_kv[p.index];
-        k = kv->k_layer(l);
-        v = kv->v_layer(l);
-      } else {
-        auto& e = *r->ssd_entry[p.index];
+      auto& reader = *r->readers[p.index];
+      const float* k = reader.k_view(l);
+      const float* v = reader.v_view(l);
+      if (!k || !v) {
         float *sk, *sv;
         if (p.staged) {
           sk = p.staged->k.data() + l * p.staged->layer_stride();
           sv = p.staged->v.data() + l * p.staged->layer_stride();
         } else {
-          const size_t floats = static_cast<size_t>(e.layer_floats());
+          const size_t floats = static_cast<size_t>(reader.layer_floats());
           if (slice.size() < 2 * floats) slice.resize(2 * floats);
           sk = slice.data();
           sv = slice.data() + floats;
         }
-        if (!ctx->ssd->read_layer(e, l, sk, sv)) {
+        if (!reader.read_layer(l, sk, sv)) {
           failed = true;
           self->send(h->worker, load_fail_atom::value, r,
                      "chunk " + p.key.hex() + " layer " + std::to_string(l) + " failed its read or checksum");
@@ -96,14 +93,11 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   self->send(h->worker, load_end_atom::value, r);
   // The KV is in the request's cache now: release the pinned RAM entries (an
   // evicted one is freed now, not when the request ends) and the opened files.
-  for (auto& p : parts) {
-    if (tier == Tier::Ram) r->ram_kv[p.index].reset();
-    if (tier == Tier::Ssd) r->ssd_entry[p.index].reset();
-  }
+  for (auto& p : parts) r->readers[p.index].reset();
   if (failed) return;
   self->send(h->controller, profile_atom::value, std::string(tier_name(tier)), bytes, busy);
   // Promotion: the next request finds these chunks in RAM.
-  if (tier == Tier::Ssd && ctx->ram)
+  if (tier != Tier::Ram && ctx->ram)
     for (auto& p : parts)
       if (p.staged) ctx->ram->put(p.key, std::move(p.staged));
 }

@@ -118,8 +118,10 @@ struct RequestState {
   PrefillPlan plan;
   std::vector<Tier> chunk_tier;
   Tier prefix_tier = Tier::Miss;
-  std::vector<std::shared_ptr<const ChunkKv>> ram_kv;     // pinned RAM entries (per chunk; prefix at the end)
-  std::vector<std::shared_ptr<DiskKvStore::Entry>> ssd_entry;  // opened SSD files (per chunk; prefix at the end)
+  // Per part (chunks, then the prefix at index chunks.size()): the entry opened in
+  // its tier (pinned RAM entry, open SSD file), nullptr for a miss. The loader of
+  // that tier reads it layer by layer and then releases it.
+  std::vector<std::unique_ptr<LayerReader>> readers;
   KvCache cache;
   LayerGate gate;
   std::string controller_json;  // the decision and its inputs (trace)

@@ -511,6 +511,30 @@ void DiskKvStore::drop_corrupt(const Entry& e) {
   }
 }
 
+namespace {
+
+class DiskLayerReader final : public LayerReader {
+ public:
+  DiskLayerReader(DiskKvStore& store, DiskKvStore::Entry e) : store_(store), e_(std::move(e)) {}
+  const std::vector<int32_t>& tokens() const override { return e_.tokens; }
+  int n_layers() const override { return e_.n_layers; }
+  int kv_heads() const override { return e_.kv_heads; }
+  int head_dim() const override { return e_.head_dim; }
+  bool read_layer(int layer, float* k, float* v) override { return store_.read_layer(e_, layer, k, v); }
+
+ private:
+  DiskKvStore& store_;
+  DiskKvStore::Entry e_;
+};
+
+}  // namespace
+
+std::unique_ptr<LayerReader> DiskKvStore::open_layers(const ChunkKey& key) {
+  auto e = open(key);
+  if (!e) return nullptr;
+  return std::make_unique<DiskLayerReader>(*this, std::move(*e));
+}
+
 std::optional<DiskKvStore::Entry> DiskKvStore::open(const ChunkKey& key) {
   auto e = open_entry(key);
   if (e) ::futimens(e->fd_, nullptr);  // mtime = last use: the LRU order a restart rebuilds

@@ -107,6 +107,8 @@ class DiskKvStore final : public KvStore {
   // layer's checksum. False on a short read or a mismatch: the file is then
   // removed and `corrupt` counted.
   bool read_layer(const Entry& e, int layer, float* k, float* v);
+  // open() + read_layer() behind the tier-neutral interface the loaders use.
+  std::unique_ptr<LayerReader> open_layers(const ChunkKey& key) override;
 
  private:
   struct Slot {

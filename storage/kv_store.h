@@ -3,9 +3,11 @@
 // added, removed or stacked from the config without touching them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "storage/chunk_kv.h"
 
@@ -17,9 +19,60 @@ struct StoreStats {
   int64_t corrupt = 0;             // entries dropped because they failed a check (SSD)
 };
 
+// One stored entry opened for reading layer by layer: what the runtime's loaders
+// stream into a request's cache, one layer at a time. A tier that holds entries in
+// memory gives views (no copy); a tier on a disk or across the network reads on
+// demand. The reader keeps the entry readable even if the tier evicts it meanwhile.
+class LayerReader {
+ public:
+  virtual ~LayerReader() = default;
+  virtual const std::vector<int32_t>& tokens() const = 0;
+  virtual int n_layers() const = 0;
+  virtual int kv_heads() const = 0;
+  virtual int head_dim() const = 0;
+  int64_t length() const { return static_cast<int64_t>(tokens().size()); }
+  // Floats in K (and in V) of one layer: kv_heads * m * head_dim.
+  int64_t layer_floats() const { return static_cast<int64_t>(kv_heads()) * length() * head_dim(); }
+  // In-memory tiers: layer `layer`'s K and V ([kv_heads, m, head_dim]) without a
+  // copy, valid while the reader lives; nullptr where the tier must read.
+  virtual const float* k_view(int /*layer*/) const { return nullptr; }
+  virtual const float* v_view(int /*layer*/) const { return nullptr; }
+  // Reads layer `layer` into k and v (layer_floats() each). False: the entry failed
+  // (short read, checksum): the tier has dropped it, the caller treats it as a miss.
+  virtual bool read_layer(int layer, float* k, float* v) = 0;
+};
+
+// A reader over an entry held in memory.
+class MemoryLayerReader final : public LayerReader {
+ public:
+  explicit MemoryLayerReader(std::shared_ptr<const ChunkKv> kv) : kv_(std::move(kv)) {}
+  const std::vector<int32_t>& tokens() const override { return kv_->tokens; }
+  int n_layers() const override { return kv_->n_layers; }
+  int kv_heads() const override { return kv_->kv_heads; }
+  int head_dim() const override { return kv_->head_dim; }
+  const float* k_view(int layer) const override { return kv_->k_layer(layer); }
+  const float* v_view(int layer) const override { return kv_->v_layer(layer); }
+  bool read_layer(int layer, float* k, float* v) override {
+    std::copy_n(kv_->k_layer(layer), layer_floats(), k);
+    std::copy_n(kv_->v_layer(layer), layer_floats(), v);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<const ChunkKv> kv_;
+};
+
 class KvStore {
  public:
   virtual ~KvStore() = default;
+
+  // The entry opened for per-layer reads, or nullptr on a miss (counted like get).
+  // The default reads the whole entry through get(); tiers that can read one layer
+  // at a time (SSD, remote) override it.
+  virtual std::unique_ptr<LayerReader> open_layers(const ChunkKey& key) {
+    auto kv = get(key);
+    return kv ? std::make_unique<MemoryLayerReader>(std::move(kv)) : nullptr;
+  }
 
   // The entry, or nullptr on a miss. Entries are immutable and shared.
   virtual std::shared_ptr<const ChunkKv> get(const ChunkKey& key) = 0;

@@ -446,13 +446,10 @@ CAF_TEST(controller_plans_ram_ssd_and_missed_chunks_and_starts_loaders_then_work
   CAF_CHECK(!r->plan.prefix_loaded);
   CAF_CHECK(r->prefix_tier == Tier::Miss);
   CAF_CHECK_EQUAL(r->gate.loaders(), 2);
-  CAF_REQUIRE_EQUAL(r->ram_kv.size(), 4u);  // 3 chunks + the prefix
-  CAF_CHECK(r->ram_kv[0] != nullptr);
-  CAF_CHECK(r->ram_kv[1] == nullptr);
-  CAF_REQUIRE_EQUAL(r->ssd_entry.size(), 4u);
-  CAF_CHECK(r->ssd_entry[1] != nullptr);
-  CAF_CHECK(r->ssd_entry[0] == nullptr);
-  CAF_CHECK(r->ssd_entry[2] == nullptr);
+  CAF_REQUIRE_EQUAL(r->readers.size(), 4u);  // 3 chunks + the prefix
+  CAF_CHECK(r->readers[0] != nullptr && r->readers[0]->k_view(0) != nullptr);   // RAM: a view
+  CAF_CHECK(r->readers[1] != nullptr && r->readers[1]->k_view(0) == nullptr);   // SSD: reads
+  CAF_CHECK(r->readers[2] == nullptr);
   CAF_CHECK_EQUAL(r->cache.capacity, r->prompt.size() + r->request.sampling.max_tokens);
   CAF_CHECK_EQUAL(r->cache.n_layers, cfg().n_layers);
   // Default profiles: loading is far faster than the recompute, the ratio is the floor.
