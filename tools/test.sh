@@ -4,7 +4,8 @@
 #   2. Release build in build/ (binaries: build/blendserve, build/blendctl); all tests:
 #      the kernel tests once per CPU kernel variant this machine can execute (the others
 #      show as "Not Run"), the model tests on the best variant and again capped to AVX2
-#   3. ASan+UBSan build in build-asan/; the unit tests (label "unit") under it
+#   3. ASan+UBSan build in build-asan/; the unit tests (label "unit") under it, and the
+#      actor runtime's protocol tests and quick runtime tests (label "asan_model")
 #   4. the GGUF reader's libFuzzer target for BLENDSERVE_FUZZ_SECONDS (default 30)
 # Set BLENDSERVE_SKIP_SANITIZE=1 to skip steps 3 and 4 while iterating.
 set -euo pipefail
@@ -24,10 +25,10 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "[test] ASan+UBSan build"
   cmake -S "$ROOT" -B "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_SANITIZE=ON >/dev/null
   cmake --build "$ROOT/build-asan" -j"$JOBS"
-  echo "[test] unit tests under ASan+UBSan"
+  echo "[test] unit tests and the actor runtime under ASan+UBSan"
   # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir "$ROOT/build-asan" --output-on-failure --no-tests=error -L unit -j1
+    ctest --test-dir "$ROOT/build-asan" --output-on-failure --no-tests=error -L 'unit|asan_model' -j1
   echo "[test] fuzzing the GGUF reader for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
   JOBS="$JOBS" "$ROOT/tools/fuzz_gguf.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
 fi
