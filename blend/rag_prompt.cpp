@@ -29,20 +29,23 @@ RagPrompt assemble_rag_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, co
     throw std::invalid_argument("the last message must be the user's question");
   RagPrompt p;
   // Render the conversation with an empty final user turn, and cut it where the
-  // user's content would start: everything before is the prefix.
+  // user's content would start: everything before is the prefix. The markup comes
+  // from the template object (an unsupported template throws here).
   std::vector<ChatMessage> head(messages.begin(), messages.end() - 1);
   head.push_back({"user", ""});
   const std::string rendered = tmpl.apply(head, false);
-  const std::string user_open = "<|im_start|>user\n";
-  const size_t cut = rendered.rfind(user_open);
-  if (cut == std::string::npos) throw std::logic_error("chat template did not render a user turn");
-  p.prefix = tok.encode(rendered.substr(0, cut + user_open.size()), true);
+  const std::string user_open = tmpl.turn_open("user");
+  const std::string empty_user_turn = user_open + tmpl.turn_close();
+  if (rendered.size() < empty_user_turn.size() ||
+      rendered.compare(rendered.size() - empty_user_turn.size(), empty_user_turn.size(), empty_user_turn) != 0)
+    throw std::logic_error("chat template did not end with the user turn it was given");
+  p.prefix = tok.encode(rendered.substr(0, rendered.size() - tmpl.turn_close().size()), true);
   for (const auto& d : documents) {
     auto ids = document_chunk_tokens(tok, d);
     if (!ids.empty()) p.chunks.push_back(std::move(ids));
   }
   p.suffix = tok.encode(messages.back().content, false);
-  const auto close = tok.encode("<|im_end|>\n<|im_start|>assistant\n", true);
+  const auto close = tok.encode(tmpl.turn_close() + tmpl.generation_prompt(), true);
   p.suffix.insert(p.suffix.end(), close.begin(), close.end());
   return p;
 }

@@ -1,12 +1,15 @@
 // How a RAG chat request becomes prefix + chunks + suffix.
 //
 // For a conversation whose last message is the user's question and a list of
-// retrieved documents, with the model's chat template (ChatML for SmolLM2):
+// retrieved documents, with the model's chat template (every piece of markup
+// comes from the ChatTemplate object; ChatML for SmolLM2 shown):
 //
 //   prefix  = template(messages before the last user message, default system
-//             prompt included) + "<|im_start|>user\n"
+//             prompt included) + turn_open("user")            ("<|im_start|>user\n")
 //   chunk_i = document_i + "\n\n"          (one per document, in request order)
-//   suffix  = question + "<|im_end|>\n<|im_start|>assistant\n"
+//   suffix  = question + turn_close() + generation_prompt()
+//             ("<|im_end|>\n<|im_start|>assistant\n")
+// A template of an unsupported family throws std::invalid_argument naming it.
 //
 // Each part is tokenized on its own, so a chunk's tokens never depend on its
 // neighbours and the same document is the same token sequence (and cache key) in

@@ -1,6 +1,7 @@
 // Chat template: built-in ChatML rendering equivalent to the Jinja templates of
 // ChatML models (SmolLM2, Qwen2), including the default system prompt such a
 // template injects when the conversation does not start with a system message.
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -76,13 +77,48 @@ ChatTemplate ChatTemplate::chatml(std::string default_system) {
   return t;
 }
 
+ChatTemplate ChatTemplate::unsupported(std::string source) {
+  ChatTemplate t;
+  t.supported_ = false;
+  t.source_ = std::move(source);
+  return t;
+}
+
 ChatTemplate ChatTemplate::from_gguf(const gguf::GgufFile& file) {
   const auto tpl = file.get_string("tokenizer.chat_template");
-  if (!tpl || tpl->find(kStart) == std::string::npos) return chatml();  // unknown: plain ChatML
+  if (!tpl || tpl->empty()) return chatml();  // no template: ChatML, as llama.cpp does
+  // ChatML: turns open with <|im_start|>ROLE and close with <|im_end|>.
+  if (tpl->find(kStart) == std::string::npos || tpl->find(kEnd) == std::string::npos) return unsupported(*tpl);
   return chatml(extract_default_system(*tpl));
 }
 
+void ChatTemplate::require_supported() const {
+  if (supported_) return;
+  std::string head = source_.substr(0, 80);
+  for (char& c : head)
+    if (c == '\n') c = ' ';
+  throw std::invalid_argument("the model's chat template is not supported (known: ChatML); it begins \"" + head +
+                              (source_.size() > 80 ? "...\"" : "\"") +
+                              "; use a raw prompt, or a model with a ChatML template");
+}
+
+std::string ChatTemplate::turn_open(const std::string& role) const {
+  require_supported();
+  return std::string(kStart) + role + "\n";
+}
+
+std::string ChatTemplate::turn_close() const {
+  require_supported();
+  return std::string(kEnd) + "\n";
+}
+
+std::string ChatTemplate::generation_prompt() const {
+  require_supported();
+  return std::string(kStart) + "assistant\n";
+}
+
 std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  require_supported();
   std::string out;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];

@@ -70,17 +70,34 @@ struct ChatMessage {
 // Chat template from the GGUF's tokenizer.chat_template. We do not run Jinja:
 // the known template families (ChatML, as used by SmolLM2 and Qwen2) are
 // recognised and rendered by a built-in equivalent, including a default system
-// prompt the template injects. Unknown templates fall back to ChatML.
+// prompt the template injects. A file without a template gets ChatML (as
+// llama.cpp does). A template of another family loads (raw completion still
+// works) but every rendering call throws std::invalid_argument naming it, so a
+// chat is never rendered in a format the model was not trained on.
 class ChatTemplate {
  public:
   static ChatTemplate from_gguf(const gguf::GgufFile& file);
   static ChatTemplate chatml(std::string default_system = "");
+  // A template of a family this code does not render (`source`: its text).
+  static ChatTemplate unsupported(std::string source);
+
+  bool supported() const { return supported_; }
+  std::string family() const { return supported_ ? "chatml" : "unsupported"; }
   std::string apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // The pieces of one turn, for callers that tokenize a turn's content apart from
+  // its markup (RAG prompt assembly): apply({{role, c}}, false) without the
+  // default system turn == turn_open(role) + c + turn_close().
+  std::string turn_open(const std::string& role) const;
+  std::string turn_close() const;
+  std::string generation_prompt() const;  // what add_generation_prompt appends
   // Strings that end an assistant turn (e.g. "<|im_end|>").
   const std::vector<std::string>& stop_strings() const { return stops_; }
   const std::string& default_system() const { return default_system_; }
 
  private:
+  void require_supported() const;
+  bool supported_ = true;
+  std::string source_;  // unsupported: the template's text (start of it in errors)
   std::string default_system_;
   std::vector<std::string> stops_{"<|im_end|>"};
 };

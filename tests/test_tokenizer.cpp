@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "model/gguf.h"
+#include "blend/rag_prompt.h"
 #include "model/tokenizer.h"
 
 namespace {
@@ -541,16 +542,52 @@ TEST(ChatTemplate, Qwen2StyleTemplateAndFallbacks) {
             "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
             "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
 
-  // Unknown template family: plain ChatML, no system prompt.
+  // Another template family (Mistral style): it loads, but rendering a chat with it
+  // is a clear error naming the template, never a silent ChatML prompt.
   const auto buf2 = gguf_with_string("tokenizer.chat_template", "{{ bos_token }}[INST] {{ m }} [/INST]");
   const ChatTemplate other = ChatTemplate::from_gguf(GgufFile::parse(buf2.data(), buf2.size()));
-  EXPECT_EQ(other.default_system(), "");
-  EXPECT_EQ(other.apply({{"user", "x"}}, true), "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
-  // Missing template: the same.
+  EXPECT_FALSE(other.supported());
+  try {
+    other.apply({{"user", "x"}}, true);
+    ADD_FAILURE() << "rendered with an unsupported template";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("not supported"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[INST]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(other.turn_open("user"), std::invalid_argument);
+  EXPECT_THROW(other.generation_prompt(), std::invalid_argument);
+  // Missing template: ChatML, no system prompt (as llama.cpp).
   const auto buf3 = gguf_with_string("general.name", "t");
-  EXPECT_EQ(ChatTemplate::from_gguf(GgufFile::parse(buf3.data(), buf3.size())).default_system(), "");
+  const ChatTemplate missing = ChatTemplate::from_gguf(GgufFile::parse(buf3.data(), buf3.size()));
+  EXPECT_TRUE(missing.supported());
+  EXPECT_EQ(missing.default_system(), "");
+  EXPECT_EQ(missing.apply({{"user", "x"}}, true), "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
+  // The turn pieces compose to what apply renders.
+  const ChatTemplate plain = ChatTemplate::chatml();
+  EXPECT_EQ(plain.turn_open("user") + "u" + plain.turn_close() + plain.generation_prompt(),
+            plain.apply({{"user", "u"}}, true));
   EXPECT_EQ(ChatTemplate::chatml("sys").apply({{"user", "u"}}, false),
             "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nu<|im_end|>\n");
+}
+
+TEST(ChatTemplate, RagPromptAssemblyTakesItsMarkupFromTheTemplate) {
+  REQUIRE_MODEL();
+  const Tokenizer& tok = shared()->tok;
+  const ChatTemplate tpl = ChatTemplate::from_gguf(shared()->file);
+  const auto p = bs::assemble_rag_prompt(tok, tpl, {{"user", "Who?"}}, {"Doc one.", "Doc two."});
+  const std::string prefix = tok.decode(p.prefix), suffix = tok.decode(p.suffix);
+  EXPECT_EQ(prefix, tpl.apply({{"user", ""}}, false).substr(0, prefix.size()));
+  EXPECT_TRUE(prefix.ends_with(tpl.turn_open("user"))) << prefix;
+  EXPECT_EQ(suffix, "Who?" + tpl.turn_close() + tpl.generation_prompt());
+  ASSERT_EQ(p.chunks.size(), 2u);
+  EXPECT_EQ(tok.decode(p.chunks[1]), "Doc two.\n\n");
+  // The concatenation is exactly the chat the template renders with the documents
+  // in the user's turn.
+  EXPECT_EQ(tok.decode(p.concatenated()),
+            tpl.apply({{"user", "Doc one.\n\nDoc two.\n\nWho?"}}, true));
+  // A template of another family is refused, not replaced by ChatML.
+  EXPECT_THROW(bs::assemble_rag_prompt(tok, ChatTemplate::unsupported("{{ bos_token }}[INST]"), {{"user", "Who?"}}, {}),
+               std::invalid_argument);
 }
 
 // ---- speed (reported, not asserted) -------------------------------------------------------
