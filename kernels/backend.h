@@ -68,6 +68,10 @@ class Backend {
   // Whether prepare/linear/attention run at `precision` here (CPU: bf16 only with
   // native bf16 dot products and a oneDNN bf16 matmul).
   virtual bool supports(Precision precision) const = 0;
+  // Seconds spent so far on one-time set-up during ops (e.g. creating a GEMM
+  // primitive for a new row count): benchmarks subtract it from timings that
+  // should measure steady-state compute.
+  virtual double setup_seconds() const { return 0.0; }
   // The fastest precision this backend supports.
   Precision default_precision() const { return supports(Precision::BF16) ? Precision::BF16 : Precision::F32; }
 

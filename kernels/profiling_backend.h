@@ -20,6 +20,7 @@ class ProfilingBackend final : public Backend {
   explicit ProfilingBackend(Backend& inner) : inner_(inner) {}
   std::string name() const override { return inner_.name() + "+profile"; }
   std::string kernel_id() const override { return inner_.kernel_id(); }
+  double setup_seconds() const override { return inner_.setup_seconds(); }
   bool supports(Precision p) const override { return inner_.supports(p); }
   const std::map<std::string, OpStats>& stats() const { return stats_; }
   void reset() { stats_.clear(); }

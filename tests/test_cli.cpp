@@ -33,6 +33,8 @@ const fs::path& data_dir() {
   }();
   return dir;
 }
+// Set before any test starts a process (static initialisation of this file).
+const bool data_dir_set = !data_dir().empty();
 struct RemoveDataDir : ::testing::Environment {
   void TearDown() override { fs::remove_all(data_dir()); }
 };
@@ -227,6 +229,23 @@ TEST(Cli, SigintCancelsTheRequestAndExitsCleanly) {
   // Nothing half-written is left in the SSD tier.
   for (const auto& e : fs::directory_iterator(data_dir() / "kv"))
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST(Cli, EvalHandlesAnAnswerThatTokenizesToNothing) {
+  REQUIRE_MODEL();
+  const auto path = data_dir() / "empty_answer.jsonl";
+  std::ofstream(path) << R"({"id": "e1", "question": "Who built it?", "answers": [""], )"
+                      << R"("documents": ["The bridge was built by Ada Lin in 1901.", "Rivers flow to the sea."]})" << "\n";
+  auto r = run("blendctl eval --dataset " + path.string() + " --mode blend --max-tokens 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto lines = json_lines(r.out);
+  ASSERT_FALSE(lines.empty()) << r.out;
+  const auto& summary = lines.back();
+  EXPECT_TRUE(summary.at("summary").get<bool>());
+  EXPECT_EQ(summary.at("cases").get<int>(), 1);
+  EXPECT_EQ(summary.at("teacher_forced_cases").get<int>(), 0);
+  EXPECT_TRUE(lines.front().at("first_token_kl").is_null()) << lines.front().dump();
+  EXPECT_GE(lines.front().at("setup_s_excluded").get<double>(), 0.0);
 }
 
 TEST(Cli, ABadConfigIsAClearErrorNamingTheKey) {

@@ -41,6 +41,7 @@ class CpuBackend final : public Backend {
 
   std::string name() const override { return "cpu"; }
   std::string kernel_id() const override { return std::string("cpu/") + cpu::isa_name(k_.isa); }
+  double setup_seconds() const override { return cpu::onednn_primitive_creation_seconds(); }
   bool supports(Precision precision) const override { return precision == Precision::F32 || bf16_; }
 
   std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision precision) override {

@@ -11,6 +11,8 @@
 // with DNNL_ENABLE_CONCURRENT_EXEC.
 #include "kernels/cpu/gemm_onednn.h"
 
+#include <atomic>
+#include <chrono>
 #include <compare>
 #include <cstdlib>
 #include <map>
@@ -84,6 +86,7 @@ struct CachedMatmul {
   memory::desc scratchpad;  // what one execution needs (size 0: none)
 };
 std::mutex primitive_mu;
+std::atomic<int64_t> creation_ns{0};  // time spent creating primitives (under primitive_mu)
 std::map<PrimitiveKey, CachedMatmul> primitive_cache;
 
 // Reference row count used to pick the packed weight layout.
@@ -138,6 +141,8 @@ DnnlWeightsPtr pack_for_gemm(const WeightView& w, Precision precision) {
   return out;
 }
 
+double onednn_primitive_creation_seconds() { return creation_ns.load() * 1e-9; }
+
 bool onednn_bf16_matmul_available() {
   static const bool available = [] {
     try {
@@ -164,10 +169,12 @@ void gemm(const DnnlWeights& w, const CpuKernels& kernels, const float* x, float
     const PrimitiveKey key{n, w.in, w.out, static_cast<int>(w.precision)};
     auto it = primitive_cache.find(key);
     if (it == primitive_cache.end()) {
+      const auto t0 = std::chrono::steady_clock::now();
       if (primitive_cache.size() > 4096) primitive_cache.clear();  // bound memory over many prompt lengths
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_desc, w.packed_desc, dst_desc),
                                             user_scratchpad(), eng);
       it = primitive_cache.emplace(key, CachedMatmul{dnnl::matmul(pd), pd.scratchpad_desc()}).first;
+      creation_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     }
     mm = it->second;
   }

@@ -14,6 +14,8 @@ namespace bs::kernels::cpu {
 // Whether oneDNN creates a bf16 matmul on this CPU (Debian's oneDNN 2.6 has none below
 // AVX-512, and no reference fallback). Probed once.
 bool onednn_bf16_matmul_available();
+// Seconds spent creating matmul primitives (once per row count and shape), all threads.
+double onednn_primitive_creation_seconds();
 
 // Weights dequantized once to bf16 or f32 and reordered into oneDNN's blocked layout.
 struct DnnlWeights;
