@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string_view>
 
 #include "model/generate.h"
 #include "model/transformer.h"
@@ -211,6 +213,233 @@ TEST(ModelGenerate, SamplingIsSeededAndValid) {
   SamplingParams g;
   g.max_tokens = 12;
   EXPECT_EQ(run(p), run(g));
+}
+
+// Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at
+// most U+10FFFF, no truncated sequence at the end).
+bool valid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;  // a continuation byte or 0xF8..0xFF where a character must start
+    }
+    if (i + len > n) return false;
+    for (size_t j = 1; j < len; ++j) {
+      if ((p[i + j] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + j] & 0x3F);
+    }
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+TEST(ModelGenerate, Utf8ValidatorItself) {
+  EXPECT_TRUE(valid_utf8("caf\xC3\xA9 \xE6\x97\xA5 \xE2\x9C\x93 \xF0\x9F\x98\x80"));
+  EXPECT_FALSE(valid_utf8("\xE6\x97"));      // truncated
+  EXPECT_FALSE(valid_utf8("\x97\xA5"));      // starts inside a character
+  EXPECT_FALSE(valid_utf8("\xC0\xAF"));      // overlong
+  EXPECT_FALSE(valid_utf8("\xED\xA0\x80"));  // surrogate
+}
+
+// Greedy generation with a streaming callback: the pieces, in order.
+struct Streamed {
+  GenerationResult result;
+  std::vector<std::string> pieces;
+};
+Streamed generate_streamed(const Transformer& tf, const std::vector<int32_t>& ids, const SamplingParams& p) {
+  Streamed s;
+  auto cache = tf.make_cache(static_cast<int64_t>(ids.size()) + p.max_tokens + 1);
+  s.result = generate(tf, cache, ids, p, [&](std::string_view piece) {
+    s.pieces.emplace_back(piece);
+    return true;
+  });
+  return s;
+}
+
+// The streaming contract: the pieces concatenate to the final text and every
+// running concatenation is a prefix of it (nothing emitted is ever taken back).
+void expect_stream_is_final_text(const Streamed& s) {
+  std::string so_far;
+  for (const auto& piece : s.pieces) {
+    EXPECT_FALSE(piece.empty());
+    so_far += piece;
+    EXPECT_EQ(s.result.text.compare(0, so_far.size(), so_far), 0)
+        << "streamed '" << so_far << "' is not a prefix of the final text '" << s.result.text << "'";
+  }
+  EXPECT_EQ(so_far, s.result.text);
+}
+
+// A stop string that spans several tokens and starts inside one: the counting
+// prompt continues " 8, 9, 10, ..." one character per token (" ", "9", ",", " ",
+// "1", "0"), and "9, 10" begins after the space. The text must end right before it,
+// and while "9, 1" is pending it must be held back, never streamed and retracted.
+TEST(ModelGenerate, StopStringAcrossSeveralTokensIsCutAndNeverStreamed) {
+  REQUIRE_MODEL();
+  const auto& m = testing::shared_model(testing::fast_precision());
+  Transformer tf(m);
+  const auto ids = m.tokenizer().encode("1, 2, 3, 4, 5, 6, 7,", false);
+  SamplingParams p;
+  p.max_tokens = 30;
+  const auto plain = generate_streamed(tf, ids, p);
+  ASSERT_EQ(plain.result.finish_reason, "length");
+  expect_stream_is_final_text(plain);
+  const std::string stop = "9, 10";
+  const size_t at = plain.result.text.find(stop);
+  ASSERT_NE(at, std::string::npos) << plain.result.text;
+  // The occurrence crosses token boundaries: count the tokens it overlaps.
+  {
+    size_t begin = 0;
+    int overlapped = 0;
+    for (int32_t id : plain.result.tokens) {
+      const size_t end = begin + m.tokenizer().token_bytes(id).size();
+      if (end > at && begin < at + stop.size()) ++overlapped;
+      begin = end;
+    }
+    ASSERT_GE(overlapped, 3) << "the stop string must span several tokens for this test";
+  }
+
+  p.stop = {stop};
+  const auto cut = generate_streamed(tf, ids, p);
+  EXPECT_EQ(cut.result.finish_reason, "stop");
+  EXPECT_EQ(cut.result.text, plain.result.text.substr(0, at));
+  for (const auto& piece : cut.pieces) EXPECT_EQ(piece.find(stop), std::string::npos) << piece;
+  expect_stream_is_final_text(cut);
+  // Decoding ended with the token that completed the stop string ("0" of "10").
+  ASSERT_LE(cut.result.tokens.size(), plain.result.tokens.size());
+  EXPECT_TRUE(std::equal(cut.result.tokens.begin(), cut.result.tokens.end(), plain.result.tokens.begin()));
+  EXPECT_EQ(m.tokenizer().decode(cut.result.tokens).substr(at), stop);
+
+  // A stop string whose first 4 characters do appear ("9, 1" of "9, 10") but which
+  // never completes: the held-back text must be released, the output is the plain one.
+  p.stop = {"9, 11"};
+  ASSERT_EQ(plain.result.text.find("9, 11"), std::string::npos);
+  const auto held = generate_streamed(tf, ids, p);
+  EXPECT_EQ(held.result.finish_reason, "length");
+  EXPECT_EQ(held.result.text, plain.result.text);
+  expect_stream_is_final_text(held);
+}
+
+// Multibyte output: the model repeats "café naïve 日本語 ✓" from a raw completion
+// prompt; its tokens split 日 (E6 97 A5) and ✓ (E2 9C 93) across byte tokens. Every
+// streamed piece must be valid UTF-8 on its own, and they must add up to the text.
+TEST(ModelGenerate, MultibyteOutputStreamsWholeCharacters) {
+  REQUIRE_MODEL();
+  const auto& m = testing::shared_model(testing::fast_precision());
+  Transformer tf(m);
+  const std::string line = "caf\xC3\xA9 na\xC3\xAFve \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xE2\x9C\x93\n";
+  const auto ids = m.tokenizer().encode(line + line + line, false);
+  SamplingParams p;
+  p.max_tokens = 40;
+  auto check = [&](const Streamed& s) {
+    EXPECT_TRUE(valid_utf8(s.result.text));
+    for (const auto& piece : s.pieces) EXPECT_TRUE(valid_utf8(piece)) << "piece of " << piece.size() << " bytes";
+    expect_stream_is_final_text(s);
+  };
+  const auto plain = generate_streamed(tf, ids, p);
+  check(plain);
+  // The test is only meaningful if the output is multibyte and a token ends inside a
+  // character (so the stream decoder has to hold bytes back).
+  const std::string& text = plain.result.text;
+  EXPECT_TRUE(std::any_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; }));
+  EXPECT_NE(text.find("\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E"), std::string::npos) << text;  // 日本語
+  EXPECT_TRUE(std::any_of(plain.result.tokens.begin(), plain.result.tokens.end(),
+                          [&](int32_t id) { return !valid_utf8(m.tokenizer().token_bytes(id)); }));
+  // A multibyte stop string over split tokens: "語 ✓" (E8 AA 9E 20 E2 9C 93).
+  p.stop = {"\xE8\xAA\x9E \xE2\x9C\x93"};
+  const size_t at = text.find(p.stop[0]);
+  ASSERT_NE(at, std::string::npos);
+  const auto cut = generate_streamed(tf, ids, p);
+  EXPECT_EQ(cut.result.finish_reason, "stop");
+  EXPECT_EQ(cut.result.text, text.substr(0, at));
+  check(cut);
+}
+
+// DecodeSession on its own, fed logits that make one token the greedy choice.
+TEST(ModelGenerate, DecodeSessionLengthContinueAndCancel) {
+  REQUIRE_MODEL();
+  const auto& m = testing::shared_model(testing::fast_precision());
+  const auto& tok = m.tokenizer();
+  const int64_t V = m.config().vocab;
+  const auto hello = tok.encode("hello", false);
+  ASSERT_EQ(hello.size(), 1u);
+  const int32_t id = hello[0];
+  std::vector<float> logits(static_cast<size_t>(V), 0.0f);
+  logits[id] = 10.0f;
+
+  {  // max_tokens: exactly that many tokens, the last step finishes "length"
+    SamplingParams p;
+    p.max_tokens = 3;
+    DecodeSession s(tok, V, p);
+    std::string streamed;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_FALSE(s.done());
+      const auto st = s.step(logits.data(), true);
+      streamed += st.text;
+      EXPECT_EQ(st.done, i == 2) << i;
+      EXPECT_EQ(st.token, i == 2 ? -1 : id) << i;
+    }
+    EXPECT_TRUE(s.done());
+    EXPECT_EQ(s.finish_reason(), "length");
+    EXPECT_EQ(s.tokens().size(), 3u);
+    EXPECT_EQ(s.text(), "hellohellohello");
+    EXPECT_EQ(streamed, s.text());
+    const auto after = s.step(logits.data(), true);  // a finished session stays finished
+    EXPECT_TRUE(after.done);
+    EXPECT_EQ(after.token, -1);
+    EXPECT_TRUE(after.text.empty());
+    EXPECT_EQ(s.tokens().size(), 3u);
+    s.cancel();  // cancelling a finished session changes nothing
+    EXPECT_EQ(s.finish_reason(), "length");
+  }
+  {  // can_continue = false: the cache is full, this step is the last
+    SamplingParams p;
+    p.max_tokens = 100;
+    DecodeSession s(tok, V, p);
+    EXPECT_EQ(s.step(logits.data(), true).token, id);
+    const auto st = s.step(logits.data(), false);
+    EXPECT_TRUE(st.done);
+    EXPECT_EQ(st.token, -1);
+    EXPECT_EQ(st.text, "hello");
+    EXPECT_EQ(s.finish_reason(), "length");
+    EXPECT_EQ(s.tokens().size(), 2u);
+  }
+  {  // cancel: with "hello" held back (it may start the stop string "hellohellX"),
+     // nothing more is released after cancel(), not even the held-back text.
+    SamplingParams p;
+    p.max_tokens = 100;
+    p.stop = {"hellohellX"};
+    DecodeSession s(tok, V, p);
+    std::string streamed;
+    streamed += s.step(logits.data(), true).text;
+    streamed += s.step(logits.data(), true).text;
+    EXPECT_EQ(streamed, "hello");  // the second "hello" is held back
+    s.cancel();
+    EXPECT_TRUE(s.done());
+    EXPECT_EQ(s.finish_reason(), "cancelled");
+    for (bool can_continue : {true, false}) {
+      const auto st = s.step(logits.data(), can_continue);
+      EXPECT_TRUE(st.done);
+      EXPECT_EQ(st.token, -1);
+      EXPECT_TRUE(st.text.empty()) << st.text;
+    }
+    EXPECT_EQ(s.tokens().size(), 2u);
+    EXPECT_EQ(s.finish_reason(), "cancelled");
+  }
 }
 
 TEST(ModelGenerate, RejectsPromptsLongerThanTheContext) {
