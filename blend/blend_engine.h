@@ -45,7 +45,9 @@ struct BlendOptions {
   // Fraction of cached chunk tokens kept after each check layer. Empty: one check
   // layer keeps `ratio`; several narrow linearly from 1 towards `ratio`.
   std::vector<float> schedule;
-  int min_tokens = 1;                // recompute at least this many cached tokens (if any)
+  // Recompute at least this many cached tokens (if any) at any ratio > 0; ratio 0 is
+  // exactly `reuse` and recomputes none.
+  int min_tokens = 1;
   Deviation deviation = Deviation::KV;
 };
 

@@ -79,6 +79,7 @@ void DecodeSession::cancel() {
   if (done_) return;
   done_ = true;
   finish_ = "cancelled";
+  text_.resize(emitted_);  // the final text is what was released, nothing held back
 }
 
 DecodeSession::Step DecodeSession::step(const float* logits, bool can_continue) {

@@ -59,7 +59,8 @@ class DecodeSession {
   // logits: [vocab] after the last token. can_continue: the cache has room for one
   // more token (false: this step is the last, finish "length").
   Step step(const float* logits, bool can_continue);
-  // Ends the session early (cancelled): nothing more is released.
+  // Ends the session early (cancelled): nothing more is released, and text() is
+  // what was released so far.
   void cancel();
 
   bool done() const { return done_; }

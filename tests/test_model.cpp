@@ -439,6 +439,7 @@ TEST(ModelGenerate, DecodeSessionLengthContinueAndCancel) {
     }
     EXPECT_EQ(s.tokens().size(), 2u);
     EXPECT_EQ(s.finish_reason(), "cancelled");
+    EXPECT_EQ(s.text(), streamed);  // the final text is what was released
   }
 }
 
