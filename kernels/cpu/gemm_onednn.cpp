@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/dequant.h"
 
 namespace bs::kernels::cpu {
@@ -33,7 +34,25 @@ using dnnl::memory;
 
 // The engine is shared by all threads; a stream is not thread-safe, so each
 // thread has its own, bound to that engine.
+// BLENDSERVE_CPU_ISA caps oneDNN as well as our kernels: a run capped to AVX2 on an
+// AVX-512 machine must not get AVX-512 GEMMs. Applied once, before oneDNN's first
+// use; an explicit ONEDNN_MAX_CPU_ISA wins.
+void cap_onednn_isa() {
+  const CpuIsa selected = selected_cpu_isa();
+  if (selected >= detect_cpu_isa() || std::getenv("ONEDNN_MAX_CPU_ISA") != nullptr) return;
+  const dnnl::cpu_isa cap = selected == CpuIsa::Scalar   ? dnnl::cpu_isa::sse41
+                            : selected == CpuIsa::Avx2   ? dnnl::cpu_isa::avx2
+                                                         : dnnl::cpu_isa::avx512_core;
+  try {
+    dnnl::set_max_cpu_isa(cap);
+  } catch (const dnnl::error&) {
+    // oneDNN already dispatched: nothing to cap any more (only in odd embeddings).
+  }
+}
+
 dnnl::engine& engine() {
+  static const bool capped = (cap_onednn_isa(), true);
+  (void)capped;
   static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   return eng;
 }
