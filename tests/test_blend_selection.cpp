@@ -19,6 +19,7 @@
 #include "blend/rag_prompt.h"
 #include "model/generate.h"
 #include "storage/memory_store.h"
+#include "tests/blend_fixture.h"
 #include "tests/model_fixture.h"
 
 namespace bs {
@@ -26,18 +27,9 @@ namespace {
 
 using kernels::Precision;
 
-const std::vector<std::string> kDocs = {
-    "The Velmor Bridge crosses the river Asta in the town of Kirrin. Its construction began in 1861 under the "
-    "engineer Hanna Ostrow and the bridge was completed in 1873. It is 212 metres long and carries both a road "
-    "and a railway line.",
-    "Dr. Elias Brandt founded the Brandt Optical Works in 1902 in the city of Lorvik. The company first made "
-    "lenses for lighthouses and later built telescopes for several observatories in the north.",
-    "The annual Kirrin harvest festival takes place on the second Sunday of September. Visitors eat plum cake, "
-    "watch the boat race on the Asta, and the mayor opens the festival at noon by ringing the old bell.",
-    "Mount Terav is the highest peak of the Selden range, at 3,412 metres. The first recorded ascent was made in "
-    "1898 by the climbers Ada Finch and Jonas Weil, who reached the summit from the eastern ridge.",
-};
-const std::string kQuestion = "In which year was the Velmor Bridge completed? Answer with the year only.";
+using testing::kDocs;
+using testing::kQuestion;
+using testing::make_prompt;
 
 // A second, unrelated prompt (different documents and question).
 const std::vector<std::string> kDocs2 = {
@@ -52,9 +44,6 @@ const std::vector<std::string> kDocs2 = {
 };
 const std::string kQuestion2 = "When was the new lighthouse of Sorn lit for the first time?";
 
-RagPrompt make_prompt(const LlamaModel& m, const std::vector<std::string>& docs, const std::string& q) {
-  return assemble_rag_prompt(m.tokenizer(), m.chat_template(), {{"user", q}}, docs);
-}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
