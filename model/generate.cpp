@@ -88,15 +88,18 @@ DecodeSession::Step DecodeSession::step(const float* logits, bool can_continue) 
     st.done = true;
     return st;
   }
-  const int32_t id = sampler_.sample(logits, vocab_);
-  if (id == tok_.eos_id() || tok_.is_control(id)) {
+  // The last step: everything still pending is released (after a stop-string cut,
+  // the text ends at the cut and the decoder's tail is dropped with it).
+  auto finish = [&](const char* reason, bool flush) {
     done_ = true;
-    finish_ = "stop";
-    text_ += stream_.flush();
+    finish_ = reason;
+    if (flush) text_ += stream_.flush();
     st.text = release(text_.size());
     st.done = true;
     return st;
-  }
+  };
+  const int32_t id = sampler_.sample(logits, vocab_);
+  if (id == tok_.eos_id() || tok_.is_control(id)) return finish("stop", true);
   tokens_.push_back(id);
   text_ += stream_.push(id);
   // Stop strings: cut the text at the first occurrence (searching only where a new
@@ -109,21 +112,8 @@ DecodeSession::Step DecodeSession::step(const float* logits, bool can_continue) 
       stopped = true;
     }
   }
-  if (stopped) {
-    done_ = true;
-    finish_ = "stop";
-    st.text = release(text_.size());
-    st.done = true;
-    return st;
-  }
-  if (static_cast<int>(tokens_.size()) >= params_.max_tokens || !can_continue) {
-    done_ = true;
-    finish_ = "length";
-    text_ += stream_.flush();
-    st.text = release(text_.size());
-    st.done = true;
-    return st;
-  }
+  if (stopped) return finish("stop", false);
+  if (static_cast<int>(tokens_.size()) >= params_.max_tokens || !can_continue) return finish("length", true);
   st.text = release(text_.size() - held_back(text_, stops_));
   st.token = id;
   return st;
