@@ -350,7 +350,8 @@ void parse_limits(const YAML::Node& sec, RuntimeConfig& c) {
 }
 
 void parse_server(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "server", {"host", "port"}, [&](std::string_view k, const YAML::Node& v) {
+  for_each_key(sec, "server", {"host", "port", "api_keys", "max_body", "threads", "model_name"},
+               [&](std::string_view k, const YAML::Node& v) {
     const std::string key = join_path("server", k);
     if (k == "host") {
       c.host = get_string(v, key);
@@ -358,6 +359,19 @@ void parse_server(const YAML::Node& sec, RuntimeConfig& c) {
     } else if (k == "port") {
       c.port = get_int(v, key);
       if (c.port < 1 || c.port > 65535) fail(key, v, "must be in 1..65535, got " + v.Scalar());
+    } else if (k == "api_keys") {
+      c.api_keys = get_list<std::string>(v, key, "keys", get_string);
+      for (size_t i = 0; i < c.api_keys.size(); ++i)
+        if (c.api_keys[i].size() < 8)
+          fail(key + "[" + std::to_string(i) + "]", v[i], "an API key needs at least 8 characters");
+    } else if (k == "max_body") {
+      c.max_body_bytes = get_size(v, key);
+      if (c.max_body_bytes < 1024) fail(key, v, "must be at least 1KiB");
+    } else if (k == "threads") {
+      c.server_threads = get_int(v, key);
+      check_at_least(c.server_threads, 0, v, key, " (0 = enough for every request in flight or queued)");
+    } else if (k == "model_name") {
+      c.model_name = get_string(v, key);
     }
   });
 }

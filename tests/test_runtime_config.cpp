@@ -74,6 +74,10 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.trace_history, b.trace_history);
   EXPECT_EQ(a.host, b.host);
   EXPECT_EQ(a.port, b.port);
+  EXPECT_EQ(a.api_keys, b.api_keys);
+  EXPECT_EQ(a.max_body_bytes, b.max_body_bytes);
+  EXPECT_EQ(a.server_threads, b.server_threads);
+  EXPECT_EQ(a.model_name, b.model_name);
 }
 
 // Sets or unsets environment variables for one test and restores them after.
@@ -183,7 +187,8 @@ blend:
   deviation: k
   write_back: no
 limits: {max_requests: 2, max_prompt_tokens: 4096, trace_history: 0}
-server: {host: 0.0.0.0, port: 9001}
+server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_body: 64KiB, threads: 5,
+         model_name: my-model}
 )");
   EXPECT_EQ(c.model_path, "/models/m.gguf");
   EXPECT_EQ(c.precision, "bf16");
@@ -210,6 +215,10 @@ server: {host: 0.0.0.0, port: 9001}
   EXPECT_EQ(c.trace_history, 0);
   EXPECT_EQ(c.host, "0.0.0.0");
   EXPECT_EQ(c.port, 9001);
+  EXPECT_EQ(c.api_keys, (std::vector<std::string>{"sk-test-0001", "sk-test-0002"}));
+  EXPECT_EQ(c.max_body_bytes, 64 << 10);
+  EXPECT_EQ(c.server_threads, 5);
+  EXPECT_EQ(c.model_name, "my-model");
 }
 
 TEST(RuntimeConfigParse, AbsentKeysKeepTheDefaults) {
@@ -295,6 +304,10 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
   EXPECT_THAT(error_of("blend: {ratio: high}"), HasSubstr("blend.ratio: expected a number, got 'high'"));
   EXPECT_THAT(error_of("blend: {ratio: [0.1]}"), HasSubstr("blend.ratio: expected a number, got a list"));
   EXPECT_THAT(error_of("server: {host: {a: 1}}"), HasSubstr("server.host: expected a string, got a map"));
+  EXPECT_THAT(error_of("server: {api_keys: sk-1234567}"), HasSubstr("server.api_keys: expected a list of keys"));
+  EXPECT_THAT(error_of("server: {api_keys: [short]}"), HasSubstr("server.api_keys[0]: an API key needs at least 8"));
+  EXPECT_THAT(error_of("server: {max_body: 100}"), HasSubstr("server.max_body: must be at least 1KiB"));
+  EXPECT_THAT(error_of("server: {threads: -1}"), HasSubstr("server.threads: must be >= 0"));
   EXPECT_THAT(error_of("model: {path: [a, b]}"), HasSubstr("model.path: expected a string, got a list"));
   EXPECT_THAT(error_of("tiers: {ram: {enabled: maybe}}"), HasSubstr("tiers.ram.enabled: expected true or false, got 'maybe'"));
   EXPECT_THAT(error_of("tiers: {ram: {budget: [1]}}"), HasSubstr("tiers.ram.budget: expected a byte size"));
