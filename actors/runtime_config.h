@@ -56,7 +56,7 @@ struct RuntimeConfig {
   std::vector<std::string> api_keys;   // empty: no authentication (loopback default)
   int64_t max_body_bytes = int64_t{8} << 20;  // larger request bodies get 413
   int server_threads = 0;              // HTTP worker threads; 0 = max_requests + queue + spare
-  std::string model_name;              // the id in /v1/models; empty: the GGUF's general.name
+  std::string model_name;              // the id in /v1/models; empty: the file name minus quantization
 };
 
 // Parses YAML text. Keys absent from the text keep the defaults above (an empty

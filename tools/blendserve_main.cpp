@@ -1,4 +1,5 @@
 // blendserve: the inference runtime's command line.
+//   blendserve [--config F] serve [--host H] [--port P]
 //   blendserve [--config F] generate --prompt TEXT [--chat] [--document TEXT]... [--max-tokens N] ...
 // Every request goes through the actor runtime (actors/runtime.h): the same path
 // the HTTP server uses.
@@ -11,8 +12,12 @@
 #include <iostream>
 #include <string>
 
+#include <pthread.h>
+#include <thread>
+
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
+#include "http/server.h"
 #include "kernels/backend.h"
 
 namespace {
@@ -87,6 +92,55 @@ int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
   return interrupted.load() ? 130 : 0;
 }
 
+// serve: SIGINT/SIGTERM are blocked in every thread and taken by one waiting
+// thread (sigwait), which drains the server (new requests 503, those in flight
+// finish, up to drain_seconds) and stops it; a second signal stops at once.
+int run_serve(bs::RuntimeConfig config, const std::string& host, int port, double drain_seconds) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before any thread exists: all inherit it
+  std::signal(SIGPIPE, SIG_IGN);                  // a client that left is a failed write, not a death
+
+  const std::string bind_host = host.empty() ? config.host : host;
+  const int bind_port = port >= 0 ? port : config.port;
+  bs::Runtime runtime(config);
+  bs::http::Server server(runtime, config);
+  const int bound = server.bind(bind_host, bind_port);
+  const auto& ctx = runtime.context();
+  std::fprintf(stderr, "blendserve: model %s (%s kernels, %s), serving on http://%s:%d%s\n", server.model_id().c_str(),
+               ctx.backend->kernel_id().c_str(), bs::kernels::precision_name(ctx.precision), bind_host.c_str(), bound,
+               config.api_keys.empty() ? "" : " (API keys required)");
+  std::fflush(stderr);
+
+  std::atomic<bool> stopping{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (stopping.exchange(true)) return;  // serve() ended by itself
+    std::fprintf(stderr, "blendserve: signal %d: draining (up to %.0f s; again to stop now)\n", sig, drain_seconds);
+    std::thread second([&] {
+      int again = 0;
+      sigwait(&signals, &again);
+      std::_Exit(130);
+    });
+    second.detach();
+    server.drain(drain_seconds);
+    server.stop();
+  });
+  const bool ok = server.serve();
+  if (!stopping.exchange(true)) {
+    // The listener failed on its own: wake the waiter so it can be joined.
+    pthread_kill(waiter.native_handle(), SIGTERM);
+  }
+  waiter.join();
+  server.stop();
+  runtime.shutdown(/*finish_write_back=*/false);
+  std::fprintf(stderr, "blendserve: stopped\n");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,6 +149,16 @@ int main(int argc, char** argv) {
   std::string model_path, config_path;
   app.add_option("--model", model_path, "GGUF model file (default: the config's, else $BLENDSERVE_MODEL or the embedded default)");
   app.add_option("--config", config_path, "YAML config (default: the embedded configs/default.yaml)");
+
+  auto* serve = app.add_subcommand("serve", "Serve the OpenAI-compatible REST API (chat completions, documents, metrics)");
+  std::string host;
+  int port = -1;
+  double drain_seconds = 30;
+  serve->add_option("--host", host, "Address to listen on (default: the config's server.host, 127.0.0.1)");
+  serve->add_option("--port", port, "Port (default: the config's server.port, 8000; 0 = any free port)")
+      ->check(CLI::Range(0, 65535));
+  serve->add_option("--drain-seconds", drain_seconds, "On SIGINT/SIGTERM, wait this long for requests in flight")
+      ->check(CLI::Range(0.0, 3600.0));
 
   auto* gen = app.add_subcommand("generate", "Answer one prompt, streaming the text to stdout");
   GenerateArgs g;
@@ -122,6 +186,7 @@ int main(int argc, char** argv) {
     bs::RuntimeConfig config = config_path.empty() ? bs::default_runtime_config() : bs::load_runtime_config(config_path);
     if (!model_path.empty()) config.model_path = model_path;
     if (gen->parsed()) return run_generate(std::move(config), g);
+    if (serve->parsed()) return run_serve(std::move(config), host, port, drain_seconds);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -1,0 +1,306 @@
+#include "http/openai_request.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "blend/rag_prompt.h"
+#include "http/api_error.h"
+
+namespace bs::http {
+namespace {
+
+using json = nlohmann::json;
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::binary: return "binary";
+    case json::value_t::discarded: return "nothing";
+    default: return "a number";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& param, const json& v, const char* expected) {
+  throw bad_request("'" + param + "' must be " + expected + ", got " + type_name(v), param, "invalid_type");
+}
+
+double get_number(const json& v, const std::string& param) {
+  if (!v.is_number()) wrong_type(param, v, "a number");
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) throw bad_request("'" + param + "' must be finite", param);
+  return d;
+}
+
+// An integer in [lo, hi]; 3.0 counts as an integer (JSON has one number type).
+int64_t get_integer(const json& v, const std::string& param, int64_t lo, int64_t hi) {
+  if (v.is_number_integer()) {
+    const bool neg = v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0;
+    if (!neg && v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+      throw bad_request("'" + param + "' must be at most " + std::to_string(hi), param, "out_of_range");
+    const int64_t i = v.get<int64_t>();
+    if (i < lo || i > hi)
+      throw bad_request("'" + param + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                            std::to_string(i),
+                        param, "out_of_range");
+    return i;
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && d >= static_cast<double>(lo) && d <= static_cast<double>(hi))
+      return static_cast<int64_t>(d);
+    throw bad_request("'" + param + "' must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                      param, "out_of_range");
+  }
+  wrong_type(param, v, "an integer");
+}
+
+bool get_bool(const json& v, const std::string& param) {
+  if (!v.is_boolean()) wrong_type(param, v, "a boolean");
+  return v.get<bool>();
+}
+
+const std::string& get_string(const json& v, const std::string& param) {
+  if (!v.is_string()) wrong_type(param, v, "a string");
+  return v.get_ref<const std::string&>();
+}
+
+// A message's content: a string, or an array of {"type":"text","text":...} parts.
+std::vector<std::string> content_parts(const json& content, const std::string& param) {
+  if (content.is_string()) return {content.get<std::string>()};
+  if (!content.is_array()) wrong_type(param, content, "a string or an array of text parts");
+  if (content.empty()) throw bad_request("'" + param + "' must not be an empty array", param);
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    const json& part = content[i];
+    if (!part.is_object()) wrong_type(p, part, "an object");
+    const auto type = part.find("type");
+    if (type == part.end()) throw bad_request("'" + p + ".type' is required", p + ".type");
+    const std::string& t = get_string(*type, p + ".type");
+    if (t != "text")
+      throw bad_request("content parts of type '" + t + "' are not supported (only 'text')", p + ".type",
+                        "unsupported_content_type");
+    const auto text = part.find("text");
+    if (text == part.end()) throw bad_request("'" + p + ".text' is required", p + ".text");
+    parts.push_back(get_string(*text, p + ".text"));
+    for (const auto& [k, v] : part.items())
+      if (k != "type" && k != "text") throw bad_request("unknown field '" + p + "." + k + "'", p + "." + k);
+  }
+  return parts;
+}
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const auto& p : parts) out += p;
+  return out;
+}
+
+struct Messages {
+  std::vector<ChatMessage> messages;
+  std::vector<std::string> documents;  // from the last user message's text parts
+};
+
+Messages parse_messages(const json& v) {
+  if (!v.is_array()) wrong_type("messages", v, "an array");
+  if (v.empty()) throw bad_request("'messages' must not be empty", "messages");
+  Messages out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    const json& m = v[i];
+    if (!m.is_object()) wrong_type(p, m, "an object");
+    const auto role_it = m.find("role");
+    if (role_it == m.end()) throw bad_request("'" + p + ".role' is required", p + ".role");
+    std::string role = get_string(*role_it, p + ".role");
+    if (role == "developer") role = "system";  // OpenAI's newer name for the system role
+    if (role != "system" && role != "user" && role != "assistant")
+      throw bad_request("unknown role '" + role + "' in '" + p + ".role' (system, developer, user, assistant)",
+                        p + ".role", "invalid_role");
+    for (const auto& [k, f] : m.items())
+      if (k != "role" && k != "content" && k != "name")
+        throw bad_request("'" + p + "." + k + "' is not supported", p + "." + k, "unsupported_parameter");
+    const auto content_it = m.find("content");
+    if (content_it == m.end() || content_it->is_null())
+      throw bad_request("'" + p + ".content' is required", p + ".content");
+    if (auto name = m.find("name"); name != m.end()) get_string(*name, p + ".name");
+    auto parts = content_parts(*content_it, p + ".content");
+    const bool last = i + 1 == v.size();
+    if (last && role == "user" && parts.size() > 1) {
+      // Several text parts of the question: every part but the last is a document.
+      SplitMessage split = split_text_parts(parts);
+      out.documents = std::move(split.documents);
+      out.messages.push_back({role, std::move(split.question)});
+    } else {
+      out.messages.push_back({role, join(parts)});
+    }
+  }
+  if (out.messages.back().role != "user")
+    throw bad_request("the last message must be the user's (got '" + out.messages.back().role + "')",
+                      "messages[" + std::to_string(v.size() - 1) + "].role");
+  return out;
+}
+
+std::vector<std::string> parse_stop(const json& v) {
+  std::vector<std::string> stop;
+  if (v.is_string()) {
+    stop.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    if (v.size() > 4) throw bad_request("'stop' takes at most 4 sequences", "stop");
+    for (size_t i = 0; i < v.size(); ++i) stop.push_back(get_string(v[i], "stop[" + std::to_string(i) + "]"));
+  } else {
+    wrong_type("stop", v, "a string or an array of strings");
+  }
+  for (const auto& s : stop)
+    if (s.empty()) throw bad_request("'stop' sequences must not be empty", "stop");
+  return stop;
+}
+
+json parse_body(std::string_view body) {
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    throw bad_request("the request body is not valid JSON", "", "invalid_json");
+  if (!j.is_object()) throw bad_request("the request body must be a JSON object", "", "invalid_json");
+  return j;
+}
+
+}  // namespace
+
+ChatCompletionRequest parse_chat_completion(std::string_view body, int default_max_tokens) {
+  const json j = parse_body(body);
+  static const std::set<std::string> known = {
+      "model",  "messages", "stream",    "stream_options", "max_tokens",        "max_completion_tokens",
+      "temperature", "top_p", "seed",    "stop",           "n",                 "presence_penalty",
+      "frequency_penalty", "logprobs", "response_format", "user", "metadata", "store", "service_tier",
+      "documents", "top_k", "mode",      "ratio"};
+  for (const auto& [k, v] : j.items())
+    if (!known.count(k))
+      throw bad_request("unrecognized request argument supplied: " + k, k, "unsupported_parameter");
+
+  ChatCompletionRequest out;
+  auto& req = out.request;
+  req.sampling.max_tokens = default_max_tokens;
+  // JSON null means "not given" for every optional field, as in OpenAI's API.
+  auto field = [&j](const char* name) -> const json* {
+    const auto it = j.find(name);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  };
+
+  const json* model = field("model");
+  if (!model) throw bad_request("you must provide a model parameter", "model", "missing_required_parameter");
+  out.model = get_string(*model, "model");
+
+  const json* messages = field("messages");
+  if (!messages) throw bad_request("'messages' is required", "messages", "missing_required_parameter");
+  Messages parsed = parse_messages(*messages);
+  req.messages = std::move(parsed.messages);
+
+  if (const json* d = field("documents")) {
+    if (!parsed.documents.empty())
+      throw bad_request("give documents either as 'documents' or as text parts of the last message, not both",
+                        "documents");
+    if (!d->is_array()) wrong_type("documents", *d, "an array of strings");
+    for (size_t i = 0; i < d->size(); ++i) {
+      const std::string p = "documents[" + std::to_string(i) + "]";
+      const std::string& s = get_string((*d)[i], p);
+      if (s.empty()) throw bad_request("'" + p + "' must not be empty", p);
+      req.documents.push_back(s);
+    }
+  } else {
+    req.documents = std::move(parsed.documents);
+  }
+
+  if (const json* v = field("stream")) out.stream = get_bool(*v, "stream");
+  if (const json* v = field("stream_options")) {
+    if (!v->is_object()) wrong_type("stream_options", *v, "an object");
+    if (!out.stream) throw bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    for (const auto& [k, f] : v->items()) {
+      if (k != "include_usage")
+        throw bad_request("unknown field 'stream_options." + k + "'", "stream_options." + k, "unsupported_parameter");
+      if (!f.is_null()) out.include_usage = get_bool(f, "stream_options.include_usage");
+    }
+  }
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  if (const json* v = field("max_tokens")) {
+    req.sampling.max_tokens = static_cast<int>(get_integer(*v, "max_tokens", 1, kMaxInt));
+    out.max_tokens_given = true;
+  }
+  if (const json* v = field("max_completion_tokens")) {
+    req.sampling.max_tokens = static_cast<int>(get_integer(*v, "max_completion_tokens", 1, kMaxInt));
+    out.max_tokens_given = true;
+  }
+  if (const json* v = field("temperature")) {
+    const double t = get_number(*v, "temperature");
+    if (t < 0 || t > 2) throw bad_request("'temperature' must be in [0, 2]", "temperature", "out_of_range");
+    req.sampling.temperature = static_cast<float>(t);
+  }
+  if (const json* v = field("top_p")) {
+    const double p = get_number(*v, "top_p");
+    if (!(p > 0 && p <= 1)) throw bad_request("'top_p' must be in (0, 1]", "top_p", "out_of_range");
+    req.sampling.top_p = static_cast<float>(p);
+  }
+  if (const json* v = field("top_k"))
+    req.sampling.top_k = static_cast<int>(get_integer(*v, "top_k", 0, kMaxInt));
+  if (const json* v = field("seed"))
+    req.sampling.seed = static_cast<uint64_t>(
+        get_integer(*v, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+  if (const json* v = field("stop")) req.sampling.stop = parse_stop(*v);
+  if (const json* v = field("n"))
+    if (get_integer(*v, "n", 1, kMaxInt) != 1)
+      throw bad_request("only n = 1 is supported", "n", "unsupported_parameter");
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"})
+    if (const json* v = field(penalty))
+      if (get_number(*v, penalty) != 0)
+        throw bad_request(std::string("'") + penalty + "' is not supported (only 0)", penalty,
+                          "unsupported_parameter");
+  if (const json* v = field("logprobs"))
+    if (get_bool(*v, "logprobs"))
+      throw bad_request("'logprobs' is not supported", "logprobs", "unsupported_parameter");
+  if (const json* v = field("response_format")) {
+    if (!v->is_object()) wrong_type("response_format", *v, "an object");
+    const auto t = v->find("type");
+    if (t == v->end() || !t->is_string() || t->get<std::string>() != "text")
+      throw bad_request("only response_format {\"type\": \"text\"} is supported", "response_format",
+                        "unsupported_parameter");
+  }
+  if (const json* v = field("user")) get_string(*v, "user");
+  if (const json* v = field("mode")) {
+    try {
+      req.mode = parse_mode(get_string(*v, "mode"));
+    } catch (const std::invalid_argument& e) {
+      throw bad_request(e.what(), "mode");
+    }
+  }
+  if (const json* v = field("ratio")) {
+    const double r = get_number(*v, "ratio");
+    if (r < 0 || r > 1) throw bad_request("'ratio' must be in [0, 1]", "ratio", "out_of_range");
+    req.ratio = static_cast<float>(r);
+  }
+  return out;
+}
+
+std::string parse_document_body(std::string_view body) {
+  const json j = parse_body(body);
+  for (const auto& [k, v] : j.items())
+    if (k != "text") throw bad_request("unrecognized request argument supplied: " + k, k, "unsupported_parameter");
+  const auto it = j.find("text");
+  if (it == j.end()) throw bad_request("'text' is required", "text", "missing_required_parameter");
+  const std::string& text = get_string(*it, "text");
+  if (text.empty()) throw bad_request("'text' must not be empty", "text");
+  return text;
+}
+
+std::string error_body(const ApiError& e) {
+  json err = {{"message", e.what()}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) err["param"] = e.param;
+  if (!e.code.empty()) err["code"] = e.code;
+  // Messages quote what the client sent, which need not be valid UTF-8.
+  return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace bs::http

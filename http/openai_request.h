@@ -1,0 +1,45 @@
+// POST /v1/chat/completions bodies -> a runtime request. Every field is checked
+// for type and range here, before anything is queued, and every refusal is an
+// ApiError naming the field, as the OpenAI API does. Plain C++ over
+// nlohmann::json: no server, no model — tested and fuzzed alone.
+//
+// What is accepted (OpenAI's chat completions, plus blendserve's RAG fields):
+//   model (required), messages (required, non-empty; roles system, developer
+//   (= system), user, assistant; content a string or an array of text parts),
+//   stream, stream_options.include_usage, max_tokens / max_completion_tokens
+//   (the latter wins), temperature [0, 2], top_p (0, 1], seed, stop (a string or
+//   up to 4), n (1 only), presence/frequency_penalty (0 only), logprobs (false
+//   only), response_format {"type":"text"} only, user/metadata/store/
+//   service_tier (ignored). Extensions: documents (array of non-empty strings:
+//   each one a cached chunk), top_k (>= 0), mode (full|prefix|reuse|blend),
+//   ratio [0, 1].
+// Documents given as several text parts of the last user message: all parts but
+// the last are documents (README "How a RAG prompt is assembled"); not together
+// with a `documents` array. An unknown field is an error (a misspelt parameter
+// must not be silently ignored).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "actors/request.h"
+
+namespace bs::http {
+
+struct ChatCompletionRequest {
+  std::string model;
+  RuntimeRequest request;     // messages, documents, sampling, mode, ratio
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool max_tokens_given = false;
+};
+
+// Parses and validates a body. Throws ApiError (400) with the field in `param`.
+// max_tokens, when absent, is `default_max_tokens` (the runtime clamps it to the
+// context left after the prompt, finishing with "length").
+ChatCompletionRequest parse_chat_completion(std::string_view body, int default_max_tokens);
+
+// POST /v1/documents: {"text": "..."} -> the text. Throws ApiError (400).
+std::string parse_document_body(std::string_view body);
+
+}  // namespace bs::http

@@ -1,0 +1,81 @@
+#include "http/openai_response.h"
+
+#include <nlohmann/json.hpp>
+
+namespace bs::http {
+namespace {
+
+using json = nlohmann::json;
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json usage(const RequestResult& r) {
+  const int64_t completion = static_cast<int64_t>(r.tokens.size());
+  return {{"prompt_tokens", r.prompt_tokens},
+          {"completion_tokens", completion},
+          {"total_tokens", r.prompt_tokens + completion},
+          {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}, {"recomputed_tokens", r.recomputed_tokens}}},
+          {"blendserve",
+           {{"chunks", r.chunks},
+            {"chunks_ram", r.chunks_ram},
+            {"chunks_ssd", r.chunks_ssd},
+            {"chunks_missed", r.chunks_missed},
+            {"ratio", r.ratio},
+            {"ttft_seconds", r.ttft_seconds},
+            {"total_seconds", r.total_seconds}}}};
+}
+
+json head(const CompletionMeta& m, const char* object) {
+  return {{"id", m.id}, {"object", object}, {"created", m.created}, {"model", m.model},
+          {"system_fingerprint", m.system_fingerprint}};
+}
+
+}  // namespace
+
+std::string client_finish_reason(const std::string& runtime_reason) {
+  return runtime_reason == "length" ? "length" : "stop";
+}
+
+std::string usage_json(const RequestResult& r) { return dump(usage(r)); }
+
+std::string completion_json(const CompletionMeta& m, const RequestResult& r) {
+  json j = head(m, "chat.completion");
+  j["choices"] = json::array({{{"index", 0},
+                               {"message", {{"role", "assistant"}, {"content", r.text}, {"refusal", nullptr}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", client_finish_reason(r.finish_reason)}}});
+  j["usage"] = usage(r);
+  return dump(j);
+}
+
+std::string chunk_json(const CompletionMeta& m, std::string_view delta_content, bool with_role,
+                       const std::string& finish_reason, bool usage_null) {
+  json j = head(m, "chat.completion.chunk");
+  json delta = json::object();
+  if (with_role) delta["role"] = "assistant";
+  if (with_role || !delta_content.empty()) delta["content"] = std::string(delta_content);
+  json choice = {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (!finish_reason.empty()) choice["finish_reason"] = finish_reason;
+  j["choices"] = json::array({choice});
+  if (usage_null) j["usage"] = nullptr;
+  return dump(j);
+}
+
+std::string usage_chunk_json(const CompletionMeta& m, const RequestResult& r) {
+  json j = head(m, "chat.completion.chunk");
+  j["choices"] = json::array();
+  j["usage"] = usage(r);
+  return dump(j);
+}
+
+std::string model_json(const std::string& model, int64_t created) {
+  return dump({{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "blendserve"}});
+}
+
+std::string models_json(const std::string& model, int64_t created) {
+  json j = {{"object", "list"},
+            {"data", json::array({{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "blendserve"}}})}};
+  return dump(j);
+}
+
+}  // namespace bs::http

@@ -1,0 +1,476 @@
+#include "http/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/runtime_context.h"
+#include "blend/rag_prompt.h"
+#include "http/api_error.h"
+#include "http/metrics.h"
+#include "http/openai_request.h"
+#include "http/openai_response.h"
+#include "kernels/backend.h"
+
+namespace bs::http {
+namespace {
+
+using json = nlohmann::json;
+using clock = std::chrono::steady_clock;
+
+// How often a waiting response writes something harmless (an SSE comment, or
+// whitespace before a JSON body) to learn whether the client is still there:
+// a closed connection only shows when a write fails.
+constexpr auto kHeartbeat = std::chrono::milliseconds(250);
+
+// One completion's hand-off between the runtime's threads (callbacks) and the
+// HTTP thread that answers it.
+struct Exchange {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string pending;  // final text not yet sent
+  bool done = false;
+  RequestResult result;
+  std::atomic<bool> client_gone{false};
+};
+
+void send_json(httplib::Response& res, int status, const std::string& body) {
+  res.status = status;
+  res.set_content(body, "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_json(res, e.status, error_body(e));
+  if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+}
+
+// The runtime's refusals -> the status the OpenAI SDKs map to their exceptions.
+ApiError api_error_of(const RequestError& e) {
+  switch (e.code) {
+    case RequestErrc::invalid: return bad_request(e.what());
+    case RequestErrc::too_long: return bad_request(e.what(), "messages", "context_length_exceeded");
+    case RequestErrc::overloaded: return ApiError(429, e.what(), "rate_limit_error", "", "rate_limit_exceeded");
+    case RequestErrc::shutting_down: return ApiError(503, e.what(), "server_error", "", "service_unavailable");
+    case RequestErrc::internal: break;
+  }
+  return ApiError(500, e.what(), "server_error");
+}
+
+std::string random_hex(int chars) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < chars; ++i) s += digits[rng() & 15];
+  return s;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Metrics label for a path: one per route, never the client's free text.
+std::string route_of(const std::string& path) {
+  for (const char* r : {"/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+    if (path == r) return r;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  if (path == "/v1/documents") return path;
+  if (path.rfind("/v1/documents/", 0) == 0) return "/v1/documents/{id}";
+  if (path.rfind("/v1/inspect/", 0) == 0) return "/v1/inspect";
+  return "other";
+}
+
+// The file name says what users call a model ("SmolLM2-135M-Instruct.Q4_1.gguf");
+// general.name is often a training-run label. The quantization suffix is dropped.
+std::string model_id_of(const RuntimeContext& ctx) {
+  if (!ctx.config.model_name.empty()) return ctx.config.model_name;
+  std::string stem = std::filesystem::path(ctx.model->path()).stem().string();
+  static const std::regex quant(R"(\.(Q\d+(_[A-Z0-9]+)*|F16|F32|BF16|IQ\d+\w*)$)", std::regex::icase);
+  stem = std::regex_replace(stem, quant, "");
+  return stem.empty() ? "default" : stem;
+}
+
+}  // namespace
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  // Every byte of the longer string is touched whatever the contents; the length
+  // difference is folded in without a branch on the data.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = static_cast<unsigned char>(a.size() != b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+struct Server::Impl {
+  Impl(Runtime& rt, const RuntimeConfig& cfg) : runtime(rt), config(cfg) {
+    const auto& ctx = runtime.context();
+    model = model_id_of(ctx);
+    fingerprint = "blendserve-" + ctx.backend->kernel_id() + "-" + kernels::precision_name(ctx.precision);
+    created = unix_now();
+    context_length = ctx.model->config().context_length;
+    const int threads = cfg.server_threads > 0 ? cfg.server_threads : cfg.max_requests * 2 + 64 + 8;
+    svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    svr.set_payload_max_length(static_cast<size_t>(cfg.max_body_bytes));
+    svr.set_keep_alive_max_count(1000);
+    svr.set_read_timeout(30, 0);
+    svr.set_write_timeout(30, 0);
+    routes();
+  }
+
+  // ---- helpers --------------------------------------------------------------
+
+  bool authorized(const httplib::Request& req, httplib::Response& res) {
+    if (config.api_keys.empty() || req.path == "/health") return true;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.empty()) {
+      send_error(res, ApiError(401, "You didn't provide an API key: send 'Authorization: Bearer <key>'.",
+                               "invalid_request_error", "", "missing_api_key"));
+      return false;
+    }
+    const std::string key = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : std::string();
+    bool ok = false;
+    for (const auto& k : config.api_keys) ok |= constant_time_equal(key, k);  // no early exit
+    if (!ok)
+      send_error(res, ApiError(401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key"));
+    return ok;
+  }
+
+  int retry_after_seconds() const {
+    const double mean = metrics_latency_mean.load();
+    return static_cast<int>(std::clamp(std::ceil(mean > 0 ? mean : 1.0), 1.0, 60.0));
+  }
+
+  void note_latency(double seconds) {
+    // An exponential moving average of request latency, for Retry-After.
+    double old = metrics_latency_mean.load();
+    const double next = old <= 0 ? seconds : 0.8 * old + 0.2 * seconds;
+    metrics_latency_mean.compare_exchange_strong(old, next);
+  }
+
+  // ---- routes ---------------------------------------------------------------
+
+  void routes() {
+    svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      return authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                                  : httplib::Server::HandlerResponse::Handled;
+    });
+    // Anything that ends >= 400 without a body (no route, too large, a request
+    // httplib could not read) still gets an OpenAI-shaped error body.
+    svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                      httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      if (res.status == 413) {
+        send_error(res, ApiError(413, "the request body is larger than the limit (" +
+                                          std::to_string(config.max_body_bytes) + " bytes, server.max_body)",
+                                 "invalid_request_error", "", "request_too_large"));
+      } else if (res.status == 404) {
+        send_error(res, ApiError(404, "unknown request URL: " + req.method + " " + req.path, "invalid_request_error",
+                                 "", "unknown_url"));
+      } else {
+        send_error(res, ApiError(res.status, "the request could not be processed (HTTP " + std::to_string(res.status) +
+                                                 ")",
+                                 res.status >= 500 ? "server_error" : "invalid_request_error"));
+      }
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "internal error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      send_error(res, ApiError(500, what, "server_error"));
+    });
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      metrics.count_response(route_of(req.path), res.status);
+    });
+
+    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      if (draining.load())
+        send_json(res, 503, R"({"status":"draining"})");
+      else
+        send_json(res, 200, R"({"status":"ok"})");
+    });
+    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, 200, models_json(model, created));
+    });
+    svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      if (req.matches[1] != model)
+        return send_error(res, ApiError(404, "The model '" + std::string(req.matches[1]) + "' does not exist",
+                                        "invalid_request_error", "model", "model_not_found"));
+      send_json(res, 200, model_json(model, created));
+    });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.render(gauges()), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    svr.Get(R"(/v1/inspect/(actors|traces|stores|profile))", [this](const httplib::Request& req,
+                                                                    httplib::Response& res) {
+      const std::string what = req.matches[1];
+      if (what == "actors") return send_json(res, 200, runtime.actors_json());
+      if (what == "stores") return send_json(res, 200, runtime.stores_json());
+      if (what == "profile") return send_json(res, 200, runtime.profile_json());
+      int n = 1;
+      if (req.has_param("n")) {
+        try {
+          n = std::clamp(std::stoi(req.get_param_value("n")), 1, 1000);
+        } catch (const std::exception&) {
+          return send_error(res, bad_request("'n' must be an integer", "n"));
+        }
+      }
+      send_json(res, 200, runtime.traces_json(n));
+    });
+    svr.Post("/v1/documents", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        const std::string text = parse_document_body(req.body);
+        const auto& ctx = runtime.context();
+        const auto tokens = document_chunk_tokens(ctx.model->tokenizer(), text);
+        const bool had = !tokens.empty() && ctx.tiered->contains(ctx.engine->chunk_key(tokens));
+        const std::string key = runtime.store_document(text);
+        send_json(res, 200,
+                  json{{"id", key}, {"object", "document"}, {"tokens", tokens.size()}, {"already_stored", had}}.dump());
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      } catch (const RequestError& e) {
+        ApiError a = api_error_of(e);
+        if (a.param == "messages") a.param = "text";
+        send_error(res, a);
+      }
+    });
+    svr.Delete(R"(/v1/documents/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+      const std::string key = req.matches[1];
+      if (!runtime.erase_document(key))
+        return send_error(res, ApiError(404, "no stored document with id '" + key + "'", "invalid_request_error", "id",
+                                        "document_not_found"));
+      send_json(res, 200, json{{"id", key}, {"object", "document"}, {"deleted", true}}.dump());
+    });
+    svr.Post("/v1/chat/completions",
+             [this](const httplib::Request& req, httplib::Response& res) { chat_completion(req, res); });
+  }
+
+  std::vector<Gauge> gauges() {
+    std::vector<Gauge> g;
+    g.push_back({"blendserve_requests_in_flight", "Requests admitted and not finished.", "",
+                 static_cast<double>(runtime.in_flight())});
+    try {
+      const json stores = json::parse(runtime.stores_json());
+      for (const char* field : {"bytes", "entries", "budget"})
+        for (const auto& [tier, st] : stores.items())
+          g.push_back({std::string("blendserve_store_") + field, std::string("KV store tier ") + field + ".",
+                       "tier=\"" + tier + "\"", st.value(field, 0.0)});
+      for (const char* field : {"hits", "misses", "evictions", "corrupt"})
+        for (const auto& [tier, st] : stores.items())
+          g.push_back({std::string("blendserve_store_") + field, std::string("KV store tier ") + field +
+                                                                     " since start (monotonic).",
+                       "tier=\"" + tier + "\"", st.value(field, 0.0)});
+    } catch (const std::exception&) {
+    }
+    return g;
+  }
+
+  // ---- chat completions -----------------------------------------------------
+
+  void chat_completion(const httplib::Request& req, httplib::Response& res) {
+    ChatCompletionRequest parsed;
+    try {
+      if (draining.load())
+        throw ApiError(503, "the server is shutting down", "server_error", "", "service_unavailable");
+      parsed = parse_chat_completion(req.body, context_length);
+      if (parsed.model != model)
+        throw ApiError(404, "The model '" + parsed.model + "' does not exist; this server serves '" + model + "'",
+                       "invalid_request_error", "model", "model_not_found");
+    } catch (const ApiError& e) {
+      return send_error(res, e);
+    }
+
+    auto ex = std::make_shared<Exchange>();
+    RequestCallbacks callbacks;
+    callbacks.on_text = [ex](std::string_view piece) {
+      {
+        std::lock_guard<std::mutex> lock(ex->mu);
+        ex->pending.append(piece);
+      }
+      ex->cv.notify_all();
+      return !ex->client_gone.load();
+    };
+    callbacks.on_done = [this, ex](const RequestResult& r) {
+      if (r.finish_reason != "error") metrics.observe_completion(r);
+      note_latency(r.total_seconds);
+      {
+        std::lock_guard<std::mutex> lock(ex->mu);
+        ex->result = r;
+        ex->done = true;
+      }
+      ex->cv.notify_all();
+    };
+    uint64_t id = 0;
+    try {
+      id = runtime.submit(std::move(parsed.request), std::move(callbacks));
+    } catch (const RequestError& e) {
+      if (e.code == RequestErrc::overloaded) res.set_header("Retry-After", std::to_string(retry_after_seconds()));
+      return send_error(res, api_error_of(e));
+    }
+
+    // Until the first text (or the end) nothing is sent, so a request that fails
+    // in its prefill still gets a proper error status.
+    {
+      std::unique_lock<std::mutex> lock(ex->mu);
+      ex->cv.wait(lock, [&] { return ex->done || !ex->pending.empty(); });
+      if (ex->done && ex->result.finish_reason == "error")
+        return send_error(res, ApiError(500, "the request failed: " + ex->result.error, "server_error"));
+      if (ex->done && ex->result.finish_reason == "cancelled")
+        return send_error(res, ApiError(503, "the request was cancelled: the server is shutting down", "server_error",
+                                        "", "service_unavailable"));
+      if (ex->done && !parsed.stream) {
+        const CompletionMeta meta{"chatcmpl-" + random_hex(24), unix_now(), model, fingerprint};
+        return send_json(res, 200, completion_json(meta, ex->result));
+      }
+    }
+    const CompletionMeta meta{"chatcmpl-" + random_hex(24), unix_now(), model, fingerprint};
+    // If the response ends before the request does (the client left, or the
+    // server stops), the request is cancelled: its KV is freed at its next step.
+    auto release = [this, ex, id](bool) {
+      bool done;
+      {
+        std::lock_guard<std::mutex> lock(ex->mu);
+        done = ex->done;
+      }
+      if (!done) {
+        ex->client_gone = true;
+        metrics.count_disconnect();
+        runtime.cancel(id);
+      }
+    };
+    if (parsed.stream) {
+      res.set_header("Cache-Control", "no-cache");
+      res.set_header("X-Accel-Buffering", "no");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [this, ex, meta, include_usage = parsed.include_usage](size_t, httplib::DataSink& sink) {
+            return stream_events(*ex, meta, include_usage, sink);
+          },
+          release);
+    } else {
+      res.set_chunked_content_provider(
+          "application/json",
+          [ex, meta](size_t, httplib::DataSink& sink) { return write_when_done(*ex, meta, sink); }, release);
+    }
+  }
+
+  // SSE: the role chunk, one chunk per batch of new text, the finish chunk, the
+  // usage chunk (include_usage), [DONE]. Comments keep a quiet stream probing.
+  bool stream_events(Exchange& ex, const CompletionMeta& meta, bool include_usage, httplib::DataSink& sink) {
+    auto event = [&sink](const std::string& payload) {
+      const std::string e = "data: " + payload + "\n\n";
+      return sink.write(e.data(), e.size());
+    };
+    if (!event(chunk_json(meta, "", true, "", include_usage))) return false;
+    while (true) {
+      std::string text;
+      bool done = false;
+      {
+        std::unique_lock<std::mutex> lock(ex.mu);
+        ex.cv.wait_for(lock, kHeartbeat * 4, [&] { return ex.done || !ex.pending.empty(); });
+        text.swap(ex.pending);
+        done = ex.done;
+      }
+      if (!text.empty()) {
+        if (!event(chunk_json(meta, text, false, "", include_usage))) return false;
+      } else if (!done) {
+        static const std::string ping = ": keep-alive\n\n";
+        if (!sink.write(ping.data(), ping.size())) return false;
+      }
+      if (done) break;
+    }
+    const RequestResult& r = ex.result;  // written before done; read after
+    if (r.finish_reason == "error") {
+      const ApiError e(500, "the request failed: " + r.error, "server_error");
+      if (!event(error_body(e))) return false;
+    } else {
+      if (!event(chunk_json(meta, "", false, client_finish_reason(r.finish_reason), include_usage))) return false;
+      if (include_usage && !event(usage_chunk_json(meta, r))) return false;
+    }
+    static const std::string done_event = "data: [DONE]\n\n";
+    if (!sink.write(done_event.data(), done_event.size())) return false;
+    sink.done();
+    return true;
+  }
+
+  // A non-streaming answer that is still being generated: whitespace (valid
+  // before a JSON value) every heartbeat, then the whole body.
+  static bool write_when_done(Exchange& ex, const CompletionMeta& meta, httplib::DataSink& sink) {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(ex.mu);
+        if (ex.cv.wait_for(lock, kHeartbeat, [&] { return ex.done; })) break;
+      }
+      if (!sink.write(" ", 1)) return false;
+    }
+    const RequestResult& r = ex.result;
+    const std::string body = r.finish_reason == "error"
+                                 ? error_body(ApiError(500, "the request failed: " + r.error, "server_error"))
+                                 : completion_json(meta, r);
+    if (!sink.write(body.data(), body.size())) return false;
+    sink.done();
+    return true;
+  }
+
+  Runtime& runtime;
+  RuntimeConfig config;
+  httplib::Server svr;
+  ServerMetrics metrics;
+  std::string model, fingerprint;
+  int64_t created = 0;
+  int context_length = 0;
+  std::atomic<bool> draining{false};
+  std::atomic<double> metrics_latency_mean{0};
+};
+
+Server::Server(Runtime& runtime, const RuntimeConfig& config) : impl_(std::make_unique<Impl>(runtime, config)) {}
+
+Server::~Server() { stop(); }
+
+int Server::bind(const std::string& host, int port) {
+  if (port == 0) {
+    const int p = impl_->svr.bind_to_any_port(host);
+    if (p <= 0) throw std::runtime_error("cannot listen on " + host + " (any port)");
+    return p;
+  }
+  if (!impl_->svr.bind_to_port(host, port))
+    throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) +
+                             " (in use, or not an address of this machine)");
+  return port;
+}
+
+bool Server::serve() { return impl_->svr.listen_after_bind(); }
+
+void Server::drain(double seconds) {
+  impl_->draining = true;
+  const auto until = clock::now() + std::chrono::duration<double>(seconds);
+  while (impl_->runtime.in_flight() > 0 && clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+void Server::stop() {
+  if (impl_->svr.is_running()) impl_->svr.stop();
+}
+
+const std::string& Server::model_id() const { return impl_->model; }
+
+}  // namespace bs::http
