@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "tools/bench.h"
+#include "tools/bench_serve.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"blendctl: blendserve benchmarks and tools"};
@@ -46,6 +47,63 @@ int main(int argc, char** argv) {
   ttft->add_flag("--adaptive", ropt.adaptive, "Let the loading controller raise the ratio above --ratio");
   ttft->add_option("--data-dir", ropt.data_dir, "Where the SSD tier lives (default: a temp dir, removed after)");
 
+  bs::tools::ServeBenchOptions sopt;
+  sopt.dataset = std::string(BLENDSERVE_SOURCE_DIR) + "/tests/data/rag_qa.jsonl";
+  auto* serve = bench->add_subcommand(
+      "serve",
+      "RAG serving benchmark against `blendserve serve` over HTTP: blend vs full at the same offered load, closed "
+      "loop (N clients) and open loop (Poisson rates); TTFT/latency percentiles, throughput, the highest load "
+      "within a p99 TTFT SLO. The defaults take about 8-10 minutes on a 2-core AVX2 machine (--documents 20 "
+      "--requests 8 --clients 1 2: about 2 minutes)");
+  auto* serve_url = serve->add_option("--url", sopt.url, "Server base URL")->capture_default_str();
+  serve->add_flag("--spawn", sopt.spawn,
+                  "Start blendserve (next to blendctl) on a free loopback port with a temporary data dir; stop it "
+                  "at the end")
+      ->excludes(serve_url);
+  serve->add_option("--server-config", sopt.server_config, "--spawn: the server's --config file");
+  serve->add_option("--spawn-timeout", sopt.spawn_timeout_s, "--spawn: seconds to wait for /health")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  serve->add_option("--api-key", sopt.api_key, "Bearer token (default: $BLENDSERVE_API_KEY)")
+      ->envname("BLENDSERVE_API_KEY");
+  serve->add_option("--dataset", sopt.dataset, "JSON lines whose documents and questions make the workload")
+      ->capture_default_str();
+  serve->add_option("--documents", sopt.documents, "Document pool size")->check(CLI::Range(1, 100000))->capture_default_str();
+  serve->add_option("--doc-tokens", sopt.doc_tokens, "Tokens per document (about)")
+      ->check(CLI::Range(16, 8192))
+      ->capture_default_str();
+  serve->add_option("--retrieve", sopt.retrieve, "Distinct documents per request")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  serve->add_option("--zipf", sopt.zipf, "Zipf exponent of document popularity (0: uniform)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  serve->add_option("--requests", sopt.requests, "Requests per mode and load point")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  serve->add_option("--clients", sopt.clients, "Closed loop: concurrent clients per point (0: no closed loop)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  serve->add_option("--rates", sopt.rates,
+                    "Open loop: Poisson arrival rates in req/s (default: a doubling grid from half the slowest "
+                    "mode's closed-loop throughput to 1.5x the fastest's; 0: no open loop)");
+  serve->add_option("--modes", sopt.modes, "Modes compared")
+      ->check(CLI::IsMember({"blend", "full", "prefix", "reuse"}))
+      ->capture_default_str();
+  serve->add_option("--max-tokens", sopt.max_tokens, "Answer length")->check(CLI::Range(1, 4096))->capture_default_str();
+  serve->add_option("--slo-p99", sopt.slo_p99,
+                    "p99 TTFT SLO in seconds (default: 2x full's p99 TTFT at its lowest load)")
+      ->check(CLI::PositiveNumber);
+  serve->add_option("--seed", sopt.seed, "Workload seed (documents, retrieval, arrivals)")->capture_default_str();
+  serve->add_option("--warmup", sopt.warmup, "Unmeasured requests per mode first")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  serve->add_flag("--all-points", sopt.all_points, "Open loop: keep raising a mode's rate after it missed the SLO");
+  serve->add_flag("--keep-documents", sopt.keep_documents, "Do not DELETE the uploaded documents at the end");
+  serve->add_option("--timeout", sopt.request_timeout_s, "Per-request read timeout in seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
   auto* trace = app.add_subcommand("trace", "Print a request's trace: per-layer timeline and load overlap");
   std::string trace_file, trace_data_dir;
   bool trace_last = false, trace_json = false;
@@ -80,6 +138,10 @@ int main(int argc, char** argv) {
       return bs::tools::bench_ttft_runtime(ropt);
     }
     if (ttft->parsed()) return bs::tools::bench_ttft(topt);
+    if (serve->parsed()) {
+      sopt.model_path = opt.model_path;
+      return bs::tools::bench_serve(sopt);
+    }
     if (trace->parsed()) return bs::tools::print_trace(trace_file, trace_last, trace_data_dir, trace_json);
     if (eval->parsed()) {
       eopt.modes.clear();
