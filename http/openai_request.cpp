@@ -133,6 +133,11 @@ Messages parse_messages(const json& v) {
     const bool last = i + 1 == v.size();
     if (last && role == "user" && parts.size() > 1) {
       // Several text parts of the question: every part but the last is a document.
+      for (size_t k = 0; k + 1 < parts.size(); ++k)
+        if (parts[k].empty()) {
+          const std::string t = p + ".content[" + std::to_string(k) + "].text";
+          throw bad_request("'" + t + "' is a document and must not be empty", t);
+        }
       SplitMessage split = split_text_parts(parts);
       out.documents = std::move(split.documents);
       out.messages.push_back({role, std::move(split.question)});

@@ -136,6 +136,8 @@ TEST(ChatRequest, BadBodiesAreRefusedWith400NamingTheField) {
           "documents":["x"]})",
        "documents", "not both"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"documents":"x"})", "documents", "array"},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":""},{"type":"text","text":"q"}]}]})",
+       "messages[0].content[0].text", "is a document and must not be empty"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"documents":[""]})", "documents[0]", "empty"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"documents":[3]})", "documents[0]", "string"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":"yes"})", "stream", "boolean"},

@@ -1,0 +1,628 @@
+// The HTTP server end to end: the real model behind a real Runtime, the server
+// on loopback, cpp-httplib's client. Answers equal the runtime's own, the SSE
+// stream has OpenAI's shape, documents are stored and hit, every bad input gets
+// its status and an OpenAI-shaped body (and the next request is still right), a
+// client that leaves cancels its request, N clients at once get what one at a
+// time gets, overload is a 429 with Retry-After, keys are enforced.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <httplib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <regex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/runtime.h"
+#include "http/server.h"
+#include "model_fixture.h"
+
+namespace bs {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+
+const char* kModel = "SmolLM2-135M-Instruct";
+const std::vector<std::string> kDocs = {
+    "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It was completed in 1889 and is 330 metres "
+    "tall. It was designed by the engineering company of Gustave Eiffel.",
+    "Mount Kilimanjaro is a dormant volcano in Tanzania. Its highest peak, Uhuru, is 5895 metres above sea level, the "
+    "highest point in Africa.",
+    "The Great Barrier Reef off the coast of Queensland, Australia, is the largest coral reef system in the world, "
+    "with over 2900 individual reefs."};
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / ("bs_server_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+RuntimeConfig config_in(const fs::path& dir) {
+  RuntimeConfig c = default_runtime_config();
+  c.data_dir = dir.string();
+  c.ssd.path = (dir / "kv").string();
+  c.max_requests = 4;
+  c.max_prompt_tokens = 1024;
+  c.max_body_bytes = 256 << 10;
+  return c;
+}
+
+// A server on a free loopback port, serving from its own thread.
+class Served {
+ public:
+  Served(Runtime& runtime, const RuntimeConfig& config) : server_(runtime, config) {
+    port_ = server_.bind("127.0.0.1", 0);
+    thread_ = std::thread([this] { server_.serve(); });
+    httplib::Client c("127.0.0.1", port_);
+    for (int i = 0; i < 200; ++i) {
+      if (auto r = c.Get("/health"); r && (r->status == 200 || r->status == 503)) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "the server did not come up";
+  }
+  ~Served() {
+    server_.stop();
+    thread_.join();
+  }
+  httplib::Client client(int read_timeout_s = 300) const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(read_timeout_s, 0);
+    return c;
+  }
+  http::Server& server() { return server_; }
+  int port() const { return port_; }
+
+ private:
+  http::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+json chat_body(const std::string& question, const std::vector<std::string>& docs, int max_tokens,
+               const std::string& mode = "") {
+  json b = {{"model", kModel}, {"messages", {{{"role", "user"}, {"content", question}}}}, {"max_tokens", max_tokens},
+            {"temperature", 0}};
+  if (!docs.empty()) b["documents"] = docs;
+  if (!mode.empty()) b["mode"] = mode;
+  return b;
+}
+
+RuntimeRequest runtime_request(const std::string& question, const std::vector<std::string>& docs, int max_tokens,
+                               std::optional<BlendMode> mode = std::nullopt) {
+  RuntimeRequest r;
+  r.messages = {{"user", question}};
+  r.documents = docs;
+  r.sampling.max_tokens = max_tokens;
+  r.mode = mode;
+  return r;
+}
+
+httplib::Result post(httplib::Client& c, const std::string& path, const std::string& body,
+                     const httplib::Headers& headers = {}) {
+  return c.Post(path.c_str(), headers, body, "application/json");
+}
+
+// One server over one runtime for most tests (the model loads once).
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!testing::model_available()) return;
+    dir_ = new TempDir();
+    config_ = new RuntimeConfig(config_in(dir_->path()));
+    runtime_ = new Runtime(*config_);
+    served_ = new Served(*runtime_, *config_);
+  }
+  static void TearDownTestSuite() {
+    delete served_;
+    delete runtime_;
+    delete config_;
+    delete dir_;
+    served_ = nullptr;
+    runtime_ = nullptr;
+  }
+  void SetUp() override {
+    if (!testing::model_available()) GTEST_SKIP() << "model not found: " << testing::model_path();
+  }
+  static inline TempDir* dir_ = nullptr;
+  static inline RuntimeConfig* config_ = nullptr;
+  static inline Runtime* runtime_ = nullptr;
+  static inline Served* served_ = nullptr;
+};
+
+TEST_F(ServerTest, HealthAndModels) {
+  auto c = served_->client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(json::parse(h->body)["status"], "ok");
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  const json models = json::parse(m->body);
+  EXPECT_EQ(models["object"], "list");
+  ASSERT_EQ(models["data"].size(), 1u);
+  EXPECT_EQ(models["data"][0]["id"], kModel);
+  EXPECT_EQ(served_->server().model_id(), kModel);
+  auto one = c.Get((std::string("/v1/models/") + kModel).c_str());
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  auto none = c.Get("/v1/models/gpt-4");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404);
+  EXPECT_EQ(json::parse(none->body)["error"]["code"], "model_not_found");
+}
+
+TEST_F(ServerTest, CompletionEqualsTheRuntimesOwnAnswer) {
+  auto c = served_->client();
+  const std::string q = "What is the capital of France?";
+  auto res = post(c, "/v1/chat/completions", chat_body(q, {}, 24).dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_THAT(res->get_header_value("Content-Type"), HasSubstr("application/json"));
+  const json j = json::parse(res->body);
+  const RequestResult direct = runtime_->run(runtime_request(q, {}, 24));
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_THAT(j["id"].get<std::string>(), ::testing::StartsWith("chatcmpl-"));
+  EXPECT_EQ(j["model"], kModel);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], direct.text);
+  EXPECT_FALSE(direct.text.empty());
+  EXPECT_EQ(j["choices"][0]["finish_reason"], direct.finish_reason == "length" ? "length" : "stop");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], direct.prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], direct.tokens.size());
+  EXPECT_EQ(j["usage"]["total_tokens"], direct.prompt_tokens + static_cast<int64_t>(direct.tokens.size()));
+}
+
+TEST_F(ServerTest, MaxTokensEndsWithLength) {
+  auto c = served_->client();
+  auto res = post(c, "/v1/chat/completions", chat_body("Write a long story about a dragon.", {}, 3).dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+}
+
+struct SseEvent {
+  std::string data;
+};
+
+// The raw stream, split into `data:` payloads; comment lines (": ...") are
+// counted separately. Fails the test on any line that is neither.
+std::vector<std::string> sse_payloads(const std::string& raw, int* comments = nullptr) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < raw.size()) {
+    const size_t end = raw.find("\n\n", pos);
+    if (end == std::string::npos) {
+      ADD_FAILURE() << "unterminated event: " << raw.substr(pos);
+      break;
+    }
+    const std::string ev = raw.substr(pos, end - pos);
+    pos = end + 2;
+    if (ev.rfind(": ", 0) == 0) {
+      if (comments) ++*comments;
+      continue;
+    }
+    if (ev.rfind("data: ", 0) != 0 || ev.find('\n') != std::string::npos) {
+      ADD_FAILURE() << "not a single data line: " << ev;
+      continue;
+    }
+    out.push_back(ev.substr(6));
+  }
+  return out;
+}
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (int k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+    i += n;
+  }
+  return true;
+}
+
+TEST_F(ServerTest, StreamHasTheOpenAIShape) {
+  auto c = served_->client();
+  const std::string q = "Name three colours. Answer in French with accents.";
+  json body = chat_body(q, {}, 40);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  std::string raw, content_type;
+  int status = 0;
+  auto res = c.Post("/v1/chat/completions", {}, body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  status = res->status;
+  raw = res->body;
+  content_type = res->get_header_value("Content-Type");
+  ASSERT_EQ(status, 200) << raw;
+  EXPECT_THAT(content_type, HasSubstr("text/event-stream"));
+  const auto payloads = sse_payloads(raw);
+  ASSERT_GE(payloads.size(), 5u);
+  EXPECT_EQ(payloads.back(), "[DONE]");
+  std::string id, text, finish;
+  bool saw_usage = false;
+  for (size_t i = 0; i + 1 < payloads.size(); ++i) {
+    const json j = json::parse(payloads[i]);
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    if (id.empty()) id = j["id"];
+    EXPECT_EQ(j["id"], id) << "every chunk carries the same id";
+    EXPECT_EQ(j["model"], kModel);
+    if (i == 0) {
+      EXPECT_EQ(j["choices"][0]["delta"]["role"], "assistant") << "the first delta carries the role";
+    } else if (!j["choices"].empty()) {
+      EXPECT_FALSE(j["choices"][0]["delta"].contains("role"));
+    }
+    if (j["choices"].empty()) {
+      EXPECT_EQ(i, payloads.size() - 2) << "the usage chunk comes last, before [DONE]";
+      saw_usage = true;
+      EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 0);
+      EXPECT_GT(j["usage"]["completion_tokens"].get<int>(), 0);
+      continue;
+    }
+    EXPECT_TRUE(j.contains("usage") && j["usage"].is_null()) << "with include_usage, usage is null until the end";
+    const auto& ch = j["choices"][0];
+    if (ch["delta"].contains("content")) {
+      const std::string piece = ch["delta"]["content"];
+      EXPECT_TRUE(valid_utf8(piece));
+      EXPECT_EQ(piece.find("\xEF\xBF\xBD"), std::string::npos) << "no replaced (split) characters";
+      text += piece;
+    }
+    if (!ch["finish_reason"].is_null()) {
+      EXPECT_TRUE(finish.empty()) << "one finish chunk";
+      finish = ch["finish_reason"];
+      EXPECT_TRUE(ch["delta"].empty());
+    }
+  }
+  EXPECT_TRUE(saw_usage);
+  EXPECT_TRUE(finish == "stop" || finish == "length") << finish;
+  // The same request without streaming gives the same text.
+  auto whole = post(c, "/v1/chat/completions", chat_body(q, {}, 40).dump());
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(json::parse(whole->body)["choices"][0]["message"]["content"], text);
+}
+
+TEST_F(ServerTest, StreamWithoutUsageHasNoUsageChunk) {
+  auto c = served_->client();
+  json body = chat_body("Say hello.", {}, 6);
+  body["stream"] = true;
+  auto res = c.Post("/v1/chat/completions", {}, body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  const auto payloads = sse_payloads(res->body);
+  ASSERT_GE(payloads.size(), 3u);
+  EXPECT_EQ(payloads.back(), "[DONE]");
+  for (size_t i = 0; i + 1 < payloads.size(); ++i) {
+    const json j = json::parse(payloads[i]);
+    EXPECT_FALSE(j["choices"].empty());
+    EXPECT_FALSE(j.contains("usage"));
+  }
+}
+
+TEST_F(ServerTest, DocumentsAreStoredAndHitWhicheverWayTheyArrive) {
+  auto c = served_->client();
+  std::vector<std::string> ids;
+  for (const auto& d : kDocs) {
+    auto res = post(c, "/v1/documents", json{{"text", d}}.dump());
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json j = json::parse(res->body);
+    EXPECT_EQ(j["object"], "document");
+    EXPECT_TRUE(std::regex_match(j["id"].get<std::string>(), std::regex("[0-9a-f]{32}")));
+    EXPECT_GT(j["tokens"].get<int>(), 10);
+    ids.push_back(j["id"]);
+  }
+  auto again = post(c, "/v1/documents", json{{"text", kDocs[0]}}.dump());
+  ASSERT_TRUE(again);
+  EXPECT_EQ(json::parse(again->body)["id"], ids[0]);
+  EXPECT_EQ(json::parse(again->body)["already_stored"], true);
+
+  const std::string q = "How tall is the Eiffel Tower?";
+  json body = chat_body(q, kDocs, 16);
+  body["ratio"] = 0.15;
+  auto res = post(c, "/v1/chat/completions", body.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  const auto& u = j["usage"];
+  EXPECT_EQ(u["blendserve"]["chunks"], 3);
+  EXPECT_EQ(u["blendserve"]["chunks_ram"], 3) << "all three were stored ahead";
+  EXPECT_GT(u["prompt_tokens_details"]["cached_tokens"].get<int>(), 60);
+  EXPECT_GT(u["prompt_tokens_details"]["recomputed_tokens"].get<int>(), 0);
+  // The same request through the runtime gives the same tokens.
+  RuntimeRequest direct_req = runtime_request(q, kDocs, 16);
+  direct_req.ratio = 0.15f;
+  const RequestResult direct = runtime_->run(direct_req);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], direct.text);
+
+  // Documents as text parts of the question: the same prompt, the same answer.
+  json parts = json::array();
+  for (const auto& d : kDocs) parts.push_back({{"type", "text"}, {"text", d}});
+  parts.push_back({{"type", "text"}, {"text", q}});
+  json body2 = {{"model", kModel}, {"messages", {{{"role", "user"}, {"content", parts}}}}, {"max_tokens", 16},
+                {"ratio", 0.15}};
+  auto res2 = post(c, "/v1/chat/completions", body2.dump());
+  ASSERT_TRUE(res2);
+  ASSERT_EQ(res2->status, 200) << res2->body;
+  const json j2 = json::parse(res2->body);
+  EXPECT_EQ(j2["usage"]["prompt_tokens"], u["prompt_tokens"]);
+  EXPECT_EQ(j2["usage"]["blendserve"]["chunks_ram"], 3);
+  EXPECT_EQ(j2["choices"][0]["message"]["content"], j["choices"][0]["message"]["content"]);
+
+  // DELETE removes it: the next request misses that chunk.
+  auto del = c.Delete(("/v1/documents/" + ids[1]).c_str());
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 200);
+  EXPECT_EQ(json::parse(del->body)["deleted"], true);
+  auto del2 = c.Delete(("/v1/documents/" + ids[1]).c_str());
+  ASSERT_TRUE(del2);
+  EXPECT_EQ(del2->status, 404);
+  auto res3 = post(c, "/v1/chat/completions", body.dump());
+  ASSERT_TRUE(res3);
+  EXPECT_EQ(json::parse(res3->body)["usage"]["blendserve"]["chunks_missed"], 1);
+}
+
+struct BadCall {
+  std::string method, path, body;
+  int status;
+  std::string code;  // error.code ("" = null)
+  std::string param;
+};
+
+TEST_F(ServerTest, BadInputGetsItsStatusAndTheServerStaysRight) {
+  auto c = served_->client();
+  const std::string long_text(20000, 'a');  // ~2500+ tokens > limits.max_prompt_tokens (1024)
+  const std::vector<BadCall> calls = {
+      {"POST", "/v1/chat/completions", "{not json", 400, "invalid_json", ""},
+      {"POST", "/v1/chat/completions", R"({"model":"SmolLM2-135M-Instruct"})", 400, "missing_required_parameter",
+       "messages"},
+      {"POST", "/v1/chat/completions", R"({"model":"SmolLM2-135M-Instruct","messages":[]})", 400, "", "messages"},
+      {"POST", "/v1/chat/completions",
+       R"({"model":"SmolLM2-135M-Instruct","messages":[{"role":"robot","content":"hi"}]})", 400, "invalid_role",
+       "messages[0].role"},
+      {"POST", "/v1/chat/completions",
+       R"({"model":"SmolLM2-135M-Instruct","messages":[{"role":"user","content":"hi"}],"temperature":"x"})", 400,
+       "invalid_type", "temperature"},
+      {"POST", "/v1/chat/completions",
+       R"({"model":"SmolLM2-135M-Instruct","messages":[{"role":"user","content":"hi"}],"top_p":3})", 400,
+       "out_of_range", "top_p"},
+      {"POST", "/v1/chat/completions",
+       R"({"model":"SmolLM2-135M-Instruct","messages":[{"role":"user","content":"hi"}],"n":3})", 400,
+       "unsupported_parameter", "n"},
+      {"POST", "/v1/chat/completions", R"({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})", 404,
+       "model_not_found", "model"},
+      {"POST", "/v1/chat/completions",
+       json{{"model", kModel}, {"messages", {{{"role", "user"}, {"content", long_text}}}}}.dump(), 400,
+       "context_length_exceeded", "messages"},
+      {"POST", "/v1/chat/completions", std::string(300 << 10, ' '), 413, "request_too_large", ""},
+      {"POST", "/v1/documents", R"({"txt":"x"})", 400, "unsupported_parameter", "txt"},
+      {"DELETE", "/v1/documents/nothex", "", 404, "document_not_found", "id"},
+      {"GET", "/v1/nothing", "", 404, "unknown_url", ""},
+  };
+  for (const auto& call : calls) {
+    SCOPED_TRACE(call.method + " " + call.path + " " + call.body.substr(0, 120));
+    httplib::Result res = call.method == "POST"  ? post(c, call.path, call.body)
+                          : call.method == "GET" ? c.Get(call.path.c_str())
+                                                 : c.Delete(call.path.c_str());
+    ASSERT_TRUE(res) << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, call.status) << res->body;
+    const json j = json::parse(res->body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << res->body;
+    ASSERT_TRUE(j.contains("error")) << res->body;
+    const auto& e = j["error"];
+    EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty());
+    EXPECT_TRUE(e["type"].is_string());
+    if (call.code.empty())
+      EXPECT_TRUE(e["code"].is_null()) << e;
+    else
+      EXPECT_EQ(e["code"], call.code);
+    if (call.param.empty())
+      EXPECT_TRUE(e["param"].is_null()) << e;
+    else
+      EXPECT_EQ(e["param"], call.param);
+    // ... and the server still answers a good request correctly.
+    auto ok = post(c, "/v1/chat/completions", chat_body("What is 2+2?", {}, 4).dump());
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << ok->body;
+  }
+}
+
+// Polls until nothing is in flight (or the deadline).
+bool runtime_idle(Runtime& rt, std::chrono::seconds deadline) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < until) {
+    if (rt.in_flight() == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+int64_t metric(const std::string& text, const std::string& name) {
+  const auto pos = text.find("\n" + name + " ");
+  if (pos == std::string::npos) return -1;
+  return std::stoll(text.substr(pos + name.size() + 2));
+}
+
+TEST_F(ServerTest, AClientThatLeavesCancelsItsRequest) {
+  const std::string long_q = "Count from 1 to 2000, writing every number in words, separated by commas.";
+  ASSERT_TRUE(runtime_idle(*runtime_, std::chrono::seconds(30)));
+  auto before = served_->client().Get("/metrics");
+  ASSERT_TRUE(before);
+  const int64_t gone_before = metric(before->body, "blendserve_client_disconnects_total");
+  {
+    // Streaming: read a few chunks, then hang up.
+    auto c = served_->client();
+    json body = chat_body(long_q, {}, 3000);
+    body["stream"] = true;
+    int chunks = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 4; };
+    auto res = c.send(req);
+    EXPECT_FALSE(res) << "the client cancelled";
+    EXPECT_GE(chunks, 4);
+    // 3000 tokens take a minute here; cancelled, the request ends within a few steps.
+    EXPECT_TRUE(runtime_idle(*runtime_, std::chrono::seconds(10)));
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  }
+  {
+    // Not streaming: the client hangs up while the answer is being generated; the
+    // server's heartbeat (whitespace before the JSON body) notices.
+    auto c = served_->client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = chat_body(long_q, {}, 3000).dump();
+    req.set_header("Content-Type", "application/json");
+    int received = 0;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++received < 2; };
+    auto res = c.send(req);
+    EXPECT_FALSE(res) << "the client cancelled";
+    EXPECT_TRUE(runtime_idle(*runtime_, std::chrono::seconds(10)));
+  }
+  auto after = served_->client().Get("/metrics");
+  ASSERT_TRUE(after);
+  EXPECT_EQ(metric(after->body, "blendserve_client_disconnects_total"), gone_before + 2);
+  // The next request is served normally.
+  auto c = served_->client();
+  auto ok = post(c, "/v1/chat/completions", chat_body("What is 2+2?", {}, 4).dump());
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(ServerTest, ConcurrentClientsGetWhatOneAtATimeGets) {
+  const std::vector<std::string> questions = {"What is the capital of Italy?", "Name a large ocean.",
+                                              "What colour is the sky on a clear day?", "How many legs has a spider?"};
+  std::vector<std::string> alone;
+  for (const auto& q : questions) {
+    auto c = served_->client();
+    auto r = post(c, "/v1/chat/completions", chat_body(q, {kDocs[2]}, 20).dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    alone.push_back(json::parse(r->body)["choices"][0]["message"]["content"]);
+  }
+  std::vector<std::future<std::string>> together;
+  for (const auto& q : questions)
+    together.push_back(std::async(std::launch::async, [this, q] {
+      auto c = served_->client();
+      auto r = post(c, "/v1/chat/completions", chat_body(q, {kDocs[2]}, 20).dump());
+      if (!r || r->status != 200) return std::string("<failed>");
+      return json::parse(r->body)["choices"][0]["message"]["content"].get<std::string>();
+    }));
+  for (size_t i = 0; i < questions.size(); ++i) EXPECT_EQ(together[i].get(), alone[i]) << questions[i];
+}
+
+TEST_F(ServerTest, MetricsCountWhatHappened) {
+  auto c = served_->client();
+  auto m0 = c.Get("/metrics");
+  ASSERT_TRUE(m0);
+  const int64_t tokens0 = metric(m0->body, "blendserve_completion_tokens_total");
+  const int64_t count0 = metric(m0->body, "blendserve_time_to_first_token_seconds_count");
+  auto r = post(c, "/v1/chat/completions", chat_body("Say yes.", {}, 5).dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const int completion = json::parse(r->body)["usage"]["completion_tokens"];
+  auto m1 = c.Get("/metrics");
+  ASSERT_TRUE(m1);
+  EXPECT_THAT(m1->get_header_value("Content-Type"), HasSubstr("text/plain"));
+  EXPECT_EQ(metric(m1->body, "blendserve_completion_tokens_total"), tokens0 + completion);
+  EXPECT_EQ(metric(m1->body, "blendserve_time_to_first_token_seconds_count"), count0 + 1);
+  EXPECT_THAT(m1->body, HasSubstr("blendserve_http_responses_total{route=\"/v1/chat/completions\",status=\"200\"}"));
+  EXPECT_THAT(m1->body, HasSubstr("blendserve_requests_in_flight "));
+  EXPECT_THAT(m1->body, HasSubstr("blendserve_store_bytes{tier=\"ram\"}"));
+}
+
+TEST_F(ServerTest, ApiKeysAreRequiredWhenConfigured) {
+  RuntimeConfig keyed = *config_;
+  keyed.api_keys = {"sk-first-key-1234", "sk-second-key-5678"};
+  Served s(*runtime_, keyed);
+  auto c = s.client();
+  const std::string body = chat_body("Hi", {}, 2).dump();
+  auto none = post(c, "/v1/chat/completions", body);
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(json::parse(none->body)["error"]["code"], "missing_api_key");
+  auto wrong = post(c, "/v1/chat/completions", body, {{"Authorization", "Bearer sk-first-key-1235"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  EXPECT_EQ(json::parse(wrong->body)["error"]["code"], "invalid_api_key");
+  auto not_bearer = post(c, "/v1/chat/completions", body, {{"Authorization", "sk-first-key-1234"}});
+  ASSERT_TRUE(not_bearer);
+  EXPECT_EQ(not_bearer->status, 401);
+  for (const char* key : {"sk-first-key-1234", "sk-second-key-5678"}) {
+    auto ok = post(c, "/v1/chat/completions", body, {{"Authorization", std::string("Bearer ") + key}});
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << ok->body;
+  }
+  EXPECT_EQ(c.Get("/v1/models")->status, 401);
+  EXPECT_EQ(c.Get("/metrics")->status, 401);
+  EXPECT_EQ(c.Get("/health")->status, 200) << "health needs no key (load balancers)";
+}
+
+TEST_F(ServerTest, DrainingAnswers503) {
+  Served s(*runtime_, *config_);
+  s.server().drain(0);
+  auto c = s.client();
+  EXPECT_EQ(c.Get("/health")->status, 503);
+  auto r = post(c, "/v1/chat/completions", chat_body("Hi", {}, 2).dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "service_unavailable");
+}
+
+TEST(ServerOverload, BeyondTheLimitsA429WithRetryAfter) {
+  if (!testing::model_available()) GTEST_SKIP() << "model not found";
+  TempDir dir;
+  RuntimeConfig config = config_in(dir.path());
+  config.max_requests = 1;
+  Runtime runtime(config);
+  Served s(runtime, config);
+  // One long request occupies the only slot...
+  auto first = std::async(std::launch::async, [&] {
+    auto c = s.client();
+    return post(c, "/v1/chat/completions", chat_body("Write a long poem about the sea.", {}, 200).dump());
+  });
+  for (int i = 0; i < 500 && runtime.in_flight() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(runtime.in_flight(), 1);
+  // ... so the next one is turned away with a hint when to come back.
+  auto c = s.client();
+  auto second = post(c, "/v1/chat/completions", chat_body("Hi", {}, 2).dump());
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->status, 429) << second->body;
+  EXPECT_EQ(json::parse(second->body)["error"]["code"], "rate_limit_exceeded");
+  ASSERT_TRUE(second->has_header("Retry-After"));
+  EXPECT_GE(std::stoi(second->get_header_value("Retry-After")), 1);
+  auto r = first.get();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  auto after = post(c, "/v1/chat/completions", chat_body("Hi", {}, 2).dump());
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200) << "admitted again once the slot is free";
+}
+
+}  // namespace
+}  // namespace bs
