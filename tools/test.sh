@@ -39,4 +39,6 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
     ctest --test-dir "$ROOT/build-asan" --output-on-failure --no-tests=error -L 'unit|asan_model' -j1
   echo "[test] fuzzing the GGUF reader for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
   JOBS="$JOBS" "$ROOT/tools/fuzz_gguf.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
+  echo "[test] fuzzing the chat-completion request parser for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
+  JOBS="$JOBS" "$ROOT/tools/fuzz_chat_request.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
 fi

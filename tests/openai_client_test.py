@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""The official OpenAI Python client against `blendserve serve` on loopback.
+
+Starts the real server binary (real model, a temporary data dir, a config with an
+API key and one request slot), then drives it with `openai` (PyPI, pinned in
+tools/setup.sh, installed in .venv-test): a completion, a stream with usage, RAG
+documents (stored ahead through POST /v1/documents and sent with extra_body), and
+errors surfacing as the client's own exception classes.
+
+    .venv-test/bin/python tests/openai_client_test.py --server build/blendserve
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.request
+
+import openai
+
+SERVER = None  # set in main()
+MODEL = "SmolLM2-135M-Instruct"
+KEY = "sk-blendserve-test-key"
+DOCS = [
+    "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It was completed in 1889 and is 330 "
+    "metres tall.",
+    "Mount Kilimanjaro is a dormant volcano in Tanzania. Its highest peak is 5895 metres above sea level.",
+]
+
+
+class Server:
+    """blendserve serve on a free port; stderr is kept for failures."""
+
+    def __init__(self, binary):
+        self.dir = tempfile.mkdtemp(prefix="bs_openai_")
+        config = os.path.join(self.dir, "config.yaml")
+        with open(config, "w") as f:
+            f.write(
+                "server:\n  api_keys: [%s]\n"
+                "limits:\n  max_requests: 1\n  max_prompt_tokens: 1024\n" % KEY
+            )
+        env = dict(os.environ, BLENDSERVE_DATA_DIR=os.path.join(self.dir, "data"))
+        self.log = open(os.path.join(self.dir, "stderr.log"), "w+")
+        self.proc = subprocess.Popen(
+            [binary, "--config", config, "serve", "--port", "0"], stderr=self.log, stdout=self.log, env=env
+        )
+        self.port = None
+        deadline = time.time() + 120
+        while time.time() < deadline and self.port is None:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited: " + self.stderr())
+            m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", self.stderr())
+            if m:
+                self.port = int(m.group(1))
+            time.sleep(0.1)
+        if self.port is None:
+            raise RuntimeError("server did not start: " + self.stderr())
+        self.base = "http://127.0.0.1:%d" % self.port
+
+    def stderr(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def post_json(self, path, body):
+        req = urllib.request.Request(
+            self.base + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Authorization": "Bearer " + KEY},
+        )
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())
+
+
+def client(key=KEY):
+    # No retries: a 429 must surface as RateLimitError, not be retried away.
+    return openai.OpenAI(base_url=SERVER.base + "/v1", api_key=key, max_retries=0, timeout=300)
+
+
+class OpenAIClient(unittest.TestCase):
+    def test_completion(self):
+        r = client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=16, temperature=0,
+        )
+        self.assertEqual(r.object, "chat.completion")
+        self.assertEqual(r.model, MODEL)
+        self.assertIn("Paris", r.choices[0].message.content)
+        self.assertEqual(r.choices[0].message.role, "assistant")
+        self.assertIn(r.choices[0].finish_reason, ("stop", "length"))
+        self.assertGreater(r.usage.prompt_tokens, 0)
+        self.assertGreater(r.usage.completion_tokens, 0)
+        self.assertEqual(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens)
+
+    def test_stream_with_usage_equals_the_completion(self):
+        messages = [{"role": "system", "content": "You are brief."},
+                    {"role": "user", "content": "List three fruits."}]
+        whole = client().chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+        stream = client().chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=24, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, ids, finish, usage, roles = "", set(), None, None, []
+        for chunk in stream:
+            ids.add(chunk.id)
+            if chunk.usage is not None:
+                usage = chunk.usage
+                self.assertEqual(chunk.choices, [])
+                continue
+            delta = chunk.choices[0].delta
+            if delta.role:
+                roles.append(delta.role)
+            text += delta.content or ""
+            if chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        self.assertEqual(len(ids), 1)
+        self.assertEqual(roles, ["assistant"])
+        self.assertEqual(text, whole.choices[0].message.content)
+        self.assertEqual(finish, whole.choices[0].finish_reason)
+        self.assertIsNotNone(usage)
+        self.assertEqual(usage.completion_tokens, whole.usage.completion_tokens)
+        self.assertEqual(usage.prompt_tokens, whole.usage.prompt_tokens)
+
+    def test_documents_are_served_from_stored_kv(self):
+        stored = [SERVER.post_json("/v1/documents", {"text": d}) for d in DOCS]
+        for s in stored:
+            self.assertRegex(s["id"], r"^[0-9a-f]{32}$")
+        r = client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "How tall is the Eiffel Tower?"}],
+            max_tokens=16, temperature=0, extra_body={"documents": DOCS},
+        )
+        details = r.usage.prompt_tokens_details
+        doc_tokens = sum(s["tokens"] for s in stored)
+        self.assertGreaterEqual(details.cached_tokens, doc_tokens)
+        self.assertLess(details.cached_tokens, r.usage.prompt_tokens)
+        self.assertTrue(r.choices[0].message.content)
+
+    def test_errors_are_the_clients_exception_types(self):
+        msgs = [{"role": "user", "content": "hi"}]
+        with self.assertRaises(openai.BadRequestError) as e:
+            client().chat.completions.create(model=MODEL, messages=msgs, temperature=5)
+        self.assertEqual(e.exception.status_code, 400)
+        self.assertEqual(e.exception.param, "temperature")
+        with self.assertRaises(openai.BadRequestError) as e:
+            client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 3000}])
+        self.assertEqual(e.exception.code, "context_length_exceeded")
+        with self.assertRaises(openai.NotFoundError) as e:
+            client().chat.completions.create(model="gpt-4o", messages=msgs)
+        self.assertEqual(e.exception.code, "model_not_found")
+        with self.assertRaises(openai.AuthenticationError):
+            client(key="sk-wrong-key-000").chat.completions.create(model=MODEL, messages=msgs)
+        # The one request slot taken by a long stream: the next request is a 429.
+        started = threading.Event()
+        def long_stream():
+            s = client().chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Write a long poem about the sea."}],
+                max_tokens=120, temperature=0, stream=True)
+            for _ in s:
+                started.set()
+        t = threading.Thread(target=long_stream)
+        t.start()
+        self.assertTrue(started.wait(60))
+        with self.assertRaises(openai.RateLimitError) as e:
+            client().chat.completions.create(model=MODEL, messages=msgs, max_tokens=2)
+        self.assertGreaterEqual(int(e.exception.response.headers["retry-after"]), 1)
+        t.join()
+        # The server is still right afterwards.
+        r = client().chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
+        self.assertTrue(r.choices[0].message.content)
+
+    def test_models(self):
+        ids = [m.id for m in client().models.list()]
+        self.assertEqual(ids, [MODEL])
+
+
+def main():
+    global SERVER
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--server", required=True, help="path to the blendserve binary")
+    args, rest = ap.parse_known_args()
+    SERVER = Server(args.server)
+    ok = False
+    try:
+        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+        ok = prog.result.wasSuccessful()
+    finally:
+        if not ok:
+            sys.stderr.write("---- server stderr ----\n" + SERVER.stderr())
+        SERVER.stop()
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
