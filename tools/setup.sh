@@ -28,7 +28,7 @@ VENV="$ROOT/.venv-test"
 OPENAI_PKG="openai==3.54.0"
 
 PACKAGES=(
-  build-essential cmake g++ pkg-config python3 python3-pip python3-venv unzip ca-certificates
+  build-essential cmake g++ pkg-config python3 python3-pip python3-venv unzip ca-certificates curl
   libcaf-dev libyaml-cpp-dev libcpp-httplib-dev libboost-dev nlohmann-json3-dev
   libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev
   # fuzz / sanitizer tooling
