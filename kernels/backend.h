@@ -74,6 +74,11 @@ class Backend {
   virtual double setup_seconds() const { return 0.0; }
   // The fastest precision this backend supports.
   Precision default_precision() const { return supports(Precision::BF16) ? Precision::BF16 : Precision::F32; }
+  // Up to this many rows, linear() computes every row bit-identically to a call with
+  // that row alone (the same kernel and summation order whatever the row count), so
+  // a batched decode step equals one-token forwards (Transformer::decode_step splits
+  // larger batches). 1 is always true.
+  virtual int64_t linear_exact_rows() const { return 1; }
 
   // Throws std::invalid_argument when !supports(precision).
   virtual std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision precision) = 0;

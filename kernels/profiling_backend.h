@@ -22,6 +22,7 @@ class ProfilingBackend final : public Backend {
   std::string kernel_id() const override { return inner_.kernel_id(); }
   double setup_seconds() const override { return inner_.setup_seconds(); }
   bool supports(Precision p) const override { return inner_.supports(p); }
+  int64_t linear_exact_rows() const override { return inner_.linear_exact_rows(); }
   const std::map<std::string, OpStats>& stats() const { return stats_; }
   void reset() { stats_.clear(); }
 

@@ -1,5 +1,6 @@
 #include "model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -70,12 +71,19 @@ void Transformer::store_kv(int layer, const int32_t* pos, int64_t n, const float
 void Transformer::attend_and_mlp(int layer, float* hidden, const float* q, const int32_t* pos, int64_t n,
                                  const KvCache& cache, int64_t n_kv) const {
   const auto& c = model_.config();
-  const auto& L = model_.layer(layer);
   auto& be = model_.backend();
-  const int64_t dim = c.dim, qd = c.q_dim(), hd = c.head_dim;
+  const int64_t qd = c.q_dim(), hd = c.head_dim;
   float* attn = scratch(kAttn, n * qd);
   be.attention(q, pos, cache.k_layer(layer), cache.v_layer(layer), attn, n, c.n_heads, c.n_kv_heads, hd, n_kv,
                cache.capacity, 1.0f / std::sqrt(static_cast<float>(hd)), model_.precision());
+  project_and_mlp(layer, hidden, attn, n);
+}
+
+void Transformer::project_and_mlp(int layer, float* hidden, const float* attn, int64_t n) const {
+  const auto& c = model_.config();
+  const auto& L = model_.layer(layer);
+  auto& be = model_.backend();
+  const int64_t dim = c.dim;
   float* proj = scratch(kProj, n * dim);
   be.linear(*L.wo, attn, proj, n, nullptr);
   for (int64_t i = 0; i < n * dim; ++i) hidden[i] += proj[i];
@@ -124,6 +132,65 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, KvCache
   std::vector<float> out(static_cast<size_t>(rows * c.vocab));
   logits(hidden.data() + (n - rows) * c.dim, rows, out.data());
   return out;
+}
+
+std::vector<float> Transformer::decode_step(std::span<const int32_t> tokens, std::span<KvCache* const> caches) const {
+  const auto& c = model_.config();
+  const int64_t B = static_cast<int64_t>(tokens.size());
+  if (B == 0) throw std::invalid_argument("decode_step: no tokens");
+  if (static_cast<int64_t>(caches.size()) != B)
+    throw std::invalid_argument("decode_step: " + std::to_string(B) + " tokens for " + std::to_string(caches.size()) +
+                                " caches");
+  // Every check before any cache is touched: a refused step changes nothing.
+  for (int64_t b = 0; b < B; ++b) {
+    const KvCache* cache = caches[b];
+    if (!cache) throw std::invalid_argument("decode_step: no cache");
+    if (cache->n_layers != c.n_layers || cache->kv_heads != c.n_kv_heads || cache->head_dim != c.head_dim)
+      throw std::invalid_argument("decode_step: a cache does not fit the model");
+    if (cache->length + 1 > cache->capacity) throw std::length_error("decode_step: KV cache capacity exceeded");
+    if (tokens[b] < 0 || tokens[b] >= c.vocab) throw std::out_of_range("decode_step: token id out of range");
+  }
+  std::vector<KvCache*> sorted(caches.begin(), caches.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    throw std::invalid_argument("decode_step: a cache is given twice");
+
+  std::vector<float> out(static_cast<size_t>(B * c.vocab));
+  const int64_t part = std::max<int64_t>(1, model_.backend().linear_exact_rows());
+  for (int64_t b0 = 0; b0 < B; b0 += part) {
+    const int64_t m = std::min(part, B - b0);
+    decode_rows(tokens.subspan(b0, m), caches.subspan(b0, m), out.data() + b0 * c.vocab);
+  }
+  return out;
+}
+
+void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache* const> caches,
+                              float* logits_out) const {
+  const auto& c = model_.config();
+  auto& be = model_.backend();
+  const int64_t B = static_cast<int64_t>(tokens.size());
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
+  std::vector<int32_t> pos(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) pos[b] = static_cast<int32_t>(caches[b]->length);
+  std::vector<float> hidden(static_cast<size_t>(B * c.dim));
+  embed(tokens, hidden.data());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int l = 0; l < c.n_layers; ++l) {
+    float* q = scratch(kQ, B * qd);
+    float* k = scratch(kK, B * kvd);
+    float* v = scratch(kV, B * kvd);
+    project_qkv(l, hidden.data(), pos.data(), B, q, k, v);  // RoPE per row at its own position
+    float* attn = scratch(kAttn, B * qd);
+    for (int64_t b = 0; b < B; ++b) {
+      KvCache& cache = *caches[b];
+      store_kv(l, &pos[b], 1, k + b * kvd, v + b * kvd, cache);
+      be.attention(q + b * qd, &pos[b], cache.k_layer(l), cache.v_layer(l), attn + b * qd, 1, c.n_heads,
+                   c.n_kv_heads, hd, pos[b] + 1, cache.capacity, scale, model_.precision());
+    }
+    project_and_mlp(l, hidden.data(), attn, B);
+  }
+  for (int64_t b = 0; b < B; ++b) caches[b]->length = pos[b] + 1;
+  logits(hidden.data(), B, logits_out);
 }
 
 }  // namespace bs

@@ -58,9 +58,29 @@ class Transformer {
   // when all_logits ([n, vocab]).
   std::vector<float> forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits = false) const;
 
+  // One decode step of B sequences at once (continuous batching): token b goes to
+  // caches[b] at position caches[b]->length, which advances by 1. The products run
+  // as one [B, dim] batch (a decode GEMV becomes a small GEMM, the weights are read
+  // once for all rows); RoPE, the K/V store and attention are per sequence. Row b
+  // is bit-identical to forward() of that token alone: batches larger than the
+  // backend's linear_exact_rows() run in parts. Throws std::length_error, before
+  // touching any cache, when one is full; std::invalid_argument on mismatched
+  // sizes or a cache given twice. Returns [B, vocab].
+  std::vector<float> decode_step(std::span<const int32_t> tokens,     // [B]
+                                 std::span<KvCache* const> caches) const;  // [B]
+
   const LlamaModel& model() const { return model_; }
 
  private:
+  // Output projection + MLP for n rows whose attention output is in attn, residual
+  // added into hidden (the second half of attend_and_mlp).
+  void project_and_mlp(int layer,
+                       float* hidden,      // [n, dim]
+                       const float* attn,  // [n, q_heads, head_dim]
+                       int64_t n) const;
+  // decode_step for at most linear_exact_rows() sequences.
+  void decode_rows(std::span<const int32_t> tokens, std::span<KvCache* const> caches, float* logits) const;
+
   const LlamaModel& model_;
 };
 

@@ -219,7 +219,8 @@ TEST_P(BackendOps, LinearQuantizedMatchesReference) {
       }
       auto pc = cpu->prepare(view, prec);
       auto pr = ref->prepare(view, prec);
-      for (int64_t n : {1, 3, 4, 5, 64, 129}) {  // GEMV sizes and GEMM sizes
+      const int64_t gemv_rows = cpu->linear_exact_rows();  // up to here the GEMV, above it the GEMM
+      for (int64_t n : {int64_t{1}, int64_t{3}, gemv_rows, gemv_rows + 1, int64_t{64}, int64_t{129}}) {
         auto x = random_vec(n * c.in, 9);
         std::vector<float> a(n * c.out), b(n * c.out);
         cpu->linear(*pc, x.data(), a.data(), n, bias.data());
@@ -227,10 +228,42 @@ TEST_P(BackendOps, LinearQuantizedMatchesReference) {
         // bf16 GEMM rounds activations and weights to 8 mantissa bits; AVX2's decode
         // product rounds 4/8-bit weights' activations to int16 per block (2^-16 of the
         // block's largest value, kernels/cpu/variant/gemv_quantized.cpp)
-        const bool int16_activations = GetParam() == CpuIsa::Avx2 && n <= 4 &&
+        const bool int16_activations = GetParam() == CpuIsa::Avx2 && n <= gemv_rows &&
                                        (c.type == TensorType::Q4_0 || c.type == TensorType::Q4_1);
-        const double tol = (prec == Precision::BF16 && n > 4) ? 2e-2 : int16_activations ? 1e-4 : 1e-5;
+        const double tol = (prec == Precision::BF16 && n > gemv_rows) ? 2e-2 : int16_activations ? 1e-4 : 1e-5;
         EXPECT_LT(rel_max_err(a, b), tol) << "type " << static_cast<int>(c.type) << " n " << n;
+      }
+    }
+  }
+}
+
+// Batched decode (Transformer::decode_step) relies on it: up to linear_exact_rows()
+// rows, every row of a product is bit-identical to the product of that row alone.
+TEST_P(BackendOps, LinearRowsAreExactAloneOrBatched) {
+  const int64_t rows = cpu->linear_exact_rows();
+  ASSERT_GE(rows, 8) << "decode batches of 8 should stay on the exact path";
+  struct Case { TensorType type; int64_t out, in; };
+  for (auto c : {Case{TensorType::Q4_1, 96, 576}, Case{TensorType::Q4_0, 40, 96}, Case{TensorType::Q8_0, 70, 576},
+                 Case{TensorType::F32, 33, 96}, Case{TensorType::F16, 17, 64}, Case{TensorType::BF16, 19, 128}}) {
+    auto wf = random_vec(c.out * c.in, 12, 0.05f);
+    std::vector<uint8_t> raw;
+    if (c.type == TensorType::Q4_1) raw = quantize_q4_1(wf, c.out, c.in);
+    else if (c.type == TensorType::Q4_0) raw = quantize_q4_0(wf, c.out, c.in);
+    else if (c.type == TensorType::Q8_0) raw = quantize_q8_0(wf, c.out, c.in);
+    else if (c.type == TensorType::F16) raw = encode_16bit(wf, fp32_to_fp16);
+    else if (c.type == TensorType::BF16) raw = encode_16bit(wf, fp32_to_bf16);
+    else raw.assign(reinterpret_cast<uint8_t*>(wf.data()), reinterpret_cast<uint8_t*>(wf.data() + wf.size()));
+    WeightView view{c.type, raw.data(), c.out, c.in};
+    auto pw = cpu->prepare(view, Precision::F32);
+    auto x = random_vec(rows * c.in, 13);
+    for (int64_t n = 2; n <= rows; ++n) {
+      std::vector<float> batch(n * c.out);
+      cpu->linear(*pw, x.data(), batch.data(), n, nullptr);
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<float> alone(c.out);
+        cpu->linear(*pw, x.data() + t * c.in, alone.data(), 1, nullptr);
+        EXPECT_EQ(std::memcmp(alone.data(), batch.data() + t * c.out, c.out * sizeof(float)), 0)
+            << "type " << static_cast<int>(c.type) << ": row " << t << " of " << n << " differs from the row alone";
       }
     }
   }

@@ -3,6 +3,7 @@
 // backends are tested against, never what serves requests.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -21,6 +22,7 @@ class ReferenceBackend final : public Backend {
  public:
   std::string name() const override { return "reference"; }
   bool supports(Precision) const override { return true; }  // computes fp32 either way
+  int64_t linear_exact_rows() const override { return std::numeric_limits<int64_t>::max(); }  // one row at a time
 
   std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision) override {
     auto out = std::make_unique<RefWeights>();

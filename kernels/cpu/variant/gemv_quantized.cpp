@@ -115,32 +115,97 @@ inline void load_block(const uint8_t* blk, vf* w) {
 #endif
 }
 
-// Rows [0, out) of W times NT tokens. NT is a compile-time count so the accumulators
-// stay in registers; a single token gets one accumulator per vector of a block, so its
-// FMAs do not wait on each other.
-template <TensorType T, int NT>
-void gemv_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
-                 int64_t out) {
-  constexpr int kChains = NT == 1 ? kBlockVecs : 1;
-  const int64_t row_bytes = blocks * bbytes;
-#pragma omp parallel for schedule(static) if (out >= 64)
-  for (int64_t o = 0; o < out; ++o) {
-    const uint8_t* row = base + o * row_bytes;
-    vf acc[NT][kChains];
-    for (int t = 0; t < NT; ++t)
-      for (int c = 0; c < kChains; ++c) acc[t][c] = vzero();
-    for (int64_t b = 0; b < blocks; ++b) {
+// Every token keeps kBlockVecs accumulator chains (vector i of each block adds into
+// chain i) however many tokens share the weight pass, so its FMAs do not wait on each
+// other and its result is bit-identical alone or batched (Transformer::decode_step
+// relies on it). The chains of a group of tokens and the block's weights must fit
+// the registers: AVX-512 has room for 8 tokens (16 + 2 of 32); AVX2 for 3 (12 + 1 of
+// 16), so there a row is expanded to fp32 once into a buffer (L1) and the groups of 3
+// read it, instead of expanding every block once per group.
+#if BS_ISA_LEVEL == 1
+constexpr int kGroup = 3;
+constexpr bool kExpandRows = true;
+#else
+constexpr int kGroup = kMaxTokens;
+constexpr bool kExpandRows = false;
+#endif
+
+// The products of one row with G tokens (a compile-time count: the accumulators stay
+// in registers); y[t * out] receives token t's. The row is either stored blocks
+// (W::Stored) or already expanded to fp32 (W::Expanded, the same values load_block
+// gives): both add the same products in the same order.
+enum class Row { Stored, Expanded };
+template <TensorType T, Row R, int G>
+inline void row_tokens(const void* row, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
+                       int64_t out) {
+  vf acc[G][kBlockVecs];
+  for (int t = 0; t < G; ++t)
+    for (int c = 0; c < kBlockVecs; ++c) acc[t][c] = vzero();
+  for (int64_t b = 0; b < blocks; ++b) {
+    if constexpr (R == Row::Stored) {
       vf wv[kBlockVecs];
-      load_block<T>(row + b * bbytes, wv);
-      for (int t = 0; t < NT; ++t) {
+      load_block<T>(static_cast<const uint8_t*>(row) + b * bbytes, wv);
+      for (int t = 0; t < G; ++t) {
         const float* xb = x + t * in + b * kBlock;
-        for (int i = 0; i < kBlockVecs; ++i) acc[t][i % kChains] = vfma(wv[i], vload(xb + i * kLanes), acc[t][i % kChains]);
+        for (int i = 0; i < kBlockVecs; ++i) acc[t][i] = vfma(wv[i], vload(xb + i * kLanes), acc[t][i]);
+      }
+    } else {
+      // One weight vector live at a time: the registers hold the accumulators.
+      for (int i = 0; i < kBlockVecs; ++i) {
+        const vf wv = vload(static_cast<const float*>(row) + b * kBlock + i * kLanes);
+        for (int t = 0; t < G; ++t) acc[t][i] = vfma(wv, vload(x + t * in + b * kBlock + i * kLanes), acc[t][i]);
       }
     }
-    for (int t = 0; t < NT; ++t) {
-      vf sum = acc[t][0];
-      for (int c = 1; c < kChains; ++c) sum = vadd(sum, acc[t][c]);
-      y[t * out + o] = hsum(sum);
+  }
+  for (int t = 0; t < G; ++t) {
+    vf sum = acc[t][0];
+    for (int c = 1; c < kBlockVecs; ++c) sum = vadd(sum, acc[t][c]);
+    y[t * out] = hsum(sum);
+  }
+}
+
+// row_tokens for a run-time count g <= G.
+template <TensorType T, Row R, int G>
+inline void row_group(int64_t g, const void* row, int64_t bbytes, int64_t blocks, const float* x, int64_t in,
+                      float* y, int64_t out) {
+  if constexpr (G > 1) {
+    if (g < G) return row_group<T, R, G - 1>(g, row, bbytes, blocks, x, in, y, out);
+  }
+  row_tokens<T, R, G>(row, bbytes, blocks, x, in, y, out);
+}
+
+// One row times nt tokens, in groups of kGroup.
+template <TensorType T, Row R>
+inline void row_all_tokens(const void* row, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
+                           int64_t out, int64_t nt) {
+  for (int64_t t0 = 0; t0 < nt; t0 += kGroup)
+    row_group<T, R, kGroup>(imin(kGroup, nt - t0), row, bbytes, blocks, x + t0 * in, in, y + t0 * out, out);
+}
+
+// Rows [0, out) of W times nt <= kMaxTokens tokens, in one pass over the weights.
+template <TensorType T>
+void gemv_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
+                 int64_t out, int64_t nt) {
+  const int64_t row_bytes = blocks * bbytes;
+  if (!kExpandRows || nt == 1) {
+#pragma omp parallel for schedule(static) if (out >= 64)
+    for (int64_t o = 0; o < out; ++o)
+      row_all_tokens<T, Row::Stored>(base + o * row_bytes, bbytes, blocks, x, in, y + o, out, nt);
+    return;
+  }
+#pragma omp parallel if (out >= 64)
+  {
+    Scratch buf(static_cast<size_t>(blocks * kBlock) * sizeof(float));
+    float* w = buf.as<float>();
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < out; ++o) {
+      const uint8_t* row = base + o * row_bytes;
+      for (int64_t b = 0; b < blocks; ++b) {
+        vf wv[kBlockVecs];
+        load_block<T>(row + b * bbytes, wv);
+        for (int i = 0; i < kBlockVecs; ++i) vstore(w + b * kBlock + i * kLanes, wv[i]);
+      }
+      row_all_tokens<T, Row::Expanded>(w, bbytes, blocks, x, in, y + o, out, nt);
     }
   }
 }
@@ -270,20 +335,8 @@ void gemv_typed(const void* w, const float* block_scales, const float* x, float*
 #else
   (void)block_scales;  // only the AVX2 int16 path reads them
 #endif
-  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
-    const float* xt = x + t0 * in;
-    float* yt = y + t0 * out;
-    switch (imin(kMaxTokens, n - t0)) {
-      case 1: gemv_tokens<T, 1>(base, bbytes, blocks, xt, in, yt, out); break;
-      case 2: gemv_tokens<T, 2>(base, bbytes, blocks, xt, in, yt, out); break;
-      case 3: gemv_tokens<T, 3>(base, bbytes, blocks, xt, in, yt, out); break;
-      case 4: gemv_tokens<T, 4>(base, bbytes, blocks, xt, in, yt, out); break;
-      case 5: gemv_tokens<T, 5>(base, bbytes, blocks, xt, in, yt, out); break;
-      case 6: gemv_tokens<T, 6>(base, bbytes, blocks, xt, in, yt, out); break;
-      case 7: gemv_tokens<T, 7>(base, bbytes, blocks, xt, in, yt, out); break;
-      default: gemv_tokens<T, 8>(base, bbytes, blocks, xt, in, yt, out); break;
-    }
-  }
+  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens)
+    gemv_tokens<T>(base, bbytes, blocks, x + t0 * in, in, y + t0 * out, out, imin(kMaxTokens, n - t0));
 }
 
 }  // namespace
