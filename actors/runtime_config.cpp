@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -333,12 +334,24 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
 }
 
 void parse_limits(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "limits", {"max_requests", "max_prompt_tokens", "trace_history"},
+  for_each_key(sec, "limits",
+               {"max_requests", "max_queue", "max_decode_batch", "decode_interleave", "max_prompt_tokens",
+                "trace_history"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path("limits", k);
                  if (k == "max_requests") {
                    c.max_requests = get_int(v, key);
                    check_at_least(c.max_requests, 1, v, key);
+                 } else if (k == "max_queue") {
+                   c.max_queue = get_int(v, key);
+                   check_at_least(c.max_queue, 0, v, key, " (0 = no queue)");
+                 } else if (k == "max_decode_batch") {
+                   c.max_decode_batch = get_int(v, key);
+                   check_at_least(c.max_decode_batch, 1, v, key);
+                 } else if (k == "decode_interleave") {
+                   c.decode_interleave = get_number(v, key);
+                   if (!std::isfinite(c.decode_interleave) || c.decode_interleave < 0)
+                     fail(key, v, "must be a number of seconds >= 0, got " + v.Scalar());
                  } else if (k == "max_prompt_tokens") {
                    c.max_prompt_tokens = get_int(v, key);
                    check_at_least(c.max_prompt_tokens, 0, v, key, " (0 = the model's context)");

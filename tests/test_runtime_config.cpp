@@ -70,6 +70,9 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.adaptive_ratio, b.adaptive_ratio);
   EXPECT_EQ(a.write_back, b.write_back);
   EXPECT_EQ(a.max_requests, b.max_requests);
+  EXPECT_EQ(a.max_queue, b.max_queue);
+  EXPECT_EQ(a.max_decode_batch, b.max_decode_batch);
+  EXPECT_EQ(a.decode_interleave, b.decode_interleave);
   EXPECT_EQ(a.max_prompt_tokens, b.max_prompt_tokens);
   EXPECT_EQ(a.trace_history, b.trace_history);
   EXPECT_EQ(a.host, b.host);
@@ -134,6 +137,9 @@ TEST(RuntimeConfigDefault, ValuesAreTheDocumentedOnes) {
   EXPECT_EQ(c.blend.deviation, Deviation::KV);
   EXPECT_TRUE(c.write_back);
   EXPECT_EQ(c.max_requests, 8);
+  EXPECT_EQ(c.max_queue, 64);
+  EXPECT_EQ(c.max_decode_batch, 16);
+  EXPECT_DOUBLE_EQ(c.decode_interleave, 0.05);
   EXPECT_EQ(c.max_prompt_tokens, 0);
   EXPECT_EQ(c.trace_history, 64);
   EXPECT_EQ(c.host, "127.0.0.1");
@@ -186,7 +192,8 @@ blend:
   min_tokens: 0
   deviation: k
   write_back: no
-limits: {max_requests: 2, max_prompt_tokens: 4096, trace_history: 0}
+limits: {max_requests: 2, max_queue: 0, max_decode_batch: 4, decode_interleave: 0.2, max_prompt_tokens: 4096,
+         trace_history: 0}
 server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_body: 64KiB, threads: 5,
          model_name: my-model}
 )");
@@ -211,6 +218,9 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.blend.deviation, Deviation::K);
   EXPECT_FALSE(c.write_back);
   EXPECT_EQ(c.max_requests, 2);
+  EXPECT_EQ(c.max_queue, 0);
+  EXPECT_EQ(c.max_decode_batch, 4);
+  EXPECT_DOUBLE_EQ(c.decode_interleave, 0.2);
   EXPECT_EQ(c.max_prompt_tokens, 4096);
   EXPECT_EQ(c.trace_history, 0);
   EXPECT_EQ(c.host, "0.0.0.0");
@@ -364,6 +374,12 @@ TEST(RuntimeConfigErrors, NegativeCounts) {
   EXPECT_THAT(error_of("limits: {max_requests: 0}"), HasSubstr("limits.max_requests: must be >= 1, got 0"));
   EXPECT_THAT(error_of("limits: {max_prompt_tokens: -5}"), HasSubstr("limits.max_prompt_tokens: must be >= 0"));
   EXPECT_THAT(error_of("limits: {trace_history: -1}"), HasSubstr("limits.trace_history: must be >= 0"));
+  EXPECT_THAT(error_of("limits: {max_queue: -1}"), HasSubstr("limits.max_queue: must be >= 0 (0 = no queue), got -1"));
+  EXPECT_THAT(error_of("limits: {max_decode_batch: 0}"), HasSubstr("limits.max_decode_batch: must be >= 1, got 0"));
+  EXPECT_THAT(error_of("limits: {decode_interleave: -0.5}"),
+              HasSubstr("limits.decode_interleave: must be a number of seconds >= 0, got -0.5"));
+  EXPECT_THAT(error_of("limits: {decode_interleave: .nan}"), HasSubstr("limits.decode_interleave"));
+  EXPECT_THAT(error_of("limits: {max_decode_batch: many}"), HasSubstr("limits.max_decode_batch: expected an integer"));
 }
 
 TEST(RuntimeConfigErrors, Budgets) {
