@@ -147,6 +147,18 @@ bool align_up(uint64_t x, uint64_t a, uint64_t* out) {
   return true;
 }
 
+// "F32, F16, ...": the types find_tensor_type knows, in ggml order (for messages).
+std::string supported_type_names() {
+  std::string out;
+  for (uint32_t t = 0; t < 64; ++t) {
+    if (const kernels::TensorTypeTraits* tr = kernels::find_tensor_type(t)) {
+      if (!out.empty()) out += ", ";
+      out += tr->name;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int64_t TensorInfo::n_elements() const {
@@ -383,8 +395,10 @@ struct Parser {
       const kernels::TensorTypeTraits* traits = kernels::find_tensor_type(type);
       if (!traits) {
         const char* nm = kernels::ggml_type_name(type);
+        const bool k_quant = nm != nullptr && std::string_view(nm).ends_with("_K");
         fail(what + " has unsupported tensor type " + std::to_string(type) +
-             (nm ? std::string(" (") + nm + ")" : std::string(" (unknown)")));
+             (nm ? std::string(" (") + nm + ")" : std::string(" (unknown)")) +
+             (k_quant ? "; K-quants are not supported" : "") + "; supported types: " + supported_type_names());
       }
       ti.type = traits->type;
       const int64_t be = traits->block_elements;

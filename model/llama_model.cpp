@@ -77,7 +77,8 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   if (!arch) throw GgufError("gguf: missing general.architecture");
   cfg_.architecture = *arch;
   if (*arch != "llama" && *arch != "qwen2" && *arch != "mistral")
-    throw GgufError("unsupported architecture '" + *arch + "' (llama, qwen2, mistral are supported)");
+    throw GgufError("unsupported architecture '" + *arch +
+                    "' in general.architecture (supported: llama, qwen2, mistral)");
   auto req_int = [&](const std::string& key) {
     auto v = file_.get_int(*arch + "." + key);
     if (!v) throw GgufError("gguf: missing " + *arch + "." + key);
@@ -99,7 +100,9 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   if (auto st = file_.get_string(*arch + ".rope.scaling.type")) {
     cfg_.rope_scaling.type = *st == "yarn" ? "yarn" : *st;
     cfg_.rope_scaling.factor = static_cast<float>(file_.get_float(*arch + ".rope.scaling.factor").value_or(1.0));
-    if (*st == "yarn") throw GgufError("rope scaling 'yarn' is not supported yet");
+    if (*st == "yarn")
+      throw GgufError(*arch + ".rope.scaling.type 'yarn' (YaRN RoPE scaling) is not supported (supported: none, "
+                      "linear, llama3)");
   }
 
   const auto& embd = file_.tensor("token_embd.weight");

@@ -173,7 +173,7 @@ PreKind pre_kind_for(const std::string& pre) {
   };
   auto it = kinds.find(pre);
   if (it == kinds.end()) {
-    throw std::invalid_argument("tokenizer: unsupported pre-tokenizer '" + pre + "'");
+    throw std::invalid_argument("tokenizer: unsupported pre-tokenizer '" + pre + "' (tokenizer.ggml.pre)");
   }
   return it->second;
 }
@@ -444,8 +444,15 @@ int parse_byte_token(const std::string& t) {
 Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   if (spec.model != "gpt2") {
-    throw std::invalid_argument("tokenizer: unsupported model '" + spec.model +
-                                "' (only byte-level BPE 'gpt2' is implemented)");
+    // llama.cpp's tokenizer.ggml.model values, named by what they are.
+    static const std::unordered_map<std::string, const char*> kinds = {
+        {"llama", "SentencePiece BPE"}, {"t5", "SentencePiece Unigram"}, {"bert", "WordPiece"},
+        {"rwkv", "RWKV greedy"},        {"plamo2", "PLaMo-2 Aho-Corasick"}, {"no_vocab", "no vocabulary"},
+    };
+    const auto kind = kinds.find(spec.model);
+    throw std::invalid_argument("tokenizer: unsupported tokenizer.ggml.model '" + spec.model + "'" +
+                                (kind != kinds.end() ? std::string(" (") + kind->second + ")" : std::string()) +
+                                "; only byte-level BPE ('gpt2') is implemented");
   }
   if (spec.tokens.empty()) throw std::invalid_argument("tokenizer: empty vocabulary");
   if (spec.tokens.size() > static_cast<size_t>(INT32_MAX)) throw std::invalid_argument("tokenizer: vocabulary too large");
