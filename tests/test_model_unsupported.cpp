@@ -1,0 +1,476 @@
+// Model features this runtime does not implement fail loudly, never silently: a tiny
+// synthetic Llama GGUF that loads and generates (the baseline), and copies of it that
+// each change exactly one thing (YaRN RoPE scaling, a K-quant tensor, a SentencePiece
+// tokenizer, an unknown architecture, an unknown pre-tokenizer). Each must fail
+// through LlamaModel and through the `blendserve` CLI with an error naming the
+// feature; the CLI exits non-zero by itself (not by a signal). Supported neighbours of
+// the rejected features (linear RoPE scaling, a Q4_0/Q8_0 tensor) load, so the
+// rejections are about the feature and nothing else.
+#include <gtest/gtest-spi.h>
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/generate.h"
+#include "model/gguf.h"
+#include "model/llama_model.h"
+#include "model/transformer.h"
+#include "tests/gguf_writer.h"
+#include "tests/model_fixture.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using bs::testing::GgufWriter;
+
+// ---- temp dirs: the synthetic files and the CLI's data dir --------------------------
+
+const fs::path& work_dir() {
+  static const fs::path dir = [] {
+    auto d = fs::temp_directory_path() / ("bs_unsupported_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d / "data");
+    return d;
+  }();
+  return dir;
+}
+struct RemoveWorkDir : ::testing::Environment {
+  void TearDown() override { fs::remove_all(work_dir()); }
+};
+const auto* remove_work_dir = ::testing::AddGlobalTestEnvironment(new RemoveWorkDir);
+
+// ---- the tiny model ---------------------------------------------------------------------
+
+constexpr int kLayers = 2, kDim = 64, kHeads = 4, kKvHeads = 2, kHeadDim = kDim / kHeads;
+constexpr int kFf = 256;  // a multiple of 256, so ffn_down rows hold whole K-quant blocks
+constexpr int kKvDim = kKvHeads * kHeadDim;
+
+// GPT-2's byte-level alphabet: byte b as the UTF-8 of its printable stand-in.
+std::vector<std::string> byte_level_alphabet() {
+  std::vector<int> cp(256, -1);
+  auto keep = [&](int lo, int hi) {
+    for (int b = lo; b <= hi; ++b) cp[b] = b;
+  };
+  keep('!', '~');
+  keep(0xA1, 0xAC);
+  keep(0xAE, 0xFF);
+  int n = 0;
+  for (int b = 0; b < 256; ++b)
+    if (cp[b] < 0) cp[b] = 256 + n++;
+  std::vector<std::string> out;
+  for (int c : cp) {
+    std::string s;
+    if (c < 0x80) {
+      s += static_cast<char>(c);
+    } else {
+      s += static_cast<char>(0xC0 | (c >> 6));
+      s += static_cast<char>(0x80 | (c & 0x3F));
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+struct Vocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;
+  int32_t bos = -1, eos = -1;
+  size_t n_special = 0;  // the last n_special tokens are control tokens
+};
+
+// 256 byte tokens, merges building common pieces ("hi", "Ġthe", "Ġworld", ...), then
+// three control tokens: about 300 tokens.
+Vocab bpe_vocab() {
+  Vocab v;
+  v.tokens = byte_level_alphabet();
+  v.types.assign(v.tokens.size(), 1);
+  const char* pairs[][2] = {
+      {"h", "i"},   {"t", "h"},    {"e", "r"},    {"i", "n"},    {"a", "n"},    {"o", "n"},   {"r", "e"},
+      {"e", "n"},   {"a", "t"},    {"o", "r"},    {"h", "e"},    {"l", "l"},    {"i", "s"},   {"i", "t"},
+      {"e", "s"},   {"e", "d"},    {"o", "u"},    {"l", "d"},    {"Ġ", "t"},    {"Ġ", "a"},   {"Ġ", "h"},
+      {"Ġ", "w"},   {"Ġ", "o"},    {"Ġ", "i"},    {"Ġ", "y"},    {"Ġ", "th"},   {"Ġth", "e"}, {"Ġh", "i"},
+      {"he", "ll"}, {"hell", "o"}, {"or", "ld"},  {"Ġw", "orld"}, {"Ġ", "is"},  {"Ġ", "it"}, {"Ġo", "f"},
+      {"Ġy", "ou"}, {"Ġa", "n"},   {"Ġan", "d"},  {"Ġ", "in"},   {"Ġ", "on"},   {"Ġa", "t"},  {"Ġ", "hello"},
+  };
+  for (const auto& p : pairs) {
+    v.merges.push_back(std::string(p[0]) + " " + p[1]);
+    v.tokens.push_back(std::string(p[0]) + p[1]);
+    v.types.push_back(1);
+  }
+  for (const char* s : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+    v.tokens.push_back(s);
+    v.types.push_back(3);
+  }
+  v.n_special = 3;
+  v.bos = static_cast<int32_t>(v.tokens.size()) - 3;
+  v.eos = static_cast<int32_t>(v.tokens.size()) - 1;
+  return v;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> out(n);
+  for (float& x : out) x = d(rng);
+  return out;
+}
+
+// A complete Llama GGUF: metadata under `arch`, F32 weights, tied embeddings, a
+// byte-level BPE tokenizer. The control tokens' embedding rows are zero, so (tied) their
+// logits are 0 while some ordinary token's is positive: greedy decoding always emits an
+// ordinary token.
+GgufWriter baseline_writer(const std::string& arch = "llama") {
+  const Vocab v = bpe_vocab();
+  const auto n_vocab = static_cast<int>(v.tokens.size());
+  GgufWriter w;
+  w.str("general.architecture", arch);
+  w.str("general.name", "tiny synthetic " + arch);
+  w.u32(arch + ".block_count", kLayers);
+  w.u32(arch + ".context_length", 2048);
+  w.u32(arch + ".embedding_length", kDim);
+  w.u32(arch + ".feed_forward_length", kFf);
+  w.u32(arch + ".attention.head_count", kHeads);
+  w.u32(arch + ".attention.head_count_kv", kKvHeads);
+  w.f32(arch + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  w.f32(arch + ".rope.freq_base", 10000.0f);
+  w.u32(arch + ".vocab_size", static_cast<uint32_t>(n_vocab));
+  w.str("tokenizer.ggml.model", "gpt2");
+  w.str("tokenizer.ggml.pre", "gpt-2");  // llama.cpp's name for it
+  w.str_array("tokenizer.ggml.tokens", v.tokens);
+  w.i32_array("tokenizer.ggml.token_type", v.types);
+  w.str_array("tokenizer.ggml.merges", v.merges);
+  w.u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos));
+  w.u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(v.eos));
+  w.boolean("tokenizer.ggml.add_bos_token", false);
+
+  uint32_t seed = 1;
+  auto matrix = [&](const std::string& name, int out, int in) {
+    w.tensor(name, {static_cast<uint64_t>(in), static_cast<uint64_t>(out)}, 0,
+             GgufWriter::f32_bytes(random_floats(static_cast<size_t>(out) * in, seed++, 0.1f)));
+  };
+  auto ones = [&](const std::string& name) {
+    w.tensor(name, {kDim}, 0, GgufWriter::f32_bytes(std::vector<float>(kDim, 1.0f)));
+  };
+  std::vector<float> embd = random_floats(static_cast<size_t>(n_vocab) * kDim, seed++, 0.5f);
+  std::fill(embd.end() - static_cast<ptrdiff_t>(v.n_special * kDim), embd.end(), 0.0f);
+  w.tensor("token_embd.weight", {kDim, static_cast<uint64_t>(n_vocab)}, 0, GgufWriter::f32_bytes(embd));
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    ones(p + "attn_norm.weight");
+    matrix(p + "attn_q.weight", kDim, kDim);
+    matrix(p + "attn_k.weight", kKvDim, kDim);
+    matrix(p + "attn_v.weight", kKvDim, kDim);
+    matrix(p + "attn_output.weight", kDim, kDim);
+    ones(p + "ffn_norm.weight");
+    matrix(p + "ffn_gate.weight", kFf, kDim);
+    matrix(p + "ffn_up.weight", kFf, kDim);
+    matrix(p + "ffn_down.weight", kDim, kFf);
+  }
+  ones("output_norm.weight");
+  return w;
+}
+
+std::string write(const GgufWriter& w, const std::string& name) {
+  const std::string path = (work_dir() / (name + ".gguf")).string();
+  w.write(path);
+  return path;
+}
+
+// blk.0.ffn_down.weight ([dim, ff], rows of ff elements) stored as ggml type `type`
+// with `block_elements`/`block_bytes` geometry (all-zero blocks: scale 0).
+GgufWriter with_ffn_down_type(uint32_t type, int block_elements, int block_bytes) {
+  GgufWriter w = baseline_writer();
+  const size_t bytes = static_cast<size_t>(kDim) * (kFf / block_elements) * block_bytes;
+  w.tensor("blk.0.ffn_down.weight", {kFf, kDim}, type, std::vector<uint8_t>(bytes, 0));
+  return w;
+}
+
+// ---- running things -----------------------------------------------------------------------
+
+std::unique_ptr<bs::LlamaModel> load(const std::string& path) {
+  return std::make_unique<bs::LlamaModel>(path, bs::testing::shared_backend(), bs::testing::fast_precision());
+}
+
+// LlamaModel(path) must throw, with every needle in the message.
+void expect_model_refuses(const std::string& path, const std::vector<std::string>& needles) {
+  try {
+    auto m = load(path);
+    ADD_FAILURE() << path << " loaded; expected an error naming '" << needles.front() << "'";
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
+}
+
+struct Proc {
+  bool exited = false;  // false: killed by a signal (or never started)
+  int code = -1;        // exit status when exited
+  int signal = 0;
+  std::string out, err;
+};
+
+// Runs the built binary with `args` (no shell), stdout and stderr captured apart, its
+// data (SSD tier, traces) in the test's temp dir.
+Proc run_cli(const std::vector<std::string>& args) {
+  static int counter = 0;
+  const std::string bin = std::string(BLENDSERVE_BINARY_DIR) + "/blendserve";
+  const std::string out_path = (work_dir() / ("cli" + std::to_string(counter) + ".out")).string();
+  const std::string err_path = (work_dir() / ("cli" + std::to_string(counter++) + ".err")).string();
+  const std::string data_dir = (work_dir() / "data").string();
+  std::vector<std::string> argv_s{bin};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::setenv("BLENDSERVE_DATA_DIR", data_dir.c_str(), 1);
+  Proc r;
+  const pid_t pid = ::fork();
+  if (pid < 0) return r;
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec.
+    const int in = ::open("/dev/null", O_RDONLY);
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (in < 0 || out < 0 || err < 0) ::_exit(126);
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return r;
+  }
+  r.exited = WIFEXITED(status);
+  r.code = r.exited ? WEXITSTATUS(status) : -1;
+  r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  r.out = bs::testing::read_file(out_path);
+  r.err = bs::testing::read_file(err_path);
+  return r;
+}
+
+Proc generate_cli(const std::string& model) {
+  return run_cli({"--model", model, "generate", "--prompt", "hi", "--max-tokens", "1"});
+}
+
+// The CLI exits by itself with a non-zero status and its stderr names every needle.
+void expect_cli_refuses(const std::string& path, const std::vector<std::string>& needles) {
+  const Proc r = generate_cli(path);
+  ASSERT_TRUE(r.exited) << "killed by signal " << r.signal << "\nstderr: " << r.err;
+  EXPECT_NE(r.code, 0) << "stdout: " << r.out << "\nstderr: " << r.err;
+  EXPECT_NE(r.code, 127) << "could not run " << BLENDSERVE_BINARY_DIR "/blendserve";
+  for (const auto& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << "'" << n << "' not in stderr: " << r.err;
+}
+
+// How many test failures `f` reports (intercepted: they do not fail the test).
+size_t failures_of(const std::function<void()>& f) {
+  ::testing::TestPartResultArray results;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &results);
+    f();
+  }
+  return static_cast<size_t>(results.size());
+}
+
+void expect_refused(const std::string& path, const std::vector<std::string>& needles) {
+  {
+    SCOPED_TRACE("LlamaModel");
+    expect_model_refuses(path, needles);
+  }
+  {
+    SCOPED_TRACE("blendserve generate");
+    expect_cli_refuses(path, needles);
+  }
+}
+
+// ---- the baseline: every rejection below is against a file that otherwise works -------
+
+TEST(ModelUnsupported, BaselineLoadsAndGeneratesThroughTheModelAndTheCli) {
+  const std::string path = write(baseline_writer(), "baseline");
+  std::unique_ptr<bs::LlamaModel> m;
+  ASSERT_NO_THROW(m = load(path));
+  const auto& cfg = m->config();
+  EXPECT_EQ(cfg.architecture, "llama");
+  EXPECT_EQ(cfg.n_layers, kLayers);
+  EXPECT_EQ(cfg.dim, kDim);
+  EXPECT_EQ(cfg.n_kv_heads, kKvHeads);
+  EXPECT_EQ(cfg.vocab, static_cast<int>(bpe_vocab().tokens.size()));
+  EXPECT_EQ(cfg.rope_scaling.type, "none");
+  EXPECT_EQ(m->tokenizer().vocab_size(), cfg.vocab);
+  // The merges are real: "hi" and " hello world" are whole tokens.
+  EXPECT_EQ(m->tokenizer().encode("hi", false), std::vector<int32_t>{m->tokenizer().token_id("hi")});
+  EXPECT_EQ(m->tokenizer().encode(" hello world", false).size(), 2u);
+  EXPECT_EQ(m->tokenizer().eos_id(), bpe_vocab().eos);
+
+  bs::Transformer tf(*m);
+  const auto ids = m->tokenizer().encode("hi", false);
+  auto cache = tf.make_cache(16);
+  bs::SamplingParams p;
+  p.max_tokens = 1;
+  const auto r = bs::generate(tf, cache, ids, p);
+  ASSERT_EQ(r.tokens.size(), 1u) << r.finish_reason;
+  EXPECT_EQ(r.finish_reason, "length");
+  EXPECT_FALSE(m->tokenizer().is_control(r.tokens[0]));
+
+  const Proc c = generate_cli(path);
+  ASSERT_TRUE(c.exited) << "killed by signal " << c.signal << "\nstderr: " << c.err;
+  EXPECT_EQ(c.code, 0) << "stdout: " << c.out << "\nstderr: " << c.err;
+  EXPECT_FALSE(c.out.empty());
+
+  // The refusal checks below fail on this file: one that loads can never pass them.
+  EXPECT_EQ(failures_of([&] { expect_model_refuses(path, {"yarn"}); }), 1u);
+  EXPECT_GE(failures_of([&] { expect_cli_refuses(path, {"yarn"}); }), 2u);  // exit 0, stderr silent
+}
+
+// ---- RoPE scaling -------------------------------------------------------------------------
+
+TEST(ModelUnsupported, YarnRopeScalingIsRefused) {
+  GgufWriter w = baseline_writer();
+  w.str("llama.rope.scaling.type", "yarn");
+  w.f32("llama.rope.scaling.factor", 4.0f);
+  w.u32("llama.rope.scaling.original_context_length", 512);
+  w.f32("llama.rope.scaling.yarn_log_multiplier", 0.1f);
+  w.boolean("llama.rope.scaling.finetuned", true);
+  const std::string path = write(w, "yarn");
+  ASSERT_NO_THROW(bs::gguf::GgufFile::open(path));  // a valid file: refused by the model
+  expect_refused(path, {"'yarn'", "YaRN", "llama.rope.scaling.type"});
+}
+
+// Linear scaling is implemented: it loads, every frequency divided by the factor.
+TEST(ModelUnsupported, LinearRopeScalingLoads) {
+  GgufWriter w = baseline_writer();
+  w.str("llama.rope.scaling.type", "linear");
+  w.f32("llama.rope.scaling.factor", 4.0f);
+  std::unique_ptr<bs::LlamaModel> scaled, plain;
+  ASSERT_NO_THROW(scaled = load(write(w, "linear")));
+  ASSERT_NO_THROW(plain = load(write(baseline_writer(), "baseline_for_linear")));
+  EXPECT_EQ(scaled->config().rope_scaling.type, "linear");
+  const auto& a = scaled->rope().inv_freq;
+  const auto& b = plain->rope().inv_freq;
+  ASSERT_EQ(a.size(), static_cast<size_t>(kHeadDim / 2));
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i] / 4.0f, 1e-6f * b[i]) << i;
+  EXPECT_NE(scaled->fingerprint(), plain->fingerprint());
+}
+
+// ---- tensor types -------------------------------------------------------------------------
+
+// K-quants (right block geometry: 256 elements, Q4_K 144 bytes, Q6_K 210 bytes) are
+// refused by the GGUF reader already, naming the tensor and the type.
+TEST(ModelUnsupported, KQuantTensorsAreRefused) {
+  struct Case {
+    const char* name;
+    uint32_t type;
+    int block_bytes;
+  };
+  for (const Case& c : {Case{"Q4_K", 12, 144}, Case{"Q6_K", 14, 210}}) {
+    SCOPED_TRACE(c.name);
+    const std::string path = write(with_ffn_down_type(c.type, 256, c.block_bytes), c.name);
+    const std::vector<std::string> needles = {"'blk.0.ffn_down.weight'",
+                                              "unsupported tensor type " + std::to_string(c.type) + " (" + c.name + ")",
+                                              "K-quant"};
+    try {
+      bs::gguf::GgufFile::open(path);
+      ADD_FAILURE() << "the GGUF reader accepted a " << c.name << " tensor";
+    } catch (const bs::gguf::GgufError& e) {
+      const std::string msg = e.what();
+      for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    }
+    expect_refused(path, needles);
+  }
+}
+
+// The same tensor in a supported block type loads: the refusal above is the type's.
+TEST(ModelUnsupported, SupportedQuantTypesInTheSamePlaceLoad) {
+  EXPECT_NO_THROW(load(write(with_ffn_down_type(2, 32, 18), "q4_0")));   // Q4_0
+  EXPECT_NO_THROW(load(write(with_ffn_down_type(8, 32, 34), "q8_0")));   // Q8_0
+}
+
+// ---- tokenizers -------------------------------------------------------------------------
+
+// A llama.cpp SentencePiece vocabulary: <unk> <s> </s>, 256 byte tokens, "▁" pieces
+// with scores, no merges.
+TEST(ModelUnsupported, SentencePieceTokenizerIsRefused) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {2, 3, 3};
+  static const char* hex = "0123456789ABCDEF";
+  for (int b = 0; b < 256; ++b) {
+    tokens.push_back(std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">");
+    types.push_back(6);
+  }
+  const std::string space = "\xE2\x96\x81";  // ▁
+  // Pieces up to the baseline's vocabulary size, so token_embd still fits.
+  const size_t n_vocab = bpe_vocab().tokens.size();
+  for (const char* piece : {"", "h", "i", "e", "l", "o", "t", "w", "r", "d", "n", "a", "s", "hi", "he", "ll", "llo",
+                            "hello", "the", "wor", "world", "an", "and", "is", "on", "in", "it", "at", "or"}) {
+    for (const std::string& t : {space + piece, std::string(piece)}) {
+      if (t.empty() || tokens.size() == n_vocab) continue;
+      tokens.push_back(t);
+      types.push_back(1);
+    }
+  }
+  ASSERT_EQ(tokens.size(), n_vocab);
+  std::vector<float> scores(tokens.size(), 0.0f);
+  for (size_t i = 259; i < scores.size(); ++i) scores[i] = -static_cast<float>(i - 258);
+
+  GgufWriter w = baseline_writer();
+  w.str("tokenizer.ggml.model", "llama");
+  w.erase("tokenizer.ggml.pre");
+  w.erase("tokenizer.ggml.merges");
+  w.str_array("tokenizer.ggml.tokens", tokens);
+  w.f32_array("tokenizer.ggml.scores", scores);
+  w.i32_array("tokenizer.ggml.token_type", types);
+  w.u32("tokenizer.ggml.bos_token_id", 1);
+  w.u32("tokenizer.ggml.eos_token_id", 2);
+  w.u32("tokenizer.ggml.unknown_token_id", 0);
+  w.boolean("tokenizer.ggml.add_bos_token", true);
+  const std::string path = write(w, "sentencepiece");
+  ASSERT_NO_THROW(bs::gguf::GgufFile::open(path));
+  expect_refused(path, {"SentencePiece", "tokenizer.ggml.model", "'llama'"});
+}
+
+// A byte-level BPE vocabulary with a pre-tokenizer this code has no splitter for.
+TEST(ModelUnsupported, UnknownPreTokenizerIsRefused) {
+  GgufWriter w = baseline_writer();
+  w.str("tokenizer.ggml.pre", "deepseek-llm");
+  expect_refused(write(w, "pre"), {"pre-tokenizer", "'deepseek-llm'", "tokenizer.ggml.pre"});
+}
+
+// ---- architectures -------------------------------------------------------------------------
+
+// The same tensors and hyper-parameters under another architecture name (keys under
+// that name too, as a converter writes them).
+TEST(ModelUnsupported, UnknownArchitecturesAreRefused) {
+  for (const char* arch : {"gpt2", "phi3", "gemma2"}) {
+    SCOPED_TRACE(arch);
+    const std::string path = write(baseline_writer(arch), std::string("arch_") + arch);
+    ASSERT_NO_THROW(bs::gguf::GgufFile::open(path));
+    expect_refused(path, {"architecture '" + std::string(arch) + "'", "general.architecture"});
+  }
+}
+
+// Mistral files are Llama files under another name: the writer's arch prefix is right.
+TEST(ModelUnsupported, AKnownArchitectureUnderItsOwnPrefixLoads) {
+  std::unique_ptr<bs::LlamaModel> m;
+  ASSERT_NO_THROW(m = load(write(baseline_writer("mistral"), "arch_mistral")));
+  EXPECT_EQ(m->config().architecture, "mistral");
+  EXPECT_EQ(m->config().n_layers, kLayers);
+}
+
+}  // namespace
