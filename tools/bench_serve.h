@@ -33,6 +33,7 @@ struct ServeBenchOptions {
   uint64_t seed = 1;
   int warmup = 2;              // unmeasured requests per mode before measuring
   bool all_points = false;     // open loop: keep raising the rate after a mode missed the SLO
+  int extend = 2;              // open loop: extra rates per mode (halving/doubling) to bracket its SLO rate
   bool keep_documents = false; // do not DELETE the uploaded documents at the end
   double request_timeout_s = 600;
 };

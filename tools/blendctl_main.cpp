@@ -99,6 +99,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   serve->add_flag("--all-points", sopt.all_points, "Open loop: keep raising a mode's rate after it missed the SLO");
+  serve->add_option("--extend", sopt.extend,
+                    "Open loop: up to N extra rates per mode (half the lowest, double the highest, ...) until its "
+                    "SLO rate is bracketed (0: the shared rates only)")
+      ->check(CLI::Range(0, 10))
+      ->capture_default_str();
   serve->add_flag("--keep-documents", sopt.keep_documents, "Do not DELETE the uploaded documents at the end");
   serve->add_option("--timeout", sopt.request_timeout_s, "Per-request read timeout in seconds")
       ->check(CLI::PositiveNumber)
