@@ -103,6 +103,11 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     if (*st == "yarn")
       throw GgufError(*arch + ".rope.scaling.type 'yarn' (YaRN RoPE scaling) is not supported (supported: none, "
                       "linear, llama3)");
+    // Any other scaling we do not implement would load with plain RoPE: wrong
+    // attention at every position, silently. Refuse it by name instead.
+    if (*st != "none" && *st != "linear" && *st != "llama3")
+      throw GgufError(*arch + ".rope.scaling.type '" + *st +
+                      "' is not supported (supported: none, linear, llama3)");
   }
 
   const auto& embd = file_.tensor("token_embd.weight");

@@ -351,6 +351,18 @@ TEST(ModelUnsupported, YarnRopeScalingIsRefused) {
   expect_refused(path, {"'yarn'", "YaRN", "llama.rope.scaling.type"});
 }
 
+// A scaling type this code does not implement (llama.cpp's longrope, a typo) must
+// not load as plain RoPE.
+TEST(ModelUnsupported, UnknownRopeScalingIsRefused) {
+  for (const char* type : {"longrope", "dynamic", "Linear"}) {
+    GgufWriter w = baseline_writer();
+    w.str("llama.rope.scaling.type", type);
+    w.f32("llama.rope.scaling.factor", 2.0f);
+    const std::string path = write(w, std::string("scaling_") + type);
+    expect_refused(path, {std::string("'") + type + "'", "llama.rope.scaling.type"});
+  }
+}
+
 // Linear scaling is implemented: it loads, every frequency divided by the factor.
 TEST(ModelUnsupported, LinearRopeScalingLoads) {
   GgufWriter w = baseline_writer();
