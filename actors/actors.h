@@ -13,8 +13,14 @@ namespace bs {
 
 using HandlesRef = std::shared_ptr<Handles>;  // filled after spawning, read-only afterwards
 
+struct IntakeState {
+  std::deque<RequestPtr> queue;  // prepared, waiting for a slot, in arrival order
+  static constexpr const char* name = "intake";
+};
 // Validates, tokenizes and keys a request; answers its id or a runtime error.
-intake_actor::behavior_type intake(intake_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
+// Starts it, queues it (limits.max_queue) or refuses it as overloaded.
+intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx,
+                                   HandlesRef h, CountersPtr c);
 // The loading controller's measured profiles.
 struct ControllerState {
   // Start values until measured (a laptop SSD, RAM copies, a 2-core AVX2 prefill).

@@ -1,8 +1,9 @@
 // decoder: one decode step per message. Samples from the request's logits,
 // applies end of turn, stop strings and max_tokens (DecodeSession), streams the
-// newly final text to the caller, and asks the worker for the next step. Steps of
-// different requests interleave, one token each, in arrival order. At the end:
-// the result to the caller, the trace to the inspector.
+// newly final text to the caller, and asks the worker for the next step (the
+// worker batches the steps of all decoding requests). At the end: the result to
+// the caller, the trace to the inspector, and the request's slot back to the
+// intake (the next queued request starts).
 #include <caf/all.hpp>
 
 #include "actors/actor_counters.h"
@@ -42,8 +43,12 @@ void finish(decoder_actor::pointer self, RuntimeContext* ctx, const HandlesRef& 
   }
   res.total_seconds = r->now_s();
   r->prefill.cache = KvCache();  // the request's KV is no longer needed
+  ctx->decode_batcher.forget(r->id);  // no decode step waits for it
   self->send(h->inspector, trace_atom::value, r->trace_json());
-  ctx->in_flight.fetch_sub(1);
+  if (r->admitted) {
+    ctx->in_flight.fetch_sub(1);
+    self->send(h->intake, release_atom::value);
+  }
   if (r->callbacks.on_done) r->callbacks.on_done(res);
 }
 

@@ -1,5 +1,10 @@
 // intake: turns a caller's request into a keyed RAG prompt, or refuses it with a
-// clear error before any work is queued.
+// clear error before any work is queued. Admission: up to limits.max_requests run
+// at once; beyond that up to limits.max_queue prepared requests wait here in
+// arrival order and start as running ones finish (the decoder's release); beyond
+// that a request is refused as overloaded, so a burst gets a quick "retry later"
+// instead of unbounded latency. A queued request that is cancelled (by id, or at
+// shutdown) leaves the queue and is finished as cancelled by the decoder.
 #include <cmath>
 
 #include <caf/all.hpp>
@@ -77,28 +82,83 @@ void prepare(RuntimeContext& ctx, RequestState& r) {
 
 }  // namespace
 
-intake_actor::behavior_type intake(intake_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
+namespace {
+
+// Starts a prepared request: it takes a slot and goes to the controller.
+void start(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx, const HandlesRef& h,
+           const RequestPtr& r) {
+  ctx->in_flight.fetch_add(1);
+  r->admitted = true;
+  self->send(h->controller, plan_atom::value, r);
+}
+
+// A request that leaves the queue without running: the decoder finishes it (as
+// cancelled: its flag is set), which calls on_done and records its trace.
+void finish_unstarted(intake_actor::stateful_pointer<IntakeState> self, const HandlesRef& h, const RequestPtr& r) {
+  r->cancelled = true;
+  self->send(h->decoder, start_atom::value, r);
+}
+
+void end_wait(RuntimeContext* ctx, const RequestPtr& r) {
+  ctx->queued.fetch_sub(1);
+  r->add_event({"intake", "queued", -1, r->seconds_since_submit(r->queued_at), r->now_s(), 0});
+}
+
+}  // namespace
+
+intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx, HandlesRef h,
+                                   CountersPtr c) {
   return {
       [=](submit_atom, RequestPtr r) -> caf::result<uint64_t> {
         BusyScope busy(*c, self->mailbox().size());
-        // Admission: a bounded number of requests in flight; the caller retries.
-        if (ctx->in_flight.fetch_add(1) >= ctx->config.max_requests) {
-          ctx->in_flight.fetch_sub(1);
+        auto& queue = self->state.queue;
+        // Only this actor takes slots, so a slot seen free stays free until start().
+        // Queued requests go first: a free slot with a queue is about to be theirs.
+        const bool slot = queue.empty() && ctx->in_flight.load() < ctx->config.max_requests;
+        if (!slot && static_cast<int>(queue.size()) >= ctx->config.max_queue)
           return make_runtime_error(RequestErrc::overloaded,
-                                    "too many requests in flight (" + std::to_string(ctx->config.max_requests) + ")");
-        }
+                                    "too many requests: " + std::to_string(ctx->config.max_requests) +
+                                        " in flight and " + std::to_string(queue.size()) + " waiting");
         try {
           prepare(*ctx, *r);
         } catch (const RequestError& e) {
-          ctx->in_flight.fetch_sub(1);
           return make_runtime_error(e.code, e.what());
         } catch (const std::exception& e) {
-          ctx->in_flight.fetch_sub(1);
           return make_runtime_error(RequestErrc::invalid, e.what());
         }
         r->add_event({"intake", "tokenize", -1, 0, r->now_s(), 0});
-        self->send(h->controller, plan_atom::value, r);
+        if (slot) {
+          start(self, ctx, h, r);
+        } else {
+          r->queued_at = RequestState::clock::now();
+          queue.push_back(r);
+          ctx->queued.fetch_add(1);
+        }
         return r->id;
+      },
+      [=](release_atom) {
+        BusyScope busy(*c, self->mailbox().size());
+        auto& queue = self->state.queue;
+        while (!queue.empty() && ctx->in_flight.load() < ctx->config.max_requests) {
+          RequestPtr r = std::move(queue.front());
+          queue.pop_front();
+          end_wait(ctx, r);
+          if (r->cancelled.load() || ctx->shutting_down.load()) finish_unstarted(self, h, r);
+          else start(self, ctx, h, r);
+        }
+      },
+      [=](cancel_atom, uint64_t id) {
+        BusyScope busy(*c, self->mailbox().size());
+        auto& queue = self->state.queue;
+        for (auto it = queue.begin(); it != queue.end(); ++it)
+          if ((*it)->id == id) {
+            RequestPtr r = std::move(*it);
+            queue.erase(it);
+            end_wait(ctx, r);
+            finish_unstarted(self, h, r);
+            return;
+          }
+        // Not queued: a running request ends at its next step (its flag is set).
       },
   };
 }

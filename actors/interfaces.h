@@ -5,6 +5,7 @@
 //                                   |                  | layer / loadend / loadfail
 //                                   +----prefill---> layer worker --prefilled--> fusor --start--> decoder
 //   decoder --decode--> worker --logits--> decoder ...      fusor --warm--> worker --kvready--> fusor --store--> ssd loader
+//   decoder --release--> intake (a slot is free: the next queued request starts); caller --cancel--> intake
 //   every actor --register--> inspector; decoder --trace--> inspector
 #pragma once
 
@@ -15,7 +16,8 @@
 
 namespace bs {
 
-using intake_actor = caf::typed_actor<caf::replies_to<submit_atom, RequestPtr>::with<uint64_t>>;
+using intake_actor = caf::typed_actor<caf::replies_to<submit_atom, RequestPtr>::with<uint64_t>,
+                                      caf::reacts_to<release_atom>, caf::reacts_to<cancel_atom, uint64_t>>;
 
 using controller_actor = caf::typed_actor<caf::reacts_to<plan_atom, RequestPtr>,
                                           caf::reacts_to<profile_atom, std::string, int64_t, double>,

@@ -2,9 +2,14 @@
 // per-layer deliveries and feeds the compute thread. The prefill job runs the
 // blend engine over the request's cache, waiting on the request's layer gate
 // before each layer, so layer l computes while the loaders read l+1. Decode
-// steps and write-back computes run on the same thread (write-back in the
-// background). Results go back to the fusor and decoder by message.
+// steps are batched (continuous batching, actors/decode_batcher.h): a request's
+// next step waits in the batcher and one job runs every waiting request in one
+// Transformer::decode_step; between the layers of a long prefill (and of a
+// write-back compute) a due decode step runs inline, so streams slow down
+// instead of freezing. Write-back computes run in the background. Results go back
+// to the fusor and decoder by message.
 #include <chrono>
+#include <cstring>
 
 #include <caf/all.hpp>
 
@@ -14,13 +19,112 @@
 namespace bs {
 namespace {
 
+// How long a drain job waits at most for the requests of the previous step to come
+// back from the decoder before it steps without them (DecodeBatcher::take). Each
+// of them comes back or finishes (forget), usually within a millisecond; the bound
+// only matters when the decoder is slow (a loaded machine, a slow on_text), and
+// the decoder is then what every stream waits for anyway.
+constexpr auto kGather = std::chrono::milliseconds(50);
+
+// One decode step for the taken entries. A cancelled request is not computed, but
+// still goes to the decoder, which finishes it. If the batched step throws, each
+// request is stepped alone, so only the one that fails gets the error.
+void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, std::vector<DecodeBatcher::Entry> entries,
+                      bool interleaved) {
+  std::vector<DecodeBatcher::Entry> live;
+  for (auto& e : entries) {
+    if (e.request->cancelled.load()) caf::anon_send(h->decoder, logits_atom::value, e.request);
+    else live.push_back(std::move(e));
+  }
+  if (live.empty()) return;
+  ctx->decode_batcher.step_began();
+  const int64_t B = static_cast<int64_t>(live.size());
+  const int64_t vocab = ctx->model->config().vocab;
+  std::vector<int32_t> tokens;
+  std::vector<KvCache*> caches;
+  for (const auto& e : live) {
+    tokens.push_back(e.token);
+    caches.push_back(&e.request->prefill.cache);
+  }
+  try {
+    const std::vector<float> logits = ctx->tf->decode_step(tokens, caches);
+    for (int64_t b = 0; b < B; ++b) {
+      auto& out = live[b].request->prefill.logits;
+      out.resize(static_cast<size_t>(vocab));
+      std::memcpy(out.data(), logits.data() + b * vocab, static_cast<size_t>(vocab) * sizeof(float));
+    }
+  } catch (const std::exception&) {
+    // decode_step checks every cache before it writes any: stepping alone is safe.
+    for (int64_t b = 0; b < B; ++b) {
+      auto& r = *live[b].request;
+      try {
+        r.prefill.logits = ctx->tf->forward(std::span<const int32_t>(&tokens[b], 1), r.prefill.cache);
+      } catch (const std::exception& e) {
+        r.prefill_error = e.what();
+      }
+    }
+  }
+  ctx->decode_steps.fetch_add(1);
+  ctx->decode_tokens.fetch_add(B);
+  if (interleaved) ctx->interleaved_steps.fetch_add(1);
+  for (auto& e : live) {
+    auto& r = *e.request;
+    ++r.decode_steps;
+    r.decode_batch_sum += B;
+    if (interleaved) ++r.decode_interleaved;
+    caf::anon_send(h->decoder, logits_atom::value, e.request);
+  }
+}
+
+// The compute job behind decode_atom: one batched step of the waiting requests.
+void drain_decode(RuntimeContext* ctx, const HandlesRef& h) {
+  bool more = false;
+  auto entries = ctx->decode_batcher.take(ctx->config.max_decode_batch, kGather, more);
+  if (more && !ctx->compute->submit([ctx, h] { drain_decode(ctx, h); })) {
+    // Shutting down: whatever waits is finished by the decoder as cancelled.
+    for (auto& e : ctx->decode_batcher.take_all()) {
+      e.request->cancelled = true;
+      entries.push_back(std::move(e));
+    }
+  }
+  run_decode_batch(ctx, h, std::move(entries), false);
+}
+
+// Between the layers of a long compute on the compute thread: one decode step
+// when requests wait for one and the last step began decode_interleave ago.
+// Nothing of the interrupted compute is live in the Transformer's scratch buffers
+// here (they are only used inside one Transformer call), and the step touches
+// only the decoding requests' own caches.
+double interleave_decode(RuntimeContext* ctx, const HandlesRef& h) {
+  const auto interval = std::chrono::duration_cast<DecodeBatcher::clock::duration>(
+      std::chrono::duration<double>(ctx->config.decode_interleave));
+  if (!ctx->decode_batcher.due(interval)) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_decode_batch(ctx, h, ctx->decode_batcher.take_now(ctx->config.max_decode_batch), true);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) {
   const auto& cfg = ctx->model->config();
   const double begin = r->now_s();
+  // After each layer's wait: decode steps of the other requests, when due. Their
+  // time counts in the prefill's per-layer wait (stats.wait_seconds, the trace's
+  // wait+repair) and is reported apart as prefill_pause_s.
+  auto pause = [ctx, h, &r] {
+    const double s = interleave_decode(ctx, h);
+    if (s > 0) {
+      ++r->prefill_pauses;
+      r->prefill_pause_seconds += s;
+    }
+  };
   try {
     if (r->cancelled.load()) throw std::runtime_error("cancelled");
     r->prefill = ctx->engine->prefill_planned(r->prompt, r->plan, r->cache, r->options,
-                                              [&r](int layer) { r->gate.wait(layer); }, 1, r->submitted);
+                                              [&r, &pause](int layer) {
+                                                r->gate.wait(layer);
+                                                pause();
+                                              },
+                                              1, r->submitted);
   } catch (const LayerGate::LoadFailed& e) {
     // A stored entry failed mid-load. Nothing may write the cache any more before
     // it is dropped; then prefill again from whole entries, where the failed file
@@ -29,7 +133,8 @@ void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) 
     r->fallback = true;
     r->add_event({"worker", std::string("fallback: ") + e.what(), -1, begin, r->now_s(), 0});
     try {
-      r->prefill = ctx->engine->prefill(r->prompt, r->options, r->request.sampling.max_tokens, 1);
+      r->prefill = ctx->engine->prefill(r->prompt, r->options, r->request.sampling.max_tokens, 1,
+                                        [&pause](int) { pause(); });
     } catch (const std::exception& e2) {
       r->prefill_error = e2.what();
     }
@@ -53,17 +158,6 @@ void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) 
       caf::anon_send(h->controller, profile_atom::value, std::string("overhead"), st.prompt_tokens, overhead);
   }
   caf::anon_send(h->fusor, prefilled_atom::value, r);
-}
-
-void run_decode_step(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r, int32_t token) {
-  if (!r->cancelled.load()) {
-    try {
-      r->prefill.logits = ctx->tf->forward(std::span<const int32_t>(&token, 1), r->prefill.cache);
-    } catch (const std::exception& e) {
-      r->prefill_error = e.what();
-    }
-  }
-  caf::anon_send(h->decoder, logits_atom::value, r);
 }
 
 }  // namespace
@@ -92,9 +186,13 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
       },
       [=](decode_atom, RequestPtr r, int32_t token) {
         BusyScope busy(*c, self->mailbox().size());
-        if (!ctx->compute->submit([ctx, h, r, token] { run_decode_step(ctx, h, r, token); })) {
-          r->cancelled = true;
-          self->send(h->decoder, logits_atom::value, r);
+        // One drain job at a time: requests that arrive while it is queued join it.
+        if (ctx->decode_batcher.add(std::move(r), token) && !ctx->compute->submit([ctx, h] { drain_decode(ctx, h); })) {
+          // Shutting down: the decoder finishes whatever waits as cancelled.
+          for (auto& e : ctx->decode_batcher.take_all()) {
+            e.request->cancelled = true;
+            self->send(h->decoder, logits_atom::value, e.request);
+          }
         }
       },
       [=](warm_atom, RequestPtr r) {
@@ -106,7 +204,9 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           ctx->compute->submit(
               [ctx, h, tokens, key] {
                 if (ctx->tiered->contains(key)) return;
-                caf::anon_send(h->fusor, kv_ready_atom::value, KeyedKv{key, ctx->engine->compute_chunk_kv(tokens)});
+                // Decode steps between its layers too: a long document must not stall the streams.
+                auto kv = ctx->engine->compute_chunk_kv(tokens, [ctx, h](int) { interleave_decode(ctx, h); });
+                caf::anon_send(h->fusor, kv_ready_atom::value, KeyedKv{key, std::move(kv)});
               },
               ComputeThread::Priority::Background);
         };

@@ -36,6 +36,8 @@ using CountersPtr = std::shared_ptr<ActorCounters>;
 
 // intake
 using submit_atom = caf::atom_constant<caf::atom("submit")>;      // (RequestPtr) -> request id
+using release_atom = caf::atom_constant<caf::atom("release")>;    // (): a running request ended, its slot is free
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;      // (request id): if it is queued, finish it cancelled
 // controller
 using plan_atom = caf::atom_constant<caf::atom("plan")>;          // (RequestPtr)
 using profile_atom = caf::atom_constant<caf::atom("profile")>;    // (source, units, seconds): bytes for a tier, token-layers for "compute"
@@ -57,7 +59,6 @@ using kv_ready_atom = caf::atom_constant<caf::atom("kvready")>;   // (KeyedKv): 
 // decoder
 using start_atom = caf::atom_constant<caf::atom("start")>;        // (RequestPtr): decode from the prefill's logits
 using logits_atom = caf::atom_constant<caf::atom("logits")>;      // (RequestPtr): the next logits are in the request
-using cancel_atom = caf::atom_constant<caf::atom("cancel")>;      // (request id)
 // inspector
 using register_atom = caf::atom_constant<caf::atom("register")>;  // (CountersPtr)
 using trace_atom = caf::atom_constant<caf::atom("trace")>;        // (trace JSON)

@@ -134,6 +134,15 @@ std::string RequestState::trace_json() const {
     // Load time the worker did not spend waiting was hidden behind compute.
     j["load_hidden_fraction"] = span > 0 ? std::clamp(1.0 - st.wait_seconds / span, 0.0, 1.0) : 1.0;
   }
+  if (prefill_pauses > 0) {
+    // Decode steps of other requests ran between this prefill's layers (counted in wait_s).
+    j["prefill_pauses"] = prefill_pauses;
+    j["prefill_pause_s"] = prefill_pause_seconds;
+  }
+  if (decode_steps > 0)
+    j["decode"] = {{"steps", decode_steps},
+                   {"mean_batch", static_cast<double>(decode_batch_sum) / static_cast<double>(decode_steps)},
+                   {"interleaved_steps", decode_interleaved}};
   if (has_first_token) j["first_token_s"] = seconds_since_submit(first_token);
   j["finish_reason"] = result.finish_reason;
   j["total_s"] = result.total_seconds;

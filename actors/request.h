@@ -113,6 +113,8 @@ struct RequestState {
   RagPrompt prompt;
   ChunkKey prefix_key;
   std::vector<ChunkKey> chunk_keys;
+  bool admitted = false;  // holds one of the max_requests slots (in_flight); false while queued
+  clock::time_point queued_at;
   // controller: the plan; cache allocated here, filled by loaders + worker
   BlendOptions options;
   PrefillPlan plan;
@@ -129,6 +131,12 @@ struct RequestState {
   BlendPrefill prefill;   // cache moved in here by the worker
   std::string prefill_error;
   bool fallback = false;  // a loader failed: the prefill was redone from whole entries
+  // Decode steps of other requests run between this prefill's layers, and their time.
+  int64_t prefill_pauses = 0;
+  double prefill_pause_seconds = 0;
+  // Decode batching, per step this request took part in: steps, the sum of their
+  // batch sizes, and how many ran inside another request's prefill (trace).
+  int64_t decode_steps = 0, decode_batch_sum = 0, decode_interleaved = 0;
   // decoder
   std::unique_ptr<DecodeSession> decode;
   clock::time_point first_token;

@@ -168,15 +168,24 @@ RequestResult Runtime::run(RuntimeRequest request, std::function<bool(std::strin
 
 bool Runtime::cancel(uint64_t id) {
   std::lock_guard<std::mutex> lock(actors_->mu);
+  if (actors_->stopped) return false;  // shutdown cancels everything itself
   auto it = actors_->live.find(id);
   if (it == actors_->live.end()) return false;
   auto r = it->second.lock();
   if (!r) return false;
   r->cancelled = true;
+  // A queued request leaves the queue now; a running one ends at its next step.
+  caf::anon_send(actors_->h->intake, cancel_atom::value, id);
   return true;
 }
 
 int Runtime::in_flight() const { return ctx_->in_flight.load(); }
+
+int Runtime::queued() const { return ctx_->queued.load(); }
+
+Runtime::DecodeStats Runtime::decode_stats() const {
+  return {ctx_->decode_steps.load(), ctx_->decode_tokens.load(), ctx_->interleaved_steps.load()};
+}
 
 std::string Runtime::store_document(const std::string& text) {
   const auto tokens = document_chunk_tokens(ctx_->model->tokenizer(), text);
@@ -264,13 +273,22 @@ void Runtime::shutdown(bool finish_write_back) {
     std::lock_guard<std::mutex> lock(a.mu);
     if (a.stopped) return;
     a.stopped = true;
+    // First: the intake refuses whatever reaches it from now on.
+    ctx_->shutting_down = true;
     for (auto& [id, w] : a.live)
-      if (auto r = w.lock()) r->cancelled = true;
+      if (auto r = w.lock()) {
+        r->cancelled = true;
+        caf::anon_send(a.h->intake, cancel_atom::value, id);  // queued: finished now
+      }
   }
-  ctx_->shutting_down = true;
-  // Requests in flight end at their next step (a prefill in progress completes first).
+  // Requests in flight end at their next step (a prefill in progress completes
+  // first); every accepted request has had its on_done when `live` is empty.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (ctx_->in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline)
+  auto busy = [&] {
+    std::lock_guard<std::mutex> lock(a.mu);
+    return ctx_->in_flight.load() > 0 || ctx_->queued.load() > 0 || !a.live.empty();
+  };
+  while (busy() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // Background write-back computes are dropped (they are a cache, recomputed on
   // demand); the one running finishes. Then every store already handed to the

@@ -28,14 +28,26 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   // Queues a request; returns its id. Callbacks run on the runtime's threads,
-  // on_done exactly once. Throws RequestError (invalid, too_long, overloaded,
-  // shutting_down) when refused; then no callback runs.
+  // on_done exactly once. Up to limits.max_requests run at once; up to
+  // limits.max_queue more wait (in arrival order) for a slot. Throws RequestError
+  // (invalid, too_long, overloaded: running and queue full, shutting_down) when
+  // refused; then no callback runs.
   uint64_t submit(RuntimeRequest request, RequestCallbacks callbacks);
   // submit() and wait for the result.
   RequestResult run(RuntimeRequest request, std::function<bool(std::string_view)> on_text = {});
-  // Cancels a request in flight (its KV is freed at its next step). False if unknown.
+  // Cancels a request in flight (its KV is freed at its next step) or waiting in
+  // the queue (it ends at once); it finishes "cancelled". False if unknown.
   bool cancel(uint64_t id);
-  int in_flight() const;
+  int in_flight() const;  // running (prefilling or decoding)
+  int queued() const;     // waiting for a slot
+
+  // Continuous batching so far: decode steps run, tokens they produced (tokens /
+  // steps = the mean batch), and the steps run between the layers of a long
+  // prefill or write-back compute.
+  struct DecodeStats {
+    int64_t steps = 0, tokens = 0, interleaved_steps = 0;
+  };
+  DecodeStats decode_stats() const;
 
   // Computes and stores the KV of a document (as a chunk, as it would appear in a
   // RAG request) unless stored; returns its key (hex).
@@ -49,8 +61,9 @@ class Runtime {
   std::string profile_json();
   std::string stores_json() const;
 
-  // Refuses new requests, cancels those in flight and waits for them, lets queued
-  // SSD writes finish, stops the actors and the compute thread. Idempotent.
+  // Refuses new requests, cancels those in flight and queued and waits for them
+  // (each gets on_done, "cancelled" unless it finished first), lets queued SSD
+  // writes finish, stops the actors and the compute thread. Idempotent.
   // finish_write_back: first compute and store the chunks queued for write-back
   // (a one-shot command's next run then hits); otherwise they are dropped (they
   // are a cache) — what is being written finishes either way.

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "actors/compute_thread.h"
+#include "actors/decode_batcher.h"
 #include "actors/runtime_config.h"
 #include "blend/blend_engine.h"
 #include "storage/disk_store.h"
@@ -27,9 +28,14 @@ struct RuntimeContext {
   std::unique_ptr<TieredKvStore> tiered;
   std::unique_ptr<BlendEngine> engine;  // over `tiered` (fallback path, warm-up)
   std::unique_ptr<ComputeThread> compute;
+  DecodeBatcher decode_batcher;  // requests waiting for their next decode step
   std::atomic<uint64_t> next_id{1};
-  std::atomic<int> in_flight{0};
+  std::atomic<int> in_flight{0};  // admitted: prefilling or decoding (<= max_requests)
+  std::atomic<int> queued{0};     // prepared, waiting in the intake for a slot (<= max_queue)
   std::atomic<bool> shutting_down{false};
+  // Decode batching (Runtime::decode_stats): steps run, tokens they produced, and
+  // the steps run inside a prefill (between its layers) or a write-back compute.
+  std::atomic<int64_t> decode_steps{0}, decode_tokens{0}, interleaved_steps{0};
 };
 
 }  // namespace bs

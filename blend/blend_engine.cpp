@@ -101,7 +101,8 @@ void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernel
   }
 }
 
-std::shared_ptr<const ChunkKv> BlendEngine::compute_chunk_kv(std::span<const int32_t> tokens) const {
+std::shared_ptr<const ChunkKv> BlendEngine::compute_chunk_kv(std::span<const int32_t> tokens,
+                                                             const LayerWait& between_layers) const {
   const auto& c = tf_.model().config();
   const int64_t m = static_cast<int64_t>(tokens.size());
   if (m == 0) throw std::invalid_argument("compute_chunk_kv: empty chunk");
@@ -110,7 +111,10 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_chunk_kv(std::span<const int
   std::iota(pos.begin(), pos.end(), 0);
   std::vector<float> hidden(static_cast<size_t>(m * c.dim));
   tf_.embed(tokens, hidden.data());
-  for (int l = 0; l < c.n_layers; ++l) tf_.run_layer(l, hidden.data(), pos.data(), m, cache, m);
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (between_layers) between_layers(l);
+    tf_.run_layer(l, hidden.data(), pos.data(), m, cache, m);
+  }
   auto kv = std::make_shared<ChunkKv>();
   kv->tokens.assign(tokens.begin(), tokens.end());
   kv->n_layers = c.n_layers;
@@ -271,7 +275,7 @@ void BlendEngine::validate(const RagPrompt& prompt, const BlendOptions& opt, int
 }
 
 BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& opt, int64_t extra_capacity,
-                                  int64_t logit_rows) const {
+                                  int64_t logit_rows, const LayerWait& between_layers) const {
   const auto t_start = clock_type::now();
   validate(prompt, opt, extra_capacity, logit_rows);
   const auto& c = tf_.model().config();
@@ -311,7 +315,8 @@ BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& o
       }
   }
   const double load = since(t_start);
-  BlendPrefill r = prefill_planned(prompt, plan, cache, opt, [](int) {}, logit_rows, t_start);
+  const LayerWait none = [](int) {};
+  BlendPrefill r = prefill_planned(prompt, plan, cache, opt, between_layers ? between_layers : none, logit_rows, t_start);
   r.stats.prefix_hit = prefix_hit;
   r.stats.load_seconds += load;
   r.stats.total_seconds = since(t_start);

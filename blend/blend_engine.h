@@ -96,15 +96,20 @@ class BlendEngine {
 
   // Prefill of a RAG prompt in the given mode. The cache gets room for
   // `extra_capacity` more tokens (decode). logit_rows > 1 returns the logits of
-  // the last rows too (teacher forcing over an appended answer).
+  // the last rows too (teacher forcing over an appended answer). between_layers,
+  // if set, is called before each layer's computation (as prefill_planned calls
+  // its wait; here everything is loaded up front): the runtime runs decode steps of
+  // other requests there.
   BlendPrefill prefill(const RagPrompt& prompt, const BlendOptions& options, int64_t extra_capacity = 0,
-                       int64_t logit_rows = 1) const;
+                       int64_t logit_rows = 1, const LayerWait& between_layers = {}) const;
 
   // The same prefill over KV that arrives layer by layer: `cache` (capacity >= the
   // prompt, length ignored) receives the plan's parts from loaders running
   // concurrently; before touching layer l the engine calls wait(l), then repairs
   // the positions of the delivered chunks in that layer. So loading layer l+1
-  // overlaps with computing layer l. On success the cache is moved into the
+  // overlaps with computing layer l. wait may also run other work on this thread
+  // (the runtime's decode steps): nothing of the prefill is held in the
+  // Transformer's per-thread scratch across the call, only in its own buffers. On success the cache is moved into the
   // result; if this throws, `cache` is still the caller's (loaders may still be
   // writing into it). Times in stats are seconds since `epoch`.
   BlendPrefill prefill_planned(const RagPrompt& prompt, const PrefillPlan& plan, KvCache& cache,
@@ -115,7 +120,9 @@ class BlendEngine {
                 int64_t logit_rows = 1) const;
 
   // KV of a chunk computed alone at positions 0..m-1 (what the store holds).
-  std::shared_ptr<const ChunkKv> compute_chunk_kv(std::span<const int32_t> tokens) const;
+  // between_layers, if set, is called before each layer (as in prefill).
+  std::shared_ptr<const ChunkKv> compute_chunk_kv(std::span<const int32_t> tokens,
+                                                  const LayerWait& between_layers = {}) const;
   // Computes and stores the prompt's prefix and chunk KV that are not stored yet.
   // A request whose chunks missed computes them in context for its answer; running
   // this afterwards (off the first-token path) makes the next request hit.

@@ -73,10 +73,14 @@ const std::vector<std::string> kDocs = {
 using Log = std::shared_ptr<std::vector<std::string>>;
 
 intake_actor::behavior_type intake_double(intake_actor::pointer, Log log) {
-  return {[=](submit_atom, RequestPtr r) -> uint64_t {
-    log->push_back("intake:submit");
-    return r->id;
-  }};
+  return {
+      [=](submit_atom, RequestPtr r) -> uint64_t {
+        log->push_back("intake:submit");
+        return r->id;
+      },
+      [=](release_atom) { log->push_back("intake:release"); },
+      [=](cancel_atom, uint64_t) { log->push_back("intake:cancel"); },
+  };
 }
 
 controller_actor::behavior_type controller_double(controller_actor::pointer, Log log) {
@@ -415,10 +419,11 @@ CAF_TEST(intake_admits_at_most_max_requests_in_flight) {
   h->intake = sys.spawn(intake, ctx.get(), h, make_counters("intake"));
   sched.run();  // the spawned actors start
   ctx->config.max_requests = 1;
+  ctx->config.max_queue = 0;  // no queue: refused at once
   ctx->in_flight = 1;
   auto r = new_request({kDocs[0]});
   auto a = submit(r);
-  check_runtime_error(a, RequestErrc::overloaded, "too many requests in flight (1)");
+  check_runtime_error(a, RequestErrc::overloaded, "too many requests: 1 in flight and 0 waiting");
   disallow((plan_atom, RequestPtr), from(_).to(h->controller));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
@@ -428,6 +433,67 @@ CAF_TEST(intake_admits_at_most_max_requests_in_flight) {
   CAF_CHECK_EQUAL(a.id.value_or(0), r->id);
   expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, r));
   CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
+}
+
+CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue) {
+  h->intake = sys.spawn(intake, ctx.get(), h, make_counters("intake"));
+  sched.run();  // the spawned actors start
+  ctx->config.max_requests = 1;
+  ctx->config.max_queue = 2;
+  auto running = new_request({kDocs[0]});
+  CAF_CHECK_EQUAL(submit(running).id.value_or(0), running->id);
+  expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, running));
+  CAF_CHECK(running->admitted);
+  // Two more wait: answered with their ids (prepared, so a bad one would have been
+  // refused now), nothing sent on.
+  auto q1 = new_request({kDocs[1]});
+  auto q2 = new_request({kDocs[2]});
+  CAF_CHECK_EQUAL(submit(q1).id.value_or(0), q1->id);
+  // With room in the queue, an invalid request is still refused as invalid, not queued.
+  auto bad = new_request({kDocs[0]});
+  bad->request.sampling.max_tokens = 0;
+  check_runtime_error(submit(bad), RequestErrc::invalid, "max_tokens must be >= 1");
+  CAF_CHECK_EQUAL(ctx->queued.load(), 1);
+  CAF_CHECK_EQUAL(submit(q2).id.value_or(0), q2->id);
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(ctx->queued.load(), 2);
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
+  CAF_CHECK(!q1->admitted);
+  CAF_CHECK_EQUAL(q1->prompt.chunks.size(), 1u);
+  // The queue is full: overloaded (before any tokenizing).
+  auto over = new_request({kDocs[0]});
+  check_runtime_error(submit(over), RequestErrc::overloaded, "1 in flight and 2 waiting");
+  CAF_CHECK(!sched.has_job());
+  // The running request ends: the first queued one starts, the second still waits.
+  ctx->in_flight = 0;
+  self->send(h->intake, release_atom::value);
+  expect((release_atom), from(self).to(h->intake));
+  expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, q1));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(ctx->queued.load(), 1);
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
+  CAF_CHECK(q1->admitted);
+  // A queued request cancelled by id leaves the queue and goes to the decoder, which
+  // finishes it (cancelled); it never held a slot.
+  q2->cancelled = true;
+  self->send(h->intake, cancel_atom::value, q2->id);
+  expect((cancel_atom, uint64_t), from(self).to(h->intake).with(_, q2->id));
+  expect((start_atom, RequestPtr), from(h->intake).to(h->decoder).with(_, q2));
+  CAF_CHECK_EQUAL(ctx->queued.load(), 0);
+  CAF_CHECK(!q2->admitted);
+  bool queued_event = false;
+  for (const auto& e : q2->events()) queued_event |= e.actor == "intake" && e.what == "queued";
+  CAF_CHECK(queued_event);
+  // Cancelling a request that is not queued sends nothing.
+  self->send(h->intake, cancel_atom::value, q1->id);
+  expect((cancel_atom, uint64_t), from(self).to(h->intake).with(_, q1->id));
+  CAF_CHECK(!sched.has_job());
+  // A slot with nobody waiting: nothing to start.
+  ctx->in_flight = 0;
+  self->send(h->intake, release_atom::value);
+  expect((release_atom), from(self).to(h->intake));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"controller:plan", "controller:plan", "decoder:start"}));
 }
 
 // -- 2. controller -------------------------------------------------------------
@@ -840,6 +906,46 @@ CAF_TEST(fusor_stores_computed_chunks_and_hands_prefilled_requests_on) {
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"decoder:start", "worker:warm", "decoder:start", "decoder:start",
                                                   "decoder:start"}));
+}
+
+// -- 8. decoder ------------------------------------------------------------------
+
+CAF_TEST(decoder_frees_the_slot_of_a_running_request_and_finishes_a_queued_one_as_cancelled) {
+  h->decoder = sys.spawn(decoder, ctx.get(), h, make_counters("decoder"));
+  sched.run();  // the spawned actors start
+  auto results = std::make_shared<std::vector<RequestResult>>();
+  const int64_t vocab = cfg().vocab;
+
+  // A running request (it holds a slot) whose first token ends it: the trace to the
+  // inspector, the slot back to the intake (the next queued request starts), on_done.
+  auto running = intake_output({kDocs[0]});
+  running->admitted = true;
+  ctx->in_flight = 1;
+  running->prefill.logits.assign(static_cast<size_t>(vocab), 0.0f);
+  running->prefill.logits[static_cast<size_t>(ctx->model->tokenizer().eos_id())] = 1.0f;
+  running->callbacks.on_done = [results](const RequestResult& r) { results->push_back(r); };
+  self->send(h->decoder, start_atom::value, running);
+  expect((start_atom, RequestPtr), from(self).to(h->decoder).with(_, running));
+  expect((trace_atom, std::string), from(h->decoder).to(h->inspector).with(_, _));
+  expect((release_atom), from(h->decoder).to(h->intake));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
+  CAF_REQUIRE_EQUAL(results->size(), 1u);
+  CAF_CHECK_EQUAL(results->back().finish_reason, "stop");
+
+  // A request cancelled in the queue never held a slot: finished as cancelled, no release.
+  auto queued = intake_output({kDocs[1]});
+  queued->cancelled = true;
+  queued->callbacks.on_done = [results](const RequestResult& r) { results->push_back(r); };
+  self->send(h->decoder, start_atom::value, queued);
+  expect((start_atom, RequestPtr), from(self).to(h->decoder).with(_, queued));
+  expect((trace_atom, std::string), from(h->decoder).to(h->inspector).with(_, _));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
+  CAF_REQUIRE_EQUAL(results->size(), 2u);
+  CAF_CHECK_EQUAL(results->back().finish_reason, "cancelled");
+  CAF_CHECK(results->back().tokens.empty());
+  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"inspector:trace", "intake:release", "inspector:trace"}));
 }
 
 CAF_TEST_FIXTURE_SCOPE_END()

@@ -273,6 +273,7 @@ TEST(Runtime, BadRequestsAreRefusedWithClearErrorsAndTheRuntimeGoesOn) {
   auto cfg = config_in(dir.path());
   cfg.max_prompt_tokens = 200;
   cfg.max_requests = 1;
+  cfg.max_queue = 0;  // no queue: a second request is refused at once
   Runtime rt(cfg);
   auto refused = [&](RuntimeRequest req, RequestErrc code, const std::string& words) {
     try {

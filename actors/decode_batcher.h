@@ -1,0 +1,72 @@
+// Continuous batching of decode steps. A request that wants its next token waits
+// here (the layer worker adds it when its decode message arrives); one compute job
+// takes up to `max_batch` waiting requests into one Transformer::decode_step, so N
+// streams cost about one step each round instead of N. Requests join and leave
+// between steps.
+//
+// Why the job waits a little before it takes (gather): after a step, the decoder
+// samples each request in turn and sends it back; the first one back would
+// otherwise start a step of one while the rest arrive a moment later, and the
+// streams would split into alternating small batches. So the job waits until every
+// request of the previous steps is back or finished (the decoder reports a finish,
+// forget()), at most `gather` — a bound, not the usual wait (tens of microseconds).
+//
+// Plain C++ (no CAF): the worker's handler adds, the compute thread takes (in its
+// own job, or inline between the layers of a long prefill: take_now), the decoder
+// forgets. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <unordered_set>
+#include <vector>
+
+#include "actors/request.h"
+
+namespace bs {
+
+class DecodeBatcher {
+ public:
+  using clock = std::chrono::steady_clock;
+  struct Entry {
+    RequestPtr request;
+    int32_t token = -1;  // the token to append to the request's cache
+  };
+
+  // A request's next step. True when the caller must submit a drain job (none is
+  // queued); that job calls take().
+  bool add(RequestPtr r, int32_t token);
+  // For the drain job: waits (at most `gather`) for the requests still out with the
+  // decoder, then takes up to max_batch entries, oldest first. `more` is set when
+  // entries are left: the job is still due, and the caller submits it again.
+  std::vector<Entry> take(int max_batch, clock::duration gather, bool& more);
+  // Inline (between prefill layers): up to max_batch entries, no waiting; the
+  // queued drain job stays queued.
+  std::vector<Entry> take_now(int max_batch);
+  // Every entry, and no drain job counts as queued any more: for when the compute
+  // thread refused the job (shutdown).
+  std::vector<Entry> take_all();
+  // Whether an inline step is due: entries wait and the last step began at least
+  // `interval` ago.
+  bool due(clock::duration interval) const;
+  // The request finished (or will never come back): no gather waits for it.
+  void forget(uint64_t id);
+  // Marks the start of a step (for due()).
+  void step_began();
+  size_t pending() const;
+
+ private:
+  std::vector<Entry> pop(int max_batch);  // mu_ held
+
+  mutable std::mutex mu_;
+  std::condition_variable arrived_;
+  std::deque<Entry> pending_;
+  std::unordered_set<uint64_t> out_;  // taken into a step, not yet back or finished
+  bool job_queued_ = false;
+  clock::time_point last_step_{};
+};
+
+}  // namespace bs
