@@ -20,7 +20,9 @@ std::unique_ptr<PreparedWeights> ProfilingBackend::prepare(const WeightView& w, 
   return inner_.prepare(w, p);
 }
 void ProfilingBackend::linear(const PreparedWeights& w, const float* x, float* y, int64_t n, const float* bias) {
-  timed(stats_, n <= 4 ? "linear_gemv" : "linear_gemm", [&] { inner_.linear(w, x, y, n, bias); });
+  // The CPU backend's decode-size products (its GEMV path) are its exact rows.
+  timed(stats_, n <= inner_.linear_exact_rows() ? "linear_gemv" : "linear_gemm",
+        [&] { inner_.linear(w, x, y, n, bias); });
 }
 void ProfilingBackend::embed(const WeightView& table, const int32_t* ids, float* out, int64_t n) {
   timed(stats_, "embed", [&] { inner_.embed(table, ids, out, n); });
