@@ -34,6 +34,21 @@ struct TtftOptions {
 };
 int bench_ttft(const TtftOptions& opt);
 
+// `bench decode`: N concurrent greedy streams through the runtime (continuous
+// batching) for each N in `streams`; the decode-phase tokens/s of each, and the
+// ratio of the last stream count to the first.
+struct DecodeBenchOptions {
+  std::string model_path;
+  std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
+  std::vector<int> streams{1, 8};
+  int tokens = 64;          // generated per stream
+  int prompt_tokens = 256;  // prompt per stream
+  int repeats = 1;          // runs per stream count; the fastest is reported
+  int max_batch = 0;        // limits.max_decode_batch; 0: the config's, at least the largest count
+  double interleave = -1;   // limits.decode_interleave; < 0: off (the prefills run first)
+};
+int bench_decode(const DecodeBenchOptions& opt);
+
 // Chunks of exactly `chunk_tokens` tokens cut from the dataset's documents (after
 // skipping `skip` documents).
 std::vector<std::vector<int32_t>> make_bench_chunks(const Tokenizer& tok, const std::string& dataset, int count,

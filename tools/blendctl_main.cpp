@@ -47,6 +47,26 @@ int main(int argc, char** argv) {
   ttft->add_flag("--adaptive", ropt.adaptive, "Let the loading controller raise the ratio above --ratio");
   ttft->add_option("--data-dir", ropt.data_dir, "Where the SSD tier lives (default: a temp dir, removed after)");
 
+  bs::tools::DecodeBenchOptions dopt;
+  auto* decode = bench->add_subcommand(
+      "decode", "Decode throughput of N concurrent streams through the runtime (continuous batching) vs fewer");
+  decode->add_option("--streams", dopt.streams, "Concurrent stream counts (the summary: last vs first)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  decode->add_option("--tokens", dopt.tokens, "Tokens generated per stream")->check(CLI::Range(2, 4096))->capture_default_str();
+  decode->add_option("--prompt-tokens", dopt.prompt_tokens, "Prompt tokens per stream")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  decode->add_option("--repeats", dopt.repeats, "Runs per stream count (the fastest is reported)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  decode->add_option("--max-batch", dopt.max_batch, "limits.max_decode_batch (default: the config's, >= the streams)")
+      ->check(CLI::Range(1, 1024));
+  decode->add_option("--interleave", dopt.interleave,
+                     "limits.decode_interleave in seconds (default: off, the prefills run before the decode phase)")
+      ->check(CLI::NonNegativeNumber);
+  decode->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
+
   bs::tools::ServeBenchOptions sopt;
   sopt.dataset = std::string(BLENDSERVE_SOURCE_DIR) + "/tests/data/rag_qa.jsonl";
   auto* serve = bench->add_subcommand(
@@ -143,6 +163,11 @@ int main(int argc, char** argv) {
       return bs::tools::bench_ttft_runtime(ropt);
     }
     if (ttft->parsed()) return bs::tools::bench_ttft(topt);
+    if (decode->parsed()) {
+      dopt.model_path = opt.model_path;
+      dopt.precision = precision;
+      return bs::tools::bench_decode(dopt);
+    }
     if (serve->parsed()) {
       sopt.model_path = opt.model_path;
       return bs::tools::bench_serve(sopt);
