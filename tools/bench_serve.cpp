@@ -884,8 +884,10 @@ struct Bench {
     const auto epoch = Clock::now();
     std::vector<std::thread> threads;
     for (size_t i = 0; i < bodies.size() && !g_stop.load(); ++i) {
-      std::this_thread::sleep_until(epoch + std::chrono::duration_cast<Clock::duration>(
-                                                std::chrono::duration<double>(arrivals[i])));
+      const auto due = epoch + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i]));
+      while (Clock::now() < due && !g_stop.load())
+        std::this_thread::sleep_until(std::min(due, Clock::now() + std::chrono::milliseconds(100)));
+      if (g_stop.load()) break;
       threads.emplace_back([&, i] {
         out[i] = stream_request(ep, bodies[i], epoch, violations);
         prog.tick();
@@ -959,7 +961,18 @@ json ratio_of(const json& a, const json& b, const char* key) {
 
 }  // namespace
 
+static int bench_serve_impl(const ServeBenchOptions& opt);
+
 int bench_serve(const ServeBenchOptions& opt) {
+  try {
+    return bench_serve_impl(opt);
+  } catch (const Interrupted&) {
+    std::fprintf(stderr, "bench serve: interrupted\n");
+    return 130;
+  }
+}
+
+static int bench_serve_impl(const ServeBenchOptions& opt) {
   if (opt.retrieve > opt.documents) throw std::runtime_error("--retrieve exceeds --documents");
   if (opt.modes.empty()) throw std::runtime_error("--modes is empty");
   const bool no_open = std::any_of(opt.rates.begin(), opt.rates.end(), [](double r) { return !(r > 0); });
@@ -1109,11 +1122,14 @@ int bench_serve(const ServeBenchOptions& opt) {
   // closed-loop throughput to 1.5x the fastest's.
   std::vector<double> rates = no_open ? std::vector<double>{} : opt.rates;
   std::string rates_source = no_open ? "none (--rates 0)" : "--rates";
+  std::map<std::string, double> capacity;  // per mode: highest closed-loop throughput
+  bool auto_rates = false;
   if (rates.empty() && !no_open && !closed.empty()) {
     double lo = INFINITY, hi = 0;
     for (const auto& [mode, pts] : closed) {
       double cap = 0;
       for (const auto& p : pts) cap = std::max(cap, p.achieved_rps);
+      capacity[mode] = cap;
       if (cap > 0) {
         lo = std::min(lo, cap);
         hi = std::max(hi, cap);
@@ -1122,7 +1138,10 @@ int bench_serve(const ServeBenchOptions& opt) {
     if (hi > 0) {
       for (double r = 0.5 * lo; rates.size() < 6 && (rates.size() < 3 || r <= 1.5 * hi * 1.0001); r *= 2)
         rates.push_back(round_sig(r, 2));
-      rates_source = "auto: doubling from half the slowest mode's closed-loop throughput to 1.5x the fastest's";
+      auto_rates = true;
+      rates_source =
+          "auto: doubling from half the slowest mode's closed-loop throughput to 1.5x the fastest's; each mode "
+          "starts at the highest of them within half its own";
     }
   }
   std::sort(rates.begin(), rates.end());
@@ -1161,7 +1180,7 @@ int bench_serve(const ServeBenchOptions& opt) {
   };
   auto meets = [&](const PointResult& p) { return meets_slo(p, slo); };
 
-  std::map<std::string, std::vector<double>> skipped;
+  std::map<std::string, std::vector<double>> skipped, below;
   const int open_points = static_cast<int>(rates.size() * opt.modes.size());
   point = 0;
   for (size_t ri = 0; ri < rates.size(); ++ri) {
@@ -1170,6 +1189,10 @@ int bench_serve(const ServeBenchOptions& opt) {
       const auto& prev = open[mode];
       if (!opt.all_points && slo > 0 && !prev.empty() && !meets(prev.back())) {
         skipped[mode].push_back(rates[ri]);  // a lower rate already missed the SLO
+        continue;
+      }
+      if (auto_rates && ri + 1 < rates.size() && rates[ri + 1] <= 0.5 * capacity[mode] && prev.empty()) {
+        below[mode].push_back(rates[ri]);  // the next rate is still at most half its closed-loop throughput
         continue;
       }
       const auto& p = run_open(mode, rates[ri], "open " + std::to_string(point) + "/" + std::to_string(open_points),
@@ -1186,7 +1209,8 @@ int bench_serve(const ServeBenchOptions& opt) {
     const auto& pts = open[mode];
     const bool none = std::none_of(pts.begin(), pts.end(), meets);
     const bool all = !pts.empty() && std::all_of(pts.begin(), pts.end(), meets) && skipped[mode].empty();
-    double rate = none ? rates.front() : rates.back();
+    double rate = none ? rates.back() : rates.front();
+    for (const auto& p : pts) rate = none ? std::min(rate, p.load) : std::max(rate, p.load);
     for (int k = 0; k < opt.extend && (none || all); ++k) {
       rate = round_sig(none ? rate / 2 : rate * 2, 2);
       const auto& p = run_open(mode, rate, "open, bracketing", true);
@@ -1229,6 +1253,7 @@ int bench_serve(const ServeBenchOptions& opt) {
     }
     if (open.count(mode)) m["open"] = best_within_slo(open[mode], slo, true);
     if (skipped.count(mode) && !skipped[mode].empty()) m["open_skipped_rates"] = skipped[mode];
+    if (below.count(mode) && !below[mode].empty()) m["open_rates_below_start"] = below[mode];
     if (drain_limit.count(mode)) m["drain_limit_s"] = num(drain_limit[mode]);
     per_mode[mode] = m;
   }
