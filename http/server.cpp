@@ -122,7 +122,9 @@ struct Server::Impl {
     fingerprint = "blendserve-" + ctx.backend->kernel_id() + "-" + kernels::precision_name(ctx.precision);
     created = unix_now();
     context_length = ctx.model->config().context_length;
-    const int threads = cfg.server_threads > 0 ? cfg.server_threads : cfg.max_requests * 2 + 64 + 8;
+    // Every admitted or queued completion holds its connection's thread until it
+    // ends; a few more answer health checks, metrics and refusals meanwhile.
+    const int threads = cfg.server_threads > 0 ? cfg.server_threads : cfg.max_requests + cfg.max_queue + 8;
     svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     svr.set_payload_max_length(static_cast<size_t>(cfg.max_body_bytes));
     svr.set_keep_alive_max_count(1000);
@@ -268,6 +270,15 @@ struct Server::Impl {
     std::vector<Gauge> g;
     g.push_back({"blendserve_requests_in_flight", "Requests admitted and not finished.", "",
                  static_cast<double>(runtime.in_flight())});
+    g.push_back({"blendserve_queue_depth", "Requests waiting for a slot (limits.max_queue bounds it).", "",
+                 static_cast<double>(runtime.queued())});
+    const auto ds = runtime.decode_stats();
+    g.push_back({"blendserve_decode_steps", "Decode steps run since start (monotonic).", "",
+                 static_cast<double>(ds.steps)});
+    g.push_back({"blendserve_decode_step_tokens", "Tokens produced by decode steps since start (monotonic); "
+                 "divided by blendserve_decode_steps: the mean batch.", "", static_cast<double>(ds.tokens)});
+    g.push_back({"blendserve_decode_steps_interleaved", "Decode steps run between the layers of a long prefill "
+                 "(monotonic).", "", static_cast<double>(ds.interleaved_steps)});
     try {
       const json stores = json::parse(runtime.stores_json());
       for (const char* field : {"bytes", "entries", "budget"})
@@ -463,7 +474,7 @@ bool Server::serve() { return impl_->svr.listen_after_bind(); }
 void Server::drain(double seconds) {
   impl_->draining = true;
   const auto until = clock::now() + std::chrono::duration<double>(seconds);
-  while (impl_->runtime.in_flight() > 0 && clock::now() < until)
+  while (impl_->runtime.in_flight() + impl_->runtime.queued() > 0 && clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 

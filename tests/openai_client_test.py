@@ -43,7 +43,7 @@ class Server:
         with open(config, "w") as f:
             f.write(
                 "server:\n  api_keys: [%s]\n"
-                "limits:\n  max_requests: 1\n  max_prompt_tokens: 1024\n" % KEY
+                "limits:\n  max_requests: 1\n  max_queue: 0\n  max_prompt_tokens: 1024\n" % KEY
             )
         env = dict(os.environ, BLENDSERVE_DATA_DIR=os.path.join(self.dir, "data"))
         self.log = open(os.path.join(self.dir, "stderr.log"), "w+")

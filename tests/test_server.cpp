@@ -517,6 +517,14 @@ TEST_F(ServerTest, AClientThatLeavesCancelsItsRequest) {
 TEST_F(ServerTest, ConcurrentClientsGetWhatOneAtATimeGets) {
   const std::vector<std::string> questions = {"What is the capital of Italy?", "Name a large ocean.",
                                               "What colour is the sky on a clear day?", "How many legs has a spider?"};
+  // The document is stored first, so every run below blends it from RAM (a miss
+  // would compute it in full and give other tokens).
+  {
+    auto c = served_->client();
+    auto d = post(c, "/v1/documents", json{{"text", kDocs[2]}}.dump());
+    ASSERT_TRUE(d);
+    ASSERT_EQ(d->status, 200);
+  }
   std::vector<std::string> alone;
   for (const auto& q : questions) {
     auto c = served_->client();
@@ -525,6 +533,8 @@ TEST_F(ServerTest, ConcurrentClientsGetWhatOneAtATimeGets) {
     ASSERT_EQ(r->status, 200) << r->body;
     alone.push_back(json::parse(r->body)["choices"][0]["message"]["content"]);
   }
+  auto m0 = served_->client().Get("/metrics");
+  ASSERT_TRUE(m0);
   std::vector<std::future<std::string>> together;
   for (const auto& q : questions)
     together.push_back(std::async(std::launch::async, [this, q] {
@@ -534,6 +544,14 @@ TEST_F(ServerTest, ConcurrentClientsGetWhatOneAtATimeGets) {
       return json::parse(r->body)["choices"][0]["message"]["content"].get<std::string>();
     }));
   for (size_t i = 0; i < questions.size(); ++i) EXPECT_EQ(together[i].get(), alone[i]) << questions[i];
+  // They shared decode steps (continuous batching): more tokens than steps.
+  auto m1 = served_->client().Get("/metrics");
+  ASSERT_TRUE(m1);
+  const int64_t steps = metric(m1->body, "blendserve_decode_steps") - metric(m0->body, "blendserve_decode_steps");
+  const int64_t tokens =
+      metric(m1->body, "blendserve_decode_step_tokens") - metric(m0->body, "blendserve_decode_step_tokens");
+  EXPECT_GT(steps, 0);
+  EXPECT_GT(tokens, steps) << "no decode step served two requests at once";
 }
 
 TEST_F(ServerTest, MetricsCountWhatHappened) {
@@ -594,34 +612,57 @@ TEST_F(ServerTest, DrainingAnswers503) {
   EXPECT_EQ(json::parse(r->body)["error"]["code"], "service_unavailable");
 }
 
-TEST(ServerOverload, BeyondTheLimitsA429WithRetryAfter) {
+TEST(ServerOverload, BeyondTheQueueA429WithRetryAfter) {
   if (!testing::model_available()) GTEST_SKIP() << "model not found";
   TempDir dir;
   RuntimeConfig config = config_in(dir.path());
   config.max_requests = 1;
+  config.max_queue = 1;
   Runtime runtime(config);
   Served s(runtime, config);
-  // One long request occupies the only slot...
+  const std::string short_body = chat_body("What is 2+2?", {}, 4).dump();
+  std::string alone;
+  {
+    auto c = s.client();
+    auto r = post(c, "/v1/chat/completions", short_body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    alone = json::parse(r->body)["choices"][0]["message"]["content"];
+  }
+  // One long request occupies the only slot, a second one waits in the queue...
   auto first = std::async(std::launch::async, [&] {
     auto c = s.client();
     return post(c, "/v1/chat/completions", chat_body("Write a long poem about the sea.", {}, 200).dump());
   });
   for (int i = 0; i < 500 && runtime.in_flight() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_EQ(runtime.in_flight(), 1);
-  // ... so the next one is turned away with a hint when to come back.
+  auto second = std::async(std::launch::async, [&] {
+    auto c = s.client();
+    return post(c, "/v1/chat/completions", short_body);
+  });
+  for (int i = 0; i < 500 && runtime.queued() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(runtime.queued(), 1);
   auto c = s.client();
-  auto second = post(c, "/v1/chat/completions", chat_body("Hi", {}, 2).dump());
-  ASSERT_TRUE(second);
-  EXPECT_EQ(second->status, 429) << second->body;
-  EXPECT_EQ(json::parse(second->body)["error"]["code"], "rate_limit_exceeded");
-  ASSERT_TRUE(second->has_header("Retry-After"));
-  EXPECT_GE(std::stoi(second->get_header_value("Retry-After")), 1);
-  auto r = first.get();
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 200);
-  auto after = post(c, "/v1/chat/completions", chat_body("Hi", {}, 2).dump());
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(metric(m->body, "blendserve_queue_depth"), 1);
+  // ... so a third is turned away with a hint when to come back.
+  auto third = post(c, "/v1/chat/completions", short_body);
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->status, 429) << third->body;
+  EXPECT_EQ(json::parse(third->body)["error"]["code"], "rate_limit_exceeded");
+  ASSERT_TRUE(third->has_header("Retry-After"));
+  EXPECT_GE(std::stoi(third->get_header_value("Retry-After")), 1);
+  auto r1 = first.get();
+  ASSERT_TRUE(r1);
+  EXPECT_EQ(r1->status, 200);
+  auto r2 = second.get();
+  ASSERT_TRUE(r2);
+  EXPECT_EQ(r2->status, 200) << "the queued request ran when the slot came free";
+  EXPECT_EQ(json::parse(r2->body)["choices"][0]["message"]["content"], alone);
+  auto after = post(c, "/v1/chat/completions", short_body);
   ASSERT_TRUE(after);
-  EXPECT_EQ(after->status, 200) << "admitted again once the slot is free";
+  EXPECT_EQ(after->status, 200);
 }
 
 }  // namespace
