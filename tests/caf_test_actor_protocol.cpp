@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -795,6 +796,60 @@ CAF_TEST(worker_passes_layer_load_end_and_load_failure_to_the_gate) {
   CAF_CHECK(!sched.has_job());
   CAF_CHECK(log->empty());
   CAF_CHECK_EQUAL(ctx->compute->jobs_done(), 0);
+}
+
+CAF_TEST(worker_batches_decode_steps_and_a_request_that_fails_fails_alone) {
+  h->worker = sys.spawn(layer_worker, ctx.get(), h, make_counters("layer-worker"));
+  sched.run();  // the spawned actors start
+  const int64_t vocab = cfg().vocab;
+  // Two decoding requests: one with room for its next token, one whose cache is full.
+  auto decoding = [&](int64_t room) {
+    auto r = std::make_shared<RequestState>();
+    r->id = ctx->next_id.fetch_add(1);
+    const std::vector<int32_t> prompt = tokens_of(kDocs[r->id % kDocs.size()]);
+    r->prefill.cache = ctx->tf->make_cache(static_cast<int64_t>(prompt.size()) + room);
+    ctx->tf->forward(prompt, r->prefill.cache);
+    return r;
+  };
+  auto healthy = decoding(4), full = decoding(0);
+  KvCache alone = healthy->prefill.cache;  // the same step alone, for the logits
+  const int32_t token = 42;
+  const auto want = ctx->tf->forward(std::span<const int32_t>(&token, 1), alone);
+
+  // The compute thread is busy, so both steps wait in the batcher for one job.
+  std::promise<void> release;
+  auto busy = release.get_future().share();
+  CAF_REQUIRE(ctx->compute->submit([busy] { busy.wait(); }));
+  self->send(h->worker, decode_atom::value, healthy, token);
+  expect((decode_atom, RequestPtr, int32_t), from(self).to(h->worker).with(_, healthy, token));
+  self->send(h->worker, decode_atom::value, full, token);
+  expect((decode_atom, RequestPtr, int32_t), from(self).to(h->worker).with(_, full, token));
+  CAF_CHECK_EQUAL(ctx->decode_batcher.pending(), 2u);
+  CAF_CHECK_EQUAL(ctx->compute->queued(), 1);  // one drain job for both
+  const int64_t done_before = ctx->compute->jobs_done();
+  release.set_value();
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (ctx->compute->jobs_done() < done_before + 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  CAF_REQUIRE_EQUAL(ctx->compute->jobs_done(), done_before + 2);
+
+  // One batched step was tried; the full cache made it throw, so each ran alone:
+  // the healthy request got exactly its one-token logits, the full one its error.
+  CAF_CHECK_EQUAL(ctx->decode_steps.load(), 1);
+  CAF_CHECK_EQUAL(ctx->decode_tokens.load(), 2);
+  CAF_CHECK(healthy->prefill_error.empty());
+  CAF_REQUIRE_EQUAL(healthy->prefill.logits.size(), static_cast<size_t>(vocab));
+  CAF_CHECK(std::memcmp(healthy->prefill.logits.data(), want.data(), want.size() * sizeof(float)) == 0);
+  CAF_CHECK_EQUAL(healthy->prefill.cache.length, alone.length);
+  CAF_CHECK_EQUAL(mentions(full->prefill_error, "capacity"), "capacity");
+  CAF_CHECK_EQUAL(full->prefill.cache.length, full->prefill.cache.capacity);
+  CAF_CHECK_EQUAL(healthy->decode_steps, 1);
+  CAF_CHECK_EQUAL(healthy->decode_batch_sum, 2);
+  // Both go back to the decoder (which finishes the failed one with its error).
+  expect((logits_atom, RequestPtr), to(h->decoder).with(_, healthy));
+  expect((logits_atom, RequestPtr), to(h->decoder).with(_, full));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"decoder:logits", "decoder:logits"}));
 }
 
 // -- 6. inspector --------------------------------------------------------------
