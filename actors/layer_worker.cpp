@@ -8,6 +8,7 @@
 // write-back compute) a due decode step runs inline, so streams slow down
 // instead of freezing. Write-back computes run in the background. Results go back
 // to the fusor and decoder by message.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -25,6 +26,12 @@ namespace {
 // only matters when the decoder is slow (a loaded machine, a slow on_text), and
 // the decoder is then what every stream waits for anyway.
 constexpr auto kGather = std::chrono::milliseconds(50);
+
+// limits.decode_interleave as a clock duration (capped at a day: "never").
+std::chrono::steady_clock::duration interleave_interval(const RuntimeContext* ctx) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::clamp(ctx->config.decode_interleave, 0.0, 86400.0)));
+}
 
 // One decode step for the taken entries. A cancelled request is not computed, but
 // still goes to the decoder, which finishes it. If the batched step throws, each
@@ -96,9 +103,7 @@ void drain_decode(RuntimeContext* ctx, const HandlesRef& h) {
 // here (they are only used inside one Transformer call), and the step touches
 // only the decoding requests' own caches.
 double interleave_decode(RuntimeContext* ctx, const HandlesRef& h) {
-  const auto interval = std::chrono::duration_cast<DecodeBatcher::clock::duration>(
-      std::chrono::duration<double>(ctx->config.decode_interleave));
-  if (!ctx->decode_batcher.due(interval)) return 0;
+  if (!ctx->decode_batcher.due(interleave_interval(ctx))) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   run_decode_batch(ctx, h, ctx->decode_batcher.take_now(ctx->config.max_decode_batch), true);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -107,9 +112,10 @@ double interleave_decode(RuntimeContext* ctx, const HandlesRef& h) {
 void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) {
   const auto& cfg = ctx->model->config();
   const double begin = r->now_s();
-  // After each layer's wait: decode steps of the other requests, when due. Their
-  // time counts in the prefill's per-layer wait (stats.wait_seconds, the trace's
-  // wait+repair) and is reported apart as prefill_pause_s.
+  // Before each layer: decode steps of the other requests, when due — also while
+  // the layer's KV is still loading (a slow tier must not freeze the streams
+  // either). Their time counts in the prefill's per-layer wait (stats.wait_seconds,
+  // the trace's wait+repair) and is reported apart as prefill_pause_s.
   auto pause = [ctx, h, &r] {
     const double s = interleave_decode(ctx, h);
     if (s > 0) {
@@ -117,11 +123,12 @@ void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) 
       r->prefill_pause_seconds += s;
     }
   };
+  const auto poll = std::max(interleave_interval(ctx), std::chrono::steady_clock::duration(std::chrono::milliseconds(1)));
   try {
     if (r->cancelled.load()) throw std::runtime_error("cancelled");
     r->prefill = ctx->engine->prefill_planned(r->prompt, r->plan, r->cache, r->options,
-                                              [&r, &pause](int layer) {
-                                                r->gate.wait(layer);
+                                              [&r, &pause, poll](int layer) {
+                                                while (!r->gate.wait_for(layer, poll)) pause();
                                                 pause();
                                               },
                                               1, r->submitted);

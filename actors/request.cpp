@@ -64,6 +64,14 @@ void LayerGate::wait(int layer) {
   if (!failure_.empty()) throw LoadFailed(failure_);
 }
 
+bool LayerGate::wait_for(int layer, std::chrono::steady_clock::duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool ready =
+      cv_.wait_for(lock, timeout, [&] { return !failure_.empty() || arrived_[layer] >= loaders_; });
+  if (!failure_.empty()) throw LoadFailed(failure_);
+  return ready;
+}
+
 void LayerGate::wait_loaders_done() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ >= loaders_; });

@@ -80,6 +80,8 @@ class LayerGate {
   void loader_done();                      // one loader finished (or gave up) this request
   void fail(const std::string& why);       // wakes every waiter with LoadFailed
   void wait(int layer);                    // blocks; throws LoadFailed
+  // Waits at most `timeout` for `layer`: true when it is there; throws LoadFailed.
+  bool wait_for(int layer, std::chrono::steady_clock::duration timeout);
   void wait_loaders_done();                // blocks until every loader is done
   int loaders() const;
 
