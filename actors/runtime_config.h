@@ -50,7 +50,7 @@ struct RuntimeConfig {
   int max_requests = 8;            // requests in flight at once
   int max_queue = 64;              // prepared requests waiting for a slot (FIFO); beyond: overloaded
   int max_decode_batch = 16;       // requests sharing one decode step (continuous batching)
-  double decode_interleave = 0.05; // seconds: a long prefill pauses for a decode step this often
+  double decode_interleave = 0.05; // seconds: a prefill pauses for the decoding streams' step this often
   int max_prompt_tokens = 0;       // 0 = the model's context
   int trace_history = 64;          // traces the inspector keeps
   // server (used by `blendserve serve`)
