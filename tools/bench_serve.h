@@ -29,7 +29,7 @@ struct ServeBenchOptions {
   std::vector<double> rates;   // req/s; empty: derived from the closed-loop throughputs
   std::vector<std::string> modes{"blend", "full"};
   int max_tokens = 16;
-  double slo_p99 = 0;          // seconds; 0: 2x the reference mode's p99 TTFT at its lowest load
+  double slo_p99 = 0;          // seconds; 0: 2x the reference mode's median TTFT at its lowest load
   uint64_t seed = 1;
   int warmup = 2;              // unmeasured requests per mode before measuring
   bool all_points = false;     // open loop: keep raising the rate after a mode missed the SLO

@@ -73,8 +73,9 @@ int main(int argc, char** argv) {
       "serve",
       "RAG serving benchmark against `blendserve serve` over HTTP: blend vs full at the same offered load, closed "
       "loop (N clients) and open loop (Poisson rates); TTFT/latency percentiles, throughput, the highest load "
-      "within a p99 TTFT SLO. The defaults take about 8-10 minutes on a 2-core AVX2 machine (--documents 20 "
-      "--requests 8 --clients 1 2: about 2 minutes)");
+      "within a p99 TTFT SLO. Runtime scales with the server's prefill speed: the defaults take about 6-9 minutes on "
+      "an idle 2-core AVX2 machine (full prefill of a 3000-token prompt ~1.5 s), several times that on a busy "
+      "one; --documents 20 --requests 10 --clients 1 2 about 3-4 minutes");
   auto* serve_url = serve->add_option("--url", sopt.url, "Server base URL")->capture_default_str();
   serve->add_flag("--spawn", sopt.spawn,
                   "Start blendserve (next to blendctl) on a free loopback port with a temporary data dir; stop it "
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve->add_option("--max-tokens", sopt.max_tokens, "Answer length")->check(CLI::Range(1, 4096))->capture_default_str();
   serve->add_option("--slo-p99", sopt.slo_p99,
-                    "p99 TTFT SLO in seconds (default: 2x full's p99 TTFT at its lowest load)")
+                    "p99 TTFT SLO in seconds (default: 2x full's median TTFT at its lowest load)")
       ->check(CLI::PositiveNumber);
   serve->add_option("--seed", sopt.seed, "Workload seed (documents, retrieval, arrivals)")->capture_default_str();
   serve->add_option("--warmup", sopt.warmup, "Unmeasured requests per mode first")
