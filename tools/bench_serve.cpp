@@ -465,6 +465,18 @@ class SpawnedServer {
     char tmpl[] = "/tmp/blendserve-bench-XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
     dir_ = tmpl;
+    try {
+      start(bin, config, timeout_s, api_key);
+    } catch (...) {  // no destructor after a throwing constructor: clean up here
+      stop();
+      std::error_code ec;
+      fs::remove_all(dir_, ec);
+      throw;
+    }
+  }
+
+ private:
+  void start(const std::string& bin, const std::string& config, double timeout_s, const std::string& api_key) {
     log_ = dir_ + "/server.log";
     port_ = free_loopback_port();
     url_ = "http://127.0.0.1:" + std::to_string(port_);
@@ -506,6 +518,8 @@ class SpawnedServer {
     g_child = pid_;
     wait_healthy(timeout_s, api_key);
   }
+
+ public:
   ~SpawnedServer() {
     stop();
     std::error_code ec;

@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
       "serve",
       "RAG serving benchmark against `blendserve serve` over HTTP: blend vs full at the same offered load, closed "
       "loop (N clients) and open loop (Poisson rates); TTFT/latency percentiles, throughput, the highest load "
-      "within a p99 TTFT SLO. Runtime scales with the server's prefill speed: the defaults take about 6-9 minutes on "
-      "an idle 2-core AVX2 machine (full prefill of a 3000-token prompt ~1.5 s), several times that on a busy "
-      "one; --documents 20 --requests 10 --clients 1 2 about 3-4 minutes");
+      "within a p99 TTFT SLO. Runtime scales with the server's prefill time: the defaults take about 5-8 minutes "
+      "on an idle 2-core AVX2 machine (full prefill of a 3000-token prompt ~1.5 s), proportionally longer on a "
+      "slower or busy one");
   auto* serve_url = serve->add_option("--url", sopt.url, "Server base URL")->capture_default_str();
   serve->add_flag("--spawn", sopt.spawn,
                   "Start blendserve (next to blendctl) on a free loopback port with a temporary data dir; stop it "
