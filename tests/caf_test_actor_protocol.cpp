@@ -817,9 +817,14 @@ CAF_TEST(worker_batches_decode_steps_and_a_request_that_fails_fails_alone) {
   const auto want = ctx->tf->forward(std::span<const int32_t>(&token, 1), alone);
 
   // The compute thread is busy, so both steps wait in the batcher for one job.
-  std::promise<void> release;
+  std::promise<void> release, started;
   auto busy = release.get_future().share();
-  CAF_REQUIRE(ctx->compute->submit([busy] { busy.wait(); }));
+  auto running = started.get_future();
+  CAF_REQUIRE(ctx->compute->submit([busy, &started] {
+    started.set_value();
+    busy.wait();
+  }));
+  running.wait();  // off the queue and running: the queue holds only what follows
   self->send(h->worker, decode_atom::value, healthy, token);
   expect((decode_atom, RequestPtr, int32_t), from(self).to(h->worker).with(_, healthy, token));
   self->send(h->worker, decode_atom::value, full, token);
