@@ -25,6 +25,7 @@
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
 #include "model_fixture.h"
+#include "temp_dir.h"
 
 namespace bs {
 namespace {
@@ -33,20 +34,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using clock_type = std::chrono::steady_clock;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("bs_batching_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using testing::TempDir;
 
 RuntimeConfig config_in(const fs::path& dir) {
   RuntimeConfig c = default_runtime_config();

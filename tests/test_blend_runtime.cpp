@@ -19,6 +19,7 @@
 #include "actors/runtime_context.h"
 #include "blend/rag_prompt.h"
 #include "model_fixture.h"
+#include "temp_dir.h"
 
 namespace bs {
 namespace {
@@ -56,20 +57,7 @@ RuntimeRequest request_for(const Case& c, int max_tokens = 16) {
   return r;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("bs_runtime_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using testing::TempDir;
 
 RuntimeConfig config_in(const fs::path& dir, bool ram = true, bool ssd = true) {
   RuntimeConfig c = default_runtime_config();

@@ -21,6 +21,7 @@
 #include "actors/runtime.h"
 #include "http/server.h"
 #include "model_fixture.h"
+#include "temp_dir.h"
 
 namespace bs {
 namespace {
@@ -38,20 +39,7 @@ const std::vector<std::string> kDocs = {
     "The Great Barrier Reef off the coast of Queensland, Australia, is the largest coral reef system in the world, "
     "with over 2900 individual reefs."};
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("bs_server_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using testing::TempDir;
 
 RuntimeConfig config_in(const fs::path& dir) {
   RuntimeConfig c = default_runtime_config();
