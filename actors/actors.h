@@ -44,7 +44,7 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
 // Spawn detached: its reads block.
 loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, Tier tier,
                                    CountersPtr c);
-// Feeds the compute thread: prefill, decode steps, write-back computes.
+// Feeds the compute thread: prefill, decode steps, write-back and document computes.
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
 // Hands the fused cache to decode; stores computed chunks back to the tiers.
 fusor_actor::behavior_type fusor(fusor_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);

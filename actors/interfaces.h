@@ -5,6 +5,7 @@
 //                                   |                  | layer / loadend / loadfail
 //                                   +----prefill---> layer worker --prefilled--> fusor --start--> decoder
 //   decoder --decode--> worker --logits--> decoder ...      fusor --warm--> worker --kvready--> fusor --store--> ssd loader
+//   caller (Runtime::store_document) --document--> worker: the KV of one document, computed alone
 //   decoder --release--> intake (a slot is free: the next queued request starts); caller --cancel--> intake
 //   every actor --register--> inspector; decoder --trace--> inspector
 #pragma once
@@ -31,7 +32,9 @@ using worker_actor = caf::typed_actor<caf::reacts_to<prefill_atom, RequestPtr>,
                                       caf::reacts_to<load_end_atom, RequestPtr>,
                                       caf::reacts_to<load_fail_atom, RequestPtr, std::string>,
                                       caf::reacts_to<decode_atom, RequestPtr, int32_t>,
-                                      caf::reacts_to<warm_atom, RequestPtr>>;
+                                      caf::reacts_to<warm_atom, RequestPtr>,
+                                      caf::replies_to<document_atom, std::vector<int32_t>>::with<KeyedKv>,
+                                      caf::reacts_to<document_done_atom, DocumentKv>>;
 
 // flush: answers once every store it forwarded before is written.
 using fusor_actor = caf::typed_actor<caf::reacts_to<prefilled_atom, RequestPtr>, caf::reacts_to<kv_ready_atom, KeyedKv>,

@@ -5,9 +5,10 @@
 // steps are batched (continuous batching, actors/decode_batcher.h): a request's
 // next step waits in the batcher and one job runs every waiting request in one
 // Transformer::decode_step; between the layers of a long prefill (and of a
-// write-back compute) a due decode step runs inline, so streams slow down
-// instead of freezing. Write-back computes run in the background. Results go back
-// to the fusor and decoder by message.
+// write-back compute, and of a document stored through Runtime::store_document) a
+// due decode step runs inline, so streams slow down instead of freezing. Write-back
+// computes run in the background. Results go back to the fusor and decoder by
+// message.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -222,6 +223,33 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         if (!r->prompt.prefix.empty() && !r->plan.prefix_loaded) queue(r->prompt.prefix, r->prefix_key);
         for (size_t i = 0; i < r->prompt.chunks.size(); ++i)
           if (!r->plan.chunk_loaded[i] || r->fallback) queue(r->prompt.chunks[i], r->chunk_keys[i]);
+      },
+      [=](document_atom, const std::vector<int32_t>& tokens) -> caf::typed_response_promise<KeyedKv> {
+        BusyScope busy(*c, self->mailbox().size());
+        auto reply = self->make_response_promise<KeyedKv>();
+        const ChunkKey key = ctx->engine->chunk_key(tokens);
+        // Urgent, like a prefill (a caller waits for it), and like a prefill it lets
+        // the decoding streams step between its layers instead of freezing them.
+        // The answer goes back through this actor (document_done): the promise is
+        // delivered in its context, not on the compute thread.
+        const bool queued = ctx->compute->submit([ctx, h, tokens, key, reply] {
+          DocumentKv done{reply, KeyedKv{key, nullptr}, ""};
+          try {
+            done.kv.kv = ctx->engine->compute_chunk_kv(tokens, [ctx, h](int) { interleave_decode(ctx, h); });
+          } catch (const std::exception& e) {
+            done.error = e.what();
+          } catch (...) {
+            done.error = "unknown error";
+          }
+          caf::anon_send(h->worker, document_done_atom::value, std::move(done));
+        });
+        if (!queued) reply.deliver(make_runtime_error(RequestErrc::shutting_down, "the runtime is shut down"));
+        return reply;
+      },
+      [=](document_done_atom, DocumentKv& done) {
+        BusyScope busy(*c, self->mailbox().size());
+        if (done.kv.kv) done.reply.deliver(std::move(done.kv));
+        else done.reply.deliver(make_runtime_error(RequestErrc::internal, "the document's compute failed: " + done.error));
       },
   };
 }

@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
+#include <caf/typed_response_promise.hpp>
 
 #include "actors/request.h"
 
@@ -23,6 +25,14 @@ namespace bs {
 struct KeyedKv {
   ChunkKey key;
   std::shared_ptr<const ChunkKv> kv;
+};
+
+// A document's KV computed for Runtime::store_document, sent by the compute job
+// back to the worker, which answers the caller in its own context.
+struct DocumentKv {
+  caf::typed_response_promise<KeyedKv> reply;
+  KeyedKv kv;         // kv.kv is null when the compute failed
+  std::string error;  // why it failed
 };
 
 // What the inspector reads from every actor: counters the actor updates itself.
@@ -53,6 +63,8 @@ using load_end_atom = caf::atom_constant<caf::atom("loadend")>;   // (RequestPtr
 using load_fail_atom = caf::atom_constant<caf::atom("loadfail")>; // (RequestPtr, why)
 using decode_atom = caf::atom_constant<caf::atom("decode")>;      // (RequestPtr, token): one decode step
 using warm_atom = caf::atom_constant<caf::atom("warm")>;          // (RequestPtr): compute the missed chunks alone
+using document_atom = caf::atom_constant<caf::atom("document")>;  // (tokens) -> KeyedKv: a document's KV computed alone
+using document_done_atom = caf::atom_constant<caf::atom("docdone")>; // (DocumentKv): that compute ended
 // fusor
 using prefilled_atom = caf::atom_constant<caf::atom("prefilled")>;// (RequestPtr): fused cache + first logits ready
 using kv_ready_atom = caf::atom_constant<caf::atom("kvready")>;   // (KeyedKv): a chunk computed for write-back
@@ -75,4 +87,5 @@ inline caf::error make_runtime_error(RequestErrc code, std::string message) {
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::RequestPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::KeyedKv)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::DocumentKv)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::CountersPtr)

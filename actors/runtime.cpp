@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -40,6 +41,16 @@ struct RuntimeSystemConfig : caf::actor_system_config {
   }
 };
 
+// A runtime error answered at the actor boundary, as the RequestError it stands for.
+RequestError request_error_of(caf::actor_system& sys, const caf::error& failure) {
+  std::string message = sys.render(failure);
+  if (failure.category() == runtime_error_category() && failure.context().match_elements<std::string>())
+    message = failure.context().get_as<std::string>(0);
+  const auto code = failure.category() == runtime_error_category() ? static_cast<RequestErrc>(failure.code())
+                                                                    : RequestErrc::internal;
+  return RequestError(code, message);
+}
+
 }  // namespace
 
 struct Runtime::Actors {
@@ -48,6 +59,7 @@ struct Runtime::Actors {
   std::shared_ptr<Handles> h = std::make_shared<Handles>();
   std::mutex mu;
   std::unordered_map<uint64_t, std::weak_ptr<RequestState>> live;
+  int documents = 0;  // store_document calls waiting for the worker (shutdown waits for them)
   bool stopped = false;
 };
 
@@ -146,12 +158,7 @@ uint64_t Runtime::submit(RuntimeRequest request, RequestCallbacks callbacks) {
       std::lock_guard<std::mutex> lock(a.mu);
       a.live.erase(id);
     }
-    std::string message = a.system->render(failure);
-    if (failure.category() == runtime_error_category() && failure.context().match_elements<std::string>())
-      message = failure.context().get_as<std::string>(0);
-    const auto code = failure.category() == runtime_error_category() ? static_cast<RequestErrc>(failure.code())
-                                                                      : RequestErrc::internal;
-    throw RequestError(code, message);
+    throw request_error_of(*a.system, failure);
   }
   return id;
 }
@@ -196,19 +203,34 @@ std::string Runtime::store_document(const std::string& text) {
                                                   std::to_string(ctx_->model->config().context_length));
   const ChunkKey key = ctx_->engine->chunk_key(tokens);
   if (!ctx_->tiered->contains(key)) {
-    // On the compute thread, like every other compute.
-    auto done = std::make_shared<std::promise<std::shared_ptr<const ChunkKv>>>();
-    auto fut = done->get_future();
-    BlendEngine* engine = ctx_->engine.get();
-    if (!ctx_->compute->submit([engine, tokens, done] {
-          try {
-            done->set_value(engine->compute_chunk_kv(tokens));
-          } catch (...) {
-            done->set_exception(std::current_exception());
-          }
-        }))
-      throw RequestError(RequestErrc::shutting_down, "the runtime is shut down");
-    ctx_->tiered->put(key, fut.get());
+    // The layer worker computes it on the compute thread, like every other
+    // compute, with the decoding streams' steps between its layers.
+    auto& a = *actors_;
+    worker_actor worker;
+    {
+      std::lock_guard<std::mutex> lock(a.mu);
+      if (a.stopped) throw RequestError(RequestErrc::shutting_down, "the runtime is shut down");
+      worker = a.h->worker;
+      ++a.documents;  // the actor system outlives this call (shutdown waits)
+    }
+    std::shared_ptr<const ChunkKv> kv;
+    std::optional<RequestError> failure;  // shutting down (the worker or the compute thread stopped), internal
+    {
+      caf::scoped_actor self{*a.system};
+      self->request(worker, caf::infinite, document_atom::value, tokens)
+          .receive([&](KeyedKv& kk) { kv = std::move(kk.kv); },
+                   [&](caf::error& e) {
+                     failure = e.category() == runtime_error_category()
+                                   ? request_error_of(*a.system, e)
+                                   : RequestError(RequestErrc::shutting_down, "the runtime is shut down");
+                   });
+    }
+    {
+      std::lock_guard<std::mutex> lock(a.mu);
+      --a.documents;
+    }
+    if (failure) throw *failure;
+    ctx_->tiered->put(key, std::move(kv));
   }
   return key.hex();
 }
@@ -286,7 +308,7 @@ void Runtime::shutdown(bool finish_write_back) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   auto busy = [&] {
     std::lock_guard<std::mutex> lock(a.mu);
-    return ctx_->in_flight.load() > 0 || ctx_->queued.load() > 0 || !a.live.empty();
+    return ctx_->in_flight.load() > 0 || ctx_->queued.load() > 0 || !a.live.empty() || a.documents > 0;
   };
   while (busy() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -50,7 +50,9 @@ class Runtime {
   DecodeStats decode_stats() const;
 
   // Computes and stores the KV of a document (as a chunk, as it would appear in a
-  // RAG request) unless stored; returns its key (hex).
+  // RAG request) unless stored; returns its key (hex). The layer worker computes it
+  // on the compute thread; decoding streams step between its layers, as during a
+  // prefill. Throws RequestError: invalid (empty), too_long, shutting_down, internal.
   std::string store_document(const std::string& text);
   bool erase_document(const std::string& key_hex);
 

@@ -111,6 +111,11 @@ worker_actor::behavior_type worker_double(worker_actor::pointer, Log log) {
       [=](load_fail_atom, RequestPtr, const std::string&) { log->push_back("worker:loadfail"); },
       [=](decode_atom, RequestPtr, int32_t) { log->push_back("worker:decode"); },
       [=](warm_atom, RequestPtr) { log->push_back("worker:warm"); },
+      [=](document_atom, const std::vector<int32_t>&) -> caf::result<KeyedKv> {
+        log->push_back("worker:document");
+        return make_runtime_error(RequestErrc::internal, "a test double computes nothing");
+      },
+      [=](document_done_atom, const DocumentKv&) { log->push_back("worker:docdone"); },
   };
 }
 
