@@ -47,7 +47,124 @@ std::vector<float> keep_fractions(const BlendOptions& o) {
   return f;
 }
 
+// The check layers sorted, without repeats, each in [1, n_layers - 1].
+std::vector<int> sorted_check_layers(const BlendOptions& o, int n_layers) {
+  std::vector<int> checks = o.check_layers;
+  std::sort(checks.begin(), checks.end());
+  checks.erase(std::unique(checks.begin(), checks.end()), checks.end());
+  if (checks.empty()) throw std::invalid_argument("blend: no check layer");
+  // At layer 0 a token's K/V depend on the token alone, so fresh and loaded agree:
+  // deviation only shows from layer 1 on.
+  if (checks.front() < 1 || checks.back() >= n_layers)
+    throw std::invalid_argument("blend: check layers must be in [1, " + std::to_string(n_layers - 1) + "]");
+  return checks;
+}
+
+// Squared distance of fresh and loaded K and/or V of the token at `pos`, summed over
+// the KV heads. k, v: the token's fresh rows [kv_heads, head_dim]; the cache holds
+// the loaded (position-repaired) KV of `layer`.
+double deviation_of(const float* k, const float* v, int layer, int32_t pos, const KvCache& cache, Deviation d) {
+  double dev = 0;
+  const int64_t hd = cache.head_dim;
+  for (int h = 0; h < cache.kv_heads; ++h) {
+    const float* kf = k + h * hd;
+    const float* vf = v + h * hd;
+    const float* kl = cache.k_at(layer, h, pos);
+    const float* vl = cache.v_at(layer, h, pos);
+    for (int64_t i = 0; i < hd; ++i) {
+      if (d != Deviation::V) dev += static_cast<double>(kf[i] - kl[i]) * (kf[i] - kl[i]);
+      if (d != Deviation::K) dev += static_cast<double>(vf[i] - vl[i]) * (vf[i] - vl[i]);
+    }
+  }
+  return dev;
+}
+
 }  // namespace
+
+// What the selection works on: the cached chunk tokens split into candidates (scored
+// at the check layers) and forced tokens (chunk-start sinks, always recomputed), and
+// the budget's shape.
+struct BlendSelection {
+  std::vector<int32_t> candidates;    // positions, ascending
+  std::vector<int32_t> forced;        // positions, ascending
+  std::vector<int32_t> chunk_of;      // [chunks_end]: chunk index of a position, -1 outside chunks
+  std::vector<int64_t> chunk_cached;  // per chunk: cached tokens (0 if it missed)
+  std::vector<int64_t> chunk_forced;  // per chunk: forced tokens among them
+  int64_t cached = 0;                 // all cached chunk tokens (candidates + forced)
+  std::vector<float> keep;            // kept fraction of `cached` after each check layer
+  std::vector<int> checks;            // check layers, ascending
+};
+
+namespace {
+
+// Recompute budget after a check layer: round(fraction * cached), at least
+// min_tokens, at most everything cached.
+int64_t budget(float fraction, int64_t cached, int min_tokens) {
+  const int64_t t = std::llround(static_cast<double>(fraction) * static_cast<double>(cached));
+  return std::clamp<int64_t>(std::max<int64_t>(t, min_tokens), 0, cached);
+}
+
+// Splits `total` over chunks in proportion to their sizes, exactly (largest
+// remainder; ties to the earlier chunk).
+std::vector<int64_t> apportion(int64_t total, const std::vector<int64_t>& sizes, int64_t sum) {
+  std::vector<int64_t> out(sizes.size(), 0);
+  if (sum <= 0) return out;
+  std::vector<std::pair<double, size_t>> rem;
+  int64_t given = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const double exact = static_cast<double>(total) * static_cast<double>(sizes[i]) / static_cast<double>(sum);
+    out[i] = static_cast<int64_t>(std::floor(exact));
+    given += out[i];
+    rem.emplace_back(exact - static_cast<double>(out[i]), i);
+  }
+  std::stable_sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t j = 0; given < total && j < rem.size(); ++j, ++given) ++out[rem[j].second];
+  return out;
+}
+
+}  // namespace
+
+// Rows that go on after a check layer: every row that is not a candidate, and the
+// candidates with the largest deviation within the budget (the forced tokens are
+// part of it). Largest deviation first, ties by position so the choice is
+// deterministic. Returns row indices ascending and how many candidates stayed.
+static std::pair<std::vector<int64_t>, int64_t> keep_after_check(const BlendSelection& sel,
+                                                                  const BlendOptions& opt, float fraction,
+                                                                  const std::vector<int32_t>& pos,
+                                                                  const std::vector<char>& candidate,
+                                                                  const std::vector<double>& deviation) {
+  const int64_t n = static_cast<int64_t>(pos.size());
+  std::vector<int64_t> kept;
+  std::vector<std::pair<double, int64_t>> scored;  // (deviation, row)
+  for (int64_t i = 0; i < n; ++i) {
+    if (candidate[i]) scored.emplace_back(deviation[i], i);
+    else kept.push_back(i);
+  }
+  const auto larger = [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; };
+  const int64_t total = budget(fraction, sel.cached, opt.min_tokens);
+  int64_t taken = 0;
+  if (opt.quota == Quota::Global) {
+    const int64_t forced = static_cast<int64_t>(sel.forced.size());
+    const int64_t count = std::clamp<int64_t>(total - forced, 0, static_cast<int64_t>(scored.size()));
+    std::partial_sort(scored.begin(), scored.begin() + count, scored.end(), larger);
+    for (int64_t i = 0; i < count; ++i) kept.push_back(scored[i].second);
+    taken = count;
+  } else {
+    const auto share = apportion(total, sel.chunk_cached, sel.cached);
+    std::vector<std::vector<std::pair<double, int64_t>>> by_chunk(sel.chunk_cached.size());
+    for (const auto& s : scored) by_chunk[sel.chunk_of[pos[s.second]]].push_back(s);
+    for (size_t c = 0; c < by_chunk.size(); ++c) {
+      auto& group = by_chunk[c];
+      const int64_t count =
+          std::clamp<int64_t>(share[c] - sel.chunk_forced[c], 0, static_cast<int64_t>(group.size()));
+      std::partial_sort(group.begin(), group.begin() + count, group.end(), larger);
+      for (int64_t i = 0; i < count; ++i) kept.push_back(group[i].second);
+      taken += count;
+    }
+  }
+  std::sort(kept.begin(), kept.end());
+  return {std::move(kept), taken};
+}
 
 const char* mode_name(BlendMode m) {
   switch (m) {
@@ -57,6 +174,33 @@ const char* mode_name(BlendMode m) {
     case BlendMode::Blend: return "blend";
   }
   return "?";
+}
+
+const char* deviation_name(Deviation d) {
+  switch (d) {
+    case Deviation::K: return "k";
+    case Deviation::V: return "v";
+    case Deviation::KV: return "kv";
+  }
+  return "?";
+}
+Deviation parse_deviation(const std::string& s) {
+  if (s == "k") return Deviation::K;
+  if (s == "v") return Deviation::V;
+  if (s == "kv") return Deviation::KV;
+  throw std::invalid_argument("unknown deviation '" + s + "' (k, v, kv)");
+}
+const char* quota_name(Quota q) { return q == Quota::Global ? "global" : "per-chunk"; }
+Quota parse_quota(const std::string& s) {
+  if (s == "global") return Quota::Global;
+  if (s == "per-chunk") return Quota::PerChunk;
+  throw std::invalid_argument("unknown quota '" + s + "' (global, per-chunk)");
+}
+const char* filtering_name(Filtering f) { return f == Filtering::SinglePass ? "single-pass" : "two-pass"; }
+Filtering parse_filtering(const std::string& s) {
+  if (s == "single-pass") return Filtering::SinglePass;
+  if (s == "two-pass") return Filtering::TwoPass;
+  throw std::invalid_argument("unknown filtering '" + s + "' (single-pass, two-pass)");
 }
 
 BlendMode parse_mode(const std::string& s) {
@@ -143,24 +287,12 @@ void BlendEngine::warm(const RagPrompt& prompt) const {
   }
 }
 
-std::vector<int32_t> BlendEngine::select_recompute(const std::vector<int32_t>& prompt_tokens,
-                                                   const std::vector<int32_t>& cached,
-                                                   const std::vector<int32_t>& missed, int64_t chunks_end,
-                                                   const BlendOptions& opt, KvCache& cache, BlendStats& st,
-                                                   const std::function<void(int)>& ready) const {
+std::vector<int32_t> BlendEngine::select_two_pass(const std::vector<int32_t>& prompt_tokens, const BlendSelection& sel,
+                                                  const std::vector<int32_t>& computed, int64_t chunks_end,
+                                                  const BlendOptions& opt, KvCache& cache, BlendStats& st,
+                                                  const std::function<void(int)>& ready) const {
   const auto& c = tf_.model().config();
-  std::vector<int> checks = opt.check_layers;
-  std::sort(checks.begin(), checks.end());
-  checks.erase(std::unique(checks.begin(), checks.end()), checks.end());
-  if (checks.empty()) throw std::invalid_argument("blend: no check layer");
-  // At layer 0 a token's K/V depend on the token alone, so fresh and loaded agree:
-  // deviation only shows from layer 1 on.
-  if (checks.front() < 1 || checks.back() >= c.n_layers)
-    throw std::invalid_argument("blend: check layers must be in [1, " + std::to_string(c.n_layers - 1) + "]");
-  BlendOptions o = opt;
-  o.check_layers = checks;
-  const std::vector<float> keep = keep_fractions(o);
-  const int64_t H = static_cast<int64_t>(cached.size());
+  const std::vector<int>& checks = sel.checks;
   const int last = checks.back();
 
   // Scratch: the layers the selection pass writes are restored afterwards, so the
@@ -170,19 +302,20 @@ std::vector<int32_t> BlendEngine::select_recompute(const std::vector<int32_t>& p
   std::vector<float> saved_k(static_cast<size_t>((last + 1) * layer_floats));
   std::vector<float> saved_v(saved_k.size());
 
-  // Rows: every chunk token (cached or missed), in position order.
-  std::vector<int32_t> pos(cached);
-  pos.insert(pos.end(), missed.begin(), missed.end());
+  // Rows: every candidate and every position before chunks_end computed anyway, in
+  // position order.
+  std::vector<int32_t> pos(sel.candidates);
+  pos.insert(pos.end(), computed.begin(), computed.end());
   std::sort(pos.begin(), pos.end());
-  std::vector<char> is_cached(static_cast<size_t>(chunks_end), 0);
-  for (int32_t p : cached) is_cached[p] = 1;
+  std::vector<char> is_candidate(static_cast<size_t>(chunks_end), 0);
+  for (int32_t p : sel.candidates) is_candidate[p] = 1;
   int64_t n = static_cast<int64_t>(pos.size());
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) ids[i] = prompt_tokens[pos[i]];
   std::vector<float> hidden(static_cast<size_t>(n * c.dim));
   tf_.embed(ids, hidden.data());
 
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
   std::vector<int32_t> selected;
   size_t check_index = 0;
   for (int l = 0; l <= last; ++l) {
@@ -195,43 +328,20 @@ std::vector<int32_t> BlendEngine::select_recompute(const std::vector<int32_t>& p
     }
     std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)), v(static_cast<size_t>(n * kvd));
     tf_.project_qkv(l, hidden.data(), pos.data(), n, q.data(), k.data(), v.data());
-    // Deviation of each cached token: squared distance of fresh vs loaded K and/or V,
-    // summed over KV heads.
-    std::vector<std::pair<double, int64_t>> scored;  // (deviation, row)
-    std::vector<int64_t> keep_rows;
+    std::vector<char> candidate(static_cast<size_t>(n));
+    std::vector<double> dev(static_cast<size_t>(n), 0.0);
     for (int64_t i = 0; i < n; ++i) {
-      if (!is_cached[pos[i]]) {
-        keep_rows.push_back(i);
-        continue;
-      }
-      double dev = 0;
-      for (int h = 0; h < c.n_kv_heads; ++h) {
-        const float* kf = k.data() + i * kvd + h * hd;
-        const float* vf = v.data() + i * kvd + h * hd;
-        const float* kl = cache.k_at(l, h, pos[i]);
-        const float* vl = cache.v_at(l, h, pos[i]);
-        for (int64_t d = 0; d < hd; ++d) {
-          if (opt.deviation != Deviation::V) dev += static_cast<double>(kf[d] - kl[d]) * (kf[d] - kl[d]);
-          if (opt.deviation != Deviation::K) dev += static_cast<double>(vf[d] - vl[d]) * (vf[d] - vl[d]);
-        }
-      }
-      scored.emplace_back(dev, i);
+      candidate[i] = is_candidate[pos[i]];
+      if (candidate[i]) dev[i] = deviation_of(k.data() + i * kvd, v.data() + i * kvd, l, pos[i], cache, opt.deviation);
     }
-    int64_t count = static_cast<int64_t>(std::llround(static_cast<double>(keep[check_index]) * H));
-    count = std::clamp<int64_t>(std::max<int64_t>(count, opt.min_tokens), 0, static_cast<int64_t>(scored.size()));
-    // Largest deviation first; ties by position so the choice is deterministic.
-    std::partial_sort(scored.begin(), scored.begin() + count, scored.end(), [](const auto& a, const auto& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    });
-    st.candidates_per_check.push_back(count);
+    auto [keep_rows, taken] = keep_after_check(sel, opt, sel.keep[check_index], pos, candidate, dev);
+    st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
     if (l == last) {
-      for (int64_t i = 0; i < count; ++i) selected.push_back(pos[scored[i].second]);
-      std::sort(selected.begin(), selected.end());
+      for (int64_t i : keep_rows)
+        if (candidate[i]) selected.push_back(pos[i]);
       break;
     }
     tf_.store_kv(l, pos.data(), n, k.data(), v.data(), cache);
-    for (int64_t i = 0; i < count; ++i) keep_rows.push_back(scored[i].second);
-    std::sort(keep_rows.begin(), keep_rows.end());
     hidden = gather_rows(hidden, c.dim, keep_rows);
     q = gather_rows(q, qd, keep_rows);
     std::vector<int32_t> kept_pos(keep_rows.size());
@@ -261,6 +371,7 @@ void BlendEngine::validate(const RagPrompt& prompt, const BlendOptions& opt, int
                             " to generate) exceeds the model context of " + std::to_string(c.context_length));
   if (!(opt.ratio >= 0.0f && opt.ratio <= 1.0f)) throw std::invalid_argument("blend: ratio must be in [0, 1]");
   if (opt.min_tokens < 0) throw std::invalid_argument("blend: min_tokens must be >= 0");
+  if (opt.sink_tokens < 0) throw std::invalid_argument("blend: sink_tokens must be >= 0");
   if (opt.mode == BlendMode::Blend) {
     if (opt.check_layers.empty()) throw std::invalid_argument("blend: no check layer");
     for (int l : opt.check_layers)
@@ -371,8 +482,10 @@ BlendPrefill BlendEngine::prefill_planned(const RagPrompt& prompt, const Prefill
     is_ready[l] = 1;
   };
 
-  // Positions computed through every layer by the final pass.
-  std::vector<int32_t> active;
+  // Positions computed through every layer; candidates (single pass) narrow at the
+  // check layers.
+  std::vector<int32_t> active, candidates;
+  BlendSelection sel;
   const bool reuse_chunks = opt.mode == BlendMode::Reuse || opt.mode == BlendMode::Blend;
   if (opt.mode == BlendMode::Full) {
     active.resize(static_cast<size_t>(N));
@@ -382,48 +495,120 @@ BlendPrefill BlendEngine::prefill_planned(const RagPrompt& prompt, const Prefill
     if (!plan.prefix_loaded)
       for (int64_t p = 0; p < P; ++p) active.push_back(static_cast<int32_t>(p));
     std::vector<int32_t> cached;  // positions whose KV came from the store
+    sel.chunk_of.assign(static_cast<size_t>(N - S), -1);
+    sel.chunk_cached.assign(prompt.chunks.size(), 0);
+    sel.chunk_forced.assign(prompt.chunks.size(), 0);
     for (size_t i = 0; i < prompt.chunks.size(); ++i) {
       const int64_t off = prompt.chunk_offset(i);
       const int64_t m = static_cast<int64_t>(prompt.chunks[i].size());
+      for (int64_t j = 0; j < m; ++j) sel.chunk_of[off + j] = static_cast<int32_t>(i);
       if (reuse_chunks && plan.chunk_loaded[i]) {
         repair.push_back({off, m});
         ++st.chunks_hit;
-        for (int64_t j = 0; j < m; ++j) cached.push_back(static_cast<int32_t>(off + j));
+        sel.chunk_cached[i] = m;
+        sel.chunk_forced[i] = std::min<int64_t>(opt.sink_tokens, m);
+        for (int64_t j = 0; j < m; ++j) {
+          cached.push_back(static_cast<int32_t>(off + j));
+          (j < sel.chunk_forced[i] ? sel.forced : sel.candidates).push_back(static_cast<int32_t>(off + j));
+        }
       } else {
         for (int64_t j = 0; j < m; ++j) active.push_back(static_cast<int32_t>(off + j));
       }
     }
     st.cached_tokens = static_cast<int64_t>(cached.size());
+    sel.cached = st.cached_tokens;
 
     if (opt.mode == BlendMode::Blend && !cached.empty()) {
       const auto t_sel = clock_type::now();
       std::vector<int32_t> selected;
-      if (opt.ratio >= 1.0f)
+      if (opt.ratio >= 1.0f) {
         selected = cached;
-      else if (opt.ratio > 0.0f)
-        selected = select_recompute(all, cached, active, N - S, opt, cache, st, ready);
-      st.recomputed_tokens = static_cast<int64_t>(selected.size());
-      r.recomputed_positions = selected;
+      } else if (opt.ratio > 0.0f) {
+        sel.checks = sorted_check_layers(opt, c.n_layers);
+        BlendOptions sorted = opt;
+        sorted.check_layers = sel.checks;
+        sel.keep = keep_fractions(sorted);
+        selected = sel.forced;
+        if (opt.filtering == Filtering::TwoPass) {
+          std::vector<int32_t> computed(active);
+          computed.insert(computed.end(), sel.forced.begin(), sel.forced.end());
+          const auto chosen = select_two_pass(all, sel, computed, N - S, opt, cache, st, ready);
+          selected.insert(selected.end(), chosen.begin(), chosen.end());
+        } else {
+          candidates = std::move(sel.candidates);  // narrowed in the pass below
+        }
+      }
       active.insert(active.end(), selected.begin(), selected.end());
+      std::sort(selected.begin(), selected.end());
+      r.recomputed_positions = std::move(selected);
       st.select_seconds = since(t_sel);
     }
     for (int64_t p = N - S; p < N; ++p) active.push_back(static_cast<int32_t>(p));
     std::sort(active.begin(), active.end());
   }
 
-  // Final pass: the active tokens through every layer over the fused cache.
+  // The pass over every layer: the active tokens and the candidates still in the
+  // running, over the fused cache. At a check layer (single pass) every row's fresh
+  // K/V is stored and only the candidates with the largest deviation go on.
   const auto t_comp = clock_type::now();
-  const int64_t n = static_cast<int64_t>(active.size());
+  std::vector<int32_t> rows(active);
+  rows.insert(rows.end(), candidates.begin(), candidates.end());
+  std::sort(rows.begin(), rows.end());
+  std::vector<char> candidate(rows.size(), 0);
+  {
+    size_t j = 0;
+    for (size_t i = 0; i < rows.size() && j < candidates.size(); ++i)
+      if (rows[i] == candidates[j]) candidate[i] = 1, ++j;
+  }
+  int64_t n = static_cast<int64_t>(rows.size());
   std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[i] = all[active[i]];
+  for (int64_t i = 0; i < n; ++i) ids[i] = all[rows[i]];
   std::vector<float> hidden(static_cast<size_t>(n * c.dim));
   tf_.embed(ids, hidden.data());
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  size_t check_index = 0;
   for (int l = 0; l < c.n_layers; ++l) {
     ready(l);
     st.layers[l].compute_begin = rel(clock_type::now());
-    tf_.run_layer(l, hidden.data(), active.data(), n, cache, N);
+    if (candidates.empty() || l != sel.checks[check_index]) {
+      tf_.run_layer(l, hidden.data(), rows.data(), n, cache, N);
+    } else {
+      std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)),
+          v(static_cast<size_t>(n * kvd));
+      tf_.project_qkv(l, hidden.data(), rows.data(), n, q.data(), k.data(), v.data());
+      std::vector<double> dev(static_cast<size_t>(n), 0.0);
+      for (int64_t i = 0; i < n; ++i)
+        if (candidate[i]) dev[i] = deviation_of(k.data() + i * kvd, v.data() + i * kvd, l, rows[i], cache, opt.deviation);
+      auto [keep_rows, taken] = keep_after_check(sel, opt, sel.keep[check_index], rows, candidate, dev);
+      st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
+      // Fresh K/V of every row computed here stay: the dropped candidates' loaded KV
+      // is replaced by the better value at this layer.
+      tf_.store_kv(l, rows.data(), n, k.data(), v.data(), cache);
+      hidden = gather_rows(hidden, c.dim, keep_rows);
+      q = gather_rows(q, qd, keep_rows);
+      std::vector<int32_t> kept(keep_rows.size());
+      std::vector<char> kept_candidate(keep_rows.size());
+      for (size_t i = 0; i < keep_rows.size(); ++i) {
+        kept[i] = rows[keep_rows[i]];
+        kept_candidate[i] = candidate[keep_rows[i]];
+      }
+      rows = std::move(kept);
+      candidate = std::move(kept_candidate);
+      n = static_cast<int64_t>(rows.size());
+      tf_.attend_and_mlp(l, hidden.data(), q.data(), rows.data(), n, cache, N);
+      if (++check_index == sel.checks.size()) {
+        // The survivors are the recomputed tokens; from here on they are active.
+        for (int64_t i = 0; i < n; ++i)
+          if (candidate[i]) r.recomputed_positions.push_back(rows[i]);
+        std::sort(r.recomputed_positions.begin(), r.recomputed_positions.end());
+        std::fill(candidate.begin(), candidate.end(), 0);
+        candidates.clear();
+        st.select_seconds += since(t_comp);
+      }
+    }
     st.layers[l].compute_end = rel(clock_type::now());
   }
+  st.recomputed_tokens = static_cast<int64_t>(r.recomputed_positions.size());
   r.logits.resize(static_cast<size_t>(logit_rows * c.vocab));
   tf_.logits(hidden.data() + (n - logit_rows) * c.dim, logit_rows, r.logits.data());
   cache.length = N;

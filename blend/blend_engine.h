@@ -2,19 +2,23 @@
 // chunk lands, repair its positions (delta-RoPE), and recompute only the tokens
 // whose KV deviates most from what a full prefill would give.
 //
-// The blend runs in two passes:
-//  1. Selection. Chunk tokens that hit the cache are run through the layers up to
-//     the last check layer on a scratch copy of those layers' KV. At each check
-//     layer their fresh K/V are compared with the loaded, repaired K/V; the
-//     tokens with the largest deviation stay candidates. One check layer is the
-//     one-shot variant of the open implementations; several check layers with a
-//     narrowing schedule is the paper's gradual filtering.
-//  2. Blend. The final selection, plus every token of a chunk that missed the
-//     cache, plus the suffix, is computed through all layers; at every layer their
-//     fresh K/V overwrite the loaded ones and their queries attend to the fused KV
-//     of all earlier positions. Everything else keeps its loaded KV.
-// Selection is a pure scoring step, so ratio 1 computes exactly what `full` does
-// and ratio 0 exactly what `reuse` does.
+// Selection and recompute run in one pass over the layers (the paper's form):
+// every token without stored KV (missed chunks, the suffix, a missed prefix) and
+// every cached chunk token (the candidates) start at layer 0. At each check layer
+// the candidates' fresh K/V are compared with the loaded, repaired K/V; the fresh
+// K/V of every row computed there is kept in the cache, and only the candidates
+// with the largest deviation continue to the next layer, from their hidden states.
+// After the last check layer the survivors are the recomputed tokens; everything
+// else keeps its loaded KV from there on. One check layer is the one-shot variant
+// of the open implementations; several with a narrowing schedule is gradual
+// filtering.
+//
+// Filtering::TwoPass keeps the earlier form for comparison: the selection runs on a
+// scratch copy of layers 0..last check layer (restored afterwards), then the
+// selected tokens are recomputed from layer 0 in a second pass, so tokens scored
+// with fresh context go back to loaded KV in the early layers.
+//
+// Ratio 1 computes exactly what `full` does and ratio 0 exactly what `reuse` does.
 #pragma once
 
 #include <chrono>
@@ -37,6 +41,19 @@ const char* mode_name(BlendMode m);
 BlendMode parse_mode(const std::string& s);  // throws std::invalid_argument
 
 enum class Deviation { K, V, KV };
+const char* deviation_name(Deviation d);
+Deviation parse_deviation(const std::string& s);  // throws std::invalid_argument
+
+// How the recompute budget is spread: the largest deviations over all cached
+// chunks, or each cached chunk's share (its tokens / all cached tokens) of the
+// budget taken from its own largest deviations.
+enum class Quota { Global, PerChunk };
+const char* quota_name(Quota q);
+Quota parse_quota(const std::string& s);  // throws std::invalid_argument
+
+enum class Filtering { SinglePass, TwoPass };
+const char* filtering_name(Filtering f);
+Filtering parse_filtering(const std::string& s);  // throws std::invalid_argument
 
 struct BlendOptions {
   BlendMode mode = BlendMode::Blend;
@@ -49,6 +66,13 @@ struct BlendOptions {
   // exactly `reuse` and recomputes none.
   int min_tokens = 1;
   Deviation deviation = Deviation::KV;
+  Quota quota = Quota::Global;
+  Filtering filtering = Filtering::SinglePass;
+  // The first sink_tokens tokens of every cached chunk are always recomputed (they
+  // were the attention sink of the chunk computed alone; in place they are not).
+  // They count towards the budget: the deviation picks the rest. Ratio 0 still
+  // recomputes nothing.
+  int sink_tokens = 0;
 };
 
 struct BlendStats {
@@ -89,6 +113,8 @@ struct BlendPrefill {
   BlendStats stats;
   std::vector<int32_t> recomputed_positions;  // positions of cached tokens that were recomputed
 };
+
+struct BlendSelection;  // blend_engine.cpp: candidates, forced tokens, budget shape
 
 class BlendEngine {
  public:
@@ -132,13 +158,13 @@ class BlendEngine {
   ChunkKey prefix_key(std::span<const int32_t> tokens) const;
 
  private:
-  // Selection pass: scores the cached chunk tokens at the check layers on a scratch
-  // copy of those layers' KV (restored afterwards) and returns the positions to
-  // recompute. `missed` are chunk positions computed anyway (cache misses).
-  std::vector<int32_t> select_recompute(const std::vector<int32_t>& prompt_tokens, const std::vector<int32_t>& cached,
-                                        const std::vector<int32_t>& missed, int64_t chunks_end,
-                                        const BlendOptions& opt, KvCache& cache, BlendStats& stats,
-                                        const std::function<void(int)>& ready) const;
+  // Filtering::TwoPass: scores the candidates at the check layers on a scratch copy
+  // of those layers' KV (restored afterwards) and returns the positions to
+  // recompute. `computed` are positions before chunks_end computed anyway.
+  std::vector<int32_t> select_two_pass(const std::vector<int32_t>& prompt_tokens, const BlendSelection& sel,
+                                       const std::vector<int32_t>& computed, int64_t chunks_end,
+                                       const BlendOptions& opt, KvCache& cache, BlendStats& stats,
+                                       const std::function<void(int)>& ready) const;
 
   const Transformer& tf_;
   KvStore& store_;  // any tier: RAM, SSD, or (later) a storage node

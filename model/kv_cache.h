@@ -49,6 +49,8 @@ struct KvCache {
   // Row of one position of one head in layer l.
   float* k_at(int l, int h, int64_t pos) { return k_layer(l) + (h * capacity + pos) * head_dim; }
   float* v_at(int l, int h, int64_t pos) { return v_layer(l) + (h * capacity + pos) * head_dim; }
+  const float* k_at(int l, int h, int64_t pos) const { return k_layer(l) + (h * capacity + pos) * head_dim; }
+  const float* v_at(int l, int h, int64_t pos) const { return v_layer(l) + (h * capacity + pos) * head_dim; }
 };
 
 }  // namespace bs

@@ -74,6 +74,7 @@ struct BlendSetup {
   MemoryKvStore store{int64_t{1} << 30};
   BlendEngine engine;
 
+  BlendPrefill run(const RagPrompt& prompt, const BlendOptions& o) { return engine.prefill(prompt, o); }
   BlendPrefill run(const RagPrompt& prompt, BlendMode mode, float ratio = 0.15f, int min_tokens = 1,
                    Deviation deviation = Deviation::KV) {
     BlendOptions o;
@@ -126,6 +127,15 @@ TEST_F(BlendSelection, RatioJustBelowOneThroughTheScoringIsFull) {
   EXPECT_EQ(all.stats.recomputed_tokens, H);
   EXPECT_EQ(all.recomputed_positions, iota_positions(prompt.chunk_offset(0), prompt.suffix_offset()));
   const double d_all = max_abs_diff(full.logits, all.logits);
+  BlendOptions two_pass;
+  two_pass.ratio = all_ratio;
+  two_pass.filtering = Filtering::TwoPass;
+  const auto all2 = s.run(prompt, two_pass);
+  two_pass.ratio = 1.0f;
+  const auto ratio1 = s.run(prompt, two_pass);
+  std::printf("[all kept] two-pass vs full %.2e, single vs two-pass %.2e, ratio-1 shortcut vs full %.2e\n",
+              max_abs_diff(full.logits, all2.logits), max_abs_diff(all.logits, all2.logits),
+              max_abs_diff(full.logits, ratio1.logits));
 
   // H - 1 kept: one cached token keeps its reused KV.
   const float but_one_ratio = static_cast<float>((static_cast<double>(H) - 0.75) / static_cast<double>(H));
@@ -176,11 +186,24 @@ TEST_F(BlendSelection, TinyRatioWithMinTokensRecomputesOneTokenAndIsNearReuse) {
   EXPECT_LT(d_reuse, 0.3 * d_full);
   EXPECT_GT(d_reuse, 1e-2);
 
-  // min_tokens = 0: the same ratio scores and keeps nothing, exactly reuse.
-  const auto none = s.run(prompt, BlendMode::Blend, tiny, /*min_tokens=*/0);
+  // min_tokens = 0: the same ratio scores and keeps nothing. Two-pass scoring
+  // restores the loaded KV: exactly reuse. The single pass keeps the fresh KV of
+  // layers 0..1 it computed while scoring: not reuse, but nothing goes beyond.
+  BlendOptions o;
+  o.mode = BlendMode::Blend;
+  o.ratio = tiny;
+  o.min_tokens = 0;
+  o.filtering = Filtering::TwoPass;
+  const auto none = s.engine.prefill(prompt, o);
   EXPECT_EQ(none.stats.candidates_per_check, std::vector<int64_t>{0});
   EXPECT_EQ(none.stats.recomputed_tokens, 0);
   EXPECT_LT(max_abs_diff(reuse.logits, none.logits), 1e-5);
+  o.filtering = Filtering::SinglePass;
+  const auto none1 = s.engine.prefill(prompt, o);
+  EXPECT_EQ(none1.stats.candidates_per_check, std::vector<int64_t>{0});
+  EXPECT_EQ(none1.stats.recomputed_tokens, 0);
+  EXPECT_EQ(none1.stats.computed_tokens, static_cast<int64_t>(prompt.suffix.size()));
+  EXPECT_GT(max_abs_diff(reuse.logits, none1.logits), 1e-3);
 }
 
 // The deviation select_recompute defines, recomputed here from the public pieces:
@@ -258,8 +281,8 @@ std::vector<int32_t> extreme_k(const OracleScores& o, int64_t count, bool larges
   return out;
 }
 
-// The engine's one-shot selection (check layer 1, ratio 0.15) picks exactly the top-k
-// tokens of the oracle's deviation, for K+V, K and V deviations, with every chunk
+// The engine's one-shot selection (check layer 1, ratio 0.15; single pass and two
+// passes) picks exactly the top-k tokens of the oracle's deviation, for K+V, K and V deviations, with every chunk
 // cached and with one chunk missed (its tokens run through layer 0 as context but
 // are never candidates).
 TEST_F(BlendSelection, SelectedTokensAreTheTopKOfTheLayerOneDeviation) {
@@ -279,7 +302,15 @@ TEST_F(BlendSelection, SelectedTokensAreTheTopKOfTheLayerOneDeviation) {
   for (const auto& cs : cases) {
     SCOPED_TRACE(cs.name);
     if (cs.hit[2]) s.engine.warm(prompt);
-    const auto r = s.run(prompt, BlendMode::Blend, 0.15f, 1, cs.deviation);
+    BlendOptions o;
+    o.ratio = 0.15f;
+    o.deviation = cs.deviation;
+    o.filtering = Filtering::TwoPass;
+    const auto two = s.run(prompt, o);
+    o.filtering = Filtering::SinglePass;
+    const auto r = s.run(prompt, o);
+    // Both forms score at layer 1 from the same layer-0 state: the same choice.
+    EXPECT_EQ(two.recomputed_positions, r.recomputed_positions);
     int hits = 0;
     for (char h : cs.hit) hits += h;
     ASSERT_EQ(r.stats.chunks_hit, hits);
@@ -432,6 +463,200 @@ TEST_F(BlendSelection, PartlyCachedPromptCountsAndQuality) {
     // ordering is asserted.
     EXPECT_LT(kl_blend, kl_reuse);
   }
+}
+
+
+// Cached positions of the prompt whose K and V in `layer` are bit for bit those of
+// `other` (the loaded KV left as reuse leaves it) in every KV head.
+int64_t count_identical_rows(const KvCache& a, const KvCache& other, int layer, const std::vector<int32_t>& positions) {
+  int64_t same = 0;
+  for (int32_t p : positions) {
+    bool eq = true;
+    for (int h = 0; h < a.kv_heads && eq; ++h)
+      eq = std::memcmp(a.k_at(layer, h, p), other.k_at(layer, h, p), a.head_dim * sizeof(float)) == 0 &&
+           std::memcmp(a.v_at(layer, h, p), other.v_at(layer, h, p), a.head_dim * sizeof(float)) == 0;
+    same += eq;
+  }
+  return same;
+}
+
+// Largest |K - K'| or |V - V'| of one position in one layer over the KV heads.
+double row_max_diff(const KvCache& a, const KvCache& b, int layer, int32_t p) {
+  double m = 0;
+  for (int h = 0; h < a.kv_heads; ++h)
+    for (int64_t d = 0; d < a.head_dim; ++d) {
+      m = std::max(m, static_cast<double>(std::fabs(a.k_at(layer, h, p)[d] - b.k_at(layer, h, p)[d])));
+      m = std::max(m, static_cast<double>(std::fabs(a.v_at(layer, h, p)[d] - b.v_at(layer, h, p)[d])));
+    }
+  return m;
+}
+
+std::vector<int32_t> cached_positions(const RagPrompt& prompt) {
+  return iota_positions(prompt.chunk_offset(0), prompt.suffix_offset());
+}
+
+// The single pass keeps what it computed while scoring (gradual filtering, check
+// layers 1, 2, 3): at layer 1 every cached token has full's KV (layer 0 ran over
+// everything with the exact prefix); at layer 2 exactly the survivors of check 1
+// have fresh KV and every other cached token still has its loaded KV, bit for bit
+// as reuse leaves it; at layer 3 the survivors of check 2; above, the recomputed
+// tokens. Two passes restore the loaded KV at the check layer: there only the
+// recomputed tokens differ from reuse, in every layer.
+TEST_F(BlendSelection, SinglePassKeepsTheKvComputedWhileScoring) {
+  BlendSetup s;
+  const auto prompt = make_prompt(s.m, kDocs, kQuestion);
+  s.engine.warm(prompt);
+  const auto cached = cached_positions(prompt);
+  const int64_t H = static_cast<int64_t>(cached.size());
+  const int64_t N = prompt.size();
+  BlendOptions o;
+  o.mode = BlendMode::Full;
+  auto full = s.engine.prefill(prompt, o);
+  o.mode = BlendMode::Reuse;
+  auto reuse = s.engine.prefill(prompt, o);
+  o.mode = BlendMode::Blend;
+  o.ratio = 0.15f;
+  o.check_layers = {1, 2, 3};
+  auto one = s.engine.prefill(prompt, o);
+  const auto& kept = one.stats.candidates_per_check;
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept[2], std::llround(0.15 * H));
+  EXPECT_GT(kept[0], kept[1]);
+  EXPECT_GT(kept[1], kept[2]);
+  ASSERT_EQ(one.stats.recomputed_tokens, kept[2]);
+  ASSERT_EQ(one.cache.length, N);
+
+  double worst_fresh = 0, best_loaded = 1e30;
+  for (int32_t p : cached) {
+    worst_fresh = std::max(worst_fresh, row_max_diff(one.cache, full.cache, 1, p));
+    best_loaded = std::min(best_loaded, row_max_diff(reuse.cache, full.cache, 1, p));
+  }
+  std::printf("[layer 1 vs full] single pass worst %.2e; loaded KV best %.2e\n", worst_fresh, best_loaded);
+  // Measured (AVX2, fp32): fresh within ~1e-5 of full; the loaded KV of every cached
+  // token at least ~1e-2 away.
+  EXPECT_LT(worst_fresh, 1e-3);
+  EXPECT_GT(best_loaded, 10 * worst_fresh);
+  EXPECT_EQ(count_identical_rows(one.cache, reuse.cache, 1, cached), 0);
+  EXPECT_EQ(count_identical_rows(one.cache, reuse.cache, 2, cached), H - kept[0]);
+  EXPECT_EQ(count_identical_rows(one.cache, reuse.cache, 3, cached), H - kept[1]);
+  for (int l = 4; l < s.m.config().n_layers; ++l)
+    EXPECT_EQ(count_identical_rows(one.cache, reuse.cache, l, cached), H - kept[2]) << "layer " << l;
+
+  o.check_layers = {1};
+  o.filtering = Filtering::TwoPass;
+  auto two = s.engine.prefill(prompt, o);
+  const int64_t k2 = two.stats.recomputed_tokens;
+  ASSERT_EQ(k2, std::llround(0.15 * H));
+  for (int l = 1; l < s.m.config().n_layers; ++l)
+    EXPECT_EQ(count_identical_rows(two.cache, reuse.cache, l, cached), H - k2) << "layer " << l;
+}
+
+// Per-chunk quotas: the budget round(0.15 H) split over the cached chunks in
+// proportion to their sizes (largest remainder), each chunk's share taken from its
+// own largest layer-1 deviations (the oracle's), with one chunk missed.
+TEST_F(BlendSelection, PerChunkQuotaTakesEachChunksShareFromItsOwnTopDeviations) {
+  BlendSetup s;
+  const auto prompt = make_prompt(s.m, kDocs, kQuestion);
+  s.engine.warm(make_prompt(s.m, {kDocs[0], kDocs[2], kDocs[3]}, kQuestion));
+  const std::vector<char> hit = {1, 0, 1, 1};
+  const auto oracle = oracle_layer1_deviation(s, prompt, hit, Deviation::KV);
+  const int64_t H = static_cast<int64_t>(oracle.positions.size());
+  const int64_t total = std::llround(0.15 * H);
+  // Each chunk's share, computed here independently.
+  std::vector<int64_t> sizes, share;
+  std::vector<double> rem;
+  int64_t given = 0;
+  for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+    sizes.push_back(hit[i] ? static_cast<int64_t>(prompt.chunks[i].size()) : 0);
+    const double exact = static_cast<double>(total) * sizes[i] / H;
+    share.push_back(static_cast<int64_t>(exact));
+    rem.push_back(exact - share.back());
+    given += share.back();
+  }
+  while (given < total) {
+    const size_t best = std::max_element(rem.begin(), rem.end()) - rem.begin();
+    ++share[best];
+    rem[best] = -1;
+    ++given;
+  }
+  std::vector<int32_t> expected;
+  for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+    if (!hit[i]) continue;
+    const int64_t off = prompt.chunk_offset(i), m = static_cast<int64_t>(prompt.chunks[i].size());
+    OracleScores mine;
+    for (size_t j = 0; j < oracle.positions.size(); ++j)
+      if (oracle.positions[j] >= off && oracle.positions[j] < off + m) {
+        mine.positions.push_back(oracle.positions[j]);
+        mine.deviation.push_back(oracle.deviation[j]);
+      }
+    const auto top = extreme_k(mine, share[i], true);
+    expected.insert(expected.end(), top.begin(), top.end());
+  }
+  std::sort(expected.begin(), expected.end());
+  BlendOptions o;
+  o.ratio = 0.15f;
+  o.quota = Quota::PerChunk;
+  for (Filtering f : {Filtering::SinglePass, Filtering::TwoPass}) {
+    SCOPED_TRACE(filtering_name(f));
+    o.filtering = f;
+    const auto r = s.run(prompt, o);
+    EXPECT_EQ(r.stats.candidates_per_check, std::vector<int64_t>{total});
+    EXPECT_EQ(r.recomputed_positions, expected);
+  }
+  // The global top-k of the same deviations is a different set here (otherwise this
+  // test could not tell the two apart).
+  o.quota = Quota::Global;
+  EXPECT_NE(s.run(prompt, o).recomputed_positions, expected);
+}
+
+// Chunk-start sinks: the first k tokens of every cached chunk are recomputed and
+// count towards the budget; the rest of the budget goes to the largest deviations
+// among the other cached tokens. Ratio 0 is still reuse.
+TEST_F(BlendSelection, SinkTokensAreRecomputedWithinTheBudget) {
+  BlendSetup s;
+  const auto prompt = make_prompt(s.m, kDocs, kQuestion);
+  s.engine.warm(prompt);
+  const std::vector<char> hit(prompt.chunks.size(), 1);
+  const auto oracle = oracle_layer1_deviation(s, prompt, hit, Deviation::KV);
+  const int64_t H = static_cast<int64_t>(oracle.positions.size());
+  const int k = 2;
+  std::set<int32_t> sinks;
+  for (size_t i = 0; i < prompt.chunks.size(); ++i)
+    for (int j = 0; j < k; ++j) sinks.insert(static_cast<int32_t>(prompt.chunk_offset(i) + j));
+  OracleScores rest;
+  for (size_t j = 0; j < oracle.positions.size(); ++j)
+    if (!sinks.count(oracle.positions[j])) {
+      rest.positions.push_back(oracle.positions[j]);
+      rest.deviation.push_back(oracle.deviation[j]);
+    }
+  const int64_t total = std::llround(0.15 * H);
+  auto expected = extreme_k(rest, total - static_cast<int64_t>(sinks.size()), true);
+  expected.insert(expected.end(), sinks.begin(), sinks.end());
+  std::sort(expected.begin(), expected.end());
+
+  BlendOptions o;
+  o.ratio = 0.15f;
+  o.sink_tokens = k;
+  for (Filtering f : {Filtering::SinglePass, Filtering::TwoPass}) {
+    SCOPED_TRACE(filtering_name(f));
+    o.filtering = f;
+    const auto r = s.run(prompt, o);
+    EXPECT_EQ(r.stats.recomputed_tokens, total);
+    EXPECT_EQ(r.recomputed_positions, expected);
+  }
+  // A budget smaller than the sinks: only the sinks.
+  o.ratio = static_cast<float>(0.25 / static_cast<double>(H));
+  o.min_tokens = 0;
+  const auto few = s.run(prompt, o);
+  EXPECT_EQ(few.recomputed_positions, std::vector<int32_t>(sinks.begin(), sinks.end()));
+  // Ratio 0: nothing recomputed, exactly reuse.
+  o.ratio = 0.0f;
+  const auto zero = s.run(prompt, o);
+  EXPECT_TRUE(zero.recomputed_positions.empty());
+  EXPECT_LT(max_abs_diff(zero.logits, s.run(prompt, BlendMode::Reuse).logits), 1e-5);
+  o.sink_tokens = -1;
+  o.ratio = 0.15f;
+  EXPECT_THROW(s.run(prompt, o), std::invalid_argument);
 }
 
 }  // namespace

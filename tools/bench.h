@@ -79,6 +79,11 @@ struct EvalOptions {
   float ratio = 0.15f;
   std::vector<int> check_layers{1};
   std::vector<float> schedule;
+  std::string deviation = "kv";        // k | v | kv
+  std::string quota = "global";        // global | per-chunk
+  std::string filtering = "single-pass";  // single-pass | two-pass
+  int sink_tokens = 0;                 // first tokens of each cached chunk always recomputed
+  std::string reference_dir;           // keeps/reads full's teacher-forced reference per case
   int skip_cases = 0;  // start after the first N cases (split a long run)
   int max_cases = 0;   // 0: all
   int max_tokens = 32;

@@ -146,6 +146,20 @@ int main(int argc, char** argv) {
   eval->add_option("--ratio", eopt.ratio, "Blend recompute ratio")->check(CLI::Range(0.0, 1.0));
   eval->add_option("--check-layers", eopt.check_layers, "Blend check layers (several = gradual filtering)");
   eval->add_option("--schedule", eopt.schedule, "Kept fractions after each check layer but the last");
+  eval->add_option("--deviation", eopt.deviation, "What the blend compares: k, v or kv")
+      ->check(CLI::IsMember({"k", "v", "kv"}))
+      ->capture_default_str();
+  eval->add_option("--quota", eopt.quota, "Recompute budget: global top-k or per-chunk shares")
+      ->check(CLI::IsMember({"global", "per-chunk"}))
+      ->capture_default_str();
+  eval->add_option("--filtering", eopt.filtering, "single-pass (fresh KV kept while scoring) or two-pass")
+      ->check(CLI::IsMember({"single-pass", "two-pass"}))
+      ->capture_default_str();
+  eval->add_option("--sink-tokens", eopt.sink_tokens, "First tokens of each cached chunk always recomputed")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  eval->add_option("--reference-dir", eopt.reference_dir,
+                   "Keep full's teacher-forced reference per case here and read it in later runs");
   eval->add_option("--max-cases", eopt.max_cases, "Evaluate at most N cases")->check(CLI::NonNegativeNumber);
   eval->add_option("--skip-cases", eopt.skip_cases, "Skip the first N cases")->check(CLI::NonNegativeNumber);
   eval->add_option("--max-tokens", eopt.max_tokens, "Answer length limit")->check(CLI::Range(1, 512));

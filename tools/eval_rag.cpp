@@ -4,9 +4,18 @@
 // answers), first-token KL divergence from `full`, teacher-forced top-1
 // agreement with `full` over the first gold answer, and TTFT. One JSON line per
 // case and mode, then one summary line per mode.
+//
+// `full`'s teacher-forced logits are the reference of every mode. They cost a full
+// prefill per case (most of a blend-only run's time on a CPU), so --reference-dir
+// keeps what the metrics need of them (the first row, each row's argmax) in files
+// named by the model fingerprint, precision, prompt and answer: a later run with
+// other blend options reads them instead.
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <stdexcept>
 
@@ -17,6 +26,7 @@
 #include "tools/eval/metrics.h"
 #include "model/generate.h"
 #include "tools/bench.h"
+#include "tools/progress.h"
 
 namespace bs::tools {
 namespace {
@@ -28,6 +38,56 @@ struct Totals {
   int cases = 0;
   int forced_cases = 0;  // cases whose answer has tokens (teacher-forced KL and agreement)
 };
+
+// What the metrics need of full's teacher-forced logits: the first row (KL) and
+// every row's argmax (agreement).
+struct Reference {
+  std::vector<float> first;     // [vocab]
+  std::vector<int64_t> argmax;  // [answer tokens]
+};
+
+int64_t argmax_row(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+// The reference file of one case: named by everything that determines its content.
+std::filesystem::path reference_file(const std::string& dir, uint64_t fingerprint, const std::string& precision,
+                                     const std::vector<int32_t>& tokens, int64_t answer_rows) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the token ids
+  for (int32_t t : tokens)
+    for (int b = 0; b < 4; ++b) h = (h ^ ((static_cast<uint32_t>(t) >> (8 * b)) & 0xffu)) * 1099511628211ull;
+  char name[96];
+  std::snprintf(name, sizeof name, "%016llx-%s-%016llx-%lld.ref", static_cast<unsigned long long>(fingerprint),
+                precision.c_str(), static_cast<unsigned long long>(h), static_cast<long long>(answer_rows));
+  return std::filesystem::path(dir) / name;
+}
+
+// Reads a reference file; false if it is missing or does not have the expected size.
+bool read_reference(const std::filesystem::path& file, int64_t V, int64_t A, Reference& ref) {
+  std::ifstream f(file, std::ios::binary);
+  if (!f) return false;
+  ref.first.resize(static_cast<size_t>(V));
+  ref.argmax.resize(static_cast<size_t>(A));
+  f.read(reinterpret_cast<char*>(ref.first.data()), static_cast<std::streamsize>(V * sizeof(float)));
+  f.read(reinterpret_cast<char*>(ref.argmax.data()), static_cast<std::streamsize>(A * sizeof(int64_t)));
+  return static_cast<bool>(f) && f.peek() == std::ifstream::traits_type::eof();
+}
+
+void write_reference(const std::filesystem::path& file, int64_t V, const Reference& ref) {
+  std::filesystem::create_directories(file.parent_path());
+  const auto tmp = file.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(ref.first.data()), static_cast<std::streamsize>(V * sizeof(float)));
+    f.write(reinterpret_cast<const char*>(ref.argmax.data()),
+            static_cast<std::streamsize>(ref.argmax.size() * sizeof(int64_t)));
+    if (!f) throw std::runtime_error("cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, file);  // whole or absent
+}
 
 }  // namespace
 
@@ -47,12 +107,25 @@ int eval_rag(const EvalOptions& opt) {
   const int64_t V = model.config().vocab;
   std::map<BlendMode, Totals> totals;
 
-  std::string line;
-  int case_no = 0;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    if (opt.max_cases > 0 && case_no >= opt.skip_cases + opt.max_cases) break;
-    if (case_no++ < opt.skip_cases) continue;
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) lines.push_back(l);
+  const int first = std::min<int>(opt.skip_cases, static_cast<int>(lines.size()));
+  const int last = opt.max_cases > 0 ? std::min<int>(first + opt.max_cases, static_cast<int>(lines.size()))
+                                     : static_cast<int>(lines.size());
+  Progress progress("eval cases", last - first);
+  BlendOptions blend_opt;
+  blend_opt.ratio = opt.ratio;
+  blend_opt.check_layers = opt.check_layers;
+  blend_opt.schedule = opt.schedule;
+  blend_opt.deviation = parse_deviation(opt.deviation);
+  blend_opt.quota = parse_quota(opt.quota);
+  blend_opt.filtering = parse_filtering(opt.filtering);
+  blend_opt.sink_tokens = opt.sink_tokens;
+  int reference_hits = 0;
+
+  for (int case_no = first; case_no < last; ++case_no) {
+    const std::string& line = lines[static_cast<size_t>(case_no)];
     json c = json::parse(line);
     const auto docs = c.at("documents").get<std::vector<std::string>>();
     const auto answers = c.at("answers").get<std::vector<std::string>>();
@@ -74,23 +147,35 @@ int eval_rag(const EvalOptions& opt) {
     if (A > 0) forced.suffix.insert(forced.suffix.end(), answer_ids.begin(), answer_ids.end() - 1);
     BlendOptions ref_opt;
     ref_opt.mode = BlendMode::Full;
-    // Only the logits are kept: the whole prefill result carries the prompt's KV cache.
-    const std::vector<float> reference = A > 0 ? engine.prefill(forced, ref_opt, 0, A).logits : std::vector<float>{};
+    Reference reference;
+    if (A > 0) {
+      std::filesystem::path file;
+      if (!opt.reference_dir.empty())
+        file = reference_file(opt.reference_dir, model.fingerprint(), kernels::precision_name(precision),
+                              forced.concatenated(), A);
+      if (!file.empty() && read_reference(file, V, A, reference)) {
+        ++reference_hits;
+      } else {
+        // Only the logits are kept: the whole prefill result carries the prompt's KV cache.
+        const std::vector<float> logits = engine.prefill(forced, ref_opt, 0, A).logits;
+        reference.first.assign(logits.begin(), logits.begin() + V);
+        reference.argmax.resize(static_cast<size_t>(A));
+        for (int64_t r = 0; r < A; ++r) reference.argmax[r] = argmax_row(&logits[r * V], V);
+        if (!file.empty()) write_reference(file, V, reference);
+      }
+    }
 
     for (BlendMode mode : modes) {
-      BlendOptions o;
+      BlendOptions o = blend_opt;
       o.mode = mode;
-      o.ratio = opt.ratio;
-      o.check_layers = opt.check_layers;
-      o.schedule = opt.schedule;
       double kl = 0;
       int64_t agree = 0;
-      if (A > 0) {
-        const std::vector<float> forced_logits =
-            mode == BlendMode::Full ? reference : engine.prefill(forced, o, 0, A).logits;
-        kl = blend::kl_divergence(reference.data(), forced_logits.data(), V);
-        for (int64_t r = 0; r < A; ++r)
-          agree += argmax(&reference[r * V], V) == argmax(&forced_logits[r * V], V);
+      if (A > 0 && mode == BlendMode::Full) {
+        agree = A;  // the reference itself (the forward pass is deterministic)
+      } else if (A > 0) {
+        const std::vector<float> forced_logits = engine.prefill(forced, o, 0, A).logits;
+        kl = blend::kl_divergence(reference.first.data(), forced_logits.data(), V);
+        for (int64_t r = 0; r < A; ++r) agree += reference.argmax[r] == argmax_row(&forced_logits[r * V], V);
       }
 
       // TTFT without one-time set-up (a GEMM primitive for a prompt length not seen
@@ -131,6 +216,7 @@ int eval_rag(const EvalOptions& opt) {
         std::fflush(stdout);
       }
     }
+    progress.tick();
   }
   for (BlendMode mode : modes) {
     const auto& t = totals[mode];
@@ -149,7 +235,13 @@ int eval_rag(const EvalOptions& opt) {
     if (mode == BlendMode::Blend) {
       s["ratio"] = opt.ratio;
       s["check_layers"] = opt.check_layers;
+      if (!opt.schedule.empty()) s["schedule"] = opt.schedule;
+      s["filtering"] = filtering_name(blend_opt.filtering);
+      s["quota"] = quota_name(blend_opt.quota);
+      s["deviation"] = deviation_name(blend_opt.deviation);
+      s["sink_tokens"] = blend_opt.sink_tokens;
     }
+    if (!opt.reference_dir.empty()) s["reference_cases_read"] = reference_hits;
     std::printf("%s\n", s.dump().c_str());
   }
   return 0;
