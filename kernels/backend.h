@@ -126,6 +126,25 @@ class Backend {
                          int64_t n_kv, int64_t kv_stride, float scale,
                          Precision precision  // BF16: bf16 dot products, fp32 softmax/accumulation
                          ) = 0;
+
+  // One decode query per row, each row a different sequence with its own cache: row i
+  // (q_heads heads) attends to k[i], v[i] ([kv_heads, kv_stride[i], head_dim]) rows
+  // [0, qpos[i]]. Every row equals attention() of that row alone with n_kv = qpos[i] + 1
+  // (a batched decode step relies on it); a backend overrides this to spread the rows'
+  // heads over its threads at once.
+  virtual void attention_rows(const float* q,             // [n, q_heads, head_dim]
+                              const int32_t* qpos,        // [n]
+                              const float* const* k,      // [n]
+                              const float* const* v,      // [n]
+                              const int64_t* kv_stride,   // [n]
+                              float* out,                 // [n, q_heads, head_dim]
+                              int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                              Precision precision) {
+    const int64_t qd = q_heads * head_dim;
+    for (int64_t i = 0; i < n; ++i)
+      attention(q + i * qd, qpos + i, k[i], v[i], out + i * qd, 1, q_heads, kv_heads, head_dim, qpos[i] + 1,
+                kv_stride[i], scale, precision);
+  }
 };
 
 std::unique_ptr<Backend> make_reference_backend();

@@ -175,6 +175,8 @@ void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache
   std::vector<float> hidden(static_cast<size_t>(B * c.dim));
   embed(tokens, hidden.data());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<const float*> k_rows(static_cast<size_t>(B)), v_rows(static_cast<size_t>(B));
+  std::vector<int64_t> strides(static_cast<size_t>(B));
   for (int l = 0; l < c.n_layers; ++l) {
     float* q = scratch(kQ, B * qd);
     float* k = scratch(kK, B * kvd);
@@ -184,9 +186,13 @@ void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache
     for (int64_t b = 0; b < B; ++b) {
       KvCache& cache = *caches[b];
       store_kv(l, &pos[b], 1, k + b * kvd, v + b * kvd, cache);
-      be.attention(q + b * qd, &pos[b], cache.k_layer(l), cache.v_layer(l), attn + b * qd, 1, c.n_heads,
-                   c.n_kv_heads, hd, pos[b] + 1, cache.capacity, scale, model_.precision());
+      k_rows[b] = cache.k_layer(l);
+      v_rows[b] = cache.v_layer(l);
+      strides[b] = cache.capacity;
     }
+    // Each row over its own cache, all rows in one call (= attention() of each alone).
+    be.attention_rows(q, pos.data(), k_rows.data(), v_rows.data(), strides.data(), attn, B, c.n_heads, c.n_kv_heads,
+                      hd, scale, model_.precision());
     project_and_mlp(l, hidden.data(), attn, B);
   }
   for (int64_t b = 0; b < B; ++b) caches[b]->length = pos[b] + 1;

@@ -60,7 +60,7 @@ class CpuBackend final : public Backend {
     out->view = w;
     out->packed = cpu::pack_for_gemm(w, precision);
     if (w.type == TensorType::Q4_0 || w.type == TensorType::Q4_1) {
-      out->block_scales.resize(static_cast<size_t>(w.out_features * 2 * (w.in_features / 32)));
+      out->block_scales.resize(static_cast<size_t>(cpu::block_scales_count(w.out_features, w.in_features)));
       cpu::extract_block_scales(w.type, w.data, w.out_features, w.in_features, out->block_scales.data());
     }
     return out;
@@ -118,6 +118,19 @@ class CpuBackend final : public Backend {
       k_.attention_bf16(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
     else
       k_.attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
+  }
+
+  // One parallel loop over every row's heads (attention() per row would be one per row,
+  // 9 heads over the threads each time); the rows are attention_decode's, n = 1.
+  void attention_rows(const float* q, const int32_t* qpos, const float* const* k, const float* const* v,
+                      const int64_t* kv_stride, float* out, int64_t n, int64_t q_heads, int64_t kv_heads,
+                      int64_t head_dim, float scale, Precision precision) override {
+    require(precision);
+    if (head_dim % 16 != 0 || head_dim > 256)
+      throw std::invalid_argument("cpu attention: head_dim must be a multiple of 16 and <= 256");
+    for (int64_t i = 0; i < n; ++i)
+      if (qpos[i] < 0 || qpos[i] >= kv_stride[i]) throw std::out_of_range("cpu attention_rows: position outside the cache");
+    k_.attention_decode_rows(q, qpos, k, v, kv_stride, out, n, q_heads, kv_heads, head_dim, scale);
   }
 
  private:
@@ -197,14 +210,18 @@ void extract_block_scales(TensorType type, const void* w, int64_t rows, int64_t 
   const TensorTypeTraits& t = type_traits(type);
   const int64_t blocks = in_features / t.block_elements;
   const auto* p = static_cast<const uint8_t*>(w);
-  for (int64_t r = 0; r < rows; ++r, out += 2 * blocks)
+  std::fill_n(out, block_scales_count(rows, in_features), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b, p += t.block_bytes) {
       uint16_t h[2] = {0, 0};
       std::memcpy(h, p, type == TensorType::Q4_1 ? 4 : 2);
-      out[b] = fp16_to_fp32(h[0]);
-      out[blocks + b] = type == TensorType::Q4_1 ? fp16_to_fp32(h[1]) : 0.0f;
+      float* at = out + ((r / 8) * blocks + b) * 16 + r % 8;
+      at[0] = fp16_to_fp32(h[0]);
+      at[8] = type == TensorType::Q4_1 ? fp16_to_fp32(h[1]) : 0.0f;
     }
 }
+
+int64_t block_scales_count(int64_t rows, int64_t in_features) { return (rows + 7) / 8 * (in_features / 32) * 16; }
 
 const CpuKernels& kernels_for(CpuIsa isa) {
   switch (isa) {

@@ -49,6 +49,12 @@ struct CpuKernels {
   // Same contract for a few queries (decode): reads the cache rows as they are, fp32.
   decltype(attention) attention_decode;
 
+  // Backend::attention_rows: one query per row, each row its own cache; row i equals
+  // attention_decode of that row alone with n_kv = qpos[i] + 1.
+  void (*attention_decode_rows)(const float* q, const int32_t* qpos, const float* const* k, const float* const* v,
+                                const int64_t* kv_stride, float* out, int64_t n, int64_t q_heads, int64_t kv_heads,
+                                int64_t head_dim, float scale);
+
   // Same contract, bf16 dot products with fp32 softmax and accumulation; nullptr in
   // variants without native bf16 arithmetic.
   decltype(attention) attention_bf16;
@@ -57,8 +63,8 @@ struct CpuKernels {
   // accumulation; for the few rows of decode steps.
   void (*gemv_quantized)(TensorType type,
                          const void* w,   // [out_features] rows of `type` blocks
-                         // Q4_0/Q4_1: [out_features, 2, in_features / 32] each row's block
-                         // scales d then offsets m as fp32 (extract_block_scales), else nullptr
+                         // Q4_0/Q4_1: the block scales d and offsets m as fp32
+                         // (extract_block_scales), else nullptr
                          const float* block_scales,
                          const float* x,  // [n, in_features]
                          float* y,        // [n, out_features]
@@ -71,9 +77,12 @@ struct CpuKernels {
                   int64_t count);
 };
 
-// The fp32 block scales of a Q4_0/Q4_1 matrix for gemv_quantized: per row, d of every
-// block, then m (0 for Q4_0). [rows, 2, in_features / 32].
+// The fp32 block scales of a Q4_0/Q4_1 matrix for gemv_quantized, by groups of 8 rows:
+// [ceil(rows / 8), in_features / 32, 16], per group and block d of its 8 rows, then m
+// of its 8 rows (0 for Q4_0, and for the rows past `rows`).
+// block_scales_count(rows, in_features) floats.
 void extract_block_scales(TensorType type, const void* w, int64_t rows, int64_t in_features, float* out);
+int64_t block_scales_count(int64_t rows, int64_t in_features);
 
 // One table per variant, defined in kernels/cpu/variant/kernel_table.cpp.
 namespace isa_scalar { extern const CpuKernels kKernels; }

@@ -1,69 +1,197 @@
 // Attention for a handful of query tokens (decode steps): reads the cache rows as
-// they are, fp32, one query head per work item. The tiled kernel re-layouts K per
-// call, which costs as much as the whole product when there is one query.
+// they are, fp32. The tiled kernel re-layouts K per call, which costs as much as the
+// whole product when there is one query.
+//
+// Work items are query heads, or, when there are enough of them to share out, the
+// query heads of one KV head together (GQA groups): then every block of K/V rows is
+// brought into L1 once and used by each head of the group in turn, instead of each
+// head streaming the whole K/V (larger than L1) from L2 again. A head's arithmetic is
+// the same either way (bit-identical results), only the loop order around it changes.
+//
+// Scores are made 8 keys at a time: 8 independent dot products (one FMA chain each)
+// finished by one horizontal-add tree (hsum8). One key at a time, a score is a chain of
+// head_dim / kLanes dependent FMAs plus a horizontal sum, which leaves the FMA units
+// waiting on latency.
 #include "kernels/cpu/variant/simd.h"  // first: see the note there
 #include <omp.h>
 
 #include "kernels/cpu/variant/variant_ops.h"
 
 namespace bs::kernels::cpu::BS_ISA_NS {
+namespace {
+
+constexpr int kMaxDimVecs = 256 / kLanes;
+constexpr int kKeys = 8;        // keys per block of scores
+constexpr int kValueRows = 32;  // V rows per block of the weighted sum (8 KB at head_dim 64)
+constexpr int kMaxGroup = 16;   // query heads per item at most
+
+// The next work item's K rows, fetched into L2 during this item's weighted sum (the
+// cache is far larger than the caches).
+struct Prefetch {
+  const float* k = nullptr;
+  int64_t count = 0;
+};
+
+inline void prefetch_row(const float* rows, int64_t j, int64_t head_dim) {
+  const char* p = reinterpret_cast<const char*>(rows + j * head_dim);
+  for (int64_t at = 0; at < head_dim * 4; at += 64) _mm_prefetch(p + at, _MM_HINT_T1);
+}
+
+// g query heads (q: [g, head_dim]) over rows [0, count) of their KV head, count >= 1.
+// scores: g rows of `stride` floats (count rounded up to 16). DV: head_dim / kLanes
+// when it is a compile-time count (the accumulators then stay in registers), else 0.
+template <int DV>
+void attend_heads_dv(const float* q, int64_t g, const float* kh, const float* vh, float* out, int64_t count,
+                     int64_t head_dim, float scale, float* scores, int64_t stride, Prefetch pf) {
+  const int64_t dvecs = DV > 0 ? DV : head_dim / kLanes;
+  // q·k of 8 keys per block; past the last key the block repeats it (scores not used).
+  for (int64_t j0 = 0; j0 < count; j0 += kKeys) {
+    const float* kr[kKeys];
+    for (int i = 0; i < kKeys; ++i) kr[i] = kh + imin(j0 + i, count - 1) * head_dim;
+    for (int64_t j = j0; j < imin(j0 + kKeys, count); ++j) prefetch_row(vh, j, head_dim);
+    for (int64_t h = 0; h < g; ++h) {
+      const float* qv = q + h * head_dim;
+      vf acc[kKeys];
+      const vf q0 = vload(qv);
+      for (int i = 0; i < kKeys; ++i) acc[i] = vmul(q0, vload(kr[i]));
+      for (int64_t c = 1; c < dvecs; ++c) {
+        const vf qc = vload(qv + c * kLanes);
+        for (int i = 0; i < kKeys; ++i) acc[i] = vfma(qc, vload(kr[i] + c * kLanes), acc[i]);
+      }
+      hsum8(acc, scores + h * stride + j0);
+    }
+  }
+  // Per head: scale, max, softmax numerators (a vector at a time), their sum.
+  float inv_sum[kMaxGroup];
+  for (int64_t h = 0; h < g; ++h) {
+    float* sc = scores + h * stride;
+    const vf vscale = vset1(scale);
+    vf vmx = vset1(-INFINITY);
+    int64_t j = 0;
+    for (; j + kLanes <= count; j += kLanes) {
+      const vf s = vmul(vload(&sc[j]), vscale);
+      vstore(&sc[j], s);
+      vmx = vmax(vmx, s);
+    }
+    float mx = hmax(vmx);
+    for (; j < count; ++j) mx = fmax2(mx, sc[j] *= scale);
+    const vf vm = vset1(mx);
+    vf vsum = vzero();
+    for (j = 0; j + kLanes <= count; j += kLanes) {
+      const vf e = vexp(vsub(vload(&sc[j]), vm));
+      vstore(&sc[j], e);
+      vsum = vadd(vsum, e);
+    }
+    float sum = hsum(vsum);
+    for (; j < count; ++j) sum += (sc[j] = expf(sc[j] - mx));
+    inv_sum[h] = 1.0f / sum;
+    for (int64_t c = 0; c < dvecs; ++c) vstore(out + h * head_dim + c * kLanes, vzero());
+  }
+  // Weighted sum of V, kValueRows rows at a time (in L1 for every head of the group);
+  // each head's accumulators add the rows in order.
+  for (int64_t j0 = 0; j0 < count; j0 += kValueRows) {
+    const int64_t j1 = imin(count, j0 + kValueRows);
+    if (pf.k)
+      for (int64_t j = pf.count * j0 / count; j < pf.count * j1 / count; ++j) prefetch_row(pf.k, j, head_dim);
+    for (int64_t h = 0; h < g; ++h) {
+      const float* sc = scores + h * stride;
+      float* o = out + h * head_dim;
+      vf acc[DV > 0 ? DV : kMaxDimVecs];
+      for (int64_t c = 0; c < dvecs; ++c) acc[c] = vload(o + c * kLanes);
+      for (int64_t j = j0; j < j1; ++j) {
+        const vf p = vset1(sc[j]);
+        const float* vr = vh + j * head_dim;
+        for (int64_t c = 0; c < dvecs; ++c) acc[c] = vfma(p, vload(vr + c * kLanes), acc[c]);
+      }
+      for (int64_t c = 0; c < dvecs; ++c) vstore(o + c * kLanes, acc[c]);
+    }
+  }
+  for (int64_t h = 0; h < g; ++h) {
+    const vf inv = vset1(inv_sum[h]);
+    for (int64_t c = 0; c < dvecs; ++c) vstore(out + h * head_dim + c * kLanes, vmul(vload(out + h * head_dim + c * kLanes), inv));
+  }
+}
+
+inline void attend_heads(const float* q, int64_t g, const float* kh, const float* vh, float* out, int64_t count,
+                         int64_t head_dim, float scale, float* scores, int64_t stride, Prefetch pf) {
+  if (count <= 0) {
+    memset(out, 0, sizeof(float) * g * head_dim);
+    return;
+  }
+  switch (head_dim / kLanes) {
+    case 4: return attend_heads_dv<4>(q, g, kh, vh, out, count, head_dim, scale, scores, stride, pf);
+    case 8: return attend_heads_dv<8>(q, g, kh, vh, out, count, head_dim, scale, scores, stride, pf);
+    case 16: return attend_heads_dv<16>(q, g, kh, vh, out, count, head_dim, scale, scores, stride, pf);
+    default: return attend_heads_dv<0>(q, g, kh, vh, out, count, head_dim, scale, scores, stride, pf);
+  }
+}
+
+// Rows of queries, each over its own cache (k[i], v[i], kv_stride[i]), rows
+// [0, count[i]) of it. Items are (row, KV head) with all its query heads when there
+// are at least two per thread (and at most kMaxGroup heads), else (row, query head).
+void attend_rows(const float* q, const int64_t* count, const float* const* k, const float* const* v,
+                 const int64_t* kv_stride, float* out, int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                 float scale) {
+  const int64_t group = q_heads / kv_heads;
+  int64_t longest = 0;
+  for (int64_t i = 0; i < n; ++i) longest = imax(longest, count[i]);
+  const int64_t stride = (longest + 15) / 16 * 16;
+  const int threads = omp_get_max_threads();
+  const int64_t g = (n * kv_heads >= 2 * threads && group <= kMaxGroup) ? group : 1;
+  const int64_t per_row = q_heads / g;  // items per row
+  Scratch scores_buf(static_cast<size_t>(threads * g * stride) * sizeof(float));
+#pragma omp parallel
+  {
+    float* scores = scores_buf.as<float>() + omp_get_thread_num() * g * stride;
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < n * per_row; ++item) {
+      const int64_t i = item / per_row, h0 = (item % per_row) * g, kvh = h0 / group;
+      Prefetch pf;  // the next KV head's K: of this row, or the next row's first
+      if ((h0 + g) % group == 0) {
+        if (kvh + 1 < kv_heads) {
+          pf.k = k[i] + (kvh + 1) * kv_stride[i] * head_dim;
+          pf.count = count[i];
+        } else if (i + 1 < n) {
+          pf.k = k[i + 1];
+          pf.count = count[i + 1];
+        }
+      }
+      attend_heads(q + (i * q_heads + h0) * head_dim, g, k[i] + kvh * kv_stride[i] * head_dim,
+                   v[i] + kvh * kv_stride[i] * head_dim, out + (i * q_heads + h0) * head_dim, count[i], head_dim,
+                   scale, scores, stride, pf);
+    }
+  }
+}
+
+}  // namespace
 
 void attention_decode(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
                       int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
                       float scale) {
-  constexpr int kMaxDimVecs = 256 / kLanes;
-  const int64_t group = q_heads / kv_heads;
-  const int64_t dvecs = head_dim / kLanes;
-  // Scores of one (token, head) at a time, one row per thread.
-  const int64_t stride = (n_kv + 15) / 16 * 16;
-  Scratch scores_buf(static_cast<size_t>(omp_get_max_threads() * stride) * sizeof(float));
-#pragma omp parallel
-  {
-    float* scores = scores_buf.as<float>() + omp_get_thread_num() * stride;
-#pragma omp for schedule(static) collapse(2)
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t h = 0; h < q_heads; ++h) {
-        const float* qv = q + (t * q_heads + h) * head_dim;
-        const float* kh = k + (h / group) * kv_stride * head_dim;
-        const float* vh = v + (h / group) * kv_stride * head_dim;
-        float* o = out + (t * q_heads + h) * head_dim;
-        const int64_t count = imin(n_kv, static_cast<int64_t>(qpos[t]) + 1);
-        if (count <= 0) {
-          memset(o, 0, sizeof(float) * head_dim);
-          continue;
-        }
-        vf qr[kMaxDimVecs];
-        for (int64_t c = 0; c < dvecs; ++c) qr[c] = vload(qv + c * kLanes);
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < count; ++j) {
-          const float* kr = kh + j * head_dim;
-          vf acc = vmul(qr[0], vload(kr));
-          for (int64_t c = 1; c < dvecs; ++c) acc = vfma(qr[c], vload(kr + c * kLanes), acc);
-          scores[j] = hsum(acc) * scale;
-          mx = fmax2(mx, scores[j]);
-        }
-        // softmax numerators, a vector at a time
-        const vf vmx = vset1(mx);
-        vf vsum = vzero();
-        int64_t j = 0;
-        for (; j + kLanes <= count; j += kLanes) {
-          const vf e = vexp(vsub(vload(&scores[j]), vmx));
-          vstore(&scores[j], e);
-          vsum = vadd(vsum, e);
-        }
-        float sum = hsum(vsum);
-        for (; j < count; ++j) sum += (scores[j] = expf(scores[j] - mx));
-        vf acc[kMaxDimVecs];
-        for (int64_t c = 0; c < dvecs; ++c) acc[c] = vzero();
-        for (j = 0; j < count; ++j) {
-          const vf p = vset1(scores[j]);
-          const float* vr = vh + j * head_dim;
-          for (int64_t c = 0; c < dvecs; ++c) acc[c] = vfma(p, vload(vr + c * kLanes), acc[c]);
-        }
-        const vf inv = vset1(1.0f / sum);
-        for (int64_t c = 0; c < dvecs; ++c) vstore(o + c * kLanes, vmul(acc[c], inv));
-      }
+  // Every query over the same cache.
+  Scratch rows_buf(static_cast<size_t>(n) * 4 * sizeof(int64_t));
+  const float** ks = rows_buf.as<const float*>();
+  const float** vs = ks + n;
+  int64_t* strides = reinterpret_cast<int64_t*>(vs + n);
+  int64_t* count = strides + n;
+  for (int64_t t = 0; t < n; ++t) {
+    ks[t] = k;
+    vs[t] = v;
+    strides[t] = kv_stride;
+    count[t] = imin(n_kv, static_cast<int64_t>(qpos[t]) + 1);
   }
+  attend_rows(q, count, ks, vs, strides, out, n, q_heads, kv_heads, head_dim, scale);
+}
+
+// A row of attention_decode_rows is attention_decode of that row alone (n = 1,
+// n_kv = qpos + 1): the same per-head arithmetic, whatever the items.
+void attention_decode_rows(const float* q, const int32_t* qpos, const float* const* k, const float* const* v,
+                           const int64_t* kv_stride, float* out, int64_t n, int64_t q_heads, int64_t kv_heads,
+                           int64_t head_dim, float scale) {
+  Scratch count_buf(static_cast<size_t>(n) * sizeof(int64_t));
+  int64_t* count = count_buf.as<int64_t>();
+  for (int64_t i = 0; i < n; ++i) count[i] = static_cast<int64_t>(qpos[i]) + 1;
+  attend_rows(q, count, k, v, kv_stride, out, n, q_heads, kv_heads, head_dim, scale);
 }
 
 }  // namespace bs::kernels::cpu::BS_ISA_NS

@@ -7,9 +7,12 @@
 // block, which makes decode compute-bound at a third of the memory bandwidth on AVX2.
 // There the activations of Q4_0/Q4_1 products are rounded to int16 per block of 32
 // (scale max|x| / 32767: error <= 2^-16 of the block's largest value, far below the
-// weights' own 4-bit error), and blocks multiply as integers (vpmaddwd). Q8_0 blocks
-// expand cheaply and keep fp32 activations (the output projection's logits stay
-// within 1e-4 of llama.cpp's).
+// weights' own 4-bit error), and blocks multiply as integers (vpmaddwd); each block's
+// integer dot product is exact, and 8 of them (8 rows of one token, or one row of up
+// to 8 tokens) are finished together into one vector, scaled and accumulated there.
+// Q8_0 blocks expand cheaply and keep fp32 activations (the output projection's
+// logits stay within 1e-4 of llama.cpp's; int16 activations there measured up to
+// 1.5e-3, over the golden test's 1e-3).
 #include "kernels/cpu/variant/simd.h"  // first: see the note there
 #include "kernels/cpu/variant/variant_ops.h"
 #include "kernels/dequant.h"
@@ -212,103 +215,139 @@ void gemv_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, const floa
 
 #if BS_ISA_LEVEL == 1
 // x rounded per block of 32: q[t][i] = round(x[t][i] / scale[t][b]), scale = max|x| / 32767;
-// sum[t][b] = the block's exact fp32 sum (Q4_1's offset term).
-struct Int16Activations {
-  const int16_t* q;               // [nt, in]
-  const float* scale;             // [nt, blocks]
-  const float* sum;               // [nt, blocks]
-  const float* scale_by_block;    // [blocks, kMaxTokens]: scale transposed, 0 past nt
-};
-
+// sum[t][b] = the block's fp32 sum (Q4_1's offset term).
 void quantize_int16(const float* x, int64_t nt, int64_t in, int16_t* q, float* scale, float* sum) {
   const int64_t blocks = in / kBlock;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t t = 0; t < nt; ++t)
     for (int64_t b = 0; b < blocks; ++b) {
       const float* xb = x + t * in + b * kBlock;
-      float amax = 0.0f, s = 0.0f;
-      for (int i = 0; i < kBlock; ++i) {
-        amax = fmax2(amax, fabsf(xb[i]));
-        s += xb[i];
-      }
+      __m256 v[4];
+      for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+      const __m256 amax8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                         _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+      const float amax = hmax(amax8);
       const float sc = amax > 0.0f ? amax / 32767.0f : 1.0f;
-      const float inv = 1.0f / sc;
-      for (int i = 0; i < kBlock; ++i) q[t * in + b * kBlock + i] = static_cast<int16_t>(lrintf(xb[i] * inv));
+      const __m256 inv = _mm256_set1_ps(1.0f / sc);
+      // round to nearest even (the default rounding mode, as lrintf), pack to int16
+      const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)),
+                                             _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv)));
+      const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)),
+                                             _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv)));
+      int16_t* qb = q + t * in + b * kBlock;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), _mm256_permute4x64_epi64(q01, 0xD8));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), _mm256_permute4x64_epi64(q23, 0xD8));
       scale[t * blocks + b] = sc;
-      sum[t * blocks + b] = s;
+      sum[t * blocks + b] = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
     }
 }
 
-// The block's 32 weights as int16 (Q4_0: q - 8; Q4_1: q, the offset m handled apart;
-// Q8_0: q), elements 0..15 and 16..31.
+// The block's 32 weights as int16 (Q4_0: q - 8; Q4_1: q, the offset m handled apart),
+// elements 0..15 and 16..31.
 template <TensorType T>
 inline void load_block_int16(const uint8_t* blk, __m256i& w0, __m256i& w1) {
-  if constexpr (T == TensorType::Q8_0) {
-    w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
-    w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
-  } else {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == TensorType::Q4_1 ? 4 : 2)));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
-    w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
-    if constexpr (T == TensorType::Q4_0) {
-      w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(8));
-      w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(8));
-    }
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == TensorType::Q4_1 ? 4 : 2)));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
+  w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
+  if constexpr (T == TensorType::Q4_0) {
+    w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(8));
+    w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(8));
   }
 }
 
-// NT tokens at once (a compile-time count: the accumulators stay in registers). The
-// block scales come as fp32 arrays (block_scales), so a block costs no fp16
-// conversion, and Q4_1's offset term sum_b m_b * sum(x_b) is one dot product per row.
-//
-// Several tokens: the products d_b * scale[t][b] of a row (the same fp32 products a
-// single token computes) are made 8 tokens per multiply into a small buffer first,
-// which takes a multiply per token and block off the busiest FP pipe.
+// The integer dot product of one block's weights with one token's 32 int16
+// activations, as 8 partial sums.
+inline __m256i block_dot(__m256i w0, __m256i w1, const int16_t* xq) {
+  return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
+                          _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
+}
+
+// Lane i of the result = the sum of p[i]'s 8 lanes. Integers: exact, so the order of
+// the additions does not matter.
+inline __m256i reduce8_epi32(const __m256i* p) {
+  __m256i a[4];
+  for (int i = 0; i < 4; ++i)
+    a[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
+  const __m256i b03 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1]));
+  const __m256i b47 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(b03, b47, 0x20), _mm256_permute2x128_si256(b03, b47, 0x31));
+}
+
+// Every (row o, token t) product is, whatever the number of tokens:
+//   isum_b = the exact integer dot product of block b (weights as stored, int16 x)
+//   main   = fma(float(isum_b), d[o][b] * scale[t][b], main)   over b = 0, 1, ... from 0
+//   off    = fma(m[o][b], sum[t][b], off)                        (Q4_1; 0 otherwise)
+//   y      = main + off
+// computed in the 8 lanes of a vector: one token, 8 rows per lane group
+// (gemv_int16_rows) or one row, up to 8 tokens (gemv_int16_tokens). The 8 integer
+// sums of a block are finished together (reduce8_epi32), so a block costs one
+// conversion and one FMA for 8 products, and the rows are bit-identical alone or
+// batched (Transformer::decode_step relies on it).
+struct Int16Activations {
+  const int16_t* q;            // [nt, in]
+  const float* scale_by_block;  // [blocks, 8]: scale[t][b] at [b][t], 0 past nt
+  const float* sum_by_block;    // [blocks, 8]: sum[t][b] at [b][t], 0 past nt
+};
+
+// One token, 8 rows per lane group. scale/sum: [blocks].
+template <TensorType T>
+void gemv_int16_rows(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks,
+                     const int16_t* xq, const float* scale, const float* sum, float* y, int64_t out) {
+  const int64_t row_bytes = blocks * bbytes;
+  const int64_t groups = (out + 7) / 8;
+#pragma omp parallel for schedule(static) if (out >= 64)
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = base + imin(g * 8 + r, out - 1) * row_bytes;
+    const float* gs = block_scales + g * blocks * 16;  // [blocks][d of 8 rows, m of 8 rows]
+    const uint8_t* next = base + (g + 1) * 8 * row_bytes;  // the next group, prefetched a block's share at a time
+    __m256 main = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t at = b * 8 * bbytes; at < (b + 1) * 8 * bbytes; at += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T0);
+      __m256i p[8];
+      for (int r = 0; r < 8; ++r) {
+        __m256i w0, w1;
+        load_block_int16<T>(rows[r] + b * bbytes, w0, w1);
+        p[r] = block_dot(w0, w1, xq + b * kBlock);
+      }
+      const __m256 ds = _mm256_mul_ps(_mm256_loadu_ps(gs + b * 16), _mm256_broadcast_ss(scale + b));
+      main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(p)), ds, main);
+      if constexpr (T == TensorType::Q4_1)
+        off = _mm256_fmadd_ps(_mm256_loadu_ps(gs + b * 16 + 8), _mm256_broadcast_ss(sum + b), off);
+    }
+    alignas(32) float res[8];
+    _mm256_store_ps(res, _mm256_add_ps(main, off));
+    for (int64_t r = 0; r < 8 && g * 8 + r < out; ++r) y[g * 8 + r] = res[r];
+  }
+}
+
+// One row per lane group, NT (2..8) tokens in the lanes.
 template <TensorType T, int NT>
 void gemv_int16_tokens(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks,
                        Int16Activations xa, int64_t in, float* y, int64_t out) {
   const int64_t row_bytes = blocks * bbytes;
-#pragma omp parallel if (out >= 64)
-  {
-    Scratch ds_buf(NT > 1 ? static_cast<size_t>(blocks * kMaxTokens) * sizeof(float) : 0);
-    float* ds = ds_buf.as<float>();  // [blocks, kMaxTokens]: d_b * scale[t][b]
-#pragma omp for schedule(static)
+#pragma omp parallel for schedule(static) if (out >= 64)
   for (int64_t o = 0; o < out; ++o) {
     const uint8_t* row = base + o * row_bytes;
-    const float* dr = block_scales + o * 2 * blocks;  // d of each block, then m
-    if constexpr (NT > 1)
-      for (int64_t b = 0; b < blocks; ++b)
-        _mm256_store_ps(ds + b * kMaxTokens,
-                        _mm256_mul_ps(_mm256_broadcast_ss(dr + b), _mm256_loadu_ps(xa.scale_by_block + b * kMaxTokens)));
-    __m256 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    const float* gs = block_scales + (o / 8) * blocks * 16 + o % 8;  // d at gs[b * 16], m at gs[b * 16 + 8]
+    const uint8_t* next = row + 4 * row_bytes;  // prefetched a block's share at a time
+    __m256 main = _mm256_setzero_ps(), off = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
+      if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + b * bbytes), _MM_HINT_T0);
       __m256i w0, w1;
       load_block_int16<T>(row + b * bbytes, w0, w1);
-      for (int t = 0; t < NT; ++t) {
-        const int16_t* xq = xa.q + t * in + b * kBlock;
-        const __m256i p = _mm256_add_epi32(
-            _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
-            _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
-        const __m256 dsv = NT > 1 ? _mm256_broadcast_ss(ds + b * kMaxTokens + t)
-                                  : _mm256_mul_ps(_mm256_broadcast_ss(dr + b), _mm256_broadcast_ss(xa.scale + b));
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dsv, acc[t]);
-      }
+      __m256i p[8];
+      for (int t = 0; t < 8; ++t) p[t] = t < NT ? block_dot(w0, w1, xa.q + t * in + b * kBlock) : _mm256_setzero_si256();
+      const __m256 ds = _mm256_mul_ps(_mm256_broadcast_ss(gs + b * 16), _mm256_loadu_ps(xa.scale_by_block + b * 8));
+      main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(p)), ds, main);
+      if constexpr (T == TensorType::Q4_1)
+        off = _mm256_fmadd_ps(_mm256_broadcast_ss(gs + b * 16 + 8), _mm256_loadu_ps(xa.sum_by_block + b * 8), off);
     }
-    for (int t = 0; t < NT; ++t) {
-      float offset = 0.0f;
-      if constexpr (T == TensorType::Q4_1) {
-        const float* mr = dr + blocks;
-        const float* xs = xa.sum + t * blocks;
-        __m256 om = _mm256_setzero_ps();
-        int64_t b = 0;
-        for (; b + 8 <= blocks; b += 8) om = _mm256_fmadd_ps(_mm256_loadu_ps(mr + b), _mm256_loadu_ps(xs + b), om);
-        offset = hsum(om);
-        for (; b < blocks; ++b) offset += mr[b] * xs[b];
-      }
-      y[t * out + o] = hsum(acc[t]) + offset;
-    }
-  }
+    alignas(32) float res[8];
+    _mm256_store_ps(res, _mm256_add_ps(main, off));
+    for (int t = 0; t < NT; ++t) y[t * out + o] = res[t];
   }
 }
 #endif
@@ -329,16 +368,24 @@ void gemv_typed(const void* w, const float* block_scales, const float* x, float*
       float* scale = f_buf.as<float>();
       float* sum = scale + n * blocks;
       quantize_int16(x, n, in, q, scale, sum);
-      Scratch t_buf(static_cast<size_t>(blocks * kMaxTokens) * sizeof(float));
-      float* by_block = t_buf.as<float>();
+      Scratch t_buf(static_cast<size_t>(2 * blocks * kMaxTokens) * sizeof(float));
+      float* scale_by_block = t_buf.as<float>();
+      float* sum_by_block = scale_by_block + blocks * kMaxTokens;
       for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
         const int64_t nt = imin(kMaxTokens, n - t0);
-        for (int64_t b = 0; b < blocks; ++b)
-          for (int64_t t = 0; t < kMaxTokens; ++t) by_block[b * kMaxTokens + t] = t < nt ? scale[(t0 + t) * blocks + b] : 0.0f;
-        const Int16Activations xa{q + t0 * in, scale + t0 * blocks, sum + t0 * blocks, by_block};
         float* yt = y + t0 * out;
+        if (nt == 1) {
+          gemv_int16_rows<T>(base, block_scales, bbytes, blocks, q + t0 * in, scale + t0 * blocks, sum + t0 * blocks,
+                             yt, out);
+          continue;
+        }
+        for (int64_t b = 0; b < blocks; ++b)
+          for (int64_t t = 0; t < kMaxTokens; ++t) {
+            scale_by_block[b * kMaxTokens + t] = t < nt ? scale[(t0 + t) * blocks + b] : 0.0f;
+            sum_by_block[b * kMaxTokens + t] = t < nt ? sum[(t0 + t) * blocks + b] : 0.0f;
+          }
+        const Int16Activations xa{q + t0 * in, scale_by_block, sum_by_block};
         switch (nt) {
-          case 1: gemv_int16_tokens<T, 1>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
           case 2: gemv_int16_tokens<T, 2>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
           case 3: gemv_int16_tokens<T, 3>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
           case 4: gemv_int16_tokens<T, 4>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;

@@ -12,6 +12,7 @@ const CpuKernels kKernels = {
     swiglu,
     attention,
     attention_decode,
+    attention_decode_rows,
 #if BS_ISA_LEVEL >= 3
     attention_bf16,
 #else

@@ -109,6 +109,16 @@ inline float hsum(vf v) {
   const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
   return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
 }
+// out[i] = the lane sum of a[i], i < 8 (8 dot products finished at once).
+inline void hsum8(const vf* a, float* out) {
+  __m256 h[8];
+  for (int i = 0; i < 8; ++i)
+    h[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
+  const __m256 h01 = _mm256_hadd_ps(h[0], h[1]), h23 = _mm256_hadd_ps(h[2], h[3]);
+  const __m256 h45 = _mm256_hadd_ps(h[4], h[5]), h67 = _mm256_hadd_ps(h[6], h[7]);
+  const __m256 h03 = _mm256_hadd_ps(h01, h23), h47 = _mm256_hadd_ps(h45, h67);
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20), _mm256_permute2f128_ps(h03, h47, 0x31)));
+}
 inline float hmax(vf v) {
   const __m256 a = _mm256_max_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   const __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -165,6 +175,14 @@ inline float hsum(vf v) {
   const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
   return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
 }
+// out[i] = the lane sum of a[i], i < 8 (8 dot products finished at once: pairwise
+// horizontal adds, then the two 128-bit halves).
+inline void hsum8(const vf* a, float* out) {
+  const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 h03 = _mm256_hadd_ps(h01, h23), h47 = _mm256_hadd_ps(h45, h67);
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20), _mm256_permute2f128_ps(h03, h47, 0x31)));
+}
 inline float hmax(vf v) {
   const __m128 b = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 c = _mm_max_ps(b, _mm_movehl_ps(b, b));
@@ -204,6 +222,9 @@ inline float hsum(vf v) {
   float s = 0.0f;
   for (int i = 0; i < 8; ++i) s += v.x[i];
   return s;
+}
+inline void hsum8(const vf* a, float* out) {
+  for (int i = 0; i < 8; ++i) out[i] = hsum(a[i]);
 }
 inline float hmax(vf v) {
   float m = v.x[0];

@@ -14,6 +14,9 @@ void attention(const float* q, const int32_t* qpos, const float* k, const float*
 void attention_decode(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
                       int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
                       float scale);
+void attention_decode_rows(const float* q, const int32_t* qpos, const float* const* k, const float* const* v,
+                           const int64_t* kv_stride, float* out, int64_t n, int64_t q_heads, int64_t kv_heads,
+                           int64_t head_dim, float scale);
 void gemv_quantized(TensorType type, const void* w, const float* block_scales, const float* x, float* y, int64_t n, int64_t in_features,
                     int64_t out_features);
 #if BS_ISA_LEVEL >= 3
