@@ -121,43 +121,25 @@ inline void load_block(const uint8_t* blk, vf* w) {
 // Every token keeps kBlockVecs accumulator chains (vector i of each block adds into
 // chain i) however many tokens share the weight pass, so its FMAs do not wait on each
 // other and its result is bit-identical alone or batched (Transformer::decode_step
-// relies on it). The chains of a group of tokens and the block's weights must fit
-// the registers: AVX-512 has room for 8 tokens (16 + 2 of 32); AVX2 for 3 (12 + 1 of
-// 16), so there a row is expanded to fp32 once into a buffer (L1) and the groups of 3
-// read it, instead of expanding every block once per group.
-#if BS_ISA_LEVEL == 1
-constexpr int kGroup = 3;
-constexpr bool kExpandRows = true;
-#else
+// relies on it). The chains of the tokens and the block's weights must fit the
+// registers: AVX-512 has room for 8 tokens (16 + 2 of 32). AVX2 (room for 3) uses
+// gemv_lanes_* below instead.
 constexpr int kGroup = kMaxTokens;
-constexpr bool kExpandRows = false;
-#endif
 
 // The products of one row with G tokens (a compile-time count: the accumulators stay
-// in registers); y[t * out] receives token t's. The row is either stored blocks
-// (W::Stored) or already expanded to fp32 (W::Expanded, the same values load_block
-// gives): both add the same products in the same order.
-enum class Row { Stored, Expanded };
-template <TensorType T, Row R, int G>
-inline void row_tokens(const void* row, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
+// in registers); y[t * out] receives token t's.
+template <TensorType T, int G>
+inline void row_tokens(const uint8_t* row, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
                        int64_t out) {
   vf acc[G][kBlockVecs];
   for (int t = 0; t < G; ++t)
     for (int c = 0; c < kBlockVecs; ++c) acc[t][c] = vzero();
   for (int64_t b = 0; b < blocks; ++b) {
-    if constexpr (R == Row::Stored) {
-      vf wv[kBlockVecs];
-      load_block<T>(static_cast<const uint8_t*>(row) + b * bbytes, wv);
-      for (int t = 0; t < G; ++t) {
-        const float* xb = x + t * in + b * kBlock;
-        for (int i = 0; i < kBlockVecs; ++i) acc[t][i] = vfma(wv[i], vload(xb + i * kLanes), acc[t][i]);
-      }
-    } else {
-      // One weight vector live at a time: the registers hold the accumulators.
-      for (int i = 0; i < kBlockVecs; ++i) {
-        const vf wv = vload(static_cast<const float*>(row) + b * kBlock + i * kLanes);
-        for (int t = 0; t < G; ++t) acc[t][i] = vfma(wv, vload(x + t * in + b * kBlock + i * kLanes), acc[t][i]);
-      }
+    vf wv[kBlockVecs];
+    load_block<T>(row + b * bbytes, wv);
+    for (int t = 0; t < G; ++t) {
+      const float* xb = x + t * in + b * kBlock;
+      for (int i = 0; i < kBlockVecs; ++i) acc[t][i] = vfma(wv[i], vload(xb + i * kLanes), acc[t][i]);
     }
   }
   for (int t = 0; t < G; ++t) {
@@ -168,49 +150,93 @@ inline void row_tokens(const void* row, int64_t bbytes, int64_t blocks, const fl
 }
 
 // row_tokens for a run-time count g <= G.
-template <TensorType T, Row R, int G>
-inline void row_group(int64_t g, const void* row, int64_t bbytes, int64_t blocks, const float* x, int64_t in,
+template <TensorType T, int G>
+inline void row_group(int64_t g, const uint8_t* row, int64_t bbytes, int64_t blocks, const float* x, int64_t in,
                       float* y, int64_t out) {
   if constexpr (G > 1) {
-    if (g < G) return row_group<T, R, G - 1>(g, row, bbytes, blocks, x, in, y, out);
+    if (g < G) return row_group<T, G - 1>(g, row, bbytes, blocks, x, in, y, out);
   }
-  row_tokens<T, R, G>(row, bbytes, blocks, x, in, y, out);
+  row_tokens<T, G>(row, bbytes, blocks, x, in, y, out);
 }
 
-// One row times nt tokens, in groups of kGroup.
-template <TensorType T, Row R>
-inline void row_all_tokens(const void* row, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
-                           int64_t out, int64_t nt) {
-  for (int64_t t0 = 0; t0 < nt; t0 += kGroup)
-    row_group<T, R, kGroup>(imin(kGroup, nt - t0), row, bbytes, blocks, x + t0 * in, in, y + t0 * out, out);
+#if BS_ISA_LEVEL == 1
+// AVX2: one accumulator chain per (row, token), acc = fma(w_v, x_v, acc) over the row's
+// vectors in order, and 8 chains finished together by one horizontal-add tree (hsum8,
+// the same tree for every lane). Lanes are 8 rows of one token (gemv_lanes_rows) or
+// one row of up to 8 tokens (gemv_lanes_tokens): the same op sequence per (row,
+// token), so rows are bit-identical alone or batched, and a block is expanded once
+// for all tokens with 8 chains in flight (the registers hold 8 chains + 4 weights).
+template <TensorType T>
+void gemv_lanes_rows(const uint8_t* base, int64_t bbytes, int64_t blocks, const float* x, float* y, int64_t out) {
+  const int64_t row_bytes = blocks * bbytes;
+  const int64_t groups = (out + 7) / 8;
+#pragma omp parallel for schedule(static) if (out >= 64)
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = base + imin(g * 8 + r, out - 1) * row_bytes;
+    const uint8_t* next = base + (g + 1) * 8 * row_bytes;  // the next group, prefetched a block's share at a time
+    vf acc[8];
+    for (int r = 0; r < 8; ++r) acc[r] = vzero();
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t at = b * 8 * bbytes; at < (b + 1) * 8 * bbytes; at += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T0);
+      for (int r = 0; r < 8; ++r) {
+        vf wv[kBlockVecs];
+        load_block<T>(rows[r] + b * bbytes, wv);
+        for (int i = 0; i < kBlockVecs; ++i) acc[r] = vfma(wv[i], vload(x + b * kBlock + i * kLanes), acc[r]);
+      }
+    }
+    alignas(32) float res[8];
+    hsum8(acc, res);
+    for (int64_t r = 0; r < 8 && g * 8 + r < out; ++r) y[g * 8 + r] = res[r];
+  }
 }
+
+template <TensorType T, int NT>
+void gemv_lanes_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
+                       int64_t out) {
+  const int64_t row_bytes = blocks * bbytes;
+#pragma omp parallel for schedule(static) if (out >= 64)
+  for (int64_t o = 0; o < out; ++o) {
+    const uint8_t* row = base + o * row_bytes;
+    const uint8_t* next = row + 4 * row_bytes;  // prefetched a block's share at a time
+    vf acc[8];
+    for (int t = 0; t < 8; ++t) acc[t] = vzero();
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + b * bbytes), _MM_HINT_T0);
+      vf wv[kBlockVecs];
+      load_block<T>(row + b * bbytes, wv);
+      for (int i = 0; i < kBlockVecs; ++i)
+        for (int t = 0; t < NT; ++t) acc[t] = vfma(wv[i], vload(x + t * in + b * kBlock + i * kLanes), acc[t]);
+    }
+    alignas(32) float res[8];
+    hsum8(acc, res);
+    for (int t = 0; t < NT; ++t) y[t * out + o] = res[t];
+  }
+}
+#endif
 
 // Rows [0, out) of W times nt <= kMaxTokens tokens, in one pass over the weights.
 template <TensorType T>
 void gemv_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
                  int64_t out, int64_t nt) {
+#if BS_ISA_LEVEL == 1
+  switch (nt) {
+    case 1: return gemv_lanes_rows<T>(base, bbytes, blocks, x, y, out);
+    case 2: return gemv_lanes_tokens<T, 2>(base, bbytes, blocks, x, in, y, out);
+    case 3: return gemv_lanes_tokens<T, 3>(base, bbytes, blocks, x, in, y, out);
+    case 4: return gemv_lanes_tokens<T, 4>(base, bbytes, blocks, x, in, y, out);
+    case 5: return gemv_lanes_tokens<T, 5>(base, bbytes, blocks, x, in, y, out);
+    case 6: return gemv_lanes_tokens<T, 6>(base, bbytes, blocks, x, in, y, out);
+    case 7: return gemv_lanes_tokens<T, 7>(base, bbytes, blocks, x, in, y, out);
+    default: return gemv_lanes_tokens<T, 8>(base, bbytes, blocks, x, in, y, out);
+  }
+#else
   const int64_t row_bytes = blocks * bbytes;
-  if (!kExpandRows || nt == 1) {
 #pragma omp parallel for schedule(static) if (out >= 64)
-    for (int64_t o = 0; o < out; ++o)
-      row_all_tokens<T, Row::Stored>(base + o * row_bytes, bbytes, blocks, x, in, y + o, out, nt);
-    return;
-  }
-#pragma omp parallel if (out >= 64)
-  {
-    Scratch buf(static_cast<size_t>(blocks * kBlock) * sizeof(float));
-    float* w = buf.as<float>();
-#pragma omp for schedule(static)
-    for (int64_t o = 0; o < out; ++o) {
-      const uint8_t* row = base + o * row_bytes;
-      for (int64_t b = 0; b < blocks; ++b) {
-        vf wv[kBlockVecs];
-        load_block<T>(row + b * bbytes, wv);
-        for (int i = 0; i < kBlockVecs; ++i) vstore(w + b * kBlock + i * kLanes, wv[i]);
-      }
-      row_all_tokens<T, Row::Expanded>(w, bbytes, blocks, x, in, y + o, out, nt);
-    }
-  }
+  for (int64_t o = 0; o < out; ++o)
+    row_group<T, kGroup>(nt, base + o * row_bytes, bbytes, blocks, x, in, y + o, out);
+#endif
 }
 
 #if BS_ISA_LEVEL == 1
