@@ -262,7 +262,8 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
   BlendOptions& b = c.blend;
   std::optional<YAML::Node> checks_node, schedule_node;  // for the positions of the cross-key checks
   for_each_key(sec, "blend",
-               {"mode", "ratio", "adaptive_ratio", "check_layers", "schedule", "min_tokens", "deviation", "write_back"},
+               {"mode", "ratio", "adaptive_ratio", "check_layers", "schedule", "min_tokens", "deviation", "quota",
+                "filtering", "sink_tokens", "write_back"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path("blend", k);
                  if (k == "mode") {
@@ -295,6 +296,23 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
                    else if (d == "v") b.deviation = Deviation::V;
                    else if (d == "kv") b.deviation = Deviation::KV;
                    else fail(key, v, "unknown deviation '" + d + "' (k, v, kv)");
+                 } else if (k == "quota") {
+                   const std::string q = get_string(v, key);
+                   try {
+                     b.quota = parse_quota(q);
+                   } catch (const std::invalid_argument&) {
+                     fail(key, v, "unknown quota '" + q + "' (global, per-chunk)");
+                   }
+                 } else if (k == "filtering") {
+                   const std::string f = get_string(v, key);
+                   try {
+                     b.filtering = parse_filtering(f);
+                   } catch (const std::invalid_argument&) {
+                     fail(key, v, "unknown filtering '" + f + "' (single-pass, two-pass)");
+                   }
+                 } else if (k == "sink_tokens") {
+                   b.sink_tokens = get_int(v, key);
+                   check_at_least(b.sink_tokens, 0, v, key);
                  } else if (k == "write_back") {
                    c.write_back = get_bool(v, key);
                  }

@@ -42,7 +42,7 @@ struct RuntimeConfig {
   TierConfig ssd{.enabled = true, .budget_bytes = int64_t{8} << 30, .path = "kv", .direct_io = true,
                  .throttle_bytes_per_s = 0};
   // blend: mode, ratio (the floor the loading controller never goes below),
-  // check layers, schedule, min_tokens, deviation
+  // check layers, schedule, min_tokens, deviation, quota, filtering, sink_tokens
   BlendOptions blend;
   bool adaptive_ratio = true;      // the loading controller may raise the ratio above the floor
   bool write_back = true;          // store missed chunks after the first token

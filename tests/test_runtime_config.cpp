@@ -67,6 +67,9 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.blend.schedule, b.blend.schedule);
   EXPECT_EQ(a.blend.min_tokens, b.blend.min_tokens);
   EXPECT_EQ(a.blend.deviation, b.blend.deviation);
+  EXPECT_EQ(a.blend.quota, b.blend.quota);
+  EXPECT_EQ(a.blend.filtering, b.blend.filtering);
+  EXPECT_EQ(a.blend.sink_tokens, b.blend.sink_tokens);
   EXPECT_EQ(a.adaptive_ratio, b.adaptive_ratio);
   EXPECT_EQ(a.write_back, b.write_back);
   EXPECT_EQ(a.max_requests, b.max_requests);
@@ -191,6 +194,9 @@ blend:
   schedule: [0.6, 0.3]
   min_tokens: 0
   deviation: k
+  quota: per-chunk
+  filtering: two-pass
+  sink_tokens: 2
   write_back: no
 limits: {max_requests: 2, max_queue: 0, max_decode_batch: 4, decode_interleave: 0.2, max_prompt_tokens: 4096,
          trace_history: 0}
@@ -216,6 +222,9 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.blend.schedule, (std::vector<float>{0.6f, 0.3f}));
   EXPECT_EQ(c.blend.min_tokens, 0);
   EXPECT_EQ(c.blend.deviation, Deviation::K);
+  EXPECT_EQ(c.blend.quota, Quota::PerChunk);
+  EXPECT_EQ(c.blend.filtering, Filtering::TwoPass);
+  EXPECT_EQ(c.blend.sink_tokens, 2);
   EXPECT_FALSE(c.write_back);
   EXPECT_EQ(c.max_requests, 2);
   EXPECT_EQ(c.max_queue, 0);
@@ -248,6 +257,8 @@ TEST(RuntimeConfigParse, ModesDeviationsPrecisions) {
   EXPECT_EQ(parse_runtime_config("blend: {mode: blend}").blend.mode, BlendMode::Blend);
   EXPECT_EQ(parse_runtime_config("blend: {deviation: v}").blend.deviation, Deviation::V);
   EXPECT_EQ(parse_runtime_config("blend: {deviation: kv}").blend.deviation, Deviation::KV);
+  EXPECT_EQ(parse_runtime_config("blend: {quota: global}").blend.quota, Quota::Global);
+  EXPECT_EQ(parse_runtime_config("blend: {filtering: single-pass}").blend.filtering, Filtering::SinglePass);
   EXPECT_EQ(parse_runtime_config("model: {precision: f32}").precision, "f32");
 }
 
@@ -290,7 +301,8 @@ TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
   EXPECT_THAT(e, AllOf(HasSubstr("tiers.nvme: unknown key"), HasSubstr("ram, ssd")));
   e = error_of("blend: {zzzzzzzz: 1}");
   EXPECT_THAT(e, AllOf(HasSubstr("blend.zzzzzzzz: unknown key"),
-                       HasSubstr("mode, ratio, adaptive_ratio, check_layers, schedule, min_tokens, deviation, write_back"),
+                       HasSubstr("mode, ratio, adaptive_ratio, check_layers, schedule, min_tokens, deviation, quota, "
+                                 "filtering, sink_tokens, write_back"),
                        Not(HasSubstr("did you mean"))));
   EXPECT_THAT(error_of("limits: {max_request: 4}"), HasSubstr("limits.max_request: unknown key"));
   EXPECT_THAT(error_of("device: {gpus: 1}"), AllOf(HasSubstr("device.gpus"), HasSubstr("kind, threads")));
@@ -398,6 +410,10 @@ TEST(RuntimeConfigErrors, UnknownNames) {
   EXPECT_THAT(error_of("blend: {mode: cacheblend}"),
               HasSubstr("blend.mode: unknown mode 'cacheblend' (full, prefix, reuse, blend)"));
   EXPECT_THAT(error_of("blend: {deviation: q}"), HasSubstr("blend.deviation: unknown deviation 'q' (k, v, kv)"));
+  EXPECT_THAT(error_of("blend: {quota: local}"), HasSubstr("blend.quota: unknown quota 'local' (global, per-chunk)"));
+  EXPECT_THAT(error_of("blend: {filtering: gradual}"),
+              HasSubstr("blend.filtering: unknown filtering 'gradual' (single-pass, two-pass)"));
+  EXPECT_THAT(error_of("blend: {sink_tokens: -1}"), HasSubstr("blend.sink_tokens"));
   EXPECT_THAT(error_of("device: {kind: tpu}"), HasSubstr("device.kind: unknown device kind 'tpu' (cpu)"));
   EXPECT_THAT(error_of("device: {kind: cuda}"),
               HasSubstr("device.kind: the CUDA backend is not available in this build"));
