@@ -207,22 +207,24 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         BusyScope busy(*c, self->mailbox().size());
         // One background job per missed part, so a decode step waits for at most one
         // chunk's compute.
-        auto queue = [&](const std::vector<int32_t>& tokens, const ChunkKey& key) {
+        auto queue = [&](const std::vector<int32_t>& tokens, const ChunkKey& key, bool prefix) {
           if (tokens.empty()) return;
           ctx->compute->submit(
-              [ctx, h, tokens, key] {
+              [ctx, h, tokens, key, prefix] {
                 if (ctx->tiered->contains(key)) return;
                 // Decode steps between its layers too: a long document must not stall the streams.
-                auto kv = ctx->engine->compute_chunk_kv(tokens, [ctx, h](int) { interleave_decode(ctx, h); });
+                const LayerWait step = [ctx, h](int) { interleave_decode(ctx, h); };
+                auto kv = prefix ? ctx->engine->compute_prefix_kv(tokens, step)
+                                 : ctx->engine->compute_chunk_kv(tokens, step);
                 caf::anon_send(h->fusor, kv_ready_atom::value, KeyedKv{key, std::move(kv)});
               },
               ComputeThread::Priority::Background);
         };
         // Every mode stores what it had to compute: a `full` request warms the
         // cache for the blend requests after it.
-        if (!r->prompt.prefix.empty() && !r->plan.prefix_loaded) queue(r->prompt.prefix, r->prefix_key);
+        if (!r->prompt.prefix.empty() && !r->plan.prefix_loaded) queue(r->prompt.prefix, r->prefix_key, true);
         for (size_t i = 0; i < r->prompt.chunks.size(); ++i)
-          if (!r->plan.chunk_loaded[i] || r->fallback) queue(r->prompt.chunks[i], r->chunk_keys[i]);
+          if (!r->plan.chunk_loaded[i] || r->fallback) queue(r->prompt.chunks[i], r->chunk_keys[i], false);
       },
       [=](document_atom, const std::vector<int32_t>& tokens) -> caf::typed_response_promise<KeyedKv> {
         BusyScope busy(*c, self->mailbox().size());

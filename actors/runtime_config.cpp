@@ -263,7 +263,7 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
   std::optional<YAML::Node> checks_node, schedule_node;  // for the positions of the cross-key checks
   for_each_key(sec, "blend",
                {"mode", "ratio", "adaptive_ratio", "check_layers", "schedule", "min_tokens", "deviation", "quota",
-                "filtering", "sink_tokens", "write_back"},
+                "filtering", "sink_tokens", "chunk_prelude", "write_back"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path("blend", k);
                  if (k == "mode") {
@@ -310,6 +310,8 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
                    } catch (const std::invalid_argument&) {
                      fail(key, v, "unknown filtering '" + f + "' (single-pass, two-pass)");
                    }
+                 } else if (k == "chunk_prelude") {
+                   c.chunk_prelude = get_string(v, key);
                  } else if (k == "sink_tokens") {
                    b.sink_tokens = get_int(v, key);
                    check_at_least(b.sink_tokens, 0, v, key);

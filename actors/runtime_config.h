@@ -46,6 +46,9 @@ struct RuntimeConfig {
   BlendOptions blend;
   bool adaptive_ratio = true;      // the loading controller may raise the ratio above the floor
   bool write_back = true;          // store missed chunks after the first token
+  // Text every chunk is computed behind and dropped (special tokens parsed; empty:
+  // chunks computed alone). Part of every chunk key.
+  std::string chunk_prelude;
   // limits
   int max_requests = 8;            // requests in flight at once
   int max_queue = 64;              // prepared requests waiting for a slot (FIFO); beyond: overloaded

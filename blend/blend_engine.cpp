@@ -212,7 +212,7 @@ BlendMode parse_mode(const std::string& s) {
 }
 
 ChunkKey BlendEngine::chunk_key(std::span<const int32_t> tokens) const {
-  return make_chunk_key(tf_.model().fingerprint(), KvKind::Chunk, tokens);
+  return make_chunk_key(tf_.model().fingerprint(), KvKind::Chunk, tokens, chunk_prelude_);
 }
 ChunkKey BlendEngine::prefix_key(std::span<const int32_t> tokens) const {
   return make_chunk_key(tf_.model().fingerprint(), KvKind::Prefix, tokens);
@@ -247,17 +247,35 @@ void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernel
 
 std::shared_ptr<const ChunkKv> BlendEngine::compute_chunk_kv(std::span<const int32_t> tokens,
                                                              const LayerWait& between_layers) const {
+  return compute_kv_behind(chunk_prelude_, tokens, between_layers);
+}
+
+std::shared_ptr<const ChunkKv> BlendEngine::compute_prefix_kv(std::span<const int32_t> tokens,
+                                                              const LayerWait& between_layers) const {
+  return compute_kv_behind({}, tokens, between_layers);
+}
+
+std::shared_ptr<const ChunkKv> BlendEngine::compute_kv_behind(std::span<const int32_t> before,
+                                                              std::span<const int32_t> tokens,
+                                                              const LayerWait& between_layers) const {
   const auto& c = tf_.model().config();
   const int64_t m = static_cast<int64_t>(tokens.size());
+  const int64_t p = static_cast<int64_t>(before.size());
   if (m == 0) throw std::invalid_argument("compute_chunk_kv: empty chunk");
-  auto cache = tf_.make_cache(m);
-  std::vector<int32_t> pos(static_cast<size_t>(m));
+  if (p + m > c.context_length)
+    throw std::length_error("compute_chunk_kv: " + std::to_string(p) + " + " + std::to_string(m) +
+                            " tokens exceed the model context of " + std::to_string(c.context_length));
+  std::vector<int32_t> all(before.begin(), before.end());
+  all.insert(all.end(), tokens.begin(), tokens.end());
+  const int64_t n = p + m;
+  auto cache = tf_.make_cache(n);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
   std::iota(pos.begin(), pos.end(), 0);
-  std::vector<float> hidden(static_cast<size_t>(m * c.dim));
-  tf_.embed(tokens, hidden.data());
+  std::vector<float> hidden(static_cast<size_t>(n * c.dim));
+  tf_.embed(all, hidden.data());
   for (int l = 0; l < c.n_layers; ++l) {
     if (between_layers) between_layers(l);
-    tf_.run_layer(l, hidden.data(), pos.data(), m, cache, m);
+    tf_.run_layer(l, hidden.data(), pos.data(), n, cache, n);
   }
   auto kv = std::make_shared<ChunkKv>();
   kv->tokens.assign(tokens.begin(), tokens.end());
@@ -266,11 +284,14 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_chunk_kv(std::span<const int
   kv->head_dim = c.head_dim;
   kv->k.resize(static_cast<size_t>(c.n_layers) * kv->layer_stride());
   kv->v.resize(kv->k.size());
+  const std::vector<int32_t> back(static_cast<size_t>(m), static_cast<int32_t>(-p));
   for (int l = 0; l < c.n_layers; ++l)
     for (int h = 0; h < c.n_kv_heads; ++h) {
       const int64_t dst = l * kv->layer_stride() + static_cast<int64_t>(h) * m * c.head_dim;
-      std::memcpy(kv->k.data() + dst, cache.k_at(l, h, 0), m * c.head_dim * sizeof(float));
-      std::memcpy(kv->v.data() + dst, cache.v_at(l, h, 0), m * c.head_dim * sizeof(float));
+      std::memcpy(kv->k.data() + dst, cache.k_at(l, h, p), m * c.head_dim * sizeof(float));
+      std::memcpy(kv->v.data() + dst, cache.v_at(l, h, p), m * c.head_dim * sizeof(float));
+      // R(i) = R(-p)·R(p + i): the stored convention (positions 0..m-1).
+      if (p > 0) tf_.model().backend().rope(kv->k.data() + dst, back.data(), m, 1, tf_.model().rope());
     }
   return kv;
 }
@@ -278,7 +299,7 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_chunk_kv(std::span<const int
 void BlendEngine::warm(const RagPrompt& prompt) const {
   if (!prompt.prefix.empty()) {
     const auto key = prefix_key(prompt.prefix);
-    if (!store_.contains(key)) store_.put(key, compute_chunk_kv(prompt.prefix));
+    if (!store_.contains(key)) store_.put(key, compute_prefix_kv(prompt.prefix));
   }
   for (const auto& chunk : prompt.chunks) {
     if (chunk.empty()) continue;  // nothing to store; the others still are
@@ -405,7 +426,7 @@ BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& o
       if (kv && kv->tokens == prompt.prefix && kv->n_layers == c.n_layers) {
         prefix_hit = true;
       } else {
-        kv = compute_chunk_kv(prompt.prefix);
+        kv = compute_prefix_kv(prompt.prefix);
         store_.put(key, kv);
       }
       for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(kv->k_layer(l), kv->v_layer(l), P, l, 0, cache);

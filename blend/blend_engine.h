@@ -118,7 +118,12 @@ struct BlendSelection;  // blend_engine.cpp: candidates, forced tokens, budget s
 
 class BlendEngine {
  public:
-  BlendEngine(const Transformer& tf, KvStore& store) : tf_(tf), store_(store) {}
+  // chunk_prelude: tokens every chunk is computed behind and then dropped (empty:
+  // chunks are computed alone). A chunk computed alone makes its first token the
+  // attention sink of its KV; behind a prelude the prelude takes that role, as the
+  // prompt's own first tokens do in place. Part of every chunk key.
+  BlendEngine(const Transformer& tf, KvStore& store, std::vector<int32_t> chunk_prelude = {})
+      : tf_(tf), store_(store), chunk_prelude_(std::move(chunk_prelude)) {}
 
   // Prefill of a RAG prompt in the given mode. The cache gets room for
   // `extra_capacity` more tokens (decode). logit_rows > 1 returns the logits of
@@ -145,10 +150,16 @@ class BlendEngine {
   void validate(const RagPrompt& prompt, const BlendOptions& options, int64_t extra_capacity = 0,
                 int64_t logit_rows = 1) const;
 
-  // KV of a chunk computed alone at positions 0..m-1 (what the store holds).
-  // between_layers, if set, is called before each layer (as in prefill).
+  // KV of a chunk at positions 0..m-1 (what the store holds): computed behind the
+  // chunk prelude if there is one (the chunk at positions p..p+m-1, K rotated back
+  // by -p), else alone. between_layers, if set, is called before each layer (as in
+  // prefill).
   std::shared_ptr<const ChunkKv> compute_chunk_kv(std::span<const int32_t> tokens,
                                                   const LayerWait& between_layers = {}) const;
+  // KV of an exact prefix: computed alone at positions 0..m-1 (it is used only there).
+  std::shared_ptr<const ChunkKv> compute_prefix_kv(std::span<const int32_t> tokens,
+                                                   const LayerWait& between_layers = {}) const;
+  const std::vector<int32_t>& chunk_prelude() const { return chunk_prelude_; }
   // Computes and stores the prompt's prefix and chunk KV that are not stored yet.
   // A request whose chunks missed computes them in context for its answer; running
   // this afterwards (off the first-token path) makes the next request hit.
@@ -166,8 +177,14 @@ class BlendEngine {
                                        const BlendOptions& opt, KvCache& cache, BlendStats& stats,
                                        const std::function<void(int)>& ready) const;
 
+  // KV of `tokens` computed behind `before` (positions 0..p-1, dropped): rows p.. of
+  // the result, K rotated back to positions 0..m-1.
+  std::shared_ptr<const ChunkKv> compute_kv_behind(std::span<const int32_t> before, std::span<const int32_t> tokens,
+                                                   const LayerWait& between_layers) const;
+
   const Transformer& tf_;
   KvStore& store_;  // any tier: RAM, SSD, or (later) a storage node
+  std::vector<int32_t> chunk_prelude_;
 };
 
 // Copies one layer of a stored chunk's KV into the cache at `offset` as stored (K

@@ -38,6 +38,9 @@ struct ChunkKeyHash {
 // valid at position 0, a chunk's anywhere after repair.
 enum class KvKind : uint8_t { Chunk = 1, Prefix = 2 };
 
-ChunkKey make_chunk_key(uint64_t model_fingerprint, KvKind kind, std::span<const int32_t> tokens);
+// `prelude`: tokens the chunk was computed behind (then dropped); they shape its KV,
+// so they are part of the key. Empty: the key of a chunk computed alone (unchanged).
+ChunkKey make_chunk_key(uint64_t model_fingerprint, KvKind kind, std::span<const int32_t> tokens,
+                        std::span<const int32_t> prelude = {});
 
 }  // namespace bs

@@ -70,6 +70,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.blend.quota, b.blend.quota);
   EXPECT_EQ(a.blend.filtering, b.blend.filtering);
   EXPECT_EQ(a.blend.sink_tokens, b.blend.sink_tokens);
+  EXPECT_EQ(a.chunk_prelude, b.chunk_prelude);
   EXPECT_EQ(a.adaptive_ratio, b.adaptive_ratio);
   EXPECT_EQ(a.write_back, b.write_back);
   EXPECT_EQ(a.max_requests, b.max_requests);
@@ -197,6 +198,7 @@ blend:
   quota: per-chunk
   filtering: two-pass
   sink_tokens: 2
+  chunk_prelude: "<|im_start|>system\n"
   write_back: no
 limits: {max_requests: 2, max_queue: 0, max_decode_batch: 4, decode_interleave: 0.2, max_prompt_tokens: 4096,
          trace_history: 0}
@@ -225,6 +227,7 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.blend.quota, Quota::PerChunk);
   EXPECT_EQ(c.blend.filtering, Filtering::TwoPass);
   EXPECT_EQ(c.blend.sink_tokens, 2);
+  EXPECT_EQ(c.chunk_prelude, "<|im_start|>system\n");
   EXPECT_FALSE(c.write_back);
   EXPECT_EQ(c.max_requests, 2);
   EXPECT_EQ(c.max_queue, 0);
@@ -302,7 +305,7 @@ TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
   e = error_of("blend: {zzzzzzzz: 1}");
   EXPECT_THAT(e, AllOf(HasSubstr("blend.zzzzzzzz: unknown key"),
                        HasSubstr("mode, ratio, adaptive_ratio, check_layers, schedule, min_tokens, deviation, quota, "
-                                 "filtering, sink_tokens, write_back"),
+                                 "filtering, sink_tokens, chunk_prelude, write_back"),
                        Not(HasSubstr("did you mean"))));
   EXPECT_THAT(error_of("limits: {max_request: 4}"), HasSubstr("limits.max_request: unknown key"));
   EXPECT_THAT(error_of("device: {gpus: 1}"), AllOf(HasSubstr("device.gpus"), HasSubstr("kind, threads")));

@@ -83,6 +83,7 @@ struct EvalOptions {
   std::string quota = "global";        // global | per-chunk
   std::string filtering = "single-pass";  // single-pass | two-pass
   int sink_tokens = 0;                 // first tokens of each cached chunk always recomputed
+  std::string chunk_prelude;           // text every chunk is computed behind (dropped)
   std::string reference_dir;           // keeps/reads full's teacher-forced reference per case
   int skip_cases = 0;  // start after the first N cases (split a long run)
   int max_cases = 0;   // 0: all

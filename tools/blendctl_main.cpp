@@ -158,6 +158,8 @@ int main(int argc, char** argv) {
   eval->add_option("--sink-tokens", eopt.sink_tokens, "First tokens of each cached chunk always recomputed")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  eval->add_option("--chunk-prelude", eopt.chunk_prelude,
+                   "Text every chunk is computed behind and dropped (special tokens parsed)");
   eval->add_option("--reference-dir", eopt.reference_dir,
                    "Keep full's teacher-forced reference per case here and read it in later runs");
   eval->add_option("--max-cases", eopt.max_cases, "Evaluate at most N cases")->check(CLI::NonNegativeNumber);

@@ -102,7 +102,7 @@ int eval_rag(const EvalOptions& opt) {
   LlamaModel model(opt.model_path, *backend, precision);
   Transformer tf(model);
   MemoryKvStore store(int64_t{16} << 30);
-  BlendEngine engine(tf, store);
+  BlendEngine engine(tf, store, model.tokenizer().encode(opt.chunk_prelude, true));
   const auto& tok = model.tokenizer();
   const int64_t V = model.config().vocab;
   std::map<BlendMode, Totals> totals;
@@ -240,6 +240,7 @@ int eval_rag(const EvalOptions& opt) {
       s["quota"] = quota_name(blend_opt.quota);
       s["deviation"] = deviation_name(blend_opt.deviation);
       s["sink_tokens"] = blend_opt.sink_tokens;
+      s["chunk_prelude"] = opt.chunk_prelude;
     }
     if (!opt.reference_dir.empty()) s["reference_cases_read"] = reference_hits;
     std::printf("%s\n", s.dump().c_str());
