@@ -29,6 +29,8 @@ struct TtftOptions {
   int chunk_tokens = 512;
   float ratio = 0.15f;
   std::vector<int> check_layers{1};
+  std::vector<float> schedule;             // kept fractions after each check layer but the last
+  std::string filtering = "single-pass";   // single-pass | two-pass
   int requests = 3;  // distinct requests (different chunks)
   int repeats = 1;   // runs of each request per mode (median reported)
 };

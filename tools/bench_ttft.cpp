@@ -76,6 +76,8 @@ int bench_ttft(const TtftOptions& opt) {
         o.mode = mode;
         o.ratio = opt.ratio;
         o.check_layers = opt.check_layers;
+        o.schedule = opt.schedule;
+        o.filtering = parse_filtering(opt.filtering);
         const auto t0 = std::chrono::steady_clock::now();
         auto r = engine.prefill(prompt, o, 1);
         const int32_t first = argmax(r.logits.data(), model.config().vocab);  // the first token is out
@@ -113,7 +115,11 @@ int bench_ttft(const TtftOptions& opt) {
                  {"load_s", s.load_seconds},
                  {"select_s", s.select_seconds},
                  {"compute_s", s.compute_seconds}};
-    if (mode == BlendMode::Blend) line["blend_ratio"] = opt.ratio;
+    if (mode == BlendMode::Blend) {
+      line["blend_ratio"] = opt.ratio;
+      line["check_layers"] = opt.check_layers;
+      line["filtering"] = opt.filtering;
+    }
     std::printf("%s\n", line.dump().c_str());
     summary[std::string(mode_name(mode)) + "_ttft_s"] = t;
     summary[std::string(mode_name(mode)) + "_vs_full"] = t / full;

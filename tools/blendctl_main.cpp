@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
   ttft->add_option("--chunk-tokens", topt.chunk_tokens, "Tokens per document")->check(CLI::Range(16, 4096));
   ttft->add_option("--ratio", topt.ratio, "Blend recompute ratio")->check(CLI::Range(0.0, 1.0));
   ttft->add_option("--check-layers", topt.check_layers, "Blend check layers");
+  ttft->add_option("--schedule", topt.schedule, "Kept fractions after each check layer but the last");
+  ttft->add_option("--filtering", topt.filtering, "single-pass or two-pass")
+      ->check(CLI::IsMember({"single-pass", "two-pass"}))
+      ->capture_default_str();
   ttft->add_option("--requests", topt.requests, "Distinct requests")->check(CLI::Range(1, 100));
   ttft->add_option("--repeats", topt.repeats, "Runs per request and mode")->check(CLI::Range(1, 100));
   ttft->add_option("--dataset", topt.dataset, "JSON lines whose documents provide the chunk text");
