@@ -258,6 +258,18 @@ void parse_tiers(const YAML::Node& sec, RuntimeConfig& c) {
   });
 }
 
+// A name from a fixed set (blend mode, deviation, quota, filtering): `parse` throws
+// std::invalid_argument naming the value and the alternatives, reported at the key.
+template <class Parse>
+auto get_named(const YAML::Node& v, const std::string& key, Parse parse) {
+  const std::string name = get_string(v, key);
+  try {
+    return parse(name);
+  } catch (const std::invalid_argument& e) {
+    fail(key, v, e.what());
+  }
+}
+
 void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
   BlendOptions& b = c.blend;
   std::optional<YAML::Node> checks_node, schedule_node;  // for the positions of the cross-key checks
@@ -267,12 +279,7 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path("blend", k);
                  if (k == "mode") {
-                   const std::string m = get_string(v, key);
-                   try {
-                     b.mode = parse_mode(m);
-                   } catch (const std::invalid_argument&) {
-                     fail(key, v, "unknown mode '" + m + "' (full, prefix, reuse, blend)");
-                   }
+                   b.mode = get_named(v, key, parse_mode);
                  } else if (k == "ratio") {
                    const double r = get_number(v, key);
                    if (!(r >= 0.0 && r <= 1.0)) fail(key, v, "must be in [0, 1], got " + v.Scalar());
@@ -291,25 +298,11 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
                    b.min_tokens = get_int(v, key);
                    check_at_least(b.min_tokens, 0, v, key);
                  } else if (k == "deviation") {
-                   const std::string d = get_string(v, key);
-                   if (d == "k") b.deviation = Deviation::K;
-                   else if (d == "v") b.deviation = Deviation::V;
-                   else if (d == "kv") b.deviation = Deviation::KV;
-                   else fail(key, v, "unknown deviation '" + d + "' (k, v, kv)");
+                   b.deviation = get_named(v, key, parse_deviation);
                  } else if (k == "quota") {
-                   const std::string q = get_string(v, key);
-                   try {
-                     b.quota = parse_quota(q);
-                   } catch (const std::invalid_argument&) {
-                     fail(key, v, "unknown quota '" + q + "' (global, per-chunk)");
-                   }
+                   b.quota = get_named(v, key, parse_quota);
                  } else if (k == "filtering") {
-                   const std::string f = get_string(v, key);
-                   try {
-                     b.filtering = parse_filtering(f);
-                   } catch (const std::invalid_argument&) {
-                     fail(key, v, "unknown filtering '" + f + "' (single-pass, two-pass)");
-                   }
+                   b.filtering = get_named(v, key, parse_filtering);
                  } else if (k == "chunk_prelude") {
                    c.chunk_prelude = get_string(v, key);
                  } else if (k == "sink_tokens") {
