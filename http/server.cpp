@@ -18,6 +18,7 @@
 #include "actors/runtime_context.h"
 #include "blend/rag_prompt.h"
 #include "http/api_error.h"
+#include "http/connection_socket.h"
 #include "http/metrics.h"
 #include "http/openai_request.h"
 #include "http/openai_response.h"
@@ -31,8 +32,11 @@ using clock = std::chrono::steady_clock;
 
 // How often a waiting response writes something harmless (an SSE comment, or
 // whitespace before a JSON body) to learn whether the client is still there:
-// a closed connection only shows when a write fails.
+// once the response has begun, a closed connection shows when a write fails.
 constexpr auto kHeartbeat = std::chrono::milliseconds(250);
+// How often a completion that has sent nothing yet (queued, or in its prefill)
+// peeks at its connection to learn whether the client hung up.
+constexpr auto kProbe = std::chrono::milliseconds(100);
 
 // One completion's hand-off between the runtime's threads (callbacks) and the
 // HTTP thread that answers it.
@@ -339,10 +343,30 @@ struct Server::Impl {
     }
 
     // Until the first text (or the end) nothing is sent, so a request that fails
-    // in its prefill still gets a proper error status.
+    // in its prefill still gets a proper error status. Meanwhile the connection is
+    // peeked at every kProbe: a client that hung up while its request is queued or
+    // in its prefill is noticed now and the request cancelled, not when its first
+    // token fails to be written.
     {
+      int sock = -2;  // -2: not looked up yet (fast requests never are); -1: not found
       std::unique_lock<std::mutex> lock(ex->mu);
-      ex->cv.wait(lock, [&] { return ex->done || !ex->pending.empty(); });
+      while (!ex->cv.wait_for(lock, kProbe, [&] { return ex->done || !ex->pending.empty(); })) {
+        lock.unlock();
+        if (sock == -2) sock = connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+        const bool gone = sock >= 0 && peer_closed(sock);
+        lock.lock();
+        if (gone && !ex->done) {
+          ex->client_gone = true;  // on_text refuses further text
+          lock.unlock();
+          metrics.count_disconnect();
+          // Queued: finished now. Admitted: ends before its prefill starts, or, in
+          // its prefill, when the prefill ends (it is not stopped midway).
+          runtime.cancel(id);
+          // Nobody reads this; it names the end in the responses metric (nginx's 499).
+          return send_error(res, ApiError(499, "the client closed the connection before the first token",
+                                          "invalid_request_error", "", "client_closed_request"));
+        }
+      }
       if (ex->done && ex->result.finish_reason == "error")
         return send_error(res, ApiError(500, "the request failed: " + ex->result.error, "server_error"));
       if (ex->done && ex->result.finish_reason == "cancelled")

@@ -2,23 +2,32 @@
 // on loopback, cpp-httplib's client. Answers equal the runtime's own, the SSE
 // stream has OpenAI's shape, documents are stored and hit, every bad input gets
 // its status and an OpenAI-shaped body (and the next request is still right), a
-// client that leaves cancels its request, N clients at once get what one at a
-// time gets, overload is a 429 with Retry-After, keys are enforced.
+// client that leaves cancels its request (also one that leaves while its request
+// is queued, before anything was sent), N clients at once get what one at a time
+// gets, overload is a 429 with Retry-After, keys are enforced.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
+#include <memory>
 #include <regex>
 #include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "actors/runtime.h"
+#include "http/connection_socket.h"
 #include "http/server.h"
 #include "model_fixture.h"
 #include "temp_dir.h"
@@ -104,6 +113,70 @@ RuntimeRequest runtime_request(const std::string& question, const std::vector<st
 httplib::Result post(httplib::Client& c, const std::string& path, const std::string& body,
                      const httplib::Headers& headers = {}) {
   return c.Post(path.c_str(), headers, body, "application/json");
+}
+
+// A raw TCP connection to 127.0.0.1:port (-1 if it cannot connect).
+int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int local_port_of(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return -1;
+  return ntohs(a.sin_port);
+}
+
+// What the handler uses to notice a client that left before anything was sent:
+// its socket, found from the endpoints httplib gives it, and a peek.
+TEST(ConnectionSocket, FindsTheConnectionAndSeesItsPeerLeave) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  const int server_port = local_port_of(listener);
+  const int client = connect_loopback(server_port);
+  ASSERT_GE(client, 0);
+  const int accepted = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(accepted, 0);
+  const int client_port = local_port_of(client);
+
+  // The server's end, not the client's (the same two endpoints, the other way round).
+  EXPECT_EQ(http::connection_socket("127.0.0.1", server_port, "127.0.0.1", client_port), accepted);
+  EXPECT_EQ(http::connection_socket("127.0.0.1", client_port, "127.0.0.1", server_port), client);
+  EXPECT_EQ(http::connection_socket("127.0.0.1", server_port, "127.0.0.1", 1), -1);
+  EXPECT_EQ(http::connection_socket("127.0.0.2", server_port, "127.0.0.1", client_port), -1);
+  EXPECT_EQ(http::connection_socket("", -1, "", -1), -1);
+
+  EXPECT_FALSE(http::peer_closed(accepted)) << "connected and quiet";
+  ASSERT_EQ(::send(client, "x", 1, 0), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(http::peer_closed(accepted)) << "data waiting";
+  char c = 0;
+  ASSERT_EQ(::recv(accepted, &c, 1, MSG_DONTWAIT), 1) << "the peek consumed nothing";
+  EXPECT_EQ(c, 'x');
+  ::close(client);
+  bool closed = false;
+  for (int i = 0; i < 100 && !closed; ++i) {
+    closed = http::peer_closed(accepted);
+    if (!closed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(closed) << "the client closed its end";
+  ::close(accepted);
+  ::close(listener);
 }
 
 // One server over one runtime for most tests (the model loads once).
@@ -651,6 +724,127 @@ TEST(ServerOverload, BeyondTheQueueA429WithRetryAfter) {
   auto after = post(c, "/v1/chat/completions", short_body);
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 200);
+}
+
+// A raw HTTP/1.1 POST of a chat completion on a fresh connection, left open
+// (the caller closes it: a client that hangs up without reading a byte).
+int send_raw_completion(int port, const std::string& body) {
+  const int fd = connect_loopback(port);
+  if (fd < 0) return -1;
+  const std::string msg = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                          "application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  size_t sent = 0;
+  while (sent < msg.size()) {
+    const ssize_t n = ::send(fd, msg.data() + sent, msg.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) {
+      ::close(fd);
+      return -1;
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return fd;
+}
+
+// Traces that ended cancelled before a first token.
+int cancelled_before_first_token(Runtime& rt) {
+  int n = 0;
+  for (const auto& t : json::parse(rt.traces_json(100)))
+    if (t["finish_reason"] == "cancelled" && !t.contains("first_token_s")) ++n;
+  return n;
+}
+
+// Nothing is sent before a completion's first token, so a client that hangs up
+// while its request waits in the queue is noticed by peeking at its connection:
+// the request leaves the queue then, cancelled, not after the requests ahead of it
+// (before this, it ran once the slot came free and was cancelled at its first token).
+TEST(ServerDisconnect, AClientThatLeavesWhileQueuedCancelsItsRequestAtOnce) {
+  if (!testing::model_available()) GTEST_SKIP() << "model not found";
+  TempDir dir;
+  RuntimeConfig config = config_in(dir.path());
+  config.max_requests = 1;
+  config.max_queue = 2;
+  Runtime runtime(config);
+  Served s(runtime, config);
+  auto metrics = [&] {
+    auto m = s.client().Get("/metrics");
+    return m ? m->body : std::string();
+  };
+  auto wait_until = [](const std::function<bool()>& ok, double seconds) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (!ok()) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  };
+  const std::string closed_early = "blendserve_http_responses_total{route=\"/v1/chat/completions\",status=\"499\"}";
+  const int64_t gone0 = metric(metrics(), "blendserve_client_disconnects_total");
+  ASSERT_GE(gone0, 0);
+
+  // A holds the only slot: a raw completion that counts on for 3000 tokens
+  // (minutes here), submitted to the runtime directly and cancelled at the end.
+  RuntimeRequest long_one;
+  long_one.raw = true;
+  long_one.raw_prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,";
+  long_one.sampling.max_tokens = 3000;
+  auto a_done = std::make_shared<std::promise<RequestResult>>();
+  RequestCallbacks a_callbacks;
+  a_callbacks.on_done = [a_done](const RequestResult& r) { a_done->set_value(r); };
+  auto a_result = a_done->get_future();
+  const uint64_t a = runtime.submit(std::move(long_one), std::move(a_callbacks));
+  int b = -1, c = -1;
+  // Whatever fails below, nothing is left running when the server stops.
+  struct AtExit {
+    std::function<void()> f;
+    ~AtExit() { f(); }
+  } cleanup{[&] {
+    for (int* fd : {&b, &c})
+      if (*fd >= 0) ::close(std::exchange(*fd, -1));
+    runtime.cancel(a);
+  }};
+  ASSERT_TRUE(wait_until([&] { return runtime.in_flight() == 1; }, 10));
+  // B and C (one not streaming, one streaming) wait in the queue behind it.
+  b = send_raw_completion(s.port(), chat_body("What is 2+2?", {}, 4).dump());
+  json c_body = chat_body("What is 3+3?", {}, 4);
+  c_body["stream"] = true;
+  c = send_raw_completion(s.port(), c_body.dump());
+  ASSERT_GE(b, 0);
+  ASSERT_GE(c, 0);
+  ASSERT_TRUE(wait_until([&] { return runtime.queued() == 2; }, 10));
+
+  // Both hang up without reading a byte: both end now (not minutes later, when A
+  // is done), cancelled before a first token, while A goes on.
+  const auto t0 = std::chrono::steady_clock::now();
+  ::close(std::exchange(b, -1));
+  ::close(std::exchange(c, -1));
+  const bool ended = wait_until(
+      [&] {
+        const std::string m = metrics();
+        return metric(m, "blendserve_client_disconnects_total") == gone0 + 2 && metric(m, closed_early) == 2 &&
+               runtime.queued() == 0 && cancelled_before_first_token(runtime) == 2;
+      },
+      5);
+  const std::string m = metrics();
+  EXPECT_TRUE(ended) << "disconnects " << metric(m, "blendserve_client_disconnects_total") - gone0 << ", 499s "
+                     << metric(m, closed_early) << ", queued " << runtime.queued()
+                     << ", cancelled before a first token " << cancelled_before_first_token(runtime) << ", after "
+                     << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
+  EXPECT_EQ(a_result.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "A still runs";
+  EXPECT_EQ(runtime.in_flight(), 1);
+
+  runtime.cancel(a);
+  ASSERT_EQ(a_result.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(a_result.get().finish_reason, "cancelled");
+  EXPECT_TRUE(wait_until([&] { return runtime.in_flight() == 0; }, 10));
+  EXPECT_EQ(metric(metrics(), "blendserve_client_disconnects_total"), gone0 + 2);
+  // The server answers the next request as the runtime does.
+  auto client = s.client();
+  auto ok = post(client, "/v1/chat/completions", chat_body("What is 2+2?", {}, 4).dump());
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(ok->status, 200) << ok->body;
+  EXPECT_EQ(json::parse(ok->body)["choices"][0]["message"]["content"],
+            runtime.run(runtime_request("What is 2+2?", {}, 4)).text);
 }
 
 }  // namespace
