@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include <caf/all.hpp>
 
@@ -110,6 +112,14 @@ double interleave_decode(RuntimeContext* ctx, const HandlesRef& h) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Thrown between the layers of a prefill whose request was cancelled (the client
+// left, Runtime::cancel): the rest of its layers are not computed.
+struct PrefillCancelled : std::runtime_error {
+  explicit PrefillCancelled(int layer)
+      : std::runtime_error("cancelled before layer " + std::to_string(layer)), layer(layer) {}
+  int layer;
+};
+
 void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) {
   const auto& cfg = ctx->model->config();
   const double begin = r->now_s();
@@ -124,13 +134,23 @@ void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) 
       r->prefill_pause_seconds += s;
     }
   };
+  // A cancelled request stops at the next layer boundary (also while it waits for
+  // a slow tier), so a client that left frees its slot and the compute thread
+  // within one layer's time instead of a whole prefill's.
+  auto stop_if_cancelled = [&r](int layer) {
+    if (r->cancelled.load()) throw PrefillCancelled(layer);
+  };
   const auto poll = std::max(interleave_interval(ctx), std::chrono::steady_clock::duration(std::chrono::milliseconds(1)));
   try {
-    if (r->cancelled.load()) throw std::runtime_error("cancelled");
+    stop_if_cancelled(0);
     r->prefill = ctx->engine->prefill_planned(r->prompt, r->plan, r->cache, r->options,
-                                              [&r, &pause, poll](int layer) {
-                                                while (!r->gate.wait_for(layer, poll)) pause();
+                                              [&r, &pause, &stop_if_cancelled, poll](int layer) {
+                                                while (!r->gate.wait_for(layer, poll)) {
+                                                  stop_if_cancelled(layer);
+                                                  pause();
+                                                }
                                                 pause();
+                                                stop_if_cancelled(layer);
                                               },
                                               1, r->submitted);
   } catch (const LayerGate::LoadFailed& e) {
@@ -142,10 +162,23 @@ void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) 
     r->add_event({"worker", std::string("fallback: ") + e.what(), -1, begin, r->now_s(), 0});
     try {
       r->prefill = ctx->engine->prefill(r->prompt, r->options, r->request.sampling.max_tokens, 1,
-                                        [&pause](int) { pause(); });
+                                        [&pause, &stop_if_cancelled](int layer) {
+                                          pause();
+                                          stop_if_cancelled(layer);
+                                        });
+    } catch (const PrefillCancelled& c) {
+      r->prefill_error = c.what();
+      r->add_event({"worker", std::string("prefill ") + c.what(), c.layer, begin, r->now_s(), 0});
     } catch (const std::exception& e2) {
       r->prefill_error = e2.what();
     }
+  } catch (const PrefillCancelled& c) {
+    // Loaders may still be writing the cache: they stop at the failed gate, and the
+    // cache is dropped only once they are done.
+    r->gate.fail(c.what());
+    r->gate.wait_loaders_done();
+    r->prefill_error = c.what();
+    r->add_event({"worker", std::string("prefill ") + c.what(), c.layer, begin, r->now_s(), 0});
   } catch (const std::exception& e) {
     r->gate.fail(e.what());
     r->gate.wait_loaders_done();
