@@ -359,8 +359,7 @@ struct Server::Impl {
           ex->client_gone = true;  // on_text refuses further text
           lock.unlock();
           metrics.count_disconnect();
-          // Queued: finished now. Admitted: ends before its prefill starts, or, in
-          // its prefill, when the prefill ends (it is not stopped midway).
+          // Queued: finished now. In its prefill: stops at the next layer boundary.
           runtime.cancel(id);
           // Nobody reads this; it names the end in the responses metric (nginx's 499).
           return send_error(res, ApiError(499, "the client closed the connection before the first token",
