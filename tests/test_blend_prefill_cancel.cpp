@@ -18,23 +18,15 @@
 
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
+#include "interleave_config.h"
 #include "model_fixture.h"
 #include "temp_dir.h"
 
 namespace bs {
 namespace {
 
-namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-RuntimeConfig config_in(const fs::path& dir) {
-  RuntimeConfig c = default_runtime_config();
-  c.data_dir = dir.string();
-  c.ssd.path = (dir / "kv").string();
-  c.ssd.direct_io = false;  // the temp dir may be a tmpfs
-  c.write_back = false;     // no background computes: every interleaved step is the prefill's
-  return c;
-}
 
 // A raw prompt the model continues by counting on, for exactly max_tokens tokens.
 RuntimeRequest counting(int max_tokens) {
@@ -60,7 +52,7 @@ RuntimeRequest long_prompt(const Runtime& rt) {
 TEST(PrefillCancel, ACancelledRequestStopsItsPrefillAtTheNextLayer) {
   REQUIRE_MODEL();
   testing::TempDir dir;
-  Runtime rt(config_in(dir.path()));
+  Runtime rt(testing::interleave_config_in(dir.path()));
   const int n_layers = rt.context().model->config().n_layers;
 
   // A stream that decodes for the whole test (cancelled at the end).

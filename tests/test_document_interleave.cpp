@@ -16,23 +16,15 @@
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
 #include "blend/rag_prompt.h"
+#include "interleave_config.h"
 #include "model_fixture.h"
 #include "temp_dir.h"
 
 namespace bs {
 namespace {
 
-namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-RuntimeConfig config_in(const fs::path& dir) {
-  RuntimeConfig c = default_runtime_config();
-  c.data_dir = dir.string();
-  c.ssd.path = (dir / "kv").string();
-  c.ssd.direct_io = false;  // the temp dir may be a tmpfs
-  c.write_back = false;     // no background computes: every interleaved step below is the store's
-  return c;
-}
 
 // A raw prompt the model continues by counting on (no stop strings, greedy), for
 // exactly max_tokens tokens.
@@ -47,7 +39,7 @@ RuntimeRequest counting(int from, int max_tokens) {
 TEST(DocumentStore, DecodeStepsRunBetweenTheLayersOfADocumentsCompute) {
   REQUIRE_MODEL();
   testing::TempDir dir;
-  Runtime rt(config_in(dir.path()));
+  Runtime rt(testing::interleave_config_in(dir.path()));
   const auto& ctx = rt.context();
   // ~1600 tokens of prose as one chunk: every layer of its compute takes a while.
   std::string doc;
@@ -122,7 +114,7 @@ TEST(DocumentStore, DecodeStepsRunBetweenTheLayersOfADocumentsCompute) {
 TEST(DocumentStore, ADocumentTooLongOrAfterShutdownIsRefused) {
   REQUIRE_MODEL();
   testing::TempDir dir;
-  Runtime rt(config_in(dir.path()));
+  Runtime rt(testing::interleave_config_in(dir.path()));
   std::string huge;
   const auto context = rt.context().model->config().context_length;
   while (static_cast<int64_t>(document_chunk_tokens(rt.context().model->tokenizer(), huge).size()) < context)
