@@ -1,5 +1,6 @@
 #include "actors/runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -7,6 +8,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 #include <unordered_map>
 
@@ -23,6 +25,26 @@ namespace {
 std::string default_model_path() {
   if (const char* env = std::getenv("BLENDSERVE_MODEL")) return env;
   return BLENDSERVE_DEFAULT_MODEL;
+}
+
+// The default check layers (1..6) need a model of at least 7 layers; on a smaller
+// one they narrow to the layers it has (said on stderr), so a small model runs on
+// the defaults. Any other check layer past the model is a configuration error,
+// reported at start-up rather than on every request.
+void fit_check_layers_to_model(BlendOptions& blend, int n_layers) {
+  const auto past = std::find_if(blend.check_layers.begin(), blend.check_layers.end(),
+                                 [&](int l) { return l >= n_layers; });
+  if (past == blend.check_layers.end()) return;
+  if (blend.check_layers != BlendOptions{}.check_layers || !blend.schedule.empty() || n_layers < 2)
+    throw std::invalid_argument("blend.check_layers: layer " + std::to_string(*past) +
+                                " is past the model's last layer (" + std::to_string(n_layers - 1) + " of a " +
+                                std::to_string(n_layers) + "-layer model)");
+  std::vector<int> fit;
+  for (int l : blend.check_layers)
+    if (l < n_layers) fit.push_back(l);
+  blend.check_layers = fit;
+  std::fprintf(stderr, "blendserve: blend.check_layers: the default [1..%d] narrowed to [1..%d] for this %d-layer model\n",
+               BlendOptions{}.check_layers.back(), fit.back(), n_layers);
 }
 
 // CAF's scheduler threads only pass messages: few of them, and sleeping soon
@@ -70,6 +92,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   ctx.backend = kernels::make_cpu_backend();
   ctx.precision = kernels::choose_precision(ctx.config.precision, *ctx.backend);
   ctx.model = std::make_unique<LlamaModel>(ctx.config.model_path, *ctx.backend, ctx.precision);
+  fit_check_layers_to_model(ctx.config.blend, ctx.model->config().n_layers);
   ctx.tf = std::make_unique<Transformer>(*ctx.model);
   if (ctx.config.ram.enabled) ctx.ram = std::make_unique<MemoryKvStore>(ctx.config.ram.budget_bytes);
   if (ctx.config.ssd.enabled) {

@@ -57,8 +57,12 @@ Filtering parse_filtering(const std::string& s);  // throws std::invalid_argumen
 
 struct BlendOptions {
   BlendMode mode = BlendMode::Blend;
-  float ratio = 0.15f;               // fraction of cached chunk tokens recomputed
-  std::vector<int> check_layers{1};  // layers where deviation is measured (>= 1)
+  // The default is gradual filtering: the deviation is measured after each of layers
+  // 1..6, the candidates narrow linearly from all cached tokens to `ratio`. On all 240
+  // shipped cases it beat one check at layer 1 (r 0.15) on F1, first-token KL and
+  // agreement at a TTFT still under 0.25x full's (README "Quality of the four modes").
+  float ratio = 0.10f;                             // fraction of cached chunk tokens recomputed
+  std::vector<int> check_layers{1, 2, 3, 4, 5, 6};  // layers where deviation is measured (>= 1)
   // Fraction of cached chunk tokens kept after each check layer. Empty: one check
   // layer keeps `ratio`; several narrow linearly from 1 towards `ratio`.
   std::vector<float> schedule;

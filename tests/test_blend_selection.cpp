@@ -65,6 +65,16 @@ double kl_divergence(const std::vector<float>& p, const std::vector<float>& q) {
   return kl;
 }
 
+// These tests pin the selection they reason about: one check at layer 1 (the
+// engine's default is gradual filtering over layers 1..6; the tests that check
+// several layers say so).
+BlendOptions one_check_options() {
+  BlendOptions o;
+  o.check_layers = {1};
+  o.ratio = 0.15f;
+  return o;
+}
+
 // The real model (fp32 GEMMs: the bounds below are fp32 numerics), a RAM store and
 // the engine over them.
 struct BlendSetup {
@@ -77,7 +87,7 @@ struct BlendSetup {
   BlendPrefill run(const RagPrompt& prompt, const BlendOptions& o) { return engine.prefill(prompt, o); }
   BlendPrefill run(const RagPrompt& prompt, BlendMode mode, float ratio = 0.15f, int min_tokens = 1,
                    Deviation deviation = Deviation::KV) {
-    BlendOptions o;
+    BlendOptions o = one_check_options();
     o.mode = mode;
     o.ratio = ratio;
     o.min_tokens = min_tokens;
@@ -127,7 +137,7 @@ TEST_F(BlendSelection, RatioJustBelowOneThroughTheScoringIsFull) {
   EXPECT_EQ(all.stats.recomputed_tokens, H);
   EXPECT_EQ(all.recomputed_positions, iota_positions(prompt.chunk_offset(0), prompt.suffix_offset()));
   const double d_all = max_abs_diff(full.logits, all.logits);
-  BlendOptions two_pass;
+  BlendOptions two_pass = one_check_options();
   two_pass.ratio = all_ratio;
   two_pass.filtering = Filtering::TwoPass;
   const auto all2 = s.run(prompt, two_pass);
@@ -189,7 +199,7 @@ TEST_F(BlendSelection, TinyRatioWithMinTokensRecomputesOneTokenAndIsNearReuse) {
   // min_tokens = 0: the same ratio scores and keeps nothing. Two-pass scoring
   // restores the loaded KV: exactly reuse. The single pass keeps the fresh KV of
   // layers 0..1 it computed while scoring: not reuse, but nothing goes beyond.
-  BlendOptions o;
+  BlendOptions o = one_check_options();
   o.mode = BlendMode::Blend;
   o.ratio = tiny;
   o.min_tokens = 0;
@@ -302,7 +312,7 @@ TEST_F(BlendSelection, SelectedTokensAreTheTopKOfTheLayerOneDeviation) {
   for (const auto& cs : cases) {
     SCOPED_TRACE(cs.name);
     if (cs.hit[2]) s.engine.warm(prompt);
-    BlendOptions o;
+    BlendOptions o = one_check_options();
     o.ratio = 0.15f;
     o.deviation = cs.deviation;
     o.filtering = Filtering::TwoPass;
@@ -509,7 +519,7 @@ TEST_F(BlendSelection, SinglePassKeepsTheKvComputedWhileScoring) {
   const auto cached = cached_positions(prompt);
   const int64_t H = static_cast<int64_t>(cached.size());
   const int64_t N = prompt.size();
-  BlendOptions o;
+  BlendOptions o = one_check_options();
   o.mode = BlendMode::Full;
   auto full = s.engine.prefill(prompt, o);
   o.mode = BlendMode::Reuse;
@@ -593,7 +603,7 @@ TEST_F(BlendSelection, PerChunkQuotaTakesEachChunksShareFromItsOwnTopDeviations)
     expected.insert(expected.end(), top.begin(), top.end());
   }
   std::sort(expected.begin(), expected.end());
-  BlendOptions o;
+  BlendOptions o = one_check_options();
   o.ratio = 0.15f;
   o.quota = Quota::PerChunk;
   for (Filtering f : {Filtering::SinglePass, Filtering::TwoPass}) {
@@ -634,7 +644,7 @@ TEST_F(BlendSelection, SinkTokensAreRecomputedWithinTheBudget) {
   expected.insert(expected.end(), sinks.begin(), sinks.end());
   std::sort(expected.begin(), expected.end());
 
-  BlendOptions o;
+  BlendOptions o = one_check_options();
   o.ratio = 0.15f;
   o.sink_tokens = k;
   for (Filtering f : {Filtering::SinglePass, Filtering::TwoPass}) {

@@ -115,7 +115,7 @@ TEST(RuntimeConfigDefault, EmbeddedTextIsTheSourceFile) {
   const std::string file = read_text(kSourceConfig);
   ASSERT_FALSE(file.empty());
   EXPECT_EQ(default_config_text(), file);
-  EXPECT_THAT(default_config_text(), HasSubstr("check_layers: [1]"));
+  EXPECT_THAT(default_config_text(), HasSubstr("check_layers: [1, 2, 3, 4, 5, 6]"));
 }
 
 TEST(RuntimeConfigDefault, ValuesAreTheDocumentedOnes) {
@@ -133,9 +133,9 @@ TEST(RuntimeConfigDefault, ValuesAreTheDocumentedOnes) {
   EXPECT_TRUE(c.ssd.direct_io);
   EXPECT_EQ(c.ssd.throttle_bytes_per_s, 0.0);
   EXPECT_EQ(c.blend.mode, BlendMode::Blend);
-  EXPECT_FLOAT_EQ(c.blend.ratio, 0.15f);
+  EXPECT_FLOAT_EQ(c.blend.ratio, 0.10f);
   EXPECT_TRUE(c.adaptive_ratio);
-  EXPECT_EQ(c.blend.check_layers, std::vector<int>{1});
+  EXPECT_EQ(c.blend.check_layers, (std::vector<int>{1, 2, 3, 4, 5, 6}));
   EXPECT_TRUE(c.blend.schedule.empty());
   EXPECT_EQ(c.blend.min_tokens, 1);
   EXPECT_EQ(c.blend.deviation, Deviation::KV);
@@ -251,7 +251,7 @@ TEST(RuntimeConfigParse, AbsentKeysKeepTheDefaults) {
   EXPECT_EQ(c.ram.budget_bytes, 2LL << 30);
   EXPECT_EQ(c.port, 8080);
   EXPECT_EQ(c.host, "127.0.0.1");
-  EXPECT_FLOAT_EQ(c.blend.ratio, 0.15f);
+  EXPECT_FLOAT_EQ(c.blend.ratio, 0.10f);
 }
 
 TEST(RuntimeConfigParse, ModesDeviationsPrecisions) {
@@ -361,7 +361,9 @@ TEST(RuntimeConfigErrors, Schedule) {
   // Length: one per check layer but the last.
   std::string e = error_of("blend: {check_layers: [1, 2, 3], schedule: [0.5]}");
   EXPECT_THAT(e, HasSubstr("blend.schedule: needs one fraction per check layer but the last (2 for 3 check layers), got 1"));
-  e = error_of("blend: {schedule: [0.5]}");  // the default check_layers: [1]
+  e = error_of("blend: {schedule: [0.5]}");  // the default check_layers: [1, ..., 6]
+  EXPECT_THAT(e, HasSubstr("blend.schedule: needs one fraction per check layer but the last (5 for 6 check layers), got 1"));
+  e = error_of("blend: {check_layers: [2], schedule: [0.5]}");
   EXPECT_THAT(e, HasSubstr("blend.schedule: needs one fraction per check layer but the last (0 for 1 check layer), got 1"));
   // Outside [ratio, 1], whatever the order of the keys.
   e = error_of("blend: {schedule: [0.1], check_layers: [1, 2], ratio: 0.2}");

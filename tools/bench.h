@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "blend/blend_engine.h"
 #include "kernels/backend.h"
 #include "model/tokenizer.h"
 
@@ -17,6 +18,8 @@ struct BenchOptions {
   int repeats = 3;
   int64_t decode_context = 512;
   int decode_tokens = 128;
+  // Batch sizes of the batched-decode breakdown (decode_step of B sequences).
+  std::vector<int64_t> decode_batches{1, 8};
 };
 
 int bench_prefill(const BenchOptions& opt);
@@ -27,8 +30,9 @@ struct TtftOptions {
   std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
   int chunks = 6;
   int chunk_tokens = 512;
-  float ratio = 0.15f;
-  std::vector<int> check_layers{1};
+  // The blend's defaults (BlendOptions): one place says what "default" means.
+  float ratio = BlendOptions{}.ratio;
+  std::vector<int> check_layers = BlendOptions{}.check_layers;
   std::vector<float> schedule;             // kept fractions after each check layer but the last
   std::string filtering = "single-pass";   // single-pass | two-pass
   int requests = 3;  // distinct requests (different chunks)
@@ -78,8 +82,8 @@ struct EvalOptions {
   std::string dataset;
   std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
   std::vector<std::string> modes{"blend"};
-  float ratio = 0.15f;
-  std::vector<int> check_layers{1};
+  float ratio = BlendOptions{}.ratio;                           // the blend's defaults
+  std::vector<int> check_layers = BlendOptions{}.check_layers;
   std::vector<float> schedule;
   std::string deviation = "kv";        // k | v | kv
   std::string quota = "global";        // global | per-chunk

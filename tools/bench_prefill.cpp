@@ -121,6 +121,40 @@ int bench_prefill(const BenchOptions& opt) {
                                        {"tokens", opt.decode_tokens}, {"seconds", t},
                                        {"tokens_per_s", opt.decode_tokens / t},
                                        {"breakdown", breakdown(prof, t)}}.dump().c_str());
+    std::fflush(stdout);
+  }
+
+  // 4. Batched decode: B sequences (each after its own opt.decode_context-token
+  // prompt) stepped together by decode_step, as continuous batching does; where a
+  // batched step's time goes, against one sequence's.
+  for (int64_t batch : opt.decode_batches) {
+    std::vector<KvCache> caches;
+    std::vector<int32_t> next(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+      std::vector<int32_t> ids(static_cast<size_t>(opt.decode_context));
+      for (auto& t : ids) t = pick(rng);
+      caches.push_back(tf.make_cache(opt.decode_context + opt.decode_tokens + 1));
+      const auto logits = tf.forward(ids, caches.back());
+      next[static_cast<size_t>(b)] = argmax(logits.data(), c.vocab);
+    }
+    std::vector<KvCache*> ptrs;
+    for (auto& cache : caches) ptrs.push_back(&cache);
+    prof.reset();
+    const auto t0 = clock_type::now();
+    for (int i = 0; i < opt.decode_tokens; ++i) {
+      const auto logits = tf.decode_step(next, ptrs);
+      for (int64_t b = 0; b < batch; ++b)
+        next[static_cast<size_t>(b)] = argmax(logits.data() + b * c.vocab, c.vocab);
+    }
+    const double t = seconds_since(t0);
+    std::printf("%s\n", nlohmann::json{{"bench", "decode_batch"}, {"isa", isa}, {"precision", prec},
+                                       {"batch", batch}, {"context", opt.decode_context},
+                                       {"steps", opt.decode_tokens}, {"seconds", t},
+                                       {"step_ms", 1e3 * t / opt.decode_tokens},
+                                       {"tokens_per_s", static_cast<double>(batch) * opt.decode_tokens / t},
+                                       {"threads", kernels::cpu_compute_threads()},
+                                       {"breakdown", breakdown(prof, t)}}.dump().c_str());
+    std::fflush(stdout);
   }
   return 0;
 }

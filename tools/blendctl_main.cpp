@@ -23,14 +23,16 @@ int main(int argc, char** argv) {
   prefill->add_option("--repeats", opt.repeats)->check(CLI::Range(1, 100));
   prefill->add_option("--decode-context", opt.decode_context)->check(CLI::Range(1, 8000));
   prefill->add_option("--decode-tokens", opt.decode_tokens)->check(CLI::Range(1, 4096));
+  prefill->add_option("--decode-batches", opt.decode_batches, "Batch sizes of the batched-decode breakdown")
+      ->capture_default_str()->check(CLI::Range(1, 64));
 
   bs::tools::TtftOptions topt;
   topt.dataset = std::string(BLENDSERVE_SOURCE_DIR) + "/tests/data/rag_qa.jsonl";
   auto* ttft = bench->add_subcommand("ttft", "Time to first token of full, prefix, reuse and blend on the same requests");
   ttft->add_option("--chunks", topt.chunks, "Documents per request")->check(CLI::Range(1, 64));
   ttft->add_option("--chunk-tokens", topt.chunk_tokens, "Tokens per document")->check(CLI::Range(16, 4096));
-  ttft->add_option("--ratio", topt.ratio, "Blend recompute ratio")->check(CLI::Range(0.0, 1.0));
-  ttft->add_option("--check-layers", topt.check_layers, "Blend check layers");
+  ttft->add_option("--ratio", topt.ratio, "Blend recompute ratio")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  ttft->add_option("--check-layers", topt.check_layers, "Blend check layers")->capture_default_str();
   ttft->add_option("--schedule", topt.schedule, "Kept fractions after each check layer but the last");
   ttft->add_option("--filtering", topt.filtering, "single-pass or two-pass")
       ->check(CLI::IsMember({"single-pass", "two-pass"}))
@@ -147,8 +149,8 @@ int main(int argc, char** argv) {
   std::string modes = "blend";
   eval->add_option("--dataset", eopt.dataset, "JSON lines {id, documents, question, answers}")->required();
   eval->add_option("--mode", modes, "full|prefix|reuse|blend, or a comma list (the full reference runs once)");
-  eval->add_option("--ratio", eopt.ratio, "Blend recompute ratio")->check(CLI::Range(0.0, 1.0));
-  eval->add_option("--check-layers", eopt.check_layers, "Blend check layers (several = gradual filtering)");
+  eval->add_option("--ratio", eopt.ratio, "Blend recompute ratio")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  eval->add_option("--check-layers", eopt.check_layers, "Blend check layers (several = gradual filtering)")->capture_default_str();
   eval->add_option("--schedule", eopt.schedule, "Kept fractions after each check layer but the last");
   eval->add_option("--deviation", eopt.deviation, "What the blend compares: k, v or kv")
       ->check(CLI::IsMember({"k", "v", "kv"}))
