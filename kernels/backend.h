@@ -1,10 +1,10 @@
 // The compute backend interface. Every op the model needs is one virtual here;
 // the scalar reference (kernels/ref), the CPU backend (kernels/cpu: per-ISA kernel
-// variants chosen at start-up, oneDNN GEMMs)
-// and the CUDA backend fill it, and tests run every op on every backend against
-// the reference. Pointers are host pointers for CPU backends and device pointers
-// for device backends. Shapes are given next to each parameter, row-major,
-// innermost last.
+// variants chosen at start-up, oneDNN GEMMs) fill it today, and tests run every op
+// on every backend against the reference; a device backend (CUDA, not written yet)
+// is meant to fill the same interface. Pointers are host pointers for CPU backends
+// and would be device pointers for a device backend. Shapes are given next to each
+// parameter, row-major, innermost last.
 #pragma once
 
 #include <cstdint>
