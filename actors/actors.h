@@ -3,15 +3,21 @@
 #pragma once
 
 #include <deque>
+#include <exception>
+#include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
+
+#include <caf/actor_addr.hpp>
+#include <caf/scheduled_actor.hpp>
 
 #include "actors/interfaces.h"
 #include "actors/runtime_context.h"
 
 namespace bs {
 
-using HandlesRef = std::shared_ptr<Handles>;  // filled after spawning, read-only afterwards
+using HandlesRef = std::shared_ptr<Handles>;  // filled after spawning; the supervisor replaces an actor that died
 
 struct IntakeState {
   std::deque<RequestPtr> queue;  // prepared, waiting for a slot, in arrival order
@@ -40,10 +46,15 @@ struct ControllerState {
 // the loaders and the worker.
 controller_actor::behavior_type controller(controller_actor::stateful_pointer<ControllerState> self,
                                            RuntimeContext* ctx, HandlesRef h, CountersPtr c);
-// Streams one tier's KV into requests' caches layer by layer; writes entries to its tier.
-// Spawn detached: its reads block.
+// Streams one tier's KV into requests' caches layer by layer; stops at a cancel or a
+// failed gate. Spawn detached: its reads block.
 loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, Tier tier,
                                    CountersPtr c);
+// Writes entries to the SSD tier, in order. Spawn detached: its writes block.
+writer_actor::behavior_type writer(writer_actor::pointer self, RuntimeContext* ctx, CountersPtr c);
+// Hands `kk` to the SSD writer unless its queue (tiers.ssd.write_queue bytes) is
+// full: then it is dropped and counted. True when queued.
+bool enqueue_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk);
 // Feeds the compute thread: prefill, decode steps, write-back and document computes.
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
 // Hands the fused cache to decode; stores computed chunks back to the tiers.
@@ -55,6 +66,23 @@ struct InspectorState {
   std::deque<std::string> traces;
   static constexpr const char* name = "inspector";
 };
+// What the runtime does when a supervised actor died: `restart` gets its name,
+// its id and why it died, fails what it held, and returns its successor
+// (already in the Handles), or an invalid handle when it is not to be restarted
+// (the runtime is shutting down).
+struct SupervisorHooks {
+  std::function<caf::actor(const std::string& name, uint64_t id, const caf::error& reason)> restart;
+};
+struct SupervisorState {
+  std::unordered_map<caf::actor_addr, std::string> children;  // monitored: name
+  static constexpr const char* name = "supervisor";
+};
+supervisor_actor::behavior_type supervisor(supervisor_actor::stateful_pointer<SupervisorState> self,
+                                           SupervisorHooks hooks, CountersPtr c);
+// An actor's exception handler: the actor exits with an internal runtime error
+// that names it and says what was thrown (the supervisor logs and reports it).
+std::function<caf::error(caf::scheduled_actor*, std::exception_ptr&)> exit_on_exception(std::string actor);
+
 // Registered actors' counters and the last requests' traces.
 inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<InspectorState> self, int history,
                                          std::string trace_dir, CountersPtr c);

@@ -4,7 +4,9 @@
 // recomputing more tokens is free and buys quality: the ratio is raised until the
 // estimated recompute time meets the estimated load time, never below the
 // configured floor. Estimates come from measured profiles (bytes/s per tier from
-// the loaders, seconds per token-layer from the worker), refined after every request.
+// the loaders, seconds per row-layer from the worker), refined after every request;
+// the rows per layer follow the filtering in use (planned_rows_per_layer). The
+// decision, with the predicted TTFT, is in the request's trace.
 #include <algorithm>
 
 #include <caf/all.hpp>
@@ -28,6 +30,7 @@ void update(double& v, int& samples, double x) {
 
 controller_actor::behavior_type controller(controller_actor::stateful_pointer<ControllerState> self,
                                            RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
+  self->set_exception_handler(exit_on_exception(c->name));
   return {
       [=](plan_atom, RequestPtr r) {
         BusyScope busy(*c, self->mailbox().size());
@@ -43,7 +46,7 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         r->readers.resize(nchunks + 1);
         r->plan.chunk_loaded.assign(nchunks, 0);
         int64_t cached_tokens = 0;
-        int64_t bytes_by_tier[2] = {0, 0};
+        int64_t bytes_by_tier[kStoredTiers] = {};
         const int64_t token_bytes = 2 * static_cast<int64_t>(cfg.n_layers) * cfg.kv_dim() * sizeof(float);
         // Tiers in lookup order; a remote tier is one more entry here.
         const std::pair<Tier, KvStore*> tiers[] = {{Tier::Ram, ctx->ram.get()}, {Tier::Ssd, ctx->ssd.get()}};
@@ -73,24 +76,56 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
             }
           }
 
-        // Ratio: recompute time at ratio x is about k * L * (other + x * cached) token-layers.
+        // Compute at ratio x: the rows the filtering in use runs through each layer
+        // (gradual filtering computes every cached row up to the first check layer
+        // and narrows after each), at the measured seconds per row-layer, plus the
+        // per-prompt-token overhead (embedding, selection outside the layers, logits).
         const int64_t other_tokens = r->prompt.size() - cached_tokens -
                                      (r->plan.prefix_loaded ? static_cast<int64_t>(r->prompt.prefix.size()) : 0);
         const int64_t bytes_ram = bytes_by_tier[static_cast<int>(Tier::Ram)];
         const int64_t bytes_ssd = bytes_by_tier[static_cast<int>(Tier::Ssd)];
         const double load_ram = bytes_ram / st.ram_bytes_per_s, load_ssd = bytes_ssd / st.ssd_bytes_per_s;
         const double est_load = std::max(load_ram, load_ssd);  // the loaders run in parallel
-        const double per_token = st.compute_s_per_token_layer * cfg.n_layers;
         const double overhead = st.overhead_s_per_prompt_token * static_cast<double>(r->prompt.size());
         const float floor = r->options.ratio;
-        auto est_compute = [&](double ratio) { return overhead + per_token * (other_tokens + ratio * cached_tokens); };
+        auto rows_at = [&](double ratio) {
+          BlendOptions o = r->options;
+          o.ratio = static_cast<float>(ratio);
+          return planned_rows_per_layer(o, cfg.n_layers, other_tokens, cached_tokens);
+        };
+        auto est_compute = [&](double ratio) {
+          double rows = 0;
+          for (double x : rows_at(ratio)) rows += x;
+          return overhead + st.compute_s_per_token_layer * rows;
+        };
+        // TTFT: layer l computes once it is loaded (the loads spread evenly over the
+        // layers) and the layer before it is done.
+        auto est_ttft = [&](double ratio) {
+          const auto rows = rows_at(ratio);
+          double t = 0;
+          for (int l = 0; l < cfg.n_layers; ++l)
+            t = std::max(t, est_load * (l + 1) / cfg.n_layers) + st.compute_s_per_token_layer * rows[static_cast<size_t>(l)];
+          return overhead + t;
+        };
         const double est_compute_floor = est_compute(floor);
         const double budget = ControllerState::load_margin * est_load;
         std::string reason = "floor";
         if (r->options.mode == BlendMode::Blend && ctx->config.adaptive_ratio && !r->request.ratio &&
             cached_tokens > 0 && budget > est_compute_floor) {
-          const double x = ((budget - overhead) / per_token - other_tokens) / static_cast<double>(cached_tokens);
-          r->options.ratio = static_cast<float>(std::clamp(x, static_cast<double>(floor), 1.0));
+          // The largest ratio whose compute still fits the budget (compute grows with the
+          // ratio), no higher than an explicit schedule's kept fractions allow.
+          double ceiling = 1.0;
+          for (float f : r->options.schedule) ceiling = std::min(ceiling, static_cast<double>(f));
+          double lo = floor, hi = std::max(ceiling, static_cast<double>(floor));
+          if (est_compute(hi) <= budget) {
+            lo = hi;
+          } else {
+            for (int i = 0; i < 40; ++i) {
+              const double mid = 0.5 * (lo + hi);
+              (est_compute(mid) <= budget ? lo : hi) = mid;
+            }
+          }
+          r->options.ratio = static_cast<float>(lo);
           reason = "load-bound: recompute while loading";
         } else if (r->request.ratio) {
           reason = "requested";
@@ -110,17 +145,25 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
               {"other_tokens", other_tokens}}},
             {"est_load_s", est_load},
             {"est_compute_at_floor_s", est_compute_floor},
-            {"est_compute_s", est_compute(r->options.ratio)}};
+            {"est_compute_s", est_compute(r->options.ratio)},
+            {"est_ttft_s", est_ttft(r->options.ratio)}};
         r->controller_json = decision.dump();
 
         const int64_t capacity = r->prompt.size() + r->request.sampling.max_tokens;
         r->cache = ctx->tf->make_cache(capacity);
-        const bool any_ram = bytes_ram > 0, any_ssd = bytes_ssd > 0;
-        r->gate.reset(cfg.n_layers, (any_ram ? 1 : 0) + (any_ssd ? 1 : 0));
+        // One loader per tier with work; the gate knows each by id, so the supervisor
+        // can release exactly the requests of a loader that died.
+        std::vector<loader_actor> loaders;
+        std::vector<uint64_t> loader_ids;
+        for (size_t t = 0; t < kStoredTiers; ++t)
+          if (bytes_by_tier[t] > 0) {
+            loaders.push_back(h->loader(static_cast<Tier>(t)));
+            loader_ids.push_back(loaders.back().id());
+          }
+        r->gate.reset(cfg.n_layers, std::move(loader_ids));
         r->add_event({"controller", "plan", -1, t_begin, r->now_s(), 0});
-        if (any_ram) self->send(h->ram_loader, load_atom::value, r);
-        if (any_ssd) self->send(h->ssd_loader, load_atom::value, r);
-        self->send(h->worker, prefill_atom::value, r);
+        for (const auto& l : loaders) self->send(l, load_atom::value, r);
+        self->send(h->worker(), prefill_atom::value, r);
       },
       [=](profile_atom, const std::string& source, int64_t units, double seconds) {
         BusyScope busy(*c, self->mailbox().size());

@@ -14,6 +14,7 @@ namespace {
 
 void finish(decoder_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r,
             const std::string& error) {
+  if (r->finished.exchange(true)) return;  // the supervisor failed it already
   auto& res = r->result;
   res.id = r->id;
   const auto& st = r->prefill.stats;
@@ -44,15 +45,16 @@ void finish(decoder_actor::pointer self, RuntimeContext* ctx, const HandlesRef& 
   res.total_seconds = r->now_s();
   r->prefill.cache = KvCache();  // the request's KV is no longer needed
   ctx->decode_batcher.forget(r->id);  // no decode step waits for it
-  self->send(h->inspector, trace_atom::value, r->trace_json());
+  self->send(h->inspector(), trace_atom::value, r->trace_json());
   if (r->admitted) {
     ctx->in_flight.fetch_sub(1);
-    self->send(h->intake, release_atom::value);
+    self->send(h->intake(), release_atom::value);
   }
   if (r->callbacks.on_done) r->callbacks.on_done(res);
 }
 
 void step(decoder_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) {
+  if (r->finished.load()) return;  // failed by the supervisor: nothing more to do
   if (r->cancelled.load()) {
     if (r->decode) r->decode->cancel();
     return finish(self, ctx, h, r, "");
@@ -72,16 +74,17 @@ void step(decoder_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h,
     return finish(self, ctx, h, r, "");
   }
   if (st.done) return finish(self, ctx, h, r, "");
-  self->send(h->worker, decode_atom::value, r, st.token);
+  self->send(h->worker(), decode_atom::value, r, st.token);
 }
 
 }  // namespace
 
 decoder_actor::behavior_type decoder(decoder_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
+  self->set_exception_handler(exit_on_exception(c->name));
   return {
       [=](start_atom, RequestPtr r) {
         BusyScope busy(*c, self->mailbox().size());
-        if (r->prefill_error.empty())
+        if (r->prefill_error.empty() && !r->finished.load())
           r->decode = std::make_unique<DecodeSession>(ctx->model->tokenizer(), ctx->model->config().vocab,
                                                       r->request.sampling);
         step(self, ctx, h, r);

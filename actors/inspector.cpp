@@ -17,6 +17,7 @@ namespace bs {
 
 inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<InspectorState> self, int history,
                                          std::string trace_dir, CountersPtr c) {
+  self->set_exception_handler(exit_on_exception(c->name));
   self->state.actors.push_back(c);
   return {
       [=](register_atom, CountersPtr counters) {
@@ -56,7 +57,8 @@ inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<Inspe
           out.push_back({{"actor", a->name},
                          {"messages", a->messages.load()},
                          {"busy_s", a->busy_ns.load() * 1e-9},
-                         {"mailbox", a->mailbox.load()}});
+                         {"mailbox", a->mailbox.load()},
+                         {"restarts", a->restarts.load()}});
         return out.dump();
       },
   };

@@ -89,14 +89,14 @@ void start(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx
            const RequestPtr& r) {
   ctx->in_flight.fetch_add(1);
   r->admitted = true;
-  self->send(h->controller, plan_atom::value, r);
+  self->send(h->controller(), plan_atom::value, r);
 }
 
 // A request that leaves the queue without running: the decoder finishes it (as
 // cancelled: its flag is set), which calls on_done and records its trace.
 void finish_unstarted(intake_actor::stateful_pointer<IntakeState> self, const HandlesRef& h, const RequestPtr& r) {
   r->cancelled = true;
-  self->send(h->decoder, start_atom::value, r);
+  self->send(h->decoder(), start_atom::value, r);
 }
 
 void end_wait(RuntimeContext* ctx, const RequestPtr& r) {
@@ -108,6 +108,7 @@ void end_wait(RuntimeContext* ctx, const RequestPtr& r) {
 
 intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx, HandlesRef h,
                                    CountersPtr c) {
+  self->set_exception_handler(exit_on_exception(c->name));
   return {
       [=](submit_atom, RequestPtr r) -> caf::result<uint64_t> {
         BusyScope busy(*c, self->mailbox().size());

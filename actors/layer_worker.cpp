@@ -43,7 +43,7 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, std::vector<Deco
                       bool interleaved) {
   std::vector<DecodeBatcher::Entry> live;
   for (auto& e : entries) {
-    if (e.request->cancelled.load()) caf::anon_send(h->decoder, logits_atom::value, e.request);
+    if (e.request->cancelled.load()) caf::anon_send(h->decoder(), logits_atom::value, e.request);
     else live.push_back(std::move(e));
   }
   if (live.empty()) return;
@@ -82,7 +82,7 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, std::vector<Deco
     ++r.decode_steps;
     r.decode_batch_sum += B;
     if (interleaved) ++r.decode_interleaved;
-    caf::anon_send(h->decoder, logits_atom::value, e.request);
+    caf::anon_send(h->decoder(), logits_atom::value, e.request);
   }
 }
 
@@ -120,8 +120,13 @@ struct PrefillCancelled : std::runtime_error {
   int layer;
 };
 
+// limits.load_timeout as a clock duration.
+std::chrono::steady_clock::duration load_timeout(const RuntimeContext* ctx) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::clamp(ctx->config.load_timeout, 0.001, 86400.0)));
+}
+
 void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) {
-  const auto& cfg = ctx->model->config();
   const double begin = r->now_s();
   // Before each layer: decode steps of the other requests, when due — also while
   // the layer's KV is still loading (a slow tier must not freeze the streams
@@ -141,89 +146,119 @@ void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) 
     if (r->cancelled.load()) throw PrefillCancelled(layer);
   };
   const auto poll = std::max(interleave_interval(ctx), std::chrono::steady_clock::duration(std::chrono::milliseconds(1)));
+  const auto timeout = load_timeout(ctx);
+  // Once the prefill gave up (a failure, a cancel), the loaders stop at their next
+  // layer; until they have, they may still write the cache, so it is only dropped
+  // after. The streams step meanwhile. True when they stopped within the timeout.
+  // The loaders stop within one layer's read: look often, and step the streams
+  // whenever a step is due (pause() does nothing otherwise).
+  auto loaders_stopped = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      pause();
+      if (r->gate.wait_loaders_done_for(std::chrono::milliseconds(5))) return true;
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+    }
+  };
+  bool cache_free = true;  // no loader writes into r->cache any more
   try {
     stop_if_cancelled(0);
-    r->prefill = ctx->engine->prefill_planned(r->prompt, r->plan, r->cache, r->options,
-                                              [&r, &pause, &stop_if_cancelled, poll](int layer) {
-                                                while (!r->gate.wait_for(layer, poll)) {
-                                                  stop_if_cancelled(layer);
-                                                  pause();
-                                                }
-                                                pause();
-                                                stop_if_cancelled(layer);
-                                              },
-                                              1, r->submitted);
+    r->prefill = ctx->engine->prefill_planned(
+        r->prompt, r->plan, r->cache, r->options,
+        [&r, &pause, &stop_if_cancelled, poll, timeout](int layer) {
+          const auto deadline = std::chrono::steady_clock::now() + timeout;
+          while (!r->gate.wait_for(layer, poll)) {
+            stop_if_cancelled(layer);
+            pause();
+            if (std::chrono::steady_clock::now() >= deadline)
+              r->gate.fail("layer " + std::to_string(layer) + " of the stored KV did not arrive within " +
+                           std::to_string(std::chrono::duration<double>(timeout).count()) + " s (limits.load_timeout)");
+          }
+          pause();
+          stop_if_cancelled(layer);
+        },
+        1, r->submitted);
   } catch (const LayerGate::LoadFailed& e) {
-    // A stored entry failed mid-load. Nothing may write the cache any more before
-    // it is dropped; then prefill again from whole entries, where the failed file
-    // (already removed by the store) is a miss and its chunk is computed.
-    r->gate.wait_loaders_done();
-    r->fallback = true;
-    r->add_event({"worker", std::string("fallback: ") + e.what(), -1, begin, r->now_s(), 0});
-    try {
-      r->prefill = ctx->engine->prefill(r->prompt, r->options, r->request.sampling.max_tokens, 1,
-                                        [&pause, &stop_if_cancelled](int layer) {
-                                          pause();
-                                          stop_if_cancelled(layer);
-                                        });
-    } catch (const PrefillCancelled& c) {
-      r->prefill_error = c.what();
-      r->add_event({"worker", std::string("prefill ") + c.what(), c.layer, begin, r->now_s(), 0});
-    } catch (const std::exception& e2) {
-      r->prefill_error = e2.what();
+    cache_free = loaders_stopped();
+    if (e.recoverable && cache_free) {
+      // A stored entry failed mid-load. Nothing writes the cache any more; prefill
+      // again from whole entries, where the failed file (already removed by the
+      // store) is a miss and its chunk is computed.
+      r->fallback = true;
+      r->add_event({"worker", std::string("fallback: ") + e.what(), -1, begin, r->now_s(), 0});
+      try {
+        r->prefill = ctx->engine->prefill(r->prompt, r->options, r->request.sampling.max_tokens, 1,
+                                          [&pause, &stop_if_cancelled](int layer) {
+                                            pause();
+                                            stop_if_cancelled(layer);
+                                          });
+      } catch (const PrefillCancelled& c) {
+        r->prefill_error = c.what();
+        r->add_event({"worker", std::string("prefill ") + c.what(), c.layer, begin, r->now_s(), 0});
+      } catch (const std::exception& e2) {
+        r->prefill_error = e2.what();
+      }
+    } else {
+      // The load itself broke (a loader died, a timeout): the request fails.
+      r->prefill_error = std::string("loading the stored KV failed: ") + e.what();
+      r->add_event({"worker", r->prefill_error, -1, begin, r->now_s(), 0});
     }
   } catch (const PrefillCancelled& c) {
     // Loaders may still be writing the cache: they stop at the failed gate, and the
     // cache is dropped only once they are done.
     r->gate.fail(c.what());
-    r->gate.wait_loaders_done();
+    cache_free = loaders_stopped();
     r->prefill_error = c.what();
     r->add_event({"worker", std::string("prefill ") + c.what(), c.layer, begin, r->now_s(), 0});
   } catch (const std::exception& e) {
     r->gate.fail(e.what());
-    r->gate.wait_loaders_done();
+    cache_free = loaders_stopped();
     r->prefill_error = e.what();
   }
-  r->cache = KvCache();  // moved into the prefill on success; freed otherwise
+  // Moved into the prefill on success; freed otherwise — unless a loader that did
+  // not stop in time may still write it: then it goes with the request.
+  if (cache_free) r->cache = KvCache();
   r->add_event({"worker", "prefill", -1, begin, r->now_s(), 0});
   if (r->prefill_error.empty()) {
     // Compute time only: the final pass's layers, without the waits for loads.
     const auto& st = r->prefill.stats;
     double seconds = 0;
     for (const auto& lt : st.layers) seconds += lt.compute_end - lt.compute_begin;
-    caf::anon_send(h->controller, profile_atom::value, std::string("compute"),
-                   static_cast<int64_t>(st.computed_tokens) * cfg.n_layers, seconds);
+    // Rows through the layers as computed (gradual filtering narrows them), the unit
+    // the controller predicts with.
+    caf::anon_send(h->controller(), profile_atom::value, std::string("compute"), st.row_layers, seconds);
     // The rest of the prefill (selection, embedding, logits), without load waits.
     const double overhead = st.total_seconds - st.wait_seconds - seconds;
     if (overhead > 0)
-      caf::anon_send(h->controller, profile_atom::value, std::string("overhead"), st.prompt_tokens, overhead);
+      caf::anon_send(h->controller(), profile_atom::value, std::string("overhead"), st.prompt_tokens, overhead);
   }
-  caf::anon_send(h->fusor, prefilled_atom::value, r);
+  caf::anon_send(h->fusor(), prefilled_atom::value, r);
 }
 
 }  // namespace
 
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
+  self->set_exception_handler(exit_on_exception(c->name));
   return {
       [=](prefill_atom, RequestPtr r) {
         BusyScope busy(*c, self->mailbox().size());
         if (!ctx->compute->submit([ctx, h, r] { run_prefill(ctx, h, r); })) {
           r->prefill_error = "the runtime is shutting down";
           r->gate.fail(r->prefill_error);
-          self->send(h->fusor, prefilled_atom::value, r);
+          self->send(h->fusor(), prefilled_atom::value, r);
         }
       },
       [=](layer_atom, RequestPtr r, int32_t layer) {
         BusyScope busy(*c, self->mailbox().size());
         r->gate.arrive(layer);
       },
-      [=](load_end_atom, RequestPtr r) {
+      [=](load_end_atom, RequestPtr r, uint64_t loader) {
         BusyScope busy(*c, self->mailbox().size());
-        r->gate.loader_done();
+        r->gate.loader_done(loader);
       },
       [=](load_fail_atom, RequestPtr r, const std::string& why) {
         BusyScope busy(*c, self->mailbox().size());
-        r->gate.fail(why);
+        r->gate.fail(why, /*recoverable=*/true);  // one stored entry failed: the prefill falls back
       },
       [=](decode_atom, RequestPtr r, int32_t token) {
         BusyScope busy(*c, self->mailbox().size());
@@ -232,7 +267,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           // Shutting down: the decoder finishes whatever waits as cancelled.
           for (auto& e : ctx->decode_batcher.take_all()) {
             e.request->cancelled = true;
-            self->send(h->decoder, logits_atom::value, e.request);
+            self->send(h->decoder(), logits_atom::value, e.request);
           }
         }
       },
@@ -249,7 +284,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
                 const LayerWait step = [ctx, h](int) { interleave_decode(ctx, h); };
                 auto kv = prefix ? ctx->engine->compute_prefix_kv(tokens, step)
                                  : ctx->engine->compute_chunk_kv(tokens, step);
-                caf::anon_send(h->fusor, kv_ready_atom::value, KeyedKv{key, std::move(kv)});
+                caf::anon_send(h->fusor(), kv_ready_atom::value, KeyedKv{key, std::move(kv)});
               },
               ComputeThread::Priority::Background);
         };
@@ -276,7 +311,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           } catch (...) {
             done.error = "unknown error";
           }
-          caf::anon_send(h->worker, document_done_atom::value, std::move(done));
+          caf::anon_send(h->worker(), document_done_atom::value, std::move(done));
         });
         if (!queued) reply.deliver(make_runtime_error(RequestErrc::shutting_down, "the runtime is shut down"));
         return reply;

@@ -3,9 +3,13 @@
 // l+1, and tells the worker after each layer, so the worker computes layer l
 // while this reads l+1. The SSD loader reads each layer slice with one pread
 // (O_DIRECT when configured) and verifies its checksum; a failed slice fails the
-// request's load (the worker then redoes the prefill from whole entries, where
-// the bad file is a miss). What the SSD loader read is promoted into RAM. Spawned
-// detached: its reads and writes block its own thread, not CAF's scheduler.
+// request's load as recoverable (the worker then redoes the prefill from whole
+// entries, where the bad file is a miss). Before each layer it looks at the
+// request: cancelled, or its gate failed (another loader's failure, a timeout) —
+// then it stops reading. What the SSD loader read is promoted into RAM. Writes go
+// to the tier's writer (actors/writer.cpp), never here. Spawned detached: its
+// reads block its own thread, not CAF's scheduler. An exception ends the actor;
+// the runtime's supervisor fails the requests it held and starts a new one.
 #include <chrono>
 
 #include <caf/all.hpp>
@@ -19,6 +23,7 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 void load_request(loader_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, Tier tier, const RequestPtr& r) {
+  const uint64_t me = self->id();
   const auto& cfg = ctx->model->config();
   const size_t nchunks = r->prompt.chunks.size();
   struct Part {
@@ -52,8 +57,15 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   thread_local std::vector<float> slice;
   int64_t bytes = 0;
   double busy = 0;
-  bool failed = false;
+  bool failed = false, stopped = false;
   for (int l = 0; l < cfg.n_layers && !failed; ++l) {
+    if (r->cancelled.load() || r->gate.failed()) {
+      // Nobody will compute this request's layers: stop reading.
+      r->add_event({actor, "load stopped", l, r->now_s(), r->now_s(), 0});
+      stopped = true;
+      break;
+    }
+    if (ctx->loader_fault) ctx->loader_fault(tier, l);  // tests: a loader that throws here
     const auto t0 = clock_type::now();
     const double begin = r->now_s();
     int64_t layer_bytes = 0;
@@ -74,7 +86,7 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
         }
         if (!reader.read_layer(l, sk, sv)) {
           failed = true;
-          self->send(h->worker, load_fail_atom::value, r,
+          self->send(h->worker(), load_fail_atom::value, r,
                      "chunk " + p.key.hex() + " layer " + std::to_string(l) + " failed its read or checksum");
           break;
         }
@@ -88,14 +100,14 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
     busy += std::chrono::duration<double>(clock_type::now() - t0).count();
     bytes += layer_bytes;
     r->add_event({actor, "load", l, begin, r->now_s(), layer_bytes});
-    self->send(h->worker, layer_atom::value, r, static_cast<int32_t>(l));
+    self->send(h->worker(), layer_atom::value, r, static_cast<int32_t>(l));
   }
-  self->send(h->worker, load_end_atom::value, r);
   // The KV is in the request's cache now: release the pinned RAM entries (an
   // evicted one is freed now, not when the request ends) and the opened files.
   for (auto& p : parts) r->readers[p.index].reset();
-  if (failed) return;
-  self->send(h->controller, profile_atom::value, std::string(tier_name(tier)), bytes, busy);
+  self->send(h->worker(), load_end_atom::value, r, me);
+  if (failed || stopped) return;
+  self->send(h->controller(), profile_atom::value, std::string(tier_name(tier)), bytes, busy);
   // Promotion: the next request finds these chunks in RAM.
   if (tier != Tier::Ram && ctx->ram)
     for (auto& p : parts)
@@ -106,19 +118,11 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
 
 loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, Tier tier,
                                    CountersPtr c) {
+  self->set_exception_handler(exit_on_exception(c->name));
   return {
       [=](load_atom, RequestPtr r) {
         BusyScope busy(*c, self->mailbox().size());
         load_request(self, ctx, h, tier, r);
-      },
-      [=](store_atom, KeyedKv kk) {
-        BusyScope busy(*c, self->mailbox().size());
-        KvStore* store = tier == Tier::Ram ? static_cast<KvStore*>(ctx->ram.get()) : ctx->ssd.get();
-        if (store && !store->contains(kk.key)) store->put(kk.key, kk.kv);  // an I/O failure is a later miss
-      },
-      [=](flush_atom) -> bool {  // FIFO: every earlier store is done
-        BusyScope busy(*c, self->mailbox().size());
-        return true;
       },
   };
 }

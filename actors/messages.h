@@ -41,6 +41,7 @@ struct ActorCounters {
   std::atomic<int64_t> messages{0};
   std::atomic<int64_t> busy_ns{0};
   std::atomic<int64_t> mailbox{0};  // messages waiting, as seen at the last message
+  std::atomic<int64_t> restarts{0}; // times the supervisor started this actor again after it died
 };
 using CountersPtr = std::shared_ptr<ActorCounters>;
 
@@ -52,14 +53,14 @@ using cancel_atom = caf::atom_constant<caf::atom("cancel")>;      // (request id
 using plan_atom = caf::atom_constant<caf::atom("plan")>;          // (RequestPtr)
 using profile_atom = caf::atom_constant<caf::atom("profile")>;    // (source, units, seconds): bytes for a tier, token-layers for "compute"
 using get_profile_atom = caf::atom_constant<caf::atom("getprof")>;// () -> profile JSON
-// loaders
+// loaders and writers
 using load_atom = caf::atom_constant<caf::atom("load")>;          // (RequestPtr): stream its chunks, layer by layer
 using store_atom = caf::atom_constant<caf::atom("store")>;        // (KeyedKv): write to this tier
 using flush_atom = caf::atom_constant<caf::atom("flush")>;        // () -> true once earlier stores are done
 // layer worker
 using prefill_atom = caf::atom_constant<caf::atom("prefill")>;    // (RequestPtr)
 using layer_atom = caf::atom_constant<caf::atom("layer")>;        // (RequestPtr, layer): one loader delivered a layer
-using load_end_atom = caf::atom_constant<caf::atom("loadend")>;   // (RequestPtr): one loader is done with the request
+using load_end_atom = caf::atom_constant<caf::atom("loadend")>;   // (RequestPtr, loader id): that loader is done with the request
 using load_fail_atom = caf::atom_constant<caf::atom("loadfail")>; // (RequestPtr, why)
 using decode_atom = caf::atom_constant<caf::atom("decode")>;      // (RequestPtr, token): one decode step
 using warm_atom = caf::atom_constant<caf::atom("warm")>;          // (RequestPtr): compute the missed chunks alone
@@ -71,6 +72,8 @@ using kv_ready_atom = caf::atom_constant<caf::atom("kvready")>;   // (KeyedKv): 
 // decoder
 using start_atom = caf::atom_constant<caf::atom("start")>;        // (RequestPtr): decode from the prefill's logits
 using logits_atom = caf::atom_constant<caf::atom("logits")>;      // (RequestPtr): the next logits are in the request
+// supervisor
+using supervise_atom = caf::atom_constant<caf::atom("supervise")>; // (actor, name): monitor it, restart it when it dies
 // inspector
 using register_atom = caf::atom_constant<caf::atom("register")>;  // (CountersPtr)
 using trace_atom = caf::atom_constant<caf::atom("trace")>;        // (trace JSON)

@@ -26,12 +26,13 @@ const char* tier_name(Tier t) {
   return "?";
 }
 
-void LayerGate::reset(int n_layers, int loaders) {
+void LayerGate::reset(int n_layers, std::vector<uint64_t> loaders) {
   std::lock_guard<std::mutex> lock(mu_);
   arrived_.assign(static_cast<size_t>(n_layers), 0);
-  loaders_ = loaders;
-  done_ = 0;
+  expected_ = static_cast<int>(loaders.size());
+  loaders_ = std::move(loaders);
   failure_.clear();
+  recoverable_ = false;
 }
 
 void LayerGate::arrive(int layer) {
@@ -42,44 +43,51 @@ void LayerGate::arrive(int layer) {
   cv_.notify_all();
 }
 
-void LayerGate::loader_done() {
+void LayerGate::loader_done(uint64_t loader) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ++done_;
+    std::erase(loaders_, loader);
   }
   cv_.notify_all();
 }
 
-void LayerGate::fail(const std::string& why) {
+void LayerGate::fail(const std::string& why, bool recoverable) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (failure_.empty()) failure_ = why.empty() ? "load failed" : why;
+    if (failure_.empty()) {
+      failure_ = why.empty() ? "load failed" : why;
+      recoverable_ = recoverable;
+    }
   }
   cv_.notify_all();
 }
 
-void LayerGate::wait(int layer) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !failure_.empty() || arrived_[layer] >= loaders_; });
-  if (!failure_.empty()) throw LoadFailed(failure_);
+bool LayerGate::failed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !failure_.empty();
 }
 
 bool LayerGate::wait_for(int layer, std::chrono::steady_clock::duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   const bool ready =
-      cv_.wait_for(lock, timeout, [&] { return !failure_.empty() || arrived_[layer] >= loaders_; });
-  if (!failure_.empty()) throw LoadFailed(failure_);
+      cv_.wait_for(lock, timeout, [&] { return !failure_.empty() || arrived_.at(layer) >= expected_; });
+  if (!failure_.empty()) throw LoadFailed(failure_, recoverable_);
   return ready;
 }
 
-void LayerGate::wait_loaders_done() {
+bool LayerGate::wait_loaders_done_for(std::chrono::steady_clock::duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return done_ >= loaders_; });
+  return cv_.wait_for(lock, timeout, [&] { return loaders_.empty(); });
+}
+
+bool LayerGate::holds(uint64_t loader) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::find(loaders_.begin(), loaders_.end(), loader) != loaders_.end();
 }
 
 int LayerGate::loaders() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return loaders_;
+  return expected_;
 }
 
 void RequestState::add_event(TraceEvent e) {

@@ -69,32 +69,47 @@ struct RequestCallbacks {
 };
 
 // The loaders -> worker handshake for one request: layer l may be computed once
-// every loader with work delivered it. A loader failure aborts the waits.
+// every loader the request was sent to delivered it. A failure (a stored entry that
+// failed its read, a loader that died, a cancel, a timeout) wakes every wait with
+// LoadFailed, and the loaders stop at their next layer. Every wait is bounded.
 class LayerGate {
  public:
   struct LoadFailed : std::runtime_error {
-    using std::runtime_error::runtime_error;
+    LoadFailed(const std::string& why, bool recoverable) : std::runtime_error(why), recoverable(recoverable) {}
+    // True when only a stored entry failed (its tier dropped it): a prefill from the
+    // whole entries still answers correctly, with that chunk as a miss. False when
+    // the load itself broke (a loader died, a timeout): the request fails.
+    bool recoverable;
   };
-  void reset(int n_layers, int loaders);
-  void arrive(int layer);                  // one loader delivered `layer`
-  void loader_done();                      // one loader finished (or gave up) this request
-  void fail(const std::string& why);       // wakes every waiter with LoadFailed
-  void wait(int layer);                    // blocks; throws LoadFailed
+  // n_layers to deliver, by each of `loaders` (their actor ids).
+  void reset(int n_layers, std::vector<uint64_t> loaders);
+  void arrive(int layer);              // one loader delivered `layer`
+  void loader_done(uint64_t loader);   // that loader ended its work on this request (idempotent)
+  void fail(const std::string& why, bool recoverable = false);  // the first failure wins
+  bool failed() const;                 // loaders look before each layer and stop
   // Waits at most `timeout` for `layer`: true when it is there; throws LoadFailed.
   bool wait_for(int layer, std::chrono::steady_clock::duration timeout);
-  void wait_loaders_done();                // blocks until every loader is done
+  // Waits at most `timeout` until every loader is done (no loader writes the cache
+  // any more): true when they are.
+  bool wait_loaders_done_for(std::chrono::steady_clock::duration timeout);
+  // The loader was sent this request and has not ended its work on it.
+  bool holds(uint64_t loader) const;
   int loaders() const;
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int> arrived_;
-  int loaders_ = 0, done_ = 0;
+  std::vector<uint64_t> loaders_;  // not done yet
+  int expected_ = 0;
   std::string failure_;
+  bool recoverable_ = false;
 };
 
-// Where a chunk's KV comes from, decided by the controller.
+// Where a chunk's KV comes from, decided by the controller. The stored tiers come
+// first, in lookup order; they index the runtime's loaders.
 enum class Tier : uint8_t { Ram = 0, Ssd = 1, Miss = 2 };
+constexpr size_t kStoredTiers = 2;
 const char* tier_name(Tier t);
 
 // A request's timeline: every actor appends events; seconds since submit.
@@ -146,6 +161,9 @@ struct RequestState {
   RequestResult result;
   // any thread
   std::atomic<bool> cancelled{false};
+  // Set by whoever finishes the request (the decoder, or the supervisor when an
+  // actor that held it died): on_done runs exactly once.
+  std::atomic<bool> finished{false};
 
   double seconds_since_submit(clock::time_point t) const {
     return std::chrono::duration<double>(t - submitted).count();

@@ -47,8 +47,11 @@ void fit_check_layers_to_model(BlendOptions& blend, int n_layers) {
                BlendOptions{}.check_layers.back(), fit.back(), n_layers);
 }
 
-// CAF's scheduler threads only pass messages: few of them, and sleeping soon
-// when idle, so they never compete with the compute thread for the cores.
+// CAF's scheduler threads are meant only to pass messages: few of them, sleeping
+// soon when idle, so they never compete with the compute thread for the cores.
+// Not all of it is there yet (issue 17): the controller's SSD lookups (open, header
+// read), the intake's tokenizing, the decoder's sampling and callbacks and the
+// inspector's trace file still run on them; loads and writes do not (detached).
 struct RuntimeSystemConfig : caf::actor_system_config {
   RuntimeSystemConfig() {
     set("scheduler.max-threads", size_t{2});
@@ -73,17 +76,149 @@ RequestError request_error_of(caf::actor_system& sys, const caf::error& failure)
   return RequestError(code, message);
 }
 
+// The text of an actor's exit reason: the message of a runtime error, else CAF's rendering.
+std::string describe_exit(caf::actor_system& sys, const caf::error& reason) {
+  if (reason.category() == runtime_error_category() && reason.context().match_elements<std::string>())
+    return reason.context().get_as<std::string>(0);
+  return sys.render(reason);
+}
+
 }  // namespace
 
 struct Runtime::Actors {
   RuntimeSystemConfig cfg;
   std::unique_ptr<caf::actor_system> system;
   std::shared_ptr<Handles> h = std::make_shared<Handles>();
+  supervisor_actor supervisor;
+  std::unordered_map<std::string, CountersPtr> counters;  // by actor name, kept across restarts
   std::mutex mu;
   std::unordered_map<uint64_t, std::weak_ptr<RequestState>> live;
   int documents = 0;  // store_document calls waiting for the worker (shutdown waits for them)
   bool stopped = false;
+
+  // Spawns the actor called `name` (a fresh one: at start and after it died), puts
+  // it in the Handles and returns it.
+  caf::actor spawn(RuntimeContext* ctx, const std::string& name);
+  // The supervisor's hook: fail what the dead actor held, start its successor.
+  caf::actor restart(RuntimeContext* ctx, const std::string& name, uint64_t id, const caf::error& reason);
+  std::vector<RequestPtr> live_requests();
+  // Ends a request with an error now (on_done once; its slot back), however far it got.
+  void fail_request(RuntimeContext* ctx, const RequestPtr& r, const std::string& why);
 };
+
+caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) {
+  auto& sys = *system;
+  CountersPtr& c = counters[name];
+  const bool fresh = !c;
+  if (fresh) c = make_counters(name);
+  caf::actor spawned;
+  if (name == "inspector") {
+    auto x = sys.spawn(inspector, ctx->config.trace_history, resolve_data_dir(ctx->config) + "/traces", c);
+    h->update([&](ActorSet& s) { s.inspector = x; });
+    // A new inspector knows no actor yet: every counter registers again (the
+    // supervisor's too, which is spawned after the first inspector).
+    for (const auto& [other, counters_of] : counters)
+      if (other != "inspector") caf::anon_send(x, register_atom::value, counters_of);
+    return caf::actor_cast<caf::actor>(x);
+  }
+  if (fresh) caf::anon_send(h->inspector(), register_atom::value, c);
+  if (name == "intake") {
+    auto x = sys.spawn(intake, ctx, h, c);
+    h->update([&](ActorSet& s) { s.intake = x; });
+    spawned = caf::actor_cast<caf::actor>(x);
+  } else if (name == "controller") {
+    auto x = sys.spawn(controller, ctx, h, c);
+    h->update([&](ActorSet& s) { s.controller = x; });
+    spawned = caf::actor_cast<caf::actor>(x);
+  } else if (name == "loader-ram" || name == "loader-ssd") {
+    const Tier tier = name == "loader-ram" ? Tier::Ram : Tier::Ssd;
+    auto x = sys.spawn<caf::detached>(loader, ctx, h, tier, c);
+    h->update([&](ActorSet& s) { s.loaders[static_cast<size_t>(tier)] = x; });
+    spawned = caf::actor_cast<caf::actor>(x);
+  } else if (name == "ssd-writer") {
+    auto x = sys.spawn<caf::detached>(writer, ctx, c);
+    h->update([&](ActorSet& s) { s.ssd_writer = x; });
+    spawned = caf::actor_cast<caf::actor>(x);
+  } else if (name == "layer-worker") {
+    auto x = sys.spawn(layer_worker, ctx, h, c);
+    h->update([&](ActorSet& s) { s.worker = x; });
+    spawned = caf::actor_cast<caf::actor>(x);
+  } else if (name == "fusor") {
+    auto x = sys.spawn(fusor, ctx, h, c);
+    h->update([&](ActorSet& s) { s.fusor = x; });
+    spawned = caf::actor_cast<caf::actor>(x);
+  } else if (name == "decoder") {
+    auto x = sys.spawn(decoder, ctx, h, c);
+    h->update([&](ActorSet& s) { s.decoder = x; });
+    spawned = caf::actor_cast<caf::actor>(x);
+  } else {
+    throw std::logic_error("no actor is called " + name);
+  }
+  return spawned;
+}
+
+std::vector<RequestPtr> Runtime::Actors::live_requests() {
+  std::vector<RequestPtr> out;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [id, w] : live)
+    if (auto r = w.lock()) out.push_back(std::move(r));
+  return out;
+}
+
+void Runtime::Actors::fail_request(RuntimeContext* ctx, const RequestPtr& r, const std::string& why) {
+  r->cancelled = true;  // what still runs for it stops at its next step
+  r->gate.fail(why);
+  if (r->finished.exchange(true)) return;
+  auto& res = r->result;
+  res.id = r->id;
+  res.prompt_tokens = r->prompt.size();
+  res.finish_reason = "error";
+  res.error = why;
+  res.total_seconds = r->now_s();
+  ctx->decode_batcher.forget(r->id);
+  caf::anon_send(h->inspector(), trace_atom::value, r->trace_json());
+  if (r->admitted) {
+    ctx->in_flight.fetch_sub(1);
+    caf::anon_send(h->intake(), release_atom::value);
+  }
+  if (r->callbacks.on_done) r->callbacks.on_done(res);
+}
+
+caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name, uint64_t id,
+                                    const caf::error& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopped) return {};
+  }
+  const std::string why = describe_exit(*system, reason);
+  std::fprintf(stderr, "blendserve: %s; starting a new %s actor\n", why.c_str(), name.c_str());
+  ctx->restarts.fetch_add(1);
+  counters[name]->restarts.fetch_add(1);
+  const caf::actor next = spawn(ctx, name);
+  const std::string failure = name + " stopped (" + why + ")";
+  if (name == "loader-ram" || name == "loader-ssd") {
+    // Its requests: the layers they wait for will not come. Nothing writes their
+    // caches for it any more, so the wait for the loaders ends too.
+    for (const auto& r : live_requests())
+      if (r->gate.holds(id)) {
+        r->gate.fail(failure);
+        r->gate.loader_done(id);
+      }
+  } else if (name == "ssd-writer") {
+    // The writes queued in its mailbox died with it (a cache: recomputed on a miss).
+    ctx->ssd_write_queue.bytes.store(0);
+  } else if (name == "intake") {
+    // Its queue died with it: every request it held, queued or running, fails.
+    for (const auto& r : live_requests()) fail_request(ctx, r, failure);
+    ctx->queued.store(0);
+  } else if (name != "inspector") {
+    // Requests carry through the controller, worker, fusor and decoder by message:
+    // any running one may have been in the dead actor's mailbox.
+    for (const auto& r : live_requests())
+      if (r->admitted) fail_request(ctx, r, failure);
+  }
+  return next;
+}
 
 Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeContext>()) {
   auto& ctx = *ctx_;
@@ -111,27 +246,23 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   auto& sys = *a.system;
   auto h = a.h;
   RuntimeContext* c = ctx_.get();
-  auto inspector_counters = make_counters("inspector");
-  h->inspector = sys.spawn(inspector, ctx.config.trace_history, resolve_data_dir(ctx.config) + "/traces",
-                           inspector_counters);
-  auto reg = [&](const char* name) {
-    auto counters = make_counters(name);
-    caf::anon_send(h->inspector, register_atom::value, counters);
-    return counters;
-  };
-  h->intake = sys.spawn(intake, c, h, reg("intake"));
-  h->controller = sys.spawn(controller, c, h, reg("controller"));
-  h->ram_loader = sys.spawn<caf::detached>(loader, c, h, Tier::Ram, reg("loader-ram"));
-  if (ctx.ssd) h->ssd_loader = sys.spawn<caf::detached>(loader, c, h, Tier::Ssd, reg("loader-ssd"));
-  h->worker = sys.spawn(layer_worker, c, h, reg("layer-worker"));
-  h->fusor = sys.spawn(fusor, c, h, reg("fusor"));
-  h->decoder = sys.spawn(decoder, c, h, reg("decoder"));
+  std::vector<std::string> names{"inspector", "intake", "controller", "loader-ram"};
+  if (ctx.ssd) names.insert(names.end(), {"loader-ssd", "ssd-writer"});
+  names.insert(names.end(), {"layer-worker", "fusor", "decoder"});
+  std::vector<caf::actor> spawned;
+  for (const auto& name : names) spawned.push_back(a.spawn(c, name));
+  Actors* actors = &a;
+  a.supervisor = sys.spawn(supervisor,
+                           SupervisorHooks{[actors, c](const std::string& name, uint64_t id, const caf::error& why) {
+                             return actors->restart(c, name, id, why);
+                           }},
+                           a.counters["supervisor"] = make_counters("supervisor"));
+  caf::anon_send(h->inspector(), register_atom::value, a.counters["supervisor"]);
+  for (size_t i = 0; i < names.size(); ++i) caf::anon_send(a.supervisor, supervise_atom::value, spawned[i], names[i]);
   // Demotion: an entry evicted from RAM goes to the SSD unless it is there already.
   if (ctx.ram && ctx.ssd) {
-    auto ssd_loader = h->ssd_loader;
-    DiskKvStore* ssd = ctx.ssd.get();
-    ctx.ram->set_eviction_listener([ssd_loader, ssd](const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
-      if (!ssd->contains(key)) caf::anon_send(ssd_loader, store_atom::value, KeyedKv{key, std::move(kv)});
+    ctx.ram->set_eviction_listener([c, h](const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
+      if (!c->ssd->contains(key)) enqueue_write(*c, h->ssd_writer(), KeyedKv{key, std::move(kv)});
     });
   }
 }
@@ -174,7 +305,9 @@ uint64_t Runtime::submit(RuntimeRequest request, RequestCallbacks callbacks) {
   caf::error failure;
   {
     caf::scoped_actor self{*a.system};
-    self->request(a.h->intake, caf::infinite, submit_atom::value, r)
+    // The intake answers once it has tokenized and keyed the prompt (milliseconds);
+    // the bound only matters if it died with the request in its mailbox.
+    self->request(a.h->intake(), std::chrono::seconds(60), submit_atom::value, r)
         .receive([&](uint64_t) {}, [&](caf::error& e) { failure = std::move(e); });
   }
   if (failure) {
@@ -206,13 +339,15 @@ bool Runtime::cancel(uint64_t id) {
   if (!r) return false;
   r->cancelled = true;
   // A queued request leaves the queue now; a running one ends at its next step.
-  caf::anon_send(actors_->h->intake, cancel_atom::value, id);
+  caf::anon_send(actors_->h->intake(), cancel_atom::value, id);
   return true;
 }
 
 int Runtime::in_flight() const { return ctx_->in_flight.load(); }
 
 int Runtime::queued() const { return ctx_->queued.load(); }
+
+int64_t Runtime::actor_restarts() const { return ctx_->restarts.load(); }
 
 Runtime::DecodeStats Runtime::decode_stats() const {
   return {ctx_->decode_steps.load(), ctx_->decode_tokens.load(), ctx_->interleaved_steps.load()};
@@ -234,19 +369,26 @@ std::string Runtime::store_document(const std::string& text) {
     {
       std::lock_guard<std::mutex> lock(a.mu);
       if (a.stopped) throw RequestError(RequestErrc::shutting_down, "the runtime is shut down");
-      worker = a.h->worker;
+      worker = a.h->worker();
       ++a.documents;  // the actor system outlives this call (shutdown waits)
     }
     std::shared_ptr<const ChunkKv> kv;
     std::optional<RequestError> failure;  // shutting down (the worker or the compute thread stopped), internal
     {
       caf::scoped_actor self{*a.system};
-      self->request(worker, caf::infinite, document_atom::value, tokens)
+      // The compute waits behind prefills and decode steps; ten load timeouts bound it.
+      const auto bound = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::duration<double>(10 * ctx_->config.load_timeout));
+      self->request(worker, bound, document_atom::value, tokens)
           .receive([&](KeyedKv& kk) { kv = std::move(kk.kv); },
                    [&](caf::error& e) {
-                     failure = e.category() == runtime_error_category()
-                                   ? request_error_of(*a.system, e)
-                                   : RequestError(RequestErrc::shutting_down, "the runtime is shut down");
+                     if (e.category() == runtime_error_category())
+                       failure = request_error_of(*a.system, e);
+                     else if (e == caf::sec::request_timeout)
+                       failure = RequestError(RequestErrc::internal, "the document's compute did not finish within " +
+                                                                         std::to_string(bound.count() / 1000) + " s");
+                     else
+                       failure = RequestError(RequestErrc::shutting_down, "the runtime is shut down");
                    });
     }
     {
@@ -275,7 +417,7 @@ bool Runtime::erase_document(const std::string& key_hex) {
 std::string Runtime::traces_json(int n) {
   std::string out = "[]";
   caf::scoped_actor self{*actors_->system};
-  self->request(actors_->h->inspector, std::chrono::seconds(10), get_trace_atom::value, static_cast<int32_t>(n))
+  self->request(actors_->h->inspector(), std::chrono::seconds(10), get_trace_atom::value, static_cast<int32_t>(n))
       .receive([&](const std::string& s) { out = s; }, [&](caf::error&) {});
   return out;
 }
@@ -283,7 +425,7 @@ std::string Runtime::traces_json(int n) {
 std::string Runtime::actors_json() {
   std::string out = "[]";
   caf::scoped_actor self{*actors_->system};
-  self->request(actors_->h->inspector, std::chrono::seconds(10), actors_atom::value)
+  self->request(actors_->h->inspector(), std::chrono::seconds(10), actors_atom::value)
       .receive([&](const std::string& s) { out = s; }, [&](caf::error&) {});
   auto j = nlohmann::json::parse(out);
   j.push_back({{"actor", "compute-thread"},
@@ -296,7 +438,7 @@ std::string Runtime::actors_json() {
 std::string Runtime::profile_json() {
   std::string out = "{}";
   caf::scoped_actor self{*actors_->system};
-  self->request(actors_->h->controller, std::chrono::seconds(10), get_profile_atom::value)
+  self->request(actors_->h->controller(), std::chrono::seconds(10), get_profile_atom::value)
       .receive([&](const std::string& s) { out = s; }, [&](caf::error&) {});
   return out;
 }
@@ -309,6 +451,15 @@ std::string Runtime::stores_json() const {
     j[std::string(s->name())] = {{"hits", st.hits},       {"misses", st.misses},   {"puts", st.puts},
                                  {"evictions", st.evictions}, {"bytes", st.bytes}, {"entries", st.entries},
                                  {"corrupt", st.corrupt},  {"budget", s->budget()}};
+  }
+  if (ctx_->ssd) {
+    const auto& q = ctx_->ssd_write_queue;
+    auto& ssd = j["ssd"];
+    ssd["write_queue_bytes"] = q.bytes.load();
+    ssd["write_queue_high_water"] = q.high_water.load();
+    ssd["write_queue_limit"] = ctx_->config.ssd.write_queue_bytes;
+    ssd["writes_dropped"] = q.dropped.load();
+    ssd["writes"] = q.written.load();
   }
   return j.dump();
 }
@@ -324,7 +475,7 @@ void Runtime::shutdown(bool finish_write_back) {
     for (auto& [id, w] : a.live)
       if (auto r = w.lock()) {
         r->cancelled = true;
-        caf::anon_send(a.h->intake, cancel_atom::value, id);  // queued: finished now
+        caf::anon_send(a.h->intake(), cancel_atom::value, id);  // queued: finished now
       }
   }
   // Requests in flight end at their next step (a prefill in progress completes
@@ -338,20 +489,41 @@ void Runtime::shutdown(bool finish_write_back) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // Background write-back computes are dropped (they are a cache, recomputed on
   // demand); the one running finishes. Then every store already handed to the
-  // fusor or the SSD loader is written before the actors stop.
+  // fusor or the SSD writer is written before the actors stop.
   ctx_->compute->stop(finish_write_back);
   {
     caf::scoped_actor self{*a.system};
-    self->request(a.h->fusor, std::chrono::seconds(120), flush_atom::value).receive([](bool) {}, [](caf::error&) {});
+    self->request(a.h->fusor(), std::chrono::seconds(120), flush_atom::value).receive([](bool) {}, [](caf::error&) {});
   }
   if (ctx_->ram) ctx_->ram->set_eviction_listener({});
-  for (const caf::actor& x :
-       {caf::actor_cast<caf::actor>(a.h->intake), caf::actor_cast<caf::actor>(a.h->controller),
-        caf::actor_cast<caf::actor>(a.h->ram_loader), caf::actor_cast<caf::actor>(a.h->ssd_loader),
-        caf::actor_cast<caf::actor>(a.h->worker), caf::actor_cast<caf::actor>(a.h->fusor),
-        caf::actor_cast<caf::actor>(a.h->decoder), caf::actor_cast<caf::actor>(a.h->inspector)})
-    if (x) caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
-  *a.h = Handles{};
+  {
+    // Each actor is watched going down; only then are the handles dropped (an actor
+    // that still runs may read them). Dropping them ends the cycle actor -> Handles
+    // -> actor, so the detached actors' threads can end; no strong handle of this
+    // block outlives it. The supervisor restarts nothing from here on (`stopped`,
+    // and exits for shutdown are not deaths to repair).
+    const ActorSet all = a.h->all();
+    std::vector<caf::actor> actors{caf::actor_cast<caf::actor>(a.supervisor), caf::actor_cast<caf::actor>(all.intake),
+                                   caf::actor_cast<caf::actor>(all.controller), caf::actor_cast<caf::actor>(all.ssd_writer),
+                                   caf::actor_cast<caf::actor>(all.worker),     caf::actor_cast<caf::actor>(all.fusor),
+                                   caf::actor_cast<caf::actor>(all.decoder),    caf::actor_cast<caf::actor>(all.inspector)};
+    for (const auto& l : all.loaders) actors.push_back(caf::actor_cast<caf::actor>(l));
+    caf::scoped_actor self{*a.system};
+    size_t waiting = 0;
+    for (const caf::actor& x : actors)
+      if (x) {
+        self->monitor(x);
+        caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+        ++waiting;
+      }
+    bool timed_out = false;
+    while (waiting > 0 && !timed_out)
+      self->receive([&](const caf::down_msg&) { --waiting; },
+                    caf::after(std::chrono::seconds(30)) >> [&] { timed_out = true; });
+    if (timed_out) std::fprintf(stderr, "blendserve: shutdown: %zu actors did not stop within 30 s\n", waiting);
+  }
+  a.h->update([](ActorSet& s) { s = ActorSet{}; });
+  a.supervisor = supervisor_actor{};
   a.system.reset();  // waits for every actor to finish
 }
 

@@ -39,6 +39,7 @@ class Runtime {
   // the queue (it ends at once); it finishes "cancelled". False if unknown.
   bool cancel(uint64_t id);
   int in_flight() const;  // running (prefilling or decoding)
+  int64_t actor_restarts() const;  // actors the supervisor started again after they died
   int queued() const;     // waiting for a slot
 
   // Continuous batching so far: decode steps run, tokens they produced (tokens /

@@ -221,7 +221,7 @@ void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
 
 void parse_tier(const YAML::Node& sec, const std::string& path, bool is_ssd, TierConfig& t) {
   const Keys ram_keys{"enabled", "budget"};
-  const Keys ssd_keys{"enabled", "path", "budget", "direct_io", "throttle"};
+  const Keys ssd_keys{"enabled", "path", "budget", "direct_io", "throttle", "write_queue"};
   for_each_key(sec, path, is_ssd ? ssd_keys : ram_keys, [&](std::string_view k, const YAML::Node& v) {
     const std::string key = join_path(path, k);
     if (k == "enabled") {
@@ -232,6 +232,10 @@ void parse_tier(const YAML::Node& sec, const std::string& path, bool is_ssd, Tie
       t.path = get_string(v, key);
     } else if (k == "direct_io") {
       t.direct_io = get_bool(v, key);
+    } else if (k == "write_queue") {
+      t.write_queue_bytes = get_size(v, key);
+      if (t.write_queue_bytes == 0)
+        fail(key, v, "a write queue of 0 bytes stores nothing written back; give it room for a few chunks (e.g. 256MiB)");
     } else if (k == "throttle") {
       if (!v.IsScalar()) wrong_type(key, v, "a bandwidth in bytes/s (e.g. 100MB) or 0");
       std::string s = v.Scalar();
@@ -349,7 +353,7 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
 void parse_limits(const YAML::Node& sec, RuntimeConfig& c) {
   for_each_key(sec, "limits",
                {"max_requests", "max_queue", "max_decode_batch", "decode_interleave", "max_prompt_tokens",
-                "trace_history"},
+                "trace_history", "load_timeout"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path("limits", k);
                  if (k == "max_requests") {
@@ -371,6 +375,10 @@ void parse_limits(const YAML::Node& sec, RuntimeConfig& c) {
                  } else if (k == "trace_history") {
                    c.trace_history = get_int(v, key);
                    check_at_least(c.trace_history, 0, v, key);
+                 } else if (k == "load_timeout") {
+                   c.load_timeout = get_number(v, key);
+                   if (!std::isfinite(c.load_timeout) || c.load_timeout <= 0)
+                     fail(key, v, "must be a number of seconds > 0, got " + v.Scalar());
                  }
                });
 }

@@ -23,6 +23,9 @@ struct TierConfig {
   std::string path;               // ssd: the directory (relative paths are under data_dir)
   bool direct_io = false;         // ssd: O_DIRECT reads (real reads, not the page cache)
   double throttle_bytes_per_s = 0;  // > 0: reads limited to this bandwidth (benchmarks)
+  // ssd: bytes of chunk KV waiting for the tier's writer at most; a write-back or
+  // demotion beyond it is dropped (counted), never queued without bound.
+  int64_t write_queue_bytes = 0;
   bool operator==(const TierConfig&) const = default;
 };
 
@@ -38,9 +41,9 @@ struct RuntimeConfig {
   std::string data_dir;
   // The member defaults equal configs/default.yaml (a test checks it).
   TierConfig ram{.enabled = true, .budget_bytes = int64_t{2} << 30, .path = "", .direct_io = false,
-                 .throttle_bytes_per_s = 0};
+                 .throttle_bytes_per_s = 0, .write_queue_bytes = 0};
   TierConfig ssd{.enabled = true, .budget_bytes = int64_t{8} << 30, .path = "kv", .direct_io = true,
-                 .throttle_bytes_per_s = 0};
+                 .throttle_bytes_per_s = 0, .write_queue_bytes = int64_t{256} << 20};
   // blend: mode, ratio (the floor the loading controller never goes below),
   // check layers, schedule, min_tokens, deviation, quota, filtering, sink_tokens
   BlendOptions blend;
@@ -56,6 +59,9 @@ struct RuntimeConfig {
   double decode_interleave = 0.05; // seconds: a prefill pauses for the decoding streams' step this often
   int max_prompt_tokens = 0;       // 0 = the model's context
   int trace_history = 64;          // traces the inspector keeps
+  // Seconds a prefill waits at most for one layer of stored KV (and for the loaders
+  // to stop after a failure or cancel); past it the request fails, never hangs.
+  double load_timeout = 60;
   // server (used by `blendserve serve`)
   std::string host = "127.0.0.1";
   int port = 8000;

@@ -5,10 +5,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "actors/compute_thread.h"
 #include "actors/decode_batcher.h"
+#include "actors/request.h"
 #include "actors/runtime_config.h"
 #include "blend/blend_engine.h"
 #include "storage/disk_store.h"
@@ -16,6 +18,14 @@
 #include "storage/tiered_store.h"
 
 namespace bs {
+
+// Chunk KV on its way to the SSD writer: bounded by tiers.ssd.write_queue.
+struct WriteQueue {
+  std::atomic<int64_t> bytes{0};       // queued now
+  std::atomic<int64_t> high_water{0};  // the most ever queued at once
+  std::atomic<int64_t> dropped{0};     // entries refused because the queue was full (or its writer died)
+  std::atomic<int64_t> written{0};     // entries the writer handled
+};
 
 struct RuntimeContext {
   RuntimeConfig config;
@@ -36,6 +46,14 @@ struct RuntimeContext {
   // Decode batching (Runtime::decode_stats): steps run, tokens they produced, and
   // the steps run inside a prefill (between its layers) or a write-back compute.
   std::atomic<int64_t> decode_steps{0}, decode_tokens{0}, interleaved_steps{0};
+  WriteQueue ssd_write_queue;
+  // Actors the supervisor started again after they died, since start.
+  std::atomic<int64_t> restarts{0};
+  // Test hooks (set before the first request, never while one runs): called by a
+  // loader before it reads each layer, and by the SSD writer before each write; a
+  // hook may throw (an actor that dies) or sleep (a slow device).
+  std::function<void(Tier, int)> loader_fault;
+  std::function<void()> writer_fault;
 };
 
 }  // namespace bs

@@ -211,6 +211,28 @@ BlendMode parse_mode(const std::string& s) {
   throw std::invalid_argument("unknown mode '" + s + "' (full, prefix, reuse, blend)");
 }
 
+std::vector<double> planned_rows_per_layer(const BlendOptions& o, int n_layers, int64_t other, int64_t cached) {
+  std::vector<double> rows(static_cast<size_t>(std::max(n_layers, 0)), static_cast<double>(other));
+  if (o.mode != BlendMode::Blend || cached <= 0 || o.ratio <= 0.0f) return rows;
+  // The minimum recompute (min_tokens) is ignored: a few rows.
+  const double c = static_cast<double>(cached);
+  if (o.ratio >= 1.0f || o.filtering == Filtering::TwoPass) {
+    for (auto& r : rows) r += c * std::min(1.0, static_cast<double>(o.ratio));
+    return rows;
+  }
+  BlendOptions sorted = o;
+  sorted.check_layers = sorted_check_layers(o, n_layers);
+  const std::vector<float> keep = keep_fractions(sorted);
+  // A check layer runs attention and MLP for the rows it keeps.
+  size_t next = 0;
+  double fraction = 1.0;
+  for (int l = 0; l < n_layers; ++l) {
+    if (next < sorted.check_layers.size() && l == sorted.check_layers[next]) fraction = keep[next++];
+    rows[static_cast<size_t>(l)] += c * fraction;
+  }
+  return rows;
+}
+
 ChunkKey BlendEngine::chunk_key(std::span<const int32_t> tokens) const {
   return make_chunk_key(tf_.model().fingerprint(), KvKind::Chunk, tokens, chunk_prelude_);
 }
@@ -593,6 +615,7 @@ BlendPrefill BlendEngine::prefill_planned(const RagPrompt& prompt, const Prefill
     st.layers[l].compute_begin = rel(clock_type::now());
     if (candidates.empty() || l != sel.checks[check_index]) {
       tf_.run_layer(l, hidden.data(), rows.data(), n, cache, N);
+      st.row_layers += n;
     } else {
       std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)),
           v(static_cast<size_t>(n * kvd));
@@ -617,6 +640,7 @@ BlendPrefill BlendEngine::prefill_planned(const RagPrompt& prompt, const Prefill
       candidate = std::move(kept_candidate);
       n = static_cast<int64_t>(rows.size());
       tf_.attend_and_mlp(l, hidden.data(), q.data(), rows.data(), n, cache, N);
+      st.row_layers += n;
       if (++check_index == sel.checks.size()) {
         // The survivors are the recomputed tokens; from here on they are active.
         for (int64_t i = 0; i < n; ++i)

@@ -86,6 +86,10 @@ struct BlendStats {
   int64_t cached_tokens = 0;                 // chunk tokens whose KV came from the store
   int64_t recomputed_tokens = 0;             // cached tokens selected for recompute
   int64_t computed_tokens = 0;               // tokens run through all layers in the final pass
+  // Rows through a layer's attention and MLP in the final pass, summed over the
+  // layers (gradual filtering narrows the rows layer by layer): the unit of the
+  // loading controller's compute profile (planned_rows_per_layer predicts it).
+  int64_t row_layers = 0;
   std::vector<int64_t> candidates_per_check; // selection narrowing, one per check layer
   double load_seconds = 0, select_seconds = 0, compute_seconds = 0, total_seconds = 0;
   // Time blocked waiting for loaded layers (prefill_planned with a pipelined loader).
@@ -190,6 +194,16 @@ class BlendEngine {
   KvStore& store_;  // any tier: RAM, SSD, or (later) a storage node
   std::vector<int32_t> chunk_prelude_;
 };
+
+// Rows the final pass of a prefill runs through each layer's attention and MLP, as
+// `o` runs it: `other` rows (no stored KV: missed chunks and prefix, the suffix) in
+// every layer, plus the `cached` chunk tokens still computed there — in blend mode
+// all of them before the first check layer, the schedule's kept fraction from each
+// check layer on and the ratio from the last (single pass), or the ratio in every
+// layer (two-pass, whose selection pass is not counted); none in reuse or prefix
+// mode. The loading controller predicts compute time and TTFT from it; the engine
+// counts the same rows (BlendStats::row_layers). Throws on options validate() refuses.
+std::vector<double> planned_rows_per_layer(const BlendOptions& o, int n_layers, int64_t other, int64_t cached);
 
 // Copies one layer of a stored chunk's KV into the cache at `offset` as stored (K
 // still rotated for positions 0..m-1). k, v: [kv_heads, m, head_dim].

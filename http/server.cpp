@@ -281,6 +281,8 @@ struct Server::Impl {
                  static_cast<double>(ds.steps)});
     g.push_back({"blendserve_decode_step_tokens", "Tokens produced by decode steps since start (monotonic); "
                  "divided by blendserve_decode_steps: the mean batch.", "", static_cast<double>(ds.tokens)});
+    g.push_back({"blendserve_actor_restarts", "Actors the supervisor started again after they died, since start "
+                 "(monotonic).", "", static_cast<double>(runtime.actor_restarts())});
     g.push_back({"blendserve_decode_steps_interleaved", "Decode steps run between the layers of a long prefill "
                  "(monotonic).", "", static_cast<double>(ds.interleaved_steps)});
     try {
@@ -294,6 +296,16 @@ struct Server::Impl {
           g.push_back({std::string("blendserve_store_") + field, std::string("KV store tier ") + field +
                                                                      " since start (monotonic).",
                        "tier=\"" + tier + "\"", st.value(field, 0.0)});
+      // The writer's queue of a tier that writes to a device (ssd): bounded in bytes;
+      // what did not fit was dropped (a cache: the chunk is computed again on a miss).
+      const std::pair<const char*, const char*> writer_fields[] = {
+          {"write_queue_bytes", "Chunk KV waiting for the tier's writer."},
+          {"write_queue_limit", "The bound of that queue in bytes (tiers.<tier>.write_queue)."},
+          {"writes_dropped", "Writes refused because the queue was full, since start (monotonic)."}};
+      for (const auto& [field, help] : writer_fields)
+        for (const auto& [tier, st] : stores.items())
+          if (st.contains(field))
+            g.push_back({std::string("blendserve_store_") + field, help, "tier=\"" + tier + "\"", st.value(field, 0.0)});
     } catch (const std::exception&) {
     }
     return g;

@@ -95,6 +95,11 @@ controller_actor::behavior_type controller_double(controller_actor::pointer, Log
 loader_actor::behavior_type loader_double(loader_actor::pointer, Log log, std::string name) {
   return {
       [=](load_atom, RequestPtr) { log->push_back(name + ":load"); },
+  };
+}
+
+writer_actor::behavior_type writer_double(writer_actor::pointer, Log log, std::string name) {
+  return {
       [=](store_atom, KeyedKv) { log->push_back(name + ":store"); },
       [=](flush_atom) -> bool {
         log->push_back(name + ":flush");
@@ -107,7 +112,7 @@ worker_actor::behavior_type worker_double(worker_actor::pointer, Log log) {
   return {
       [=](prefill_atom, RequestPtr) { log->push_back("worker:prefill"); },
       [=](layer_atom, RequestPtr, int32_t l) { log->push_back("worker:layer:" + std::to_string(l)); },
-      [=](load_end_atom, RequestPtr) { log->push_back("worker:loadend"); },
+      [=](load_end_atom, RequestPtr, uint64_t) { log->push_back("worker:loadend"); },
       [=](load_fail_atom, RequestPtr, const std::string&) { log->push_back("worker:loadfail"); },
       [=](decode_atom, RequestPtr, int32_t) { log->push_back("worker:decode"); },
       [=](warm_atom, RequestPtr) { log->push_back("worker:warm"); },
@@ -207,20 +212,30 @@ struct fixture : context_base, test_coordinator_fixture<test_config> {
 
   // Every handle starts as a test double; a test replaces the ones it tests.
   fixture() {
-    h->intake = sys.spawn(intake_double, log);
-    h->controller = sys.spawn(controller_double, log);
-    h->ram_loader = sys.spawn(loader_double, log, std::string("ram_loader"));
-    h->ssd_loader = sys.spawn(loader_double, log, std::string("ssd_loader"));
-    h->worker = sys.spawn(worker_double, log);
-    h->fusor = sys.spawn(fusor_double, log);
-    h->decoder = sys.spawn(decoder_double, log);
-    h->inspector = sys.spawn(inspector_double, log);
+    put(&ActorSet::intake, sys.spawn(intake_double, log));
+    put(&ActorSet::controller, sys.spawn(controller_double, log));
+    put_loader(Tier::Ram, sys.spawn(loader_double, log, std::string("ram_loader")));
+    put_loader(Tier::Ssd, sys.spawn(loader_double, log, std::string("ssd_loader")));
+    put(&ActorSet::ssd_writer, sys.spawn(writer_double, log, std::string("ssd_writer")));
+    put(&ActorSet::worker, sys.spawn(worker_double, log));
+    put(&ActorSet::fusor, sys.spawn(fusor_double, log));
+    put(&ActorSet::decoder, sys.spawn(decoder_double, log));
+    put(&ActorSet::inspector, sys.spawn(inspector_double, log));
     sched.run();  // the spawned actors start
   }
 
   ~fixture() override {
     run();
-    *h = Handles{};  // the behaviours hold `h`: break the cycle so the actors end
+    h->update([](ActorSet& s) { s = ActorSet{}; });  // the behaviours hold `h`: break the cycle so the actors end
+  }
+
+  // Puts an actor (a double, or the real one under test) in the handles.
+  template <class T>
+  void put(T ActorSet::*field, T x) {
+    h->update([&](ActorSet& s) { s.*field = std::move(x); });
+  }
+  void put_loader(Tier t, loader_actor x) {
+    h->update([&](ActorSet& s) { s.loaders[static_cast<size_t>(t)] = std::move(x); });
   }
 
   const LlamaConfig& cfg() const { return ctx->model->config(); }
@@ -267,8 +282,8 @@ struct fixture : context_base, test_coordinator_fixture<test_config> {
     caf::error error;
   };
   Answer submit(const RequestPtr& r) {
-    auto reply = self->request(h->intake, caf::infinite, submit_atom::value, r);
-    expect((submit_atom, RequestPtr), from(self).to(h->intake).with(_, r));
+    auto reply = self->request(h->intake(), caf::infinite, submit_atom::value, r);
+    expect((submit_atom, RequestPtr), from(self).to(h->intake()).with(_, r));
     CAF_REQUIRE(!self->mailbox().empty());  // answered synchronously: receive() does not block
     Answer a;
     reply.receive([&](uint64_t id) { a.id = id; }, [&](caf::error& e) { a.error = std::move(e); });
@@ -277,8 +292,8 @@ struct fixture : context_base, test_coordinator_fixture<test_config> {
 
   // The controller's plan for r, handled by the controller alone.
   void plan(const RequestPtr& r) {
-    self->send(h->controller, plan_atom::value, r);
-    expect((plan_atom, RequestPtr), from(self).to(h->controller).with(_, r));
+    self->send(h->controller(), plan_atom::value, r);
+    expect((plan_atom, RequestPtr), from(self).to(h->controller()).with(_, r));
   }
 
   // The actors whose mailboxes are not empty, in the order they became ready: the
@@ -302,7 +317,7 @@ struct fixture : context_base, test_coordinator_fixture<test_config> {
     return out;
   }
 
-  json profile() { return json::parse(ask<std::string>(h->controller, get_profile_atom::value)); }
+  json profile() { return json::parse(ask<std::string>(h->controller(), get_profile_atom::value)); }
 
   void check_runtime_error(const Answer& a, RequestErrc code, const std::string& needle) {
     CAF_CHECK(!a.id);
@@ -348,7 +363,7 @@ CAF_TEST_FIXTURE_SCOPE(actor_protocol_tests, fixture)
 // -- 1. intake ----------------------------------------------------------------
 
 CAF_TEST(intake_answers_the_id_and_hands_the_prepared_request_to_the_controller) {
-  h->intake = sys.spawn(intake, ctx.get(), h, make_counters("intake"));
+  put(&ActorSet::intake, sys.spawn(intake, ctx.get(), h, make_counters("intake")));
   sched.run();  // the spawned actors start
   auto r = new_request({kDocs[0], kDocs[1]});
   r->id = 42;
@@ -358,7 +373,7 @@ CAF_TEST(intake_answers_the_id_and_hands_the_prepared_request_to_the_controller)
   CAF_CHECK(!a.error);
   // One message out: (plan, r) to the controller.
   CAF_REQUIRE_EQUAL(sched.jobs.size(), 1u);
-  expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, r));
+  expect((plan_atom, RequestPtr), from(h->intake()).to(h->controller()).with(_, r));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(*log, std::vector<std::string>{"controller:plan"});
   // The prompt: prefix + one chunk per document + suffix, keyed.
@@ -384,7 +399,7 @@ CAF_TEST(intake_answers_the_id_and_hands_the_prepared_request_to_the_controller)
   auto r2 = new_request({kDocs[2]}, 0.4f, BlendMode::Reuse);
   const auto a2 = submit(r2);
   CAF_CHECK_EQUAL(a2.id.value_or(0), r2->id);
-  expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, r2));
+  expect((plan_atom, RequestPtr), from(h->intake()).to(h->controller()).with(_, r2));
   CAF_CHECK(r2->options.mode == BlendMode::Reuse);
   CAF_CHECK_EQUAL(r2->options.ratio, 0.4f);
   CAF_CHECK_EQUAL(r2->prompt.chunks.size(), 1u);
@@ -392,28 +407,28 @@ CAF_TEST(intake_answers_the_id_and_hands_the_prepared_request_to_the_controller)
 }
 
 CAF_TEST(intake_refuses_invalid_requests_with_a_runtime_error_and_sends_nothing) {
-  h->intake = sys.spawn(intake, ctx.get(), h, make_counters("intake"));
+  put(&ActorSet::intake, sys.spawn(intake, ctx.get(), h, make_counters("intake")));
   sched.run();  // the spawned actors start
 
   auto empty = new_request({kDocs[0]});
   empty->request.messages.clear();
   auto a = submit(empty);
   check_runtime_error(a, RequestErrc::invalid, "messages must not be empty");
-  disallow((plan_atom, RequestPtr), from(_).to(h->controller));
+  disallow((plan_atom, RequestPtr), from(_).to(h->controller()));
   CAF_CHECK(!sched.has_job());
 
   auto robot = new_request({kDocs[0]});
   robot->request.messages = {{"robot", "beep"}, {"user", kQuestion}};
   a = submit(robot);
   check_runtime_error(a, RequestErrc::invalid, "unknown role 'robot'");
-  disallow((plan_atom, RequestPtr), from(_).to(h->controller));
+  disallow((plan_atom, RequestPtr), from(_).to(h->controller()));
   CAF_CHECK(!sched.has_job());
 
   ctx->config.max_prompt_tokens = 24;
   auto longer = new_request({kDocs[0], kDocs[1]});
   a = submit(longer);
   check_runtime_error(a, RequestErrc::too_long, "at most 24 fit");
-  disallow((plan_atom, RequestPtr), from(_).to(h->controller));
+  disallow((plan_atom, RequestPtr), from(_).to(h->controller()));
   CAF_CHECK(!sched.has_job());
 
   // None of them holds an admission slot.
@@ -422,7 +437,7 @@ CAF_TEST(intake_refuses_invalid_requests_with_a_runtime_error_and_sends_nothing)
 }
 
 CAF_TEST(intake_admits_at_most_max_requests_in_flight) {
-  h->intake = sys.spawn(intake, ctx.get(), h, make_counters("intake"));
+  put(&ActorSet::intake, sys.spawn(intake, ctx.get(), h, make_counters("intake")));
   sched.run();  // the spawned actors start
   ctx->config.max_requests = 1;
   ctx->config.max_queue = 0;  // no queue: refused at once
@@ -430,25 +445,25 @@ CAF_TEST(intake_admits_at_most_max_requests_in_flight) {
   auto r = new_request({kDocs[0]});
   auto a = submit(r);
   check_runtime_error(a, RequestErrc::overloaded, "too many requests: 1 in flight and 0 waiting");
-  disallow((plan_atom, RequestPtr), from(_).to(h->controller));
+  disallow((plan_atom, RequestPtr), from(_).to(h->controller()));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
   // Once the slot is free, the same request is admitted.
   ctx->in_flight = 0;
   a = submit(r);
   CAF_CHECK_EQUAL(a.id.value_or(0), r->id);
-  expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, r));
+  expect((plan_atom, RequestPtr), from(h->intake()).to(h->controller()).with(_, r));
   CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
 }
 
 CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue) {
-  h->intake = sys.spawn(intake, ctx.get(), h, make_counters("intake"));
+  put(&ActorSet::intake, sys.spawn(intake, ctx.get(), h, make_counters("intake")));
   sched.run();  // the spawned actors start
   ctx->config.max_requests = 1;
   ctx->config.max_queue = 2;
   auto running = new_request({kDocs[0]});
   CAF_CHECK_EQUAL(submit(running).id.value_or(0), running->id);
-  expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, running));
+  expect((plan_atom, RequestPtr), from(h->intake()).to(h->controller()).with(_, running));
   CAF_CHECK(running->admitted);
   // Two more wait: answered with their ids (prepared, so a bad one would have been
   // refused now), nothing sent on.
@@ -472,9 +487,9 @@ CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue
   CAF_CHECK(!sched.has_job());
   // The running request ends: the first queued one starts, the second still waits.
   ctx->in_flight = 0;
-  self->send(h->intake, release_atom::value);
-  expect((release_atom), from(self).to(h->intake));
-  expect((plan_atom, RequestPtr), from(h->intake).to(h->controller).with(_, q1));
+  self->send(h->intake(), release_atom::value);
+  expect((release_atom), from(self).to(h->intake()));
+  expect((plan_atom, RequestPtr), from(h->intake()).to(h->controller()).with(_, q1));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(ctx->queued.load(), 1);
   CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
@@ -482,22 +497,22 @@ CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue
   // A queued request cancelled by id leaves the queue and goes to the decoder, which
   // finishes it (cancelled); it never held a slot.
   q2->cancelled = true;
-  self->send(h->intake, cancel_atom::value, q2->id);
-  expect((cancel_atom, uint64_t), from(self).to(h->intake).with(_, q2->id));
-  expect((start_atom, RequestPtr), from(h->intake).to(h->decoder).with(_, q2));
+  self->send(h->intake(), cancel_atom::value, q2->id);
+  expect((cancel_atom, uint64_t), from(self).to(h->intake()).with(_, q2->id));
+  expect((start_atom, RequestPtr), from(h->intake()).to(h->decoder()).with(_, q2));
   CAF_CHECK_EQUAL(ctx->queued.load(), 0);
   CAF_CHECK(!q2->admitted);
   bool queued_event = false;
   for (const auto& e : q2->events()) queued_event |= e.actor == "intake" && e.what == "queued";
   CAF_CHECK(queued_event);
   // Cancelling a request that is not queued sends nothing.
-  self->send(h->intake, cancel_atom::value, q1->id);
-  expect((cancel_atom, uint64_t), from(self).to(h->intake).with(_, q1->id));
+  self->send(h->intake(), cancel_atom::value, q1->id);
+  expect((cancel_atom, uint64_t), from(self).to(h->intake()).with(_, q1->id));
   CAF_CHECK(!sched.has_job());
   // A slot with nobody waiting: nothing to start.
   ctx->in_flight = 0;
-  self->send(h->intake, release_atom::value);
-  expect((release_atom), from(self).to(h->intake));
+  self->send(h->intake(), release_atom::value);
+  expect((release_atom), from(self).to(h->intake()));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"controller:plan", "controller:plan", "decoder:start"}));
 }
@@ -505,7 +520,7 @@ CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue
 // -- 2. controller -------------------------------------------------------------
 
 CAF_TEST(controller_plans_ram_ssd_and_missed_chunks_and_starts_loaders_then_worker) {
-  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
+  put(&ActorSet::controller, sys.spawn(controller, ctx.get(), h, make_counters("controller")));
   sched.run();  // the spawned actors start
   CAF_REQUIRE(ctx->ram->put(key_of(kDocs[0]), kv_of(kDocs[0])));
   CAF_REQUIRE(ctx->ssd->put(key_of(kDocs[1]), kv_of(kDocs[1])));
@@ -536,17 +551,17 @@ CAF_TEST(controller_plans_ram_ssd_and_missed_chunks_and_starts_loaders_then_work
 
   // Exactly three messages, in this order: load -> RAM loader, load -> SSD loader,
   // prefill -> worker.
-  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->ram_loader), job_of(h->ssd_loader),
-                                                              job_of(h->worker)}));
-  expect((load_atom, RequestPtr), from(h->controller).to(h->ram_loader).with(_, r));
-  expect((load_atom, RequestPtr), from(h->controller).to(h->ssd_loader).with(_, r));
-  expect((prefill_atom, RequestPtr), from(h->controller).to(h->worker).with(_, r));
+  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->loader(Tier::Ram)), job_of(h->loader(Tier::Ssd)),
+                                                              job_of(h->worker())}));
+  expect((load_atom, RequestPtr), from(h->controller()).to(h->loader(Tier::Ram)).with(_, r));
+  expect((load_atom, RequestPtr), from(h->controller()).to(h->loader(Tier::Ssd)).with(_, r));
+  expect((prefill_atom, RequestPtr), from(h->controller()).to(h->worker()).with(_, r));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"ram_loader:load", "ssd_loader:load", "worker:prefill"}));
 }
 
 CAF_TEST(controller_starts_only_the_loaders_with_work) {
-  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
+  put(&ActorSet::controller, sys.spawn(controller, ctx.get(), h, make_counters("controller")));
   sched.run();  // the spawned actors start
   CAF_REQUIRE(ctx->ram->put(key_of(kDocs[0]), kv_of(kDocs[0])));
   CAF_REQUIRE(ctx->ssd->put(key_of(kDocs[1]), kv_of(kDocs[1])));
@@ -556,10 +571,10 @@ CAF_TEST(controller_starts_only_the_loaders_with_work) {
   plan(ram_only);
   CAF_CHECK_EQUAL(ram_only->chunk_tier, (std::vector<Tier>{Tier::Ram, Tier::Miss}));
   CAF_CHECK_EQUAL(ram_only->gate.loaders(), 1);
-  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->ram_loader), job_of(h->worker)}));
-  disallow((load_atom, RequestPtr), from(_).to(h->ssd_loader));
-  expect((load_atom, RequestPtr), from(h->controller).to(h->ram_loader).with(_, ram_only));
-  expect((prefill_atom, RequestPtr), from(h->controller).to(h->worker).with(_, ram_only));
+  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->loader(Tier::Ram)), job_of(h->worker())}));
+  disallow((load_atom, RequestPtr), from(_).to(h->loader(Tier::Ssd)));
+  expect((load_atom, RequestPtr), from(h->controller()).to(h->loader(Tier::Ram)).with(_, ram_only));
+  expect((prefill_atom, RequestPtr), from(h->controller()).to(h->worker()).with(_, ram_only));
   CAF_CHECK(!sched.has_job());
 
   // Mode full: nothing is looked up, nothing is loaded, only the prefill.
@@ -568,16 +583,16 @@ CAF_TEST(controller_starts_only_the_loaders_with_work) {
   CAF_CHECK_EQUAL(full->chunk_tier, (std::vector<Tier>{Tier::Miss, Tier::Miss, Tier::Miss}));
   CAF_CHECK_EQUAL(full->plan.chunk_loaded, (std::vector<char>{0, 0, 0}));
   CAF_CHECK_EQUAL(full->gate.loaders(), 0);
-  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->worker)}));
-  disallow((load_atom, RequestPtr), from(_).to(h->ram_loader));
-  disallow((load_atom, RequestPtr), from(_).to(h->ssd_loader));
-  expect((prefill_atom, RequestPtr), from(h->controller).to(h->worker).with(_, full));
+  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->worker())}));
+  disallow((load_atom, RequestPtr), from(_).to(h->loader(Tier::Ram)));
+  disallow((load_atom, RequestPtr), from(_).to(h->loader(Tier::Ssd)));
+  expect((prefill_atom, RequestPtr), from(h->controller()).to(h->worker()).with(_, full));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"ram_loader:load", "worker:prefill", "worker:prefill"}));
 }
 
 CAF_TEST(controller_raises_the_ratio_when_the_ssd_is_the_bottleneck) {
-  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
+  put(&ActorSet::controller, sys.spawn(controller, ctx.get(), h, make_counters("controller")));
   sched.run();  // the spawned actors start
   CAF_REQUIRE(ctx->ssd->put(key_of(kDocs[1]), kv_of(kDocs[1])));
   const float floor = ctx->config.blend.ratio;
@@ -587,11 +602,11 @@ CAF_TEST(controller_raises_the_ratio_when_the_ssd_is_the_bottleneck) {
   CAF_CHECK_EQUAL(p.at("ssd_bytes_per_s").get<double>(), 1.5e9);
   // A very slow SSD: two samples of 1 MB/s; a sample without units or time is ignored.
   for (int i = 0; i < 2; ++i) {
-    self->send(h->controller, profile_atom::value, std::string("ssd"), int64_t{2'000'000}, 2.0);
-    expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller).with(_, "ssd", 2'000'000, 2.0));
+    self->send(h->controller(), profile_atom::value, std::string("ssd"), int64_t{2'000'000}, 2.0);
+    expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller()).with(_, "ssd", 2'000'000, 2.0));
   }
-  self->send(h->controller, profile_atom::value, std::string("ssd"), int64_t{0}, 1.0);
-  expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller).with(_, "ssd", 0, 1.0));
+  self->send(h->controller(), profile_atom::value, std::string("ssd"), int64_t{0}, 1.0);
+  expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller()).with(_, "ssd", 0, 1.0));
   p = profile();
   CAF_CHECK_EQUAL(p.at("ssd_samples").get<int>(), 2);
   CAF_CHECK(std::abs(p.at("ssd_bytes_per_s").get<double>() - 1e6) < 1e-3);
@@ -619,30 +634,47 @@ CAF_TEST(controller_raises_the_ratio_when_the_ssd_is_the_bottleneck) {
   CAF_CHECK_EQUAL(d.at("reason").get<std::string>(), "requested");
   sched.run();
 
-  // The planned recompute (overhead + per-token cost) meets the load time, less the
-  // margin, exactly where that lies between floor and 1: a fresh controller whose
-  // one SSD sample makes margin x load time the recompute time at ratio 0.5.
-  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
+  // The planned recompute (overhead + the rows the filtering in use computes per
+  // layer) meets the load time, less the margin, exactly where that lies between
+  // floor and 1: a fresh controller whose one SSD sample makes margin x load time
+  // the recompute time at ratio 0.5.
+  put(&ActorSet::controller, sys.spawn(controller, ctx.get(), h, make_counters("controller")));
   sched.run();  // the spawned actors start
   auto half = intake_output({kDocs[1]});
   const int64_t cached = static_cast<int64_t>(half->prompt.chunks[0].size());
   const int64_t other = half->prompt.size() - cached;
   const int64_t bytes = cached * 2 * int64_t{cfg().n_layers} * cfg().kv_dim() * 4;
-  const double per_token = profile().at("compute_s_per_token_layer").get<double>() * cfg().n_layers;
+  const double per_row_layer = profile().at("compute_s_per_token_layer").get<double>();
   const double overhead = profile().at("overhead_s_per_prompt_token").get<double>() * half->prompt.size();
-  const double seconds = (overhead + per_token * (other + 0.5 * cached)) / ControllerState::load_margin;
-  self->send(h->controller, profile_atom::value, std::string("ssd"), bytes, seconds);
-  expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller).with(_, "ssd", bytes, seconds));
+  BlendOptions at_half = half->options;
+  at_half.ratio = 0.5f;
+  const auto rows = planned_rows_per_layer(at_half, cfg().n_layers, other, cached);
+  double row_layers = 0;
+  for (double x : rows) row_layers += x;
+  // Gradual filtering (the default): every cached row through the layers before the
+  // first check, fewer after each: more than the ratio's share, less than all.
+  CAF_CHECK_GREATER(row_layers, (other + 0.5 * cached) * cfg().n_layers);
+  CAF_CHECK_LESS(row_layers, static_cast<double>(other + cached) * cfg().n_layers);
+  const double seconds = (overhead + per_row_layer * row_layers) / ControllerState::load_margin;
+  self->send(h->controller(), profile_atom::value, std::string("ssd"), bytes, seconds);
+  expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller()).with(_, "ssd", bytes, seconds));
   plan(half);
   CAF_CHECK(std::abs(half->options.ratio - 0.5f) < 1e-4f);
+  // The trace's prediction: the loads end at est_load; the compute fits in 0.85 of
+  // it, so the first token comes just after the last layer's load, and before the
+  // load plus all of the compute.
+  const auto hd = json::parse(half->controller_json);
+  const double est_load = hd.at("est_load_s").get<double>(), est_ttft = hd.at("est_ttft_s").get<double>();
+  CAF_CHECK_GREATER(est_ttft, est_load);
+  CAF_CHECK_LESS(est_ttft, est_load + hd.at("est_compute_s").get<double>());
   sched.run();
 }
 
 // -- 3. loader (RAM) -----------------------------------------------------------
 
 CAF_TEST(ram_loader_streams_layer_by_layer_then_ends_and_reports_its_profile) {
-  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
-  h->ram_loader = sys.spawn(loader, ctx.get(), h, Tier::Ram, make_counters("loader-ram"));
+  put(&ActorSet::controller, sys.spawn(controller, ctx.get(), h, make_counters("controller")));
+  put_loader(Tier::Ram, sys.spawn(loader, ctx.get(), h, Tier::Ram, make_counters("loader-ram")));
   sched.run();  // the spawned actors start
   const auto kv0 = kv_of(kDocs[0]), kv1 = kv_of(kDocs[1]);
   CAF_REQUIRE(ctx->ram->put(key_of(kDocs[0]), kv0));
@@ -651,20 +683,20 @@ CAF_TEST(ram_loader_streams_layer_by_layer_then_ends_and_reports_its_profile) {
   auto r = intake_output({kDocs[0], kDocs[1]});
   plan(r);
   CAF_REQUIRE_EQUAL(r->chunk_tier, (std::vector<Tier>{Tier::Ram, Tier::Ram}));
-  expect((load_atom, RequestPtr), from(h->controller).to(h->ram_loader).with(_, r));
+  expect((load_atom, RequestPtr), from(h->controller()).to(h->loader(Tier::Ram)).with(_, r));
   // The worker: the controller's prefill, then the loader's n_layers layers in
   // order, then its end.
   const int n_layers = cfg().n_layers;
-  expect((prefill_atom, RequestPtr), from(h->controller).to(h->worker).with(_, r));
+  expect((prefill_atom, RequestPtr), from(h->controller()).to(h->worker()).with(_, r));
   for (int32_t l = 0; l < n_layers; ++l)
-    expect((layer_atom, RequestPtr, int32_t), from(h->ram_loader).to(h->worker).with(_, r, l));
-  expect((load_end_atom, RequestPtr), from(h->ram_loader).to(h->worker).with(_, r));
+    expect((layer_atom, RequestPtr, int32_t), from(h->loader(Tier::Ram)).to(h->worker()).with(_, r, l));
+  expect((load_end_atom, RequestPtr, uint64_t), from(h->loader(Tier::Ram)).to(h->worker()).with(_, r, h->loader(Tier::Ram).id()));
   // The controller: the bytes it moved and the time it took.
   const int64_t tokens = static_cast<int64_t>(r->prompt.chunks[0].size() + r->prompt.chunks[1].size());
   const int64_t bytes = 2 * tokens * n_layers * cfg().kv_dim() * 4;
-  const auto [atom, source, units, seconds] = extract<profile_atom, std::string, int64_t, double>(h->controller);
+  const auto [atom, source, units, seconds] = extract<profile_atom, std::string, int64_t, double>(h->controller());
   CAF_CHECK_GREATER(seconds, 0.0);
-  expect((profile_atom, std::string, int64_t, double), from(h->ram_loader).to(h->controller).with(_, "ram", bytes, _));
+  expect((profile_atom, std::string, int64_t, double), from(h->loader(Tier::Ram)).to(h->controller()).with(_, "ram", bytes, _));
   CAF_CHECK(!sched.has_job());
   const auto p = profile();
   CAF_CHECK_EQUAL(p.at("ram_samples").get<int>(), 1);
@@ -681,23 +713,79 @@ CAF_TEST(ram_loader_streams_layer_by_layer_then_ends_and_reports_its_profile) {
   for (const auto& e : r->events()) load_events += e.actor == "loader-ram" && e.what == "load";
   CAF_CHECK_EQUAL(load_events, n_layers);
 
-  // store: into its tier, unless the key is there already; flush answers true.
-  const auto kv2 = kv_of(kDocs[2]);
-  self->send(h->ram_loader, store_atom::value, KeyedKv{key_of(kDocs[2]), kv2});
-  expect((store_atom, KeyedKv), from(self).to(h->ram_loader).with(_, _));
-  CAF_CHECK(ctx->ram->get(key_of(kDocs[2])) == kv2);
-  self->send(h->ram_loader, store_atom::value, KeyedKv{key_of(kDocs[2]), kv_of(kDocs[2])});
-  expect((store_atom, KeyedKv), from(self).to(h->ram_loader).with(_, _));
-  CAF_CHECK(ctx->ram->get(key_of(kDocs[2])) == kv2);
+}
+
+CAF_TEST(a_loader_stops_reading_for_a_cancelled_request_or_a_failed_gate) {
+  put(&ActorSet::controller, sys.spawn(controller, ctx.get(), h, make_counters("controller")));
+  put_loader(Tier::Ram, sys.spawn(loader, ctx.get(), h, Tier::Ram, make_counters("loader-ram")));
+  sched.run();  // the spawned actors start
+  CAF_REQUIRE(ctx->ram->put(key_of(kDocs[0]), kv_of(kDocs[0])));
+  const uint64_t loader_id = h->loader(Tier::Ram).id();
+  for (const bool cancel : {true, false}) {
+    auto r = intake_output({kDocs[0]});
+    plan(r);
+    CAF_REQUIRE(r->gate.holds(loader_id));
+    // Cancelled (the client left) or failed (another loader's failure, a timeout)
+    // before the loader ran: it reads no layer, ends its work and reports no profile.
+    if (cancel) r->cancelled = true;
+    else r->gate.fail("test: another loader failed");
+    expect((load_atom, RequestPtr), from(h->controller()).to(h->loader(Tier::Ram)).with(_, r));
+    expect((prefill_atom, RequestPtr), from(h->controller()).to(h->worker()).with(_, r));
+    disallow((layer_atom, RequestPtr, int32_t), from(_).to(h->worker()));
+    expect((load_end_atom, RequestPtr, uint64_t), from(h->loader(Tier::Ram)).to(h->worker()).with(_, r, loader_id));
+    disallow((profile_atom, std::string, int64_t, double), from(_).to(h->controller()));
+    CAF_CHECK(!sched.has_job());
+    bool stopped = false;
+    for (const auto& e : r->events()) stopped |= e.what == "load stopped" && e.layer == 0;
+    CAF_CHECK(stopped);
+    CAF_CHECK(r->readers[0] == nullptr);  // the pinned RAM entry is released
+  }
+}
+
+// -- 3b. writer (SSD) ----------------------------------------------------------
+
+CAF_TEST(ssd_writer_stores_in_order_and_its_queue_is_bounded_in_bytes) {
+  auto writer_counters = make_counters("ssd-writer");
+  put(&ActorSet::ssd_writer, sys.spawn(writer, ctx.get(), writer_counters));
+  sched.run();  // the spawned actors start
+  const auto kv0 = kv_of(kDocs[0]), kv1 = kv_of(kDocs[1]), kv2 = kv_of(kDocs[2]);
+  const auto b0 = static_cast<int64_t>(kv0->bytes()), b1 = static_cast<int64_t>(kv1->bytes());
+  // Room for the first two entries, not the third.
+  ctx->config.ssd.write_queue_bytes = b0 + b1;
+  CAF_CHECK(enqueue_write(*ctx, h->ssd_writer(), KeyedKv{key_of(kDocs[0]), kv0}));
+  CAF_CHECK(enqueue_write(*ctx, h->ssd_writer(), KeyedKv{key_of(kDocs[1]), kv1}));
+  CAF_CHECK_EQUAL(ctx->ssd_write_queue.bytes.load(), b0 + b1);
+  CAF_CHECK(!enqueue_write(*ctx, h->ssd_writer(), KeyedKv{key_of(kDocs[2]), kv2}));  // dropped, counted
+  CAF_CHECK_EQUAL(ctx->ssd_write_queue.dropped.load(), 1);
+  CAF_CHECK_EQUAL(ctx->ssd_write_queue.high_water.load(), b0 + b1);
+  // Nothing is written before the writer runs; then both, in order, and the queue is empty.
+  CAF_CHECK(!ctx->ssd->contains(key_of(kDocs[0])));
+  expect((store_atom, KeyedKv), to(h->ssd_writer()).with(_, _));
+  CAF_CHECK(ctx->ssd->contains(key_of(kDocs[0])));
+  CAF_CHECK(!ctx->ssd->contains(key_of(kDocs[1])));
+  CAF_CHECK_EQUAL(ctx->ssd_write_queue.bytes.load(), b1);
+  expect((store_atom, KeyedKv), to(h->ssd_writer()).with(_, _));
+  CAF_CHECK(ctx->ssd->contains(key_of(kDocs[1])));
   CAF_CHECK(!ctx->ssd->contains(key_of(kDocs[2])));
-  CAF_CHECK_EQUAL(ask<bool>(h->ram_loader, flush_atom::value), true);
+  CAF_CHECK_EQUAL(ctx->ssd_write_queue.bytes.load(), 0);
+  CAF_CHECK_EQUAL(ctx->ssd_write_queue.written.load(), 2);
+  // Room again: the third is taken now. A key already stored is not rewritten.
+  CAF_CHECK(enqueue_write(*ctx, h->ssd_writer(), KeyedKv{key_of(kDocs[2]), kv2}));
+  CAF_CHECK(enqueue_write(*ctx, h->ssd_writer(), KeyedKv{key_of(kDocs[0]), kv0}));
+  const int64_t puts = ctx->ssd->stats().puts;
+  CAF_CHECK_EQUAL(ask<bool>(h->ssd_writer(), flush_atom::value), true);  // after every store before it
+  CAF_CHECK(ctx->ssd->contains(key_of(kDocs[2])));
+  CAF_CHECK_EQUAL(ctx->ssd->stats().puts, puts + 1);
+  CAF_CHECK_EQUAL(ctx->ssd_write_queue.bytes.load(), 0);
+  CAF_CHECK(ctx->ram->get(key_of(kDocs[2])) == nullptr);  // the writer writes its tier only
+  CAF_CHECK_EQUAL(writer_counters->messages.load(), 5);
 }
 
 // -- 4. loader (SSD), corrupt file ---------------------------------------------
 
 CAF_TEST(ssd_loader_fails_the_load_on_a_corrupt_layer_and_reports_no_profile) {
-  h->controller = sys.spawn(controller, ctx.get(), h, make_counters("controller"));
-  h->ssd_loader = sys.spawn(loader, ctx.get(), h, Tier::Ssd, make_counters("loader-ssd"));
+  put(&ActorSet::controller, sys.spawn(controller, ctx.get(), h, make_counters("controller")));
+  put_loader(Tier::Ssd, sys.spawn(loader, ctx.get(), h, Tier::Ssd, make_counters("loader-ssd")));
   sched.run();  // the spawned actors start
   const ChunkKey key = key_of(kDocs[1]);
   CAF_REQUIRE(ctx->ssd->put(key, kv_of(kDocs[1])));
@@ -725,16 +813,16 @@ CAF_TEST(ssd_loader_fails_the_load_on_a_corrupt_layer_and_reports_no_profile) {
   plan(r);
   CAF_REQUIRE_EQUAL(r->chunk_tier, (std::vector<Tier>{Tier::Ssd}));  // the header is intact
   CAF_CHECK_EQUAL(r->gate.loaders(), 1);
-  expect((load_atom, RequestPtr), from(h->controller).to(h->ssd_loader).with(_, r));
-  expect((prefill_atom, RequestPtr), from(h->controller).to(h->worker).with(_, r));
+  expect((load_atom, RequestPtr), from(h->controller()).to(h->loader(Tier::Ssd)).with(_, r));
+  expect((prefill_atom, RequestPtr), from(h->controller()).to(h->worker()).with(_, r));
   for (int32_t l = 0; l < 3; ++l)
-    expect((layer_atom, RequestPtr, int32_t), from(h->ssd_loader).to(h->worker).with(_, r, l));
-  const auto [atom, failed, why] = extract<load_fail_atom, RequestPtr, std::string>(h->worker);
+    expect((layer_atom, RequestPtr, int32_t), from(h->loader(Tier::Ssd)).to(h->worker()).with(_, r, l));
+  const auto [atom, failed, why] = extract<load_fail_atom, RequestPtr, std::string>(h->worker());
   CAF_CHECK_EQUAL(mentions(why, key.hex()), key.hex());
   CAF_CHECK_EQUAL(mentions(why, "layer 3"), "layer 3");
-  expect((load_fail_atom, RequestPtr, std::string), from(h->ssd_loader).to(h->worker).with(_, r, why));
-  expect((load_end_atom, RequestPtr), from(h->ssd_loader).to(h->worker).with(_, r));
-  disallow((profile_atom, std::string, int64_t, double), from(_).to(h->controller));
+  expect((load_fail_atom, RequestPtr, std::string), from(h->loader(Tier::Ssd)).to(h->worker()).with(_, r, why));
+  expect((load_end_atom, RequestPtr, uint64_t), from(h->loader(Tier::Ssd)).to(h->worker()).with(_, r, h->loader(Tier::Ssd).id()));
+  disallow((profile_atom, std::string, int64_t, double), from(_).to(h->controller()));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(profile().at("ssd_samples").get<int>(), 0);
   // The corrupt file is gone; nothing was promoted to RAM.
@@ -747,56 +835,82 @@ CAF_TEST(ssd_loader_fails_the_load_on_a_corrupt_layer_and_reports_no_profile) {
 // -- 5. worker: the loaders' gate messages --------------------------------------
 
 CAF_TEST(worker_passes_layer_load_end_and_load_failure_to_the_gate) {
-  h->worker = sys.spawn(layer_worker, ctx.get(), h, make_counters("layer-worker"));
+  put(&ActorSet::worker, sys.spawn(layer_worker, ctx.get(), h, make_counters("layer-worker")));
   sched.run();  // the spawned actors start
   auto r = std::make_shared<RequestState>();
-  r->gate.reset(4, 1);
+  const uint64_t loader_a = 101, loader_b = 102;
+  r->gate.reset(4, {loader_a, loader_b});
+  CAF_CHECK_EQUAL(r->gate.loaders(), 2);
+  CAF_CHECK(r->gate.holds(loader_a) && r->gate.holds(loader_b));
 
-  // Layer 0 is not there: a wait blocks; the worker's (layer, r, 0) releases it.
-  auto wait0 = std::async(std::launch::async, [r] { r->gate.wait(0); });
+  // Layer 0 is there once both loaders delivered it; each wait is bounded.
+  CAF_CHECK(!r->gate.wait_for(0, 10ms));
+  self->send(h->worker(), layer_atom::value, r, int32_t{0});
+  expect((layer_atom, RequestPtr, int32_t), from(self).to(h->worker()).with(_, r, 0));
+  CAF_CHECK(!r->gate.wait_for(0, 10ms));
+  auto wait0 = std::async(std::launch::async, [r] { return r->gate.wait_for(0, 10s); });
   CAF_CHECK(wait_on(wait0, 100ms) == Waited::blocked);
-  self->send(h->worker, layer_atom::value, r, int32_t{0});
-  expect((layer_atom, RequestPtr, int32_t), from(self).to(h->worker).with(_, r, 0));
-  const bool released = wait_on(wait0, 10s) == Waited::ready;
-  CAF_CHECK(released);
-  if (!released) r->gate.fail("test: not released");
-  try {
-    wait0.get();
-  } catch (const std::exception&) {
-  }
-  // Later layers still wait.
-  auto wait1 = std::async(std::launch::async, [r] { r->gate.wait(1); });
-  CAF_CHECK(wait_on(wait1, 100ms) == Waited::blocked);
+  self->send(h->worker(), layer_atom::value, r, int32_t{0});
+  expect((layer_atom, RequestPtr, int32_t), from(self).to(h->worker()).with(_, r, 0));
+  CAF_REQUIRE(wait_on(wait0, 10s) == Waited::ready);
+  CAF_CHECK(wait0.get());
+  CAF_CHECK(!r->gate.wait_for(1, 10ms));  // later layers still wait
 
-  // load end: the loaders are done.
-  auto done = std::async(std::launch::async, [r] { r->gate.wait_loaders_done(); });
+  // load end, per loader and idempotent: the wait for the loaders ends with the last.
+  CAF_CHECK(!r->gate.wait_loaders_done_for(10ms));
+  self->send(h->worker(), load_end_atom::value, r, loader_a);
+  expect((load_end_atom, RequestPtr, uint64_t), from(self).to(h->worker()).with(_, r, loader_a));
+  self->send(h->worker(), load_end_atom::value, r, loader_a);
+  expect((load_end_atom, RequestPtr, uint64_t), from(self).to(h->worker()).with(_, r, loader_a));
+  CAF_CHECK(!r->gate.holds(loader_a));
+  CAF_CHECK(r->gate.holds(loader_b));
+  CAF_CHECK(!r->gate.wait_loaders_done_for(10ms));
+  auto done = std::async(std::launch::async, [r] { return r->gate.wait_loaders_done_for(10s); });
   CAF_CHECK(wait_on(done, 100ms) == Waited::blocked);
-  self->send(h->worker, load_end_atom::value, r);
-  expect((load_end_atom, RequestPtr), from(self).to(h->worker).with(_, r));
-  const bool done_released = wait_on(done, 10s) == Waited::ready;
-  CAF_CHECK(done_released);
+  self->send(h->worker(), load_end_atom::value, r, loader_b);
+  expect((load_end_atom, RequestPtr, uint64_t), from(self).to(h->worker()).with(_, r, loader_b));
+  CAF_REQUIRE(wait_on(done, 10s) == Waited::ready);
+  CAF_CHECK(done.get());
 
-  // load failure: a waiter throws LoadFailed with the loader's reason.
+  // A loader's failure (one stored entry): recoverable, and every wait after it throws,
+  // even for a layer that arrived; loaders see failed() and stop.
+  auto wait1 = std::async(std::launch::async, [r] { return r->gate.wait_for(1, 10s); });
+  CAF_CHECK(wait_on(wait1, 100ms) == Waited::blocked);
   const std::string why = "chunk 0123 layer 1 failed its read or checksum";
-  self->send(h->worker, load_fail_atom::value, r, why);
-  expect((load_fail_atom, RequestPtr, std::string), from(self).to(h->worker).with(_, r, why));
+  CAF_CHECK(!r->gate.failed());
+  self->send(h->worker(), load_fail_atom::value, r, why);
+  expect((load_fail_atom, RequestPtr, std::string), from(self).to(h->worker()).with(_, r, why));
   CAF_REQUIRE(wait_on(wait1, 10s) == Waited::ready);
   std::string thrown;
+  bool recoverable = false;
   try {
     wait1.get();
   } catch (const LayerGate::LoadFailed& e) {
     thrown = e.what();
+    recoverable = e.recoverable;
   }
   CAF_CHECK_EQUAL(thrown, why);
-  // And so does every wait after it, even for a layer that arrived.
+  CAF_CHECK(recoverable);
+  CAF_CHECK(r->gate.failed());
   bool throws = false;
   try {
-    r->gate.wait(0);
+    r->gate.wait_for(0, 10ms);
   } catch (const LayerGate::LoadFailed&) {
     throws = true;
   }
   CAF_CHECK(throws);
-  if (!done_released) r->gate.loader_done();
+  // A failure from anywhere else (a loader that died, a timeout) is not recoverable;
+  // the first failure wins.
+  auto other = std::make_shared<RequestState>();
+  other->gate.reset(2, {loader_a});
+  other->gate.fail("the loader-ram actor failed: boom");
+  other->gate.fail("later", true);
+  try {
+    other->gate.wait_for(0, 10ms);
+  } catch (const LayerGate::LoadFailed& e) {
+    CAF_CHECK_EQUAL(std::string(e.what()), "the loader-ram actor failed: boom");
+    CAF_CHECK(!e.recoverable);
+  }
   // The gate messages need no answer and start nothing.
   CAF_CHECK(!sched.has_job());
   CAF_CHECK(log->empty());
@@ -804,7 +918,7 @@ CAF_TEST(worker_passes_layer_load_end_and_load_failure_to_the_gate) {
 }
 
 CAF_TEST(worker_batches_decode_steps_and_a_request_that_fails_fails_alone) {
-  h->worker = sys.spawn(layer_worker, ctx.get(), h, make_counters("layer-worker"));
+  put(&ActorSet::worker, sys.spawn(layer_worker, ctx.get(), h, make_counters("layer-worker")));
   sched.run();  // the spawned actors start
   const int64_t vocab = cfg().vocab;
   // Two decoding requests: one with room for its next token, one whose cache is full.
@@ -830,10 +944,10 @@ CAF_TEST(worker_batches_decode_steps_and_a_request_that_fails_fails_alone) {
     busy.wait();
   }));
   running.wait();  // off the queue and running: the queue holds only what follows
-  self->send(h->worker, decode_atom::value, healthy, token);
-  expect((decode_atom, RequestPtr, int32_t), from(self).to(h->worker).with(_, healthy, token));
-  self->send(h->worker, decode_atom::value, full, token);
-  expect((decode_atom, RequestPtr, int32_t), from(self).to(h->worker).with(_, full, token));
+  self->send(h->worker(), decode_atom::value, healthy, token);
+  expect((decode_atom, RequestPtr, int32_t), from(self).to(h->worker()).with(_, healthy, token));
+  self->send(h->worker(), decode_atom::value, full, token);
+  expect((decode_atom, RequestPtr, int32_t), from(self).to(h->worker()).with(_, full, token));
   CAF_CHECK_EQUAL(ctx->decode_batcher.pending(), 2u);
   CAF_CHECK_EQUAL(ctx->compute->queued(), 1);  // one drain job for both
   const int64_t done_before = ctx->compute->jobs_done();
@@ -856,8 +970,8 @@ CAF_TEST(worker_batches_decode_steps_and_a_request_that_fails_fails_alone) {
   CAF_CHECK_EQUAL(healthy->decode_steps, 1);
   CAF_CHECK_EQUAL(healthy->decode_batch_sum, 2);
   // Both go back to the decoder (which finishes the failed one with its error).
-  expect((logits_atom, RequestPtr), to(h->decoder).with(_, healthy));
-  expect((logits_atom, RequestPtr), to(h->decoder).with(_, full));
+  expect((logits_atom, RequestPtr), to(h->decoder()).with(_, healthy));
+  expect((logits_atom, RequestPtr), to(h->decoder()).with(_, full));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"decoder:logits", "decoder:logits"}));
 }
@@ -867,16 +981,16 @@ CAF_TEST(worker_batches_decode_steps_and_a_request_that_fails_fails_alone) {
 CAF_TEST(inspector_lists_registered_actors_and_keeps_the_last_traces) {
   const int history = 3;
   const fs::path trace_dir = dir / "traces";
-  h->inspector = sys.spawn(inspector, history, trace_dir.string(), make_counters("inspector"));
+  put(&ActorSet::inspector, sys.spawn(inspector, history, trace_dir.string(), make_counters("inspector")));
   sched.run();  // the spawned actors start
   auto intake_counters = make_counters("intake");
   intake_counters->messages = 5;
-  self->send(h->inspector, register_atom::value, intake_counters);
-  expect((register_atom, CountersPtr), from(self).to(h->inspector).with(_, intake_counters));
-  self->send(h->inspector, register_atom::value, make_counters("fusor"));
-  expect((register_atom, CountersPtr), from(self).to(h->inspector).with(_, _));
+  self->send(h->inspector(), register_atom::value, intake_counters);
+  expect((register_atom, CountersPtr), from(self).to(h->inspector()).with(_, intake_counters));
+  self->send(h->inspector(), register_atom::value, make_counters("fusor"));
+  expect((register_atom, CountersPtr), from(self).to(h->inspector()).with(_, _));
 
-  auto actors = json::parse(ask<std::string>(h->inspector, actors_atom::value));
+  auto actors = json::parse(ask<std::string>(h->inspector(), actors_atom::value));
   CAF_REQUIRE_EQUAL(actors.size(), 3u);
   CAF_CHECK_EQUAL(actors[0].at("actor").get<std::string>(), "inspector");
   CAF_CHECK_EQUAL(actors[1].at("actor").get<std::string>(), "intake");
@@ -886,12 +1000,12 @@ CAF_TEST(inspector_lists_registered_actors_and_keeps_the_last_traces) {
 
   for (int i = 1; i <= history + 2; ++i) {
     const std::string trace = json{{"id", i}}.dump();
-    self->send(h->inspector, trace_atom::value, trace);
-    expect((trace_atom, std::string), from(self).to(h->inspector).with(_, trace));
+    self->send(h->inspector(), trace_atom::value, trace);
+    expect((trace_atom, std::string), from(self).to(h->inspector()).with(_, trace));
   }
   auto ids = [&](int32_t n) {
     std::vector<int> out;
-    const auto j = json::parse(ask<std::string>(h->inspector, get_trace_atom::value, n));
+    const auto j = json::parse(ask<std::string>(h->inspector(), get_trace_atom::value, n));
     CAF_CHECK(j.is_array());
     for (const auto& t : j) out.push_back(t.at("id").get<int>());
     return out;
@@ -906,68 +1020,69 @@ CAF_TEST(inspector_lists_registered_actors_and_keeps_the_last_traces) {
   std::string text((std::istreambuf_iterator<char>(last)), {});
   CAF_CHECK_EQUAL(text, (json{{"id", 5}}.dump() + "\n"));
   // The inspector counts (at least) the traces it handled in its own counters.
-  actors = json::parse(ask<std::string>(h->inspector, actors_atom::value));
+  actors = json::parse(ask<std::string>(h->inspector(), actors_atom::value));
   CAF_CHECK_GREATER_OR_EQUAL(actors[0].at("messages").get<int64_t>(), history + 2);
 }
 
 // -- 7. fusor ------------------------------------------------------------------
 
 CAF_TEST(fusor_stores_computed_chunks_and_hands_prefilled_requests_on) {
-  h->fusor = sys.spawn(fusor, ctx.get(), h, make_counters("fusor"));
+  put(&ActorSet::fusor, sys.spawn(fusor, ctx.get(), h, make_counters("fusor")));
   sched.run();  // the spawned actors start
 
-  // kv ready: into RAM here, to the SSD through the SSD loader.
+  // kv ready: into RAM here, to the SSD through the SSD writer.
   const ChunkKey key = key_of(kDocs[2]);
   const auto kv = kv_of(kDocs[2]);
-  self->send(h->fusor, kv_ready_atom::value, KeyedKv{key, kv});
-  expect((kv_ready_atom, KeyedKv), from(self).to(h->fusor).with(_, _));
+  self->send(h->fusor(), kv_ready_atom::value, KeyedKv{key, kv});
+  expect((kv_ready_atom, KeyedKv), from(self).to(h->fusor()).with(_, _));
   CAF_CHECK(ctx->ram->get(key) == kv);
-  CAF_REQUIRE_EQUAL(ready_jobs(), std::vector<caf::resumable*>{job_of(h->ssd_loader)});
-  const auto [store, forwarded] = extract<store_atom, KeyedKv>(h->ssd_loader);
+  CAF_REQUIRE_EQUAL(ready_jobs(), std::vector<caf::resumable*>{job_of(h->ssd_writer())});
+  const auto [store, forwarded] = extract<store_atom, KeyedKv>(h->ssd_writer());
   CAF_CHECK(forwarded.key == key);
   CAF_CHECK(forwarded.kv == kv);
-  expect((store_atom, KeyedKv), from(h->fusor).to(h->ssd_loader).with(_, _));
-  CAF_CHECK(!ctx->ssd->contains(key));  // written by the SSD loader, not here
-  // flush: delegated to the SSD loader, whose answer comes after its stores.
-  CAF_CHECK_EQUAL(ask<bool>(h->fusor, flush_atom::value), true);
-  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"ssd_loader:store", "ssd_loader:flush"}));
+  CAF_CHECK_EQUAL(ctx->ssd_write_queue.bytes.load(), static_cast<int64_t>(kv->bytes()));  // counted while queued
+  expect((store_atom, KeyedKv), to(h->ssd_writer()).with(_, _));
+  CAF_CHECK(!ctx->ssd->contains(key));  // written by the SSD writer, not here
+  // flush: delegated to the SSD writer, whose answer comes after its stores.
+  CAF_CHECK_EQUAL(ask<bool>(h->fusor(), flush_atom::value), true);
+  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"ssd_writer:store", "ssd_writer:flush"}));
   log->clear();
 
   // prefilled, write-back on, no error: start the decoder, then warm the missed chunks.
   CAF_REQUIRE(ctx->config.write_back);
   auto ok = intake_output({kDocs[0]});
-  self->send(h->fusor, prefilled_atom::value, ok);
-  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor).with(_, ok));
-  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->decoder), job_of(h->worker)}));
-  expect((start_atom, RequestPtr), from(h->fusor).to(h->decoder).with(_, ok));
-  expect((warm_atom, RequestPtr), from(h->fusor).to(h->worker).with(_, ok));
+  self->send(h->fusor(), prefilled_atom::value, ok);
+  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor()).with(_, ok));
+  CAF_CHECK_EQUAL(ready_jobs(), (std::vector<caf::resumable*>{job_of(h->decoder()), job_of(h->worker())}));
+  expect((start_atom, RequestPtr), from(h->fusor()).to(h->decoder()).with(_, ok));
+  expect((warm_atom, RequestPtr), from(h->fusor()).to(h->worker()).with(_, ok));
   CAF_CHECK(!sched.has_job());
 
   // A failed prefill: only the start (the decoder reports the error).
   auto failed = intake_output({kDocs[0]});
   failed->prefill_error = "boom";
-  self->send(h->fusor, prefilled_atom::value, failed);
-  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor).with(_, failed));
-  disallow((warm_atom, RequestPtr), from(_).to(h->worker));
-  expect((start_atom, RequestPtr), from(h->fusor).to(h->decoder).with(_, failed));
+  self->send(h->fusor(), prefilled_atom::value, failed);
+  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor()).with(_, failed));
+  disallow((warm_atom, RequestPtr), from(_).to(h->worker()));
+  expect((start_atom, RequestPtr), from(h->fusor()).to(h->decoder()).with(_, failed));
   CAF_CHECK(!sched.has_job());
 
   // A cancelled request is not warmed either.
   auto cancelled = intake_output({kDocs[0]});
   cancelled->cancelled = true;
-  self->send(h->fusor, prefilled_atom::value, cancelled);
-  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor).with(_, cancelled));
-  disallow((warm_atom, RequestPtr), from(_).to(h->worker));
-  expect((start_atom, RequestPtr), from(h->fusor).to(h->decoder).with(_, cancelled));
+  self->send(h->fusor(), prefilled_atom::value, cancelled);
+  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor()).with(_, cancelled));
+  disallow((warm_atom, RequestPtr), from(_).to(h->worker()));
+  expect((start_atom, RequestPtr), from(h->fusor()).to(h->decoder()).with(_, cancelled));
   CAF_CHECK(!sched.has_job());
 
   // Write-back off: only the start.
   ctx->config.write_back = false;
   auto no_wb = intake_output({kDocs[0]});
-  self->send(h->fusor, prefilled_atom::value, no_wb);
-  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor).with(_, no_wb));
-  disallow((warm_atom, RequestPtr), from(_).to(h->worker));
-  expect((start_atom, RequestPtr), from(h->fusor).to(h->decoder).with(_, no_wb));
+  self->send(h->fusor(), prefilled_atom::value, no_wb);
+  expect((prefilled_atom, RequestPtr), from(self).to(h->fusor()).with(_, no_wb));
+  disallow((warm_atom, RequestPtr), from(_).to(h->worker()));
+  expect((start_atom, RequestPtr), from(h->fusor()).to(h->decoder()).with(_, no_wb));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"decoder:start", "worker:warm", "decoder:start", "decoder:start",
                                                   "decoder:start"}));
@@ -976,7 +1091,7 @@ CAF_TEST(fusor_stores_computed_chunks_and_hands_prefilled_requests_on) {
 // -- 8. decoder ------------------------------------------------------------------
 
 CAF_TEST(decoder_frees_the_slot_of_a_running_request_and_finishes_a_queued_one_as_cancelled) {
-  h->decoder = sys.spawn(decoder, ctx.get(), h, make_counters("decoder"));
+  put(&ActorSet::decoder, sys.spawn(decoder, ctx.get(), h, make_counters("decoder")));
   sched.run();  // the spawned actors start
   auto results = std::make_shared<std::vector<RequestResult>>();
   const int64_t vocab = cfg().vocab;
@@ -989,10 +1104,10 @@ CAF_TEST(decoder_frees_the_slot_of_a_running_request_and_finishes_a_queued_one_a
   running->prefill.logits.assign(static_cast<size_t>(vocab), 0.0f);
   running->prefill.logits[static_cast<size_t>(ctx->model->tokenizer().eos_id())] = 1.0f;
   running->callbacks.on_done = [results](const RequestResult& r) { results->push_back(r); };
-  self->send(h->decoder, start_atom::value, running);
-  expect((start_atom, RequestPtr), from(self).to(h->decoder).with(_, running));
-  expect((trace_atom, std::string), from(h->decoder).to(h->inspector).with(_, _));
-  expect((release_atom), from(h->decoder).to(h->intake));
+  self->send(h->decoder(), start_atom::value, running);
+  expect((start_atom, RequestPtr), from(self).to(h->decoder()).with(_, running));
+  expect((trace_atom, std::string), from(h->decoder()).to(h->inspector()).with(_, _));
+  expect((release_atom), from(h->decoder()).to(h->intake()));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
   CAF_REQUIRE_EQUAL(results->size(), 1u);
@@ -1002,9 +1117,9 @@ CAF_TEST(decoder_frees_the_slot_of_a_running_request_and_finishes_a_queued_one_a
   auto queued = intake_output({kDocs[1]});
   queued->cancelled = true;
   queued->callbacks.on_done = [results](const RequestResult& r) { results->push_back(r); };
-  self->send(h->decoder, start_atom::value, queued);
-  expect((start_atom, RequestPtr), from(self).to(h->decoder).with(_, queued));
-  expect((trace_atom, std::string), from(h->decoder).to(h->inspector).with(_, _));
+  self->send(h->decoder(), start_atom::value, queued);
+  expect((start_atom, RequestPtr), from(self).to(h->decoder()).with(_, queued));
+  expect((trace_atom, std::string), from(h->decoder()).to(h->inspector()).with(_, _));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
   CAF_REQUIRE_EQUAL(results->size(), 2u);

@@ -360,7 +360,10 @@ TEST(Runtime, ControllerRaisesTheRatioWhenLoadingIsTheBottleneck) {
     wait_stored(rt, req0);
   }
   auto cfg = config_in(dir.path(), /*ram=*/false);
-  cfg.ssd.throttle_bytes_per_s = 20e6;  // a slow disk: ~45 MB of chunk KV takes ~2 s
+  // A slow disk: ~45 MB of chunk KV takes ~4 s, well above the recompute at the
+  // floor even on a busy machine (at 20 MB/s a loaded AVX2-capped run raised the
+  // ratio by only 0.09).
+  cfg.ssd.throttle_bytes_per_s = 12e6;
   cfg.write_back = false;
   Runtime rt(cfg);
   RuntimeRequest req = req0;
@@ -372,7 +375,7 @@ TEST(Runtime, ControllerRaisesTheRatioWhenLoadingIsTheBottleneck) {
   EXPECT_GT(second.ratio, cfg.blend.ratio + 0.1f);
   const auto t = json::parse(rt.traces_json(1))[0];
   EXPECT_THAT(t.at("controller").at("reason").get<std::string>(), HasSubstr("load-bound"));
-  EXPECT_NEAR(t.at("controller").at("inputs").at("ssd_bytes_per_s").get<double>(), 20e6, 8e6);
+  EXPECT_NEAR(t.at("controller").at("inputs").at("ssd_bytes_per_s").get<double>(), 12e6, 5e6);
   // A requested ratio is never overridden.
   req.ratio = 0.15f;
   const auto fixed = rt.run(req);

@@ -79,6 +79,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.decode_interleave, b.decode_interleave);
   EXPECT_EQ(a.max_prompt_tokens, b.max_prompt_tokens);
   EXPECT_EQ(a.trace_history, b.trace_history);
+  EXPECT_EQ(a.load_timeout, b.load_timeout);
   EXPECT_EQ(a.host, b.host);
   EXPECT_EQ(a.port, b.port);
   EXPECT_EQ(a.api_keys, b.api_keys);
@@ -132,6 +133,7 @@ TEST(RuntimeConfigDefault, ValuesAreTheDocumentedOnes) {
   EXPECT_EQ(c.ssd.budget_bytes, 8LL << 30);
   EXPECT_TRUE(c.ssd.direct_io);
   EXPECT_EQ(c.ssd.throttle_bytes_per_s, 0.0);
+  EXPECT_EQ(c.ssd.write_queue_bytes, 256LL << 20);
   EXPECT_EQ(c.blend.mode, BlendMode::Blend);
   EXPECT_FLOAT_EQ(c.blend.ratio, 0.10f);
   EXPECT_TRUE(c.adaptive_ratio);
@@ -146,6 +148,7 @@ TEST(RuntimeConfigDefault, ValuesAreTheDocumentedOnes) {
   EXPECT_DOUBLE_EQ(c.decode_interleave, 0.05);
   EXPECT_EQ(c.max_prompt_tokens, 0);
   EXPECT_EQ(c.trace_history, 64);
+  EXPECT_DOUBLE_EQ(c.load_timeout, 60.0);
   EXPECT_EQ(c.host, "127.0.0.1");
   EXPECT_EQ(c.port, 8000);
 }
@@ -187,6 +190,7 @@ tiers:
     budget: 1.5GiB
     direct_io: false
     throttle: 100MB
+    write_queue: 64MiB
 blend:
   mode: reuse
   ratio: 0.2
@@ -201,7 +205,7 @@ blend:
   chunk_prelude: "<|im_start|>system\n"
   write_back: no
 limits: {max_requests: 2, max_queue: 0, max_decode_batch: 4, decode_interleave: 0.2, max_prompt_tokens: 4096,
-         trace_history: 0}
+         trace_history: 0, load_timeout: 5.5}
 server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_body: 64KiB, threads: 5,
          model_name: my-model}
 )");
@@ -217,6 +221,7 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.ssd.budget_bytes, 1610612736LL);
   EXPECT_FALSE(c.ssd.direct_io);
   EXPECT_EQ(c.ssd.throttle_bytes_per_s, 1e8);
+  EXPECT_EQ(c.ssd.write_queue_bytes, 64LL << 20);
   EXPECT_EQ(c.blend.mode, BlendMode::Reuse);
   EXPECT_FLOAT_EQ(c.blend.ratio, 0.2f);
   EXPECT_FALSE(c.adaptive_ratio);
@@ -235,6 +240,7 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_DOUBLE_EQ(c.decode_interleave, 0.2);
   EXPECT_EQ(c.max_prompt_tokens, 4096);
   EXPECT_EQ(c.trace_history, 0);
+  EXPECT_DOUBLE_EQ(c.load_timeout, 5.5);
   EXPECT_EQ(c.host, "0.0.0.0");
   EXPECT_EQ(c.port, 9001);
   EXPECT_EQ(c.api_keys, (std::vector<std::string>{"sk-test-0001", "sk-test-0002"}));
@@ -337,6 +343,9 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
   EXPECT_THAT(error_of("tiers: {ram: {enabled: maybe}}"), HasSubstr("tiers.ram.enabled: expected true or false, got 'maybe'"));
   EXPECT_THAT(error_of("tiers: {ram: {budget: [1]}}"), HasSubstr("tiers.ram.budget: expected a byte size"));
   EXPECT_THAT(error_of("tiers: {ssd: {throttle: {a: 1}}}"), HasSubstr("tiers.ssd.throttle: expected a bandwidth"));
+  EXPECT_THAT(error_of("tiers: {ssd: {write_queue: 0}}"), HasSubstr("tiers.ssd.write_queue: a write queue of 0 bytes"));
+  EXPECT_THAT(error_of("tiers: {ram: {write_queue: 1MiB}}"), HasSubstr("tiers.ram.write_queue"));
+  EXPECT_THAT(error_of("limits: {load_timeout: 0}"), HasSubstr("limits.load_timeout: must be a number of seconds > 0"));
   EXPECT_THAT(error_of("limits: {max_requests: }"), HasSubstr("limits.max_requests: expected an integer, got nothing"));
   // A section that is not a map.
   EXPECT_THAT(error_of("model: 3"), HasSubstr("model: expected a map with keys (path, precision), got '3'"));

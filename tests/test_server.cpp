@@ -633,6 +633,11 @@ TEST_F(ServerTest, MetricsCountWhatHappened) {
   EXPECT_THAT(m1->body, HasSubstr("blendserve_http_responses_total{route=\"/v1/chat/completions\",status=\"200\"}"));
   EXPECT_THAT(m1->body, HasSubstr("blendserve_requests_in_flight "));
   EXPECT_THAT(m1->body, HasSubstr("blendserve_store_bytes{tier=\"ram\"}"));
+  // The SSD writer's bounded queue and the supervisor's restarts (none here).
+  EXPECT_EQ(metric(m1->body, "blendserve_store_writes_dropped{tier=\"ssd\"}"), 0);
+  EXPECT_EQ(metric(m1->body, "blendserve_store_write_queue_limit{tier=\"ssd\"}"),
+            config_->ssd.write_queue_bytes);
+  EXPECT_EQ(metric(m1->body, "blendserve_actor_restarts"), 0);
 }
 
 TEST_F(ServerTest, ApiKeysAreRequiredWhenConfigured) {

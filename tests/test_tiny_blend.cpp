@@ -89,6 +89,19 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
     const auto reuse = engine.prefill(prompt, o, 4);
     ASSERT_EQ(reuse.stats.chunks_hit, 3);
     ASSERT_EQ(reuse.stats.cached_tokens, H);
+    // The rows the controller plans for (planned_rows_per_layer) are the rows the engine
+    // computes (BlendStats::row_layers): full computes every row in every layer, reuse
+    // the rows without stored KV (the prefix is stored: only the missed chunk and the suffix).
+    const int64_t N = prompt.size(), P = static_cast<int64_t>(prompt.prefix.size());
+    auto planned = [&](const BlendOptions& b, int64_t other, int64_t cached) {
+      double sum = 0;
+      for (double x : planned_rows_per_layer(b, kTinyLayers, other, cached)) sum += x;
+      return sum;
+    };
+    EXPECT_EQ(full.stats.row_layers, N * kTinyLayers);
+    EXPECT_EQ(planned(o, N - H - P, H), static_cast<double>(reuse.stats.row_layers));
+    o.mode = BlendMode::Full;
+    EXPECT_EQ(planned(o, N, 0), static_cast<double>(full.stats.row_layers));
 
     const std::vector<std::vector<int>> checks = {{1}, {2}, {1, 2, 3}, {1, 2, 3, 4, 5}};
     for (Filtering filtering : {Filtering::SinglePass, Filtering::TwoPass})
@@ -110,6 +123,11 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
                 b.ratio = ratio;
                 const auto r = engine.prefill(prompt, b, 4);
                 ASSERT_TRUE(all_finite(r.logits));
+                if (quota == Quota::Global && sinks == 0) {
+                  // Each check rounds its kept count and keeps at least min_tokens: at
+                  // most a row or two per layer apart from the plan.
+                  EXPECT_NEAR(static_cast<double>(r.stats.row_layers), planned(b, N - H - P, H), 2.0 * kTinyLayers);
+                }
                 const auto& pos = r.recomputed_positions;
                 ASSERT_EQ(static_cast<int64_t>(pos.size()), r.stats.recomputed_tokens);
                 ASSERT_TRUE(std::is_sorted(pos.begin(), pos.end()));

@@ -33,7 +33,7 @@ double median(std::vector<double> v) {
 }
 
 struct Samples {
-  std::vector<double> ttft, hidden, load_span, wait, ratio;
+  std::vector<double> ttft, hidden, load_span, wait, ratio, predicted;
 };
 
 }  // namespace
@@ -114,6 +114,8 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
         runtime_blend.ttft.push_back(res.ttft_seconds);
         runtime_blend.ratio.push_back(res.ratio);
         runtime_blend.wait.push_back(trace.at("wait_s").get<double>());
+        // The controller's prediction for this request, against what it measured.
+        runtime_blend.predicted.push_back(trace.at("controller").at("est_ttft_s").get<double>());
         if (trace.contains("load_hidden_fraction")) {
           runtime_blend.hidden.push_back(trace.at("load_hidden_fraction").get<double>());
           runtime_blend.load_span.push_back(trace.at("load_span_s").get<double>());
@@ -142,6 +144,13 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
                 {"samples", s.ttft.size()},
                 {"ttft_s", median(s.ttft)}};
       if (!s.ratio.empty()) j["ratio"] = median(s.ratio);
+      if (!s.predicted.empty()) {
+        // Median over the samples of predicted / measured TTFT (1 = exact).
+        std::vector<double> q;
+        for (size_t i = 0; i < s.predicted.size(); ++i) q.push_back(s.predicted[i] / s.ttft[i]);
+        j["predicted_ttft_s"] = median(s.predicted);
+        j["predicted_vs_measured"] = median(q);
+      }
       if (!s.hidden.empty()) {
         j["load_span_s"] = median(s.load_span);
         j["wait_s"] = median(s.wait);
@@ -164,6 +173,7 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
       load_by_tier[tier] = median(runtime_blend.load_span);
     }
     summary[tier + "_ratio"] = median(runtime_blend.ratio);
+    summary[tier + "_predicted_ttft_s"] = median(runtime_blend.predicted);
     blend_ttft_by_tier[tier] = rb;
   }
   if (blend_ttft_by_tier.count("ram") && blend_ttft_by_tier.count("ssd")) {
