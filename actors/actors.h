@@ -24,7 +24,8 @@ struct IntakeState {
   static constexpr const char* name = "intake";
 };
 // Validates, tokenizes and keys a request; answers its id or a runtime error.
-// Starts it, queues it (limits.max_queue) or refuses it as overloaded.
+// Starts it, queues it (limits.max_queue) or refuses it as overloaded. Spawned
+// detached: tokenizing a long prompt takes milliseconds.
 intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx,
                                    HandlesRef h, CountersPtr c);
 // The loading controller's measured profiles.
@@ -43,7 +44,7 @@ struct ControllerState {
 };
 
 // Looks chunks up in the tiers, picks the ratio from measured profiles, starts
-// the loaders and the worker.
+// the loaders and the worker. Spawned detached: an SSD lookup opens and reads a file.
 controller_actor::behavior_type controller(controller_actor::stateful_pointer<ControllerState> self,
                                            RuntimeContext* ctx, HandlesRef h, CountersPtr c);
 // Streams one tier's KV into requests' caches layer by layer; stops at a cancel or a
@@ -59,7 +60,8 @@ bool enqueue_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk);
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
 // Hands the fused cache to decode; stores computed chunks back to the tiers.
 fusor_actor::behavior_type fusor(fusor_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
-// Sampling, stop conditions, streaming text out, one step per message.
+// Sampling, stop conditions, streaming text out, one step per message. Spawned
+// detached: sampling sorts the vocabulary and the caller's callbacks may block.
 decoder_actor::behavior_type decoder(decoder_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
 struct InspectorState {
   std::vector<CountersPtr> actors;
@@ -83,7 +85,8 @@ supervisor_actor::behavior_type supervisor(supervisor_actor::stateful_pointer<Su
 // that names it and says what was thrown (the supervisor logs and reports it).
 std::function<caf::error(caf::scheduled_actor*, std::exception_ptr&)> exit_on_exception(std::string actor);
 
-// Registered actors' counters and the last requests' traces.
+// Registered actors' counters and the last requests' traces. Spawned detached: it
+// writes the last trace to a file.
 inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<InspectorState> self, int history,
                                          std::string trace_dir, CountersPtr c);
 

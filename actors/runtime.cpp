@@ -47,11 +47,12 @@ void fit_check_layers_to_model(BlendOptions& blend, int n_layers) {
                BlendOptions{}.check_layers.back(), fit.back(), n_layers);
 }
 
-// CAF's scheduler threads are meant only to pass messages: few of them, sleeping
-// soon when idle, so they never compete with the compute thread for the cores.
-// Not all of it is there yet (issue 17): the controller's SSD lookups (open, header
-// read), the intake's tokenizing, the decoder's sampling and callbacks and the
-// inspector's trace file still run on them; loads and writes do not (detached).
+// CAF's scheduler threads only pass messages: few of them, sleeping soon when
+// idle, so they never compete with the compute thread for the cores. Every actor
+// whose handlers may block runs detached, on a thread of its own: the intake
+// (tokenizing), the controller (SSD lookups: open, header read), the loaders and
+// the SSD writer (I/O), the decoder (sampling, the caller's callbacks) and the
+// inspector (the trace file). The worker, fusor and supervisor only pass messages.
 struct RuntimeSystemConfig : caf::actor_system_config {
   RuntimeSystemConfig() {
     set("scheduler.max-threads", size_t{2});
@@ -113,7 +114,8 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
   if (fresh) c = make_counters(name);
   caf::actor spawned;
   if (name == "inspector") {
-    auto x = sys.spawn(inspector, ctx->config.trace_history, resolve_data_dir(ctx->config) + "/traces", c);
+    auto x = sys.spawn<caf::detached>(inspector, ctx->config.trace_history,
+                                      resolve_data_dir(ctx->config) + "/traces", c);
     h->update([&](ActorSet& s) { s.inspector = x; });
     // A new inspector knows no actor yet: every counter registers again (the
     // supervisor's too, which is spawned after the first inspector).
@@ -123,11 +125,11 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
   }
   if (fresh) caf::anon_send(h->inspector(), register_atom::value, c);
   if (name == "intake") {
-    auto x = sys.spawn(intake, ctx, h, c);
+    auto x = sys.spawn<caf::detached>(intake, ctx, h, c);
     h->update([&](ActorSet& s) { s.intake = x; });
     spawned = caf::actor_cast<caf::actor>(x);
   } else if (name == "controller") {
-    auto x = sys.spawn(controller, ctx, h, c);
+    auto x = sys.spawn<caf::detached>(controller, ctx, h, c);
     h->update([&](ActorSet& s) { s.controller = x; });
     spawned = caf::actor_cast<caf::actor>(x);
   } else if (name == "loader-ram" || name == "loader-ssd") {
@@ -148,7 +150,7 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
     h->update([&](ActorSet& s) { s.fusor = x; });
     spawned = caf::actor_cast<caf::actor>(x);
   } else if (name == "decoder") {
-    auto x = sys.spawn(decoder, ctx, h, c);
+    auto x = sys.spawn<caf::detached>(decoder, ctx, h, c);
     h->update([&](ActorSet& s) { s.decoder = x; });
     spawned = caf::actor_cast<caf::actor>(x);
   } else {

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/runtime.h"
+#include "actors/runtime_context.h"
 #include "http/connection_socket.h"
 #include "http/server.h"
 #include "model_fixture.h"
@@ -638,6 +640,39 @@ TEST_F(ServerTest, MetricsCountWhatHappened) {
   EXPECT_EQ(metric(m1->body, "blendserve_store_write_queue_limit{tier=\"ssd\"}"),
             config_->ssd.write_queue_bytes);
   EXPECT_EQ(metric(m1->body, "blendserve_actor_restarts"), 0);
+}
+
+// A loader that dies mid-load (the runtime's test hook throws in it): its request
+// gets a 500 with the OpenAI error body naming what failed, the supervisor starts a
+// new loader, and the same request then succeeds. (After MetricsCountWhatHappened,
+// which expects no restart when the suite runs in one process.)
+TEST_F(ServerTest, ALoaderThatDiesFailsItsRequestWith500AndTheNextSucceeds) {
+  auto c = served_->client();
+  auto stored = post(c, "/v1/documents", json{{"text", kDocs[1]}}.dump());
+  ASSERT_TRUE(stored);
+  ASSERT_EQ(stored->status, 200) << stored->body;
+  auto& ctx = runtime_->context();
+  std::atomic<bool> armed{true};
+  ctx.loader_fault = [&armed](Tier, int layer) {
+    if (layer == 2 && armed.exchange(false)) throw std::runtime_error("test hook: the disk went away");
+  };
+  const std::string body = chat_body("What does the document say?", {kDocs[1]}, 4).dump();
+  auto failed = post(c, "/v1/chat/completions", body);
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(failed->status, 500) << failed->body;
+  const json e = json::parse(failed->body);
+  EXPECT_EQ(e["error"]["type"], "server_error");
+  EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("loader-"));
+  EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("test hook: the disk went away"));
+  EXPECT_FALSE(armed.load());
+  auto ok = post(c, "/v1/chat/completions", body);
+  ctx.loader_fault = nullptr;
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_EQ(json::parse(ok->body)["usage"]["blendserve"]["chunks_missed"], 0);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_GE(metric(m->body, "blendserve_actor_restarts"), 1);
 }
 
 TEST_F(ServerTest, ApiKeysAreRequiredWhenConfigured) {
