@@ -8,7 +8,8 @@
 
 namespace bs {
 
-ComputeThread::ComputeThread(int threads) : thread_([this, threads] { loop(threads); }) {}
+ComputeThread::ComputeThread(int threads, std::chrono::steady_clock::duration background_max_wait)
+    : background_max_wait_(background_max_wait), thread_([this, threads] { loop(threads); }) {}
 
 ComputeThread::~ComputeThread() { stop(false); }
 
@@ -16,7 +17,8 @@ bool ComputeThread::submit(std::function<void()> job, Priority p) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return false;
-    (p == Priority::Urgent ? urgent_ : background_).push_back(std::move(job));
+    if (p == Priority::Urgent) urgent_.push_back(std::move(job));
+    else background_.push_back({std::move(job), std::chrono::steady_clock::now()});
   }
   cv_.notify_one();
   return true;
@@ -57,11 +59,13 @@ void ComputeThread::loop(int threads) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !urgent_.empty() || !background_.empty(); });
-      if (!urgent_.empty()) {
+      const bool overdue = !background_.empty() &&
+                           std::chrono::steady_clock::now() - background_.front().queued >= background_max_wait_;
+      if (!urgent_.empty() && !overdue) {
         job = std::move(urgent_.front());
         urgent_.pop_front();
       } else if (!background_.empty()) {
-        job = std::move(background_.front());
+        job = std::move(background_.front().job);
         background_.pop_front();
       } else {
         return;  // stopping and nothing urgent left

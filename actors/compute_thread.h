@@ -3,10 +3,13 @@
 // threads: libgomp's worker threads busy-wait between parallel regions, and on a
 // 2-core machine anything else computing at the same time collapses both. Jobs
 // are plain closures; results go back to actors by message from inside the job.
-// Two priorities: latency-critical work (prefill, decode) always runs before
-// background work (write-back), one job at a time.
+// Two priorities: latency-critical work (prefill, decode) runs before background
+// work (write-back), one job at a time — except that a background job that has
+// waited `background_max_wait` runs next even when urgent work is queued, so steady
+// urgent work (many streams decoding) cannot starve the write-back for ever.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -20,7 +23,8 @@ class ComputeThread {
  public:
   enum class Priority { Urgent, Background };
   // threads: OpenMP threads for the jobs (0 = all cores).
-  explicit ComputeThread(int threads);
+  explicit ComputeThread(int threads,
+                         std::chrono::steady_clock::duration background_max_wait = std::chrono::seconds(2));
   ~ComputeThread();  // stop(false)
   ComputeThread(const ComputeThread&) = delete;
   ComputeThread& operator=(const ComputeThread&) = delete;
@@ -39,7 +43,13 @@ class ComputeThread {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> urgent_, background_;
+  struct Background {
+    std::function<void()> job;
+    std::chrono::steady_clock::time_point queued;
+  };
+  std::deque<std::function<void()>> urgent_;
+  std::deque<Background> background_;
+  std::chrono::steady_clock::duration background_max_wait_;
   bool stopping_ = false;
   int64_t done_ = 0;
   double busy_ = 0;

@@ -1,0 +1,103 @@
+// The compute thread's two queues: urgent jobs (prefill, decode) run before
+// background jobs (write-back), but a background job that has waited its bound runs
+// even while urgent work keeps coming, so many decoding streams cannot starve the
+// write-back for ever; stop() finishes urgent work and runs or drops the background.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/compute_thread.h"
+
+namespace bs {
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+TEST(ComputeThread, UrgentJobsRunBeforeBackgroundJobs) {
+  ComputeThread ct(1);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto log = [&](std::string s) {
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(std::move(s));
+  };
+  std::promise<void> started;
+  ASSERT_TRUE(ct.submit([&] {
+    started.set_value();
+    released.wait_for(30s);
+  }));
+  started.get_future().wait();  // the blocker runs: everything below queues behind it
+  ASSERT_TRUE(ct.submit([&] { log("background"); }, ComputeThread::Priority::Background));
+  ASSERT_TRUE(ct.submit([&] { log("urgent 1"); }));
+  ASSERT_TRUE(ct.submit([&] { log("urgent 2"); }));
+  EXPECT_EQ(ct.queued(), 3);
+  release.set_value();
+  ct.stop(/*finish_background=*/true);
+  EXPECT_EQ(order, (std::vector<std::string>{"urgent 1", "urgent 2", "background"}));
+  EXPECT_EQ(ct.jobs_done(), 4);
+  EXPECT_FALSE(ct.submit([] {}));  // stopped
+}
+
+TEST(ComputeThread, SteadyUrgentWorkDoesNotStarveABackgroundJob) {
+  const auto max_wait = 200ms;
+  ComputeThread ct(1, max_wait);
+  // Urgent work that never lets the urgent queue run dry for 3 s: five steps in the
+  // queue, each queueing the next before it ends (as decode steps of many streams do).
+  const auto until = clock_type::now() + 3s;
+  std::atomic<int64_t> urgent_done{0};
+  std::function<void()> step = [&] {
+    if (clock_type::now() < until) ct.submit(step);
+    std::this_thread::sleep_for(1ms);
+    urgent_done.fetch_add(1);
+  };
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(ct.submit(step));
+  std::this_thread::sleep_for(20ms);  // the urgent queue is full now
+  const auto queued_at = clock_type::now();
+  std::promise<clock_type::time_point> ran;
+  ASSERT_TRUE(ct.submit([&] { ran.set_value(clock_type::now()); }, ComputeThread::Priority::Background));
+  auto when = ran.get_future();
+  ASSERT_EQ(when.wait_for(10s), std::future_status::ready) << "the background job was starved";
+  const double waited = std::chrono::duration<double>(when.get() - queued_at).count();
+  EXPECT_GE(waited, 0.19);  // not before its bound: urgent work goes first
+  EXPECT_LT(waited, 1.0);   // but soon after it (one urgent job of ~1 ms in between)
+  EXPECT_GT(ct.queued(), 0);  // urgent work was still waiting when it ran
+  ct.stop(false);
+  EXPECT_GT(urgent_done.load(), 50);
+}
+
+TEST(ComputeThread, StopDropsQueuedBackgroundJobsUnlessAskedToFinishThem) {
+  for (bool finish : {false, true}) {
+    ComputeThread ct(1);
+    std::promise<void> release, started;
+    std::shared_future<void> released = release.get_future().share();
+    std::atomic<int> background_ran{0}, urgent_ran{0};
+    ASSERT_TRUE(ct.submit([&] {
+      started.set_value();
+      released.wait_for(30s);
+    }));
+    started.get_future().wait();
+    ASSERT_TRUE(ct.submit([&] { background_ran.fetch_add(1); }, ComputeThread::Priority::Background));
+    ASSERT_TRUE(ct.submit([&] { urgent_ran.fetch_add(1); }));
+    std::thread stopper([&] { ct.stop(finish); });
+    // Once submit() is refused, stop() has begun (what it queued meanwhile is no-ops).
+    const auto deadline = clock_type::now() + 10s;
+    while (ct.submit([] {}) && clock_type::now() < deadline) std::this_thread::sleep_for(1ms);
+    release.set_value();
+    stopper.join();
+    EXPECT_EQ(urgent_ran.load(), 1);  // urgent work queued before stop() always runs
+    EXPECT_EQ(background_ran.load(), finish ? 1 : 0);
+  }
+}
+
+}  // namespace
+}  // namespace bs
