@@ -112,7 +112,6 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
   CountersPtr& c = counters[name];
   const bool fresh = !c;
   if (fresh) c = make_counters(name);
-  caf::actor spawned;
   if (name == "inspector") {
     auto x = sys.spawn<caf::detached>(inspector, ctx->config.trace_history,
                                       resolve_data_dir(ctx->config) + "/traces", c);
@@ -124,39 +123,24 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
     return caf::actor_cast<caf::actor>(x);
   }
   if (fresh) caf::anon_send(h->inspector(), register_atom::value, c);
-  if (name == "intake") {
-    auto x = sys.spawn<caf::detached>(intake, ctx, h, c);
-    h->update([&](ActorSet& s) { s.intake = x; });
-    spawned = caf::actor_cast<caf::actor>(x);
-  } else if (name == "controller") {
-    auto x = sys.spawn<caf::detached>(controller, ctx, h, c);
-    h->update([&](ActorSet& s) { s.controller = x; });
-    spawned = caf::actor_cast<caf::actor>(x);
-  } else if (name == "loader-ram" || name == "loader-ssd") {
+  // Puts the new actor in its place in the handles.
+  auto put = [&](auto ActorSet::*field, auto x) {
+    h->update([&](ActorSet& s) { s.*field = x; });
+    return caf::actor_cast<caf::actor>(x);
+  };
+  if (name == "intake") return put(&ActorSet::intake, sys.spawn<caf::detached>(intake, ctx, h, c));
+  if (name == "controller") return put(&ActorSet::controller, sys.spawn<caf::detached>(controller, ctx, h, c));
+  if (name == "ssd-writer") return put(&ActorSet::ssd_writer, sys.spawn<caf::detached>(writer, ctx, c));
+  if (name == "layer-worker") return put(&ActorSet::worker, sys.spawn(layer_worker, ctx, h, c));
+  if (name == "fusor") return put(&ActorSet::fusor, sys.spawn(fusor, ctx, h, c));
+  if (name == "decoder") return put(&ActorSet::decoder, sys.spawn<caf::detached>(decoder, ctx, h, c));
+  if (name == "loader-ram" || name == "loader-ssd") {
     const Tier tier = name == "loader-ram" ? Tier::Ram : Tier::Ssd;
     auto x = sys.spawn<caf::detached>(loader, ctx, h, tier, c);
     h->update([&](ActorSet& s) { s.loaders[static_cast<size_t>(tier)] = x; });
-    spawned = caf::actor_cast<caf::actor>(x);
-  } else if (name == "ssd-writer") {
-    auto x = sys.spawn<caf::detached>(writer, ctx, c);
-    h->update([&](ActorSet& s) { s.ssd_writer = x; });
-    spawned = caf::actor_cast<caf::actor>(x);
-  } else if (name == "layer-worker") {
-    auto x = sys.spawn(layer_worker, ctx, h, c);
-    h->update([&](ActorSet& s) { s.worker = x; });
-    spawned = caf::actor_cast<caf::actor>(x);
-  } else if (name == "fusor") {
-    auto x = sys.spawn(fusor, ctx, h, c);
-    h->update([&](ActorSet& s) { s.fusor = x; });
-    spawned = caf::actor_cast<caf::actor>(x);
-  } else if (name == "decoder") {
-    auto x = sys.spawn<caf::detached>(decoder, ctx, h, c);
-    h->update([&](ActorSet& s) { s.decoder = x; });
-    spawned = caf::actor_cast<caf::actor>(x);
-  } else {
-    throw std::logic_error("no actor is called " + name);
+    return caf::actor_cast<caf::actor>(x);
   }
-  return spawned;
+  throw std::logic_error("no actor is called " + name);
 }
 
 std::vector<RequestPtr> Runtime::Actors::live_requests() {

@@ -24,6 +24,7 @@
 
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
+#include "counting_request.h"
 #include "model_fixture.h"
 #include "temp_dir.h"
 
@@ -62,14 +63,6 @@ RuntimeRequest rag_request(std::vector<std::string> docs, int max_tokens = 4) {
   return r;
 }
 
-// A raw prompt the model continues by counting on: a stream that keeps decoding.
-RuntimeRequest counting(int max_tokens) {
-  RuntimeRequest r;
-  r.raw = true;
-  for (int i = 1; i < 13; ++i) r.raw_prompt += std::to_string(i) + ", ";
-  r.sampling.max_tokens = max_tokens;
-  return r;
-}
 
 // SSD only (every stored chunk is read from disk), no write-back (unless a test
 // turns it on), everything under `dir`.
@@ -129,7 +122,7 @@ TEST(BlendLoaders, ACancelDuringASlowSsdLoadStopsTheLoaderAndTheStreamsKeepStepp
     token_times.push_back(clock_type::now());
     return true;
   };
-  const uint64_t stream_id = rt.submit(counting(2000), std::move(scb));
+  const uint64_t stream_id = rt.submit(testing::counting_request(2000), std::move(scb));
   auto tokens_so_far = [&] {
     std::lock_guard<std::mutex> lock(mu);
     return token_times.size();

@@ -19,6 +19,7 @@
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
 #include "interleave_config.h"
+#include "counting_request.h"
 #include "model_fixture.h"
 #include "temp_dir.h"
 
@@ -28,14 +29,6 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 
-// A raw prompt the model continues by counting on, for exactly max_tokens tokens.
-RuntimeRequest counting(int max_tokens) {
-  RuntimeRequest r;
-  r.raw = true;
-  for (int i = 1; i < 13; ++i) r.raw_prompt += std::to_string(i) + ", ";
-  r.sampling.max_tokens = max_tokens;
-  return r;
-}
 
 // ~3000 tokens of prose, computed in full: every layer of its prefill takes a while.
 RuntimeRequest long_prompt(const Runtime& rt) {
@@ -65,7 +58,7 @@ TEST(PrefillCancel, ACancelledRequestStopsItsPrefillAtTheNextLayer) {
     return true;
   };
   scb.on_done = [&](const RequestResult& r) { stream_done.set_value(r); };
-  const uint64_t stream_id = rt.submit(counting(4000), std::move(scb));
+  const uint64_t stream_id = rt.submit(testing::counting_request(4000), std::move(scb));
   auto streaming_future = streaming.get_future();
   ASSERT_EQ(streaming_future.wait_for(std::chrono::minutes(5)), std::future_status::ready) << "the stream never started";
 
