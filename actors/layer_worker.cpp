@@ -187,7 +187,7 @@ void run_prefill(RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) 
       r->fallback = true;
       r->add_event({"worker", std::string("fallback: ") + e.what(), -1, begin, r->now_s(), 0});
       try {
-        r->prefill = ctx->engine->prefill(r->prompt, r->options, r->request.sampling.max_tokens, 1,
+        r->prefill = ctx->from_store->prefill(r->prompt, r->options, r->request.sampling.max_tokens, 1,
                                           [&pause, &stop_if_cancelled](int layer) {
                                             pause();
                                             stop_if_cancelled(layer);

@@ -222,8 +222,8 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
     if (ctx.config.ssd.throttle_bytes_per_s > 0) ctx.ssd->set_read_throttle(ctx.config.ssd.throttle_bytes_per_s);
   }
   ctx.tiered = std::make_unique<TieredKvStore>(ctx.ram.get(), ctx.ssd.get());
-  ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, *ctx.tiered,
-                                             ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true));
+  ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true));
+  ctx.from_store = std::make_unique<StoreBackedBlend>(*ctx.engine, *ctx.tiered);
   ctx.compute = std::make_unique<ComputeThread>(ctx.config.threads);
 
   actors_ = std::make_unique<Actors>();

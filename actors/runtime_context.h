@@ -13,6 +13,7 @@
 #include "actors/request.h"
 #include "actors/runtime_config.h"
 #include "blend/blend_engine.h"
+#include "blend/store_backed_blend.h"
 #include "storage/disk_store.h"
 #include "storage/memory_store.h"
 #include "storage/tiered_store.h"
@@ -36,7 +37,10 @@ struct RuntimeContext {
   std::unique_ptr<MemoryKvStore> ram;  // null when the tier is off
   std::unique_ptr<DiskKvStore> ssd;    // null when the tier is off
   std::unique_ptr<TieredKvStore> tiered;
-  std::unique_ptr<BlendEngine> engine;  // over `tiered` (fallback path, warm-up)
+  std::unique_ptr<BlendEngine> engine;
+  // The engine over `tiered` in one call: the fallback when a stored entry failed
+  // mid-load (the prefill is redone from whole entries).
+  std::unique_ptr<StoreBackedBlend> from_store;
   std::unique_ptr<ComputeThread> compute;
   DecodeBatcher decode_batcher;  // requests waiting for their next decode step
   std::atomic<uint64_t> next_id{1};

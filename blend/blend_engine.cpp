@@ -318,85 +318,61 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_kv_behind(std::span<const in
   return kv;
 }
 
-void BlendEngine::warm(const RagPrompt& prompt) const {
-  if (!prompt.prefix.empty()) {
-    const auto key = prefix_key(prompt.prefix);
-    if (!store_.contains(key)) store_.put(key, compute_prefix_kv(prompt.prefix));
-  }
-  for (const auto& chunk : prompt.chunks) {
-    if (chunk.empty()) continue;  // nothing to store; the others still are
-    const auto key = chunk_key(chunk);
-    if (!store_.contains(key)) store_.put(key, compute_chunk_kv(chunk));
-  }
-}
+// Everything a prefill carries between its steps.
+struct PrefillRun::State {
+  // The prompt as one token list, and its parts' sizes.
+  std::vector<int32_t> all;
+  int64_t N = 0, P = 0, S = 0;
+  KvCache* cache = nullptr;  // the caller's, until finish() moves it into the result
+  BlendOptions opt;
+  int64_t logit_rows = 1;
+  clock_type::time_point epoch, t_begin;
+  BlendPrefill r;  // stats and recomputed positions as they grow; logits and cache at finish
 
-std::vector<int32_t> BlendEngine::select_two_pass(const std::vector<int32_t>& prompt_tokens, const BlendSelection& sel,
-                                                  const std::vector<int32_t>& computed, int64_t chunks_end,
-                                                  const BlendOptions& opt, KvCache& cache, BlendStats& st,
-                                                  const std::function<void(int)>& ready) const {
-  const auto& c = tf_.model().config();
-  const std::vector<int>& checks = sel.checks;
-  const int last = checks.back();
+  // Delivered chunks whose K needs delta-RoPE, once per layer on first read.
+  struct Placed {
+    int64_t offset, length;
+  };
+  std::vector<Placed> repair;
+  std::vector<char> is_ready;  // per layer: delivered and repaired
+  BlendSelection sel;
+  int layer = 0;       // the next step's layer
+  bool finished_layers = false;
 
-  // Scratch: the layers the selection pass writes are restored afterwards, so the
-  // final pass sees loaded KV for every token it does not recompute. Each layer is
-  // saved once it has arrived (and its positions are repaired).
-  const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * cache.capacity * c.head_dim;
-  std::vector<float> saved_k(static_cast<size_t>((last + 1) * layer_floats));
-  std::vector<float> saved_v(saved_k.size());
-
-  // Rows: every candidate and every position before chunks_end computed anyway, in
-  // position order.
-  std::vector<int32_t> pos(sel.candidates);
-  pos.insert(pos.end(), computed.begin(), computed.end());
-  std::sort(pos.begin(), pos.end());
-  std::vector<char> is_candidate(static_cast<size_t>(chunks_end), 0);
-  for (int32_t p : sel.candidates) is_candidate[p] = 1;
-  int64_t n = static_cast<int64_t>(pos.size());
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[i] = prompt_tokens[pos[i]];
-  std::vector<float> hidden(static_cast<size_t>(n * c.dim));
-  tf_.embed(ids, hidden.data());
-
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
-  std::vector<int32_t> selected;
+  // The final pass: rows through every layer (active tokens and the candidates
+  // still in the running, which narrow at the check layers in single pass).
+  std::vector<int32_t> active;  // tokens computed in every layer (before the final pass starts)
+  std::vector<int32_t> rows;
+  std::vector<char> candidate;  // per row: still a candidate
+  std::vector<float> hidden;    // [rows, dim]
   size_t check_index = 0;
-  for (int l = 0; l <= last; ++l) {
-    ready(l);
-    std::copy_n(cache.k_layer(l), layer_floats, saved_k.begin() + l * layer_floats);
-    std::copy_n(cache.v_layer(l), layer_floats, saved_v.begin() + l * layer_floats);
-    if (l != checks[check_index]) {
-      tf_.run_layer(l, hidden.data(), pos.data(), n, cache, chunks_end);
-      continue;
-    }
-    std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)), v(static_cast<size_t>(n * kvd));
-    tf_.project_qkv(l, hidden.data(), pos.data(), n, q.data(), k.data(), v.data());
-    std::vector<char> candidate(static_cast<size_t>(n));
-    std::vector<double> dev(static_cast<size_t>(n), 0.0);
-    for (int64_t i = 0; i < n; ++i) {
-      candidate[i] = is_candidate[pos[i]];
-      if (candidate[i]) dev[i] = deviation_of(k.data() + i * kvd, v.data() + i * kvd, l, pos[i], cache, opt.deviation);
-    }
-    auto [keep_rows, taken] = keep_after_check(sel, opt, sel.keep[check_index], pos, candidate, dev);
-    st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
-    if (l == last) {
-      for (int64_t i : keep_rows)
-        if (candidate[i]) selected.push_back(pos[i]);
-      break;
-    }
-    tf_.store_kv(l, pos.data(), n, k.data(), v.data(), cache);
-    hidden = gather_rows(hidden, c.dim, keep_rows);
-    q = gather_rows(q, qd, keep_rows);
-    std::vector<int32_t> kept_pos(keep_rows.size());
-    for (size_t i = 0; i < keep_rows.size(); ++i) kept_pos[i] = pos[keep_rows[i]];
-    pos = std::move(kept_pos);
-    n = static_cast<int64_t>(pos.size());
-    tf_.attend_and_mlp(l, hidden.data(), q.data(), pos.data(), n, cache, chunks_end);
-    ++check_index;
-  }
-  std::copy(saved_k.begin(), saved_k.end(), cache.k.begin());
-  std::copy(saved_v.begin(), saved_v.end(), cache.v.begin());
-  return selected;
+  bool narrowing = false;       // candidates are still being narrowed
+
+  // Two-pass filtering's selection pass over layers 0..last check layer, on a
+  // scratch copy of those layers' KV (restored at its end).
+  bool selecting = false;
+  std::vector<int32_t> sel_pos;       // rows: every candidate and every computed position before the suffix
+  std::vector<char> is_candidate;     // [N - S]
+  std::vector<float> sel_hidden;      // [sel_pos, dim]
+  size_t sel_check = 0;
+  std::vector<float> saved_k, saved_v;  // layers 0..last as delivered and repaired
+};
+
+PrefillRun::PrefillRun() = default;
+PrefillRun::PrefillRun(PrefillRun&&) noexcept = default;
+PrefillRun& PrefillRun::operator=(PrefillRun&&) noexcept = default;
+PrefillRun::~PrefillRun() = default;
+bool PrefillRun::done() const { return !s_ || s_->finished_layers; }
+int PrefillRun::next_layer() const { return done() ? -1 : s_->layer; }
+bool PrefillRun::needs_delivery() const { return !done() && !s_->is_ready[static_cast<size_t>(s_->layer)]; }
+int PrefillRun::steps_left() const {
+  if (done()) return 0;
+  const int n_layers = static_cast<int>(s_->is_ready.size());
+  return s_->selecting ? (s_->sel.checks.back() + 1 - s_->layer) + n_layers : n_layers - s_->layer;
+}
+const BlendStats& PrefillRun::stats() const {
+  static const BlendStats none;
+  return s_ ? s_->r.stats : none;
 }
 
 void BlendEngine::validate(const RagPrompt& prompt, const BlendOptions& opt, int64_t extra_capacity,
@@ -428,62 +404,11 @@ void BlendEngine::validate(const RagPrompt& prompt, const BlendOptions& opt, int
   }
 }
 
-BlendPrefill BlendEngine::prefill(const RagPrompt& prompt, const BlendOptions& opt, int64_t extra_capacity,
-                                  int64_t logit_rows, const LayerWait& between_layers) const {
-  const auto t_start = clock_type::now();
-  validate(prompt, opt, extra_capacity, logit_rows);
-  const auto& c = tf_.model().config();
-  const int64_t N = prompt.size();
-  const int64_t P = static_cast<int64_t>(prompt.prefix.size());
-  KvCache cache = tf_.make_cache(N + extra_capacity);
-  PrefillPlan plan;
-  plan.chunk_loaded.assign(prompt.chunks.size(), 0);
-  bool prefix_hit = false;
-  if (opt.mode != BlendMode::Full) {
-    // Exact prefix: KV valid as stored, no recompute. A miss is computed alone and
-    // stored here (a prefix at position 0 is the same in every prompt).
-    if (P > 0) {
-      const auto key = prefix_key(prompt.prefix);
-      auto kv = store_.get(key);
-      if (kv && kv->tokens == prompt.prefix && kv->n_layers == c.n_layers) {
-        prefix_hit = true;
-      } else {
-        kv = compute_prefix_kv(prompt.prefix);
-        store_.put(key, kv);
-      }
-      for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(kv->k_layer(l), kv->v_layer(l), P, l, 0, cache);
-      plan.prefix_loaded = true;
-    }
-    if (opt.mode != BlendMode::Prefix)
-      for (size_t i = 0; i < prompt.chunks.size(); ++i) {
-        const auto& chunk = prompt.chunks[i];
-        auto kv = store_.get(chunk_key(chunk));
-        // A hash collision or a stale entry must never be used as this chunk's KV.
-        if (!kv || kv->tokens != chunk || kv->n_layers != c.n_layers || kv->kv_heads != c.n_kv_heads ||
-            kv->head_dim != c.head_dim)
-          continue;
-        const int64_t off = prompt.chunk_offset(i);
-        for (int l = 0; l < c.n_layers; ++l)
-          copy_chunk_layer(kv->k_layer(l), kv->v_layer(l), kv->length(), l, off, cache);
-        plan.chunk_loaded[i] = 1;
-      }
-  }
-  const double load = since(t_start);
-  const LayerWait none = [](int) {};
-  BlendPrefill r = prefill_planned(prompt, plan, cache, opt, between_layers ? between_layers : none, logit_rows, t_start);
-  r.stats.prefix_hit = prefix_hit;
-  r.stats.load_seconds += load;
-  r.stats.total_seconds = since(t_start);
-  return r;
-}
-
-BlendPrefill BlendEngine::prefill_planned(const RagPrompt& prompt, const PrefillPlan& plan, KvCache& cache,
-                                          const BlendOptions& opt, const LayerWait& wait, int64_t logit_rows,
-                                          clock_type::time_point epoch) const {
+PrefillRun BlendEngine::begin(const RagPrompt& prompt, const PrefillPlan& plan, KvCache& cache,
+                              const BlendOptions& opt, int64_t logit_rows, clock_type::time_point epoch) const {
   const auto t_start = clock_type::now();
   validate(prompt, opt, 0, logit_rows);
   const auto& c = tf_.model().config();
-  auto& backend = tf_.model().backend();
   const int64_t N = prompt.size();
   const int64_t P = static_cast<int64_t>(prompt.prefix.size());
   const int64_t S = static_cast<int64_t>(prompt.suffix.size());
@@ -493,175 +418,295 @@ BlendPrefill BlendEngine::prefill_planned(const RagPrompt& prompt, const Prefill
   if (plan.chunk_loaded.size() != prompt.chunks.size())
     throw std::invalid_argument("blend: the plan has " + std::to_string(plan.chunk_loaded.size()) +
                                 " chunk entries for " + std::to_string(prompt.chunks.size()) + " chunks");
-  auto rel = [&](clock_type::time_point t) { return std::chrono::duration<double>(t - epoch).count(); };
-
-  BlendPrefill r;
-  auto& st = r.stats;
+  PrefillRun run;
+  run.s_ = std::make_unique<PrefillRun::State>();
+  auto& s = *run.s_;
+  s.all = prompt.concatenated();
+  s.N = N, s.P = P, s.S = S;
+  s.cache = &cache;
+  s.opt = opt;
+  s.logit_rows = logit_rows;
+  s.epoch = epoch;
+  s.t_begin = t_start;
+  s.is_ready.assign(static_cast<size_t>(c.n_layers), 0);
+  auto& st = s.r.stats;
   st.prompt_tokens = N;
   st.prefix_tokens = P;
   st.suffix_tokens = S;
   st.chunks = static_cast<int>(prompt.chunks.size());
   st.chunk_tokens = N - P - S;
   st.layers.resize(static_cast<size_t>(c.n_layers));
-  const std::vector<int32_t> all = prompt.concatenated();
 
-  // Layer l is usable once the loaders delivered it and its chunks' positions are
-  // repaired; each layer is waited for and repaired exactly once.
-  struct Placed {
-    int64_t offset, length;
-  };
-  std::vector<Placed> repair;  // delivered chunks whose K needs delta-RoPE
-  std::vector<char> is_ready(static_cast<size_t>(c.n_layers), 0);
-  auto ready = [&](int l) {
-    if (is_ready[l]) return;
-    auto& lt = st.layers[l];
-    const auto t0 = clock_type::now();
-    lt.wait_begin = rel(t0);
-    wait(l);
-    const auto t1 = clock_type::now();
-    st.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
-    for (const auto& p : repair) rotate_chunk_layer(l, p.offset, p.length, cache, backend, tf_.model().rope());
-    lt.ready = rel(clock_type::now());
-    is_ready[l] = 1;
-  };
-
-  // Positions computed through every layer; candidates (single pass) narrow at the
-  // check layers.
-  std::vector<int32_t> active, candidates;
-  BlendSelection sel;
+  auto& sel = s.sel;
+  auto& active = s.active;
+  std::vector<int32_t> candidates;  // single pass: narrowed in the final pass
   const bool reuse_chunks = opt.mode == BlendMode::Reuse || opt.mode == BlendMode::Blend;
   if (opt.mode == BlendMode::Full) {
     active.resize(static_cast<size_t>(N));
     std::iota(active.begin(), active.end(), 0);
-  } else {
-    st.prefix_hit = plan.prefix_loaded;
-    if (!plan.prefix_loaded)
-      for (int64_t p = 0; p < P; ++p) active.push_back(static_cast<int32_t>(p));
-    std::vector<int32_t> cached;  // positions whose KV came from the store
-    sel.chunk_of.assign(static_cast<size_t>(N - S), -1);
-    sel.chunk_cached.assign(prompt.chunks.size(), 0);
-    sel.chunk_forced.assign(prompt.chunks.size(), 0);
-    for (size_t i = 0; i < prompt.chunks.size(); ++i) {
-      const int64_t off = prompt.chunk_offset(i);
-      const int64_t m = static_cast<int64_t>(prompt.chunks[i].size());
-      for (int64_t j = 0; j < m; ++j) sel.chunk_of[off + j] = static_cast<int32_t>(i);
-      if (reuse_chunks && plan.chunk_loaded[i]) {
-        repair.push_back({off, m});
-        ++st.chunks_hit;
-        sel.chunk_cached[i] = m;
-        sel.chunk_forced[i] = std::min<int64_t>(opt.sink_tokens, m);
-        for (int64_t j = 0; j < m; ++j) {
-          cached.push_back(static_cast<int32_t>(off + j));
-          (j < sel.chunk_forced[i] ? sel.forced : sel.candidates).push_back(static_cast<int32_t>(off + j));
-        }
-      } else {
-        for (int64_t j = 0; j < m; ++j) active.push_back(static_cast<int32_t>(off + j));
-      }
-    }
-    st.cached_tokens = static_cast<int64_t>(cached.size());
-    sel.cached = st.cached_tokens;
-
-    if (opt.mode == BlendMode::Blend && !cached.empty()) {
-      const auto t_sel = clock_type::now();
-      std::vector<int32_t> selected;
-      if (opt.ratio >= 1.0f) {
-        selected = cached;
-      } else if (opt.ratio > 0.0f) {
-        sel.checks = sorted_check_layers(opt, c.n_layers);
-        BlendOptions sorted = opt;
-        sorted.check_layers = sel.checks;
-        sel.keep = keep_fractions(sorted);
-        selected = sel.forced;
-        if (opt.filtering == Filtering::TwoPass) {
-          std::vector<int32_t> computed(active);
-          computed.insert(computed.end(), sel.forced.begin(), sel.forced.end());
-          const auto chosen = select_two_pass(all, sel, computed, N - S, opt, cache, st, ready);
-          selected.insert(selected.end(), chosen.begin(), chosen.end());
-        } else {
-          candidates = std::move(sel.candidates);  // narrowed in the pass below
-        }
-      }
-      active.insert(active.end(), selected.begin(), selected.end());
-      std::sort(selected.begin(), selected.end());
-      r.recomputed_positions = std::move(selected);
-      st.select_seconds = since(t_sel);
-    }
-    for (int64_t p = N - S; p < N; ++p) active.push_back(static_cast<int32_t>(p));
-    std::sort(active.begin(), active.end());
+    start_final_pass(s, {});
+    return run;
   }
-
-  // The pass over every layer: the active tokens and the candidates still in the
-  // running, over the fused cache. At a check layer (single pass) every row's fresh
-  // K/V is stored and only the candidates with the largest deviation go on.
-  const auto t_comp = clock_type::now();
-  std::vector<int32_t> rows(active);
-  rows.insert(rows.end(), candidates.begin(), candidates.end());
-  std::sort(rows.begin(), rows.end());
-  std::vector<char> candidate(rows.size(), 0);
-  {
-    size_t j = 0;
-    for (size_t i = 0; i < rows.size() && j < candidates.size(); ++i)
-      if (rows[i] == candidates[j]) candidate[i] = 1, ++j;
-  }
-  int64_t n = static_cast<int64_t>(rows.size());
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[i] = all[rows[i]];
-  std::vector<float> hidden(static_cast<size_t>(n * c.dim));
-  tf_.embed(ids, hidden.data());
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
-  size_t check_index = 0;
-  for (int l = 0; l < c.n_layers; ++l) {
-    ready(l);
-    st.layers[l].compute_begin = rel(clock_type::now());
-    if (candidates.empty() || l != sel.checks[check_index]) {
-      tf_.run_layer(l, hidden.data(), rows.data(), n, cache, N);
-      st.row_layers += n;
+  st.prefix_hit = plan.prefix_loaded;
+  if (!plan.prefix_loaded)
+    for (int64_t p = 0; p < P; ++p) active.push_back(static_cast<int32_t>(p));
+  std::vector<int32_t> cached;  // positions whose KV came from the store
+  sel.chunk_of.assign(static_cast<size_t>(N - S), -1);
+  sel.chunk_cached.assign(prompt.chunks.size(), 0);
+  sel.chunk_forced.assign(prompt.chunks.size(), 0);
+  for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+    const int64_t off = prompt.chunk_offset(i);
+    const int64_t m = static_cast<int64_t>(prompt.chunks[i].size());
+    for (int64_t j = 0; j < m; ++j) sel.chunk_of[off + j] = static_cast<int32_t>(i);
+    if (reuse_chunks && plan.chunk_loaded[i]) {
+      s.repair.push_back({off, m});
+      ++st.chunks_hit;
+      sel.chunk_cached[i] = m;
+      sel.chunk_forced[i] = std::min<int64_t>(opt.sink_tokens, m);
+      for (int64_t j = 0; j < m; ++j) {
+        cached.push_back(static_cast<int32_t>(off + j));
+        (j < sel.chunk_forced[i] ? sel.forced : sel.candidates).push_back(static_cast<int32_t>(off + j));
+      }
     } else {
-      std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)),
-          v(static_cast<size_t>(n * kvd));
-      tf_.project_qkv(l, hidden.data(), rows.data(), n, q.data(), k.data(), v.data());
-      std::vector<double> dev(static_cast<size_t>(n), 0.0);
-      for (int64_t i = 0; i < n; ++i)
-        if (candidate[i]) dev[i] = deviation_of(k.data() + i * kvd, v.data() + i * kvd, l, rows[i], cache, opt.deviation);
-      auto [keep_rows, taken] = keep_after_check(sel, opt, sel.keep[check_index], rows, candidate, dev);
-      st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
-      // Fresh K/V of every row computed here stay: the dropped candidates' loaded KV
-      // is replaced by the better value at this layer.
-      tf_.store_kv(l, rows.data(), n, k.data(), v.data(), cache);
-      hidden = gather_rows(hidden, c.dim, keep_rows);
-      q = gather_rows(q, qd, keep_rows);
-      std::vector<int32_t> kept(keep_rows.size());
-      std::vector<char> kept_candidate(keep_rows.size());
-      for (size_t i = 0; i < keep_rows.size(); ++i) {
-        kept[i] = rows[keep_rows[i]];
-        kept_candidate[i] = candidate[keep_rows[i]];
-      }
-      rows = std::move(kept);
-      candidate = std::move(kept_candidate);
-      n = static_cast<int64_t>(rows.size());
-      tf_.attend_and_mlp(l, hidden.data(), q.data(), rows.data(), n, cache, N);
-      st.row_layers += n;
-      if (++check_index == sel.checks.size()) {
-        // The survivors are the recomputed tokens; from here on they are active.
-        for (int64_t i = 0; i < n; ++i)
-          if (candidate[i]) r.recomputed_positions.push_back(rows[i]);
-        std::sort(r.recomputed_positions.begin(), r.recomputed_positions.end());
-        std::fill(candidate.begin(), candidate.end(), 0);
-        candidates.clear();
-        st.select_seconds += since(t_comp);
+      for (int64_t j = 0; j < m; ++j) active.push_back(static_cast<int32_t>(off + j));
+    }
+  }
+  st.cached_tokens = static_cast<int64_t>(cached.size());
+  sel.cached = st.cached_tokens;
+
+  if (opt.mode == BlendMode::Blend && !cached.empty()) {
+    std::vector<int32_t> selected;
+    if (opt.ratio >= 1.0f) {
+      selected = cached;
+    } else if (opt.ratio > 0.0f) {
+      sel.checks = sorted_check_layers(opt, c.n_layers);
+      BlendOptions sorted = opt;
+      sorted.check_layers = sel.checks;
+      sel.keep = keep_fractions(sorted);
+      selected = sel.forced;
+      if (opt.filtering == Filtering::TwoPass) {
+        // The selection pass first: its rows are every candidate and every position
+        // before the suffix computed anyway (missed parts, forced tokens).
+        s.selecting = true;
+        s.sel_pos = sel.candidates;
+        s.sel_pos.insert(s.sel_pos.end(), active.begin(), active.end());
+        s.sel_pos.insert(s.sel_pos.end(), sel.forced.begin(), sel.forced.end());
+        std::sort(s.sel_pos.begin(), s.sel_pos.end());
+        s.is_candidate.assign(static_cast<size_t>(N - S), 0);
+        for (int32_t p : sel.candidates) s.is_candidate[p] = 1;
+        std::vector<int32_t> ids(s.sel_pos.size());
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.sel_pos[i]];
+        s.sel_hidden.resize(ids.size() * static_cast<size_t>(c.dim));
+        tf_.embed(ids, s.sel_hidden.data());
+        const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * cache.capacity * c.head_dim;
+        s.saved_k.resize(static_cast<size_t>((sel.checks.back() + 1) * layer_floats));
+        s.saved_v.resize(s.saved_k.size());
+      } else {
+        candidates = std::move(sel.candidates);
       }
     }
-    st.layers[l].compute_end = rel(clock_type::now());
+    active.insert(active.end(), selected.begin(), selected.end());
+    std::sort(selected.begin(), selected.end());
+    s.r.recomputed_positions = std::move(selected);
   }
+  const double setup = since(t_start);
+  st.select_seconds += setup;
+  st.compute_seconds += setup;
+  if (!s.selecting) start_final_pass(s, std::move(candidates));
+  return run;
+}
+
+void BlendEngine::start_final_pass(PrefillRun::State& s, std::vector<int32_t> candidates) const {
+  const auto t0 = clock_type::now();
+  const auto& c = tf_.model().config();
+  if (s.opt.mode != BlendMode::Full)
+    for (int64_t p = s.N - s.S; p < s.N; ++p) s.active.push_back(static_cast<int32_t>(p));
+  s.rows = std::move(s.active);
+  s.rows.insert(s.rows.end(), candidates.begin(), candidates.end());
+  std::sort(s.rows.begin(), s.rows.end());
+  s.candidate.assign(s.rows.size(), 0);
+  size_t j = 0;
+  for (size_t i = 0; i < s.rows.size() && j < candidates.size(); ++i)
+    if (s.rows[i] == candidates[j]) s.candidate[i] = 1, ++j;
+  s.narrowing = !candidates.empty();
+  std::vector<int32_t> ids(s.rows.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.rows[i]];
+  s.hidden.resize(ids.size() * static_cast<size_t>(c.dim));
+  tf_.embed(ids, s.hidden.data());
+  s.selecting = false;
+  s.layer = 0;
+  s.check_index = 0;
+  s.r.stats.compute_seconds += since(t0);
+}
+
+void BlendEngine::step(PrefillRun& run, clock_type::time_point wait_began) const {
+  if (run.done()) throw std::logic_error("blend: step after the last layer");
+  auto& s = *run.s_;
+  auto& st = s.r.stats;
+  const int l = s.layer;
+  auto rel = [&](clock_type::time_point t) { return std::chrono::duration<double>(t - s.epoch).count(); };
+  const auto t0 = clock_type::now();
+  if (!s.is_ready[l]) {
+    // The first read of layer l: its delivered chunks get their positions repaired.
+    auto& lt = st.layers[l];
+    const auto began = wait_began == clock_type::time_point{} ? t0 : std::min(wait_began, t0);
+    lt.wait_begin = rel(began);
+    st.wait_seconds += std::chrono::duration<double>(t0 - began).count();
+    for (const auto& p : s.repair)
+      rotate_chunk_layer(l, p.offset, p.length, *s.cache, tf_.model().backend(), tf_.model().rope());
+    lt.ready = rel(clock_type::now());
+    s.is_ready[l] = 1;
+  }
+  if (s.selecting) {
+    step_selection(s);
+    st.select_seconds += since(t0);
+  } else {
+    const bool narrowing = s.narrowing;
+    st.layers[l].compute_begin = rel(clock_type::now());
+    step_final(s);
+    st.layers[l].compute_end = rel(clock_type::now());
+    if (narrowing) st.select_seconds += since(t0);
+  }
+  st.compute_seconds += since(t0);
+}
+
+void BlendEngine::step_selection(PrefillRun::State& s) const {
+  const auto& c = tf_.model().config();
+  auto& cache = *s.cache;
+  auto& st = s.r.stats;
+  const auto& sel = s.sel;
+  const int l = s.layer;
+  const int last = sel.checks.back();
+  const int64_t chunks_end = s.N - s.S;
+  const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * cache.capacity * c.head_dim;
+  std::copy_n(cache.k_layer(l), layer_floats, s.saved_k.begin() + l * layer_floats);
+  std::copy_n(cache.v_layer(l), layer_floats, s.saved_v.begin() + l * layer_floats);
+  int64_t n = static_cast<int64_t>(s.sel_pos.size());
+  if (l != sel.checks[s.sel_check]) {
+    tf_.run_layer(l, s.sel_hidden.data(), s.sel_pos.data(), n, cache, chunks_end);
+    ++s.layer;
+    return;
+  }
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)), v(static_cast<size_t>(n * kvd));
+  tf_.project_qkv(l, s.sel_hidden.data(), s.sel_pos.data(), n, q.data(), k.data(), v.data());
+  std::vector<char> candidate(static_cast<size_t>(n));
+  std::vector<double> dev(static_cast<size_t>(n), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    candidate[i] = s.is_candidate[s.sel_pos[i]];
+    if (candidate[i]) dev[i] = deviation_of(k.data() + i * kvd, v.data() + i * kvd, l, s.sel_pos[i], cache, s.opt.deviation);
+  }
+  auto [keep_rows, taken] = keep_after_check(sel, s.opt, sel.keep[s.sel_check], s.sel_pos, candidate, dev);
+  st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
+  if (l == last) {
+    // The selection is made: restore the loaded KV the pass overwrote, and the
+    // chosen tokens join the final pass from layer 0.
+    std::vector<int32_t> chosen;
+    for (int64_t i : keep_rows)
+      if (candidate[i]) chosen.push_back(s.sel_pos[i]);
+    std::copy(s.saved_k.begin(), s.saved_k.end(), cache.k.begin());
+    std::copy(s.saved_v.begin(), s.saved_v.end(), cache.v.begin());
+    std::vector<float>().swap(s.saved_k);
+    std::vector<float>().swap(s.saved_v);
+    std::vector<float>().swap(s.sel_hidden);
+    s.active.insert(s.active.end(), chosen.begin(), chosen.end());
+    auto& recomputed = s.r.recomputed_positions;
+    recomputed.insert(recomputed.end(), chosen.begin(), chosen.end());
+    std::sort(recomputed.begin(), recomputed.end());
+    std::sort(s.active.begin(), s.active.end());
+    start_final_pass(s, {});
+    return;
+  }
+  tf_.store_kv(l, s.sel_pos.data(), n, k.data(), v.data(), cache);
+  s.sel_hidden = gather_rows(s.sel_hidden, c.dim, keep_rows);
+  q = gather_rows(q, qd, keep_rows);
+  std::vector<int32_t> kept_pos(keep_rows.size());
+  for (size_t i = 0; i < keep_rows.size(); ++i) kept_pos[i] = s.sel_pos[keep_rows[i]];
+  s.sel_pos = std::move(kept_pos);
+  n = static_cast<int64_t>(s.sel_pos.size());
+  tf_.attend_and_mlp(l, s.sel_hidden.data(), q.data(), s.sel_pos.data(), n, cache, chunks_end);
+  ++s.sel_check;
+  ++s.layer;
+}
+
+void BlendEngine::step_final(PrefillRun::State& s) const {
+  const auto& c = tf_.model().config();
+  auto& cache = *s.cache;
+  auto& st = s.r.stats;
+  const auto& sel = s.sel;
+  const int l = s.layer;
+  int64_t n = static_cast<int64_t>(s.rows.size());
+  if (!s.narrowing || l != sel.checks[s.check_index]) {
+    tf_.run_layer(l, s.hidden.data(), s.rows.data(), n, cache, s.N);
+    st.row_layers += n;
+  } else {
+    const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+    std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)), v(static_cast<size_t>(n * kvd));
+    tf_.project_qkv(l, s.hidden.data(), s.rows.data(), n, q.data(), k.data(), v.data());
+    std::vector<double> dev(static_cast<size_t>(n), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      if (s.candidate[i])
+        dev[i] = deviation_of(k.data() + i * kvd, v.data() + i * kvd, l, s.rows[i], cache, s.opt.deviation);
+    auto [keep_rows, taken] = keep_after_check(sel, s.opt, sel.keep[s.check_index], s.rows, s.candidate, dev);
+    st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
+    // Fresh K/V of every row computed here stay: the dropped candidates' loaded KV
+    // is replaced by the better value at this layer.
+    tf_.store_kv(l, s.rows.data(), n, k.data(), v.data(), cache);
+    s.hidden = gather_rows(s.hidden, c.dim, keep_rows);
+    q = gather_rows(q, qd, keep_rows);
+    std::vector<int32_t> kept(keep_rows.size());
+    std::vector<char> kept_candidate(keep_rows.size());
+    for (size_t i = 0; i < keep_rows.size(); ++i) {
+      kept[i] = s.rows[keep_rows[i]];
+      kept_candidate[i] = s.candidate[keep_rows[i]];
+    }
+    s.rows = std::move(kept);
+    s.candidate = std::move(kept_candidate);
+    n = static_cast<int64_t>(s.rows.size());
+    tf_.attend_and_mlp(l, s.hidden.data(), q.data(), s.rows.data(), n, cache, s.N);
+    st.row_layers += n;
+    if (++s.check_index == sel.checks.size()) {
+      // The survivors are the recomputed tokens; from here on they are active.
+      auto& recomputed = s.r.recomputed_positions;
+      for (int64_t i = 0; i < n; ++i)
+        if (s.candidate[i]) recomputed.push_back(s.rows[i]);
+      std::sort(recomputed.begin(), recomputed.end());
+      std::fill(s.candidate.begin(), s.candidate.end(), 0);
+      s.narrowing = false;
+    }
+  }
+  if (++s.layer == c.n_layers) s.finished_layers = true;
+}
+
+BlendPrefill BlendEngine::finish(PrefillRun&& run) const {
+  if (!run.s_ || !run.s_->finished_layers) throw std::logic_error("blend: finish before the last layer");
+  auto s = std::move(run.s_);
+  const auto t0 = clock_type::now();
+  const auto& c = tf_.model().config();
+  auto& r = s->r;
+  auto& st = r.stats;
+  const int64_t n = static_cast<int64_t>(s->rows.size());
   st.recomputed_tokens = static_cast<int64_t>(r.recomputed_positions.size());
-  r.logits.resize(static_cast<size_t>(logit_rows * c.vocab));
-  tf_.logits(hidden.data() + (n - logit_rows) * c.dim, logit_rows, r.logits.data());
-  cache.length = N;
-  r.cache = std::move(cache);
+  r.logits.resize(static_cast<size_t>(s->logit_rows * c.vocab));
+  tf_.logits(s->hidden.data() + (n - s->logit_rows) * c.dim, s->logit_rows, r.logits.data());
+  s->cache->length = s->N;
+  r.cache = std::move(*s->cache);
   st.computed_tokens = n;
-  st.compute_seconds = since(t_comp);
-  st.total_seconds = since(t_start);
-  return r;
+  st.compute_seconds += since(t0);
+  st.total_seconds = since(s->t_begin);
+  return std::move(r);
+}
+
+BlendPrefill BlendEngine::prefill_planned(const RagPrompt& prompt, const PrefillPlan& plan, KvCache& cache,
+                                          const BlendOptions& opt, const LayerWait& wait, int64_t logit_rows,
+                                          clock_type::time_point epoch) const {
+  PrefillRun run = begin(prompt, plan, cache, opt, logit_rows, epoch);
+  while (!run.done()) {
+    const auto t0 = clock_type::now();
+    if (run.needs_delivery() && wait) wait(run.next_layer());
+    step(run, t0);
+  }
+  return finish(std::move(run));
 }
 
 }  // namespace bs

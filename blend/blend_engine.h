@@ -32,7 +32,6 @@
 #include "blend/rag_prompt.h"
 #include "model/kv_cache.h"
 #include "model/transformer.h"
-#include "storage/kv_store.h"
 
 namespace bs {
 
@@ -91,8 +90,14 @@ struct BlendStats {
   // loading controller's compute profile (planned_rows_per_layer predicts it).
   int64_t row_layers = 0;
   std::vector<int64_t> candidates_per_check; // selection narrowing, one per check layer
+  // load: reading stored KV up front (StoreBackedBlend; a runtime's loaders run
+  // beside the steps instead). select: the compute that scores and narrows the
+  // candidates. compute: the prefill's own compute (embedding, every step, logits),
+  // without waits. total: begin to finish, wall clock.
   double load_seconds = 0, select_seconds = 0, compute_seconds = 0, total_seconds = 0;
-  // Time blocked waiting for loaded layers (prefill_planned with a pipelined loader).
+  // Time from when the caller began waiting for a layer's delivery to its step
+  // (BlendEngine::step's wait_began): loads not yet there, and in a runtime the
+  // work of other requests that ran meanwhile.
   double wait_seconds = 0;
   // Per layer, in seconds since the prefill's epoch: when its loaded KV was there
   // (after the wait and the position repair), and the final pass over it.
@@ -124,74 +129,104 @@ struct BlendPrefill {
 
 struct BlendSelection;  // blend_engine.cpp: candidates, forced tokens, budget shape
 
+// A prefill in progress: what the engine carries from one layer to the next
+// (BlendEngine::begin / step / finish). Whoever holds it decides when each step
+// runs — a runtime interleaves the layers of several prefills with decode steps
+// and runs a step only once that layer's stored KV is delivered, so a prefill
+// waiting on a slow tier does not hold the compute thread. Steps must run one at a
+// time, on a thread where the Transformer's calls may run; between steps nothing
+// of the prefill lives in the Transformer's per-thread scratch.
+class PrefillRun {
+ public:
+  PrefillRun();
+  PrefillRun(PrefillRun&&) noexcept;
+  PrefillRun& operator=(PrefillRun&&) noexcept;
+  ~PrefillRun();
+
+  bool done() const;
+  // The layer the next step computes over; its stored KV must be in the cache
+  // before step() when needs_delivery(). -1 when done.
+  int next_layer() const;
+  // The next step is the first to read next_layer(): its delivered KV is repaired
+  // (delta-RoPE) in that step. False for a layer already there (the final pass of
+  // two-pass filtering re-reads layers the selection pass waited for).
+  bool needs_delivery() const;
+  // Steps left at most (a two-pass prefill counts its selection layers too).
+  int steps_left() const;
+  const BlendStats& stats() const;
+
+ private:
+  friend class BlendEngine;
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// The blend's compute over a Transformer: no store. Which parts arrive with stored
+// KV is the caller's plan (a runtime's controller and loaders, or StoreBackedBlend
+// for a direct call over one store).
 class BlendEngine {
  public:
   // chunk_prelude: tokens every chunk is computed behind and then dropped (empty:
   // chunks are computed alone). A chunk computed alone makes its first token the
   // attention sink of its KV; behind a prelude the prelude takes that role, as the
   // prompt's own first tokens do in place. Part of every chunk key.
-  BlendEngine(const Transformer& tf, KvStore& store, std::vector<int32_t> chunk_prelude = {})
-      : tf_(tf), store_(store), chunk_prelude_(std::move(chunk_prelude)) {}
+  explicit BlendEngine(const Transformer& tf, std::vector<int32_t> chunk_prelude = {})
+      : tf_(tf), chunk_prelude_(std::move(chunk_prelude)) {}
 
-  // Prefill of a RAG prompt in the given mode. The cache gets room for
-  // `extra_capacity` more tokens (decode). logit_rows > 1 returns the logits of
-  // the last rows too (teacher forcing over an appended answer). between_layers,
-  // if set, is called before each layer's computation (as prefill_planned calls
-  // its wait; here everything is loaded up front): the runtime runs decode steps of
-  // other requests there.
-  BlendPrefill prefill(const RagPrompt& prompt, const BlendOptions& options, int64_t extra_capacity = 0,
-                       int64_t logit_rows = 1, const LayerWait& between_layers = {}) const;
+  // A prefill over KV that arrives layer by layer, as steps. `cache` (capacity >=
+  // the prompt, length ignored) receives the plan's parts as stored (K rotated for
+  // positions 0..m-1) at their offsets, from loaders that may run concurrently;
+  // step() repairs the positions of the delivered chunks in a layer the first time
+  // it reads that layer. The cache must outlive the run and stay where it is until
+  // finish() moves it into the result; if a step throws, it is still the caller's
+  // (loaders may still be writing into it). Times in the stats are seconds since
+  // `epoch`. Throws what validate() throws, before any work.
+  PrefillRun begin(const RagPrompt& prompt, const PrefillPlan& plan, KvCache& cache, const BlendOptions& options,
+                   int64_t logit_rows = 1,
+                   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now()) const;
+  // One layer (of the selection pass, or of the final pass). `wait_began`: when the
+  // caller began waiting for this layer's delivery (its per-layer wait in the stats;
+  // default: no wait).
+  void step(PrefillRun& run, std::chrono::steady_clock::time_point wait_began = {}) const;
+  // The logits of the last rows, and the fused cache (moved out of the caller's).
+  BlendPrefill finish(PrefillRun&& run) const;
 
-  // The same prefill over KV that arrives layer by layer: `cache` (capacity >= the
-  // prompt, length ignored) receives the plan's parts from loaders running
-  // concurrently; before touching layer l the engine calls wait(l), then repairs
-  // the positions of the delivered chunks in that layer. So loading layer l+1
-  // overlaps with computing layer l. wait may also run other work on this thread
-  // (the runtime's decode steps): nothing of the prefill is held in the
-  // Transformer's per-thread scratch across the call, only in its own buffers. On success the cache is moved into the
-  // result; if this throws, `cache` is still the caller's (loaders may still be
-  // writing into it). Times in stats are seconds since `epoch`.
+  // begin / step / finish in one call: before the first step of each layer the
+  // engine calls wait(l), which blocks until its stored KV is delivered (and may run
+  // other work on this thread, e.g. the runtime's decode steps). Throws to abort.
   BlendPrefill prefill_planned(const RagPrompt& prompt, const PrefillPlan& plan, KvCache& cache,
                                const BlendOptions& options, const LayerWait& wait, int64_t logit_rows = 1,
                                std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now()) const;
-  // Throws the same errors prefill() would for these arguments, before any work.
+  // Throws the errors a prefill of these arguments would, before any work.
   void validate(const RagPrompt& prompt, const BlendOptions& options, int64_t extra_capacity = 0,
                 int64_t logit_rows = 1) const;
 
   // KV of a chunk at positions 0..m-1 (what the store holds): computed behind the
   // chunk prelude if there is one (the chunk at positions p..p+m-1, K rotated back
-  // by -p), else alone. between_layers, if set, is called before each layer (as in
-  // prefill).
+  // by -p), else alone. between_layers, if set, is called before each layer (the
+  // runtime's decode steps run there).
   std::shared_ptr<const ChunkKv> compute_chunk_kv(std::span<const int32_t> tokens,
                                                   const LayerWait& between_layers = {}) const;
   // KV of an exact prefix: computed alone at positions 0..m-1 (it is used only there).
   std::shared_ptr<const ChunkKv> compute_prefix_kv(std::span<const int32_t> tokens,
                                                    const LayerWait& between_layers = {}) const;
   const std::vector<int32_t>& chunk_prelude() const { return chunk_prelude_; }
-  // Computes and stores the prompt's prefix and chunk KV that are not stored yet.
-  // A request whose chunks missed computes them in context for its answer; running
-  // this afterwards (off the first-token path) makes the next request hit.
-  void warm(const RagPrompt& prompt) const;
+  const Transformer& transformer() const { return tf_; }
 
   ChunkKey chunk_key(std::span<const int32_t> tokens) const;
   ChunkKey prefix_key(std::span<const int32_t> tokens) const;
 
  private:
-  // Filtering::TwoPass: scores the candidates at the check layers on a scratch copy
-  // of those layers' KV (restored afterwards) and returns the positions to
-  // recompute. `computed` are positions before chunks_end computed anyway.
-  std::vector<int32_t> select_two_pass(const std::vector<int32_t>& prompt_tokens, const BlendSelection& sel,
-                                       const std::vector<int32_t>& computed, int64_t chunks_end,
-                                       const BlendOptions& opt, KvCache& cache, BlendStats& stats,
-                                       const std::function<void(int)>& ready) const;
-
   // KV of `tokens` computed behind `before` (positions 0..p-1, dropped): rows p.. of
   // the result, K rotated back to positions 0..m-1.
   std::shared_ptr<const ChunkKv> compute_kv_behind(std::span<const int32_t> before, std::span<const int32_t> tokens,
                                                    const LayerWait& between_layers) const;
+  // Steps of the two-pass selection and of the final pass (blend_engine.cpp).
+  void step_selection(PrefillRun::State& s) const;
+  void step_final(PrefillRun::State& s) const;
+  void start_final_pass(PrefillRun::State& s, std::vector<int32_t> candidates) const;
 
   const Transformer& tf_;
-  KvStore& store_;  // any tier: RAM, SSD, or (later) a storage node
   std::vector<int32_t> chunk_prelude_;
 };
 

@@ -195,7 +195,8 @@ struct context_base {
     c.ram = std::make_unique<MemoryKvStore>(int64_t{256} << 20);
     c.ssd = std::make_unique<DiskKvStore>(c.config.ssd.path, int64_t{1} << 30, false);
     c.tiered = std::make_unique<TieredKvStore>(c.ram.get(), c.ssd.get());
-    c.engine = std::make_unique<BlendEngine>(*c.tf, *c.tiered);
+    c.engine = std::make_unique<BlendEngine>(*c.tf);
+    c.from_store = std::make_unique<StoreBackedBlend>(*c.engine, *c.tiered);
     c.compute = std::make_unique<ComputeThread>(0);
   }
 

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "blend/blend_engine.h"
+#include "blend/store_backed_blend.h"
 #include "storage/memory_store.h"
 #include "blend/rag_prompt.h"
 #include "model/generate.h"
@@ -38,11 +39,12 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 // The real model on a backend precision, a RAM store and the engine over them.
 struct BlendSetup {
-  explicit BlendSetup(Precision precision) : m(testing::shared_model(precision)), tf(m), engine(tf, store) {}
+  explicit BlendSetup(Precision precision) : m(testing::shared_model(precision)), tf(m), engine(tf), from_store(engine, store) {}
   const LlamaModel& m;
   Transformer tf;
   MemoryKvStore store{int64_t{1} << 30};
   BlendEngine engine;
+  StoreBackedBlend from_store;
 };
 
 // KL(P || Q) of the softmaxes, in nats.
@@ -107,7 +109,7 @@ TEST(DeltaRope, StoredChunkPlacedAnywhereMatchesLayerZeroKeysInPlace) {
   BlendSetup setup(Precision::F32);
   const auto& m = setup.m;
   const Transformer& tf = setup.tf;
-  BlendEngine& engine = setup.engine;
+  const BlendEngine& engine = setup.engine;
   const auto& c = m.config();
   const auto chunk = m.tokenizer().encode(kDocs[0], false);
   const int64_t len = static_cast<int64_t>(chunk.size());
@@ -140,14 +142,14 @@ TEST_F(BlendModes, RatioOneEqualsFullAndRatioZeroEqualsReuse) {
   BlendSetup setup(Precision::F32);
   const auto& m = setup.m;
   const Transformer& tf = setup.tf;
-  BlendEngine& engine = setup.engine;
+  const StoreBackedBlend& from_store = setup.from_store;
   const auto prompt = make_prompt(m, kDocs);
-  engine.warm(prompt);
+  from_store.warm(prompt);
   auto run = [&](BlendMode mode, float ratio) {
     BlendOptions o;
     o.mode = mode;
     o.ratio = ratio;
-    return engine.prefill(prompt, o, 24);
+    return from_store.prefill(prompt, o, 24);
   };
   auto full = run(BlendMode::Full, 0), blend1 = run(BlendMode::Blend, 1.0f);
   auto reuse = run(BlendMode::Reuse, 0), blend0 = run(BlendMode::Blend, 0.0f);
@@ -165,17 +167,17 @@ TEST_F(BlendModes, BlendAnswersAndIsCloserToFullThanReuse) {
   BlendSetup setup(testing::fast_precision());
   const auto& m = setup.m;
   const Transformer& tf = setup.tf;
-  BlendEngine& engine = setup.engine;
+  const StoreBackedBlend& from_store = setup.from_store;
   const auto prompt = make_prompt(m, kDocs);
-  engine.warm(prompt);
+  from_store.warm(prompt);
   BlendOptions o;
   o.mode = BlendMode::Full;
-  auto full = engine.prefill(prompt, o, 16);
+  auto full = from_store.prefill(prompt, o, 16);
   o.mode = BlendMode::Reuse;
-  auto reuse = engine.prefill(prompt, o, 16);
+  auto reuse = from_store.prefill(prompt, o, 16);
   o.mode = BlendMode::Blend;
   o.ratio = 0.15f;
-  auto blend = engine.prefill(prompt, o, 16);
+  auto blend = from_store.prefill(prompt, o, 16);
   const int64_t cached = blend.stats.cached_tokens;
   EXPECT_EQ(blend.stats.recomputed_tokens, std::llround(0.15 * cached));
   EXPECT_EQ(blend.stats.chunks_hit, static_cast<int>(kDocs.size()));
@@ -202,16 +204,16 @@ TEST_F(BlendModes, BlendAnswersAndIsCloserToFullThanReuse) {
 TEST_F(BlendModes, ReorderedDocumentsAndRepeatedRequestsHitEveryChunk) {
   BlendSetup setup(testing::fast_precision());
   const auto& m = setup.m;
-  BlendEngine& engine = setup.engine;
+  const StoreBackedBlend& from_store = setup.from_store;
   const auto first = make_prompt(m, kDocs);
-  engine.warm(first);
+  from_store.warm(first);
   std::vector<std::string> reordered = {kDocs[3], kDocs[1], kDocs[0], kDocs[2]};
   const auto second = make_prompt(m, reordered);
   // the same document is the same chunk wherever it lands
   EXPECT_EQ(first.chunks[0], second.chunks[2]);
   BlendOptions o;
   for (int rep = 0; rep < 2; ++rep) {  // the same request twice
-    auto r = engine.prefill(second, o, 8);
+    auto r = from_store.prefill(second, o, 8);
     EXPECT_EQ(r.stats.chunks_hit, 4);
     EXPECT_TRUE(r.stats.prefix_hit);
     EXPECT_EQ(r.stats.cached_tokens, r.stats.chunk_tokens);
@@ -222,15 +224,15 @@ TEST_F(BlendModes, AllChunksMissingComputesLikeFull) {
   BlendSetup setup(Precision::F32);
   const auto& m = setup.m;
   const Transformer& tf = setup.tf;
-  BlendEngine& engine = setup.engine;
+  const StoreBackedBlend& from_store = setup.from_store;
   const auto prompt = make_prompt(m, kDocs);
   BlendOptions o;
-  auto r = engine.prefill(prompt, o, 16);  // empty store
+  auto r = from_store.prefill(prompt, o, 16);  // empty store
   EXPECT_EQ(r.stats.chunks_hit, 0);
   EXPECT_FALSE(r.stats.prefix_hit);
   EXPECT_EQ(r.stats.computed_tokens, prompt.size() - static_cast<int64_t>(prompt.prefix.size()));
   o.mode = BlendMode::Full;
-  auto full = engine.prefill(prompt, o, 16);
+  auto full = from_store.prefill(prompt, o, 16);
   EXPECT_LT(max_abs_diff(full.logits, r.logits), 1e-3);
   EXPECT_EQ(greedy_after(tf, full, 16), greedy_after(tf, r, 16));
 }
@@ -238,13 +240,13 @@ TEST_F(BlendModes, AllChunksMissingComputesLikeFull) {
 TEST_F(BlendModes, GradualFilteringNarrowsToTheRatio) {
   BlendSetup setup(testing::fast_precision());
   const auto& m = setup.m;
-  BlendEngine& engine = setup.engine;
+  const StoreBackedBlend& from_store = setup.from_store;
   const auto prompt = make_prompt(m, kDocs);
-  engine.warm(prompt);
+  from_store.warm(prompt);
   BlendOptions o;
   o.check_layers = {1, 2, 3};
   o.ratio = 0.2f;
-  auto r = engine.prefill(prompt, o, 8);
+  auto r = from_store.prefill(prompt, o, 8);
   const int64_t H = r.stats.cached_tokens;
   ASSERT_EQ(r.stats.candidates_per_check.size(), 3u);
   EXPECT_EQ(r.stats.candidates_per_check[0], std::llround((0.2 + 0.8 * 2 / 3.0) * H));
@@ -257,52 +259,52 @@ TEST_F(BlendModes, GradualFilteringNarrowsToTheRatio) {
     EXPECT_LT(p, prompt.suffix_offset());
   }
   o.schedule = {0.9f, 0.5f};
-  auto s = engine.prefill(prompt, o, 8);
+  auto s = from_store.prefill(prompt, o, 8);
   EXPECT_EQ(s.stats.candidates_per_check[0], std::llround(0.9 * H));
 }
 
 TEST_F(BlendModes, RejectsBadOptionsAndOversizedPrompts) {
   BlendSetup setup(testing::fast_precision());
   const auto& m = setup.m;
-  BlendEngine& engine = setup.engine;
+  const StoreBackedBlend& from_store = setup.from_store;
   const auto prompt = make_prompt(m, kDocs);
-  engine.warm(prompt);
+  from_store.warm(prompt);
   BlendOptions o;
   o.check_layers = {0};
-  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument);
   o.check_layers = {30};
-  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument);
   o.check_layers = {1};
   o.ratio = 1.5f;
-  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument);
   o.ratio = 0.15f;
-  EXPECT_THROW(engine.prefill(prompt, o, m.config().context_length), std::length_error);
+  EXPECT_THROW(from_store.prefill(prompt, o, m.config().context_length), std::length_error);
   EXPECT_THROW(parse_mode("fast"), std::invalid_argument);
   o.min_tokens = -1;
-  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument);
   o.min_tokens = 1;
   // schedules: one value per check layer but the last, within [ratio, 1], never increasing
   o.check_layers = {1, 2, 3};
   for (auto bad : std::vector<std::vector<float>>{{0.5f}, {1.2f, 0.5f}, {0.5f, 0.9f}, {0.9f, 0.1f}, {-0.1f, 0.2f}}) {
     o.schedule = bad;
-    EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument) << bad[0];
+    EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument) << bad[0];
   }
   o.schedule = {0.9f, 0.9f};
-  EXPECT_NO_THROW(engine.prefill(prompt, o));
+  EXPECT_NO_THROW(from_store.prefill(prompt, o));
 }
 
 TEST_F(BlendModes, WarmSkipsAnEmptyChunkAndStoresTheRest) {
   BlendSetup setup(testing::fast_precision());
   auto prompt = make_prompt(setup.m, kDocs);
   prompt.chunks.insert(prompt.chunks.begin() + 1, std::vector<int32_t>{});
-  setup.engine.warm(prompt);
+  setup.from_store.warm(prompt);
   for (const auto& chunk : prompt.chunks) {
     if (!chunk.empty()) {
       EXPECT_TRUE(setup.store.contains(setup.engine.chunk_key(chunk)));
     }
   }
   BlendOptions o;
-  auto r = setup.engine.prefill(prompt, o);
+  auto r = setup.from_store.prefill(prompt, o);
   EXPECT_EQ(r.stats.chunks_hit, static_cast<int>(prompt.chunks.size()) - 1);
 }
 

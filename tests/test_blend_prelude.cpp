@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "blend/blend_engine.h"
+#include "blend/store_backed_blend.h"
 #include "blend/rag_prompt.h"
 #include "model/generate.h"
 #include "storage/memory_store.h"
@@ -34,10 +35,9 @@ class BlendPrelude : public ::testing::Test {
 TEST_F(BlendPrelude, StoredKvIsTheChunksRowsBehindThePreludeInEveryLayer) {
   const LlamaModel& m = testing::shared_model(Precision::F32);
   Transformer tf(m);
-  MemoryKvStore store(int64_t{1} << 30);
   const auto prelude = m.tokenizer().encode("<|im_start|>system\n", true);
   ASSERT_GE(prelude.size(), 2u);
-  BlendEngine engine(tf, store, prelude);
+  BlendEngine engine(tf, prelude);
   const auto chunk = m.tokenizer().encode(kDocs[0], false);
   const int64_t p = static_cast<int64_t>(prelude.size()), mlen = static_cast<int64_t>(chunk.size());
 
@@ -68,8 +68,7 @@ TEST_F(BlendPrelude, StoredKvIsTheChunksRowsBehindThePreludeInEveryLayer) {
   EXPECT_LT(k_err, 1e-5 * k_scale);
 
   // And it differs from the chunk computed alone (the prelude changed the KV).
-  MemoryKvStore store2(int64_t{1} << 30);
-  BlendEngine alone(tf, store2);
+  BlendEngine alone(tf);
   const auto kv_alone = alone.compute_chunk_kv(chunk);
   double diff = 0;
   for (size_t i = 0; i < kv->v.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(kv->v[i] - kv_alone->v[i])));
@@ -81,8 +80,7 @@ TEST_F(BlendPrelude, ThePreludeIsPartOfTheChunkKeyAndPrefixesAreComputedAlone) {
   Transformer tf(m);
   MemoryKvStore store(int64_t{1} << 30);
   const auto prelude = m.tokenizer().encode("<|im_start|>system\n", true);
-  BlendEngine none(tf, store), with(tf, store, prelude),
-      other(tf, store, m.tokenizer().encode("<|im_start|>user\n", true));
+  BlendEngine none(tf), with(tf, prelude), other(tf, m.tokenizer().encode("<|im_start|>user\n", true));
   const auto chunk = m.tokenizer().encode(kDocs[1], false);
   EXPECT_NE(none.chunk_key(chunk), with.chunk_key(chunk));
   EXPECT_NE(with.chunk_key(chunk), other.chunk_key(chunk));
@@ -90,16 +88,16 @@ TEST_F(BlendPrelude, ThePreludeIsPartOfTheChunkKeyAndPrefixesAreComputedAlone) {
   // Prelude tokens moved into the chunk are another key (the length is hashed).
   std::vector<int32_t> longer(prelude.end() - 1, prelude.end());
   longer.insert(longer.end(), chunk.begin(), chunk.end());
-  BlendEngine shorter(tf, store, std::vector<int32_t>(prelude.begin(), prelude.end() - 1));
+  BlendEngine shorter(tf, std::vector<int32_t>(prelude.begin(), prelude.end() - 1));
   EXPECT_NE(shorter.chunk_key(longer), with.chunk_key(chunk));
 
   // An engine without a prelude stored every chunk: the engine with one misses them
   // all (computes in place), never using KV computed another way.
   const auto prompt = make_prompt(m, kDocs, kQuestion);
-  none.warm(prompt);
+  StoreBackedBlend(none, store).warm(prompt);
   BlendOptions o;
   o.ratio = 0.15f;
-  const auto r = with.prefill(prompt, o);
+  const auto r = StoreBackedBlend(with, store).prefill(prompt, o);
   EXPECT_EQ(r.stats.chunks_hit, 0);
   EXPECT_TRUE(r.stats.prefix_hit);  // the prefix is keyed and computed alike
   // The prefix it would store is the prefix computed alone.
@@ -114,15 +112,16 @@ TEST_F(BlendPrelude, BlendOverPreludeChunksAnswers) {
   const LlamaModel& m = testing::shared_model(Precision::F32);
   Transformer tf(m);
   MemoryKvStore store(int64_t{1} << 30);
-  BlendEngine engine(tf, store, m.tokenizer().encode("<|im_start|>system\n", true));
+  BlendEngine engine(tf, m.tokenizer().encode("<|im_start|>system\n", true));
+  StoreBackedBlend from_store(engine, store);
   const auto prompt = make_prompt(m, kDocs, kQuestion);
-  engine.warm(prompt);
+  from_store.warm(prompt);
   BlendOptions o;
   o.mode = BlendMode::Full;
-  auto full = engine.prefill(prompt, o, 16);
+  auto full = from_store.prefill(prompt, o, 16);
   o.mode = BlendMode::Blend;
   o.ratio = 0.15f;
-  auto blend = engine.prefill(prompt, o, 16);
+  auto blend = from_store.prefill(prompt, o, 16);
   EXPECT_EQ(blend.stats.chunks_hit, static_cast<int>(kDocs.size()));
   SamplingParams sp;
   sp.max_tokens = 16;

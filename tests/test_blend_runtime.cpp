@@ -110,7 +110,7 @@ TEST(Runtime, MatchesADirectEngineCallAndWritesMissedChunksBack) {
   const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, req.documents);
   BlendOptions opt = ctx.config.blend;
   opt.ratio = 0.15f;
-  auto pre = ctx.engine->prefill(prompt, opt, req.sampling.max_tokens);
+  auto pre = ctx.from_store->prefill(prompt, opt, req.sampling.max_tokens);
   EXPECT_EQ(pre.stats.chunks_hit, 3);
   EXPECT_EQ(pre.stats.recomputed_tokens, second.recomputed_tokens);
   SamplingParams sp = req.sampling;

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "blend/blend_engine.h"
+#include "blend/store_backed_blend.h"
 #include "blend/rag_prompt.h"
 #include "model/generate.h"
 #include "storage/memory_store.h"
@@ -78,13 +79,14 @@ BlendOptions one_check_options() {
 // The real model (fp32 GEMMs: the bounds below are fp32 numerics), a RAM store and
 // the engine over them.
 struct BlendSetup {
-  BlendSetup() : m(testing::shared_model(Precision::F32)), tf(m), engine(tf, store) {}
+  BlendSetup() : m(testing::shared_model(Precision::F32)), tf(m), engine(tf), from_store(engine, store) {}
   const LlamaModel& m;
   Transformer tf;
   MemoryKvStore store{int64_t{1} << 30};
   BlendEngine engine;
+  StoreBackedBlend from_store;
 
-  BlendPrefill run(const RagPrompt& prompt, const BlendOptions& o) { return engine.prefill(prompt, o); }
+  BlendPrefill run(const RagPrompt& prompt, const BlendOptions& o) { return from_store.prefill(prompt, o); }
   BlendPrefill run(const RagPrompt& prompt, BlendMode mode, float ratio = 0.15f, int min_tokens = 1,
                    Deviation deviation = Deviation::KV) {
     BlendOptions o = one_check_options();
@@ -92,7 +94,7 @@ struct BlendSetup {
     o.ratio = ratio;
     o.min_tokens = min_tokens;
     o.deviation = deviation;
-    return engine.prefill(prompt, o);
+    return from_store.prefill(prompt, o);
   }
 };
 
@@ -120,7 +122,7 @@ class BlendSelection : public ::testing::Test {
 TEST_F(BlendSelection, RatioJustBelowOneThroughTheScoringIsFull) {
   BlendSetup s;
   const auto prompt = make_prompt(s.m, kDocs, kQuestion);
-  s.engine.warm(prompt);
+  s.from_store.warm(prompt);
   const int64_t H = chunk_tokens(prompt);
   const auto full = s.run(prompt, BlendMode::Full);
   const auto reuse = s.run(prompt, BlendMode::Reuse);
@@ -170,7 +172,7 @@ TEST_F(BlendSelection, RatioJustBelowOneThroughTheScoringIsFull) {
 TEST_F(BlendSelection, TinyRatioWithMinTokensRecomputesOneTokenAndIsNearReuse) {
   BlendSetup s;
   const auto prompt = make_prompt(s.m, kDocs, kQuestion);
-  s.engine.warm(prompt);
+  s.from_store.warm(prompt);
   const int64_t H = chunk_tokens(prompt);
   const auto reuse = s.run(prompt, BlendMode::Reuse);
   const auto full = s.run(prompt, BlendMode::Full);
@@ -204,12 +206,12 @@ TEST_F(BlendSelection, TinyRatioWithMinTokensRecomputesOneTokenAndIsNearReuse) {
   o.ratio = tiny;
   o.min_tokens = 0;
   o.filtering = Filtering::TwoPass;
-  const auto none = s.engine.prefill(prompt, o);
+  const auto none = s.from_store.prefill(prompt, o);
   EXPECT_EQ(none.stats.candidates_per_check, std::vector<int64_t>{0});
   EXPECT_EQ(none.stats.recomputed_tokens, 0);
   EXPECT_LT(max_abs_diff(reuse.logits, none.logits), 1e-5);
   o.filtering = Filtering::SinglePass;
-  const auto none1 = s.engine.prefill(prompt, o);
+  const auto none1 = s.from_store.prefill(prompt, o);
   EXPECT_EQ(none1.stats.candidates_per_check, std::vector<int64_t>{0});
   EXPECT_EQ(none1.stats.recomputed_tokens, 0);
   EXPECT_EQ(none1.stats.computed_tokens, static_cast<int64_t>(prompt.suffix.size()));
@@ -299,7 +301,7 @@ TEST_F(BlendSelection, SelectedTokensAreTheTopKOfTheLayerOneDeviation) {
   BlendSetup s;
   const auto prompt = make_prompt(s.m, kDocs, kQuestion);
   // Store the prefix and chunks 0, 1, 3; chunk 2 misses until the second half.
-  s.engine.warm(make_prompt(s.m, {kDocs[0], kDocs[1], kDocs[3]}, kQuestion));
+  s.from_store.warm(make_prompt(s.m, {kDocs[0], kDocs[1], kDocs[3]}, kQuestion));
   struct Case {
     std::vector<char> hit;
     Deviation deviation;
@@ -311,7 +313,7 @@ TEST_F(BlendSelection, SelectedTokensAreTheTopKOfTheLayerOneDeviation) {
                                    {{1, 1, 1, 1}, Deviation::V, "all cached, V"}};
   for (const auto& cs : cases) {
     SCOPED_TRACE(cs.name);
-    if (cs.hit[2]) s.engine.warm(prompt);
+    if (cs.hit[2]) s.from_store.warm(prompt);
     BlendOptions o = one_check_options();
     o.ratio = 0.15f;
     o.deviation = cs.deviation;
@@ -435,7 +437,7 @@ TEST_F(BlendSelection, PartlyCachedPromptCountsAndQuality) {
     SCOPED_TRACE(cs.question);
     const auto prompt = make_prompt(s.m, cs.docs, cs.question);
     // Chunks 0 and 2 are stored; 1 and 3 miss.
-    s.engine.warm(make_prompt(s.m, {cs.docs[0], cs.docs[2]}, cs.question));
+    s.from_store.warm(make_prompt(s.m, {cs.docs[0], cs.docs[2]}, cs.question));
     const std::vector<char> hit = {1, 0, 1, 0};
     const auto full = s.run(prompt, BlendMode::Full);
     const auto reuse = s.run(prompt, BlendMode::Reuse);
@@ -515,19 +517,19 @@ std::vector<int32_t> cached_positions(const RagPrompt& prompt) {
 TEST_F(BlendSelection, SinglePassKeepsTheKvComputedWhileScoring) {
   BlendSetup s;
   const auto prompt = make_prompt(s.m, kDocs, kQuestion);
-  s.engine.warm(prompt);
+  s.from_store.warm(prompt);
   const auto cached = cached_positions(prompt);
   const int64_t H = static_cast<int64_t>(cached.size());
   const int64_t N = prompt.size();
   BlendOptions o = one_check_options();
   o.mode = BlendMode::Full;
-  auto full = s.engine.prefill(prompt, o);
+  auto full = s.from_store.prefill(prompt, o);
   o.mode = BlendMode::Reuse;
-  auto reuse = s.engine.prefill(prompt, o);
+  auto reuse = s.from_store.prefill(prompt, o);
   o.mode = BlendMode::Blend;
   o.ratio = 0.15f;
   o.check_layers = {1, 2, 3};
-  auto one = s.engine.prefill(prompt, o);
+  auto one = s.from_store.prefill(prompt, o);
   const auto& kept = one.stats.candidates_per_check;
   ASSERT_EQ(kept.size(), 3u);
   EXPECT_EQ(kept[2], std::llround(0.15 * H));
@@ -554,7 +556,7 @@ TEST_F(BlendSelection, SinglePassKeepsTheKvComputedWhileScoring) {
 
   o.check_layers = {1};
   o.filtering = Filtering::TwoPass;
-  auto two = s.engine.prefill(prompt, o);
+  auto two = s.from_store.prefill(prompt, o);
   const int64_t k2 = two.stats.recomputed_tokens;
   ASSERT_EQ(k2, std::llround(0.15 * H));
   for (int l = 1; l < s.m.config().n_layers; ++l)
@@ -567,7 +569,7 @@ TEST_F(BlendSelection, SinglePassKeepsTheKvComputedWhileScoring) {
 TEST_F(BlendSelection, PerChunkQuotaTakesEachChunksShareFromItsOwnTopDeviations) {
   BlendSetup s;
   const auto prompt = make_prompt(s.m, kDocs, kQuestion);
-  s.engine.warm(make_prompt(s.m, {kDocs[0], kDocs[2], kDocs[3]}, kQuestion));
+  s.from_store.warm(make_prompt(s.m, {kDocs[0], kDocs[2], kDocs[3]}, kQuestion));
   const std::vector<char> hit = {1, 0, 1, 1};
   const auto oracle = oracle_layer1_deviation(s, prompt, hit, Deviation::KV);
   const int64_t H = static_cast<int64_t>(oracle.positions.size());
@@ -625,7 +627,7 @@ TEST_F(BlendSelection, PerChunkQuotaTakesEachChunksShareFromItsOwnTopDeviations)
 TEST_F(BlendSelection, SinkTokensAreRecomputedWithinTheBudget) {
   BlendSetup s;
   const auto prompt = make_prompt(s.m, kDocs, kQuestion);
-  s.engine.warm(prompt);
+  s.from_store.warm(prompt);
   const std::vector<char> hit(prompt.chunks.size(), 1);
   const auto oracle = oracle_layer1_deviation(s, prompt, hit, Deviation::KV);
   const int64_t H = static_cast<int64_t>(oracle.positions.size());

@@ -12,12 +12,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "blend/blend_engine.h"
+#include "blend/store_backed_blend.h"
 #include "blend/rag_prompt.h"
 #include "model/llama_model.h"
 #include "storage/memory_store.h"
@@ -77,16 +79,17 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
 
   for (bool with_prelude : {false, true}) {
     MemoryKvStore store(int64_t{1} << 28);
-    BlendEngine engine(*t.tf, store,
+    BlendEngine engine(*t.tf,
                        with_prelude ? t.model->tokenizer().encode("<|im_start|>system\n", true) : std::vector<int32_t>{});
+    StoreBackedBlend from_store(engine, store);
     RagPrompt warm = prompt;
     warm.chunks = {prompt.chunks[0], prompt.chunks[1], prompt.chunks[3]};
-    engine.warm(warm);
+    from_store.warm(warm);
     BlendOptions o;
     o.mode = BlendMode::Full;
-    const auto full = engine.prefill(prompt, o, 4);
+    const auto full = from_store.prefill(prompt, o, 4);
     o.mode = BlendMode::Reuse;
-    const auto reuse = engine.prefill(prompt, o, 4);
+    const auto reuse = from_store.prefill(prompt, o, 4);
     ASSERT_EQ(reuse.stats.chunks_hit, 3);
     ASSERT_EQ(reuse.stats.cached_tokens, H);
     // The rows the controller plans for (planned_rows_per_layer) are the rows the engine
@@ -121,7 +124,7 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
                 b.deviation = deviation;
                 b.sink_tokens = sinks;
                 b.ratio = ratio;
-                const auto r = engine.prefill(prompt, b, 4);
+                const auto r = from_store.prefill(prompt, b, 4);
                 ASSERT_TRUE(all_finite(r.logits));
                 if (quota == Quota::Global && sinks == 0) {
                   // Each check rounds its kept count and keeps at least min_tokens: at
@@ -175,7 +178,7 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
                 if (layers.size() == 1 && filtering == Filtering::SinglePass) {
                   BlendOptions two = b;
                   two.filtering = Filtering::TwoPass;
-                  EXPECT_EQ(engine.prefill(prompt, two, 4).recomputed_positions, pos);
+                  EXPECT_EQ(from_store.prefill(prompt, two, 4).recomputed_positions, pos);
                 }
               }
   }
@@ -186,21 +189,94 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
 TEST(TinyBlend, BadOptionsAreRefused) {
   Tiny& t = tiny();
   MemoryKvStore store(int64_t{1} << 28);
-  BlendEngine engine(*t.tf, store);
+  BlendEngine engine(*t.tf);
+  StoreBackedBlend from_store(engine, store);
   const RagPrompt prompt = t.prompt();
-  engine.warm(prompt);
+  from_store.warm(prompt);
   BlendOptions o;
   o.check_layers = {kTinyLayers};
-  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument);
   o.check_layers = {0};
-  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument);
   o.check_layers = {1, 2};
   o.schedule = {0.05f};  // below the ratio
-  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument);
   o.schedule = {};
   o.sink_tokens = -1;
-  EXPECT_THROW(engine.prefill(prompt, o), std::invalid_argument);
+  EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument);
 }
 
 }  // namespace
+// K and V of the cached rows 0..length-1 are bit for bit the same.
+bool same_prompt_kv(const KvCache& a, const KvCache& b) {
+  if (a.length != b.length || a.n_layers != b.n_layers || a.kv_heads != b.kv_heads || a.head_dim != b.head_dim)
+    return false;
+  const size_t row_bytes = static_cast<size_t>(a.length * a.head_dim) * sizeof(float);
+  for (int l = 0; l < a.n_layers; ++l)
+    for (int h = 0; h < a.kv_heads; ++h)
+      if (std::memcmp(a.k_at(l, h, 0), b.k_at(l, h, 0), row_bytes) != 0 ||
+          std::memcmp(a.v_at(l, h, 0), b.v_at(l, h, 0), row_bytes) != 0)
+        return false;
+  return true;
+}
+
+// The engine steps (begin / step / finish): the runtime interleaves the layers of
+// several prefills on one thread, so one prefill's steps must not disturb
+// another's. Two prefills stepped alternately give, bit for bit, what each gives
+// alone, in single and two-pass filtering; a layer is delivered (and its chunks
+// repaired) once — the final pass of two-pass re-reads the selection pass's layers.
+TEST(TinyBlend, InterleavedStepsOfTwoPrefillsEqualEachAlone) {
+  Tiny& t = tiny();
+  MemoryKvStore store(int64_t{1} << 28);
+  BlendEngine engine(*t.tf);
+  StoreBackedBlend from_store(engine, store);
+  const RagPrompt first = t.prompt();
+  RagPrompt second = first;
+  std::swap(second.chunks[0], second.chunks[3]);  // the same chunks at other offsets
+  second.chunks.pop_back();
+  from_store.warm(first);
+  for (Filtering filtering : {Filtering::SinglePass, Filtering::TwoPass}) {
+    SCOPED_TRACE(filtering_name(filtering));
+    BlendOptions o;
+    o.filtering = filtering;
+    o.check_layers = {1, 2, 3};
+    o.ratio = 0.3f;
+    const auto alone_first = from_store.prefill(first, o, 2);
+    const auto alone_second = from_store.prefill(second, o, 2);
+
+    KvCache cache_first = t.tf->make_cache(first.size() + 2), cache_second = t.tf->make_cache(second.size() + 2);
+    PrefillRun a = engine.begin(first, from_store.read_stored(first, o, cache_first), cache_first, o);
+    PrefillRun b = engine.begin(second, from_store.read_stored(second, o, cache_second), cache_second, o);
+    const int steps_a = a.steps_left();
+    EXPECT_EQ(steps_a, filtering == Filtering::TwoPass ? 4 + kTinyLayers : kTinyLayers);
+    int steps = 0, deliveries = 0;
+    while (!a.done() || !b.done()) {
+      for (PrefillRun* run : {&a, &b}) {
+        if (run->done()) continue;
+        const int left = run->steps_left();
+        if (run == &a) {
+          ++steps;
+          if (a.needs_delivery()) ++deliveries;
+        }
+        engine.step(*run);
+        EXPECT_LT(run->steps_left(), left);
+      }
+    }
+    EXPECT_THROW(engine.step(a), std::logic_error);
+    EXPECT_EQ(steps, steps_a);
+    EXPECT_EQ(deliveries, kTinyLayers);
+    const auto stepped_first = engine.finish(std::move(a));
+    const auto stepped_second = engine.finish(std::move(b));
+    EXPECT_EQ(stepped_first.logits, alone_first.logits);
+    EXPECT_EQ(stepped_second.logits, alone_second.logits);
+    EXPECT_EQ(stepped_first.recomputed_positions, alone_first.recomputed_positions);
+    EXPECT_EQ(stepped_second.recomputed_positions, alone_second.recomputed_positions);
+    // Rows past the prompt are not initialised (the cache is sized for decode too).
+    EXPECT_TRUE(same_prompt_kv(stepped_first.cache, alone_first.cache));
+    EXPECT_TRUE(same_prompt_kv(stepped_second.cache, alone_second.cache));
+    EXPECT_EQ(stepped_first.stats.row_layers, alone_first.stats.row_layers);
+    EXPECT_FALSE(stepped_first.recomputed_positions.empty());
+  }
+}
+
 }  // namespace bs

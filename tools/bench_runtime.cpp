@@ -124,7 +124,7 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
         BlendOptions o = ctx.config.blend;
         o.ratio = res.ratio;
         const auto t0 = std::chrono::steady_clock::now();
-        auto pre = ctx.engine->prefill(*r.prompt, o, 1);
+        auto pre = ctx.from_store->prefill(*r.prompt, o, 1);
         (void)argmax(pre.logits.data(), ctx.model->config().vocab);
         engine_blend.ttft.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         RuntimeRequest full = r;

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blend/blend_engine.h"
+#include "blend/store_backed_blend.h"
 #include "storage/memory_store.h"
 #include "tools/eval/metrics.h"
 #include "model/generate.h"
@@ -102,7 +103,8 @@ int eval_rag(const EvalOptions& opt) {
   LlamaModel model(opt.model_path, *backend, precision);
   Transformer tf(model);
   MemoryKvStore store(int64_t{16} << 30);
-  BlendEngine engine(tf, store, model.tokenizer().encode(opt.chunk_prelude, true));
+  BlendEngine engine(tf, model.tokenizer().encode(opt.chunk_prelude, true));
+  StoreBackedBlend from_store(engine, store);
   const auto& tok = model.tokenizer();
   const int64_t V = model.config().vocab;
   std::map<BlendMode, Totals> totals;
@@ -136,7 +138,7 @@ int eval_rag(const EvalOptions& opt) {
     const RagPrompt prompt = assemble_rag_prompt(
         tok, model.chat_template(),
         {{"system", opt.system_prompt}, {"user", opt.question_prefix + question}}, docs);
-    engine.warm(prompt);  // cached modes find every chunk in RAM
+    from_store.warm(prompt);  // cached modes find every chunk in RAM
 
     // Teacher forcing: the first gold answer (all tokens but its last) appended to
     // the suffix; the last A rows' logits predict the answer's A tokens. An answer
@@ -157,7 +159,7 @@ int eval_rag(const EvalOptions& opt) {
         ++reference_hits;
       } else {
         // Only the logits are kept: the whole prefill result carries the prompt's KV cache.
-        const std::vector<float> logits = engine.prefill(forced, ref_opt, 0, A).logits;
+        const std::vector<float> logits = from_store.prefill(forced, ref_opt, 0, A).logits;
         reference.first.assign(logits.begin(), logits.begin() + V);
         reference.argmax.resize(static_cast<size_t>(A));
         for (int64_t r = 0; r < A; ++r) reference.argmax[r] = argmax_row(&logits[r * V], V);
@@ -173,7 +175,7 @@ int eval_rag(const EvalOptions& opt) {
       if (A > 0 && mode == BlendMode::Full) {
         agree = A;  // the reference itself (the forward pass is deterministic)
       } else if (A > 0) {
-        const std::vector<float> forced_logits = engine.prefill(forced, o, 0, A).logits;
+        const std::vector<float> forced_logits = from_store.prefill(forced, o, 0, A).logits;
         kl = blend::kl_divergence(reference.first.data(), forced_logits.data(), V);
         for (int64_t r = 0; r < A; ++r) agree += reference.argmax[r] == argmax_row(&forced_logits[r * V], V);
       }
@@ -182,7 +184,7 @@ int eval_rag(const EvalOptions& opt) {
       // before): steady-state compute, as in a warm server.
       const double setup0 = backend->setup_seconds();
       const auto t0 = std::chrono::steady_clock::now();
-      auto gen = engine.prefill(prompt, o, opt.max_tokens);
+      auto gen = from_store.prefill(prompt, o, opt.max_tokens);
       const double setup = backend->setup_seconds() - setup0;
       const double ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - setup;
       SamplingParams sp;
