@@ -67,6 +67,24 @@ bool LayerGate::failed() const {
   return !failure_.empty();
 }
 
+bool LayerGate::failure(std::string& why, bool& recoverable) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.empty()) return false;
+  why = failure_;
+  recoverable = recoverable_;
+  return true;
+}
+
+bool LayerGate::delivered(int layer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return layer >= 0 && layer < static_cast<int>(arrived_.size()) && arrived_[layer] >= expected_;
+}
+
+bool LayerGate::loaders_done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loaders_.empty();
+}
+
 bool LayerGate::wait_for(int layer, std::chrono::steady_clock::duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   const bool ready =

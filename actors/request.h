@@ -70,8 +70,10 @@ struct RequestCallbacks {
 
 // The loaders -> worker handshake for one request: layer l may be computed once
 // every loader the request was sent to delivered it. A failure (a stored entry that
-// failed its read, a loader that died, a cancel, a timeout) wakes every wait with
-// LoadFailed, and the loaders stop at their next layer. Every wait is bounded.
+// failed its read, a loader that died, a cancel, a timeout) fails the gate, and the
+// loaders stop at their next layer. The layer worker looks without waiting
+// (delivered, failure, loaders_done) and parks a prefill whose layer is not there;
+// the waits, each bounded, are for a caller that owns its thread.
 class LayerGate {
  public:
   struct LoadFailed : std::runtime_error {
@@ -87,6 +89,12 @@ class LayerGate {
   void loader_done(uint64_t loader);   // that loader ended its work on this request (idempotent)
   void fail(const std::string& why, bool recoverable = false);  // the first failure wins
   bool failed() const;                 // loaders look before each layer and stop
+  // Without waiting: the failure (why, and whether it is recoverable), if any.
+  bool failure(std::string& why, bool& recoverable) const;
+  // Without waiting: every loader delivered `layer`.
+  bool delivered(int layer) const;
+  // Without waiting: no loader writes the cache any more.
+  bool loaders_done() const;
   // Waits at most `timeout` for `layer`: true when it is there; throws LoadFailed.
   bool wait_for(int layer, std::chrono::steady_clock::duration timeout);
   // Waits at most `timeout` until every loader is done (no loader writes the cache

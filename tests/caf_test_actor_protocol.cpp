@@ -114,6 +114,8 @@ worker_actor::behavior_type worker_double(worker_actor::pointer, Log log) {
       [=](layer_atom, RequestPtr, int32_t l) { log->push_back("worker:layer:" + std::to_string(l)); },
       [=](load_end_atom, RequestPtr, uint64_t) { log->push_back("worker:loadend"); },
       [=](load_fail_atom, RequestPtr, const std::string&) { log->push_back("worker:loadfail"); },
+      [=](stepped_atom, uint64_t) { log->push_back("worker:stepped"); },
+      [=](tick_atom) { log->push_back("worker:tick"); },
       [=](decode_atom, RequestPtr, int32_t) { log->push_back("worker:decode"); },
       [=](warm_atom, RequestPtr) { log->push_back("worker:warm"); },
       [=](document_atom, const std::vector<int32_t>&) -> caf::result<KeyedKv> {
