@@ -1,9 +1,9 @@
 // The blend's selection path on the real model. ratio 0 and ratio >= 1 are
-// shortcuts in prefill_planned (no token scored), so the mode-invariant tests in
-// test_blend.cpp never reach select_recompute; these do:
+// shortcuts in BlendEngine::begin (no token scored), so the mode-invariant tests in
+// test_blend.cpp never reach the scoring; these do:
 //  - ratios just below 1 and just above 0 through the scoring, against full/reuse;
 //  - an oracle that recomputes the layer-1 deviation of every cached token the way
-//    select_recompute defines it and must pick exactly the engine's tokens;
+//    the engine's check layer defines it and must pick exactly the engine's tokens;
 //  - place_chunk_kv in every layer (K rotated by exactly the offset, V untouched);
 //  - a prompt where some chunks hit the cache and some miss.
 #include <gtest/gtest.h>
@@ -115,7 +115,7 @@ class BlendSelection : public ::testing::Test {
   void SetUp() override { REQUIRE_MODEL(); }
 };
 
-// Ratios just below 1 go through select_recompute (ratio >= 1 would not): with
+// Ratios just below 1 go through the scoring (ratio >= 1 would not): with
 // H cached tokens, ratio (H - 0.25) / H keeps llround(H - 0.25) = H tokens (all of
 // them) and ratio (H - 0.75) / H keeps llround(H - 0.75) = H - 1 tokens (all but
 // the one with the smallest deviation). Both must be close to full.
@@ -134,7 +134,7 @@ TEST_F(BlendSelection, RatioJustBelowOneThroughTheScoringIsFull) {
   ASSERT_LT(all_ratio, 1.0f);
   ASSERT_EQ(std::llround(static_cast<double>(all_ratio) * H), H);
   const auto all = s.run(prompt, BlendMode::Blend, all_ratio);
-  EXPECT_EQ(all.stats.candidates_per_check, std::vector<int64_t>{H});  // select_recompute ran
+  EXPECT_EQ(all.stats.candidates_per_check, std::vector<int64_t>{H});  // the scoring ran
   EXPECT_EQ(all.stats.cached_tokens, H);
   EXPECT_EQ(all.stats.recomputed_tokens, H);
   EXPECT_EQ(all.recomputed_positions, iota_positions(prompt.chunk_offset(0), prompt.suffix_offset()));
@@ -180,7 +180,7 @@ TEST_F(BlendSelection, TinyRatioWithMinTokensRecomputesOneTokenAndIsNearReuse) {
   ASSERT_GT(tiny, 0.0f);
   ASSERT_EQ(std::llround(static_cast<double>(tiny) * H), 0);
   const auto one = s.run(prompt, BlendMode::Blend, tiny, /*min_tokens=*/1);
-  EXPECT_EQ(one.stats.candidates_per_check, std::vector<int64_t>{1});  // select_recompute ran
+  EXPECT_EQ(one.stats.candidates_per_check, std::vector<int64_t>{1});  // the scoring ran
   EXPECT_EQ(one.stats.recomputed_tokens, 1);
   ASSERT_EQ(one.recomputed_positions.size(), 1u);
   EXPECT_GE(one.recomputed_positions[0], prompt.chunk_offset(0));
@@ -218,7 +218,7 @@ TEST_F(BlendSelection, TinyRatioWithMinTokensRecomputesOneTokenAndIsNearReuse) {
   EXPECT_GT(max_abs_diff(reuse.logits, none1.logits), 1e-3);
 }
 
-// The deviation select_recompute defines, recomputed here from the public pieces:
+// The deviation the check layer defines, recomputed here from the public pieces:
 // the cache as the loaders leave it (prefix KV at 0, every cached chunk placed with
 // place_chunk_kv), layer 0 over every chunk token (cached and missed) with
 // run_layer, Q/K/V of layer 1 with project_qkv, and per cached token the squared
