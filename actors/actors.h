@@ -56,7 +56,8 @@ writer_actor::behavior_type writer(writer_actor::pointer self, RuntimeContext* c
 // Hands `kk` to the SSD writer unless its queue (tiers.ssd.write_queue bytes) is
 // full: then it is dropped and counted. True when queued.
 bool enqueue_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk);
-// Feeds the compute thread: prefill, decode steps, write-back and document computes.
+// Owns the prefills it runs and decides each step of the compute thread: prefill
+// layers, decode steps, write-back and document computes.
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
 // Hands the fused cache to decode; stores computed chunks back to the tiers.
 fusor_actor::behavior_type fusor(fusor_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);

@@ -119,6 +119,16 @@ double interleave_decode(RuntimeContext* ctx, const HandlesRef& h) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Between two layers of a prefill: a due decode step of the other requests, its
+// time counted in the prefill's pauses (and in its wait for the next layer).
+void pause_for_decode(RuntimeContext* ctx, const HandlesRef& h, RequestState& r) {
+  const double s = interleave_decode(ctx, h);
+  if (s > 0) {
+    ++r.prefill_pauses;
+    r.prefill_pause_seconds += s;
+  }
+}
+
 // limits.load_timeout as a clock duration.
 std::chrono::steady_clock::duration load_timeout(const RuntimeContext* ctx) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -170,13 +180,6 @@ using TaskPtr = std::shared_ptr<PrefillTask>;
 // layer; the worker decides what comes next (stepped_atom).
 void step_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
   auto& r = t->r;
-  auto pause = [ctx, h, &r] {
-    const double s = interleave_decode(ctx, h);
-    if (s > 0) {
-      ++r->prefill_pauses;
-      r->prefill_pause_seconds += s;
-    }
-  };
   try {
     if (!t->begun) {
       t->run = ctx->engine->begin(r->prompt, r->plan, r->cache, r->options, 1, r->submitted);
@@ -192,7 +195,7 @@ void step_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
       ctx->engine->step(t->run, t->waiting_since);
       // The wait for the next layer starts now; a decode step run here counts in it.
       t->waiting_since = std::chrono::steady_clock::now();
-      pause();
+      pause_for_decode(ctx, h, *r);
     }
     if (t->error.empty() && !r->gate.failed() && t->run.done()) {
       r->prefill = ctx->engine->finish(std::move(t->run));
@@ -214,11 +217,7 @@ void fallback_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t
   try {
     r->prefill = ctx->from_store->prefill(r->prompt, r->options, r->request.sampling.max_tokens, 1,
                                           [ctx, h, &r](int layer) {
-                                            const double s = interleave_decode(ctx, h);
-                                            if (s > 0) {
-                                              ++r->prefill_pauses;
-                                              r->prefill_pause_seconds += s;
-                                            }
+                                            pause_for_decode(ctx, h, *r);
                                             if (r->cancelled.load())
                                               throw std::runtime_error("cancelled before layer " + std::to_string(layer));
                                           });
