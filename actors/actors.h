@@ -2,7 +2,9 @@
 // spawns them; tests spawn them alone under CAF's test coordinator.
 #pragma once
 
+#include <chrono>
 #include <deque>
+#include <memory>
 #include <exception>
 #include <functional>
 #include <string>
@@ -20,50 +22,71 @@ namespace bs {
 using HandlesRef = std::shared_ptr<Handles>;  // filled after spawning; the supervisor replaces an actor that died
 
 struct IntakeState {
-  std::deque<RequestPtr> queue;  // prepared, waiting for a slot, in arrival order
+  std::deque<RequestPlan> queue;  // prepared, waiting for a slot, in arrival order
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> queued_at;  // by id (trace)
   static constexpr const char* name = "intake";
 };
-// Validates, tokenizes and keys a request; answers its id or a runtime error.
-// Starts it, queues it (limits.max_queue) or refuses it as overloaded. Spawned
+// Validates, tokenizes and keys a request (its record is in the RequestBook) into
+// a RequestPlan; answers its id or a runtime error. Starts it (the plan to the
+// controller), queues it (limits.max_queue) or refuses it as overloaded. Spawned
 // detached: tokenizing a long prompt takes milliseconds.
 intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx,
                                    HandlesRef h, CountersPtr c);
 // The loading controller's measured profiles.
 struct ControllerState {
-  // Start values until measured (a laptop SSD, RAM copies, a 2-core AVX2 prefill).
-  double ram_bytes_per_s = 8e9;
-  double ssd_bytes_per_s = 1.5e9;
+  // Per stored tier (TierId order): bytes/s, from the tier's start value until measured.
+  std::vector<double> tier_bytes_per_s;
+  std::vector<int> tier_samples;
+  // Start values until measured (a 2-core AVX2 prefill).
   double compute_s_per_token_layer = 6e-5;
   // Prefill time outside the final pass (selection, embedding, logits), per prompt token.
   double overhead_s_per_prompt_token = 5e-5;
-  int ram_samples = 0, ssd_samples = 0, compute_samples = 0, overhead_samples = 0;
+  int compute_samples = 0, overhead_samples = 0;
   // Recompute is planned to end this much before the loads: running past them
   // delays the first token one for one, ending early only costs a little quality.
   static constexpr double load_margin = 0.85;
   static constexpr const char* name = "controller";
 };
 
-// Looks chunks up in the tiers, picks the ratio from measured profiles, starts
-// the loaders and the worker. Spawned detached: an SSD lookup opens and reads a file.
+// Looks each part up in the tiers, picks the ratio from measured profiles and
+// hands the plan to the worker. Spawned detached: an SSD lookup opens and reads a file.
 controller_actor::behavior_type controller(controller_actor::stateful_pointer<ControllerState> self,
                                            RuntimeContext* ctx, HandlesRef h, CountersPtr c);
-// Streams one tier's KV into requests' caches layer by layer; stops at a cancel or a
-// failed gate. Spawn detached: its reads block.
-loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, Tier tier,
+// One of tier `tier`'s loaders: streams the tier's parts of a plan into the
+// request's load target layer by layer; stops at a failed gate (a cancel, another
+// loader's failure, a timeout). Spawn detached: its reads block.
+loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, TierId tier,
                                    CountersPtr c);
 // Writes entries to the SSD tier, in order. Spawn detached: its writes block.
 writer_actor::behavior_type writer(writer_actor::pointer self, RuntimeContext* ctx, CountersPtr c);
 // Hands `kk` to the SSD writer unless its queue (tiers.ssd.write_queue bytes) is
 // full: then it is dropped and counted. True when queued.
 bool enqueue_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk);
-// Owns the prefills it runs and decides each step of the compute thread: prefill
-// layers, decode steps, write-back and document computes.
+// Owns the execution state of the requests it runs (load targets, prefill runs,
+// decode caches, by request id) and decides each step of the compute thread:
+// prefill layers, decode steps, write-back and document computes.
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
-// Hands the fused cache to decode; stores computed chunks back to the tiers.
-fusor_actor::behavior_type fusor(fusor_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
-// Sampling, stop conditions, streaming text out, one step per message. Spawned
-// detached: sampling sorts the vocabulary and the caller's callbacks may block.
-decoder_actor::behavior_type decoder(decoder_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
+// Stores chunks the worker computed for write-back: RAM, and the SSD writer.
+write_back_actor::behavior_type write_back(write_back_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
+                                           CountersPtr c);
+// The decoder's per-request state, by id: sampling, text, stop conditions, and
+// what the result and trace report.
+struct Decoding {
+  PrefillOutcome prefill;  // the plan, and what the prefill did (its logits are consumed)
+  std::unique_ptr<DecodeSession> session;
+  bool has_first_token = false;
+  std::chrono::steady_clock::time_point first_token;
+  int64_t steps = 0, batch_sum = 0, interleaved = 0;  // decode batching (trace)
+};
+struct DecoderState {
+  std::unordered_map<uint64_t, Decoding> requests;
+  static constexpr const char* name = "decoder";
+};
+// Sampling, stop conditions, streaming text out (the caller's callbacks), one step
+// per message; the result and the trace at the end. Spawned detached: sampling
+// sorts the vocabulary and the caller's callbacks may block.
+decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderState> self, RuntimeContext* ctx,
+                                     HandlesRef h, CountersPtr c);
 struct InspectorState {
   std::vector<CountersPtr> actors;
   std::deque<std::string> traces;

@@ -16,8 +16,6 @@
 #include "actors/actors.h"
 
 namespace bs {
-
-
 namespace {
 
 // Exponential moving average; the first sample replaces the start value.
@@ -26,53 +24,60 @@ void update(double& v, int& samples, double x) {
   ++samples;
 }
 
+// The tiers' profiles start from each tier's start value.
+void init_tiers(ControllerState& st, const RuntimeContext& ctx) {
+  if (st.tier_bytes_per_s.size() == ctx.tiers.size()) return;
+  st.tier_bytes_per_s.clear();
+  for (const auto& t : ctx.tiers) st.tier_bytes_per_s.push_back(t.start_bytes_per_s);
+  st.tier_samples.assign(ctx.tiers.size(), 0);
+}
+
 }  // namespace
 
 controller_actor::behavior_type controller(controller_actor::stateful_pointer<ControllerState> self,
                                            RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
+  init_tiers(self->state, *ctx);
   return {
-      [=](plan_atom, RequestPtr r) {
+      [=](plan_atom, RequestPlan& r) {
         BusyScope busy(*c, self->mailbox().size());
-        const double t_begin = r->now_s();
+        const auto trace = ctx->traces.find(r.id);
+        const double t_begin = trace->now_s();
         auto& st = self->state;
         const auto& cfg = ctx->model->config();
-        const bool use_chunks = r->options.mode == BlendMode::Reuse || r->options.mode == BlendMode::Blend;
-        const bool use_prefix = r->options.mode != BlendMode::Full && !r->prompt.prefix.empty();
-        const size_t nchunks = r->prompt.chunks.size();
-        // Parts: chunks 0..n-1, then the prefix at index n.
-        r->chunk_tier.assign(nchunks, Tier::Miss);
-        r->readers.clear();
-        r->readers.resize(nchunks + 1);
-        r->plan.chunk_loaded.assign(nchunks, 0);
+        const auto& tiers = ctx->tiers;
+        const bool use_chunks = r.options.mode == BlendMode::Reuse || r.options.mode == BlendMode::Blend;
+        const bool use_prefix = r.options.mode != BlendMode::Full && !r.prompt.prefix.empty();
+        const size_t nchunks = r.prompt.chunks.size();
+        r.chunk_tier.assign(nchunks, kMissTier);
+        r.prefix_tier = kMissTier;
+        r.loaded.chunk_loaded.assign(nchunks, 0);
         int64_t cached_tokens = 0;
-        int64_t bytes_by_tier[kStoredTiers] = {};
+        std::vector<int64_t> bytes_by_tier(tiers.size(), 0);
         const int64_t token_bytes = 2 * static_cast<int64_t>(cfg.n_layers) * cfg.kv_dim() * sizeof(float);
-        // Tiers in lookup order; a remote tier is one more entry here.
-        const std::pair<Tier, KvStore*> tiers[] = {{Tier::Ram, ctx->ram.get()}, {Tier::Ssd, ctx->ssd.get()}};
-        auto locate = [&](size_t part, const ChunkKey& key, const std::vector<int32_t>& tokens) -> Tier {
-          if (tokens.empty()) return Tier::Miss;
-          for (const auto& [tier, store] : tiers) {
-            if (!store) continue;
-            auto reader = store->open_layers(key);
+        // The first tier (in lookup order) that holds a usable entry. The entry is
+        // opened to check it and closed again: the tier's loader opens it to read.
+        auto locate = [&](const ChunkKey& key, const std::vector<int32_t>& tokens) -> TierId {
+          if (tokens.empty()) return kMissTier;
+          for (size_t t = 0; t < tiers.size(); ++t) {
+            auto reader = tiers[t].store->open_layers(key);
             // A hash collision or a stale entry must never be used as this chunk's KV.
             if (reader && reader->tokens() == tokens && reader->n_layers() == cfg.n_layers &&
                 reader->kv_heads() == cfg.n_kv_heads && reader->head_dim() == cfg.head_dim) {
-              r->readers[part] = std::move(reader);
-              bytes_by_tier[static_cast<int>(tier)] += static_cast<int64_t>(tokens.size()) * token_bytes;
-              return tier;
+              bytes_by_tier[t] += static_cast<int64_t>(tokens.size()) * token_bytes;
+              return static_cast<TierId>(t);
             }
           }
-          return Tier::Miss;
+          return kMissTier;
         };
-        if (use_prefix) r->prefix_tier = locate(nchunks, r->prefix_key, r->prompt.prefix);
-        r->plan.prefix_loaded = r->prefix_tier != Tier::Miss;
+        if (use_prefix) r.prefix_tier = locate(r.prefix_key, r.prompt.prefix);
+        r.loaded.prefix_loaded = r.prefix_tier != kMissTier;
         if (use_chunks)
           for (size_t i = 0; i < nchunks; ++i) {
-            r->chunk_tier[i] = locate(i, r->chunk_keys[i], r->prompt.chunks[i]);
-            if (r->chunk_tier[i] != Tier::Miss) {
-              r->plan.chunk_loaded[i] = 1;
-              cached_tokens += static_cast<int64_t>(r->prompt.chunks[i].size());
+            r.chunk_tier[i] = locate(r.chunk_keys[i], r.prompt.chunks[i]);
+            if (r.chunk_tier[i] != kMissTier) {
+              r.loaded.chunk_loaded[i] = 1;
+              cached_tokens += static_cast<int64_t>(r.prompt.chunks[i].size());
             }
           }
 
@@ -80,16 +85,15 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         // (gradual filtering computes every cached row up to the first check layer
         // and narrows after each), at the measured seconds per row-layer, plus the
         // per-prompt-token overhead (embedding, selection outside the layers, logits).
-        const int64_t other_tokens = r->prompt.size() - cached_tokens -
-                                     (r->plan.prefix_loaded ? static_cast<int64_t>(r->prompt.prefix.size()) : 0);
-        const int64_t bytes_ram = bytes_by_tier[static_cast<int>(Tier::Ram)];
-        const int64_t bytes_ssd = bytes_by_tier[static_cast<int>(Tier::Ssd)];
-        const double load_ram = bytes_ram / st.ram_bytes_per_s, load_ssd = bytes_ssd / st.ssd_bytes_per_s;
-        const double est_load = std::max(load_ram, load_ssd);  // the loaders run in parallel
-        const double overhead = st.overhead_s_per_prompt_token * static_cast<double>(r->prompt.size());
-        const float floor = r->options.ratio;
+        const int64_t other_tokens = r.prompt.size() - cached_tokens -
+                                     (r.loaded.prefix_loaded ? static_cast<int64_t>(r.prompt.prefix.size()) : 0);
+        double est_load = 0;  // the tiers' loaders run in parallel
+        for (size_t t = 0; t < tiers.size(); ++t)
+          est_load = std::max(est_load, static_cast<double>(bytes_by_tier[t]) / st.tier_bytes_per_s[t]);
+        const double overhead = st.overhead_s_per_prompt_token * static_cast<double>(r.prompt.size());
+        const float floor = r.options.ratio;
         auto rows_at = [&](double ratio) {
-          BlendOptions o = r->options;
+          BlendOptions o = r.options;
           o.ratio = static_cast<float>(ratio);
           return planned_rows_per_layer(o, cfg.n_layers, other_tokens, cached_tokens);
         };
@@ -110,12 +114,12 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         const double est_compute_floor = est_compute(floor);
         const double budget = ControllerState::load_margin * est_load;
         std::string reason = "floor";
-        if (r->options.mode == BlendMode::Blend && ctx->config.adaptive_ratio && !r->request.ratio &&
+        if (r.options.mode == BlendMode::Blend && ctx->config.adaptive_ratio && !r.ratio_requested &&
             cached_tokens > 0 && budget > est_compute_floor) {
           // The largest ratio whose compute still fits the budget (compute grows with the
           // ratio), no higher than an explicit schedule's kept fractions allow.
           double ceiling = 1.0;
-          for (float f : r->options.schedule) ceiling = std::min(ceiling, static_cast<double>(f));
+          for (float f : r.options.schedule) ceiling = std::min(ceiling, static_cast<double>(f));
           double lo = floor, hi = std::max(ceiling, static_cast<double>(floor));
           if (est_compute(hi) <= budget) {
             lo = hi;
@@ -125,56 +129,48 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
               (est_compute(mid) <= budget ? lo : hi) = mid;
             }
           }
-          r->options.ratio = static_cast<float>(lo);
+          r.options.ratio = static_cast<float>(lo);
           reason = "load-bound: recompute while loading";
-        } else if (r->request.ratio) {
+        } else if (r.ratio_requested) {
           reason = "requested";
         }
-        nlohmann::json decision = {
-            {"ratio", r->options.ratio},
-            {"ratio_floor", floor},
-            {"reason", reason},
-            {"inputs",
-             {{"bytes_ram", bytes_ram},
-              {"bytes_ssd", bytes_ssd},
-              {"ram_bytes_per_s", st.ram_bytes_per_s},
-              {"ssd_bytes_per_s", st.ssd_bytes_per_s},
-              {"compute_s_per_token_layer", st.compute_s_per_token_layer},
-              {"overhead_s_per_prompt_token", st.overhead_s_per_prompt_token},
-              {"cached_tokens", cached_tokens},
-              {"other_tokens", other_tokens}}},
-            {"est_load_s", est_load},
-            {"est_compute_at_floor_s", est_compute_floor},
-            {"est_compute_s", est_compute(r->options.ratio)},
-            {"est_ttft_s", est_ttft(r->options.ratio)}};
-        r->controller_json = decision.dump();
-
-        const int64_t capacity = r->prompt.size() + r->request.sampling.max_tokens;
-        r->cache = ctx->tf->make_cache(capacity);
-        // One loader per tier with work; the gate knows each by id, so the supervisor
-        // can release exactly the requests of a loader that died.
-        std::vector<loader_actor> loaders;
-        std::vector<uint64_t> loader_ids;
-        for (size_t t = 0; t < kStoredTiers; ++t)
-          if (bytes_by_tier[t] > 0) {
-            loaders.push_back(h->loader(static_cast<Tier>(t)));
-            loader_ids.push_back(loaders.back().id());
-          }
-        r->gate.reset(cfg.n_layers, std::move(loader_ids));
-        r->add_event({"controller", "plan", -1, t_begin, r->now_s(), 0});
-        for (const auto& l : loaders) self->send(l, load_atom::value, r);
-        self->send(h->worker(), prefill_atom::value, r);
+        nlohmann::json inputs = {{"compute_s_per_token_layer", st.compute_s_per_token_layer},
+                                 {"overhead_s_per_prompt_token", st.overhead_s_per_prompt_token},
+                                 {"cached_tokens", cached_tokens},
+                                 {"other_tokens", other_tokens}};
+        for (size_t t = 0; t < tiers.size(); ++t) {
+          inputs["bytes_" + tiers[t].name] = bytes_by_tier[t];
+          inputs[tiers[t].name + "_bytes_per_s"] = st.tier_bytes_per_s[t];
+        }
+        nlohmann::json decision = {{"ratio", r.options.ratio},
+                                   {"ratio_floor", floor},
+                                   {"reason", reason},
+                                   {"inputs", std::move(inputs)},
+                                   {"est_load_s", est_load},
+                                   {"est_compute_at_floor_s", est_compute_floor},
+                                   {"est_compute_s", est_compute(r.options.ratio)},
+                                   {"est_ttft_s", est_ttft(r.options.ratio)}};
+        r.decision = decision.dump();
+        auto tier_names = nlohmann::json::array();
+        for (TierId t : r.chunk_tier) tier_names.push_back(t == kMissTier ? "miss" : tiers[static_cast<size_t>(t)].name);
+        trace->set("controller", std::move(decision));
+        trace->set("chunk_tiers", std::move(tier_names));
+        trace->set("ratio", r.options.ratio);
+        trace->add_event({"controller", "plan", -1, t_begin, trace->now_s(), 0});
+        // The worker allocates the cache and starts the loaders.
+        self->send(h->worker(), prefill_atom::value, std::move(r));
       },
       [=](profile_atom, const std::string& source, int64_t units, double seconds) {
         BusyScope busy(*c, self->mailbox().size());
         if (units <= 0 || !(seconds > 0)) return;
         auto& st = self->state;
         const double rate = static_cast<double>(units) / seconds;
-        if (source == "ram")
-          update(st.ram_bytes_per_s, st.ram_samples, rate);
-        else if (source == "ssd")
-          update(st.ssd_bytes_per_s, st.ssd_samples, rate);
-        else if (source == "compute")
+        for (size_t t = 0; t < ctx->tiers.size(); ++t)
+          if (source == ctx->tiers[t].name) {
+            update(st.tier_bytes_per_s[t], st.tier_samples[t], rate);
+            return;
+          }
+        if (source == "compute")
           update(st.compute_s_per_token_layer, st.compute_samples, seconds / static_cast<double>(units));
         else if (source == "overhead")
           update(st.overhead_s_per_prompt_token, st.overhead_samples, seconds / static_cast<double>(units));
@@ -182,14 +178,14 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
       [=](get_profile_atom) -> std::string {
         BusyScope busy(*c, self->mailbox().size());
         const auto& st = self->state;
-        return nlohmann::json{{"ram_bytes_per_s", st.ram_bytes_per_s},
-                              {"ssd_bytes_per_s", st.ssd_bytes_per_s},
-                              {"compute_s_per_token_layer", st.compute_s_per_token_layer},
-                              {"overhead_s_per_prompt_token", st.overhead_s_per_prompt_token},
-                              {"ram_samples", st.ram_samples},
-                              {"ssd_samples", st.ssd_samples},
-                              {"compute_samples", st.compute_samples}}
-            .dump();
+        nlohmann::json j = {{"compute_s_per_token_layer", st.compute_s_per_token_layer},
+                            {"overhead_s_per_prompt_token", st.overhead_s_per_prompt_token},
+                            {"compute_samples", st.compute_samples}};
+        for (size_t t = 0; t < ctx->tiers.size(); ++t) {
+          j[ctx->tiers[t].name + "_bytes_per_s"] = st.tier_bytes_per_s[t];
+          j[ctx->tiers[t].name + "_samples"] = st.tier_samples[t];
+        }
+        return j.dump();
       },
   };
 }

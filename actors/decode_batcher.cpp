@@ -5,12 +5,12 @@
 
 namespace bs {
 
-bool DecodeBatcher::add(RequestPtr r, int32_t token) {
+bool DecodeBatcher::add(DecodeSlotPtr slot, int32_t token) {
   bool submit = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    out_.erase(r->id);
-    pending_.push_back({std::move(r), token});
+    out_.erase(slot->id);
+    pending_.push_back({std::move(slot), token});
     if (!job_queued_) submit = job_queued_ = true;
   }
   arrived_.notify_all();
@@ -37,14 +37,14 @@ std::vector<DecodeBatcher::Entry> DecodeBatcher::take_all() {
   job_queued_ = false;
   std::vector<Entry> got(std::make_move_iterator(pending_.begin()), std::make_move_iterator(pending_.end()));
   pending_.clear();
-  for (const auto& e : got) out_.insert(e.request->id);
+  for (const auto& e : got) out_.insert(e.slot->id);
   return got;
 }
 
 std::vector<DecodeBatcher::Entry> DecodeBatcher::pop(int max_batch) {
   std::vector<Entry> got;
   while (!pending_.empty() && static_cast<int>(got.size()) < (max_batch < 1 ? 1 : max_batch)) {
-    out_.insert(pending_.front().request->id);
+    out_.insert(pending_.front().slot->id);
     got.push_back(std::move(pending_.front()));
     pending_.pop_front();
   }

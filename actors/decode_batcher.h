@@ -11,11 +11,12 @@
 // request of the previous steps is back or finished (the decoder reports a finish,
 // forget()), at most `gather` — a bound, not the usual wait (tens of microseconds).
 //
-// Plain C++ (no CAF): the worker's handler adds, the compute thread takes (in its
-// own job, or inline between the layers of a long prefill: take_now), the decoder
-// forgets. Thread-safe.
+// Plain C++ (no CAF): the worker's handler adds and forgets, the compute thread
+// takes (in its own job, or inline between the layers of a long prefill:
+// take_now). Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -24,21 +25,34 @@
 #include <unordered_set>
 #include <vector>
 
-#include "actors/request.h"
+#include <memory>
+
+#include "model/kv_cache.h"
 
 namespace bs {
+
+// One decoding request's state in the layer worker: its cache (the prefill's,
+// then one row per step). Owned by the worker; a batch on the compute thread
+// holds a reference while it steps, so a request that ends meanwhile does not
+// free the cache under it.
+struct DecodeSlot {
+  uint64_t id = 0;
+  KvCache cache;
+  std::atomic<bool> cancelled{false};  // set by the worker; the next batch skips the compute
+};
+using DecodeSlotPtr = std::shared_ptr<DecodeSlot>;
 
 class DecodeBatcher {
  public:
   using clock = std::chrono::steady_clock;
   struct Entry {
-    RequestPtr request;
+    DecodeSlotPtr slot;
     int32_t token = -1;  // the token to append to the request's cache
   };
 
   // A request's next step. True when the caller must submit a drain job (none is
   // queued); that job calls take().
-  bool add(RequestPtr r, int32_t token);
+  bool add(DecodeSlotPtr slot, int32_t token);
   // For the drain job: waits (at most `gather`) for the requests still out with the
   // decoder, then takes up to max_batch entries, oldest first. `more` is set when
   // entries are left: the job is still due, and the caller submits it again.

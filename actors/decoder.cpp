@@ -1,9 +1,11 @@
-// decoder: one decode step per message. Samples from the request's logits,
-// applies end of turn, stop strings and max_tokens (DecodeSession), streams the
-// newly final text to the caller, and asks the worker for the next step (the
-// worker batches the steps of all decoding requests). At the end: the result to
-// the caller, the trace to the inspector, and the request's slot back to the
-// intake (the next queued request starts).
+// decoder (the front end's end of a request): one decode step per message. Takes
+// the worker's PrefillOutcome (the plan, the first logits), samples, applies end
+// of turn, stop strings and max_tokens (DecodeSession), streams the newly final
+// text to the caller and asks the worker for the next step by request id (the
+// worker batches the steps of all decoding requests and answers with the next
+// logits). At the end: the result to the caller, the trace to the inspector, the
+// request's cache freed in the worker (end) and its slot back to the intake (the
+// next queued request starts).
 #include <caf/all.hpp>
 
 #include "actors/actor_counters.h"
@@ -12,86 +14,140 @@
 namespace bs {
 namespace {
 
-void finish(decoder_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r,
+using Self = decoder_actor::stateful_pointer<DecoderState>;
+
+// Ends request `id` (error empty: as its decode session says, or cancelled).
+// `d` is its decoding state, null for a request that never ran.
+void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& rec, Decoding* d,
             const std::string& error) {
-  if (r->finished.exchange(true)) return;  // the supervisor failed it already
-  auto& res = r->result;
-  res.id = r->id;
-  const auto& st = r->prefill.stats;
-  res.prompt_tokens = r->prompt.size();
-  res.cached_tokens = st.cached_tokens + (st.prefix_hit ? st.prefix_tokens : 0);
-  res.recomputed_tokens = st.recomputed_tokens;
-  res.chunks = static_cast<int>(r->prompt.chunks.size());
-  for (Tier t : r->chunk_tier) {
-    if (t == Tier::Ram) ++res.chunks_ram;
-    if (t == Tier::Ssd) ++res.chunks_ssd;
-    if (t == Tier::Miss) ++res.chunks_missed;
+  const uint64_t id = rec->id;
+  if (rec->finished.exchange(true)) {  // the runtime failed it already
+    self->state.requests.erase(id);
+    return;
   }
-  res.ratio = r->options.ratio;
+  RequestResult res;
+  res.id = id;
+  auto& trace = *rec->trace;
+  if (d) {
+    const auto& plan = d->prefill.plan;
+    res.prompt_tokens = plan.prompt.size();
+    res.cached_tokens = d->prefill.cached_tokens;
+    res.recomputed_tokens = d->prefill.recomputed_tokens;
+    res.chunks = static_cast<int>(plan.prompt.chunks.size());
+    for (TierId t : plan.chunk_tier) {
+      if (t == kMissTier) ++res.chunks_missed;
+      else ++res.chunks_by_tier[ctx->tiers[static_cast<size_t>(t)].name];
+    }
+    res.ratio = plan.options.ratio;
+    if (d->steps > 0)
+      trace.set("decode", {{"steps", d->steps},
+                           {"mean_batch", static_cast<double>(d->batch_sum) / static_cast<double>(d->steps)},
+                           {"interleaved_steps", d->interleaved}});
+    if (d->has_first_token) {
+      res.ttft_seconds = trace.seconds_since_submit(d->first_token);
+      trace.set("first_token_s", res.ttft_seconds);
+    }
+  }
   if (!error.empty()) {
     res.finish_reason = "error";
     res.error = error;
-  } else if (r->decode) {
-    res.text = r->decode->text();
-    res.tokens = r->decode->tokens();
-    res.finish_reason = r->decode->finish_reason();
+  } else if (d && d->session && !rec->cancelled.load()) {
+    res.text = d->session->text();
+    res.tokens = d->session->tokens();
+    res.finish_reason = d->session->finish_reason();
   } else {
+    if (d && d->session) {
+      d->session->cancel();
+      res.text = d->session->text();
+      res.tokens = d->session->tokens();
+    }
     res.finish_reason = "cancelled";
   }
-  if (r->has_first_token) {
-    res.ttft_seconds = r->seconds_since_submit(r->first_token);
-    res.decode_seconds = r->now_s() - res.ttft_seconds;
-  }
-  res.total_seconds = r->now_s();
-  r->prefill.cache = KvCache();  // the request's KV is no longer needed
-  ctx->decode_batcher.forget(r->id);  // no decode step waits for it
-  self->send(h->inspector(), trace_atom::value, r->trace_json());
-  if (r->admitted) {
+  res.total_seconds = trace.now_s();
+  if (d && d->has_first_token) res.decode_seconds = res.total_seconds - res.ttft_seconds;
+  trace.set("finish_reason", res.finish_reason);
+  trace.set("total_s", res.total_seconds);
+  self->state.requests.erase(id);
+  ctx->traces.close(id);
+  self->send(h->inspector(), trace_atom::value, trace.json());
+  if (rec->admitted.load()) {
+    self->send(h->worker(), end_atom::value, id);  // its cache goes
     ctx->in_flight.fetch_sub(1);
     self->send(h->intake(), release_atom::value);
   }
-  if (r->callbacks.on_done) r->callbacks.on_done(res);
+  ctx->requests.erase(id);
+  if (rec->callbacks.on_done) rec->callbacks.on_done(res);
 }
 
-void step(decoder_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const RequestPtr& r) {
-  if (r->finished.load()) return;  // failed by the supervisor: nothing more to do
-  if (r->cancelled.load()) {
-    if (r->decode) r->decode->cancel();
-    return finish(self, ctx, h, r, "");
+// Samples from `logits` (the prefill's or the last step's), streams the text, and
+// asks the worker for the next step unless the request ends here.
+void step(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& rec, Decoding& d,
+          const std::vector<float>& logits) {
+  if (rec->cancelled.load() || logits.empty()) return finish(self, ctx, h, rec, &d, "");
+  const auto& plan = d.prefill.plan;
+  const int64_t done_tokens = static_cast<int64_t>(d.session->tokens().size());
+  // Room for the sampled token's KV: the cache holds prompt + max_tokens positions.
+  const bool room = plan.prompt.size() + done_tokens + 1 <= plan.cache_capacity();
+  auto st = d.session->step(logits.data(), room);
+  if (!d.has_first_token) {
+    d.has_first_token = true;
+    d.first_token = std::chrono::steady_clock::now();
+    const double t = rec->trace->seconds_since_submit(d.first_token);
+    rec->trace->add_event({"decoder", "first token", -1, t, t, 0});
   }
-  if (!r->prefill_error.empty()) return finish(self, ctx, h, r, r->prefill_error);
-  const auto& cache = r->prefill.cache;
-  auto st = r->decode->step(r->prefill.logits.data(), cache.length + 1 <= cache.capacity);
-  if (!r->has_first_token) {
-    r->has_first_token = true;
-    r->first_token = RequestState::clock::now();
-    const double t = r->seconds_since_submit(r->first_token);
-    r->add_event({"decoder", "first token", -1, t, t, 0});
+  if (!st.text.empty() && rec->callbacks.on_text && !rec->callbacks.on_text(st.text)) {
+    rec->cancelled = true;
+    return finish(self, ctx, h, rec, &d, "");
   }
-  if (!st.text.empty() && r->callbacks.on_text && !r->callbacks.on_text(st.text)) {
-    r->cancelled = true;
-    r->decode->cancel();
-    return finish(self, ctx, h, r, "");
-  }
-  if (st.done) return finish(self, ctx, h, r, "");
-  self->send(h->worker(), decode_atom::value, r, st.token);
+  if (st.done) return finish(self, ctx, h, rec, &d, "");
+  self->send(h->worker(), decode_atom::value, rec->id, st.token);
 }
 
 }  // namespace
 
-decoder_actor::behavior_type decoder(decoder_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
+decoder_actor::behavior_type decoder(Self self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   return {
-      [=](start_atom, RequestPtr r) {
+      [=](start_atom, PrefillOutcome& out) {
         BusyScope busy(*c, self->mailbox().size());
-        if (r->prefill_error.empty() && !r->finished.load())
-          r->decode = std::make_unique<DecodeSession>(ctx->model->tokenizer(), ctx->model->config().vocab,
-                                                      r->request.sampling);
-        step(self, ctx, h, r);
+        const uint64_t id = out.plan.id;
+        const RecordPtr rec = ctx->requests.find(id);
+        if (!rec || rec->finished.load()) {
+          // The runtime failed it already: only the worker still holds its cache.
+          self->send(h->worker(), end_atom::value, id);
+          return;
+        }
+        auto& d = self->state.requests[id];
+        std::vector<float> logits = std::move(out.logits);
+        d.prefill = std::move(out);
+        // A prefill stopped by a cancel ends "cancelled", not as an error.
+        if (rec->cancelled.load()) return finish(self, ctx, h, rec, &d, "");
+        if (!d.prefill.error.empty()) return finish(self, ctx, h, rec, &d, d.prefill.error);
+        d.session = std::make_unique<DecodeSession>(ctx->model->tokenizer(), ctx->model->config().vocab,
+                                                    d.prefill.plan.sampling);
+        step(self, ctx, h, rec, d, logits);
       },
-      [=](logits_atom, RequestPtr r) {
+      [=](logits_atom, uint64_t id, DecodeStep& s) {
         BusyScope busy(*c, self->mailbox().size());
-        step(self, ctx, h, r);
+        const RecordPtr rec = ctx->requests.find(id);
+        auto it = self->state.requests.find(id);
+        if (!rec || it == self->state.requests.end()) return;  // finished already
+        auto& d = it->second;
+        if (s.batch > 0) {
+          ++d.steps;
+          d.batch_sum += s.batch;
+          if (s.interleaved) ++d.interleaved;
+        }
+        if (!s.error.empty()) return finish(self, ctx, h, rec, &d, s.error);
+        step(self, ctx, h, rec, d, s.logits);
+      },
+      [=](finish_atom, uint64_t id) {
+        BusyScope busy(*c, self->mailbox().size());
+        // It never ran (cancelled while queued, or the runtime shut down).
+        if (const RecordPtr rec = ctx->requests.find(id)) {
+          rec->cancelled = true;
+          finish(self, ctx, h, rec, nullptr, "");
+        }
       },
   };
 }

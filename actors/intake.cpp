@@ -20,9 +20,10 @@ void check(bool ok, RequestErrc code, const std::string& message) {
   if (!ok) throw RequestError(code, message);
 }
 
-// Fills the request's prompt, keys and options; throws RequestError.
-void prepare(RuntimeContext& ctx, RequestState& r) {
-  const auto& q = r.request;
+// The plan's prompt, keys, options and sampling for the record's request; throws RequestError.
+void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
+  const auto& q = rec.request;
+  r.id = rec.id;
   check(!ctx.shutting_down.load(), RequestErrc::shutting_down, "the server is shutting down");
   if (q.raw || q.prompt) {
     check(q.messages.empty() && q.documents.empty(), RequestErrc::invalid,
@@ -61,15 +62,17 @@ void prepare(RuntimeContext& ctx, RequestState& r) {
   check(n <= limit, RequestErrc::too_long,
         "the prompt has " + std::to_string(n) + " tokens; at most " + std::to_string(limit) + " fit");
   // Generation stops with "length" where the context ends.
-  r.request.sampling.max_tokens = static_cast<int>(std::min<int64_t>(s.max_tokens, context - n));
+  r.sampling = s;
+  r.sampling.max_tokens = static_cast<int>(std::min<int64_t>(s.max_tokens, context - n));
   if (!q.raw)
-    for (const auto& stop : model.chat_template().stop_strings()) r.request.sampling.stop.push_back(stop);
+    for (const auto& stop : model.chat_template().stop_strings()) r.sampling.stop.push_back(stop);
 
   r.options = ctx.config.blend;
   if (q.mode) r.options.mode = *q.mode;
   if (q.ratio) r.options.ratio = *q.ratio;
+  r.ratio_requested = q.ratio.has_value();
   try {
-    ctx.engine->validate(r.prompt, r.options, r.request.sampling.max_tokens, 1);
+    ctx.engine->validate(r.prompt, r.options, r.sampling.max_tokens, 1);
   } catch (const std::length_error& e) {
     throw RequestError(RequestErrc::too_long, e.what());
   } catch (const std::invalid_argument& e) {
@@ -86,22 +89,27 @@ namespace {
 
 // Starts a prepared request: it takes a slot and goes to the controller.
 void start(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx, const HandlesRef& h,
-           const RequestPtr& r) {
+           RequestPlan plan) {
   ctx->in_flight.fetch_add(1);
-  r->admitted = true;
-  self->send(h->controller(), plan_atom::value, r);
+  if (auto rec = ctx->requests.find(plan.id)) rec->admitted = true;
+  self->send(h->controller(), plan_atom::value, std::move(plan));
 }
 
 // A request that leaves the queue without running: the decoder finishes it (as
-// cancelled: its flag is set), which calls on_done and records its trace.
-void finish_unstarted(intake_actor::stateful_pointer<IntakeState> self, const HandlesRef& h, const RequestPtr& r) {
-  r->cancelled = true;
-  self->send(h->decoder(), start_atom::value, r);
+// cancelled), which calls on_done and records its trace.
+void finish_unstarted(intake_actor::stateful_pointer<IntakeState> self, const HandlesRef& h, uint64_t id) {
+  self->send(h->decoder(), finish_atom::value, id);
 }
 
-void end_wait(RuntimeContext* ctx, const RequestPtr& r) {
+void end_wait(RuntimeContext* ctx, uint64_t id, std::chrono::steady_clock::time_point queued_at) {
   ctx->queued.fetch_sub(1);
-  r->add_event({"intake", "queued", -1, r->seconds_since_submit(r->queued_at), r->now_s(), 0});
+  auto trace = ctx->traces.find(id);
+  trace->add_event({"intake", "queued", -1, trace->seconds_since_submit(queued_at), trace->now_s(), 0});
+}
+
+bool cancelled(RuntimeContext* ctx, uint64_t id) {
+  auto rec = ctx->requests.find(id);
+  return !rec || rec->cancelled.load();
 }
 
 }  // namespace
@@ -110,7 +118,7 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
                                    CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   return {
-      [=](submit_atom, RequestPtr r) -> caf::result<uint64_t> {
+      [=](submit_atom, uint64_t id) -> caf::result<uint64_t> {
         BusyScope busy(*c, self->mailbox().size());
         auto& queue = self->state.queue;
         // Only this actor takes slots, so a slot seen free stays free until start().
@@ -120,46 +128,54 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
           return make_runtime_error(RequestErrc::overloaded,
                                     "too many requests: " + std::to_string(ctx->config.max_requests) +
                                         " in flight and " + std::to_string(queue.size()) + " waiting");
+        const auto rec = ctx->requests.find(id);
+        if (!rec) return make_runtime_error(RequestErrc::internal, "request " + std::to_string(id) + " is not known");
+        RequestPlan plan;
         try {
-          prepare(*ctx, *r);
+          prepare(*ctx, *rec, plan);
         } catch (const RequestError& e) {
           return make_runtime_error(e.code, e.what());
         } catch (const std::exception& e) {
           return make_runtime_error(RequestErrc::invalid, e.what());
         }
-        r->add_event({"intake", "tokenize", -1, 0, r->now_s(), 0});
+        auto& trace = *rec->trace;
+        trace.add_event({"intake", "tokenize", -1, 0, trace.now_s(), 0});
+        trace.set("prompt_tokens", plan.prompt.size());
+        trace.set("chunks", plan.prompt.chunks.size());
+        trace.set("mode", mode_name(plan.options.mode));
         if (slot) {
-          start(self, ctx, h, r);
+          start(self, ctx, h, std::move(plan));
         } else {
-          r->queued_at = RequestState::clock::now();
-          queue.push_back(r);
+          self->state.queued_at[id] = std::chrono::steady_clock::now();
+          queue.push_back(std::move(plan));
           ctx->queued.fetch_add(1);
         }
-        return r->id;
+        return id;
       },
       [=](release_atom) {
         BusyScope busy(*c, self->mailbox().size());
         auto& queue = self->state.queue;
         while (!queue.empty() && ctx->in_flight.load() < ctx->config.max_requests) {
-          RequestPtr r = std::move(queue.front());
+          RequestPlan plan = std::move(queue.front());
           queue.pop_front();
-          end_wait(ctx, r);
-          if (r->cancelled.load() || ctx->shutting_down.load()) finish_unstarted(self, h, r);
-          else start(self, ctx, h, r);
+          end_wait(ctx, plan.id, self->state.queued_at[plan.id]);
+          self->state.queued_at.erase(plan.id);
+          if (cancelled(ctx, plan.id) || ctx->shutting_down.load()) finish_unstarted(self, h, plan.id);
+          else start(self, ctx, h, std::move(plan));
         }
       },
       [=](cancel_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
         auto& queue = self->state.queue;
         for (auto it = queue.begin(); it != queue.end(); ++it)
-          if ((*it)->id == id) {
-            RequestPtr r = std::move(*it);
+          if (it->id == id) {
             queue.erase(it);
-            end_wait(ctx, r);
-            finish_unstarted(self, h, r);
+            end_wait(ctx, id, self->state.queued_at[id]);
+            self->state.queued_at.erase(id);
+            finish_unstarted(self, h, id);
             return;
           }
-        // Not queued: a running request ends at its next step (its flag is set).
+        // Not queued: a running request ends at its next step (the worker was told too).
       },
   };
 }

@@ -1,17 +1,18 @@
 // The typed interface of every actor (what it accepts, what it answers), in one
 // header, so a wrong message is a compile error. Messages: actors/messages.h.
 //
-//   caller -> intake --plan--> controller --load--> loader (ram, ssd)
-//                                   |                  | layer / loadend / loadfail
-//                                   +----prefill---> layer worker --prefilled--> fusor --start--> decoder
-//   decoder --decode--> worker --logits--> decoder ...      fusor --warm--> worker --kvready--> fusor --store--> ssd writer
+//   caller -> intake --plan(RequestPlan)--> controller --prefill(RequestPlan)--> layer worker
+//   layer worker --load(RequestPlan)--> loaders (per tier, a pool) --layer / loadend / loadfail (id)--> layer worker
+//   layer worker --start(PrefillOutcome)--> decoder --decode(id, token)--> worker --logits(id, ...)--> decoder ...
+//   decoder --end(id)--> worker (the cache is freed); decoder --release--> intake (the next queued request starts)
+//   worker: missed chunks computed alone (background) --kvready--> write-back --store--> ssd writer
 //   caller (Runtime::store_document) --document--> worker: the KV of one document, computed alone
-//   decoder --release--> intake (a slot is free: the next queued request starts); caller --cancel--> intake
+//   caller --cancel(id)--> intake (queued: --finish(id)--> decoder) and worker (running: stops at a boundary)
 //   every actor --register--> inspector; decoder --trace--> inspector
 //   the runtime's supervisor monitors every actor and restarts one that died
 #pragma once
 
-#include <array>
+#include <vector>
 #include <mutex>
 
 #include <caf/replies_to.hpp>
@@ -21,35 +22,39 @@
 
 namespace bs {
 
-using intake_actor = caf::typed_actor<caf::replies_to<submit_atom, RequestPtr>::with<uint64_t>,
+using intake_actor = caf::typed_actor<caf::replies_to<submit_atom, uint64_t>::with<uint64_t>,
                                       caf::reacts_to<release_atom>, caf::reacts_to<cancel_atom, uint64_t>>;
 
-using controller_actor = caf::typed_actor<caf::reacts_to<plan_atom, RequestPtr>,
+using controller_actor = caf::typed_actor<caf::reacts_to<plan_atom, RequestPlan>,
                                           caf::reacts_to<profile_atom, std::string, int64_t, double>,
                                           caf::replies_to<get_profile_atom>::with<std::string>>;
 
-// load: stream a request's parts from this tier into its cache, layer by layer.
-using loader_actor = caf::typed_actor<caf::reacts_to<load_atom, RequestPtr>>;
+// load: stream the plan's parts of this loader's tier into the request's load
+// target, layer by layer.
+using loader_actor = caf::typed_actor<caf::reacts_to<load_atom, RequestPlan>>;
 
 // One tier's writes, apart from its reads (a write never delays a load). store:
 // write one entry; flush: answers once every store before it is written.
 using writer_actor = caf::typed_actor<caf::reacts_to<store_atom, KeyedKv>, caf::replies_to<flush_atom>::with<bool>>;
 
-using worker_actor = caf::typed_actor<caf::reacts_to<prefill_atom, RequestPtr>,
-                                      caf::reacts_to<layer_atom, RequestPtr, int32_t>,
-                                      caf::reacts_to<load_end_atom, RequestPtr, uint64_t>,
-                                      caf::reacts_to<load_fail_atom, RequestPtr, std::string>,
+using worker_actor = caf::typed_actor<caf::reacts_to<prefill_atom, RequestPlan>,
+                                      caf::reacts_to<layer_atom, uint64_t, int32_t>,
+                                      caf::reacts_to<load_end_atom, uint64_t, uint64_t>,
+                                      caf::reacts_to<load_fail_atom, uint64_t, std::string>,
                                       caf::reacts_to<stepped_atom, uint64_t>, caf::reacts_to<tick_atom>,
-                                      caf::reacts_to<decode_atom, RequestPtr, int32_t>,
-                                      caf::reacts_to<warm_atom, RequestPtr>,
+                                      caf::reacts_to<cancel_atom, uint64_t>,
+                                      caf::reacts_to<decode_atom, uint64_t, int32_t>,
+                                      caf::reacts_to<end_atom, uint64_t>,
                                       caf::replies_to<document_atom, std::vector<int32_t>>::with<KeyedKv>,
                                       caf::reacts_to<document_done_atom, DocumentKv>>;
 
-// flush: answers once every store it forwarded before is written.
-using fusor_actor = caf::typed_actor<caf::reacts_to<prefilled_atom, RequestPtr>, caf::reacts_to<kv_ready_atom, KeyedKv>,
-                                     caf::replies_to<flush_atom>::with<bool>>;
+// Stores chunks computed for write-back in the tiers (RAM now, the SSD through its
+// writer). flush: answers once every store it forwarded before is written.
+using write_back_actor = caf::typed_actor<caf::reacts_to<kv_ready_atom, KeyedKv>, caf::replies_to<flush_atom>::with<bool>>;
 
-using decoder_actor = caf::typed_actor<caf::reacts_to<start_atom, RequestPtr>, caf::reacts_to<logits_atom, RequestPtr>>;
+using decoder_actor = caf::typed_actor<caf::reacts_to<start_atom, PrefillOutcome>,
+                                       caf::reacts_to<logits_atom, uint64_t, DecodeStep>,
+                                       caf::reacts_to<finish_atom, uint64_t>>;
 
 using inspector_actor = caf::typed_actor<caf::reacts_to<register_atom, CountersPtr>, caf::reacts_to<trace_atom, std::string>,
                                          caf::replies_to<get_trace_atom, int32_t>::with<std::string>,
@@ -59,15 +64,15 @@ using inspector_actor = caf::typed_actor<caf::reacts_to<register_atom, CountersP
 // restart hook (actors/actors.h: SupervisorHooks) and its successor is monitored.
 using supervisor_actor = caf::typed_actor<caf::reacts_to<supervise_atom, caf::actor, std::string>>;
 
-// The actors of one runtime. Loaders are indexed by their tier (Tier::Ram, Tier::Ssd);
-// an invalid handle is a tier that is off.
+// The actors of one runtime. loaders[tier] is the tier's pool (TierId order of
+// RuntimeContext::tiers).
 struct ActorSet {
   intake_actor intake;
   controller_actor controller;
-  std::array<loader_actor, kStoredTiers> loaders;
+  std::vector<std::vector<loader_actor>> loaders;
   writer_actor ssd_writer;  // invalid when the SSD tier is off
   worker_actor worker;
-  fusor_actor fusor;
+  write_back_actor write_back;
   decoder_actor decoder;
   inspector_actor inspector;
 };
@@ -79,13 +84,15 @@ class Handles {
  public:
   intake_actor intake() const { return read(&ActorSet::intake); }
   controller_actor controller() const { return read(&ActorSet::controller); }
-  loader_actor loader(Tier t) const {
+  // The pool of tier t (empty for a tier without loaders).
+  std::vector<loader_actor> loaders(TierId t) const {
     std::lock_guard<std::mutex> lock(mu_);
-    return set_.loaders[static_cast<size_t>(t)];
+    return t >= 0 && static_cast<size_t>(t) < set_.loaders.size() ? set_.loaders[static_cast<size_t>(t)]
+                                                                  : std::vector<loader_actor>{};
   }
   writer_actor ssd_writer() const { return read(&ActorSet::ssd_writer); }
   worker_actor worker() const { return read(&ActorSet::worker); }
-  fusor_actor fusor() const { return read(&ActorSet::fusor); }
+  write_back_actor write_back() const { return read(&ActorSet::write_back); }
   decoder_actor decoder() const { return read(&ActorSet::decoder); }
   inspector_actor inspector() const { return read(&ActorSet::inspector); }
   ActorSet all() const {

@@ -1,20 +1,27 @@
 // layer worker (one per device rank; one rank today): owns the execution state of
-// every prefill it runs (keyed by request id) and decides, one step at a time,
-// what the compute thread runs next. A prefill is the blend engine's steps
-// (BlendEngine::begin / step / finish): a step job computes the layers whose stored
-// KV the loaders have delivered, then hands the prefill back; one that waits for a
-// slow tier is parked and the compute thread goes to work that is ready (another
-// request's prefill, decode steps), so loading layer l+1 overlaps computing layer l
-// and a RAM-only request is not held up behind a slow SSD load. Ready prefills go
-// oldest first. Cancellation, a failed load and limits.load_timeout take effect at
+// the requests it runs, keyed by request id — each prefill's load target (the
+// cache and the layer gate, published for the loaders in ctx->load_targets) and
+// engine run, each decoding request's cache — and decides, one step at a time,
+// what the compute thread runs next. It takes a plan (RequestPlan), allocates the
+// cache, sends each tier's parts to the least busy loader of that tier's pool and
+// runs the prefill as the blend engine's steps (BlendEngine::begin / step /
+// finish): a step job computes the layers whose stored KV the loaders have
+// delivered, then hands the prefill back; one that waits for a slow tier is parked
+// and the compute thread goes to work that is ready (another request's prefill,
+// decode steps), so loading layer l+1 overlaps computing layer l and a RAM-only
+// request is not held up behind a slow SSD load. Ready prefills go oldest first.
+// Cancellation (cancel_atom), a failed load and limits.load_timeout take effect at
 // a layer boundary; the cache is dropped only once the request's loaders stopped
-// writing it. Decode steps are batched (continuous batching,
-// actors/decode_batcher.h): a request's next step waits in the batcher and one job
-// runs every waiting request in one Transformer::decode_step; between the layers
-// of a prefill (and of a write-back compute, and of a document stored through
-// Runtime::store_document) a due decode step runs inline, so streams slow down
-// instead of freezing. Write-back computes run in the background. Results go back
-// to the fusor and decoder by message.
+// writing it. The outcome (PrefillOutcome: the plan, the first logits) goes to the
+// decoder, which asks for each decode step by id. Decode steps are batched
+// (continuous batching, actors/decode_batcher.h): a request's next step waits in
+// the batcher and one job runs every waiting request in one
+// Transformer::decode_step; between the layers of a prefill (and of a write-back
+// compute, and of a document stored through Runtime::store_document) a due decode
+// step runs inline, so streams slow down instead of freezing. The chunks a prefill
+// had to compute are computed alone in the background and go to the write-back
+// actor. Every decision is made in this actor's handlers from what they were told
+// by message — the one place a tensor-parallel leader will decide for its ranks.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -44,13 +51,13 @@ std::chrono::steady_clock::duration interleave_interval(const RuntimeContext* ct
 }
 
 // One decode step for the taken entries. A cancelled request is not computed, but
-// still goes to the decoder, which finishes it. If the batched step throws, each
-// request is stepped alone, so only the one that fails gets the error.
+// still goes back to the decoder, which finishes it. If the batched step throws,
+// each request is stepped alone, so only the one that fails gets the error.
 void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, std::vector<DecodeBatcher::Entry> entries,
                       bool interleaved) {
   std::vector<DecodeBatcher::Entry> live;
   for (auto& e : entries) {
-    if (e.request->cancelled.load()) caf::anon_send(h->decoder(), logits_atom::value, e.request);
+    if (e.slot->cancelled.load()) caf::anon_send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
     else live.push_back(std::move(e));
   }
   if (live.empty()) return;
@@ -61,35 +68,30 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, std::vector<Deco
   std::vector<KvCache*> caches;
   for (const auto& e : live) {
     tokens.push_back(e.token);
-    caches.push_back(&e.request->prefill.cache);
+    caches.push_back(&e.slot->cache);
   }
+  std::vector<DecodeStep> out(static_cast<size_t>(B));
   try {
     const std::vector<float> logits = ctx->tf->decode_step(tokens, caches);
-    for (int64_t b = 0; b < B; ++b) {
-      auto& out = live[b].request->prefill.logits;
-      out.resize(static_cast<size_t>(vocab));
-      std::memcpy(out.data(), logits.data() + b * vocab, static_cast<size_t>(vocab) * sizeof(float));
-    }
+    for (int64_t b = 0; b < B; ++b)
+      out[b].logits.assign(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
   } catch (const std::exception&) {
     // decode_step checks every cache before it writes any: stepping alone is safe.
     for (int64_t b = 0; b < B; ++b) {
-      auto& r = *live[b].request;
       try {
-        r.prefill.logits = ctx->tf->forward(std::span<const int32_t>(&tokens[b], 1), r.prefill.cache);
+        out[b].logits = ctx->tf->forward(std::span<const int32_t>(&tokens[b], 1), live[b].slot->cache);
       } catch (const std::exception& e) {
-        r.prefill_error = e.what();
+        out[b].error = e.what();
       }
     }
   }
   ctx->decode_steps.fetch_add(1);
   ctx->decode_tokens.fetch_add(B);
   if (interleaved) ctx->interleaved_steps.fetch_add(1);
-  for (auto& e : live) {
-    auto& r = *e.request;
-    ++r.decode_steps;
-    r.decode_batch_sum += B;
-    if (interleaved) ++r.decode_interleaved;
-    caf::anon_send(h->decoder(), logits_atom::value, e.request);
+  for (int64_t b = 0; b < B; ++b) {
+    out[b].batch = static_cast<int32_t>(B);
+    out[b].interleaved = interleaved;
+    caf::anon_send(h->decoder(), logits_atom::value, live[b].slot->id, std::move(out[b]));
   }
 }
 
@@ -98,9 +100,9 @@ void drain_decode(RuntimeContext* ctx, const HandlesRef& h) {
   bool more = false;
   auto entries = ctx->decode_batcher.take(ctx->config.max_decode_batch, kGather, more);
   if (more && !ctx->compute->submit([ctx, h] { drain_decode(ctx, h); })) {
-    // Shutting down: whatever waits is finished by the decoder as cancelled.
+    // Shutting down: whatever waits goes back to the decoder uncomputed (cancelled).
     for (auto& e : ctx->decode_batcher.take_all()) {
-      e.request->cancelled = true;
+      e.slot->cancelled = true;
       entries.push_back(std::move(e));
     }
   }
@@ -119,16 +121,6 @@ double interleave_decode(RuntimeContext* ctx, const HandlesRef& h) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Between two layers of a prefill: a due decode step of the other requests, its
-// time counted in the prefill's pauses (and in its wait for the next layer).
-void pause_for_decode(RuntimeContext* ctx, const HandlesRef& h, RequestState& r) {
-  const double s = interleave_decode(ctx, h);
-  if (s > 0) {
-    ++r.prefill_pauses;
-    r.prefill_pause_seconds += s;
-  }
-}
-
 // limits.load_timeout as a clock duration.
 std::chrono::steady_clock::duration load_timeout(const RuntimeContext* ctx) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -145,16 +137,19 @@ std::chrono::steady_clock::duration poll_interval(const RuntimeContext* ctx) {
 // One prefill in the worker. The worker's handlers and the compute thread take
 // turns: while a step job for it is queued or running (on_compute), only that job
 // touches it; otherwise only the worker does. The message that ends a job
-// (stepped_atom) orders the two.
+// (stepped_atom) orders the two; `cancelled` is the one field both touch at once.
 struct PrefillTask {
   enum class Phase {
     Ready,      // may step: not begun, or its next layer is delivered
     Parked,     // waits for its next layer from the loaders
     Stopping,   // failed (a load, a cancel, a compute error): waits for its loaders to stop
     Fallback,   // a stored entry failed: redone from whole entries (a job on the compute thread)
-    Done,       // prefilled, or failed: answered to the fusor
+    Done,       // prefilled, or failed: answered to the decoder
   };
-  RequestPtr r;
+  RequestPlan plan;
+  LoadTargetPtr target;  // the cache and the gate, shared with the loaders
+  TracePtr trace;
+  std::vector<uint64_t> loaders;  // the loaders it was sent to
   uint64_t order = 0;  // arrival: ready prefills step oldest first
   PrefillRun run;
   bool begun = false;
@@ -164,104 +159,214 @@ struct PrefillTask {
   // When the wait for the next layer began (the step's per-layer wait), and when
   // that wait times out (limits.load_timeout) — also the bound on a stopping load.
   std::chrono::steady_clock::time_point waiting_since, deadline;
-  // Set by a step job that ended it: finished (run.done() and finish() ran), or
+  std::atomic<bool> cancelled{false};  // the worker was told; the step job stops at its next layer
+  // Set by a step job that ended it: finished (`result` holds the prefill), or
   // failed with `error` (the gate is failed too, so the loaders stop).
   bool finished = false;
+  BlendPrefill result;
   std::string error;
   // The failure was a stored entry that failed its read (recoverable): once the
   // loaders stopped, the prefill is redone from whole entries.
   bool fall_back = false;
+  bool fell_back = false;  // it was
+  // Decode steps of other requests run between this prefill's layers, and their time.
+  int64_t pauses = 0;
+  double pause_seconds = 0;
 };
 using TaskPtr = std::shared_ptr<PrefillTask>;
+
+// Between two layers of a prefill: a due decode step of the other requests, its
+// time counted in the prefill's pauses (and in its wait for the next layer).
+void pause_for_decode(RuntimeContext* ctx, const HandlesRef& h, PrefillTask& t) {
+  const double s = interleave_decode(ctx, h);
+  if (s > 0) {
+    ++t.pauses;
+    t.pause_seconds += s;
+  }
+}
+
+std::string cancelled_before(const PrefillTask& t) {
+  return "cancelled before layer " + std::to_string(t.run.next_layer());
+}
 
 // The compute job of one prefill: steps while its next layer is delivered (the
 // first job begins it), runs a due decode step between layers, and ends the
 // prefill after its last layer. Stops at a cancel, a failed gate or an undelivered
 // layer; the worker decides what comes next (stepped_atom).
 void step_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
-  auto& r = t->r;
+  auto& gate = t->target->gate;
   try {
     if (!t->begun) {
-      t->run = ctx->engine->begin(r->prompt, r->plan, r->cache, r->options, 1, r->submitted);
+      t->run = ctx->engine->begin(t->plan.prompt, t->plan.loaded, t->target->cache, t->plan.options, 1,
+                                  t->trace->submitted());
       t->begun = true;
     }
     while (!t->run.done()) {
-      if (r->cancelled.load()) {
-        t->error = "cancelled before layer " + std::to_string(t->run.next_layer());
+      if (t->cancelled.load()) {
+        t->error = cancelled_before(*t);
         break;
       }
-      if (r->gate.failed()) break;
-      if (t->run.needs_delivery() && !r->gate.delivered(t->run.next_layer())) break;
+      if (gate.failed()) break;
+      if (t->run.needs_delivery() && !gate.delivered(t->run.next_layer())) break;
       ctx->engine->step(t->run, t->waiting_since);
       // The wait for the next layer starts now; a decode step run here counts in it.
       t->waiting_since = std::chrono::steady_clock::now();
-      pause_for_decode(ctx, h, *r);
+      pause_for_decode(ctx, h, *t);
     }
-    if (t->error.empty() && !r->gate.failed() && t->run.done()) {
-      r->prefill = ctx->engine->finish(std::move(t->run));
+    if (t->error.empty() && !gate.failed() && t->run.done()) {
+      t->result = ctx->engine->finish(std::move(t->run));
       t->finished = true;
     }
   } catch (const std::exception& e) {
     t->error = e.what();
   }
   // The loaders stop at their next layer.
-  if (!t->error.empty()) r->gate.fail(t->error);
-  caf::anon_send(h->worker(), stepped_atom::value, r->id);
+  if (!t->error.empty()) gate.fail(t->error);
+  caf::anon_send(h->worker(), stepped_atom::value, t->plan.id);
 }
 
 // The compute job of a prefill whose stored entry failed mid-load, once its
 // loaders stopped: the whole prefill again from whole entries, where the failed
-// file (already removed by the store) is a miss and its chunk is computed.
+// entry (already removed by its store) is a miss and its chunk is computed.
 void fallback_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
-  auto& r = t->r;
   try {
-    r->prefill = ctx->from_store->prefill(r->prompt, r->options, r->request.sampling.max_tokens, 1,
-                                          [ctx, h, &r](int layer) {
-                                            pause_for_decode(ctx, h, *r);
-                                            if (r->cancelled.load())
-                                              throw std::runtime_error("cancelled before layer " + std::to_string(layer));
-                                          });
+    t->result = ctx->from_store->prefill(t->plan.prompt, t->plan.options, t->plan.sampling.max_tokens, 1,
+                                         [ctx, h, &t](int layer) {
+                                           pause_for_decode(ctx, h, *t);
+                                           if (t->cancelled.load())
+                                             throw std::runtime_error("cancelled before layer " + std::to_string(layer));
+                                         });
     t->finished = true;
   } catch (const std::exception& e) {
     t->error = e.what();
   }
-  caf::anon_send(h->worker(), stepped_atom::value, r->id);
+  caf::anon_send(h->worker(), stepped_atom::value, t->plan.id);
 }
 
-// The prefills of one worker, owned by its handlers.
+// The requests of one worker, owned by its handlers.
 struct WorkerState {
-  std::unordered_map<uint64_t, TaskPtr> tasks;
+  std::unordered_map<uint64_t, TaskPtr> prefills;
+  std::unordered_map<uint64_t, DecodeSlotPtr> decodes;
+  std::unordered_map<uint64_t, int> loads_out;  // per loader (actor id): requests it was sent and has not ended
   uint64_t arrivals = 0;
   bool stepping = false;      // a prefill job is queued or running on the compute thread
   bool tick_pending = false;  // a tick is on its way (while a prefill is parked or stopping)
 };
 using WorkerStatePtr = std::shared_ptr<WorkerState>;
 
-// Ends a prefill: its profile to the controller, the request to the fusor.
-void conclude(const HandlesRef& h, WorkerState& w, const TaskPtr& t) {
-  auto& r = t->r;
-  t->phase = PrefillTask::Phase::Done;
-  if (!t->finished) {
-    r->prefill_error = t->error.empty() ? "the prefill failed" : t->error;
-  } else if (!r->fallback) {
-    // Compute time only: the final pass's layers, without the waits for loads.
-    const auto& st = r->prefill.stats;
-    double seconds = 0;
-    for (const auto& lt : st.layers) seconds += lt.compute_end - lt.compute_begin;
-    // Rows through the layers as computed (gradual filtering narrows them), the unit
-    // the controller predicts with.
-    caf::anon_send(h->controller(), profile_atom::value, std::string("compute"), st.row_layers, seconds);
-    // The rest of the prefill's compute (selection, embedding, logits).
-    const double overhead = st.compute_seconds - seconds;
-    if (overhead > 0)
-      caf::anon_send(h->controller(), profile_atom::value, std::string("overhead"), st.prompt_tokens, overhead);
+// Queues the background computes of the parts a prefill had to compute (missed,
+// or all of them after a fallback): each alone, to the write-back actor. Every
+// mode stores what it computed: a `full` request warms the cache for the blend
+// requests after it.
+void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const RequestPlan& plan, bool fell_back) {
+  // One background job per part, so a decode step waits for at most one chunk's compute.
+  auto queue = [&](const std::vector<int32_t>& tokens, const ChunkKey& key, bool prefix) {
+    if (tokens.empty()) return;
+    ctx->compute->submit(
+        [ctx, h, tokens, key, prefix] {
+          if (ctx->tiered->contains(key)) return;
+          // Decode steps between its layers too: a long document must not stall the streams.
+          const LayerWait step = [ctx, h](int) { interleave_decode(ctx, h); };
+          auto kv = prefix ? ctx->engine->compute_prefix_kv(tokens, step) : ctx->engine->compute_chunk_kv(tokens, step);
+          caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv)});
+        },
+        ComputeThread::Priority::Background);
+  };
+  if (!plan.prompt.prefix.empty() && !plan.loaded.prefix_loaded) queue(plan.prompt.prefix, plan.prefix_key, true);
+  for (size_t i = 0; i < plan.prompt.chunks.size(); ++i)
+    if (!plan.loaded.chunk_loaded[i] || fell_back) queue(plan.prompt.chunks[i], plan.chunk_keys[i], false);
+}
+
+// The prefill's facts in its trace: per-layer waits and computes (from the
+// prefill's own timings), how much of the load was hidden behind compute.
+void trace_prefill(const PrefillTask& t) {
+  auto& trace = *t.trace;
+  const auto& st = t.result.stats;
+  for (size_t l = 0; l < st.layers.size(); ++l) {
+    const auto& lt = st.layers[l];
+    if (lt.wait_begin >= 0)
+      trace.add_event({"worker", "wait+repair", static_cast<int>(l), lt.wait_begin, lt.ready, 0});
+    if (lt.compute_begin >= 0)
+      trace.add_event({"worker", "compute", static_cast<int>(l), lt.compute_begin, lt.compute_end, 0});
   }
-  // Moved into the prefill on success; freed otherwise — unless a loader that did
-  // not stop in time may still write it: then it goes with the request.
-  if (r->gate.loaders_done()) r->cache = KvCache();
-  r->add_event({"worker", "prefill", -1, t->begin_s, r->now_s(), 0});
-  caf::anon_send(h->fusor(), prefilled_atom::value, r);
-  w.tasks.erase(r->id);
+  double load_begin = -1, load_end = -1;
+  int64_t load_bytes = 0;
+  for (const auto& e : trace.events())
+    if (e.what == "load") {
+      load_begin = load_begin < 0 ? e.begin : std::min(load_begin, e.begin);
+      load_end = std::max(load_end, e.end);
+      load_bytes += e.bytes;
+    }
+  trace.set("fallback", t.fell_back);
+  trace.set("wait_s", st.wait_seconds);
+  trace.set("select_s", st.select_seconds);
+  trace.set("recomputed_tokens", st.recomputed_tokens);
+  trace.set("computed_tokens", st.computed_tokens);
+  if (load_begin >= 0) {
+    const double span = load_end - load_begin;
+    trace.set("load_span_s", span);
+    trace.set("load_bytes", load_bytes);
+    // Load time the worker did not spend waiting was hidden behind compute.
+    trace.set("load_hidden_fraction", span > 0 ? std::clamp(1.0 - st.wait_seconds / span, 0.0, 1.0) : 1.0);
+  }
+  if (t.pauses > 0) {
+    // Decode steps of other requests ran between this prefill's layers (counted in wait_s).
+    trace.set("prefill_pauses", t.pauses);
+    trace.set("prefill_pause_s", t.pause_seconds);
+  }
+}
+
+// Ends a prefill: its profile to the controller, the outcome to the decoder, a
+// successful request's cache to its decode slot, the missed parts to write-back.
+void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const TaskPtr& t) {
+  t->phase = PrefillTask::Phase::Done;
+  PrefillOutcome out;
+  out.fallback = t->fell_back;
+  if (!t->finished) {
+    out.error = t->error.empty() ? "the prefill failed" : t->error;
+  } else {
+    const auto& st = t->result.stats;
+    if (!t->fell_back) {
+      // Compute time only: the final pass's layers, without the waits for loads.
+      double seconds = 0;
+      for (const auto& lt : st.layers) seconds += lt.compute_end - lt.compute_begin;
+      // Rows through the layers as computed (gradual filtering narrows them), the unit
+      // the controller predicts with.
+      caf::anon_send(h->controller(), profile_atom::value, std::string("compute"), st.row_layers, seconds);
+      // The rest of the prefill's compute (selection, embedding, logits).
+      const double overhead = st.compute_seconds - seconds;
+      if (overhead > 0)
+        caf::anon_send(h->controller(), profile_atom::value, std::string("overhead"), st.prompt_tokens, overhead);
+    }
+    out.cached_tokens = st.cached_tokens + (st.prefix_hit ? st.prefix_tokens : 0);
+    out.recomputed_tokens = st.recomputed_tokens;
+    out.logits = std::move(t->result.logits);
+    auto slot = std::make_shared<DecodeSlot>();
+    slot->id = t->plan.id;
+    slot->cache = std::move(t->result.cache);
+    w.decodes[slot->id] = std::move(slot);
+  }
+  trace_prefill(*t);
+  t->trace->add_event({"worker", "prefill", -1, t->begin_s, t->trace->now_s(), 0});
+  // A loader that has not stopped keeps its own reference to the target.
+  ctx->load_targets.erase(t->plan.id);
+  const uint64_t id = t->plan.id;
+  if (t->finished && ctx->config.write_back && !t->cancelled.load()) queue_write_back(ctx, h, t->plan, t->fell_back);
+  out.plan = std::move(t->plan);
+  caf::anon_send(h->decoder(), start_atom::value, std::move(out));
+  w.prefills.erase(id);
+}
+
+// A failed prefill's error, from what stopped it.
+void take_failure(PrefillTask& t) {
+  std::string why;
+  bool recoverable = false;
+  if (t.cancelled.load()) {
+    t.error = cancelled_before(t);
+  } else if (t.error.empty() && t.target->gate.failure(why, recoverable)) {
+    t.error = recoverable ? why : "loading the stored KV failed: " + why;
+    t.fall_back = recoverable;
+  }
 }
 
 // The worker's decision: parked and stopping prefills move on (a delivered layer,
@@ -272,23 +377,17 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
   using Phase = PrefillTask::Phase;
   const auto now = std::chrono::steady_clock::now();
   std::vector<TaskPtr> concluded;
-  for (auto& [id, t] : w->tasks) {
+  for (auto& [id, t] : w->prefills) {
     if (t->on_compute) continue;
-    auto& r = t->r;
+    auto& gate = t->target->gate;
     if (t->phase == Phase::Parked) {
-      std::string why;
-      bool recoverable = false;
-      if (r->gate.failure(why, recoverable)) {
-        t->error = recoverable ? why : "loading the stored KV failed: " + why;
-        t->fall_back = recoverable;
-      } else if (r->cancelled.load()) {
-        t->error = "cancelled before layer " + std::to_string(t->run.next_layer());
-        r->gate.fail(t->error);
+      if (t->cancelled.load() || gate.failed()) {
+        take_failure(*t);
       } else if (now >= t->deadline) {
         t->error = "loading the stored KV failed: layer " + std::to_string(t->run.next_layer()) +
                    " did not arrive within " + std::to_string(ctx->config.load_timeout) + " s (limits.load_timeout)";
-        r->gate.fail(t->error);
-      } else if (r->gate.delivered(t->run.next_layer())) {
+        gate.fail(t->error);
+      } else if (gate.delivered(t->run.next_layer())) {
         t->phase = Phase::Ready;
         continue;
       } else {
@@ -296,16 +395,16 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
       }
       t->phase = Phase::Stopping;
       t->deadline = now + load_timeout(ctx);
-      r->add_event({"worker", "prefill " + t->error, t->run.next_layer(), t->begin_s, r->now_s(), 0});
+      t->trace->add_event({"worker", "prefill " + t->error, t->run.next_layer(), t->begin_s, t->trace->now_s(), 0});
     }
     if (t->phase == Phase::Stopping) {
       // The cache is the loaders' until they stopped (or did not within the bound:
-      // then the request fails and the cache goes with it).
-      const bool stopped = r->gate.loaders_done();
+      // then the request fails; they hold their own reference to it).
+      const bool stopped = gate.loaders_done();
       if (!stopped && now < t->deadline) continue;
-      if (stopped && t->fall_back && !r->cancelled.load()) {
-        r->fallback = true;
-        r->add_event({"worker", "fallback: " + t->error, -1, t->begin_s, r->now_s(), 0});
+      if (stopped && t->fall_back && !t->cancelled.load()) {
+        t->fell_back = true;
+        t->trace->add_event({"worker", "fallback: " + t->error, -1, t->begin_s, t->trace->now_s(), 0});
         t->error.clear();
         t->phase = Phase::Fallback;
         continue;
@@ -314,11 +413,11 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
       concluded.push_back(t);
     }
   }
-  for (auto& t : concluded) conclude(h, *w, t);
+  for (auto& t : concluded) conclude(ctx, h, *w, t);
 
   if (!w->stepping) {
     TaskPtr next;
-    for (auto& [id, t] : w->tasks)
+    for (auto& [id, t] : w->prefills)
       if (!t->on_compute && (t->phase == Phase::Ready || t->phase == Phase::Fallback) &&
           (!next || t->order < next->order))
         next = t;
@@ -334,7 +433,7 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
         next->on_compute = false;
         w->stepping = false;
         next->error = "the runtime is shutting down";
-        next->r->gate.fail(next->error);
+        next->target->gate.fail(next->error);
         next->phase = Phase::Stopping;
         next->deadline = now + load_timeout(ctx);
       }
@@ -342,7 +441,7 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
   }
   // Parked and stopping prefills are looked at again shortly.
   bool waiting = false;
-  for (auto& [id, t] : w->tasks)
+  for (auto& [id, t] : w->prefills)
     if (!t->on_compute && (t->phase == Phase::Parked || t->phase == Phase::Stopping)) waiting = true;
   if (waiting && !w->tick_pending) {
     w->tick_pending = true;
@@ -355,25 +454,21 @@ void on_stepped(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRe
                 uint64_t id) {
   using Phase = PrefillTask::Phase;
   w->stepping = false;
-  auto it = w->tasks.find(id);
-  if (it != w->tasks.end()) {
+  auto it = w->prefills.find(id);
+  if (it != w->prefills.end()) {
     TaskPtr t = it->second;
     t->on_compute = false;
     const auto now = std::chrono::steady_clock::now();
     if (t->finished) {
-      conclude(h, *w, t);
+      conclude(ctx, h, *w, t);
     } else if (t->phase == Phase::Fallback) {
-      conclude(h, *w, t);  // the fallback failed: t->error says why
-    } else if (!t->error.empty() || t->r->gate.failed()) {
-      std::string why;
-      bool recoverable = false;
-      if (t->error.empty() && t->r->gate.failure(why, recoverable)) {
-        t->error = recoverable ? why : "loading the stored KV failed: " + why;
-        t->fall_back = recoverable;
-      }
+      conclude(ctx, h, *w, t);  // the fallback failed: t->error says why
+    } else if (!t->error.empty() || t->target->gate.failed() || t->cancelled.load()) {
+      take_failure(*t);
+      t->target->gate.fail(t->error);
       t->phase = Phase::Stopping;
       t->deadline = now + load_timeout(ctx);
-      t->r->add_event({"worker", "prefill " + t->error, t->run.next_layer(), t->begin_s, t->r->now_s(), 0});
+      t->trace->add_event({"worker", "prefill " + t->error, t->run.next_layer(), t->begin_s, t->trace->now_s(), 0});
     } else {
       // Its next layer is not there yet: the compute thread goes to other work.
       t->phase = Phase::Parked;
@@ -383,36 +478,76 @@ void on_stepped(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRe
   schedule(self, ctx, h, w);
 }
 
+// Takes a plan: its load target (the cache, the gate) published for the loaders,
+// each tier's parts sent to the least busy loader of the tier.
+void take_prefill(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
+                  RequestPlan plan) {
+  auto t = std::make_shared<PrefillTask>();
+  t->order = ++w->arrivals;
+  t->trace = ctx->traces.find(plan.id);
+  t->begin_s = t->trace->now_s();
+  t->waiting_since = std::chrono::steady_clock::now();
+  t->deadline = t->waiting_since + load_timeout(ctx);
+  t->target = std::make_shared<LoadTarget>();
+  t->target->cache = ctx->tf->make_cache(plan.cache_capacity());
+  std::vector<loader_actor> picked;
+  for (size_t tier = 0; tier < ctx->tiers.size(); ++tier) {
+    bool used = false;
+    for (size_t i = 0; i < plan.parts() && !used; ++i) used = plan.part_tier(i) == static_cast<TierId>(tier);
+    if (!used) continue;
+    loader_actor best;
+    for (const auto& l : h->loaders(static_cast<TierId>(tier)))
+      if (l && (!best || w->loads_out[l.id()] < w->loads_out[best.id()])) best = l;
+    if (!best) {
+      // No loader for a tier the plan uses: its parts never arrive.
+      t->error = "no loader for the " + ctx->tiers[tier].name + " tier";
+      continue;
+    }
+    picked.push_back(best);
+    t->loaders.push_back(best.id());
+    ++w->loads_out[best.id()];
+  }
+  t->target->gate.reset(ctx->model->config().n_layers, t->loaders);
+  if (!t->error.empty()) t->target->gate.fail(t->error);
+  const uint64_t id = plan.id;
+  ctx->load_targets.put(id, t->target);
+  for (const auto& l : picked) self->send(l, load_atom::value, plan);
+  t->plan = std::move(plan);
+  w->prefills[id] = t;
+  schedule(self, ctx, h, w);
+}
+
 }  // namespace
 
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   auto w = std::make_shared<WorkerState>();
+  // A target whose loader ended: delivered layers and the loader's end, by id.
+  auto target_of = [w](uint64_t id) -> LoadTarget* {
+    auto it = w->prefills.find(id);
+    return it == w->prefills.end() ? nullptr : it->second->target.get();
+  };
   return {
-      [=](prefill_atom, RequestPtr r) {
+      [=](prefill_atom, RequestPlan& plan) {
         BusyScope busy(*c, self->mailbox().size());
-        auto t = std::make_shared<PrefillTask>();
-        t->order = ++w->arrivals;
-        t->begin_s = r->now_s();
-        t->waiting_since = std::chrono::steady_clock::now();
-        t->deadline = t->waiting_since + load_timeout(ctx);
-        t->r = std::move(r);
-        w->tasks[t->r->id] = t;
+        take_prefill(self, ctx, h, w, std::move(plan));
+      },
+      [=](layer_atom, uint64_t id, int32_t layer) {
+        BusyScope busy(*c, self->mailbox().size());
+        if (auto* t = target_of(id)) t->gate.arrive(layer);
         schedule(self, ctx, h, w);
       },
-      [=](layer_atom, RequestPtr r, int32_t layer) {
+      [=](load_end_atom, uint64_t id, uint64_t loader) {
         BusyScope busy(*c, self->mailbox().size());
-        r->gate.arrive(layer);
+        auto out = w->loads_out.find(loader);
+        if (out != w->loads_out.end() && --out->second <= 0) w->loads_out.erase(out);
+        if (auto* t = target_of(id)) t->gate.loader_done(loader);
         schedule(self, ctx, h, w);
       },
-      [=](load_end_atom, RequestPtr r, uint64_t loader) {
+      [=](load_fail_atom, uint64_t id, const std::string& why) {
         BusyScope busy(*c, self->mailbox().size());
-        r->gate.loader_done(loader);
-        schedule(self, ctx, h, w);
-      },
-      [=](load_fail_atom, RequestPtr r, const std::string& why) {
-        BusyScope busy(*c, self->mailbox().size());
-        r->gate.fail(why, /*recoverable=*/true);  // one stored entry failed: the prefill falls back
+        // One stored entry failed: the prefill falls back to whole entries.
+        if (auto* t = target_of(id)) t->gate.fail(why, /*recoverable=*/true);
         schedule(self, ctx, h, w);
       },
       [=](stepped_atom, uint64_t id) {
@@ -424,39 +559,42 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         w->tick_pending = false;
         schedule(self, ctx, h, w);
       },
-      [=](decode_atom, RequestPtr r, int32_t token) {
+      [=](cancel_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
+        // A prefill stops at its next layer boundary (its loaders at their next
+        // layer); a decode step waiting in the batcher goes back uncomputed.
+        if (auto it = w->prefills.find(id); it != w->prefills.end()) {
+          it->second->cancelled = true;
+          it->second->target->gate.fail("cancelled");
+        }
+        if (auto it = w->decodes.find(id); it != w->decodes.end()) it->second->cancelled = true;
+        schedule(self, ctx, h, w);
+      },
+      [=](decode_atom, uint64_t id, int32_t token) {
+        BusyScope busy(*c, self->mailbox().size());
+        auto it = w->decodes.find(id);
+        if (it == w->decodes.end()) {
+          self->send(h->decoder(), logits_atom::value, id, DecodeStep{{}, 0, false, "the request has no cache"});
+          return;
+        }
         // One drain job at a time: requests that arrive while it is queued join it.
-        if (ctx->decode_batcher.add(std::move(r), token) && !ctx->compute->submit([ctx, h] { drain_decode(ctx, h); })) {
-          // Shutting down: the decoder finishes whatever waits as cancelled.
-          for (auto& e : ctx->decode_batcher.take_all()) {
-            e.request->cancelled = true;
-            self->send(h->decoder(), logits_atom::value, e.request);
-          }
+        if (ctx->decode_batcher.add(it->second, token) && !ctx->compute->submit([ctx, h] { drain_decode(ctx, h); })) {
+          // Shutting down: whatever waits goes back to the decoder uncomputed.
+          for (auto& e : ctx->decode_batcher.take_all())
+            self->send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
         }
       },
-      [=](warm_atom, RequestPtr r) {
+      [=](end_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
-        // One background job per missed part, so a decode step waits for at most one
-        // chunk's compute.
-        auto queue = [&](const std::vector<int32_t>& tokens, const ChunkKey& key, bool prefix) {
-          if (tokens.empty()) return;
-          ctx->compute->submit(
-              [ctx, h, tokens, key, prefix] {
-                if (ctx->tiered->contains(key)) return;
-                // Decode steps between its layers too: a long document must not stall the streams.
-                const LayerWait step = [ctx, h](int) { interleave_decode(ctx, h); };
-                auto kv = prefix ? ctx->engine->compute_prefix_kv(tokens, step)
-                                 : ctx->engine->compute_chunk_kv(tokens, step);
-                caf::anon_send(h->fusor(), kv_ready_atom::value, KeyedKv{key, std::move(kv)});
-              },
-              ComputeThread::Priority::Background);
-        };
-        // Every mode stores what it had to compute: a `full` request warms the
-        // cache for the blend requests after it.
-        if (!r->prompt.prefix.empty() && !r->plan.prefix_loaded) queue(r->prompt.prefix, r->prefix_key, true);
-        for (size_t i = 0; i < r->prompt.chunks.size(); ++i)
-          if (!r->plan.chunk_loaded[i] || r->fallback) queue(r->prompt.chunks[i], r->chunk_keys[i], false);
+        // The request ended (finished, or failed by the runtime): its cache goes. A
+        // batch still stepping it holds its own reference.
+        w->decodes.erase(id);
+        ctx->decode_batcher.forget(id);
+        if (auto it = w->prefills.find(id); it != w->prefills.end()) {
+          it->second->cancelled = true;
+          it->second->target->gate.fail("the request ended");
+        }
+        schedule(self, ctx, h, w);
       },
       [=](document_atom, const std::vector<int32_t>& tokens) -> caf::typed_response_promise<KeyedKv> {
         BusyScope busy(*c, self->mailbox().size());

@@ -1,15 +1,18 @@
-// loader (one per tier): streams the KV of a request's chunks from its tier into
-// the request's cache one layer at a time, all chunks of layer l before layer
-// l+1, and tells the worker after each layer, so the worker computes layer l
-// while this reads l+1. The SSD loader reads each layer slice with one pread
-// (O_DIRECT when configured) and verifies its checksum; a failed slice fails the
-// request's load as recoverable (the worker then redoes the prefill from whole
-// entries, where the bad file is a miss). Before each layer it looks at the
-// request: cancelled, or its gate failed (another loader's failure, a timeout) —
-// then it stops reading. What the SSD loader read is promoted into RAM. Writes go
-// to the tier's writer (actors/writer.cpp), never here. Spawned detached: its
-// reads block its own thread, not CAF's scheduler. An exception ends the actor;
-// the runtime's supervisor fails the requests it held and starts a new one.
+// loader (a pool per stored tier): streams the KV of a plan's parts that come
+// from its tier into the request's load target (actors/load_target.h: the cache
+// the worker allocated, found by request id) one layer at a time, all parts of
+// layer l before layer l+1, and tells the worker after each layer, so the worker
+// computes layer l while this reads l+1. Each part is opened here (the controller
+// only looked); one that is gone or changed since, or a slice that fails its read
+// or checksum (the SSD loader reads each layer slice with one pread, O_DIRECT when
+// configured), fails the request's load as recoverable (the worker then redoes the
+// prefill from whole entries, where the bad entry is a miss). Before each layer it
+// looks at the gate: failed (a cancel, another loader's failure, a timeout) — then
+// it stops reading. What a loader of a tier below RAM read is promoted into RAM.
+// Writes go to the tier's writer (actors/writer.cpp), never here. Several loaders
+// per tier: that many requests' loads proceed at once. Spawned detached: its reads
+// block its own thread, not CAF's scheduler. An exception ends the actor; the
+// runtime's supervisor fails the requests it held and starts a new one.
 #include <chrono>
 
 #include <caf/all.hpp>
@@ -22,21 +25,36 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-void load_request(loader_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, Tier tier, const RequestPtr& r) {
+void load_request(loader_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, TierId tier,
+                  const RequestPlan& r) {
   const uint64_t me = self->id();
   const auto& cfg = ctx->model->config();
-  const size_t nchunks = r->prompt.chunks.size();
+  const StoredTier& stored = ctx->tiers[static_cast<size_t>(tier)];
+  const std::string actor = "loader-" + stored.name;
+  const auto trace = ctx->traces.find(r.id);
+  const LoadTargetPtr target = ctx->load_targets.find(r.id);
+  auto end = [&] { self->send(h->worker(), load_end_atom::value, r.id, me); };
+  if (!target) return end();  // the worker dropped the request already
+  const bool promote = ctx->ram && stored.store != ctx->ram.get();
   struct Part {
-    size_t index;  // chunk index, or nchunks for the prefix
     int64_t offset, length;
     ChunkKey key;
-    std::shared_ptr<ChunkKv> staged;  // SSD: what was read, for promotion to RAM
+    std::unique_ptr<LayerReader> reader;
+    std::shared_ptr<ChunkKv> staged;  // below RAM: what was read, for promotion
   };
   std::vector<Part> parts;
-  auto add = [&](size_t i, Tier t, int64_t offset, const std::vector<int32_t>& tokens, const ChunkKey& key) {
-    if (t != tier) return;
-    Part p{i, offset, static_cast<int64_t>(tokens.size()), key, nullptr};
-    if (tier != Tier::Ram && ctx->ram) {  // staged whole, for promotion
+  for (size_t i = 0; i < r.parts(); ++i) {
+    if (r.part_tier(i) != tier) continue;
+    const auto& tokens = r.part_tokens(i);
+    auto reader = stored.store->open_layers(r.part_key(i));
+    if (!reader || reader->tokens() != tokens || reader->n_layers() != cfg.n_layers ||
+        reader->kv_heads() != cfg.n_kv_heads || reader->head_dim() != cfg.head_dim) {
+      self->send(h->worker(), load_fail_atom::value, r.id,
+                 "chunk " + r.part_key(i).hex() + " is no longer in the " + stored.name + " tier");
+      return end();
+    }
+    Part p{r.part_offset(i), static_cast<int64_t>(tokens.size()), r.part_key(i), std::move(reader), nullptr};
+    if (promote) {  // staged whole
       auto kv = std::make_shared<ChunkKv>();
       kv->tokens = tokens;
       kv->n_layers = cfg.n_layers;
@@ -47,30 +65,26 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
       p.staged = std::move(kv);
     }
     parts.push_back(std::move(p));
-  };
-  if (r->plan.prefix_loaded) add(nchunks, r->prefix_tier, 0, r->prompt.prefix, r->prefix_key);
-  for (size_t i = 0; i < nchunks; ++i)
-    add(i, r->chunk_tier[i], r->prompt.chunk_offset(i), r->prompt.chunks[i], r->chunk_keys[i]);
+  }
 
-  const std::string actor = std::string("loader-") + tier_name(tier);
-  // Without a RAM tier nothing is promoted: one reusable slice buffer suffices.
+  // Without promotion one reusable slice buffer suffices.
   thread_local std::vector<float> slice;
   int64_t bytes = 0;
   double busy = 0;
   bool failed = false, stopped = false;
   for (int l = 0; l < cfg.n_layers && !failed; ++l) {
-    if (r->cancelled.load() || r->gate.failed()) {
+    if (target->gate.failed()) {
       // Nobody will compute this request's layers: stop reading.
-      r->add_event({actor, "load stopped", l, r->now_s(), r->now_s(), 0});
+      trace->add_event({actor, "load stopped", l, trace->now_s(), trace->now_s(), 0});
       stopped = true;
       break;
     }
-    if (ctx->loader_fault) ctx->loader_fault(tier, l);  // tests: a loader that throws here
+    if (ctx->loader_fault) ctx->loader_fault(stored.name, l);  // tests: a loader that throws here
     const auto t0 = clock_type::now();
-    const double begin = r->now_s();
+    const double begin = trace->now_s();
     int64_t layer_bytes = 0;
     for (auto& p : parts) {
-      auto& reader = *r->readers[p.index];
+      auto& reader = *p.reader;
       const float* k = reader.k_view(l);
       const float* v = reader.v_view(l);
       if (!k || !v) {
@@ -86,41 +100,40 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
         }
         if (!reader.read_layer(l, sk, sv)) {
           failed = true;
-          self->send(h->worker(), load_fail_atom::value, r,
+          self->send(h->worker(), load_fail_atom::value, r.id,
                      "chunk " + p.key.hex() + " layer " + std::to_string(l) + " failed its read or checksum");
           break;
         }
         k = sk;
         v = sv;
       }
-      copy_chunk_layer(k, v, p.length, l, p.offset, r->cache);
+      copy_chunk_layer(k, v, p.length, l, p.offset, target->cache);
       layer_bytes += 2 * p.length * cfg.kv_dim() * static_cast<int64_t>(sizeof(float));
     }
     if (failed) break;
     busy += std::chrono::duration<double>(clock_type::now() - t0).count();
     bytes += layer_bytes;
-    r->add_event({actor, "load", l, begin, r->now_s(), layer_bytes});
-    self->send(h->worker(), layer_atom::value, r, static_cast<int32_t>(l));
+    trace->add_event({actor, "load", l, begin, trace->now_s(), layer_bytes});
+    self->send(h->worker(), layer_atom::value, r.id, static_cast<int32_t>(l));
   }
   // The KV is in the request's cache now: release the pinned RAM entries (an
   // evicted one is freed now, not when the request ends) and the opened files.
-  for (auto& p : parts) r->readers[p.index].reset();
-  self->send(h->worker(), load_end_atom::value, r, me);
+  for (auto& p : parts) p.reader.reset();
+  end();
   if (failed || stopped) return;
-  self->send(h->controller(), profile_atom::value, std::string(tier_name(tier)), bytes, busy);
+  self->send(h->controller(), profile_atom::value, stored.name, bytes, busy);
   // Promotion: the next request finds these chunks in RAM.
-  if (tier != Tier::Ram && ctx->ram)
-    for (auto& p : parts)
-      if (p.staged) ctx->ram->put(p.key, std::move(p.staged));
+  if (promote)
+    for (auto& p : parts) ctx->ram->put(p.key, std::move(p.staged));
 }
 
 }  // namespace
 
-loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, Tier tier,
+loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, TierId tier,
                                    CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   return {
-      [=](load_atom, RequestPtr r) {
+      [=](load_atom, const RequestPlan& r) {
         BusyScope busy(*c, self->mailbox().size());
         load_request(self, ctx, h, tier, r);
       },

@@ -1,23 +1,28 @@
 // Every message the runtime's actors exchange, in one place: atoms name the
-// messages, and the payload types are declared here. CAF 0.17.6's type-ID blocks
-// register *serializable* types (for messages that cross the network); these
-// payloads (shared request state, KV buffers) never leave the process, so they are
-// declared allowed-unsafe instead — this header is the single list of both. The
-// remote-disk tier will add its serializable types as a type-ID block here.
-// Typed interfaces: actors/interfaces.h.
+// messages, and the payload types are declared here. Requests travel as values:
+// ids, RequestPlan, PrefillOutcome and DecodeStep (actors/plan.h) — each
+// serializable through its inspect overload and registered with the actor system
+// by add_runtime_message_types(), so a plan can cross nodes. Two payloads never
+// leave the process and are declared allowed-unsafe instead: KV buffers (KeyedKv,
+// shared chunk KV on its way to a tier) and the inspector's counters. Typed
+// interfaces: actors/interfaces.h.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <caf/actor_system_config.hpp>
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
 #include <caf/typed_response_promise.hpp>
 
+#include "actors/plan.h"
 #include "actors/request.h"
+#include "storage/chunk_kv.h"
 
 namespace bs {
 
@@ -46,34 +51,34 @@ struct ActorCounters {
 using CountersPtr = std::shared_ptr<ActorCounters>;
 
 // intake
-using submit_atom = caf::atom_constant<caf::atom("submit")>;      // (RequestPtr) -> request id
+using submit_atom = caf::atom_constant<caf::atom("submit")>;      // (request id) -> request id: its record is in the RequestBook
 using release_atom = caf::atom_constant<caf::atom("release")>;    // (): a running request ended, its slot is free
-using cancel_atom = caf::atom_constant<caf::atom("cancel")>;      // (request id): if it is queued, finish it cancelled
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;      // (request id): intake: leaves the queue; worker: stops at a boundary
 // controller
-using plan_atom = caf::atom_constant<caf::atom("plan")>;          // (RequestPtr)
-using profile_atom = caf::atom_constant<caf::atom("profile")>;    // (source, units, seconds): bytes for a tier, token-layers for "compute"
+using plan_atom = caf::atom_constant<caf::atom("plan")>;          // (RequestPlan): where each part comes from, at which ratio
+using profile_atom = caf::atom_constant<caf::atom("profile")>;    // (source, units, seconds): bytes for a tier, row-layers for "compute"
 using get_profile_atom = caf::atom_constant<caf::atom("getprof")>;// () -> profile JSON
 // loaders and writers
-using load_atom = caf::atom_constant<caf::atom("load")>;          // (RequestPtr): stream its chunks, layer by layer
+using load_atom = caf::atom_constant<caf::atom("load")>;          // (RequestPlan): stream this tier's parts into the request's load target
 using store_atom = caf::atom_constant<caf::atom("store")>;        // (KeyedKv): write to this tier
 using flush_atom = caf::atom_constant<caf::atom("flush")>;        // () -> true once earlier stores are done
 // layer worker
-using prefill_atom = caf::atom_constant<caf::atom("prefill")>;    // (RequestPtr)
-using layer_atom = caf::atom_constant<caf::atom("layer")>;        // (RequestPtr, layer): one loader delivered a layer
-using load_end_atom = caf::atom_constant<caf::atom("loadend")>;   // (RequestPtr, loader id): that loader is done with the request
-using load_fail_atom = caf::atom_constant<caf::atom("loadfail")>; // (RequestPtr, why)
-using stepped_atom = caf::atom_constant<caf::atom("stepped")>;  // (request id): a prefill's step job ended
-using tick_atom = caf::atom_constant<caf::atom("tick")>;        // (): look at parked and stopping prefills
-using decode_atom = caf::atom_constant<caf::atom("decode")>;      // (RequestPtr, token): one decode step
-using warm_atom = caf::atom_constant<caf::atom("warm")>;          // (RequestPtr): compute the missed chunks alone
+using prefill_atom = caf::atom_constant<caf::atom("prefill")>;    // (RequestPlan): run it
+using layer_atom = caf::atom_constant<caf::atom("layer")>;        // (request id, layer): one loader delivered a layer
+using load_end_atom = caf::atom_constant<caf::atom("loadend")>;   // (request id, loader id): that loader is done with the request
+using load_fail_atom = caf::atom_constant<caf::atom("loadfail")>; // (request id, why): a stored entry failed its read
+using stepped_atom = caf::atom_constant<caf::atom("stepped")>;    // (request id): a prefill's step job ended
+using tick_atom = caf::atom_constant<caf::atom("tick")>;          // (): look at parked and stopping prefills
+using decode_atom = caf::atom_constant<caf::atom("decode")>;      // (request id, token): one decode step
+using end_atom = caf::atom_constant<caf::atom("end")>;            // (request id): the request ended, its cache is freed
 using document_atom = caf::atom_constant<caf::atom("document")>;  // (tokens) -> KeyedKv: a document's KV computed alone
 using document_done_atom = caf::atom_constant<caf::atom("docdone")>; // (DocumentKv): that compute ended
-// fusor
-using prefilled_atom = caf::atom_constant<caf::atom("prefilled")>;// (RequestPtr): fused cache + first logits ready
+// write-back
 using kv_ready_atom = caf::atom_constant<caf::atom("kvready")>;   // (KeyedKv): a chunk computed for write-back
 // decoder
-using start_atom = caf::atom_constant<caf::atom("start")>;        // (RequestPtr): decode from the prefill's logits
-using logits_atom = caf::atom_constant<caf::atom("logits")>;      // (RequestPtr): the next logits are in the request
+using start_atom = caf::atom_constant<caf::atom("start")>;        // (PrefillOutcome): decode from the prefill's logits (or fail)
+using logits_atom = caf::atom_constant<caf::atom("logits")>;      // (request id, DecodeStep): one step's logits
+using finish_atom = caf::atom_constant<caf::atom("finish")>;      // (request id): it never ran (cancelled in the queue): finish it
 // supervisor
 using supervise_atom = caf::atom_constant<caf::atom("supervise")>; // (actor, name): monitor it, restart it when it dies
 // inspector
@@ -88,9 +93,15 @@ inline caf::error make_runtime_error(RequestErrc code, std::string message) {
   return caf::error(static_cast<uint8_t>(code), runtime_error_category(), caf::make_message(std::move(message)));
 }
 
+// The serializable payloads, under the names other nodes know them by.
+inline void add_runtime_message_types(caf::actor_system_config& cfg) {
+  cfg.add_message_type<RequestPlan>("bs::RequestPlan");
+  cfg.add_message_type<PrefillOutcome>("bs::PrefillOutcome");
+  cfg.add_message_type<DecodeStep>("bs::DecodeStep");
+}
+
 }  // namespace bs
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::RequestPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::KeyedKv)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::DocumentKv)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::CountersPtr)

@@ -52,13 +52,14 @@ void fit_check_layers_to_model(BlendOptions& blend, int n_layers) {
 // whose handlers may block runs detached, on a thread of its own: the intake
 // (tokenizing), the controller (SSD lookups: open, header read), the loaders and
 // the SSD writer (I/O), the decoder (sampling, the caller's callbacks) and the
-// inspector (the trace file). The worker, fusor and supervisor only pass messages.
+// inspector (the trace file). The worker, write-back and supervisor only pass messages.
 struct RuntimeSystemConfig : caf::actor_system_config {
   RuntimeSystemConfig() {
     set("scheduler.max-threads", size_t{2});
     set("work-stealing.aggressive-poll-attempts", size_t{10});
     set("work-stealing.moderate-poll-attempts", size_t{50});
     set("logger.verbosity", caf::atom("quiet"));
+    add_runtime_message_types(*this);
     add_error_category(runtime_error_category(), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
       std::string s = errc_name(static_cast<RequestErrc>(code));
       if (ctx.match_elements<std::string>()) s += ": " + ctx.get_as<std::string>(0);
@@ -77,6 +78,11 @@ RequestError request_error_of(caf::actor_system& sys, const caf::error& failure)
   return RequestError(code, message);
 }
 
+// The name of loader i of tier t's pool.
+std::string loader_name(const RuntimeContext& ctx, size_t tier, int i) {
+  return "loader-" + ctx.tiers[tier].name + "-" + std::to_string(i);
+}
+
 // The text of an actor's exit reason: the message of a runtime error, else CAF's rendering.
 std::string describe_exit(caf::actor_system& sys, const caf::error& reason) {
   if (reason.category() == runtime_error_category() && reason.context().match_elements<std::string>())
@@ -93,7 +99,6 @@ struct Runtime::Actors {
   supervisor_actor supervisor;
   std::unordered_map<std::string, CountersPtr> counters;  // by actor name, kept across restarts
   std::mutex mu;
-  std::unordered_map<uint64_t, std::weak_ptr<RequestState>> live;
   int documents = 0;  // store_document calls waiting for the worker (shutdown waits for them)
   bool stopped = false;
 
@@ -102,9 +107,9 @@ struct Runtime::Actors {
   caf::actor spawn(RuntimeContext* ctx, const std::string& name);
   // The supervisor's hook: fail what the dead actor held, start its successor.
   caf::actor restart(RuntimeContext* ctx, const std::string& name, uint64_t id, const caf::error& reason);
-  std::vector<RequestPtr> live_requests();
-  // Ends a request with an error now (on_done once; its slot back), however far it got.
-  void fail_request(RuntimeContext* ctx, const RequestPtr& r, const std::string& why);
+  // Ends a request with an error now (on_done once; its slot back; the worker
+  // drops what it holds for it), however far it got.
+  void fail_request(RuntimeContext* ctx, const RecordPtr& r, const std::string& why);
 };
 
 caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) {
@@ -132,41 +137,42 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
   if (name == "controller") return put(&ActorSet::controller, sys.spawn<caf::detached>(controller, ctx, h, c));
   if (name == "ssd-writer") return put(&ActorSet::ssd_writer, sys.spawn<caf::detached>(writer, ctx, c));
   if (name == "layer-worker") return put(&ActorSet::worker, sys.spawn(layer_worker, ctx, h, c));
-  if (name == "fusor") return put(&ActorSet::fusor, sys.spawn(fusor, ctx, h, c));
+  if (name == "write-back") return put(&ActorSet::write_back, sys.spawn(write_back, ctx, h, c));
   if (name == "decoder") return put(&ActorSet::decoder, sys.spawn<caf::detached>(decoder, ctx, h, c));
-  if (name == "loader-ram" || name == "loader-ssd") {
-    const Tier tier = name == "loader-ram" ? Tier::Ram : Tier::Ssd;
-    auto x = sys.spawn<caf::detached>(loader, ctx, h, tier, c);
-    h->update([&](ActorSet& s) { s.loaders[static_cast<size_t>(tier)] = x; });
-    return caf::actor_cast<caf::actor>(x);
-  }
+  // "loader-<tier>-<i>": loader i of the tier's pool.
+  for (size_t t = 0; t < ctx->tiers.size(); ++t)
+    for (int i = 0; i < ctx->tiers[t].loaders; ++i)
+      if (name == loader_name(*ctx, t, i)) {
+        auto x = sys.spawn<caf::detached>(loader, ctx, h, static_cast<TierId>(t), c);
+        h->update([&](ActorSet& s) {
+          s.loaders.resize(ctx->tiers.size());
+          s.loaders[t].resize(static_cast<size_t>(ctx->tiers[t].loaders));
+          s.loaders[t][static_cast<size_t>(i)] = x;
+        });
+        return caf::actor_cast<caf::actor>(x);
+      }
   throw std::logic_error("no actor is called " + name);
 }
 
-std::vector<RequestPtr> Runtime::Actors::live_requests() {
-  std::vector<RequestPtr> out;
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [id, w] : live)
-    if (auto r = w.lock()) out.push_back(std::move(r));
-  return out;
-}
-
-void Runtime::Actors::fail_request(RuntimeContext* ctx, const RequestPtr& r, const std::string& why) {
+void Runtime::Actors::fail_request(RuntimeContext* ctx, const RecordPtr& r, const std::string& why) {
   r->cancelled = true;  // what still runs for it stops at its next step
-  r->gate.fail(why);
   if (r->finished.exchange(true)) return;
-  auto& res = r->result;
+  RequestResult res;
   res.id = r->id;
-  res.prompt_tokens = r->prompt.size();
   res.finish_reason = "error";
   res.error = why;
-  res.total_seconds = r->now_s();
-  ctx->decode_batcher.forget(r->id);
-  caf::anon_send(h->inspector(), trace_atom::value, r->trace_json());
-  if (r->admitted) {
+  res.total_seconds = r->trace->now_s();
+  r->trace->set("finish_reason", res.finish_reason);
+  r->trace->set("error", why);
+  ctx->traces.close(r->id);
+  caf::anon_send(h->inspector(), trace_atom::value, r->trace->json());
+  if (r->admitted.load()) {
+    // The worker drops its load target and cache (a prefill stops at its next layer).
+    caf::anon_send(h->worker(), end_atom::value, r->id);
     ctx->in_flight.fetch_sub(1);
     caf::anon_send(h->intake(), release_atom::value);
   }
+  ctx->requests.erase(r->id);
   if (r->callbacks.on_done) r->callbacks.on_done(res);
 }
 
@@ -182,26 +188,35 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
   counters[name]->restarts.fetch_add(1);
   const caf::actor next = spawn(ctx, name);
   const std::string failure = name + " stopped (" + why + ")";
-  if (name == "loader-ram" || name == "loader-ssd") {
+  if (name.rfind("loader-", 0) == 0) {
     // Its requests: the layers they wait for will not come. Nothing writes their
     // caches for it any more, so the wait for the loaders ends too.
-    for (const auto& r : live_requests())
-      if (r->gate.holds(id)) {
-        r->gate.fail(failure);
-        r->gate.loader_done(id);
+    ctx->load_targets.for_each([&](uint64_t, LoadTarget& t) {
+      if (t.gate.holds(id)) {
+        t.gate.fail(failure);
+        t.gate.loader_done(id);
       }
+    });
   } else if (name == "ssd-writer") {
     // The writes queued in its mailbox died with it (a cache: recomputed on a miss).
     ctx->ssd_write_queue.bytes.store(0);
+  } else if (name == "write-back") {
+    // Stores in its mailbox died with it (a cache: recomputed on a miss); no request waits for them.
   } else if (name == "intake") {
     // Its queue died with it: every request it held, queued or running, fails.
-    for (const auto& r : live_requests()) fail_request(ctx, r, failure);
+    for (const auto& r : ctx->requests.all()) fail_request(ctx, r, failure);
     ctx->queued.store(0);
   } else if (name != "inspector") {
-    // Requests carry through the controller, worker, fusor and decoder by message:
-    // any running one may have been in the dead actor's mailbox.
-    for (const auto& r : live_requests())
-      if (r->admitted) fail_request(ctx, r, failure);
+    // Running requests pass through the controller, worker and decoder by message:
+    // any of them may have been in the dead actor's mailbox.
+    if (name == "layer-worker") {
+      // Its prefills and caches died with it: the loaders stop, waiting decode steps are dropped.
+      ctx->load_targets.for_each([&](uint64_t, LoadTarget& t) { t.gate.fail(failure); });
+      ctx->load_targets.clear();
+      ctx->decode_batcher.take_all();
+    }
+    for (const auto& r : ctx->requests.all())
+      if (r->admitted.load()) fail_request(ctx, r, failure);
   }
   return next;
 }
@@ -221,7 +236,13 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
                                             ctx.config.ssd.direct_io);
     if (ctx.config.ssd.throttle_bytes_per_s > 0) ctx.ssd->set_read_throttle(ctx.config.ssd.throttle_bytes_per_s);
   }
-  ctx.tiered = std::make_unique<TieredKvStore>(ctx.ram.get(), ctx.ssd.get());
+  // The stored tiers in lookup order, with the controller's start values (RAM
+  // copies, a laptop SSD) until it measured them.
+  if (ctx.ram) ctx.tiers.push_back({"ram", ctx.ram.get(), 8e9, ctx.config.ram.loaders});
+  if (ctx.ssd) ctx.tiers.push_back({"ssd", ctx.ssd.get(), 1.5e9, ctx.config.ssd.loaders});
+  std::vector<KvStore*> stores;
+  for (const auto& t : ctx.tiers) stores.push_back(t.store);
+  ctx.tiered = std::make_unique<TieredKvStore>(stores);
   ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true));
   ctx.from_store = std::make_unique<StoreBackedBlend>(*ctx.engine, *ctx.tiered);
   ctx.compute = std::make_unique<ComputeThread>(ctx.config.threads);
@@ -232,9 +253,11 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   auto& sys = *a.system;
   auto h = a.h;
   RuntimeContext* c = ctx_.get();
-  std::vector<std::string> names{"inspector", "intake", "controller", "loader-ram"};
-  if (ctx.ssd) names.insert(names.end(), {"loader-ssd", "ssd-writer"});
-  names.insert(names.end(), {"layer-worker", "fusor", "decoder"});
+  std::vector<std::string> names{"inspector", "intake", "controller"};
+  for (size_t t = 0; t < ctx.tiers.size(); ++t)
+    for (int i = 0; i < ctx.tiers[t].loaders; ++i) names.push_back(loader_name(ctx, t, i));
+  if (ctx.ssd) names.push_back("ssd-writer");
+  names.insert(names.end(), {"layer-worker", "write-back", "decoder"});
   std::vector<caf::actor> spawned;
   for (const auto& name : names) spawned.push_back(a.spawn(c, name));
   Actors* actors = &a;
@@ -267,40 +290,26 @@ uint64_t Runtime::submit(RuntimeRequest request, RequestCallbacks callbacks) {
     std::lock_guard<std::mutex> lock(a.mu);
     if (a.stopped) throw RequestError(RequestErrc::shutting_down, "the runtime is shut down");
   }
-  auto r = std::make_shared<RequestState>();
-  r->submitted = RequestState::clock::now();
+  auto r = std::make_shared<RequestRecord>();
+  r->id = ctx_->next_id.fetch_add(1);
+  r->submitted = std::chrono::steady_clock::now();
   r->request = std::move(request);
-  // Forget the request when it ends (the map holds weak pointers only).
-  auto user_done = std::move(callbacks.on_done);
-  Actors* actors = actors_.get();
-  callbacks.on_done = [actors, user_done](const RequestResult& res) {
-    {
-      std::lock_guard<std::mutex> lock(actors->mu);
-      actors->live.erase(res.id);
-    }
-    if (user_done) user_done(res);
-  };
   r->callbacks = std::move(callbacks);
-  const uint64_t id = ctx_->next_id.fetch_add(1);
-  r->id = id;
-  {
-    // Registered before the intake answers: on_done may run before receive() returns.
-    std::lock_guard<std::mutex> lock(a.mu);
-    a.live[id] = r;
-  }
+  r->trace = ctx_->traces.open(r->id, r->submitted);
+  const uint64_t id = r->id;
+  // Registered before the intake answers: on_done may run before receive() returns.
+  ctx_->requests.put(r);
   caf::error failure;
   {
     caf::scoped_actor self{*a.system};
     // The intake answers once it has tokenized and keyed the prompt (milliseconds);
     // the bound only matters if it died with the request in its mailbox.
-    self->request(a.h->intake(), std::chrono::seconds(60), submit_atom::value, r)
+    self->request(a.h->intake(), std::chrono::seconds(60), submit_atom::value, id)
         .receive([&](uint64_t) {}, [&](caf::error& e) { failure = std::move(e); });
   }
   if (failure) {
-    {
-      std::lock_guard<std::mutex> lock(a.mu);
-      a.live.erase(id);
-    }
+    ctx_->requests.erase(id);
+    ctx_->traces.close(id);
     throw request_error_of(*a.system, failure);
   }
   return id;
@@ -319,13 +328,13 @@ RequestResult Runtime::run(RuntimeRequest request, std::function<bool(std::strin
 bool Runtime::cancel(uint64_t id) {
   std::lock_guard<std::mutex> lock(actors_->mu);
   if (actors_->stopped) return false;  // shutdown cancels everything itself
-  auto it = actors_->live.find(id);
-  if (it == actors_->live.end()) return false;
-  auto r = it->second.lock();
+  const RecordPtr r = ctx_->requests.find(id);
   if (!r) return false;
   r->cancelled = true;
-  // A queued request leaves the queue now; a running one ends at its next step.
+  // A queued request leaves the queue now; a running one ends at its next step
+  // (a prefill at its next layer boundary, its loaders at their next layer).
   caf::anon_send(actors_->h->intake(), cancel_atom::value, id);
+  caf::anon_send(actors_->h->worker(), cancel_atom::value, id);
   return true;
 }
 
@@ -431,10 +440,10 @@ std::string Runtime::profile_json() {
 
 std::string Runtime::stores_json() const {
   nlohmann::json j = nlohmann::json::object();
-  for (KvStore* s : {static_cast<KvStore*>(ctx_->ram.get()), static_cast<KvStore*>(ctx_->ssd.get())}) {
-    if (!s) continue;
+  for (const auto& tier : ctx_->tiers) {
+    KvStore* s = tier.store;
     const auto st = s->stats();
-    j[std::string(s->name())] = {{"hits", st.hits},       {"misses", st.misses},   {"puts", st.puts},
+    j[tier.name] = {{"hits", st.hits},       {"misses", st.misses},   {"puts", st.puts},
                                  {"evictions", st.evictions}, {"bytes", st.bytes}, {"entries", st.entries},
                                  {"corrupt", st.corrupt},  {"budget", s->budget()}};
   }
@@ -458,28 +467,28 @@ void Runtime::shutdown(bool finish_write_back) {
     a.stopped = true;
     // First: the intake refuses whatever reaches it from now on.
     ctx_->shutting_down = true;
-    for (auto& [id, w] : a.live)
-      if (auto r = w.lock()) {
-        r->cancelled = true;
-        caf::anon_send(a.h->intake(), cancel_atom::value, id);  // queued: finished now
-      }
+    for (const auto& r : ctx_->requests.all()) {
+      r->cancelled = true;
+      caf::anon_send(a.h->intake(), cancel_atom::value, r->id);  // queued: finished now
+      caf::anon_send(a.h->worker(), cancel_atom::value, r->id);  // running: stops at its next step
+    }
   }
-  // Requests in flight end at their next step (a prefill in progress completes
-  // first); every accepted request has had its on_done when `live` is empty.
+  // Requests in flight end at their next step (a prefill at its next layer
+  // boundary); every accepted request has had its on_done when the book is empty.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   auto busy = [&] {
     std::lock_guard<std::mutex> lock(a.mu);
-    return ctx_->in_flight.load() > 0 || ctx_->queued.load() > 0 || !a.live.empty() || a.documents > 0;
+    return ctx_->in_flight.load() > 0 || ctx_->queued.load() > 0 || ctx_->requests.size() > 0 || a.documents > 0;
   };
   while (busy() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // Background write-back computes are dropped (they are a cache, recomputed on
   // demand); the one running finishes. Then every store already handed to the
-  // fusor or the SSD writer is written before the actors stop.
+  // write-back actor or the SSD writer is written before the actors stop.
   ctx_->compute->stop(finish_write_back);
   {
     caf::scoped_actor self{*a.system};
-    self->request(a.h->fusor(), std::chrono::seconds(120), flush_atom::value).receive([](bool) {}, [](caf::error&) {});
+    self->request(a.h->write_back(), std::chrono::seconds(120), flush_atom::value).receive([](bool) {}, [](caf::error&) {});
   }
   if (ctx_->ram) ctx_->ram->set_eviction_listener({});
   {
@@ -491,9 +500,10 @@ void Runtime::shutdown(bool finish_write_back) {
     const ActorSet all = a.h->all();
     std::vector<caf::actor> actors{caf::actor_cast<caf::actor>(a.supervisor), caf::actor_cast<caf::actor>(all.intake),
                                    caf::actor_cast<caf::actor>(all.controller), caf::actor_cast<caf::actor>(all.ssd_writer),
-                                   caf::actor_cast<caf::actor>(all.worker),     caf::actor_cast<caf::actor>(all.fusor),
+                                   caf::actor_cast<caf::actor>(all.worker),     caf::actor_cast<caf::actor>(all.write_back),
                                    caf::actor_cast<caf::actor>(all.decoder),    caf::actor_cast<caf::actor>(all.inspector)};
-    for (const auto& l : all.loaders) actors.push_back(caf::actor_cast<caf::actor>(l));
+    for (const auto& pool : all.loaders)
+      for (const auto& l : pool) actors.push_back(caf::actor_cast<caf::actor>(l));
     caf::scoped_actor self{*a.system};
     size_t waiting = 0;
     for (const caf::actor& x : actors)

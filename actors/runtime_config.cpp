@@ -220,14 +220,17 @@ void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
 }
 
 void parse_tier(const YAML::Node& sec, const std::string& path, bool is_ssd, TierConfig& t) {
-  const Keys ram_keys{"enabled", "budget"};
-  const Keys ssd_keys{"enabled", "path", "budget", "direct_io", "throttle", "write_queue"};
+  const Keys ram_keys{"enabled", "budget", "loaders"};
+  const Keys ssd_keys{"enabled", "path", "budget", "direct_io", "throttle", "write_queue", "loaders"};
   for_each_key(sec, path, is_ssd ? ssd_keys : ram_keys, [&](std::string_view k, const YAML::Node& v) {
     const std::string key = join_path(path, k);
     if (k == "enabled") {
       t.enabled = get_bool(v, key);
     } else if (k == "budget") {
       t.budget_bytes = get_size(v, key);
+    } else if (k == "loaders") {
+      t.loaders = get_int(v, key);
+      check_at_least(t.loaders, 1, v, key, " (loader actors of the tier)");
     } else if (k == "path") {
       t.path = get_string(v, key);
     } else if (k == "direct_io") {

@@ -26,6 +26,8 @@ struct TierConfig {
   // ssd: bytes of chunk KV waiting for the tier's writer at most; a write-back or
   // demotion beyond it is dropped (counted), never queued without bound.
   int64_t write_queue_bytes = 0;
+  // Loader actors of the tier: this many requests' loads from it proceed at once.
+  int loaders = 2;
   bool operator==(const TierConfig&) const = default;
 };
 
@@ -41,9 +43,9 @@ struct RuntimeConfig {
   std::string data_dir;
   // The member defaults equal configs/default.yaml (a test checks it).
   TierConfig ram{.enabled = true, .budget_bytes = int64_t{2} << 30, .path = "", .direct_io = false,
-                 .throttle_bytes_per_s = 0, .write_queue_bytes = 0};
+                 .throttle_bytes_per_s = 0, .write_queue_bytes = 0, .loaders = 2};
   TierConfig ssd{.enabled = true, .budget_bytes = int64_t{8} << 30, .path = "kv", .direct_io = true,
-                 .throttle_bytes_per_s = 0, .write_queue_bytes = int64_t{256} << 20};
+                 .throttle_bytes_per_s = 0, .write_queue_bytes = int64_t{256} << 20, .loaders = 2};
   // blend: mode, ratio (the floor the loading controller never goes below),
   // check layers, schedule, min_tokens, deviation, quota, filtering, sink_tokens
   BlendOptions blend;

@@ -1,6 +1,8 @@
 // What every actor of one runtime shares: the config, the model and its compute,
-// the store tiers and the compute thread. Owned by Runtime; actors get a pointer
-// that outlives them (the actor system is shut down before the context dies).
+// the store tiers, the compute thread, and the tables actors find each other's
+// published parts in by request id (load targets, traces, front-end records).
+// Owned by Runtime; actors get a pointer that outlives them (the actor system is
+// shut down before the context dies).
 #pragma once
 
 #include <atomic>
@@ -10,7 +12,10 @@
 
 #include "actors/compute_thread.h"
 #include "actors/decode_batcher.h"
-#include "actors/request.h"
+#include "actors/load_target.h"
+#include "actors/plan.h"
+#include "actors/request_record.h"
+#include "actors/trace.h"
 #include "actors/runtime_config.h"
 #include "blend/blend_engine.h"
 #include "blend/store_backed_blend.h"
@@ -28,6 +33,18 @@ struct WriteQueue {
   std::atomic<int64_t> written{0};     // entries the writer handled
 };
 
+// A stored tier: where chunk KV may come from. RuntimeContext::tiers lists them in
+// lookup order (RAM, then SSD; the remote tier is one more entry) and a TierId is
+// the index. Everything per tier — the controller's lookup and profile, the
+// loaders, trace and metrics labels, result counters — follows this list, so a
+// tier is added in one place (Runtime's constructor).
+struct StoredTier {
+  std::string name;                 // "ram", "ssd": profile sources, metrics labels, actor names
+  KvStore* store = nullptr;         // owned by the context
+  double start_bytes_per_s = 1e9;   // the controller's estimate until it measured the tier
+  int loaders = 1;                  // loader actors: this many requests' loads at once
+};
+
 struct RuntimeContext {
   RuntimeConfig config;
   std::unique_ptr<kernels::Backend> backend;
@@ -36,6 +53,7 @@ struct RuntimeContext {
   std::unique_ptr<Transformer> tf;
   std::unique_ptr<MemoryKvStore> ram;  // null when the tier is off
   std::unique_ptr<DiskKvStore> ssd;    // null when the tier is off
+  std::vector<StoredTier> tiers;        // lookup order
   std::unique_ptr<TieredKvStore> tiered;
   std::unique_ptr<BlendEngine> engine;
   // The engine over `tiered` in one call: the fallback when a stored entry failed
@@ -43,6 +61,9 @@ struct RuntimeContext {
   std::unique_ptr<StoreBackedBlend> from_store;
   std::unique_ptr<ComputeThread> compute;
   DecodeBatcher decode_batcher;  // requests waiting for their next decode step
+  LoadTargets load_targets;      // the worker's caches and gates, for the loaders
+  TraceBook traces;              // requests' timelines, closed by whoever finishes the request
+  RequestBook requests;          // the front end's records of the requests not finished
   std::atomic<uint64_t> next_id{1};
   std::atomic<int> in_flight{0};  // admitted: prefilling or decoding (<= max_requests)
   std::atomic<int> queued{0};     // prepared, waiting in the intake for a slot (<= max_queue)
@@ -56,7 +77,7 @@ struct RuntimeContext {
   // Test hooks (set before the first request, never while one runs): called by a
   // loader before it reads each layer, and by the SSD writer before each write; a
   // hook may throw (an actor that dies) or sleep (a slow device).
-  std::function<void(Tier, int)> loader_fault;
+  std::function<void(const std::string& tier, int layer)> loader_fault;
   std::function<void()> writer_fault;
 };
 

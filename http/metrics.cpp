@@ -61,6 +61,12 @@ void ServerMetrics::count_response(const std::string& route, int status) {
   ++responses_[{route, status}];
 }
 
+void ServerMetrics::declare_tiers(const std::vector<std::string>& tiers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& t : tiers) chunks_[t] += 0;
+  chunks_["miss"] += 0;
+}
+
 void ServerMetrics::observe_completion(const RequestResult& r) {
   std::lock_guard<std::mutex> lock(mu_);
   if (r.ttft_seconds > 0) ttft_.observe(r.ttft_seconds);
@@ -70,9 +76,8 @@ void ServerMetrics::observe_completion(const RequestResult& r) {
   completion_tokens_ += static_cast<int64_t>(r.tokens.size());
   cached_tokens_ += r.cached_tokens;
   recomputed_tokens_ += r.recomputed_tokens;
-  chunks_ram_ += r.chunks_ram;
-  chunks_ssd_ += r.chunks_ssd;
-  chunks_missed_ += r.chunks_missed;
+  for (const auto& [tier, n] : r.chunks_by_tier) chunks_[tier] += n;
+  chunks_["miss"] += r.chunks_missed;
 }
 
 void ServerMetrics::count_disconnect() {
@@ -105,9 +110,8 @@ std::string ServerMetrics::render(const std::vector<Gauge>& gauges) const {
          "Cached prompt tokens recomputed by the blend (the selected ones).");
   sample(out, "blendserve_recomputed_prompt_tokens_total", "", static_cast<double>(recomputed_tokens_));
   header(out, "blendserve_chunks_total", "counter", "Document chunks of requests, by where their KV came from.");
-  sample(out, "blendserve_chunks_total", "tier=\"ram\"", static_cast<double>(chunks_ram_));
-  sample(out, "blendserve_chunks_total", "tier=\"ssd\"", static_cast<double>(chunks_ssd_));
-  sample(out, "blendserve_chunks_total", "tier=\"miss\"", static_cast<double>(chunks_missed_));
+  for (const auto& [tier, n] : chunks_)
+    sample(out, "blendserve_chunks_total", "tier=\"" + tier + "\"", static_cast<double>(n));
   header(out, "blendserve_client_disconnects_total", "counter", "Requests cancelled because the client left.");
   sample(out, "blendserve_client_disconnects_total", "", static_cast<double>(disconnects_));
   std::string last;

@@ -42,6 +42,8 @@ class ServerMetrics {
   void count_response(const std::string& route, int status);
   // A chat completion that ran (whatever its end): time to first token, latency,
   // tokens in and out, where its chunks came from, the ratio it recomputed.
+  // The stored tiers' names: their chunk counters show from the start (at 0).
+  void declare_tiers(const std::vector<std::string>& tiers);
   void observe_completion(const RequestResult& r);
   // A request the client left before it finished.
   void count_disconnect();
@@ -52,7 +54,7 @@ class ServerMetrics {
   std::map<std::pair<std::string, int>, int64_t> responses_;
   Histogram ttft_, latency_, ratio_;
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0, recomputed_tokens_ = 0;
-  int64_t chunks_ram_ = 0, chunks_ssd_ = 0, chunks_missed_ = 0;
+  std::map<std::string, int64_t> chunks_;  // by tier ("ram", "ssd", ..., "miss")
   int64_t disconnects_ = 0;
 };
 

@@ -11,18 +11,18 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 json usage(const RequestResult& r) {
   const int64_t completion = static_cast<int64_t>(r.tokens.size());
+  json blend = {{"chunks", r.chunks},
+                {"chunks_missed", r.chunks_missed},
+                {"ratio", r.ratio},
+                {"ttft_seconds", r.ttft_seconds},
+                {"total_seconds", r.total_seconds}};
+  // chunks_ram, chunks_ssd, ...: one per stored tier a chunk came from.
+  for (const auto& [tier, n] : r.chunks_by_tier) blend["chunks_" + tier] = n;
   return {{"prompt_tokens", r.prompt_tokens},
           {"completion_tokens", completion},
           {"total_tokens", r.prompt_tokens + completion},
           {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}, {"recomputed_tokens", r.recomputed_tokens}}},
-          {"blendserve",
-           {{"chunks", r.chunks},
-            {"chunks_ram", r.chunks_ram},
-            {"chunks_ssd", r.chunks_ssd},
-            {"chunks_missed", r.chunks_missed},
-            {"ratio", r.ratio},
-            {"ttft_seconds", r.ttft_seconds},
-            {"total_seconds", r.total_seconds}}}};
+          {"blendserve", std::move(blend)}};
 }
 
 json head(const CompletionMeta& m, const char* object) {

@@ -126,6 +126,9 @@ struct Server::Impl {
     fingerprint = "blendserve-" + ctx.backend->kernel_id() + "-" + kernels::precision_name(ctx.precision);
     created = unix_now();
     context_length = ctx.model->config().context_length;
+    std::vector<std::string> tiers;
+    for (const auto& t : ctx.tiers) tiers.push_back(t.name);
+    metrics.declare_tiers(tiers);
     // Every admitted or queued completion holds its connection's thread until it
     // ends; a few more answer health checks, metrics and refusals meanwhile.
     const int threads = cfg.server_threads > 0 ? cfg.server_threads : cfg.max_requests + cfg.max_queue + 8;

@@ -1,15 +1,19 @@
 #include "storage/tiered_store.h"
 
+#include <algorithm>
 #include <mutex>
 
 namespace bs {
 
+TieredKvStore::TieredKvStore(std::vector<KvStore*> tiers) : tiers_(std::move(tiers)) {
+  std::erase(tiers_, nullptr);
+}
+
 std::shared_ptr<const ChunkKv> TieredKvStore::get(const ChunkKey& key) {
   std::shared_ptr<const ChunkKv> kv;
-  if (ram_) kv = ram_->get(key);
-  if (!kv && ssd_) {
-    kv = ssd_->get(key);
-    if (kv && ram_) ram_->put(key, kv);  // promotion
+  for (size_t i = 0; i < tiers_.size() && !kv; ++i) {
+    kv = tiers_[i]->get(key);
+    if (kv && i > 0) tiers_.front()->put(key, kv);  // promotion
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++(kv ? hits_ : misses_);
@@ -17,27 +21,25 @@ std::shared_ptr<const ChunkKv> TieredKvStore::get(const ChunkKey& key) {
 }
 
 bool TieredKvStore::contains(const ChunkKey& key) const {
-  return (ram_ && ram_->contains(key)) || (ssd_ && ssd_->contains(key));
+  return std::any_of(tiers_.begin(), tiers_.end(), [&](KvStore* t) { return t->contains(key); });
 }
 
 bool TieredKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
   bool stored = false;
-  if (ssd_) stored = ssd_->put(key, kv) || stored;
-  if (ram_) stored = ram_->put(key, std::move(kv)) || stored;
+  // The slowest (persistent) tier first: the entry is durable before it is visible fast.
+  for (auto it = tiers_.rbegin(); it != tiers_.rend(); ++it) stored = (*it)->put(key, kv) || stored;
   return stored;
 }
 
 bool TieredKvStore::erase(const ChunkKey& key) {
   bool erased = false;
-  if (ram_) erased = ram_->erase(key) || erased;
-  if (ssd_) erased = ssd_->erase(key) || erased;
+  for (KvStore* t : tiers_) erased = t->erase(key) || erased;
   return erased;
 }
 
 StoreStats TieredKvStore::stats() const {
   StoreStats s;
-  for (KvStore* t : {ram_, ssd_}) {
-    if (!t) continue;
+  for (KvStore* t : tiers_) {
     const auto x = t->stats();
     s.puts += x.puts;
     s.evictions += x.evictions;
@@ -51,6 +53,10 @@ StoreStats TieredKvStore::stats() const {
   return s;
 }
 
-int64_t TieredKvStore::budget() const { return (ram_ ? ram_->budget() : 0) + (ssd_ ? ssd_->budget() : 0); }
+int64_t TieredKvStore::budget() const {
+  int64_t b = 0;
+  for (KvStore* t : tiers_) b += t->budget();
+  return b;
+}
 
 }  // namespace bs

@@ -1,11 +1,12 @@
-// RAM over SSD behind the one KvStore interface, for callers that want whole
-// entries synchronously (the engine's fallback path, tools, warm-up). A hit on the
-// SSD is promoted into RAM. put() writes through to both tiers, so the SSD holds
-// what survives a restart; the runtime's streaming loaders use the tiers directly.
-// Either tier may be absent.
+// Stores in lookup order (fastest first: RAM, then SSD, ...) behind the one
+// KvStore interface, for callers that want whole entries synchronously (the
+// engine's fallback path, tools, warm-up). A hit in a later tier is promoted into
+// the first. put() writes through to every tier, so the persistent ones hold what
+// survives a restart; the runtime's streaming loaders use the tiers directly.
 #pragma once
 
 #include <mutex>
+#include <vector>
 
 #include "storage/kv_store.h"
 
@@ -13,21 +14,21 @@ namespace bs {
 
 class TieredKvStore final : public KvStore {
  public:
-  TieredKvStore(KvStore* ram, KvStore* ssd) : ram_(ram), ssd_(ssd) {}
+  // Null entries (a tier that is off) are skipped.
+  explicit TieredKvStore(std::vector<KvStore*> tiers);
 
   std::shared_ptr<const ChunkKv> get(const ChunkKey& key) override;
   bool contains(const ChunkKey& key) const override;
   bool put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) override;
   bool erase(const ChunkKey& key) override;
-  // Sums of both tiers (bytes, entries, evictions, corrupt); hits and misses are
+  // Sums of every tier (bytes, entries, evictions, corrupt); hits and misses are
   // this view's own lookups.
   StoreStats stats() const override;
   int64_t budget() const override;
   std::string_view name() const override { return "tiered"; }
 
  private:
-  KvStore* ram_;
-  KvStore* ssd_;
+  std::vector<KvStore*> tiers_;
   mutable std::mutex mu_;
   int64_t hits_ = 0, misses_ = 0;
 };

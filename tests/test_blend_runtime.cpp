@@ -1,5 +1,5 @@
 // The actor runtime end to end on the real model: a request through intake,
-// controller, loaders, worker, fusor and decoder gives the tokens a direct
+// controller, loaders, worker, write-back and decoder gives the tokens a direct
 // BlendEngine call gives; chunks come back from RAM, from the SSD after a
 // restart, and from a corrupt SSD file (as a miss, never as wrong KV); requests in
 // flight together give what they give alone; bad requests are refused clearly.
@@ -100,7 +100,7 @@ TEST(Runtime, MatchesADirectEngineCallAndWritesMissedChunksBack) {
 
   const auto second = rt.run(req);
   ASSERT_NE(second.finish_reason, "error") << second.error;
-  EXPECT_EQ(second.chunks_ram, 3);
+  EXPECT_EQ(second.chunks_from("ram"), 3);
   EXPECT_GT(second.cached_tokens, 0);
   EXPECT_GT(second.recomputed_tokens, 0);
   EXPECT_LT(second.recomputed_tokens, second.cached_tokens);
@@ -130,14 +130,14 @@ TEST(Runtime, SsdTierSurvivesARestartAndGivesTheTokensRamGives) {
     rt.run(req);
     wait_stored(rt, req);
     from_ram = rt.run(req);
-    ASSERT_EQ(from_ram.chunks_ram, 3);
+    ASSERT_EQ(from_ram.chunks_from("ram"), 3);
   }  // shutdown: queued SSD writes finish
   {
     Runtime rt(config_in(dir.path(), /*ram=*/false));
     EXPECT_GE(rt.context().ssd->stats().entries, 3);
     const auto from_ssd = rt.run(req);
     ASSERT_NE(from_ssd.finish_reason, "error") << from_ssd.error;
-    EXPECT_EQ(from_ssd.chunks_ssd, 3);
+    EXPECT_EQ(from_ssd.chunks_from("ssd"), 3);
     EXPECT_EQ(from_ssd.tokens, from_ram.tokens);
     // The trace shows the SSD loader delivering every layer, and the overlap.
     const auto traces = json::parse(rt.traces_json(1));
@@ -156,10 +156,10 @@ TEST(Runtime, SsdTierSurvivesARestartAndGivesTheTokensRamGives) {
     // With RAM on, an SSD hit is promoted: the next request finds the chunks in RAM.
     Runtime rt(config_in(dir.path()));
     const auto a = rt.run(req);
-    EXPECT_EQ(a.chunks_ssd, 3);
+    EXPECT_EQ(a.chunks_from("ssd"), 3);
     EXPECT_EQ(a.tokens, from_ram.tokens);
     const auto b = rt.run(req);
-    EXPECT_EQ(b.chunks_ram, 3);
+    EXPECT_EQ(b.chunks_from("ram"), 3);
     EXPECT_EQ(b.tokens, from_ram.tokens);
   }
 }
@@ -369,9 +369,9 @@ TEST(Runtime, ControllerRaisesTheRatioWhenLoadingIsTheBottleneck) {
   RuntimeRequest req = req0;
   req.ratio.reset();  // the controller decides
   const auto first = rt.run(req);  // measures the tier
-  EXPECT_EQ(first.chunks_ssd, 3);
+  EXPECT_EQ(first.chunks_from("ssd"), 3);
   const auto second = rt.run(req);
-  EXPECT_EQ(second.chunks_ssd, 3);
+  EXPECT_EQ(second.chunks_from("ssd"), 3);
   EXPECT_GT(second.ratio, cfg.blend.ratio + 0.1f);
   const auto t = json::parse(rt.traces_json(1))[0];
   EXPECT_THAT(t.at("controller").at("reason").get<std::string>(), HasSubstr("load-bound"));
@@ -421,7 +421,8 @@ TEST(Runtime, InspectorListsEveryActor) {
   const auto actors = json::parse(rt.actors_json());
   std::set<std::string> names;
   for (const auto& a : actors) names.insert(a.at("actor").get<std::string>());
-  for (const char* n : {"intake", "controller", "loader-ram", "loader-ssd", "layer-worker", "fusor", "decoder",
+  for (const char* n : {"intake", "controller", "loader-ram-0", "loader-ram-1", "loader-ssd-0", "loader-ssd-1",
+                        "ssd-writer", "layer-worker", "write-back", "decoder",
                         "inspector", "compute-thread"})
     EXPECT_TRUE(names.count(n)) << n;
   for (const auto& a : actors) {

@@ -106,7 +106,7 @@ TEST(DocumentStore, DecodeStepsRunBetweenTheLayersOfADocumentsCompute) {
   ASSERT_NE(hit.finish_reason, "error") << hit.error;
   EXPECT_EQ(hit.chunks, 1);
   EXPECT_EQ(hit.chunks_missed, 0);
-  EXPECT_EQ(hit.chunks_ram + hit.chunks_ssd, 1);
+  EXPECT_EQ(hit.chunks_from("ram") + hit.chunks_from("ssd"), 1);
   EXPECT_GT(hit.cached_tokens, 1500);
 }
 

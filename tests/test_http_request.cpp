@@ -217,8 +217,7 @@ RequestResult result() {
   r.cached_tokens = 80;
   r.recomputed_tokens = 12;
   r.chunks = 2;
-  r.chunks_ram = 1;
-  r.chunks_ssd = 1;
+  r.chunks_by_tier = {{"ram", 1}, {"ssd", 1}};
   return r;
 }
 

@@ -299,13 +299,13 @@ TEST(RuntimeConfigErrors, UnknownTopLevelKeyListsTheSections) {
 TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
   std::string e = error_of("tiers:\n  ram:\n    budgte: 1GiB\n");
   EXPECT_THAT(e, HasSubstr("tiers.ram.budgte: unknown key"));
-  EXPECT_THAT(e, HasSubstr("valid keys in tiers.ram: enabled, budget"));
+  EXPECT_THAT(e, HasSubstr("valid keys in tiers.ram: enabled, budget, loaders"));
   EXPECT_THAT(e, HasSubstr("did you mean 'tiers.ram.budget'?"));
   EXPECT_THAT(e, HasSubstr("line 3, column 5"));
   // ssd keys are not ram keys.
   e = error_of("tiers: {ram: {path: /x}}");
   EXPECT_THAT(e, HasSubstr("tiers.ram.path: unknown key"));
-  EXPECT_THAT(e, HasSubstr("enabled, budget)"));
+  EXPECT_THAT(e, HasSubstr("enabled, budget, loaders)"));
   e = error_of("tiers: {nvme: {}}");
   EXPECT_THAT(e, AllOf(HasSubstr("tiers.nvme: unknown key"), HasSubstr("ram, ssd")));
   e = error_of("blend: {zzzzzzzz: 1}");

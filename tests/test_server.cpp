@@ -653,7 +653,7 @@ TEST_F(ServerTest, ALoaderThatDiesFailsItsRequestWith500AndTheNextSucceeds) {
   ASSERT_EQ(stored->status, 200) << stored->body;
   auto& ctx = runtime_->context();
   std::atomic<bool> armed{true};
-  ctx.loader_fault = [&armed](Tier, int layer) {
+  ctx.loader_fault = [&armed](const std::string&, int layer) {
     if (layer == 2 && armed.exchange(false)) throw std::runtime_error("test hook: the disk went away");
   };
   const std::string body = chat_body("What does the document say?", {kDocs[1]}, 4).dump();

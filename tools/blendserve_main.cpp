@@ -75,15 +75,17 @@ int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
     std::cerr << "error: " << r.error << "\n";
     return 1;
   }
+  std::string by_tier;  // "3 ram, 1 ssd, "
+  for (const auto& [tier, n] : r.chunks_by_tier) by_tier += std::to_string(n) + " " + tier + ", ";
   if (g.stats)
     std::fprintf(stderr,
                  "kernels %s, precision %s, %d threads; prompt %lld tokens (%lld cached, %lld recomputed; chunks: "
-                 "%d ram, %d ssd, %d missed; ratio %.3f), first token %.3f s; %zu tokens in %.3f s (%.1f tok/s); "
+                 "%s%d missed; ratio %.3f), first token %.3f s; %zu tokens in %.3f s (%.1f tok/s); "
                  "finish: %s\n",
                  ctx.backend->kernel_id().c_str(), bs::kernels::precision_name(ctx.precision),
                  bs::kernels::cpu_compute_threads(), static_cast<long long>(r.prompt_tokens),
-                 static_cast<long long>(r.cached_tokens), static_cast<long long>(r.recomputed_tokens), r.chunks_ram,
-                 r.chunks_ssd, r.chunks_missed, r.ratio, r.ttft_seconds, r.tokens.size(), r.decode_seconds,
+                 static_cast<long long>(r.cached_tokens), static_cast<long long>(r.recomputed_tokens), by_tier.c_str(),
+                 r.chunks_missed, r.ratio, r.ttft_seconds, r.tokens.size(), r.decode_seconds,
                  r.tokens.size() / std::max(r.decode_seconds, 1e-9), r.finish_reason.c_str());
   if (g.trace) std::fprintf(stderr, "%s\n", runtime.traces_json(1).c_str());
   // A finished run stores what it computed (the next run hits); an interrupted one

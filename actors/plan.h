@@ -1,0 +1,119 @@
+// A request as the back end sees it: plain values — the id, token ids, keys,
+// options, the tier each part comes from, the ratio — passed by message from the
+// intake to the controller, from the controller to the worker and from the worker
+// to the loaders; the worker's outcome goes to the decoder the same way. Nothing
+// here points into another actor's state: execution state (the cache, the layer
+// gate, decode state) is the worker's, keyed by request id (actors/load_target.h).
+// Every type has an inspect overload and messages.h registers it
+// (add_runtime_message_types), so a plan can cross nodes. No CAF here: inspect is
+// a template CAF's serializers instantiate. A field added to one of these structs
+// goes into its inspect overload in the same change.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "blend/blend_engine.h"
+#include "blend/rag_prompt.h"
+#include "model/generate.h"
+#include "storage/chunk_kv.h"
+
+namespace bs {
+
+// A stored tier by its place in the runtime's tier list (lookup order:
+// RuntimeContext::tiers), or kMissTier for a part that has no stored KV.
+using TierId = int8_t;
+constexpr TierId kMissTier = -1;
+
+struct RequestPlan {
+  uint64_t id = 0;
+  // -- the intake: what to compute
+  RagPrompt prompt;
+  ChunkKey prefix_key;
+  std::vector<ChunkKey> chunk_keys;  // one per prompt chunk
+  BlendOptions options;              // the config's, with the request's mode and ratio
+  bool ratio_requested = false;      // the caller set the ratio: the controller keeps it
+  SamplingParams sampling;           // final: max_tokens clamped to the context, the template's stops added
+  // -- the controller: where each part comes from and at which ratio (options.ratio)
+  std::vector<TierId> chunk_tier;    // per chunk
+  TierId prefix_tier = kMissTier;
+  PrefillPlan loaded;                // the same, as the engine takes it
+  std::string decision;              // the controller's decision and its inputs (JSON, for the trace)
+
+  // Positions the request's cache holds: the prompt and every token it may generate.
+  int64_t cache_capacity() const { return prompt.size() + sampling.max_tokens; }
+  // Tokens of part `part` (chunks 0..n-1, then the prefix at index n) and its key.
+  bool is_prefix(size_t part) const { return part == prompt.chunks.size(); }
+  const std::vector<int32_t>& part_tokens(size_t part) const {
+    return is_prefix(part) ? prompt.prefix : prompt.chunks[part];
+  }
+  const ChunkKey& part_key(size_t part) const { return is_prefix(part) ? prefix_key : chunk_keys[part]; }
+  TierId part_tier(size_t part) const { return is_prefix(part) ? prefix_tier : chunk_tier[part]; }
+  int64_t part_offset(size_t part) const { return is_prefix(part) ? 0 : prompt.chunk_offset(part); }
+  size_t parts() const { return prompt.chunks.size() + 1; }
+};
+
+// What the worker hands the decoder when a prefill ended: the plan it ran, the
+// logits of the last prompt position, and what the prefill did. `error` is set
+// when it failed (then there are no logits).
+struct PrefillOutcome {
+  RequestPlan plan;
+  std::string error;
+  std::vector<float> logits;       // [vocab]
+  int64_t cached_tokens = 0;       // prompt tokens whose KV came from a tier (chunks and prefix)
+  int64_t recomputed_tokens = 0;   // of those, recomputed by the blend
+  bool fallback = false;           // a stored entry failed mid-load: redone from whole entries
+};
+
+// One decode step's result for one request, from the worker to the decoder.
+struct DecodeStep {
+  std::vector<float> logits;  // [vocab]; empty when the step was not computed (cancelled, failed)
+  int32_t batch = 0;          // requests in the step (continuous batching)
+  bool interleaved = false;   // run between the layers of a prefill or write-back compute
+  std::string error;          // the step failed for this request
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ChunkKey& x) {
+  return f(x.hi, x.lo);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RagPrompt& x) {
+  return f(x.prefix, x.chunks, x.suffix);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, BlendOptions& x) {
+  return f(x.mode, x.ratio, x.check_layers, x.schedule, x.min_tokens, x.deviation, x.quota, x.filtering,
+           x.sink_tokens);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, PrefillPlan& x) {
+  return f(x.prefix_loaded, x.chunk_loaded);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
+  return f(x.temperature, x.top_p, x.top_k, x.seed, x.max_tokens, x.stop);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RequestPlan& x) {
+  return f(x.id, x.prompt, x.prefix_key, x.chunk_keys, x.options, x.ratio_requested, x.sampling, x.chunk_tier,
+           x.prefix_tier, x.loaded, x.decision);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, PrefillOutcome& x) {
+  return f(x.plan, x.error, x.logits, x.cached_tokens, x.recomputed_tokens, x.fallback);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DecodeStep& x) {
+  return f(x.logits, x.batch, x.interleaved, x.error);
+}
+
+}  // namespace bs

@@ -1,0 +1,69 @@
+// A request at the front end — the Runtime (submit, cancel, a failure the
+// supervisor reports), the intake (admission) and the decoder (the answer): what
+// the caller asked and how to answer it. The back end (controller, loaders, layer
+// worker) never sees a record: it works from the RequestPlan values the intake
+// sends on. Shared by the front end's actors by request id through the
+// RequestBook; each field says who writes it. Plain C++ (no CAF).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "actors/request.h"
+#include "actors/trace.h"
+
+namespace bs {
+
+struct RequestRecord {
+  uint64_t id = 0;
+  std::chrono::steady_clock::time_point submitted;
+  RuntimeRequest request;      // as submitted; nobody writes it after submit
+  RequestCallbacks callbacks;  // run by whoever finishes the request
+  TracePtr trace;
+  std::atomic<bool> admitted{false};   // holds one of the max_requests slots: the intake sets it
+  std::atomic<bool> cancelled{false};  // the caller (Runtime::cancel, on_text false), shutdown, a failure
+  // Set by whoever finishes the request (the decoder, or the runtime when an actor
+  // that held it died): on_done runs exactly once.
+  std::atomic<bool> finished{false};
+};
+using RecordPtr = std::shared_ptr<RequestRecord>;
+
+// The records of the requests submitted and not yet finished (thread-safe).
+class RequestBook {
+ public:
+  void put(RecordPtr r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    records_[r->id] = std::move(r);
+  }
+  RecordPtr find(uint64_t id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = records_.find(id);
+    return it == records_.end() ? nullptr : it->second;
+  }
+  void erase(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    records_.erase(id);
+  }
+  std::vector<RecordPtr> all() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<RecordPtr> out;
+    for (const auto& [id, r] : records_) out.push_back(r);
+    return out;
+  }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return records_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, RecordPtr> records_;
+};
+
+}  // namespace bs
