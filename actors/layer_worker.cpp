@@ -522,7 +522,7 @@ void take_prefill(worker_actor::pointer self, RuntimeContext* ctx, const Handles
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   auto w = std::make_shared<WorkerState>();
-  // A target whose loader ended: delivered layers and the loader's end, by id.
+  // The load target of a prefill in flight (null when it ended): where the loaders' messages land.
   auto target_of = [w](uint64_t id) -> LoadTarget* {
     auto it = w->prefills.find(id);
     return it == w->prefills.end() ? nullptr : it->second->target.get();
