@@ -235,7 +235,8 @@ TEST(BlendLoaders, ARamOnlyRequestBehindASlowSsdLoadKeepsItsTtft) {
   auto& ctx = rt.context();
   const auto sets = documents(2);
   // The slow request's chunks only on the SSD, the other's in RAM (and on the SSD).
-  for (const auto& d : sets[0]) ASSERT_TRUE(ctx.ram->erase(key_from_hex(rt.store_document(d))));
+  std::vector<ChunkKey> slow_keys;
+  for (const auto& d : sets[0]) slow_keys.push_back(key_from_hex(rt.store_document(d)));
   for (const auto& d : sets[1]) rt.store_document(d);
   const auto ram_request = rag_request(sets[1], 1);
 
@@ -250,37 +251,48 @@ TEST(BlendLoaders, ARamOnlyRequestBehindASlowSsdLoadKeepsItsTtft) {
   std::sort(alone.begin(), alone.end());
   const double ttft_alone = alone[1];
 
-  // Behind a slow SSD load: 4 MB/s, seconds for the three chunks.
-  ctx.ssd->set_read_throttle(4e6);
-  std::promise<void> loading;
-  std::atomic<bool> signalled{false};
-  ctx.loader_fault = [&](const std::string& tier, int layer) {
-    if (tier == "ssd" && layer == 1 && !signalled.exchange(true)) loading.set_value();
-  };
-  Pending slow;
-  const auto t_slow = clock_type::now();
-  const uint64_t slow_id = rt.submit(rag_request(sets[0], 1), slow.callbacks());
-  ASSERT_EQ(loading.get_future().wait_for(60s), std::future_status::ready) << "the SSD load did not start";
-  Pending fast;
-  rt.submit(ram_request, fast.callbacks());
-  ASSERT_EQ(fast.result.wait_for(120s), std::future_status::ready) << "the RAM-only request hung";
-  const auto behind = fast.result.get();
-  ASSERT_EQ(behind.chunks_from("ram"), 3) << behind.error;
-  const double fast_done = seconds_since(t_slow);
-  ASSERT_EQ(slow.result.wait_for(120s), std::future_status::ready) << "the slow request hung";
-  const auto slow_result = slow.result.get();
-  ASSERT_NE(slow_result.finish_reason, "error") << slow_result.error;
-  EXPECT_EQ(slow_result.chunks_from("ssd"), 3);
-  std::printf("[ measured ] RAM-only TTFT alone %.3f s, behind a slow SSD load %.3f s (%.2fx); the slow request's "
-              "TTFT %.3f s, the RAM-only one was done %.3f s after it was submitted\n",
-              ttft_alone, behind.ttft_seconds, behind.ttft_seconds / ttft_alone, slow_result.ttft_seconds, fast_done);
-  EXPECT_LT(behind.ttft_seconds, 1.5 * ttft_alone);
-  // The slow one was still loading when the RAM-only one had its answer.
-  EXPECT_GT(slow_result.ttft_seconds, fast_done);
-  // Its trace shows the waits: it was parked, not computing, while it waited.
-  const json t = trace_of(rt, slow_id);
-  ASSERT_FALSE(t.is_null());
-  EXPECT_GT(t.at("wait_s").get<double>(), 0.5);
+  // Behind a slow SSD load: 10 MB/s, seconds for the three chunks. Three rounds, the
+  // median compared (a single TTFT on a 2-core VM varies by +-15% by itself); the
+  // slow request's chunks leave RAM before each round (its load promoted them).
+  ctx.ssd->set_read_throttle(10e6);
+  std::vector<double> behind_ttft;
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& k : slow_keys) ctx.ram->erase(k);
+    std::promise<void> loading;
+    std::atomic<bool> signalled{false};
+    ctx.loader_fault = [&](const std::string& tier, int layer) {
+      if (tier == "ssd" && layer == 1 && !signalled.exchange(true)) loading.set_value();
+    };
+    Pending slow;
+    const auto t_slow = clock_type::now();
+    const uint64_t slow_id = rt.submit(rag_request(sets[0], 1), slow.callbacks());
+    ASSERT_EQ(loading.get_future().wait_for(60s), std::future_status::ready) << "the SSD load did not start";
+    Pending fast;
+    rt.submit(ram_request, fast.callbacks());
+    ASSERT_EQ(fast.result.wait_for(120s), std::future_status::ready) << "the RAM-only request hung";
+    const auto behind = fast.result.get();
+    ASSERT_EQ(behind.chunks_from("ram"), 3) << behind.error;
+    const double fast_done = seconds_since(t_slow);
+    ASSERT_EQ(slow.result.wait_for(120s), std::future_status::ready) << "the slow request hung";
+    ctx.loader_fault = nullptr;
+    const auto slow_result = slow.result.get();
+    ASSERT_NE(slow_result.finish_reason, "error") << slow_result.error;
+    EXPECT_EQ(slow_result.chunks_from("ssd"), 3);
+    std::printf("[ measured ] round %d: RAM-only TTFT behind a slow SSD load %.3f s (%.2fx alone); the slow "
+                "request's TTFT %.3f s, the RAM-only one was done %.3f s after it was submitted\n",
+                round, behind.ttft_seconds, behind.ttft_seconds / ttft_alone, slow_result.ttft_seconds, fast_done);
+    behind_ttft.push_back(behind.ttft_seconds);
+    // The slow one was still loading when the RAM-only one had its answer.
+    EXPECT_GT(slow_result.ttft_seconds, fast_done);
+    // Its trace shows the waits: it was parked, not computing, while it waited.
+    const json t = trace_of(rt, slow_id);
+    ASSERT_FALSE(t.is_null());
+    EXPECT_GT(t.at("wait_s").get<double>(), 0.5);
+  }
+  std::sort(behind_ttft.begin(), behind_ttft.end());
+  std::printf("[ measured ] RAM-only TTFT alone %.3f s, behind a slow SSD load %.3f s (%.2fx), medians of 3\n",
+              ttft_alone, behind_ttft[1], behind_ttft[1] / ttft_alone);
+  EXPECT_LT(behind_ttft[1], 1.5 * ttft_alone);
 }
 
 TEST(BlendLoaders, ACancelDuringASlowSsdLoadStopsTheLoaderAndTheStreamsKeepStepping) {
