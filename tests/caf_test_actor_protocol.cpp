@@ -364,6 +364,22 @@ struct fixture : context_base, test_coordinator_fixture<test_config> {
 
   json profile() { return json::parse(ask<std::string>(h->controller(), get_profile_atom::value)); }
 
+  // Occupies the compute thread with a job that runs until the returned promise is
+  // set: what is submitted meanwhile waits in its queue (the held job is off the
+  // queue and running when this returns).
+  std::promise<void> hold_compute() {
+    std::promise<void> release;
+    auto started = std::make_shared<std::promise<void>>();  // outlives this call: the job still holds it
+    auto busy = release.get_future().share();
+    auto running = started->get_future();
+    CAF_REQUIRE(ctx->compute->submit([busy, started] {
+      started->set_value();
+      busy.wait();
+    }));
+    running.wait();
+    return release;
+  }
+
   // Waits (bounded) until the compute thread ran `jobs` jobs in all and is idle.
   void wait_compute(int64_t jobs) {
     const auto deadline = std::chrono::steady_clock::now() + 120s;
@@ -980,14 +996,7 @@ CAF_TEST(worker_publishes_the_load_target_sends_each_tier_to_its_least_busy_load
   put(&ActorSet::worker, sys.spawn(layer_worker, ctx.get(), h, make_counters("layer-worker")));
   sched.run();  // the spawned actors start
   // The compute thread is held, so the prefill's first step job waits in its queue.
-  std::promise<void> release, started;
-  auto busy = release.get_future().share();
-  auto running = started.get_future();
-  CAF_REQUIRE(ctx->compute->submit([busy, &started] {
-    started.set_value();
-    busy.wait();
-  }));
-  running.wait();
+  std::promise<void> release = hold_compute();
   const int64_t jobs_before = ctx->compute->jobs_done();
 
   // A: one chunk from RAM, one from the SSD.
@@ -1094,14 +1103,7 @@ CAF_TEST(worker_prefills_then_batches_decode_steps_and_a_request_that_fails_fail
   const auto want = tf.forward(std::span<const int32_t>(&token, 1), alone);
 
   // The compute thread is busy, so both steps wait in the batcher for one job.
-  std::promise<void> release, started;
-  auto busy = release.get_future().share();
-  auto running = started.get_future();
-  CAF_REQUIRE(ctx->compute->submit([busy, &started] {
-    started.set_value();
-    busy.wait();
-  }));
-  running.wait();  // off the queue and running: the queue holds only what follows
+  std::promise<void> release = hold_compute();
   for (const auto& plan : {healthy, full}) {
     self->send(h->worker(), decode_atom::value, plan.id, token);
     expect((decode_atom, uint64_t, int32_t), from(self).to(h->worker()).with(_, plan.id, token));

@@ -345,6 +345,8 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
   EXPECT_THAT(error_of("tiers: {ssd: {throttle: {a: 1}}}"), HasSubstr("tiers.ssd.throttle: expected a bandwidth"));
   EXPECT_THAT(error_of("tiers: {ssd: {write_queue: 0}}"), HasSubstr("tiers.ssd.write_queue: a write queue of 0 bytes"));
   EXPECT_THAT(error_of("tiers: {ram: {write_queue: 1MiB}}"), HasSubstr("tiers.ram.write_queue"));
+  EXPECT_THAT(error_of("tiers: {ssd: {loaders: 0}}"), HasSubstr("tiers.ssd.loaders: must be >= 1"));
+  EXPECT_THAT(error_of("tiers: {ram: {loaders: many}}"), HasSubstr("tiers.ram.loaders: expected an integer"));
   EXPECT_THAT(error_of("limits: {load_timeout: 0}"), HasSubstr("limits.load_timeout: must be a number of seconds > 0"));
   EXPECT_THAT(error_of("limits: {max_requests: }"), HasSubstr("limits.max_requests: expected an integer, got nothing"));
   // A section that is not a map.
