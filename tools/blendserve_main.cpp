@@ -75,8 +75,8 @@ int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
     std::cerr << "error: " << r.error << "\n";
     return 1;
   }
-  std::string by_tier;  // "3 ram, 1 ssd, "
-  for (const auto& [tier, n] : r.chunks_by_tier) by_tier += std::to_string(n) + " " + tier + ", ";
+  std::string by_tier;  // "3 ram, 0 ssd, ": every stored tier, in lookup order
+  for (const auto& tier : ctx.tiers) by_tier += std::to_string(r.chunks_from(tier.name)) + " " + tier.name + ", ";
   if (g.stats)
     std::fprintf(stderr,
                  "kernels %s, precision %s, %d threads; prompt %lld tokens (%lld cached, %lld recomputed; chunks: "
