@@ -227,7 +227,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   if (ctx.config.model_path.empty()) ctx.config.model_path = default_model_path();
   ctx.backend = kernels::make_cpu_backend();
   ctx.precision = kernels::choose_precision(ctx.config.precision, *ctx.backend);
-  ctx.model = std::make_unique<LlamaModel>(ctx.config.model_path, *ctx.backend, ctx.precision);
+  ctx.model = std::make_shared<const LlamaModel>(ctx.config.model_path, *ctx.backend, ctx.precision);
   fit_check_layers_to_model(ctx.config.blend, ctx.model->config().n_layers);
   ctx.tf = std::make_unique<Transformer>(*ctx.model);
   if (ctx.config.ram.enabled) ctx.ram = std::make_unique<MemoryKvStore>(ctx.config.ram.budget_bytes);

@@ -47,9 +47,11 @@ struct StoredTier {
 
 struct RuntimeContext {
   RuntimeConfig config;
-  std::unique_ptr<kernels::Backend> backend;
+  // Shared, not owned: the weights are read-only once loaded, so several runtimes in
+  // one process may use one copy (the protocol tests load the model once per binary).
+  std::shared_ptr<kernels::Backend> backend;
   kernels::Precision precision = kernels::Precision::F32;
-  std::unique_ptr<LlamaModel> model;
+  std::shared_ptr<const LlamaModel> model;  // built on `backend`, which outlives it here
   std::unique_ptr<Transformer> tf;
   std::unique_ptr<MemoryKvStore> ram;  // null when the tier is off
   std::unique_ptr<DiskKvStore> ssd;    // null when the tier is off

@@ -192,9 +192,12 @@ struct context_base {
     c.config.data_dir = dir.string();
     c.config.ssd.path = (dir / "kv").string();
     c.config.ssd.direct_io = false;  // the temp dir may be a tmpfs; the protocol is the same
-    c.backend = kernels::make_cpu_backend();
-    c.precision = c.backend->default_precision();
-    c.model = std::make_unique<LlamaModel>(path, *c.backend, c.precision);
+    // One model for every test of the binary (loading it took ~3.5 s per test).
+    static const std::shared_ptr<kernels::Backend> backend = kernels::make_cpu_backend();
+    static const auto model = std::make_shared<const LlamaModel>(path, *backend, backend->default_precision());
+    c.backend = backend;
+    c.precision = backend->default_precision();
+    c.model = model;
     c.tf = std::make_unique<Transformer>(*c.model);
     c.ram = std::make_unique<MemoryKvStore>(int64_t{256} << 20);
     c.ssd = std::make_unique<DiskKvStore>(c.config.ssd.path, int64_t{1} << 30, false);
@@ -380,7 +383,8 @@ struct fixture : context_base, test_coordinator_fixture<test_config> {
     return release;
   }
 
-  // Waits (bounded) until the compute thread ran `jobs` jobs in all and is idle.
+  // Waits (bounded) until the compute thread ran `jobs` jobs in all (a job held by
+  // hold_compute counts once released) and has none queued.
   void wait_compute(int64_t jobs) {
     const auto deadline = std::chrono::steady_clock::now() + 120s;
     while ((ctx->compute->jobs_done() < jobs || ctx->compute->queued() > 0) && std::chrono::steady_clock::now() < deadline)
@@ -1042,19 +1046,20 @@ CAF_TEST(worker_publishes_the_load_target_sends_each_tier_to_its_least_busy_load
   CAF_CHECK(!recoverable);
 
   // The compute thread goes on: A's job sees the cancel at its first layer. The
-  // prefill ends once its loaders stopped: then the decoder gets A's outcome, an
-  // error, and the target is gone.
+  // worker runs one prefill job at a time: B's first job is queued once A's came
+  // back, and parks (its layer 0 is not there). The prefill of A ends once its
+  // loaders stopped: then the decoder gets A's outcome, an error, and the target is gone.
   release.set_value();
-  wait_compute(jobs_before + 1);
+  wait_compute(jobs_before + 2);  // the held job and A's
   expect((stepped_atom, uint64_t), to(h->worker()).with(_, a.id));
+  wait_compute(jobs_before + 3);  // B's
+  expect((stepped_atom, uint64_t), to(h->worker()).with(_, b.id));
   CAF_CHECK(ctx->load_targets.find(a.id) != nullptr);  // its loaders have not stopped
   for (const auto& l : {loader_of(kRam, 0), loader_of(kSsd, 0)}) {
     self->send(h->worker(), load_end_atom::value, a.id, l.id());
     expect((load_end_atom, uint64_t, uint64_t), from(self).to(h->worker()).with(_, a.id, l.id()));
   }
-  // B's first step job ran meanwhile (its layer 0 is not there: parked) or runs now.
-  wait_compute(jobs_before + 2);
-  sched.run();  // the worker concludes A; B's step job (its layer 0 not there) comes back parked
+  sched.run();  // the worker concludes A
   CAF_CHECK(ctx->load_targets.find(a.id) == nullptr);
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"ram_loader0:load", "ssd_loader0:load", "ram_loader1:load",
                                                   "decoder:start"}));
@@ -1065,6 +1070,13 @@ CAF_TEST(worker_publishes_the_load_target_sends_each_tier_to_its_least_busy_load
   self->send(h->worker(), end_atom::value, b.id);
   sched.run();
   CAF_CHECK(b_target->gate.failed());
+  // Its loader stops at the failed gate: the worker concludes B (without it, B would
+  // wait limits.load_timeout for its loader in real time) and the target goes.
+  self->send(h->worker(), load_end_atom::value, b.id, loader_of(kRam, 1).id());
+  sched.run();
+  CAF_CHECK(ctx->load_targets.find(b.id) == nullptr);
+  CAF_CHECK_EQUAL(log->size(), 5u);
+  CAF_CHECK_EQUAL(log->back(), "decoder:start");  // B's outcome, an error
 }
 
 CAF_TEST(worker_prefills_then_batches_decode_steps_and_a_request_that_fails_fails_alone) {

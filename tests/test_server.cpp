@@ -600,7 +600,7 @@ TEST_F(ServerTest, ConcurrentClientsGetWhatOneAtATimeGets) {
   ASSERT_TRUE(m0);
   std::vector<std::future<std::string>> together;
   for (const auto& q : questions)
-    together.push_back(std::async(std::launch::async, [this, q] {
+    together.push_back(std::async(std::launch::async, [q] {
       auto c = served_->client();
       auto r = post(c, "/v1/chat/completions", chat_body(q, {kDocs[2]}, 20).dump());
       if (!r || r->status != 200) return std::string("<failed>");

@@ -4,16 +4,16 @@
 #
 #   tools/fuzz_chat_request.sh [SECONDS] [extra libFuzzer flags...]
 #
-# Same build directory and flags as tools/fuzz_gguf.sh (build-fuzz: clang, ASan+UBSan,
+# Same build directory and flags as tools/fuzz_gguf.sh (build-asan: clang, ASan+UBSan,
 # coverage hooks); seeds a corpus with valid and near-valid request bodies and a JSON
 # dictionary. Exits non-zero when the fuzzer finds a crash, leak or timeout; the
-# reproducer is in build-fuzz/fuzz_chat_request_artifacts/.
+# reproducer is in build-asan/fuzz_chat_request_artifacts/.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SECONDS_TO_RUN="${1:-60}"
 shift || true
-BUILD="${BUILD_DIR:-$ROOT/build-fuzz}"
+BUILD="${BUILD_DIR:-$ROOT/build-asan}"
 JOBS="${JOBS:-2}"
 
 log() { printf '[fuzz_chat_request] %s\n' "$*"; }
@@ -25,7 +25,6 @@ mkdir -p "$BUILD"
 # shellcheck disable=SC2086
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_FUZZ=ON -DBLENDSERVE_SANITIZE=ON \
-  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link" \
   ${BLENDSERVE_CMAKE_ARGS:-} >"$BUILD/configure.log" 2>&1 ||
   { cat "$BUILD/configure.log" >&2; log "cmake configure failed"; exit 1; }
 log "building fuzz_chat_request in $BUILD"

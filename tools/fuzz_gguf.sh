@@ -3,12 +3,12 @@
 #
 #   tools/fuzz_gguf.sh [SECONDS] [extra libFuzzer flags...]
 #
-# Configures a separate build directory (build-fuzz, or $BUILD_DIR) with clang and
-# -DBLENDSERVE_FUZZ=ON, builds only the fuzz_gguf target, seeds a corpus with small
-# synthetic GGUF files (and the first 64 KiB of the default model when present), then
+# Configures the sanitizer build directory (build-asan, or $BUILD_DIR) with clang,
+# -DBLENDSERVE_SANITIZE=ON and -DBLENDSERVE_FUZZ=ON, builds the fuzz_gguf target, seeds a
+# corpus with small synthetic GGUF files (and the first 64 KiB of the default model when present), then
 # fuzzes for SECONDS (default 60) with -max_total_time. Exits non-zero when the fuzzer
 # finds a crash, leak, timeout or out-of-memory; the reproducer is written to
-# build-fuzz/fuzz_gguf_artifacts/ (rerun it with: build-fuzz/fuzz_gguf FILE).
+# build-asan/fuzz_gguf_artifacts/ (rerun it with: build-asan/fuzz_gguf FILE).
 #
 # Environment: BUILD_DIR, JOBS (default 2), BLENDSERVE_CMAKE_ARGS (extra cmake arguments,
 # word-split), FUZZ_FORKS (run N parallel jobs with -fork=N; default: one process).
@@ -17,7 +17,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SECONDS_TO_RUN="${1:-60}"
 shift || true
-BUILD="${BUILD_DIR:-$ROOT/build-fuzz}"
+BUILD="${BUILD_DIR:-$ROOT/build-asan}"
 JOBS="${JOBS:-2}"
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -28,17 +28,16 @@ case "$SECONDS_TO_RUN" in
 esac
 
 # ---- build ------------------------------------------------------------------------------
-# CMakeLists.txt adds -fsanitize=fuzzer only to the fuzz_gguf target itself, so the code
-# under test (bs_model, bs_kernels) would be built without coverage instrumentation (the
-# fuzzer would be blind) and without ASan. BLENDSERVE_SANITIZE=ON puts ASan+UBSan on every
-# target, and -fsanitize=fuzzer-no-link in CMAKE_CXX_FLAGS adds the coverage hooks.
+# The sanitizer build of tools/test.sh (build-asan): BLENDSERVE_SANITIZE=ON puts ASan+UBSan
+# on every target and BLENDSERVE_FUZZ=ON the coverage hooks (-fsanitize=fuzzer-no-link), so
+# the fuzzer sees inside the code under test (bs_model, bs_kernels); the same flags here
+# as there, so the objects the unit tests were built from are reused.
 mkdir -p "$BUILD"
 # shellcheck disable=SC2086
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBLENDSERVE_FUZZ=ON \
   -DBLENDSERVE_SANITIZE=ON \
-  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link" \
   ${BLENDSERVE_CMAKE_ARGS:-} >"$BUILD/configure.log" 2>&1 ||
   { cat "$BUILD/configure.log" >&2; log "cmake configure failed"; exit 1; }
 log "building fuzz_gguf in $BUILD"

@@ -31,8 +31,8 @@ PACKAGES=(
   build-essential cmake g++ pkg-config python3 python3-pip python3-venv unzip ca-certificates curl
   libcaf-dev libyaml-cpp-dev libcpp-httplib-dev libboost-dev nlohmann-json3-dev
   libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev
-  # fuzz / sanitizer tooling
-  clang libclang-rt-14-dev
+  # the sanitizer + fuzz build (clang, its sanitizer runtimes, its OpenMP runtime)
+  clang libclang-rt-14-dev libomp-dev
 )
 
 log() { printf '[setup] %s\n' "$*"; }

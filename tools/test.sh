@@ -4,9 +4,11 @@
 #   2. Release build in build/ (binaries: build/blendserve, build/blendctl); all tests:
 #      the kernel tests once per CPU kernel variant this machine can execute (the others
 #      show as "Not Run"), the model tests on the best variant and again capped to AVX2
-#   3. ASan+UBSan build in build-asan/; the unit tests (label "unit") under it, and the
+#   3. ASan+UBSan build in build-asan/ (clang, -O1, with the fuzzers' coverage hooks, so
+#      the fuzz targets reuse its objects); the unit tests (label "unit") under it, and the
 #      actor runtime's protocol tests and quick runtime tests (label "asan_model")
-#   4. the GGUF reader's libFuzzer target for BLENDSERVE_FUZZ_SECONDS (default 30)
+#   4. the GGUF reader's and the request parser's libFuzzer targets, built in build-asan/,
+#      for BLENDSERVE_FUZZ_SECONDS each (default 30)
 # Set BLENDSERVE_SKIP_SANITIZE=1 to skip steps 3 and 4 while iterating.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,10 +31,18 @@ fi
 ctest --test-dir "$ROOT/build" --output-on-failure --no-tests=error -j1 "${EXCLUDE[@]}"
 
 if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
-  echo "[test] ASan+UBSan build"
-  cmake -S "$ROOT" -B "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_SANITIZE=ON >/dev/null
-  # Only what runs under the sanitizers (tests/CMakeLists.txt: sanitizer_tests).
-  cmake --build "$ROOT/build-asan" -j"$JOBS" --target sanitizer_tests
+  echo "[test] ASan+UBSan build (clang; the fuzzers share it)"
+  # A build-asan/ configured with another compiler (GCC, before the fuzzers shared it)
+  # cannot switch in place: start it afresh.
+  if [ -f "$ROOT/build-asan/CMakeCache.txt" ] &&
+     ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++' "$ROOT/build-asan/CMakeCache.txt"; then
+    rm -rf "$ROOT/build-asan"
+  fi
+  # The same configuration as tools/fuzz_gguf.sh and tools/fuzz_chat_request.sh.
+  CC=clang CXX=clang++ cmake -S "$ROOT" -B "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DBLENDSERVE_SANITIZE=ON -DBLENDSERVE_FUZZ=ON >/dev/null
+  # Only what runs under the sanitizers (tests/CMakeLists.txt: sanitizer_tests) and the fuzzers.
+  cmake --build "$ROOT/build-asan" -j"$JOBS" --target sanitizer_tests fuzz_gguf fuzz_chat_request
   echo "[test] unit tests and the actor runtime under ASan+UBSan"
   # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -124,8 +124,7 @@ inline void load_block(const uint8_t* blk, vf* w) {
 // relies on it). The chains of the tokens and the block's weights must fit the
 // registers: AVX-512 has room for 8 tokens (16 + 2 of 32). AVX2 (room for 3) uses
 // gemv_lanes_* below instead.
-constexpr int kGroup = kMaxTokens;
-
+//
 // The products of one row with G tokens (a compile-time count: the accumulators stay
 // in registers); y[t * out] receives token t's.
 template <TensorType T, int G>
@@ -235,7 +234,7 @@ void gemv_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, const floa
   const int64_t row_bytes = blocks * bbytes;
 #pragma omp parallel for schedule(static) if (out >= 64)
   for (int64_t o = 0; o < out; ++o)
-    row_group<T, kGroup>(nt, base + o * row_bytes, bbytes, blocks, x, in, y + o, out);
+    row_group<T, kMaxTokens>(nt, base + o * row_bytes, bbytes, blocks, x, in, y + o, out);
 #endif
 }
 
