@@ -192,7 +192,7 @@ struct context_base {
     c.config.data_dir = dir.string();
     c.config.ssd.path = (dir / "kv").string();
     c.config.ssd.direct_io = false;  // the temp dir may be a tmpfs; the protocol is the same
-    // One model for every test of the binary (loading it took ~3.5 s per test).
+    // One model for every test of the binary: the weights are read-only.
     static const std::shared_ptr<kernels::Backend> backend = kernels::make_cpu_backend();
     static const auto model = std::make_shared<const LlamaModel>(path, *backend, backend->default_precision());
     c.backend = backend;
