@@ -11,7 +11,8 @@
 # safe: no other object can define them; so are RTTI objects ("typeinfo for ...",
 # emitted by clang's -fsanitize=function), which are data, not code, and clang's
 # __clang_call_terminate (two calls, __cxa_begin_catch and std::terminate: no vector
-# code whatever the flags).
+# code whatever the flags); the DW.ref.__g*_personality_v0 pointers are data too (the
+# C one appears under ThreadSanitizer).
 set -euo pipefail
 NM="${NM:-nm}"
 status=0
@@ -22,7 +23,7 @@ for obj in "$@"; do
   ns="bs::kernels::cpu::isa_${variant}::"
   # defined weak (W, V) or unique (u) symbols, demangled
   bad="$("$NM" -C --defined-only "$obj" | awk '$2 ~ /^[WVu]$/ { $1 = ""; $2 = ""; sub(/^  /, ""); print }' |
-         grep -v -F "$ns" | grep -v -E '^(DW\.ref\.__gxx_personality_v0|__clang_call_terminate)$|^typeinfo (name )?for ' || true)"
+         grep -v -F "$ns" | grep -v -E '^(DW\.ref\.__g(xx|cc)_personality_v0|__clang_call_terminate)$|^typeinfo (name )?for ' || true)"
   if [ -n "$bad" ]; then
     echo "check_variant_symbols: $obj (variant $variant) defines weak symbols outside $ns:" >&2
     printf '%s\n' "$bad" | sed 's/^/  /' >&2
