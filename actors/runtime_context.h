@@ -47,7 +47,7 @@ struct StoredTier {
 
 struct RuntimeContext {
   RuntimeConfig config;
-  // Shared, not owned: the weights are read-only once loaded, so several runtimes in
+  // Shared ownership: the weights are read-only once loaded, so several runtimes in
   // one process may use one copy (the protocol tests load the model once per binary).
   std::shared_ptr<kernels::Backend> backend;
   kernels::Precision precision = kernels::Precision::F32;
