@@ -596,6 +596,34 @@ TEST_F(ServerTest, ConcurrentClientsGetWhatOneAtATimeGets) {
     ASSERT_EQ(r->status, 200) << r->body;
     alone.push_back(json::parse(r->body)["choices"][0]["message"]["content"]);
   }
+  // A long stream decodes while the four run, so each of their decode steps is
+  // batched with its step (continuous batching) whatever the timing of their
+  // prefills: four short answers alone could each end before the next prefill does.
+  std::promise<void> streaming;
+  std::atomic<bool> hang_up{false};
+  std::thread background([&] {
+    auto c = served_->client();
+    json body = chat_body("Count from 1 to 2000, writing every number in words, separated by commas.", {}, 3000);
+    body["stream"] = true;
+    bool first = true;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      if (first) streaming.set_value();
+      first = false;
+      return !hang_up.load();
+    };
+    c.send(req);
+    if (first) streaming.set_value();  // it failed before streaming: the wait below ends
+  });
+  if (streaming.get_future().wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    hang_up = true;
+    background.join();
+    FAIL() << "the long stream did not start";
+  }
   auto m0 = served_->client().Get("/metrics");
   ASSERT_TRUE(m0);
   std::vector<std::future<std::string>> together;
@@ -607,8 +635,11 @@ TEST_F(ServerTest, ConcurrentClientsGetWhatOneAtATimeGets) {
       return json::parse(r->body)["choices"][0]["message"]["content"].get<std::string>();
     }));
   for (size_t i = 0; i < questions.size(); ++i) EXPECT_EQ(together[i].get(), alone[i]) << questions[i];
-  // They shared decode steps (continuous batching): more tokens than steps.
   auto m1 = served_->client().Get("/metrics");
+  hang_up = true;
+  background.join();
+  EXPECT_TRUE(runtime_idle(*runtime_, std::chrono::seconds(10)));
+  // They shared decode steps with the stream (and each other): more tokens than steps.
   ASSERT_TRUE(m1);
   const int64_t steps = metric(m1->body, "blendserve_decode_steps") - metric(m0->body, "blendserve_decode_steps");
   const int64_t tokens =
