@@ -245,8 +245,7 @@ void copy_chunk_layer(const float* k, const float* v, int64_t m, int layer, int6
   const int64_t hd = cache.head_dim;
   for (int h = 0; h < cache.kv_heads; ++h) {
     const int64_t src = static_cast<int64_t>(h) * m * hd;
-    std::memcpy(cache.k_at(layer, h, offset), k + src, m * hd * sizeof(float));
-    std::memcpy(cache.v_at(layer, h, offset), v + src, m * hd * sizeof(float));
+    cache.write_rows(layer, h, offset, m, k + src, v + src);
   }
 }
 
@@ -254,7 +253,10 @@ void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, ke
                         const kernels::RopeTable& rope) {
   if (offset == 0 || m == 0) return;
   const std::vector<int32_t> delta(static_cast<size_t>(m), static_cast<int32_t>(offset));
-  for (int h = 0; h < cache.kv_heads; ++h) backend.rope(cache.k_at(layer, h, offset), delta.data(), m, 1, rope);
+  for (int h = 0; h < cache.kv_heads; ++h)
+    cache.for_each_run(offset, m, [&](int64_t at, int64_t count) {
+      backend.rope(cache.k_at(layer, h, at), delta.data(), count, 1, rope);
+    });
 }
 
 void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernels::Backend& backend,
@@ -310,8 +312,7 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_kv_behind(std::span<const in
   for (int l = 0; l < c.n_layers; ++l)
     for (int h = 0; h < c.n_kv_heads; ++h) {
       const int64_t dst = l * kv->layer_stride() + static_cast<int64_t>(h) * m * c.head_dim;
-      std::memcpy(kv->k.data() + dst, cache.k_at(l, h, p), m * c.head_dim * sizeof(float));
-      std::memcpy(kv->v.data() + dst, cache.v_at(l, h, p), m * c.head_dim * sizeof(float));
+      cache.read_rows(l, h, p, m, kv->k.data() + dst, kv->v.data() + dst);
       // R(i) = R(-p)·R(p + i): the stored convention (positions 0..m-1).
       if (p > 0) tf_.model().backend().rope(kv->k.data() + dst, back.data(), m, 1, tf_.model().rope());
     }
@@ -355,7 +356,7 @@ struct PrefillRun::State {
   std::vector<char> is_candidate;     // [N - S]
   std::vector<float> sel_hidden;      // [sel_pos, dim]
   size_t sel_check = 0;
-  std::vector<float> saved_k, saved_v;  // layers 0..last as delivered and repaired
+  std::vector<float> saved_k, saved_v;  // layers 0..last as delivered and repaired: [layer, kv_heads, N, head_dim]
 };
 
 PrefillRun::PrefillRun() = default;
@@ -498,7 +499,7 @@ PrefillRun BlendEngine::begin(const RagPrompt& prompt, const PrefillPlan& plan, 
         for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.sel_pos[i]];
         s.sel_hidden.resize(ids.size() * static_cast<size_t>(c.dim));
         tf_.embed(ids, s.sel_hidden.data());
-        const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * cache.capacity * c.head_dim;
+        const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * N * c.head_dim;
         s.saved_k.resize(static_cast<size_t>((sel.checks.back() + 1) * layer_floats));
         s.saved_v.resize(s.saved_k.size());
       } else {
@@ -578,9 +579,8 @@ void BlendEngine::step_selection(PrefillRun::State& s) const {
   const int l = s.layer;
   const int last = sel.checks.back();
   const int64_t chunks_end = s.N - s.S;
-  const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * cache.capacity * c.head_dim;
-  std::copy_n(cache.k_layer(l), layer_floats, s.saved_k.begin() + l * layer_floats);
-  std::copy_n(cache.v_layer(l), layer_floats, s.saved_v.begin() + l * layer_floats);
+  const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * s.N * c.head_dim;
+  cache.read_layer(l, s.N, s.saved_k.data() + l * layer_floats, s.saved_v.data() + l * layer_floats);
   int64_t n = static_cast<int64_t>(s.sel_pos.size());
   if (l != sel.checks[s.sel_check]) {
     tf_.run_layer(l, s.sel_hidden.data(), s.sel_pos.data(), n, cache, chunks_end);
@@ -604,8 +604,9 @@ void BlendEngine::step_selection(PrefillRun::State& s) const {
     std::vector<int32_t> chosen;
     for (int64_t i : keep_rows)
       if (candidate[i]) chosen.push_back(s.sel_pos[i]);
-    std::copy(s.saved_k.begin(), s.saved_k.end(), cache.k.begin());
-    std::copy(s.saved_v.begin(), s.saved_v.end(), cache.v.begin());
+    const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * s.N * c.head_dim;
+    for (int saved = 0; saved <= last; ++saved)
+      cache.write_layer(saved, s.N, s.saved_k.data() + saved * layer_floats, s.saved_v.data() + saved * layer_floats);
     std::vector<float>().swap(s.saved_k);
     std::vector<float>().swap(s.saved_v);
     std::vector<float>().swap(s.sel_hidden);

@@ -6,11 +6,14 @@
 namespace bs {
 
 BlendPrefill StoreBackedBlend::prefill(const RagPrompt& prompt, const BlendOptions& opt, int64_t extra_capacity,
-                                       int64_t logit_rows, const LayerWait& between_layers) const {
+                                       int64_t logit_rows, const LayerWait& between_layers, KvCache* into) const {
   using clock_type = std::chrono::steady_clock;
   const auto t_start = clock_type::now();
   engine_.validate(prompt, opt, extra_capacity, logit_rows);
-  KvCache cache = engine_.transformer().make_cache(prompt.size() + extra_capacity);
+  if (into && into->capacity < prompt.size() + extra_capacity)
+    throw std::invalid_argument("blend: the given cache does not fit the prompt and its answer");
+  KvCache cache = into ? std::move(*into) : engine_.transformer().make_cache(prompt.size() + extra_capacity);
+  cache.length = 0;
   bool prefix_hit = false;
   const PrefillPlan plan = read_stored(prompt, opt, cache, &prefix_hit);
   const double load = std::chrono::duration<double>(clock_type::now() - t_start).count();

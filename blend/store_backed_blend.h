@@ -20,9 +20,11 @@ class StoreBackedBlend {
   // is computed alone and stored (a prefix at position 0 is the same in every
   // prompt); missed chunks are computed in context and not stored (warm() does).
   // between_layers, if set, is called before each layer (the runtime runs decode
-  // steps of other requests there); it may throw to abort.
+  // steps of other requests there); it may throw to abort. `into`, if given, is the
+  // cache to fill (a server's, from its page pool; capacity >= prompt + extra_capacity,
+  // its contents overwritten); it ends up in the result. Else a cache is made.
   BlendPrefill prefill(const RagPrompt& prompt, const BlendOptions& options, int64_t extra_capacity = 0,
-                       int64_t logit_rows = 1, const LayerWait& between_layers = {}) const;
+                       int64_t logit_rows = 1, const LayerWait& between_layers = {}, KvCache* into = nullptr) const;
 
   // The up-front read of prefill(): copies the stored KV of the prompt's parts into
   // `cache` as stored (capacity >= the prompt) and returns which parts it holds, for

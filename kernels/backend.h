@@ -3,7 +3,8 @@
 // variants chosen at start-up, oneDNN GEMMs) fill it today, and tests run every op
 // on every backend against the reference; a device backend (CUDA, not written yet)
 // is meant to fill the same interface. Pointers are host pointers for CPU backends
-// and would be device pointers for a device backend. Shapes are given next to each
+// and would be device pointers for a device backend. The KV cache is paged: the
+// attention ops read it through a KvView (kernels/kv_view.h). Shapes are given next to each
 // parameter, row-major, innermost last.
 #pragma once
 
@@ -13,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/kv_view.h"
 #include "kernels/tensor_types.h"
 
 namespace bs::kernels {
@@ -116,34 +118,30 @@ class Backend {
 
   // Causal-by-position multi-head attention with grouped KV heads. Query i
   // attends to every cached key j < n_kv with j <= qpos[i] (the cache is indexed
-  // by prompt position). Query head h reads KV head h / (q_heads / kv_heads).
-  virtual void attention(const float* q,       // [n, q_heads, head_dim]
+  // by prompt position; its rows are wherever `kv`'s page table puts them). Query
+  // head h reads KV head h / (q_heads / kv.kv_heads).
+  virtual void attention(const float* q,       // [n, q_heads, kv.head_dim]
                          const int32_t* qpos,  // [n]
-                         const float* k,       // [kv_heads, kv_stride, head_dim]
-                         const float* v,       // [kv_heads, kv_stride, head_dim]
-                         float* out,           // [n, q_heads, head_dim]
-                         int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                         int64_t n_kv, int64_t kv_stride, float scale,
+                         const KvView& kv,     // n_kv <= kv.capacity rows per KV head
+                         float* out,           // [n, q_heads, kv.head_dim]
+                         int64_t n, int64_t q_heads, int64_t n_kv, float scale,
                          Precision precision  // BF16: bf16 dot products, fp32 softmax/accumulation
                          ) = 0;
 
   // One decode query per row, each row a different sequence with its own cache: row i
-  // (q_heads heads) attends to k[i], v[i] ([kv_heads, kv_stride[i], head_dim]) rows
-  // [0, qpos[i]]. Every row equals attention() of that row alone with n_kv = qpos[i] + 1
-  // (a batched decode step relies on it); a backend overrides this to spread the rows'
-  // heads over its threads at once.
-  virtual void attention_rows(const float* q,             // [n, q_heads, head_dim]
-                              const int32_t* qpos,        // [n]
-                              const float* const* k,      // [n]
-                              const float* const* v,      // [n]
-                              const int64_t* kv_stride,   // [n]
-                              float* out,                 // [n, q_heads, head_dim]
-                              int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
-                              Precision precision) {
-    const int64_t qd = q_heads * head_dim;
+  // (q_heads heads) attends to rows [0, qpos[i]] of kv[i]. Every row equals
+  // attention() of that row alone with n_kv = qpos[i] + 1 (a batched decode step
+  // relies on it); a backend overrides this to spread the rows' heads over its
+  // threads at once. Every kv[i] has the same kv_heads and head_dim.
+  virtual void attention_rows(const float* q,       // [n, q_heads, head_dim]
+                              const int32_t* qpos,  // [n]
+                              const KvView* kv,     // [n]
+                              float* out,           // [n, q_heads, head_dim]
+                              int64_t n, int64_t q_heads, float scale, Precision precision) {
+    if (n == 0) return;
+    const int64_t qd = q_heads * kv[0].head_dim;
     for (int64_t i = 0; i < n; ++i)
-      attention(q + i * qd, qpos + i, k[i], v[i], out + i * qd, 1, q_heads, kv_heads, head_dim, qpos[i] + 1,
-                kv_stride[i], scale, precision);
+      attention(q + i * qd, qpos + i, kv[i], out + i * qd, 1, q_heads, int64_t{qpos[i]} + 1, scale, precision);
   }
 };
 

@@ -36,11 +36,13 @@ void ProfilingBackend::rope(float* x, const int32_t* pos, int64_t n, int64_t hea
 void ProfilingBackend::swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) {
   timed(stats_, "swiglu", [&] { inner_.swiglu(gate_up, out, n, ff); });
 }
-void ProfilingBackend::attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out,
-                                 int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv,
-                                 int64_t kv_stride, float scale, Precision precision) {
-  timed(stats_, "attention",
-        [&] { inner_.attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale, precision); });
+void ProfilingBackend::attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n,
+                                 int64_t q_heads, int64_t n_kv, float scale, Precision precision) {
+  timed(stats_, "attention", [&] { inner_.attention(q, qpos, kv, out, n, q_heads, n_kv, scale, precision); });
+}
+void ProfilingBackend::attention_rows(const float* q, const int32_t* qpos, const KvView* kv, float* out, int64_t n,
+                                      int64_t q_heads, float scale, Precision precision) {
+  timed(stats_, "attention", [&] { inner_.attention_rows(q, qpos, kv, out, n, q_heads, scale, precision); });
 }
 
 }  // namespace bs::kernels

@@ -32,9 +32,10 @@ class ProfilingBackend final : public Backend {
   void rmsnorm(const float* x, const float* weight, float* out, int64_t n, int64_t dim, float eps) override;
   void rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const RopeTable& table) override;
   void swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) override;
-  void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
-                 int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-                 float scale, Precision precision) override;
+  void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
+                 int64_t n_kv, float scale, Precision precision) override;
+  void attention_rows(const float* q, const int32_t* qpos, const KvView* kv, float* out, int64_t n, int64_t q_heads,
+                      float scale, Precision precision) override;
 
  private:
   Backend& inner_;

@@ -1,56 +1,154 @@
-// Per-sequence KV cache, indexed by prompt position.
+// The paged KV cache: a pool of fixed-size pages and, per sequence, a page table.
+//
+// Why pages (vLLM's block tables): a request's cache is sized prompt + max_tokens,
+// and allocating that contiguously per request fragments memory and gives no way to
+// count what the server can still admit. A pool allocated once and shared out page by
+// page returns a finished request's memory at once, lets admission count pages, and
+// is what a device backend allocates up front. The attention kernels read a cache
+// through its page table (kernels::KvView), so pages may be anywhere in the pool.
+//
+// Layout: K and V each [n_layers, pool pages, kv_heads, page_positions, head_dim],
+// K stored after RoPE. A page covers 2^page_shift positions of every layer and head.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "kernels/kv_view.h"
+
 namespace bs {
 
-// Allocator that leaves new floats uninitialized: a cache is hundreds of MB and
-// every row is written before it is read (attention reads positions < n_kv only,
-// all of which were computed or loaded), so zero-filling it is pure cost.
-template <class T>
-struct DefaultInitAllocator : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = DefaultInitAllocator<U>;
-  };
-  using std::allocator<T>::allocator;
-  template <class U>
-  void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-};
-using CacheBuffer = std::vector<float, DefaultInitAllocator<float>>;
 
-struct KvCache {
+class KvCache;
+
+// Fixed-size pages for the KV caches of many sequences. Thread-safe: caches are
+// made and destroyed on any thread (a request's cache dies where its last owner
+// lets go of it).
+class KvPagePool : public std::enable_shared_from_this<KvPagePool> {
+ public:
+  static constexpr int kDefaultPageShift = 6;  // 64 positions: a whole tile of the CPU attention kernels
+
+  // Use make(): caches keep their pool alive through a shared_ptr.
+  KvPagePool(int n_layers, int kv_heads, int head_dim, int64_t pages, int page_shift);
+  static std::shared_ptr<KvPagePool> make(int n_layers, int kv_heads, int head_dim, int64_t pages,
+                                          int page_shift = kDefaultPageShift) {
+    return std::make_shared<KvPagePool>(n_layers, kv_heads, head_dim, pages, page_shift);
+  }
+  // The pages of a pool that fits `bytes` (at least one page).
+  static int64_t pages_in(int64_t bytes, int n_layers, int kv_heads, int head_dim,
+                          int page_shift = kDefaultPageShift);
+
+  // A cache of `capacity` positions on free pages, or nothing when too few are free.
+  std::optional<KvCache> try_make_cache(int64_t capacity);
+  // Same; throws std::length_error when too few pages are free.
+  KvCache make_cache(int64_t capacity);
+
+  // Admission (a server's intake): pages promised to admitted requests, whether or
+  // not their caches exist yet. A request is admitted only while its pages fit beside
+  // the promised ones, so the cache of an admitted request finds its pages once the
+  // caches of finished requests are gone. try_reserve is all or nothing.
+  bool try_reserve(int64_t pages);
+  void unreserve(int64_t pages);
+  int64_t reserved_pages() const;
+
+  int64_t pages_for(int64_t positions) const { return (positions + page_positions() - 1) >> page_shift_; }
+  int64_t page_positions() const { return int64_t{1} << page_shift_; }
+  int page_shift() const { return page_shift_; }
+  int64_t total_pages() const { return total_pages_; }
+  int64_t free_pages() const;
+  // Bytes of K and V one page holds (every layer).
+  int64_t page_bytes() const { return 2 * n_layers_ * page_floats() * static_cast<int64_t>(sizeof(float)); }
+  int n_layers() const { return n_layers_; }
+  int kv_heads() const { return kv_heads_; }
+  int head_dim() const { return head_dim_; }
+
+  // The view of one layer through a page table (kernels/kv_view.h).
+  kernels::KvView view(int layer, const std::vector<int32_t>& pages, int64_t capacity) const;
+  // Row of KV head h at position pos of a sequence with this page table.
+  float* k_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos);
+  float* v_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos);
+
+ private:
+  friend class KvCache;
+  int64_t page_floats() const { return static_cast<int64_t>(kv_heads_) * page_positions() * head_dim_; }
+  int64_t layer_floats() const { return total_pages_ * page_floats(); }
+  int64_t row_offset(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) const;
+  void release(std::vector<int32_t>& pages);
+
+  const int n_layers_, kv_heads_, head_dim_;
+  const int64_t total_pages_;
+  const int page_shift_;
+  // Left uninitialized (new float[]): a pool is hundreds of MB to GBs and every row is
+  // written before it is read (attention reads positions < n_kv only, all computed or
+  // loaded), so zero-filling it is pure cost — and, untouched, the kernel backs the
+  // memory of a large allocation only where it is first written.
+  std::unique_ptr<float[]> k_, v_;
+  mutable std::mutex mu_;
+  std::vector<int32_t> free_;  // a stack: the most recently freed page is reused first
+  int64_t reserved_ = 0;
+};
+
+// One sequence's cache, indexed by prompt position: a page table into a pool. Its
+// pages go back to the pool when it is destroyed (or moved from and reassigned).
+// n_layers, kv_heads, head_dim and capacity describe it and are not to be written;
+// length is the caller's: positions [0, length) hold valid K/V.
+class KvCache {
+ public:
   int n_layers = 0, kv_heads = 0, head_dim = 0;
   int64_t capacity = 0;
-  int64_t length = 0;  // positions [0, length) hold valid K/V
-  // [n_layers, kv_heads, capacity, head_dim]; K is stored after RoPE.
-  CacheBuffer k, v;
+  int64_t length = 0;
 
   KvCache() = default;
-  KvCache(int layers, int kv_heads_, int head_dim_, int64_t capacity_)
-      : n_layers(layers), kv_heads(kv_heads_), head_dim(head_dim_), capacity(capacity_),
-        k(static_cast<size_t>(layers) * kv_heads_ * capacity_ * head_dim_),
-        v(static_cast<size_t>(layers) * kv_heads_ * capacity_ * head_dim_) {}
+  // A cache with a pool of its own, exactly its pages (benchmarks, tools, tests).
+  KvCache(int layers, int kv_heads, int head_dim, int64_t capacity);
+  KvCache(KvCache&& other) noexcept { *this = std::move(other); }
+  KvCache& operator=(KvCache&& other) noexcept;
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+  ~KvCache() { reset(); }
 
-  float* k_layer(int l) { return k.data() + static_cast<int64_t>(l) * kv_heads * capacity * head_dim; }
-  float* v_layer(int l) { return v.data() + static_cast<int64_t>(l) * kv_heads * capacity * head_dim; }
-  const float* k_layer(int l) const { return k.data() + static_cast<int64_t>(l) * kv_heads * capacity * head_dim; }
-  const float* v_layer(int l) const { return v.data() + static_cast<int64_t>(l) * kv_heads * capacity * head_dim; }
-  // Row of one position of one head in layer l.
-  float* k_at(int l, int h, int64_t pos) { return k_layer(l) + (h * capacity + pos) * head_dim; }
-  float* v_at(int l, int h, int64_t pos) { return v_layer(l) + (h * capacity + pos) * head_dim; }
-  const float* k_at(int l, int h, int64_t pos) const { return k_layer(l) + (h * capacity + pos) * head_dim; }
-  const float* v_at(int l, int h, int64_t pos) const { return v_layer(l) + (h * capacity + pos) * head_dim; }
+  // Returns the pages to the pool; the cache is empty afterwards.
+  void reset();
+
+  kernels::KvView view(int layer) const { return pool_->view(layer, pages_, capacity); }
+  // Row [head_dim] of KV head h at position pos of layer l.
+  float* k_at(int l, int h, int64_t pos) { return pool_->k_row(l, pages_, h, pos); }
+  float* v_at(int l, int h, int64_t pos) { return pool_->v_row(l, pages_, h, pos); }
+  const float* k_at(int l, int h, int64_t pos) const { return pool_->k_row(l, pages_, h, pos); }
+  const float* v_at(int l, int h, int64_t pos) const { return pool_->v_row(l, pages_, h, pos); }
+
+  // Calls run(start, count) for the runs of consecutive rows (one page each) that
+  // make up positions [pos, pos + m): rows of a run are consecutive in memory.
+  template <class Run>
+  void for_each_run(int64_t pos, int64_t m, const Run& run) const {
+    const int64_t page = int64_t{1} << pool_->page_shift();
+    for (int64_t at = pos; at < pos + m;) {
+      const int64_t count = std::min(pos + m, (at / page + 1) * page) - at;
+      run(at, count);
+      at += count;
+    }
+  }
+  // Rows [pos, pos + m) of KV head h of layer l from / to [m, head_dim] arrays.
+  void write_rows(int l, int h, int64_t pos, int64_t m, const float* k, const float* v);
+  void read_rows(int l, int h, int64_t pos, int64_t m, float* k, float* v) const;
+  // Rows [0, rows) of every KV head of layer l from / to [kv_heads, rows, head_dim].
+  void write_layer(int l, int64_t rows, const float* k, const float* v);
+  void read_layer(int l, int64_t rows, float* k, float* v) const;
+
+  const std::vector<int32_t>& pages() const { return pages_; }
+  const std::shared_ptr<KvPagePool>& pool() const { return pool_; }
+
+ private:
+  friend class KvPagePool;
+  KvCache(std::shared_ptr<KvPagePool> pool, std::vector<int32_t> pages, int64_t capacity);
+
+  std::shared_ptr<KvPagePool> pool_;
+  std::vector<int32_t> pages_;
 };
 
 }  // namespace bs

@@ -61,10 +61,8 @@ void Transformer::store_kv(int layer, const int32_t* pos, int64_t n, const float
   const int64_t kvd = c.kv_dim(), hd = c.head_dim;
   for (int64_t t = 0; t < n; ++t) {
     if (pos[t] < 0 || pos[t] >= cache.capacity) throw std::out_of_range("store_kv: position outside the KV cache");
-    for (int h = 0; h < c.n_kv_heads; ++h) {
-      std::memcpy(cache.k_at(layer, h, pos[t]), k + t * kvd + h * hd, hd * sizeof(float));
-      std::memcpy(cache.v_at(layer, h, pos[t]), v + t * kvd + h * hd, hd * sizeof(float));
-    }
+    for (int h = 0; h < c.n_kv_heads; ++h)
+      cache.write_rows(layer, h, pos[t], 1, k + t * kvd + h * hd, v + t * kvd + h * hd);
   }
 }
 
@@ -74,8 +72,8 @@ void Transformer::attend_and_mlp(int layer, float* hidden, const float* q, const
   auto& be = model_.backend();
   const int64_t qd = c.q_dim(), hd = c.head_dim;
   float* attn = scratch(kAttn, n * qd);
-  be.attention(q, pos, cache.k_layer(layer), cache.v_layer(layer), attn, n, c.n_heads, c.n_kv_heads, hd, n_kv,
-               cache.capacity, 1.0f / std::sqrt(static_cast<float>(hd)), model_.precision());
+  be.attention(q, pos, cache.view(layer), attn, n, c.n_heads, n_kv, 1.0f / std::sqrt(static_cast<float>(hd)),
+               model_.precision());
   project_and_mlp(layer, hidden, attn, n);
 }
 
@@ -175,8 +173,7 @@ void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache
   std::vector<float> hidden(static_cast<size_t>(B * c.dim));
   embed(tokens, hidden.data());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<const float*> k_rows(static_cast<size_t>(B)), v_rows(static_cast<size_t>(B));
-  std::vector<int64_t> strides(static_cast<size_t>(B));
+  std::vector<kernels::KvView> views(static_cast<size_t>(B));
   for (int l = 0; l < c.n_layers; ++l) {
     float* q = scratch(kQ, B * qd);
     float* k = scratch(kK, B * kvd);
@@ -186,13 +183,10 @@ void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache
     for (int64_t b = 0; b < B; ++b) {
       KvCache& cache = *caches[b];
       store_kv(l, &pos[b], 1, k + b * kvd, v + b * kvd, cache);
-      k_rows[b] = cache.k_layer(l);
-      v_rows[b] = cache.v_layer(l);
-      strides[b] = cache.capacity;
+      views[b] = cache.view(l);
     }
     // Each row over its own cache, all rows in one call (= attention() of each alone).
-    be.attention_rows(q, pos.data(), k_rows.data(), v_rows.data(), strides.data(), attn, B, c.n_heads, c.n_kv_heads,
-                      hd, scale, model_.precision());
+    be.attention_rows(q, pos.data(), views.data(), attn, B, c.n_heads, scale, model_.precision());
     project_and_mlp(l, hidden.data(), attn, B);
   }
   for (int64_t b = 0; b < B; ++b) caches[b]->length = pos[b] + 1;

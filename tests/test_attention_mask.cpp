@@ -138,15 +138,18 @@ RowError worst_row(AttentionFn fn, const Case& c, uint32_t seed, bool bf16_refer
   const auto v = random_vec(c.kv_heads * stride * c.head_dim, seed + 2);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   std::vector<float> out(q.size(), NAN), ref(q.size());
-  if (bf16_reference)
-    make_reference_backend()->attention(rounded_to_bf16(q).data(), c.qpos.data(), rounded_to_bf16(k).data(),
-                                        rounded_to_bf16(v).data(), ref.data(), n, c.q_heads, c.kv_heads, c.head_dim,
-                                        c.n_kv, stride, scale, Precision::F32);
-  else
-    make_reference_backend()->attention(q.data(), c.qpos.data(), k.data(), v.data(), ref.data(), n, c.q_heads,
-                                        c.kv_heads, c.head_dim, c.n_kv, stride, scale, Precision::F32);
-  fn(q.data(), c.qpos.data(), k.data(), v.data(), out.data(), n, c.q_heads, c.kv_heads, c.head_dim, c.n_kv, stride,
-     scale);
+  if (bf16_reference) {
+    const auto kb = rounded_to_bf16(k), vb = rounded_to_bf16(v);
+    make_reference_backend()->attention(rounded_to_bf16(q).data(), c.qpos.data(),
+                                        KvView::contiguous(kb.data(), vb.data(), c.kv_heads, stride, c.head_dim),
+                                        ref.data(), n, c.q_heads, c.n_kv, scale, Precision::F32);
+  } else {
+    make_reference_backend()->attention(q.data(), c.qpos.data(),
+                                        KvView::contiguous(k.data(), v.data(), c.kv_heads, stride, c.head_dim),
+                                        ref.data(), n, c.q_heads, c.n_kv, scale, Precision::F32);
+  }
+  fn(q.data(), c.qpos.data(), KvView::contiguous(k.data(), v.data(), c.kv_heads, stride, c.head_dim), out.data(), n,
+     c.q_heads, c.n_kv, scale);
   RowError w;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t h = 0; h < c.q_heads; ++h) {

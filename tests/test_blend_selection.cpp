@@ -363,8 +363,12 @@ TEST_F(BlendSelection, PlacedChunkKvIsTheStoredKvRotatedByTheOffsetInEveryLayer)
   for (int64_t p : {37, 611}) {
     SCOPED_TRACE("offset " + std::to_string(p));
     auto cache = s.tf.make_cache(p + m + 9);
-    std::fill(cache.k.begin(), cache.k.end(), kSentinel);
-    std::fill(cache.v.begin(), cache.v.end(), kSentinel);
+    for (int l = 0; l < cache.n_layers; ++l)
+      for (int h = 0; h < cache.kv_heads; ++h)
+        for (int64_t row = 0; row < cache.capacity; ++row) {
+          std::fill_n(cache.k_at(l, h, row), cache.head_dim, kSentinel);
+          std::fill_n(cache.v_at(l, h, row), cache.head_dim, kSentinel);
+        }
     place_chunk_kv(*kv, p, cache, s.m.backend(), s.m.rope());
 
     int64_t touched_outside = 0, v_mismatch = 0;
@@ -378,7 +382,8 @@ TEST_F(BlendSelection, PlacedChunkKvIsTheStoredKvRotatedByTheOffsetInEveryLayer)
         }
         const float* stored_k = kv->k_layer(l) + static_cast<int64_t>(h) * m * c.head_dim;
         const float* stored_v = kv->v_layer(l) + static_cast<int64_t>(h) * m * c.head_dim;
-        v_mismatch += std::memcmp(cache.v_at(l, h, p), stored_v, m * c.head_dim * sizeof(float)) != 0;
+        for (int64_t t = 0; t < m; ++t)
+          v_mismatch += std::memcmp(cache.v_at(l, h, p + t), stored_v + t * c.head_dim, c.head_dim * sizeof(float)) != 0;
         for (int64_t t = 0; t < m; ++t) {
           const float* placed = cache.k_at(l, h, p + t);
           const float* stored = stored_k + t * c.head_dim;

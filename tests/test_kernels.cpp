@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/dequant.h"
+#include "paged_kv.h"
 
 namespace bs::kernels {
 namespace {
@@ -174,27 +176,100 @@ TEST_P(BackendOps, AttentionMatchesReference) {
     auto q = random_vec(c.n * c.q_heads * c.head_dim, 5);
     auto k = random_vec(c.kv_heads * stride * c.head_dim, 6);
     auto v = random_vec(c.kv_heads * stride * c.head_dim, 7);
+    const auto kv = KvView::contiguous(k.data(), v.data(), c.kv_heads, stride, c.head_dim);
     std::vector<int32_t> pos(c.n);
     for (int64_t i = 0; i < c.n; ++i)
       pos[i] = static_cast<int32_t>(c.prefill ? i : c.n_kv - c.n + i);
     if (!c.prefill && c.n > 2) pos[0] = 3;  // a query far back: sees only 4 keys
     std::vector<float> a(c.n * c.q_heads * c.head_dim), b(a.size());
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    ref->attention(q.data(), pos.data(), k.data(), v.data(), b.data(), c.n, c.q_heads, c.kv_heads, c.head_dim,
-                   c.n_kv, stride, scale, Precision::F32);
-    cpu->attention(q.data(), pos.data(), k.data(), v.data(), a.data(), c.n, c.q_heads, c.kv_heads, c.head_dim,
-                   c.n_kv, stride, scale, Precision::F32);
+    ref->attention(q.data(), pos.data(), kv, b.data(), c.n, c.q_heads, c.n_kv, scale, Precision::F32);
+    cpu->attention(q.data(), pos.data(), kv, a.data(), c.n, c.q_heads, c.n_kv, scale, Precision::F32);
     EXPECT_LT(rel_max_err(a, b), 1e-5) << "fp32 n " << c.n << " n_kv " << c.n_kv << " hd " << c.head_dim;
     if (!cpu->supports(Precision::BF16)) {
-      EXPECT_THROW(cpu->attention(q.data(), pos.data(), k.data(), v.data(), a.data(), c.n, c.q_heads, c.kv_heads,
-                                  c.head_dim, c.n_kv, stride, scale, Precision::BF16),
+      EXPECT_THROW(cpu->attention(q.data(), pos.data(), kv, a.data(), c.n, c.q_heads, c.n_kv, scale, Precision::BF16),
                    std::invalid_argument);
       continue;
     }
     // bf16 inputs: ~3 significant digits per product, errors average out over keys
-    cpu->attention(q.data(), pos.data(), k.data(), v.data(), a.data(), c.n, c.q_heads, c.kv_heads, c.head_dim,
-                   c.n_kv, stride, scale, Precision::BF16);
+    cpu->attention(q.data(), pos.data(), kv, a.data(), c.n, c.q_heads, c.n_kv, scale, Precision::BF16);
     EXPECT_LT(rel_max_err(a, b), 2e-2) << "bf16 n " << c.n << " n_kv " << c.n_kv << " hd " << c.head_dim;
+  }
+}
+
+// Paged attention is the contiguous attention of the same backend, bit for bit: the
+// kernels read the same rows in the same order wherever their pages lie. Pages of
+// 1 to 128 positions in shuffled pool order, unused NaN pages among them, a partial
+// last page; prefill (every kernel path: fp32 tiled, bf16 tiled, decode-size), a
+// blend-style selection of queries, and batched decode rows over caches paged
+// differently.
+TEST_P(BackendOps, PagedAttentionEqualsContiguous) {
+  struct Case { const char* what; int64_t q_heads, kv_heads, head_dim, n_kv; std::vector<int32_t> pos; };
+  std::vector<Case> cases;
+  {
+    std::vector<int32_t> all(150);
+    std::iota(all.begin(), all.end(), 0);
+    cases.push_back({"prefill of 150", 9, 3, 64, 150, all});
+    cases.push_back({"prefill of 150, group 1, head_dim 128", 2, 2, 128, 150, all});
+    std::vector<int32_t> sel;
+    for (int32_t p = 2; p < 200; p += 7) sel.push_back(p);
+    sel.push_back(199);
+    cases.push_back({"selected queries", 9, 3, 64, 200, sel});
+    cases.push_back({"decode, 2 queries", 9, 3, 64, 131, {129, 130}});
+  }
+  for (Backend* backend : {ref.get(), cpu.get()}) {
+    auto& be = *backend;
+    for (const Precision prec : {Precision::F32, Precision::BF16}) {
+      if (!be.supports(prec)) continue;
+      for (const auto& c : cases) {
+        const int64_t n = static_cast<int64_t>(c.pos.size()), stride = c.n_kv;
+        auto q = random_vec(n * c.q_heads * c.head_dim, 21);
+        auto k = random_vec(c.kv_heads * stride * c.head_dim, 22);
+        auto v = random_vec(c.kv_heads * stride * c.head_dim, 23);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+        std::vector<float> want(q.size());
+        be.attention(q.data(), c.pos.data(), KvView::contiguous(k.data(), v.data(), c.kv_heads, stride, c.head_dim),
+                     want.data(), n, c.q_heads, c.n_kv, scale, prec);
+        for (int shift : {0, 2, 4, 5, 6, 7}) {
+          auto paged = test::make_paged(k, v, c.kv_heads, stride, c.head_dim, c.n_kv, shift, 31 + shift);
+          std::vector<float> got(q.size(), NAN);
+          be.attention(q.data(), c.pos.data(), paged.view, got.data(), n, c.q_heads, c.n_kv, scale, prec);
+          EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+              << be.name() << " " << precision_name(prec) << ", " << c.what << ", pages of " << (1 << shift);
+        }
+      }
+    }
+    // Batched decode: each row over its own cache, paged its own way, equals that row alone.
+    const int64_t q_heads = 9, kv_heads = 3, hd = 64;
+    const std::vector<int64_t> lengths = {1, 64, 65, 300};
+    const std::vector<int> shifts = {0, 6, 4, 7};
+    std::vector<std::vector<float>> ks, vs;
+    std::vector<test::PagedKv> paged;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      ks.push_back(random_vec(kv_heads * lengths[i] * hd, 40 + static_cast<uint32_t>(i)));
+      vs.push_back(random_vec(kv_heads * lengths[i] * hd, 50 + static_cast<uint32_t>(i)));
+    }
+    paged.reserve(lengths.size());
+    std::vector<KvView> views;
+    std::vector<int32_t> qpos;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      paged.push_back(test::make_paged(ks[i], vs[i], kv_heads, lengths[i], hd, lengths[i], shifts[i], 60 + i));
+      views.push_back(paged.back().view);
+      qpos.push_back(static_cast<int32_t>(lengths[i] - 1));
+    }
+    const int64_t B = static_cast<int64_t>(lengths.size());
+    auto q = random_vec(B * q_heads * hd, 70);
+    const float scale = 0.125f;
+    std::vector<float> rows(q.size(), NAN);
+    be.attention_rows(q.data(), qpos.data(), views.data(), rows.data(), B, q_heads, scale, Precision::F32);
+    for (int64_t i = 0; i < B; ++i) {
+      std::vector<float> alone(static_cast<size_t>(q_heads * hd));
+      be.attention(q.data() + i * q_heads * hd, &qpos[i],
+                   KvView::contiguous(ks[i].data(), vs[i].data(), kv_heads, lengths[i], hd), alone.data(), 1, q_heads,
+                   lengths[i], scale, Precision::F32);
+      EXPECT_EQ(0, std::memcmp(alone.data(), rows.data() + i * q_heads * hd, alone.size() * sizeof(float)))
+          << be.name() << " attention_rows row " << i;
+    }
   }
 }
 

@@ -211,12 +211,13 @@ TEST(TinyBlend, BadOptionsAreRefused) {
 bool same_prompt_kv(const KvCache& a, const KvCache& b) {
   if (a.length != b.length || a.n_layers != b.n_layers || a.kv_heads != b.kv_heads || a.head_dim != b.head_dim)
     return false;
-  const size_t row_bytes = static_cast<size_t>(a.length * a.head_dim) * sizeof(float);
+  const size_t row_bytes = static_cast<size_t>(a.head_dim) * sizeof(float);
   for (int l = 0; l < a.n_layers; ++l)
     for (int h = 0; h < a.kv_heads; ++h)
-      if (std::memcmp(a.k_at(l, h, 0), b.k_at(l, h, 0), row_bytes) != 0 ||
-          std::memcmp(a.v_at(l, h, 0), b.v_at(l, h, 0), row_bytes) != 0)
-        return false;
+      for (int64_t p = 0; p < a.length; ++p)
+        if (std::memcmp(a.k_at(l, h, p), b.k_at(l, h, p), row_bytes) != 0 ||
+            std::memcmp(a.v_at(l, h, p), b.v_at(l, h, p), row_bytes) != 0)
+          return false;
   return true;
 }
 

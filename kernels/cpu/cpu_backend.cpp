@@ -106,34 +106,42 @@ class CpuBackend final : public Backend {
     k_.swiglu(gate_up, out, n, ff);
   }
 
-  void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
-                 int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-                 float scale, Precision precision) override {
+  void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
+                 int64_t n_kv, float scale, Precision precision) override {
     require(precision);
-    if (head_dim % 16 != 0 || head_dim > 256)
-      throw std::invalid_argument("cpu attention: head_dim must be a multiple of 16 and <= 256");
+    check_kv(kv, q_heads);
+    if (n_kv > kv.capacity) throw std::out_of_range("cpu attention: n_kv beyond the cache");
     if (n <= kDecodeMaxQueries)
-      k_.attention_decode(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
-    else if (precision == Precision::BF16 && head_dim % 32 == 0)
-      k_.attention_bf16(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
+      k_.attention_decode(q, qpos, kv, out, n, q_heads, n_kv, scale);
+    else if (precision == Precision::BF16 && kv.head_dim % 32 == 0)
+      k_.attention_bf16(q, qpos, kv, out, n, q_heads, n_kv, scale);
     else
-      k_.attention(q, qpos, k, v, out, n, q_heads, kv_heads, head_dim, n_kv, kv_stride, scale);
+      k_.attention(q, qpos, kv, out, n, q_heads, n_kv, scale);
   }
 
   // One parallel loop over every row's heads (attention() per row would be one per row,
   // 9 heads over the threads each time); the rows are attention_decode's, n = 1.
-  void attention_rows(const float* q, const int32_t* qpos, const float* const* k, const float* const* v,
-                      const int64_t* kv_stride, float* out, int64_t n, int64_t q_heads, int64_t kv_heads,
-                      int64_t head_dim, float scale, Precision precision) override {
+  void attention_rows(const float* q, const int32_t* qpos, const KvView* kv, float* out, int64_t n, int64_t q_heads,
+                      float scale, Precision precision) override {
     require(precision);
-    if (head_dim % 16 != 0 || head_dim > 256)
-      throw std::invalid_argument("cpu attention: head_dim must be a multiple of 16 and <= 256");
-    for (int64_t i = 0; i < n; ++i)
-      if (qpos[i] < 0 || qpos[i] >= kv_stride[i]) throw std::out_of_range("cpu attention_rows: position outside the cache");
-    k_.attention_decode_rows(q, qpos, k, v, kv_stride, out, n, q_heads, kv_heads, head_dim, scale);
+    for (int64_t i = 0; i < n; ++i) {
+      check_kv(kv[i], q_heads);
+      if (kv[i].kv_heads != kv[0].kv_heads || kv[i].head_dim != kv[0].head_dim)
+        throw std::invalid_argument("cpu attention_rows: the rows' caches differ in shape");
+      if (qpos[i] < 0 || qpos[i] >= kv[i].capacity)
+        throw std::out_of_range("cpu attention_rows: position outside the cache");
+    }
+    k_.attention_decode_rows(q, qpos, kv, out, n, q_heads, scale);
   }
 
  private:
+  static void check_kv(const KvView& kv, int64_t q_heads) {
+    if (kv.head_dim % 16 != 0 || kv.head_dim > 256)
+      throw std::invalid_argument("cpu attention: head_dim must be a multiple of 16 and <= 256");
+    if (kv.kv_heads <= 0 || q_heads % kv.kv_heads != 0)
+      throw std::invalid_argument("cpu attention: q_heads must be a multiple of kv_heads");
+  }
+
   // (cos, sin) per position and frequency, cached for non-negative positions:
   // computing them is as costly as the rotation itself.
   void fill_cos_sin(const RopeTable& table, const int32_t* pos, int64_t n, float* dst) {

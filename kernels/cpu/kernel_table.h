@@ -38,22 +38,22 @@ struct CpuKernels {
 
   // Causal-by-position attention, the contract of Backend::attention; tiled online
   // softmax, fp32 (prefill-size n).
-  void (*attention)(const float* q,       // [n, q_heads, head_dim]
+  void (*attention)(const float* q,       // [n, q_heads, kv.head_dim]
                     const int32_t* qpos,  // [n]
-                    const float* k,       // [kv_heads, kv_stride, head_dim]
-                    const float* v,       // [kv_heads, kv_stride, head_dim]
-                    float* out,           // [n, q_heads, head_dim]
-                    int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv,
-                    int64_t kv_stride, float scale);
+                    const KvView& kv,     // n_kv <= kv.capacity rows per KV head
+                    float* out,           // [n, q_heads, kv.head_dim]
+                    int64_t n, int64_t q_heads, int64_t n_kv, float scale);
 
   // Same contract for a few queries (decode): reads the cache rows as they are, fp32.
   decltype(attention) attention_decode;
 
   // Backend::attention_rows: one query per row, each row its own cache; row i equals
   // attention_decode of that row alone with n_kv = qpos[i] + 1.
-  void (*attention_decode_rows)(const float* q, const int32_t* qpos, const float* const* k, const float* const* v,
-                                const int64_t* kv_stride, float* out, int64_t n, int64_t q_heads, int64_t kv_heads,
-                                int64_t head_dim, float scale);
+  void (*attention_decode_rows)(const float* q,       // [n, q_heads, head_dim]
+                                const int32_t* qpos,  // [n]
+                                const KvView* kv,     // [n], the same kv_heads and head_dim
+                                float* out,           // [n, q_heads, head_dim]
+                                int64_t n, int64_t q_heads, float scale);
 
   // Same contract, bf16 dot products with fp32 softmax and accumulation; nullptr in
   // variants without native bf16 arithmetic.

@@ -92,21 +92,21 @@ class ReferenceBackend final : public Backend {
       }
   }
 
-  void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
-                 int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-                 float scale, Precision) override {
-    const int64_t group = q_heads / kv_heads;
+  void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
+                 int64_t n_kv, float scale, Precision) override {
+    if (n_kv > kv.capacity) throw std::out_of_range("reference attention: n_kv beyond the cache");
+    const int64_t head_dim = kv.head_dim, group = q_heads / kv.kv_heads;
     std::vector<double> scores(static_cast<size_t>(n_kv));
     for (int64_t t = 0; t < n; ++t)
       for (int64_t h = 0; h < q_heads; ++h) {
         const float* qv = q + (t * q_heads + h) * head_dim;
-        const float* kh = k + (h / group) * kv_stride * head_dim;
-        const float* vh = v + (h / group) * kv_stride * head_dim;
+        const int64_t kvh = h / group;
         const int64_t last = std::min<int64_t>(n_kv - 1, qpos[t]);
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j <= last; ++j) {
+          const float* kr = kv.k_row(kvh, j);
           double s = 0;
-          for (int64_t i = 0; i < head_dim; ++i) s += static_cast<double>(qv[i]) * kh[j * head_dim + i];
+          for (int64_t i = 0; i < head_dim; ++i) s += static_cast<double>(qv[i]) * kr[i];
           scores[j] = s * scale;
           mx = std::max(mx, scores[j]);
         }
@@ -115,7 +115,7 @@ class ReferenceBackend final : public Backend {
         float* o = out + (t * q_heads + h) * head_dim;
         for (int64_t i = 0; i < head_dim; ++i) {
           double acc = 0;
-          for (int64_t j = 0; j <= last; ++j) acc += scores[j] * vh[j * head_dim + i];
+          for (int64_t j = 0; j <= last; ++j) acc += scores[j] * kv.v_row(kvh, j)[i];
           o[i] = last >= 0 ? static_cast<float>(acc / denom) : 0.0f;
         }
       }

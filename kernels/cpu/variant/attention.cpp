@@ -46,8 +46,8 @@ inline void accumulate_pv(float (*o)[kMaxHeadDim], const float (*s)[kKeys], cons
 
 // One block of up to kRows rows of one KV head over keys [0, key_end).
 // kt: [tiles, head_dim, kKeys] transposed keys, one contiguous block per tile;
-// v: [n_kv, head_dim] (row stride head_dim).
-void attend_block(const AttentionRow* rows, int nrows, const float* kt, const float* v, int64_t head_dim,
+// vtiles: [tiles] the V rows of each tile, [kKeys, head_dim] (row stride head_dim).
+void attend_block(const AttentionRow* rows, int nrows, const float* kt, const float* const* vtiles, int64_t head_dim,
                   int64_t key_end, float scale) {
   alignas(64) float s[kRows][kKeys];
   alignas(64) float o[kRows][kMaxHeadDim];
@@ -121,7 +121,7 @@ void attend_block(const AttentionRow* rows, int nrows, const float* kt, const fl
       }
     }
     // ---- O += P V, kPvVecs slices of the head dimension at a time (then single ones)
-    const float* vtile = v + k0 * head_dim;
+    const float* vtile = vtiles[k0 / kKeys];
     int64_t dv = 0;
     for (; dv + kPvVecs <= dvecs; dv += kPvVecs) accumulate_pv<kPvVecs>(o, s, vtile, head_dim, kn, dv * kLanes);
     for (; dv < dvecs; ++dv) accumulate_pv<1>(o, s, vtile, head_dim, kn, dv * kLanes);
@@ -134,31 +134,46 @@ void attend_block(const AttentionRow* rows, int nrows, const float* kt, const fl
 
 }  // namespace
 
-void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
-               int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-               float scale) {
+void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
+               int64_t n_kv, float scale) {
   if (n == 0) return;
+  const int64_t kv_heads = kv.kv_heads, head_dim = kv.head_dim;
   // Transposed keys, tile by tile, zero-padded to a whole tile:
   // [kv_heads, kt_stride / kKeys, head_dim, kKeys]. A tile is one contiguous block, so the
   // S loop walks consecutive lines (a plain [head_dim, kt_stride] transpose puts each
   // dimension's row of a tile in another page).
   const int64_t kt_stride = (n_kv + kKeys - 1) / kKeys * kKeys;
+  const int64_t tiles = kt_stride / kKeys;
   Scratch kt_buf(static_cast<size_t>(kv_heads * head_dim * kt_stride) * sizeof(float), /*zero=*/true);
   float* kt = kt_buf.as<float>();
+  // V is read in place when every tile lies in one page (pages of at least a tile
+  // start on tile boundaries: both are powers of two), else gathered per tile.
+  const bool v_in_place = kv.single_page() || kv.page_positions() >= kKeys;
+  Scratch vg_buf(v_in_place ? 0 : static_cast<size_t>(kv_heads * kt_stride * head_dim) * sizeof(float));
+  Scratch vtiles_buf(static_cast<size_t>(kv_heads * tiles) * sizeof(const float*));
+  const float** vtiles = vtiles_buf.as<const float*>();
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t h = 0; h < kv_heads; ++h)
     for (int64_t j0 = 0; j0 < n_kv; j0 += kKeys) {
-      const float* src = k + h * kv_stride * head_dim;
       float* dst = kt + h * head_dim * kt_stride + j0 * head_dim;  // this tile
       const int64_t j1 = imin(n_kv, j0 + kKeys);
-      for (int64_t j = j0; j < j1; ++j)
-        for (int64_t d = 0; d < head_dim; ++d) dst[d * kKeys + (j - j0)] = src[j * head_dim + d];
+      for (int64_t j = j0; j < j1; ++j) {
+        const float* src = kv.k_row(h, j);
+        for (int64_t d = 0; d < head_dim; ++d) dst[d * kKeys + (j - j0)] = src[d];
+      }
+      if (v_in_place) {
+        vtiles[h * tiles + j0 / kKeys] = kv.v_row(h, j0);
+      } else {
+        float* vdst = vg_buf.as<float>() + (h * kt_stride + j0) * head_dim;
+        for (int64_t j = j0; j < j1; ++j) memcpy(vdst + (j - j0) * head_dim, kv.v_row(h, j), sizeof(float) * head_dim);
+        vtiles[h * tiles + j0 / kKeys] = vdst;
+      }
     }
 
   for_each_row_block(q, qpos, out, n, q_heads, kv_heads, head_dim, n_kv,
                      [&](int64_t h, const AttentionRow* rows, int nrows, int64_t key_end) {
-                       attend_block(rows, nrows, kt + h * head_dim * kt_stride, v + h * kv_stride * head_dim,
-                                    head_dim, key_end, scale);
+                       attend_block(rows, nrows, kt + h * head_dim * kt_stride, vtiles + h * tiles, head_dim,
+                                    key_end, scale);
                      });
 }
 

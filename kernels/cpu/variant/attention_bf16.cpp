@@ -139,10 +139,10 @@ void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, 
 
 }  // namespace
 
-void attention_bf16(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
-                    int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-                    float scale) {
+void attention_bf16(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
+                    int64_t n_kv, float scale) {
   if (n == 0) return;
+  const int64_t kv_heads = kv.kv_heads, head_dim = kv.head_dim;
   const int64_t pairs = head_dim / 2;
   const int64_t kt_stride = (n_kv + kKeys - 1) / kKeys * kKeys;
   // Zero padding matters: padded keys get probability 0, and 0 * NaN would poison O.
@@ -153,15 +153,13 @@ void attention_bf16(const float* q, const int32_t* qpos, const float* k, const f
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t h = 0; h < kv_heads; ++h)
     for (int64_t j0 = 0; j0 < n_kv; j0 += 64) {
-      const float* ks = k + h * kv_stride * head_dim;
-      const float* vs = v + h * kv_stride * head_dim;
       uint32_t* kd = kp + h * pairs * kt_stride;
       uint32_t* vd = vp + h * (kt_stride / 2) * head_dim;
       const int64_t j1 = imin(n_kv, j0 + 64);
       alignas(64) uint32_t row[kMaxHeadDim / 2];
       for (int64_t key = j0; key < j1; ++key) {
         // K row -> bf16 pairs (adjacent dimensions), scattered into the transposed layout
-        const float* kr = ks + key * head_dim;
+        const float* kr = kv.k_row(h, key);
         for (int64_t d = 0; d < head_dim; d += 32) {
           const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(kr + d + 16), _mm512_loadu_ps(kr + d));
           _mm512_store_si512(row + d / 2, (__m512i)b);
@@ -173,12 +171,13 @@ void attention_bf16(const float* q, const int32_t* qpos, const float* k, const f
                                               6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
       const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
       for (int64_t key = j0; key < j1; key += 2) {
-        const float* v0 = vs + key * head_dim;
+        const float* v0 = kv.v_row(h, key);
         const bool has_next = key + 1 < n_kv;
+        const float* v1 = has_next ? kv.v_row(h, key + 1) : v0;  // rows of a pair may lie in two pages
         for (int64_t d = 0; d < head_dim; d += 32) {
           const __m512i a = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v0 + d + 16), _mm512_loadu_ps(v0 + d));
-          const __m512i b = has_next ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v0 + head_dim + d + 16),
-                                                                    _mm512_loadu_ps(v0 + head_dim + d))
+          const __m512i b = has_next ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v1 + d + 16),
+                                                                    _mm512_loadu_ps(v1 + d))
                                      : _mm512_setzero_si512();
           uint32_t* dst = vd + (key / 2) * head_dim + d;
           _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo_idx, b));

@@ -25,30 +25,34 @@ constexpr int kKeys = 8;        // keys per block of scores
 constexpr int kValueRows = 32;  // V rows per block of the weighted sum (8 KB at head_dim 64)
 constexpr int kMaxGroup = 16;   // query heads per item at most
 
-// The next work item's K rows, fetched into L2 during this item's weighted sum (the
-// cache is far larger than the caches).
+// The next work item's K rows (KV head h of kv), fetched into L2 during this item's
+// weighted sum (the cache is far larger than the caches).
 struct Prefetch {
-  const float* k = nullptr;
+  const KvView* kv = nullptr;
+  int64_t h = 0;
   int64_t count = 0;
 };
 
-inline void prefetch_row(const float* rows, int64_t j, int64_t head_dim) {
-  const char* p = reinterpret_cast<const char*>(rows + j * head_dim);
+inline void prefetch_row(const float* row, int64_t head_dim) {
+  const char* p = reinterpret_cast<const char*>(row);
   for (int64_t at = 0; at < head_dim * 4; at += 64) _mm_prefetch(p + at, _MM_HINT_T1);
 }
 
-// g query heads (q: [g, head_dim]) over rows [0, count) of their KV head, count >= 1.
+// g query heads (q: [g, head_dim]) over rows [0, count) of KV head kvh, count >= 1.
 // scores: g rows of `stride` floats (count rounded up to 16). DV: head_dim / kLanes
 // when it is a compile-time count (the accumulators then stay in registers), else 0.
+// Rows are addressed one by one through the page table, so a row's arithmetic is the
+// same wherever its page lies.
 template <int DV>
-void attend_heads_dv(const float* q, int64_t g, const float* kh, const float* vh, float* out, int64_t count,
-                     int64_t head_dim, float scale, float* scores, int64_t stride, Prefetch pf) {
+void attend_heads_dv(const float* q, int64_t g, const KvView& kv, int64_t kvh, float* out, int64_t count,
+                     float scale, float* scores, int64_t stride, Prefetch pf) {
+  const int64_t head_dim = kv.head_dim;
   const int64_t dvecs = DV > 0 ? DV : head_dim / kLanes;
   // q·k of 8 keys per block; past the last key the block repeats it (scores not used).
   for (int64_t j0 = 0; j0 < count; j0 += kKeys) {
     const float* kr[kKeys];
-    for (int i = 0; i < kKeys; ++i) kr[i] = kh + imin(j0 + i, count - 1) * head_dim;
-    for (int64_t j = j0; j < imin(j0 + kKeys, count); ++j) prefetch_row(vh, j, head_dim);
+    for (int i = 0; i < kKeys; ++i) kr[i] = kv.k_row(kvh, imin(j0 + i, count - 1));
+    for (int64_t j = j0; j < imin(j0 + kKeys, count); ++j) prefetch_row(kv.v_row(kvh, j), head_dim);
     for (int64_t h = 0; h < g; ++h) {
       const float* qv = q + h * head_dim;
       vf acc[kKeys];
@@ -91,8 +95,9 @@ void attend_heads_dv(const float* q, int64_t g, const float* kh, const float* vh
   // each head's accumulators add the rows in order.
   for (int64_t j0 = 0; j0 < count; j0 += kValueRows) {
     const int64_t j1 = imin(count, j0 + kValueRows);
-    if (pf.k)
-      for (int64_t j = pf.count * j0 / count; j < pf.count * j1 / count; ++j) prefetch_row(pf.k, j, head_dim);
+    if (pf.kv)
+      for (int64_t j = pf.count * j0 / count; j < pf.count * j1 / count; ++j)
+        prefetch_row(pf.kv->k_row(pf.h, j), head_dim);
     for (int64_t h = 0; h < g; ++h) {
       const float* sc = scores + h * stride;
       float* o = out + h * head_dim;
@@ -100,7 +105,7 @@ void attend_heads_dv(const float* q, int64_t g, const float* kh, const float* vh
       for (int64_t c = 0; c < dvecs; ++c) acc[c] = vload(o + c * kLanes);
       for (int64_t j = j0; j < j1; ++j) {
         const vf p = vset1(sc[j]);
-        const float* vr = vh + j * head_dim;
+        const float* vr = kv.v_row(kvh, j);
         for (int64_t c = 0; c < dvecs; ++c) acc[c] = vfma(p, vload(vr + c * kLanes), acc[c]);
       }
       for (int64_t c = 0; c < dvecs; ++c) vstore(o + c * kLanes, acc[c]);
@@ -112,26 +117,26 @@ void attend_heads_dv(const float* q, int64_t g, const float* kh, const float* vh
   }
 }
 
-inline void attend_heads(const float* q, int64_t g, const float* kh, const float* vh, float* out, int64_t count,
-                         int64_t head_dim, float scale, float* scores, int64_t stride, Prefetch pf) {
+inline void attend_heads(const float* q, int64_t g, const KvView& kv, int64_t kvh, float* out, int64_t count,
+                         float scale, float* scores, int64_t stride, Prefetch pf) {
   if (count <= 0) {
-    memset(out, 0, sizeof(float) * g * head_dim);
+    memset(out, 0, sizeof(float) * g * kv.head_dim);
     return;
   }
-  switch (head_dim / kLanes) {
-    case 4: return attend_heads_dv<4>(q, g, kh, vh, out, count, head_dim, scale, scores, stride, pf);
-    case 8: return attend_heads_dv<8>(q, g, kh, vh, out, count, head_dim, scale, scores, stride, pf);
-    case 16: return attend_heads_dv<16>(q, g, kh, vh, out, count, head_dim, scale, scores, stride, pf);
-    default: return attend_heads_dv<0>(q, g, kh, vh, out, count, head_dim, scale, scores, stride, pf);
+  switch (kv.head_dim / kLanes) {
+    case 4: return attend_heads_dv<4>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
+    case 8: return attend_heads_dv<8>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
+    case 16: return attend_heads_dv<16>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
+    default: return attend_heads_dv<0>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
   }
 }
 
-// Rows of queries, each over its own cache (k[i], v[i], kv_stride[i]), rows
-// [0, count[i]) of it. Items are (row, KV head) with all its query heads when there
-// are at least two per thread (and at most kMaxGroup heads), else (row, query head).
-void attend_rows(const float* q, const int64_t* count, const float* const* k, const float* const* v,
-                 const int64_t* kv_stride, float* out, int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+// Rows of queries, each over its own cache kv[i], rows [0, count[i]) of it. Items are
+// (row, KV head) with all its query heads when there are at least two per thread (and
+// at most kMaxGroup heads), else (row, query head).
+void attend_rows(const float* q, const int64_t* count, const KvView* kv, float* out, int64_t n, int64_t q_heads,
                  float scale) {
+  const int64_t kv_heads = kv[0].kv_heads, head_dim = kv[0].head_dim;
   const int64_t group = q_heads / kv_heads;
   int64_t longest = 0;
   for (int64_t i = 0; i < n; ++i) longest = imax(longest, count[i]);
@@ -149,15 +154,12 @@ void attend_rows(const float* q, const int64_t* count, const float* const* k, co
       Prefetch pf;  // the next KV head's K: of this row, or the next row's first
       if ((h0 + g) % group == 0) {
         if (kvh + 1 < kv_heads) {
-          pf.k = k[i] + (kvh + 1) * kv_stride[i] * head_dim;
-          pf.count = count[i];
+          pf = Prefetch{&kv[i], kvh + 1, count[i]};
         } else if (i + 1 < n) {
-          pf.k = k[i + 1];
-          pf.count = count[i + 1];
+          pf = Prefetch{&kv[i + 1], 0, count[i + 1]};
         }
       }
-      attend_heads(q + (i * q_heads + h0) * head_dim, g, k[i] + kvh * kv_stride[i] * head_dim,
-                   v[i] + kvh * kv_stride[i] * head_dim, out + (i * q_heads + h0) * head_dim, count[i], head_dim,
+      attend_heads(q + (i * q_heads + h0) * head_dim, g, kv[i], kvh, out + (i * q_heads + h0) * head_dim, count[i],
                    scale, scores, stride, pf);
     }
   }
@@ -165,33 +167,27 @@ void attend_rows(const float* q, const int64_t* count, const float* const* k, co
 
 }  // namespace
 
-void attention_decode(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
-                      int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-                      float scale) {
+void attention_decode(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
+                      int64_t n_kv, float scale) {
   // Every query over the same cache.
-  Scratch rows_buf(static_cast<size_t>(n) * 4 * sizeof(int64_t));
-  const float** ks = rows_buf.as<const float*>();
-  const float** vs = ks + n;
-  int64_t* strides = reinterpret_cast<int64_t*>(vs + n);
-  int64_t* count = strides + n;
+  Scratch rows_buf(static_cast<size_t>(n) * (sizeof(KvView) + sizeof(int64_t)));
+  KvView* views = rows_buf.as<KvView>();
+  int64_t* count = reinterpret_cast<int64_t*>(views + n);
   for (int64_t t = 0; t < n; ++t) {
-    ks[t] = k;
-    vs[t] = v;
-    strides[t] = kv_stride;
+    views[t] = kv;
     count[t] = imin(n_kv, static_cast<int64_t>(qpos[t]) + 1);
   }
-  attend_rows(q, count, ks, vs, strides, out, n, q_heads, kv_heads, head_dim, scale);
+  attend_rows(q, count, views, out, n, q_heads, scale);
 }
 
 // A row of attention_decode_rows is attention_decode of that row alone (n = 1,
 // n_kv = qpos + 1): the same per-head arithmetic, whatever the items.
-void attention_decode_rows(const float* q, const int32_t* qpos, const float* const* k, const float* const* v,
-                           const int64_t* kv_stride, float* out, int64_t n, int64_t q_heads, int64_t kv_heads,
-                           int64_t head_dim, float scale) {
+void attention_decode_rows(const float* q, const int32_t* qpos, const KvView* kv, float* out, int64_t n,
+                           int64_t q_heads, float scale) {
   Scratch count_buf(static_cast<size_t>(n) * sizeof(int64_t));
   int64_t* count = count_buf.as<int64_t>();
   for (int64_t i = 0; i < n; ++i) count[i] = static_cast<int64_t>(qpos[i]) + 1;
-  attend_rows(q, count, k, v, kv_stride, out, n, q_heads, kv_heads, head_dim, scale);
+  attend_rows(q, count, kv, out, n, q_heads, scale);
 }
 
 }  // namespace bs::kernels::cpu::BS_ISA_NS

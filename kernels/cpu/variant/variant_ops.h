@@ -9,20 +9,17 @@ namespace bs::kernels::cpu::BS_ISA_NS {
 void rmsnorm(const float* x, const float* weight, float* out, int64_t n, int64_t dim, float eps);
 void rope(float* x, const float* cos_sin, int64_t n, int64_t heads, int64_t head_dim, RopeStyle style);
 void swiglu(const float* gate_up, float* out, int64_t n, int64_t ff);
-void attention(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
-               int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride, float scale);
-void attention_decode(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
-                      int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-                      float scale);
-void attention_decode_rows(const float* q, const int32_t* qpos, const float* const* k, const float* const* v,
-                           const int64_t* kv_stride, float* out, int64_t n, int64_t q_heads, int64_t kv_heads,
-                           int64_t head_dim, float scale);
+void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
+               int64_t n_kv, float scale);
+void attention_decode(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
+                      int64_t n_kv, float scale);
+void attention_decode_rows(const float* q, const int32_t* qpos, const KvView* kv, float* out, int64_t n,
+                           int64_t q_heads, float scale);
 void gemv_quantized(TensorType type, const void* w, const float* block_scales, const float* x, float* y, int64_t n, int64_t in_features,
                     int64_t out_features);
 #if BS_ISA_LEVEL >= 3
-void attention_bf16(const float* q, const int32_t* qpos, const float* k, const float* v, float* out, int64_t n,
-                    int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t n_kv, int64_t kv_stride,
-                    float scale);
+void attention_bf16(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
+                    int64_t n_kv, float scale);
 void to_bf16(const float* src, uint16_t* dst, int64_t count);
 #endif
 

@@ -1,0 +1,59 @@
+// Where the K and V rows of one layer of one sequence live, for the attention ops.
+//
+// The KV cache is paged (vLLM's block tables): a pool holds pages of 2^page_shift
+// consecutive positions, and a sequence's page table maps its page index
+// (position >> page_shift) to a page of the pool, anywhere in it, in any order.
+// Within a page the rows of each KV head are consecutive ([kv_heads, positions,
+// head_dim]), so a kernel walks a page's rows of one head as a plain array.
+//
+// A contiguous cache ([kv_heads, capacity, head_dim], rows of a head consecutive) is
+// the one-page case: KvView::contiguous. Page sizes are powers of two so that a row
+// address is a shift, a mask and one table load, cheap enough per key in the decode
+// kernels.
+#pragma once
+
+#include <cstdint>
+
+namespace bs::kernels {
+
+struct KvView {
+  const float* k = nullptr;        // the pool's K of this layer (page 0, head 0, row 0)
+  const float* v = nullptr;        // the pool's V of this layer, same layout
+  const int32_t* pages = nullptr;  // [page_count]: the pool page of each page of the sequence
+  int64_t page_count = 0;
+  int64_t capacity = 0;            // rows [0, capacity) of every head have an address
+  int page_shift = 0;              // page = 2^page_shift positions
+  int64_t page_stride = 0;         // floats from one pool page to the next
+  int64_t head_stride = 0;         // floats from one KV head's rows to the next within a page
+  int64_t kv_heads = 0, head_dim = 0;
+
+  int64_t page_positions() const { return int64_t{1} << page_shift; }
+  bool single_page() const { return page_count == 1; }
+
+  // Offset in floats of the row of KV head h at position j (0 <= j < capacity).
+  int64_t row_offset(int64_t h, int64_t j) const {
+    return pages[j >> page_shift] * page_stride + h * head_stride + (j & (page_positions() - 1)) * head_dim;
+  }
+  const float* k_row(int64_t h, int64_t j) const { return k + row_offset(h, j); }
+  const float* v_row(int64_t h, int64_t j) const { return v + row_offset(h, j); }
+
+  // A contiguous [kv_heads, capacity, head_dim] cache as one page of at least
+  // `capacity` positions (the page table is a static {0}).
+  static KvView contiguous(const float* k, const float* v, int64_t kv_heads, int64_t capacity, int64_t head_dim) {
+    static const int32_t kPageZero = 0;
+    KvView view;
+    view.k = k;
+    view.v = v;
+    view.pages = &kPageZero;
+    view.page_count = 1;
+    view.capacity = capacity;
+    while ((int64_t{1} << view.page_shift) < capacity) ++view.page_shift;
+    view.page_stride = 0;
+    view.head_stride = capacity * head_dim;
+    view.kv_heads = kv_heads;
+    view.head_dim = head_dim;
+    return view;
+  }
+};
+
+}  // namespace bs::kernels

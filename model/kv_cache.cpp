@@ -1,0 +1,175 @@
+#include "model/kv_cache.h"
+
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace bs {
+
+KvPagePool::KvPagePool(int n_layers, int kv_heads, int head_dim, int64_t pages, int page_shift)
+    : n_layers_(n_layers), kv_heads_(kv_heads), head_dim_(head_dim), total_pages_(pages), page_shift_(page_shift) {
+  if (n_layers <= 0 || kv_heads <= 0 || head_dim <= 0)
+    throw std::invalid_argument("KV page pool: layers, heads and head_dim must be positive");
+  if (pages <= 0 || pages > INT32_MAX) throw std::invalid_argument("KV page pool: needs 1 to 2^31-1 pages");
+  if (page_shift < 0 || page_shift > 20) throw std::invalid_argument("KV page pool: page_shift must be 0..20");
+  k_.reset(new float[static_cast<size_t>(n_layers_ * layer_floats())]);
+  v_.reset(new float[static_cast<size_t>(n_layers_ * layer_floats())]);
+  free_.resize(static_cast<size_t>(pages));
+  // Low pages on top: a fresh pool hands out pages in order.
+  for (int64_t i = 0; i < pages; ++i) free_[static_cast<size_t>(i)] = static_cast<int32_t>(pages - 1 - i);
+}
+
+int64_t KvPagePool::pages_in(int64_t bytes, int n_layers, int kv_heads, int head_dim, int page_shift) {
+  const int64_t page = 2 * static_cast<int64_t>(n_layers) * kv_heads * head_dim * (int64_t{1} << page_shift) *
+                       static_cast<int64_t>(sizeof(float));
+  return std::max<int64_t>(1, bytes / page);
+}
+
+int64_t KvPagePool::free_pages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(free_.size());
+}
+
+bool KvPagePool::try_reserve(int64_t pages) {
+  if (pages < 0) throw std::invalid_argument("KV page pool: negative reservation");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reserved_ + pages > total_pages_) return false;
+  reserved_ += pages;
+  return true;
+}
+
+void KvPagePool::unreserve(int64_t pages) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // A caller's bug, reported, not thrown: this runs where a request ends, which must
+  // not fail; the tests check the accounting ends at zero.
+  if (pages < 0 || pages > reserved_)
+    std::fprintf(stderr, "blendserve: KV page pool: %lld pages unreserved, %lld were reserved\n",
+                 static_cast<long long>(pages), static_cast<long long>(reserved_));
+  reserved_ = std::max<int64_t>(0, reserved_ - std::max<int64_t>(0, pages));
+}
+
+int64_t KvPagePool::reserved_pages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reserved_;
+}
+
+std::optional<KvCache> KvPagePool::try_make_cache(int64_t capacity) {
+  if (capacity <= 0) throw std::invalid_argument("KV cache: capacity must be positive");
+  const int64_t need = pages_for(capacity);
+  std::vector<int32_t> pages;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (need > static_cast<int64_t>(free_.size())) return std::nullopt;
+    pages.assign(free_.end() - need, free_.end());
+    free_.resize(free_.size() - static_cast<size_t>(need));
+  }
+  std::reverse(pages.begin(), pages.end());  // popped in stack order
+  return KvCache(shared_from_this(), std::move(pages), capacity);
+}
+
+KvCache KvPagePool::make_cache(int64_t capacity) {
+  auto cache = try_make_cache(capacity);
+  if (!cache)
+    throw std::length_error("KV page pool: " + std::to_string(pages_for(capacity)) + " pages needed for " +
+                            std::to_string(capacity) + " positions, " + std::to_string(free_pages()) + " of " +
+                            std::to_string(total_pages_) + " free");
+  return std::move(*cache);
+}
+
+void KvPagePool::release(std::vector<int32_t>& pages) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.insert(free_.end(), pages.rbegin(), pages.rend());
+  pages.clear();
+}
+
+kernels::KvView KvPagePool::view(int layer, const std::vector<int32_t>& pages, int64_t capacity) const {
+  kernels::KvView v;
+  v.k = k_.get() + layer * layer_floats();
+  v.v = v_.get() + layer * layer_floats();
+  v.pages = pages.data();
+  v.page_count = static_cast<int64_t>(pages.size());
+  v.capacity = capacity;
+  v.page_shift = page_shift_;
+  v.page_stride = page_floats();
+  v.head_stride = page_positions() * head_dim_;
+  v.kv_heads = kv_heads_;
+  v.head_dim = head_dim_;
+  return v;
+}
+
+int64_t KvPagePool::row_offset(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) const {
+  return layer * layer_floats() + pages[static_cast<size_t>(pos >> page_shift_)] * page_floats() +
+         (static_cast<int64_t>(h) * page_positions() + (pos & (page_positions() - 1))) * head_dim_;
+}
+float* KvPagePool::k_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) {
+  return k_.get() + row_offset(layer, pages, h, pos);
+}
+float* KvPagePool::v_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) {
+  return v_.get() + row_offset(layer, pages, h, pos);
+}
+
+KvCache::KvCache(int layers, int kv_heads_, int head_dim_, int64_t capacity_) {
+  auto pool = KvPagePool::make(layers, kv_heads_, head_dim_,
+                               (capacity_ + (int64_t{1} << KvPagePool::kDefaultPageShift) - 1) >>
+                                   KvPagePool::kDefaultPageShift);
+  *this = pool->make_cache(capacity_);
+}
+
+KvCache::KvCache(std::shared_ptr<KvPagePool> pool, std::vector<int32_t> pages, int64_t capacity_)
+    : n_layers(pool->n_layers()),
+      kv_heads(pool->kv_heads()),
+      head_dim(pool->head_dim()),
+      capacity(capacity_),
+      pool_(std::move(pool)),
+      pages_(std::move(pages)) {}
+
+KvCache& KvCache::operator=(KvCache&& other) noexcept {
+  if (this == &other) return *this;
+  reset();
+  n_layers = other.n_layers;
+  kv_heads = other.kv_heads;
+  head_dim = other.head_dim;
+  capacity = other.capacity;
+  length = other.length;
+  pool_ = std::move(other.pool_);
+  pages_ = std::move(other.pages_);
+  other.capacity = other.length = 0;
+  other.pages_.clear();
+  return *this;
+}
+
+void KvCache::reset() {
+  if (pool_) pool_->release(pages_);
+  pool_.reset();
+  pages_.clear();
+  capacity = length = 0;
+}
+
+void KvCache::write_rows(int l, int h, int64_t pos, int64_t m, const float* k, const float* v) {
+  if (pos < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
+  for_each_run(pos, m, [&](int64_t at, int64_t count) {
+    const int64_t src = (at - pos) * head_dim;
+    std::memcpy(k_at(l, h, at), k + src, static_cast<size_t>(count * head_dim) * sizeof(float));
+    std::memcpy(v_at(l, h, at), v + src, static_cast<size_t>(count * head_dim) * sizeof(float));
+  });
+}
+
+void KvCache::read_rows(int l, int h, int64_t pos, int64_t m, float* k, float* v) const {
+  if (pos < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
+  for_each_run(pos, m, [&](int64_t at, int64_t count) {
+    const int64_t dst = (at - pos) * head_dim;
+    std::memcpy(k + dst, k_at(l, h, at), static_cast<size_t>(count * head_dim) * sizeof(float));
+    std::memcpy(v + dst, v_at(l, h, at), static_cast<size_t>(count * head_dim) * sizeof(float));
+  });
+}
+
+void KvCache::write_layer(int l, int64_t rows, const float* k, const float* v) {
+  for (int h = 0; h < kv_heads; ++h) write_rows(l, h, 0, rows, k + h * rows * head_dim, v + h * rows * head_dim);
+}
+
+void KvCache::read_layer(int l, int64_t rows, float* k, float* v) const {
+  for (int h = 0; h < kv_heads; ++h) read_rows(l, h, 0, rows, k + h * rows * head_dim, v + h * rows * head_dim);
+}
+
+}  // namespace bs

@@ -1,0 +1,179 @@
+// The paged KV cache (model/kv_cache.h): pages come from the pool and go back to it
+// exactly once, however a cache ends; rows land where the page table says, also
+// across page boundaries and in pages handed out out of order; admission
+// reservations are all or nothing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "model/kv_cache.h"
+
+namespace bs {
+namespace {
+
+constexpr int kLayers = 3, kHeads = 2, kHeadDim = 16;
+
+std::vector<float> iota_rows(int64_t rows, float start) {
+  std::vector<float> v(static_cast<size_t>(rows * kHeadDim));
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+TEST(KvPagePool, CachesTakePagesAndGiveThemBackExactlyOnce) {
+  auto pool = KvPagePool::make(kLayers, kHeads, kHeadDim, 10, /*page_shift=*/4);  // 16 positions a page
+  EXPECT_EQ(pool->page_positions(), 16);
+  EXPECT_EQ(pool->pages_for(1), 1);
+  EXPECT_EQ(pool->pages_for(16), 1);
+  EXPECT_EQ(pool->pages_for(17), 2);
+  EXPECT_EQ(pool->page_bytes(), 2 * kLayers * kHeads * 16 * kHeadDim * 4);
+  {
+    KvCache a = pool->make_cache(40);  // 3 pages
+    EXPECT_EQ(a.pages().size(), 3u);
+    EXPECT_EQ(a.capacity, 40);
+    EXPECT_EQ(pool->free_pages(), 7);
+    KvCache b = pool->make_cache(16 * 7);  // the other 7
+    EXPECT_EQ(pool->free_pages(), 0);
+    EXPECT_FALSE(pool->try_make_cache(1).has_value());
+    EXPECT_THROW(pool->make_cache(1), std::length_error);
+    std::set<int32_t> all(a.pages().begin(), a.pages().end());
+    all.insert(b.pages().begin(), b.pages().end());
+    EXPECT_EQ(all.size(), 10u) << "no page handed out twice";
+    // Moved: the pages go with the cache, and back once.
+    KvCache c = std::move(a);
+    EXPECT_EQ(a.capacity, 0);
+    EXPECT_TRUE(a.pages().empty());
+    a = std::move(c);
+    a.reset();
+    a.reset();
+    EXPECT_EQ(pool->free_pages(), 3);
+    b = pool->make_cache(16);  // the new cache takes its page before b's 7 go back
+    EXPECT_EQ(pool->free_pages(), 3 - 1 + 7);
+  }
+  EXPECT_EQ(pool->free_pages(), 10);
+}
+
+TEST(KvPagePool, ACacheOutlivesItsPoolHandle) {
+  KvCache cache;
+  std::weak_ptr<KvPagePool> weak;
+  {
+    auto pool = KvPagePool::make(kLayers, kHeads, kHeadDim, 2, 4);
+    weak = pool;
+    cache = pool->make_cache(20);
+  }
+  EXPECT_FALSE(weak.expired()) << "the cache keeps its pool";
+  const auto rows = iota_rows(20, 1.0f);
+  cache.write_rows(2, 1, 0, 20, rows.data(), rows.data());
+  cache.reset();
+  EXPECT_TRUE(weak.expired());
+}
+
+TEST(KvPagePool, RowsLandWhereThePageTableSaysAcrossPageBoundaries) {
+  auto pool = KvPagePool::make(kLayers, kHeads, kHeadDim, 12, 3);  // 8 positions a page
+  // Fragment the pool: the second cache's pages are not in order.
+  KvCache filler1 = pool->make_cache(16), gap1 = pool->make_cache(8), filler2 = pool->make_cache(8);
+  KvCache gap2 = pool->make_cache(16);
+  gap1.reset();
+  gap2.reset();  // on top of the free stack: the next cache starts with gap2's pages, then gap1's
+  KvCache cache = pool->make_cache(29);  // 4 pages
+  std::vector<int32_t> sorted = cache.pages();
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_NE(sorted, cache.pages()) << "the test wants pages out of order";
+  for (int l = 0; l < kLayers; ++l)
+    for (int h = 0; h < kHeads; ++h) {
+      const auto k = iota_rows(29, 1000.0f * (l * kHeads + h));
+      const auto v = iota_rows(29, -1000.0f * (l * kHeads + h) - 1);
+      cache.write_rows(l, h, 0, 29, k.data(), v.data());
+    }
+  // Through k_at, the kernels' view and read_rows, every row reads back.
+  for (int l = 0; l < kLayers; ++l) {
+    const kernels::KvView view = cache.view(l);
+    EXPECT_EQ(view.capacity, 29);
+    EXPECT_EQ(view.page_positions(), 8);
+    for (int h = 0; h < kHeads; ++h) {
+      const auto k = iota_rows(29, 1000.0f * (l * kHeads + h));
+      const auto v = iota_rows(29, -1000.0f * (l * kHeads + h) - 1);
+      for (int64_t p = 0; p < 29; ++p) {
+        for (int d = 0; d < kHeadDim; ++d) {
+          ASSERT_EQ(cache.k_at(l, h, p)[d], k[p * kHeadDim + d]) << l << " " << h << " " << p;
+          ASSERT_EQ(view.k_row(h, p)[d], k[p * kHeadDim + d]);
+          ASSERT_EQ(view.v_row(h, p)[d], v[p * kHeadDim + d]);
+        }
+      }
+      // A part that starts and ends inside pages.
+      std::vector<float> rk(11 * kHeadDim), rv(rk.size());
+      cache.read_rows(l, h, 5, 11, rk.data(), rv.data());
+      EXPECT_TRUE(std::equal(rk.begin(), rk.end(), k.begin() + 5 * kHeadDim));
+      EXPECT_TRUE(std::equal(rv.begin(), rv.end(), v.begin() + 5 * kHeadDim));
+    }
+  }
+  // Runs: one per page touched.
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  cache.for_each_run(5, 20, [&](int64_t at, int64_t n) { runs.push_back({at, n}); });
+  EXPECT_EQ(runs, (std::vector<std::pair<int64_t, int64_t>>{{5, 3}, {8, 8}, {16, 8}, {24, 1}}));
+  // Whole layers out and in ([kv_heads, rows, head_dim]).
+  std::vector<float> lk(kHeads * 29 * kHeadDim), lv(lk.size());
+  cache.read_layer(1, 29, lk.data(), lv.data());
+  KvCache copy = pool->make_cache(29);
+  copy.write_layer(1, 29, lk.data(), lv.data());
+  for (int h = 0; h < kHeads; ++h)
+    for (int64_t p = 0; p < 29; ++p)
+      ASSERT_EQ(0, std::memcmp(copy.k_at(1, h, p), cache.k_at(1, h, p), kHeadDim * sizeof(float)));
+  EXPECT_THROW(cache.write_rows(0, 0, 20, 10, lk.data(), lv.data()), std::out_of_range);
+  EXPECT_THROW(cache.read_rows(0, 0, -1, 2, lk.data(), lv.data()), std::out_of_range);
+}
+
+TEST(KvPagePool, ReservationsAreAllOrNothingAndCountedApartFromCaches) {
+  auto pool = KvPagePool::make(kLayers, kHeads, kHeadDim, 8, 4);
+  EXPECT_TRUE(pool->try_reserve(5));
+  EXPECT_FALSE(pool->try_reserve(4));
+  EXPECT_EQ(pool->reserved_pages(), 5);
+  EXPECT_TRUE(pool->try_reserve(3));
+  EXPECT_FALSE(pool->try_reserve(1));
+  // Caches draw on free pages; a reservation is the admission's promise.
+  KvCache c = pool->make_cache(16 * 5);
+  EXPECT_EQ(pool->free_pages(), 3);
+  EXPECT_EQ(pool->reserved_pages(), 8);
+  pool->unreserve(5);
+  pool->unreserve(3);
+  EXPECT_EQ(pool->reserved_pages(), 0);
+  pool->unreserve(1);  // more than reserved: reported, clamped at zero
+  EXPECT_EQ(pool->reserved_pages(), 0);
+  EXPECT_THROW(pool->try_reserve(-1), std::invalid_argument);
+}
+
+TEST(KvPagePool, ManyThreadsMakingAndDroppingCachesLeakNothing) {
+  auto pool = KvPagePool::make(kLayers, kHeads, kHeadDim, 64, 4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([pool, t] {
+      for (int i = 0; i < 500; ++i) {
+        auto c = pool->try_make_cache(1 + (i * 7 + t * 13) % 100);
+        if (c) {
+          const auto rows = iota_rows(1, static_cast<float>(i));
+          c->write_rows(0, 0, 0, 1, rows.data(), rows.data());
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(pool->free_pages(), 64);
+}
+
+TEST(KvPagePool, BadShapesAreRefused) {
+  EXPECT_THROW(KvPagePool::make(0, kHeads, kHeadDim, 4), std::invalid_argument);
+  EXPECT_THROW(KvPagePool::make(kLayers, kHeads, kHeadDim, 0), std::invalid_argument);
+  EXPECT_THROW(KvPagePool::make(kLayers, kHeads, kHeadDim, 4, 21), std::invalid_argument);
+  auto pool = KvPagePool::make(kLayers, kHeads, kHeadDim, 4);
+  EXPECT_THROW(pool->make_cache(0), std::invalid_argument);
+  EXPECT_EQ(KvPagePool::pages_in(1, kLayers, kHeads, kHeadDim), 1);
+  EXPECT_EQ(KvPagePool::pages_in(pool->page_bytes() * 5 + 7, kLayers, kHeads, kHeadDim), 5);
+}
+
+}  // namespace
+}  // namespace bs
