@@ -72,6 +72,7 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
   self->send(h->inspector(), trace_atom::value, trace.json());
   if (rec->admitted.load()) {
     self->send(h->worker(), end_atom::value, id);  // its cache goes
+    ctx->kv_pool->unreserve(rec->kv_pages.exchange(0));
     ctx->in_flight.fetch_sub(1);
     self->send(h->intake(), release_atom::value);
   }

@@ -1,10 +1,13 @@
 // intake: turns a caller's request into a keyed RAG prompt, or refuses it with a
 // clear error before any work is queued. Admission: up to limits.max_requests run
-// at once; beyond that up to limits.max_queue prepared requests wait here in
-// arrival order and start as running ones finish (the decoder's release); beyond
-// that a request is refused as overloaded, so a burst gets a quick "retry later"
-// instead of unbounded latency. A queued request that is cancelled (by id, or at
-// shutdown) leaves the queue and is finished as cancelled by the decoder.
+// at once, and only while the KV page pool has room for a request's whole context
+// (prompt + max_tokens) beside the pages promised to the running ones; otherwise up
+// to limits.max_queue prepared requests wait here in arrival order and start as
+// running ones finish (the release that follows every end); beyond that a request
+// is refused as overloaded, so a burst gets a quick "retry later" instead of
+// unbounded latency. A request larger than the whole pool is refused as too long.
+// A queued request that is cancelled (by id, or at shutdown) leaves the queue and
+// is finished as cancelled by the decoder.
 #include <cmath>
 
 #include <caf/all.hpp>
@@ -78,6 +81,12 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
   } catch (const std::invalid_argument& e) {
     throw RequestError(RequestErrc::invalid, e.what());
   }
+  const auto& pool = *ctx.kv_pool;
+  const int64_t pages = pool.pages_for(r.cache_capacity());
+  check(pages <= pool.total_pages(), RequestErrc::too_long,
+        "the prompt (" + std::to_string(n) + " tokens) and max_tokens (" + std::to_string(r.sampling.max_tokens) +
+            ") need " + std::to_string(pages) + " KV cache pages; the whole cache has " +
+            std::to_string(pool.total_pages()) + " (device.kv_cache_bytes)");
   r.prefix_key = ctx.engine->prefix_key(r.prompt.prefix);
   r.chunk_keys.clear();
   for (const auto& chunk : r.prompt.chunks) r.chunk_keys.push_back(ctx.engine->chunk_key(chunk));
@@ -87,11 +96,24 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
 
 namespace {
 
-// Starts a prepared request: it takes a slot and goes to the controller.
+// Takes a slot and the request's KV pages if both are free (only this actor takes
+// them, so what it sees free stays free until it takes it).
+bool admit(RuntimeContext* ctx, const RequestPlan& plan) {
+  return ctx->in_flight.load() < ctx->config.max_requests &&
+         ctx->kv_pool->try_reserve(ctx->kv_pool->pages_for(plan.cache_capacity()));
+}
+
+// Starts an admitted request: it holds its slot and pages and goes to the controller.
 void start(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx, const HandlesRef& h,
            RequestPlan plan) {
   ctx->in_flight.fetch_add(1);
-  if (auto rec = ctx->requests.find(plan.id)) rec->admitted = true;
+  const int64_t pages = ctx->kv_pool->pages_for(plan.cache_capacity());
+  if (auto rec = ctx->requests.find(plan.id)) {
+    rec->kv_pages = pages;
+    rec->admitted = true;
+  } else {
+    ctx->kv_pool->unreserve(pages);  // not expected: the record lives until the request ends
+  }
   self->send(h->controller(), plan_atom::value, std::move(plan));
 }
 
@@ -121,12 +143,10 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
       [=](submit_atom, uint64_t id) -> caf::result<uint64_t> {
         BusyScope busy(*c, self->mailbox().size());
         auto& queue = self->state.queue;
-        // Only this actor takes slots, so a slot seen free stays free until start().
-        // Queued requests go first: a free slot with a queue is about to be theirs.
-        const bool slot = queue.empty() && ctx->in_flight.load() < ctx->config.max_requests;
-        if (!slot && static_cast<int>(queue.size()) >= ctx->config.max_queue)
+        // The queue is full: refused before any work (tokenizing) is spent on it.
+        if (!queue.empty() && static_cast<int>(queue.size()) >= ctx->config.max_queue)
           return make_runtime_error(RequestErrc::overloaded,
-                                    "too many requests: " + std::to_string(ctx->config.max_requests) +
+                                    "too many requests: " + std::to_string(ctx->in_flight.load()) +
                                         " in flight and " + std::to_string(queue.size()) + " waiting");
         const auto rec = ctx->requests.find(id);
         if (!rec) return make_runtime_error(RequestErrc::internal, "request " + std::to_string(id) + " is not known");
@@ -143,8 +163,15 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
         trace.set("prompt_tokens", plan.prompt.size());
         trace.set("chunks", plan.prompt.chunks.size());
         trace.set("mode", mode_name(plan.options.mode));
-        if (slot) {
+        // Queued requests go first: a free slot with a queue is about to be theirs.
+        if (queue.empty() && admit(ctx, plan)) {
           start(self, ctx, h, std::move(plan));
+        } else if (static_cast<int>(queue.size()) >= ctx->config.max_queue) {
+          return make_runtime_error(RequestErrc::overloaded,
+                                    "too many requests: " + std::to_string(ctx->in_flight.load()) + " in flight and " +
+                                        std::to_string(queue.size()) + " waiting (KV cache pages promised: " +
+                                        std::to_string(ctx->kv_pool->reserved_pages()) + " of " +
+                                        std::to_string(ctx->kv_pool->total_pages()) + ")");
         } else {
           self->state.queued_at[id] = std::chrono::steady_clock::now();
           queue.push_back(std::move(plan));
@@ -155,12 +182,14 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
       [=](release_atom) {
         BusyScope busy(*c, self->mailbox().size());
         auto& queue = self->state.queue;
-        while (!queue.empty() && ctx->in_flight.load() < ctx->config.max_requests) {
+        while (!queue.empty()) {
+          const bool drop = cancelled(ctx, queue.front().id) || ctx->shutting_down.load();
+          if (!drop && !admit(ctx, queue.front())) break;  // the oldest waits for its slot and pages
           RequestPlan plan = std::move(queue.front());
           queue.pop_front();
           end_wait(ctx, plan.id, self->state.queued_at[plan.id]);
           self->state.queued_at.erase(plan.id);
-          if (cancelled(ctx, plan.id) || ctx->shutting_down.load()) finish_unstarted(self, h, plan.id);
+          if (drop) finish_unstarted(self, h, plan.id);
           else start(self, ctx, h, std::move(plan));
         }
       },

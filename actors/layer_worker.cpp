@@ -3,7 +3,9 @@
 // cache and the layer gate, published for the loaders in ctx->load_targets) and
 // engine run, each decoding request's cache — and decides, one step at a time,
 // what the compute thread runs next. It takes a plan (RequestPlan), allocates the
-// cache, sends each tier's parts to the least busy loader of that tier's pool and
+// cache from the KV page pool (the intake reserved its pages at admission; while the
+// caches of ended requests still hold them it waits, bounded by limits.load_timeout),
+// sends each tier's parts to the least busy loader of that tier's pool and
 // runs the prefill as the blend engine's steps (BlendEngine::begin / step /
 // finish): a step job computes the layers whose stored KV the loaders have
 // delivered, then hands the prefill back; one that waits for a slow tier is parked
@@ -140,6 +142,7 @@ std::chrono::steady_clock::duration poll_interval(const RuntimeContext* ctx) {
 // (stepped_atom) orders the two; `cancelled` is the one field both touch at once.
 struct PrefillTask {
   enum class Phase {
+    Pages,      // waits for its KV pages: promised at admission, still held by the caches of ended requests
     Ready,      // may step: not begun, or its next layer is delivered
     Parked,     // waits for its next layer from the loaders
     Stopping,   // failed (a load, a cancel, a compute error): waits for its loaders to stop
@@ -230,12 +233,14 @@ void step_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
 // entry (already removed by its store) is a miss and its chunk is computed.
 void fallback_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
   try {
-    t->result = ctx->from_store->prefill(t->plan.prompt, t->plan.options, t->plan.sampling.max_tokens, 1,
-                                         [ctx, h, &t](int layer) {
-                                           pause_for_decode(ctx, h, *t);
-                                           if (t->cancelled.load())
-                                             throw std::runtime_error("cancelled before layer " + std::to_string(layer));
-                                         });
+    // Into the request's own cache (from the page pool): its loaders stopped.
+    t->result = ctx->from_store->prefill(
+        t->plan.prompt, t->plan.options, t->plan.sampling.max_tokens, 1,
+        [ctx, h, &t](int layer) {
+          pause_for_decode(ctx, h, *t);
+          if (t->cancelled.load()) throw std::runtime_error("cancelled before layer " + std::to_string(layer));
+        },
+        &t->target->cache);
     t->finished = true;
   } catch (const std::exception& e) {
     t->error = e.what();
@@ -369,16 +374,36 @@ void take_failure(PrefillTask& t) {
   }
 }
 
-// The worker's decision: parked and stopping prefills move on (a delivered layer,
-// a cancel, a failure, a timeout, loaders that stopped), then the oldest ready
-// prefill gets the compute thread — one prefill job at a time, so every step is
-// decided here with what is known then.
+bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
+            PrefillTask& t);
+
+// The worker's decision: prefills waiting for pages get them (oldest first), parked
+// and stopping prefills move on (a delivered layer, a cancel, a failure, a timeout,
+// loaders that stopped), then the oldest ready prefill gets the compute thread — one
+// prefill job at a time, so every step is decided here with what is known then.
 void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w) {
   using Phase = PrefillTask::Phase;
   const auto now = std::chrono::steady_clock::now();
   std::vector<TaskPtr> concluded;
+  // Prefills waiting for pages get them oldest first.
+  std::vector<TaskPtr> waiting_pages;
+  for (auto& [id, t] : w->prefills)
+    if (t->phase == Phase::Pages) waiting_pages.push_back(t);
+  std::sort(waiting_pages.begin(), waiting_pages.end(),
+            [](const TaskPtr& a, const TaskPtr& b) { return a->order < b->order; });
+  for (auto& t : waiting_pages) {
+    if (t->cancelled.load()) {
+      t->error = "cancelled before its KV cache was allocated";
+    } else if (now >= t->deadline) {
+      t->error = "no KV cache pages came free within " + std::to_string(ctx->config.load_timeout) +
+                 " s (limits.load_timeout)";
+    } else if (!launch(self, ctx, h, w, *t)) {
+      continue;
+    }
+    if (!t->error.empty()) concluded.push_back(t);
+  }
   for (auto& [id, t] : w->prefills) {
-    if (t->on_compute) continue;
+    if (t->on_compute || t->phase == Phase::Pages || t->phase == Phase::Done) continue;
     auto& gate = t->target->gate;
     if (t->phase == Phase::Parked) {
       if (t->cancelled.load() || gate.failed()) {
@@ -442,7 +467,8 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
   // Parked and stopping prefills are looked at again shortly.
   bool waiting = false;
   for (auto& [id, t] : w->prefills)
-    if (!t->on_compute && (t->phase == Phase::Parked || t->phase == Phase::Stopping)) waiting = true;
+    if (!t->on_compute && (t->phase == Phase::Parked || t->phase == Phase::Stopping || t->phase == Phase::Pages))
+      waiting = true;
   if (waiting && !w->tick_pending) {
     w->tick_pending = true;
     self->delayed_send(self, poll_interval(ctx), tick_atom::value);
@@ -478,8 +504,44 @@ void on_stepped(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRe
   schedule(self, ctx, h, w);
 }
 
-// Takes a plan: its load target (the cache, the gate) published for the loaders,
-// each tier's parts sent to the least busy loader of the tier.
+// A prefill gets its cache from the KV page pool, its load target (the cache, the
+// gate) is published for the loaders, and each tier's parts go to the least busy
+// loader of the tier. False when the pool has too few free pages now (the task
+// stays in Phase::Pages).
+bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
+            PrefillTask& t) {
+  auto cache = ctx->kv_pool->try_make_cache(t.plan.cache_capacity());
+  if (!cache) return false;
+  t.target->cache = std::move(*cache);
+  t.phase = PrefillTask::Phase::Ready;
+  t.waiting_since = std::chrono::steady_clock::now();
+  t.deadline = t.waiting_since + load_timeout(ctx);
+  std::vector<loader_actor> picked;
+  for (size_t tier = 0; tier < ctx->tiers.size(); ++tier) {
+    bool used = false;
+    for (size_t i = 0; i < t.plan.parts() && !used; ++i) used = t.plan.part_tier(i) == static_cast<TierId>(tier);
+    if (!used) continue;
+    loader_actor best;
+    for (const auto& l : h->loaders(static_cast<TierId>(tier)))
+      if (l && (!best || w->loads_out[l.id()] < w->loads_out[best.id()])) best = l;
+    if (!best) {
+      // No loader for a tier the plan uses: its parts never arrive.
+      t.error = "no loader for the " + ctx->tiers[tier].name + " tier";
+      continue;
+    }
+    picked.push_back(best);
+    t.loaders.push_back(best.id());
+    ++w->loads_out[best.id()];
+  }
+  t.target->gate.reset(ctx->model->config().n_layers, t.loaders);
+  if (!t.error.empty()) t.target->gate.fail(t.error);
+  ctx->load_targets.put(t.plan.id, t.target);
+  for (const auto& l : picked) self->send(l, load_atom::value, t.plan);
+  return true;
+}
+
+// Takes a plan: launched at once when the pool has its pages, else it waits for them
+// (admission promised them: the caches of requests that ended are going).
 void take_prefill(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
                   RequestPlan plan) {
   auto t = std::make_shared<PrefillTask>();
@@ -489,31 +551,12 @@ void take_prefill(worker_actor::pointer self, RuntimeContext* ctx, const Handles
   t->waiting_since = std::chrono::steady_clock::now();
   t->deadline = t->waiting_since + load_timeout(ctx);
   t->target = std::make_shared<LoadTarget>();
-  t->target->cache = ctx->tf->make_cache(plan.cache_capacity());
-  std::vector<loader_actor> picked;
-  for (size_t tier = 0; tier < ctx->tiers.size(); ++tier) {
-    bool used = false;
-    for (size_t i = 0; i < plan.parts() && !used; ++i) used = plan.part_tier(i) == static_cast<TierId>(tier);
-    if (!used) continue;
-    loader_actor best;
-    for (const auto& l : h->loaders(static_cast<TierId>(tier)))
-      if (l && (!best || w->loads_out[l.id()] < w->loads_out[best.id()])) best = l;
-    if (!best) {
-      // No loader for a tier the plan uses: its parts never arrive.
-      t->error = "no loader for the " + ctx->tiers[tier].name + " tier";
-      continue;
-    }
-    picked.push_back(best);
-    t->loaders.push_back(best.id());
-    ++w->loads_out[best.id()];
-  }
-  t->target->gate.reset(ctx->model->config().n_layers, t->loaders);
-  if (!t->error.empty()) t->target->gate.fail(t->error);
-  const uint64_t id = plan.id;
-  ctx->load_targets.put(id, t->target);
-  for (const auto& l : picked) self->send(l, load_atom::value, plan);
+  t->target->gate.reset(ctx->model->config().n_layers, {});
   t->plan = std::move(plan);
-  w->prefills[id] = t;
+  t->phase = PrefillTask::Phase::Pages;
+  w->prefills[t->plan.id] = t;
+  if (!launch(self, ctx, h, w, *t))
+    t->trace->add_event({"worker", "waiting for KV pages", -1, t->begin_s, t->trace->now_s(), 0});
   schedule(self, ctx, h, w);
 }
 

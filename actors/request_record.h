@@ -27,6 +27,9 @@ struct RequestRecord {
   RequestCallbacks callbacks;  // run by whoever finishes the request
   TracePtr trace;
   std::atomic<bool> admitted{false};   // holds one of the max_requests slots: the intake sets it
+  // KV pool pages reserved for it while admitted: the intake sets it, whoever ends the
+  // request gives them back (with the slot).
+  std::atomic<int64_t> kv_pages{0};
   std::atomic<bool> cancelled{false};  // the caller (Runtime::cancel, on_text false), shutdown, a failure
   // Set by whoever finishes the request (the decoder, or the runtime when an actor
   // that held it died): on_done runs exactly once.

@@ -7,10 +7,13 @@
 #include <cstdlib>
 #include <future>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
+
+#include <unistd.h>
 
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
@@ -21,6 +24,24 @@
 
 namespace bs {
 namespace {
+
+// A scoped actor for a caller's thread (Runtime's blocking calls). CAF 0.17 pins
+// the actor system's logger in a thread-local of every thread that makes a scoped
+// actor, and ~actor_system waits until the logger is gone: a caller's threads that
+// outlive the runtime (an HTTP server's pool) would hang its shutdown forever. The
+// pin is dropped when the call is done.
+class CallerActor {
+ public:
+  explicit CallerActor(caf::actor_system& sys) : self_(sys) {}
+  caf::blocking_actor* operator->() const { return self_.operator->(); }
+
+ private:
+  struct Unpin {
+    ~Unpin() { caf::logger::set_current_actor_system(nullptr); }
+  } unpin_;  // destroyed after self_
+  caf::scoped_actor self_;
+};
+
 
 std::string default_model_path() {
   if (const char* env = std::getenv("BLENDSERVE_MODEL")) return env;
@@ -169,6 +190,7 @@ void Runtime::Actors::fail_request(RuntimeContext* ctx, const RecordPtr& r, cons
   if (r->admitted.load()) {
     // The worker drops its load target and cache (a prefill stops at its next layer).
     caf::anon_send(h->worker(), end_atom::value, r->id);
+    ctx->kv_pool->unreserve(r->kv_pages.exchange(0));
     ctx->in_flight.fetch_sub(1);
     caf::anon_send(h->intake(), release_atom::value);
   }
@@ -221,6 +243,20 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
   return next;
 }
 
+// device.kv_cache_bytes = 0: room for limits.max_requests contexts of the model's
+// full length, at most half the machine's memory (pages are touched only when used,
+// so a large pool costs address space, not memory, until requests fill it).
+static int64_t kv_cache_default_bytes(const RuntimeConfig& config, const LlamaConfig& mc) {
+  const int64_t per_position = 2 * static_cast<int64_t>(mc.n_layers) * mc.n_kv_heads * mc.head_dim *
+                               static_cast<int64_t>(sizeof(float));
+  const int64_t page = int64_t{1} << KvPagePool::kDefaultPageShift;
+  const int64_t context_pages = (mc.context_length + page - 1) / page;
+  const int64_t want = static_cast<int64_t>(config.max_requests) * context_pages * page * per_position;
+  const long phys = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGESIZE);
+  const int64_t half_memory = phys > 0 && page_size > 0 ? static_cast<int64_t>(phys) * page_size / 2 : want;
+  return std::min(want, half_memory);
+}
+
 Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeContext>()) {
   auto& ctx = *ctx_;
   ctx.config = config;
@@ -230,6 +266,20 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   ctx.model = std::make_shared<const LlamaModel>(ctx.config.model_path, *ctx.backend, ctx.precision);
   fit_check_layers_to_model(ctx.config.blend, ctx.model->config().n_layers);
   ctx.tf = std::make_unique<Transformer>(*ctx.model);
+  {
+    const auto& mc = ctx.model->config();
+    const int64_t bytes =
+        ctx.config.kv_cache_bytes > 0 ? ctx.config.kv_cache_bytes : kv_cache_default_bytes(ctx.config, mc);
+    try {
+      ctx.kv_pool = KvPagePool::make(mc.n_layers, mc.n_kv_heads, mc.head_dim,
+                                     KvPagePool::pages_in(bytes, mc.n_layers, mc.n_kv_heads, mc.head_dim));
+    } catch (const std::bad_alloc&) {
+      throw ConfigError("device.kv_cache_bytes: cannot allocate a KV cache of " + std::to_string(bytes) +
+                        " bytes on this machine");
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(std::string("device.kv_cache_bytes: ") + e.what());
+    }
+  }
   if (ctx.config.ram.enabled) ctx.ram = std::make_unique<MemoryKvStore>(ctx.config.ram.budget_bytes);
   if (ctx.config.ssd.enabled) {
     ctx.ssd = std::make_unique<DiskKvStore>(resolve_ssd_path(ctx.config), ctx.config.ssd.budget_bytes,
@@ -301,7 +351,7 @@ uint64_t Runtime::submit(RuntimeRequest request, RequestCallbacks callbacks) {
   ctx_->requests.put(r);
   caf::error failure;
   {
-    caf::scoped_actor self{*a.system};
+    CallerActor self{*a.system};
     // The intake answers once it has tokenized and keyed the prompt (milliseconds);
     // the bound only matters if it died with the request in its mailbox.
     self->request(a.h->intake(), std::chrono::seconds(60), submit_atom::value, id)
@@ -342,6 +392,12 @@ int Runtime::in_flight() const { return ctx_->in_flight.load(); }
 
 int Runtime::queued() const { return ctx_->queued.load(); }
 
+Runtime::KvPages Runtime::kv_pages() const {
+  const auto& pool = *ctx_->kv_pool;
+  return {pool.total_pages(), pool.total_pages() - pool.free_pages(), pool.reserved_pages(), pool.page_positions(),
+          pool.page_bytes()};
+}
+
 int64_t Runtime::actor_restarts() const { return ctx_->restarts.load(); }
 
 Runtime::DecodeStats Runtime::decode_stats() const {
@@ -370,7 +426,7 @@ std::string Runtime::store_document(const std::string& text) {
     std::shared_ptr<const ChunkKv> kv;
     std::optional<RequestError> failure;  // shutting down (the worker or the compute thread stopped), internal
     {
-      caf::scoped_actor self{*a.system};
+      CallerActor self{*a.system};
       // The compute waits behind prefills and decode steps; ten load timeouts bound it.
       const auto bound = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::duration<double>(10 * ctx_->config.load_timeout));
@@ -411,7 +467,7 @@ bool Runtime::erase_document(const std::string& key_hex) {
 
 std::string Runtime::traces_json(int n) {
   std::string out = "[]";
-  caf::scoped_actor self{*actors_->system};
+  CallerActor self{*actors_->system};
   self->request(actors_->h->inspector(), std::chrono::seconds(10), get_trace_atom::value, static_cast<int32_t>(n))
       .receive([&](const std::string& s) { out = s; }, [&](caf::error&) {});
   return out;
@@ -419,7 +475,7 @@ std::string Runtime::traces_json(int n) {
 
 std::string Runtime::actors_json() {
   std::string out = "[]";
-  caf::scoped_actor self{*actors_->system};
+  CallerActor self{*actors_->system};
   self->request(actors_->h->inspector(), std::chrono::seconds(10), actors_atom::value)
       .receive([&](const std::string& s) { out = s; }, [&](caf::error&) {});
   auto j = nlohmann::json::parse(out);
@@ -432,7 +488,7 @@ std::string Runtime::actors_json() {
 
 std::string Runtime::profile_json() {
   std::string out = "{}";
-  caf::scoped_actor self{*actors_->system};
+  CallerActor self{*actors_->system};
   self->request(actors_->h->controller(), std::chrono::seconds(10), get_profile_atom::value)
       .receive([&](const std::string& s) { out = s; }, [&](caf::error&) {});
   return out;
@@ -487,7 +543,7 @@ void Runtime::shutdown(bool finish_write_back) {
   // write-back actor or the SSD writer is written before the actors stop.
   ctx_->compute->stop(finish_write_back);
   {
-    caf::scoped_actor self{*a.system};
+    CallerActor self{*a.system};
     self->request(a.h->write_back(), std::chrono::seconds(120), flush_atom::value).receive([](bool) {}, [](caf::error&) {});
   }
   if (ctx_->ram) ctx_->ram->set_eviction_listener({});
@@ -504,7 +560,7 @@ void Runtime::shutdown(bool finish_write_back) {
                                    caf::actor_cast<caf::actor>(all.decoder),    caf::actor_cast<caf::actor>(all.inspector)};
     for (const auto& pool : all.loaders)
       for (const auto& l : pool) actors.push_back(caf::actor_cast<caf::actor>(l));
-    caf::scoped_actor self{*a.system};
+    CallerActor self{*a.system};
     size_t waiting = 0;
     for (const caf::actor& x : actors)
       if (x) {

@@ -50,6 +50,13 @@ class Runtime {
   };
   DecodeStats decode_stats() const;
 
+  // The paged KV cache (device.kv_cache_bytes): pages in all, in use by caches,
+  // promised to admitted requests (admission counts these), and their size.
+  struct KvPages {
+    int64_t total = 0, used = 0, reserved = 0, page_positions = 0, page_bytes = 0;
+  };
+  KvPages kv_pages() const;
+
   // Computes and stores the KV of a document (as a chunk, as it would appear in a
   // RAG request) unless stored; returns its key (hex). The layer worker computes it
   // on the compute thread; decoding streams step between its layers, as during a

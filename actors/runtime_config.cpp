@@ -204,7 +204,7 @@ void parse_model(const YAML::Node& sec, RuntimeConfig& c) {
 }
 
 void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "device", {"kind", "threads"}, [&](std::string_view k, const YAML::Node& v) {
+  for_each_key(sec, "device", {"kind", "threads", "kv_cache_bytes"}, [&](std::string_view k, const YAML::Node& v) {
     const std::string key = join_path("device", k);
     if (k == "kind") {
       const std::string d = get_string(v, key);
@@ -215,6 +215,8 @@ void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
     } else if (k == "threads") {
       c.threads = get_int(v, key);
       check_at_least(c.threads, 0, v, key, " (0 = all cores)");
+    } else if (k == "kv_cache_bytes") {
+      c.kv_cache_bytes = get_size(v, key);
     }
   });
 }

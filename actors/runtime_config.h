@@ -38,6 +38,10 @@ struct RuntimeConfig {
   // device
   std::string device_kind = "cpu"; // cpu (the only backend of this build)
   int threads = 0;                 // compute threads; 0 = all cores
+  // Bytes of the paged KV cache every request's context is allocated from (admission
+  // counts its pages); 0 = room for max_requests full contexts, at most half the
+  // machine's memory (kv_cache_default_bytes).
+  int64_t kv_cache_bytes = 0;
   // where the SSD tier and traces live; empty: $BLENDSERVE_DATA_DIR, else
   // $XDG_CACHE_HOME/blendserve, else ~/.cache/blendserve, else /tmp/blendserve
   std::string data_dir;

@@ -53,6 +53,10 @@ struct RuntimeContext {
   kernels::Precision precision = kernels::Precision::F32;
   std::shared_ptr<const LlamaModel> model;  // built on `backend`, which outlives it here
   std::unique_ptr<Transformer> tf;
+  // The paged KV cache of the running requests: the intake reserves a request's pages
+  // when it admits it (and the request gives them back where it ends, with its slot),
+  // the layer worker allocates its cache from them.
+  std::shared_ptr<KvPagePool> kv_pool;
   std::unique_ptr<MemoryKvStore> ram;  // null when the tier is off
   std::unique_ptr<DiskKvStore> ssd;    // null when the tier is off
   std::vector<StoredTier> tiers;        // lookup order

@@ -279,6 +279,16 @@ struct Server::Impl {
                  static_cast<double>(runtime.in_flight())});
     g.push_back({"blendserve_queue_depth", "Requests waiting for a slot (limits.max_queue bounds it).", "",
                  static_cast<double>(runtime.queued())});
+    const auto kv = runtime.kv_pages();
+    g.push_back({"blendserve_kv_cache_pages", "Pages of the paged KV cache (device.kv_cache_bytes).", "",
+                 static_cast<double>(kv.total)});
+    g.push_back({"blendserve_kv_cache_pages_used", "KV cache pages held by requests' caches.", "",
+                 static_cast<double>(kv.used)});
+    g.push_back({"blendserve_kv_cache_pages_reserved", "KV cache pages promised to admitted requests (admission "
+                 "counts these: a request waits in the queue until its pages fit).", "",
+                 static_cast<double>(kv.reserved)});
+    g.push_back({"blendserve_kv_cache_page_bytes", "Bytes of K and V one page holds.", "",
+                 static_cast<double>(kv.page_bytes)});
     const auto ds = runtime.decode_stats();
     g.push_back({"blendserve_decode_steps", "Decode steps run since start (monotonic).", "",
                  static_cast<double>(ds.steps)});

@@ -199,6 +199,8 @@ struct context_base {
     c.precision = backend->default_precision();
     c.model = model;
     c.tf = std::make_unique<Transformer>(*c.model);
+    const auto& mc = c.model->config();
+    c.kv_pool = KvPagePool::make(mc.n_layers, mc.n_kv_heads, mc.head_dim, 256);  // 16384 positions
     c.ram = std::make_unique<MemoryKvStore>(int64_t{256} << 20);
     c.ssd = std::make_unique<DiskKvStore>(c.config.ssd.path, int64_t{1} << 30, false);
     c.tiers = {{"ram", c.ram.get(), 8e9, 2}, {"ssd", c.ssd.get(), 1.5e9, 2}};
@@ -655,6 +657,46 @@ CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue
   expect((release_atom), from(self).to(h->intake()));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"controller:plan", "controller:plan", "decoder:finish"}));
+}
+
+// Admission counts KV cache pages too: with the pool's pages promised to running
+// requests, a request waits in the queue though slots are free, and starts (its
+// pages promised) once a release finds them.
+CAF_TEST(intake_admits_only_while_the_requests_kv_pages_fit) {
+  put(&ActorSet::intake, sys.spawn(intake, ctx.get(), h, make_counters("intake")));
+  sched.run();  // the spawned actors start
+  ctx->config.max_requests = 8;
+  ctx->config.max_queue = 2;
+  const auto& mc = cfg();
+  ctx->kv_pool = KvPagePool::make(mc.n_layers, mc.n_kv_heads, mc.head_dim, 8);  // 512 positions
+  auto& pool = *ctx->kv_pool;
+  const int64_t others = pool.total_pages() - 1;
+  CAF_REQUIRE(pool.try_reserve(others));  // running requests hold all but one page
+  auto r = new_record({kDocs[0]});
+  r->request.sampling.max_tokens = 100;  // a document, a question and 100 tokens: more than one page
+  CAF_CHECK_EQUAL(submit(r).id.value_or(0), r->id);
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(ctx->queued.load(), 1);
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
+  CAF_CHECK(!r->admitted.load());
+  CAF_CHECK_EQUAL(pool.reserved_pages(), others);
+  // The running requests end (their pages go back with their slots): it starts.
+  pool.unreserve(others);
+  self->send(h->intake(), release_atom::value);
+  expect((release_atom), from(self).to(h->intake()));
+  const RequestPlan started = planned_by_intake();
+  CAF_CHECK_EQUAL(started.id, r->id);
+  const int64_t pages = pool.pages_for(started.cache_capacity());
+  CAF_CHECK(pages > 1);
+  CAF_CHECK_EQUAL(r->kv_pages.load(), pages);
+  CAF_CHECK_EQUAL(pool.reserved_pages(), pages);
+  CAF_CHECK(r->admitted.load());
+  CAF_CHECK_EQUAL(ctx->queued.load(), 0);
+  // A request larger than the whole cache is refused as too long, never queued.
+  auto huge = new_record({kDocs[0]});
+  huge->request.sampling.max_tokens = 4096;
+  check_runtime_error(submit(huge), RequestErrc::too_long, "KV cache pages");
+  pool.unreserve(pages);
 }
 
 // -- 2. controller -------------------------------------------------------------

@@ -520,6 +520,20 @@ bool runtime_idle(Runtime& rt, std::chrono::seconds deadline) {
   return false;
 }
 
+// The KV page pool once nothing runs: no page held by a cache, none promised. The
+// last cache goes a moment after the request ends (the worker drops it).
+bool kv_pool_back_to_full(Runtime& rt, std::chrono::seconds deadline = std::chrono::seconds(10)) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < until) {
+    const auto kv = rt.kv_pages();
+    if (kv.used == 0 && kv.reserved == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto kv = rt.kv_pages();
+  ADD_FAILURE() << "KV pages still used " << kv.used << ", reserved " << kv.reserved << " of " << kv.total;
+  return false;
+}
+
 int64_t metric(const std::string& text, const std::string& name) {
   const auto pos = text.find("\n" + name + " ");
   if (pos == std::string::npos) return -1;
@@ -570,6 +584,8 @@ TEST_F(ServerTest, AClientThatLeavesCancelsItsRequest) {
   auto after = served_->client().Get("/metrics");
   ASSERT_TRUE(after);
   EXPECT_EQ(metric(after->body, "blendserve_client_disconnects_total"), gone_before + 2);
+  // Their KV pages are back in the pool.
+  EXPECT_TRUE(kv_pool_back_to_full(*runtime_));
   // The next request is served normally.
   auto c = served_->client();
   auto ok = post(c, "/v1/chat/completions", chat_body("What is 2+2?", {}, 4).dump());
@@ -696,6 +712,7 @@ TEST_F(ServerTest, ALoaderThatDiesFailsItsRequestWith500AndTheNextSucceeds) {
   EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("loader-"));
   EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("test hook: the disk went away"));
   EXPECT_FALSE(armed.load());
+  EXPECT_TRUE(kv_pool_back_to_full(*runtime_)) << "the failed prefill's pages";
   auto ok = post(c, "/v1/chat/completions", body);
   ctx.loader_fault = nullptr;
   ASSERT_TRUE(ok);
@@ -918,5 +935,105 @@ TEST(ServerDisconnect, AClientThatLeavesWhileQueuedCancelsItsRequestAtOnce) {
             runtime.run(runtime_request("What is 2+2?", {}, 4)).text);
 }
 
+// device.kv_cache_bytes holding four requests' contexts: a burst of 16 is admitted
+// by pages — four at a time, the rest wait in the queue (none refused below
+// limits.max_queue) — and every answer equals the one given alone; a request larger
+// than the whole cache is refused as too long; the pool ends full, also after a
+// shutdown with requests running and queued. That shutdown runs while the server's
+// threads, which submitted requests, live on: it once hung for ever there (CAF 0.17
+// pins the actor system's logger in every thread that made a scoped actor).
+TEST(ServerKvPages, ABurstBeyondTheCacheWaitsForPagesAndEveryRequestCompletes) {
+  if (!testing::model_available()) GTEST_SKIP() << "model not found";
+  const auto& mc = testing::shared_model(testing::fast_precision()).config();
+  const int64_t page_positions = int64_t{1} << KvPagePool::kDefaultPageShift;
+  const int64_t page_bytes = 2 * static_cast<int64_t>(mc.n_layers) * mc.n_kv_heads * mc.head_dim * page_positions * 4;
+  TempDir dir;
+  RuntimeConfig config = config_in(dir.path());
+  config.max_requests = 16;  // pages, not slots, bound what runs
+  config.max_queue = 16;
+  config.kv_cache_bytes = 8 * page_bytes;
+  auto runtime = std::make_unique<Runtime>(config);
+  ASSERT_EQ(runtime->kv_pages().total, 8);
+  auto s = std::make_unique<Served>(*runtime, config);
+  const std::vector<std::string> questions = {"What is 2+2?", "Name a colour.", "Say hello.", "What is the sun?"};
+  constexpr int kAnswer = 60;  // prompt (~40 tokens) + 60: 2 pages of 64 positions
+  std::vector<std::string> alone;
+  for (const auto& q : questions) {
+    auto c = s->client();
+    auto r = post(c, "/v1/chat/completions", chat_body(q, {}, kAnswer).dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    const int64_t positions = j["usage"]["prompt_tokens"].get<int64_t>() + kAnswer;
+    ASSERT_GT(positions, page_positions) << "the test wants two pages a request";
+    ASSERT_LE(positions, 2 * page_positions) << "the test wants two pages a request";
+    alone.push_back(j["choices"][0]["message"]["content"]);
+  }
+  ASSERT_TRUE(kv_pool_back_to_full(*runtime));
+
+  std::atomic<bool> sampling{true};
+  int max_in_flight = 0, max_queued = 0;
+  int64_t max_reserved = 0, max_used = 0;
+  std::thread sampler([&] {
+    while (sampling.load()) {
+      const auto kv = runtime->kv_pages();
+      max_in_flight = std::max(max_in_flight, runtime->in_flight());
+      max_queued = std::max(max_queued, runtime->queued());
+      max_reserved = std::max(max_reserved, kv.reserved);
+      max_used = std::max(max_used, kv.used);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  std::vector<std::future<std::pair<int, std::string>>> burst;
+  for (int i = 0; i < 16; ++i)
+    burst.push_back(std::async(std::launch::async, [&, i] {
+      auto c = s->client();
+      auto r = post(c, "/v1/chat/completions", chat_body(questions[i % 4], {}, kAnswer).dump());
+      if (!r) return std::make_pair(-1, std::string("no response"));
+      if (r->status != 200) return std::make_pair(r->status, r->body);
+      return std::make_pair(200, json::parse(r->body)["choices"][0]["message"]["content"].get<std::string>());
+    }));
+  for (int i = 0; i < 16; ++i) {
+    const auto [status, text] = burst[i].get();
+    EXPECT_EQ(status, 200) << text;
+    EXPECT_EQ(text, alone[i % 4]) << questions[i % 4];
+  }
+  sampling = false;
+  sampler.join();
+  EXPECT_EQ(max_in_flight, 4) << "four requests' pages at a time";
+  EXPECT_GE(max_queued, 1) << "the others waited in the queue";
+  EXPECT_LE(max_reserved, 8);
+  EXPECT_LE(max_used, 8);
+  EXPECT_TRUE(kv_pool_back_to_full(*runtime));
+
+  // Larger than the whole cache: refused at once, the server unharmed.
+  auto c = s->client();
+  auto big = post(c, "/v1/chat/completions", chat_body("Tell me a story.", {}, 9 * 64).dump());
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 400) << big->body;
+  EXPECT_THAT(big->body, HasSubstr("KV cache pages"));
+
+  // A shutdown with requests running and queued gives every page back.
+  std::vector<std::future<httplib::Result>> left;
+  for (int i = 0; i < 6; ++i)
+    left.push_back(std::async(std::launch::async, [&s] {
+      auto cl = s->client();
+      return post(cl, "/v1/chat/completions",
+                  chat_body("Count from 1 to 2000, writing every number in words.", {}, kAnswer).dump());
+    }));
+  for (int i = 0; i < 500 && runtime->queued() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(runtime->in_flight(), 4);
+  EXPECT_EQ(runtime->queued(), 2);
+  runtime->shutdown();
+  for (auto& f : left) f.get();
+  const auto kv = runtime->kv_pages();
+  EXPECT_EQ(kv.used, 0);
+  EXPECT_EQ(kv.reserved, 0);
+  s.reset();
+  runtime.reset();
+}
+
+
 }  // namespace
 }  // namespace bs
+
