@@ -148,7 +148,7 @@ void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out
   float* kt = kt_buf.as<float>();
   // V is read in place when every tile lies in one page (pages of at least a tile
   // start on tile boundaries: both are powers of two), else gathered per tile.
-  const bool v_in_place = kv.single_page() || kv.page_positions() >= kKeys;
+  const bool v_in_place = kv.page_count == 1 || (int64_t{1} << kv.page_shift) >= kKeys;
   Scratch vg_buf(v_in_place ? 0 : static_cast<size_t>(kv_heads * kt_stride * head_dim) * sizeof(float));
   Scratch vtiles_buf(static_cast<size_t>(kv_heads * tiles) * sizeof(const float*));
   const float** vtiles = vtiles_buf.as<const float*>();
@@ -158,14 +158,14 @@ void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out
       float* dst = kt + h * head_dim * kt_stride + j0 * head_dim;  // this tile
       const int64_t j1 = imin(n_kv, j0 + kKeys);
       for (int64_t j = j0; j < j1; ++j) {
-        const float* src = kv.k_row(h, j);
+        const float* src = kv_k_row(kv, h, j);
         for (int64_t d = 0; d < head_dim; ++d) dst[d * kKeys + (j - j0)] = src[d];
       }
       if (v_in_place) {
-        vtiles[h * tiles + j0 / kKeys] = kv.v_row(h, j0);
+        vtiles[h * tiles + j0 / kKeys] = kv_v_row(kv, h, j0);
       } else {
         float* vdst = vg_buf.as<float>() + (h * kt_stride + j0) * head_dim;
-        for (int64_t j = j0; j < j1; ++j) memcpy(vdst + (j - j0) * head_dim, kv.v_row(h, j), sizeof(float) * head_dim);
+        for (int64_t j = j0; j < j1; ++j) memcpy(vdst + (j - j0) * head_dim, kv_v_row(kv, h, j), sizeof(float) * head_dim);
         vtiles[h * tiles + j0 / kKeys] = vdst;
       }
     }

@@ -159,7 +159,7 @@ void attention_bf16(const float* q, const int32_t* qpos, const KvView& kv, float
       alignas(64) uint32_t row[kMaxHeadDim / 2];
       for (int64_t key = j0; key < j1; ++key) {
         // K row -> bf16 pairs (adjacent dimensions), scattered into the transposed layout
-        const float* kr = kv.k_row(h, key);
+        const float* kr = kv_k_row(kv, h, key);
         for (int64_t d = 0; d < head_dim; d += 32) {
           const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(kr + d + 16), _mm512_loadu_ps(kr + d));
           _mm512_store_si512(row + d / 2, (__m512i)b);
@@ -171,9 +171,9 @@ void attention_bf16(const float* q, const int32_t* qpos, const KvView& kv, float
                                               6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
       const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
       for (int64_t key = j0; key < j1; key += 2) {
-        const float* v0 = kv.v_row(h, key);
+        const float* v0 = kv_v_row(kv, h, key);
         const bool has_next = key + 1 < n_kv;
-        const float* v1 = has_next ? kv.v_row(h, key + 1) : v0;  // rows of a pair may lie in two pages
+        const float* v1 = has_next ? kv_v_row(kv, h, key + 1) : v0;  // rows of a pair may lie in two pages
         for (int64_t d = 0; d < head_dim; d += 32) {
           const __m512i a = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v0 + d + 16), _mm512_loadu_ps(v0 + d));
           const __m512i b = has_next ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v1 + d + 16),

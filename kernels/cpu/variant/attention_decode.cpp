@@ -51,8 +51,8 @@ void attend_heads_dv(const float* q, int64_t g, const KvView& kv, int64_t kvh, f
   // q·k of 8 keys per block; past the last key the block repeats it (scores not used).
   for (int64_t j0 = 0; j0 < count; j0 += kKeys) {
     const float* kr[kKeys];
-    for (int i = 0; i < kKeys; ++i) kr[i] = kv.k_row(kvh, imin(j0 + i, count - 1));
-    for (int64_t j = j0; j < imin(j0 + kKeys, count); ++j) prefetch_row(kv.v_row(kvh, j), head_dim);
+    for (int i = 0; i < kKeys; ++i) kr[i] = kv_k_row(kv, kvh, imin(j0 + i, count - 1));
+    for (int64_t j = j0; j < imin(j0 + kKeys, count); ++j) prefetch_row(kv_v_row(kv, kvh, j), head_dim);
     for (int64_t h = 0; h < g; ++h) {
       const float* qv = q + h * head_dim;
       vf acc[kKeys];
@@ -97,7 +97,7 @@ void attend_heads_dv(const float* q, int64_t g, const KvView& kv, int64_t kvh, f
     const int64_t j1 = imin(count, j0 + kValueRows);
     if (pf.kv)
       for (int64_t j = pf.count * j0 / count; j < pf.count * j1 / count; ++j)
-        prefetch_row(pf.kv->k_row(pf.h, j), head_dim);
+        prefetch_row(kv_k_row(*pf.kv, pf.h, j), head_dim);
     for (int64_t h = 0; h < g; ++h) {
       const float* sc = scores + h * stride;
       float* o = out + h * head_dim;
@@ -105,7 +105,7 @@ void attend_heads_dv(const float* q, int64_t g, const KvView& kv, int64_t kvh, f
       for (int64_t c = 0; c < dvecs; ++c) acc[c] = vload(o + c * kLanes);
       for (int64_t j = j0; j < j1; ++j) {
         const vf p = vset1(sc[j]);
-        const float* vr = kv.v_row(kvh, j);
+        const float* vr = kv_v_row(kv, kvh, j);
         for (int64_t c = 0; c < dvecs; ++c) acc[c] = vfma(p, vload(vr + c * kLanes), acc[c]);
       }
       for (int64_t c = 0; c < dvecs; ++c) vstore(o + c * kLanes, acc[c]);

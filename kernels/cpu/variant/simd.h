@@ -35,11 +35,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kv_view.h"  // the struct only: its member functions are not used here
+
 namespace bs::kernels::cpu::BS_ISA_NS {
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 inline float fmax2(float a, float b) { return a > b ? a : b; }
+
+// A K/V row through a page table (kernels/kv_view.h, whose member functions are not
+// called here: inline code of another header). Row of KV head h at position j.
+inline int64_t kv_row_offset(const KvView& kv, int64_t h, int64_t j) {
+  return kv.pages[j >> kv.page_shift] * kv.page_stride + h * kv.head_stride +
+         (j & ((int64_t{1} << kv.page_shift) - 1)) * kv.head_dim;
+}
+inline const float* kv_k_row(const KvView& kv, int64_t h, int64_t j) { return kv.k + kv_row_offset(kv, h, j); }
+inline const float* kv_v_row(const KvView& kv, int64_t h, int64_t j) { return kv.v + kv_row_offset(kv, h, j); }
 
 // Scratch memory owned by one call (no std::vector here: see the note above).
 struct Scratch {
