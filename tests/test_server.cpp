@@ -935,6 +935,21 @@ TEST(ServerDisconnect, AClientThatLeavesWhileQueuedCancelsItsRequestAtOnce) {
             runtime.run(runtime_request("What is 2+2?", {}, 4)).text);
 }
 
+// A KV cache larger than the address space cannot be allocated: a ConfigError naming
+// the key, not a crash.
+TEST(ServerKvPages, AKvCacheThatCannotBeAllocatedIsAConfigError) {
+  if (!testing::model_available()) GTEST_SKIP() << "model not found";
+  TempDir dir;
+  RuntimeConfig config = config_in(dir.path());
+  config.kv_cache_bytes = int64_t{1} << 50;  // 1 PiB
+  try {
+    Runtime runtime(config);
+    FAIL() << "a 1 PiB KV cache was allocated";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("device.kv_cache_bytes"));
+  }
+}
+
 // device.kv_cache_bytes holding four requests' contexts: a burst of 16 is admitted
 // by pages — four at a time, the rest wait in the queue (none refused below
 // limits.max_queue) — and every answer equals the one given alone; a request larger
