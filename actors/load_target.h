@@ -1,6 +1,7 @@
 // What loaders write and the worker computes over, for one request: the cache
 // and the layer gate between them. The layer worker owns both (it allocates the
-// cache when it takes the request and frees it when the request ends); it
+// cache from the KV page pool when it launches the prefill and drops it, its pages
+// back to the pool, when the request ends); it
 // publishes the pair in the runtime's LoadTargets under the request id, where the
 // request's loaders (told the id by message) find it. A loader holds its own
 // reference while it writes, so memory stays valid for a loader that has not

@@ -17,6 +17,8 @@ class Transformer {
  public:
   explicit Transformer(const LlamaModel& model) : model_(model) {}
 
+  // A cache with a page pool of its own, exactly its pages (tools, tests, chunk
+  // computes); a server's caches come from its shared KvPagePool.
   KvCache make_cache(int64_t capacity) const;
 
   // Token embeddings: [n, dim]
