@@ -60,15 +60,15 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
       kv->n_layers = cfg.n_layers;
       kv->kv_heads = cfg.n_kv_heads;
       kv->head_dim = cfg.head_dim;
-      kv->k.resize(static_cast<size_t>(cfg.n_layers) * kv->layer_stride());
-      kv->v.resize(kv->k.size());
+      kv->dtype = p.reader->dtype();
+      kv->allocate();
       p.staged = std::move(kv);
     }
     parts.push_back(std::move(p));
   }
 
   // Without promotion one reusable slice buffer suffices.
-  thread_local std::vector<float> slice;
+  thread_local std::vector<std::byte> slice;
   int64_t bytes = 0;
   double busy = 0;
   bool failed = false, stopped = false;
@@ -85,18 +85,18 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
     int64_t layer_bytes = 0;
     for (auto& p : parts) {
       auto& reader = *p.reader;
-      const float* k = reader.k_view(l);
-      const float* v = reader.v_view(l);
+      const std::byte* k = reader.k_view(l);
+      const std::byte* v = reader.v_view(l);
       if (!k || !v) {
-        float *sk, *sv;
+        std::byte *sk, *sv;
         if (p.staged) {
-          sk = p.staged->k.data() + l * p.staged->layer_stride();
-          sv = p.staged->v.data() + l * p.staged->layer_stride();
+          sk = p.staged->k_layer(l);
+          sv = p.staged->v_layer(l);
         } else {
-          const size_t floats = static_cast<size_t>(reader.layer_floats());
-          if (slice.size() < 2 * floats) slice.resize(2 * floats);
+          const size_t layer_bytes = static_cast<size_t>(reader.layer_bytes());
+          if (slice.size() < 2 * layer_bytes) slice.resize(2 * layer_bytes);
           sk = slice.data();
-          sv = slice.data() + floats;
+          sv = slice.data() + layer_bytes;
         }
         if (!reader.read_layer(l, sk, sv)) {
           failed = true;
@@ -107,8 +107,8 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
         k = sk;
         v = sv;
       }
-      copy_chunk_layer(k, v, p.length, l, p.offset, target->cache);
-      layer_bytes += 2 * p.length * cfg.kv_dim() * static_cast<int64_t>(sizeof(float));
+      copy_chunk_layer(k, v, reader.dtype(), p.length, l, p.offset, target->cache);
+      layer_bytes += 2 * reader.layer_bytes();
     }
     if (failed) break;
     busy += std::chrono::duration<double>(clock_type::now() - t0).count();

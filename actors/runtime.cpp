@@ -22,6 +22,8 @@
 #include "actors/actors.h"
 #include "blend/rag_prompt.h"
 
+#include "kernels/kv_view.h"
+
 namespace bs {
 namespace {
 
@@ -246,9 +248,9 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
 // device.kv_cache_bytes = 0: room for limits.max_requests contexts of the model's
 // full length, at most half the machine's memory (pages are touched only when used,
 // so a large pool costs address space, not memory, until requests fill it).
-static int64_t kv_cache_default_bytes(const RuntimeConfig& config, const LlamaConfig& mc) {
-  const int64_t per_position = 2 * static_cast<int64_t>(mc.n_layers) * mc.n_kv_heads * mc.head_dim *
-                               static_cast<int64_t>(sizeof(float));
+static int64_t kv_cache_default_bytes(const RuntimeConfig& config, const LlamaConfig& mc, kernels::TensorType dtype) {
+  const int64_t per_position =
+      2 * static_cast<int64_t>(mc.n_layers) * mc.n_kv_heads * mc.head_dim * kernels::kv_dtype_bytes(dtype);
   const int64_t page = int64_t{1} << KvPagePool::kDefaultPageShift;
   const int64_t context_pages = (mc.context_length + page - 1) / page;
   const int64_t want = static_cast<int64_t>(config.max_requests) * context_pages * page * per_position;
@@ -263,16 +265,21 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   if (ctx.config.model_path.empty()) ctx.config.model_path = default_model_path();
   ctx.backend = kernels::make_cpu_backend();
   ctx.precision = kernels::choose_precision(ctx.config.precision, *ctx.backend);
-  ctx.model = std::make_shared<const LlamaModel>(ctx.config.model_path, *ctx.backend, ctx.precision);
+  kernels::TensorType kv_dtype = kernels::TensorType::F32;
+  if (!kernels::kv_dtype_from_name(ctx.config.kv_dtype, kv_dtype))
+    throw ConfigError("device.kv_dtype: unknown KV dtype '" + ctx.config.kv_dtype + "' (f32, f16, bf16)");
+  ctx.model = std::make_shared<const LlamaModel>(ctx.config.model_path, *ctx.backend, ctx.precision, kv_dtype);
   fit_check_layers_to_model(ctx.config.blend, ctx.model->config().n_layers);
   ctx.tf = std::make_unique<Transformer>(*ctx.model);
   {
     const auto& mc = ctx.model->config();
     const int64_t bytes =
-        ctx.config.kv_cache_bytes > 0 ? ctx.config.kv_cache_bytes : kv_cache_default_bytes(ctx.config, mc);
+        ctx.config.kv_cache_bytes > 0 ? ctx.config.kv_cache_bytes : kv_cache_default_bytes(ctx.config, mc, kv_dtype);
     try {
+      constexpr int shift = KvPagePool::kDefaultPageShift;
       ctx.kv_pool = KvPagePool::make(mc.n_layers, mc.n_kv_heads, mc.head_dim,
-                                     KvPagePool::pages_in(bytes, mc.n_layers, mc.n_kv_heads, mc.head_dim));
+                                     KvPagePool::pages_in(bytes, mc.n_layers, mc.n_kv_heads, mc.head_dim, shift, kv_dtype),
+                                     shift, kv_dtype);
     } catch (const std::bad_alloc&) {
       throw ConfigError("device.kv_cache_bytes: cannot allocate a KV cache of " + std::to_string(bytes) +
                         " bytes on this machine");

@@ -22,6 +22,8 @@
 #include <sstream>
 #include <string_view>
 
+#include "kernels/kv_view.h"
+
 namespace bs {
 
 // configs/default.yaml, compiled in: ${CMAKE_BINARY_DIR}/generated/default_config.cpp
@@ -204,7 +206,8 @@ void parse_model(const YAML::Node& sec, RuntimeConfig& c) {
 }
 
 void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "device", {"kind", "threads", "kv_cache_bytes"}, [&](std::string_view k, const YAML::Node& v) {
+  for_each_key(sec, "device", {"kind", "threads", "kv_cache_bytes", "kv_dtype"}, [&](std::string_view k,
+                                                                                   const YAML::Node& v) {
     const std::string key = join_path("device", k);
     if (k == "kind") {
       const std::string d = get_string(v, key);
@@ -217,6 +220,11 @@ void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
       check_at_least(c.threads, 0, v, key, " (0 = all cores)");
     } else if (k == "kv_cache_bytes") {
       c.kv_cache_bytes = get_size(v, key);
+    } else if (k == "kv_dtype") {
+      const std::string d = get_string(v, key);
+      kernels::TensorType type;
+      if (!kernels::kv_dtype_from_name(d, type)) fail(key, v, "unknown KV dtype '" + d + "' (f32, f16, bf16)");
+      c.kv_dtype = d;
     }
   });
 }

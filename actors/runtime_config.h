@@ -42,6 +42,9 @@ struct RuntimeConfig {
   // counts its pages); 0 = room for max_requests full contexts, at most half the
   // machine's memory (kv_cache_default_bytes).
   int64_t kv_cache_bytes = 0;
+  // How the KV cache (and so every stored chunk) holds K and V: f32 | f16 | bf16.
+  // Attention widens half-precision K/V to fp32 as it reads; part of every chunk key.
+  std::string kv_dtype = "f32";
   // where the SSD tier and traces live; empty: $BLENDSERVE_DATA_DIR, else
   // $XDG_CACHE_HOME/blendserve, else ~/.cache/blendserve, else /tmp/blendserve
   std::string data_dir;

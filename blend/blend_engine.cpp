@@ -8,6 +8,9 @@
 #include <set>
 #include <stdexcept>
 
+#include "kernels/dequant.h"
+#include "kernels/kv_view.h"
+
 namespace bs {
 namespace {
 
@@ -63,14 +66,19 @@ std::vector<int> sorted_check_layers(const BlendOptions& o, int n_layers) {
 // Squared distance of fresh and loaded K and/or V of the token at `pos`, summed over
 // the KV heads. k, v: the token's fresh rows [kv_heads, head_dim]; the cache holds
 // the loaded (position-repaired) KV of `layer`.
+// A half-precision cache holds the loaded rows rounded: they are compared as stored
+// (widened), the fresh rows as computed.
 double deviation_of(const float* k, const float* v, int layer, int32_t pos, const KvCache& cache, Deviation d) {
   double dev = 0;
   const int64_t hd = cache.head_dim;
+  thread_local std::vector<float> loaded;
+  loaded.resize(static_cast<size_t>(2 * hd));
+  float* kl = loaded.data();
+  float* vl = kl + hd;
   for (int h = 0; h < cache.kv_heads; ++h) {
     const float* kf = k + h * hd;
     const float* vf = v + h * hd;
-    const float* kl = cache.k_at(layer, h, pos);
-    const float* vl = cache.v_at(layer, h, pos);
+    cache.read_rows(layer, h, pos, 1, kl, vl);
     for (int64_t i = 0; i < hd; ++i) {
       if (d != Deviation::V) dev += static_cast<double>(kf[i] - kl[i]) * (kf[i] - kl[i]);
       if (d != Deviation::K) dev += static_cast<double>(vf[i] - vl[i]) * (vf[i] - vl[i]);
@@ -240,12 +248,23 @@ ChunkKey BlendEngine::prefix_key(std::span<const int32_t> tokens) const {
   return make_chunk_key(tf_.model().fingerprint(), KvKind::Prefix, tokens);
 }
 
-void copy_chunk_layer(const float* k, const float* v, int64_t m, int layer, int64_t offset, KvCache& cache) {
+void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorType dtype, int64_t m, int layer,
+                      int64_t offset, KvCache& cache) {
   if (offset < 0 || offset + m > cache.capacity) throw std::out_of_range("copy_chunk_layer: chunk outside the cache");
   const int64_t hd = cache.head_dim;
+  const int64_t head_bytes = m * hd * kernels::kv_dtype_bytes(dtype);
+  if (dtype == cache.dtype()) {
+    for (int h = 0; h < cache.kv_heads; ++h)
+      cache.write_rows_raw(layer, h, offset, m, k + h * head_bytes, v + h * head_bytes);
+    return;
+  }
+  // Not reached through keys (the dtype is part of them); a chunk of another dtype is
+  // still placed correctly: widened, then rounded to the cache's.
+  std::vector<float> kf(static_cast<size_t>(m * hd)), vf(kf.size());
   for (int h = 0; h < cache.kv_heads; ++h) {
-    const int64_t src = static_cast<int64_t>(h) * m * hd;
-    cache.write_rows(layer, h, offset, m, k + src, v + src);
+    kernels::kv_to_fp32(dtype, k + h * head_bytes, kf.data(), m * hd);
+    kernels::kv_to_fp32(dtype, v + h * head_bytes, vf.data(), m * hd);
+    cache.write_rows(layer, h, offset, m, kf.data(), vf.data());
   }
 }
 
@@ -253,10 +272,14 @@ void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, ke
                         const kernels::RopeTable& rope) {
   if (offset == 0 || m == 0) return;
   const std::vector<int32_t> delta(static_cast<size_t>(m), static_cast<int32_t>(offset));
-  for (int h = 0; h < cache.kv_heads; ++h)
-    cache.for_each_run(offset, m, [&](int64_t at, int64_t count) {
-      backend.rope(cache.k_at(layer, h, at), delta.data(), count, 1, rope);
-    });
+  // K through fp32 (a half-precision cache is rounded once more after the rotation,
+  // as K computed at that position would be); V is untouched.
+  std::vector<float> k(static_cast<size_t>(m * cache.head_dim));
+  for (int h = 0; h < cache.kv_heads; ++h) {
+    cache.read_rows(layer, h, offset, m, k.data(), nullptr);
+    backend.rope(k.data(), delta.data(), m, 1, rope);
+    cache.write_rows(layer, h, offset, m, k.data(), nullptr);
+  }
 }
 
 void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernels::Backend& backend,
@@ -264,7 +287,7 @@ void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernel
   const int64_t m = chunk.length();
   if (offset < 0 || offset + m > cache.capacity) throw std::out_of_range("place_chunk_kv: chunk outside the cache");
   for (int l = 0; l < chunk.n_layers; ++l) {
-    copy_chunk_layer(chunk.k_layer(l), chunk.v_layer(l), m, l, offset, cache);
+    copy_chunk_layer(chunk.k_layer(l), chunk.v_layer(l), chunk.dtype, m, l, offset, cache);
     rotate_chunk_layer(l, offset, m, cache, backend, rope);
   }
 }
@@ -306,15 +329,21 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_kv_behind(std::span<const in
   kv->n_layers = c.n_layers;
   kv->kv_heads = c.n_kv_heads;
   kv->head_dim = c.head_dim;
-  kv->k.resize(static_cast<size_t>(c.n_layers) * kv->layer_stride());
-  kv->v.resize(kv->k.size());
+  kv->dtype = cache.dtype();
+  kv->allocate();
   const std::vector<int32_t> back(static_cast<size_t>(m), static_cast<int32_t>(-p));
+  const int64_t head_elems = m * c.head_dim;
+  std::vector<float> k(p > 0 ? static_cast<size_t>(head_elems) : 0);
   for (int l = 0; l < c.n_layers; ++l)
     for (int h = 0; h < c.n_kv_heads; ++h) {
-      const int64_t dst = l * kv->layer_stride() + static_cast<int64_t>(h) * m * c.head_dim;
-      cache.read_rows(l, h, p, m, kv->k.data() + dst, kv->v.data() + dst);
-      // R(i) = R(-p)·R(p + i): the stored convention (positions 0..m-1).
-      if (p > 0) tf_.model().backend().rope(kv->k.data() + dst, back.data(), m, 1, tf_.model().rope());
+      const int64_t dst = static_cast<int64_t>(h) * head_elems * kv->elem_bytes();
+      cache.read_rows_raw(l, h, p, m, kv->k_layer(l) + dst, kv->v_layer(l) + dst);
+      if (p > 0) {
+        // R(i) = R(-p)·R(p + i): the stored convention (positions 0..m-1).
+        cache.read_rows(l, h, p, m, k.data(), nullptr);
+        tf_.model().backend().rope(k.data(), back.data(), m, 1, tf_.model().rope());
+        kernels::kv_from_fp32(kv->dtype, k.data(), kv->k_layer(l) + dst, head_elems);
+      }
     }
   return kv;
 }
@@ -356,7 +385,9 @@ struct PrefillRun::State {
   std::vector<char> is_candidate;     // [N - S]
   std::vector<float> sel_hidden;      // [sel_pos, dim]
   size_t sel_check = 0;
-  std::vector<float> saved_k, saved_v;  // layers 0..last as delivered and repaired: [layer, kv_heads, N, head_dim]
+  // Layers 0..last as delivered and repaired, as stored: [layer, kv_heads, N, head_dim]
+  // elements of the cache's dtype.
+  std::vector<std::byte> saved_k, saved_v;
 };
 
 PrefillRun::PrefillRun() = default;
@@ -499,8 +530,8 @@ PrefillRun BlendEngine::begin(const RagPrompt& prompt, const PrefillPlan& plan, 
         for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.sel_pos[i]];
         s.sel_hidden.resize(ids.size() * static_cast<size_t>(c.dim));
         tf_.embed(ids, s.sel_hidden.data());
-        const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * N * c.head_dim;
-        s.saved_k.resize(static_cast<size_t>((sel.checks.back() + 1) * layer_floats));
+        const int64_t layer_bytes = static_cast<int64_t>(c.n_kv_heads) * N * c.head_dim * cache.elem_bytes();
+        s.saved_k.resize(static_cast<size_t>((sel.checks.back() + 1) * layer_bytes));
         s.saved_v.resize(s.saved_k.size());
       } else {
         candidates = std::move(sel.candidates);
@@ -579,8 +610,8 @@ void BlendEngine::step_selection(PrefillRun::State& s) const {
   const int l = s.layer;
   const int last = sel.checks.back();
   const int64_t chunks_end = s.N - s.S;
-  const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * s.N * c.head_dim;
-  cache.read_layer(l, s.N, s.saved_k.data() + l * layer_floats, s.saved_v.data() + l * layer_floats);
+  const int64_t layer_bytes = static_cast<int64_t>(c.n_kv_heads) * s.N * c.head_dim * cache.elem_bytes();
+  cache.read_layer_raw(l, s.N, s.saved_k.data() + l * layer_bytes, s.saved_v.data() + l * layer_bytes);
   int64_t n = static_cast<int64_t>(s.sel_pos.size());
   if (l != sel.checks[s.sel_check]) {
     tf_.run_layer(l, s.sel_hidden.data(), s.sel_pos.data(), n, cache, chunks_end);
@@ -604,11 +635,10 @@ void BlendEngine::step_selection(PrefillRun::State& s) const {
     std::vector<int32_t> chosen;
     for (int64_t i : keep_rows)
       if (candidate[i]) chosen.push_back(s.sel_pos[i]);
-    const int64_t layer_floats = static_cast<int64_t>(c.n_kv_heads) * s.N * c.head_dim;
     for (int saved = 0; saved <= last; ++saved)
-      cache.write_layer(saved, s.N, s.saved_k.data() + saved * layer_floats, s.saved_v.data() + saved * layer_floats);
-    std::vector<float>().swap(s.saved_k);
-    std::vector<float>().swap(s.saved_v);
+      cache.write_layer_raw(saved, s.N, s.saved_k.data() + saved * layer_bytes, s.saved_v.data() + saved * layer_bytes);
+    std::vector<std::byte>().swap(s.saved_k);
+    std::vector<std::byte>().swap(s.saved_v);
     std::vector<float>().swap(s.sel_hidden);
     s.active.insert(s.active.end(), chosen.begin(), chosen.end());
     auto& recomputed = s.r.recomputed_positions;

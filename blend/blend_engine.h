@@ -241,8 +241,10 @@ class BlendEngine {
 std::vector<double> planned_rows_per_layer(const BlendOptions& o, int n_layers, int64_t other, int64_t cached);
 
 // Copies one layer of a stored chunk's KV into the cache at `offset` as stored (K
-// still rotated for positions 0..m-1). k, v: [kv_heads, m, head_dim].
-void copy_chunk_layer(const float* k, const float* v, int64_t m, int layer, int64_t offset, KvCache& cache);
+// still rotated for positions 0..m-1). k, v: [kv_heads, m, head_dim] elements of
+// dtype (the cache's: copied unchanged; another: widened and rounded to the cache's).
+void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorType dtype, int64_t m, int layer,
+                      int64_t offset, KvCache& cache);
 // Rotates K of cache rows offset..offset+m-1 in `layer` from positions 0..m-1 to
 // offset..offset+m-1 (delta-RoPE, R(offset + i) = R(offset)·R(i)).
 void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, kernels::Backend& backend,

@@ -43,7 +43,7 @@ PrefillPlan StoreBackedBlend::read_stored(const RagPrompt& prompt, const BlendOp
       kv = engine_.compute_prefix_kv(prompt.prefix);
       store_.put(key, kv);
     }
-    for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(kv->k_layer(l), kv->v_layer(l), P, l, 0, cache);
+    for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(kv->k_layer(l), kv->v_layer(l), kv->dtype, P, l, 0, cache);
     plan.prefix_loaded = true;
   }
   if (opt.mode == BlendMode::Prefix) return plan;
@@ -55,7 +55,8 @@ PrefillPlan StoreBackedBlend::read_stored(const RagPrompt& prompt, const BlendOp
         kv->head_dim != c.head_dim)
       continue;
     const int64_t off = prompt.chunk_offset(i);
-    for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(kv->k_layer(l), kv->v_layer(l), kv->length(), l, off, cache);
+    for (int l = 0; l < c.n_layers; ++l)
+      copy_chunk_layer(kv->k_layer(l), kv->v_layer(l), kv->dtype, kv->length(), l, off, cache);
     plan.chunk_loaded[i] = 1;
   }
   return plan;

@@ -23,6 +23,7 @@
 #include "http/openai_request.h"
 #include "http/openai_response.h"
 #include "kernels/backend.h"
+#include "kernels/kv_view.h"
 
 namespace bs::http {
 namespace {
@@ -124,6 +125,8 @@ struct Server::Impl {
     const auto& ctx = runtime.context();
     model = model_id_of(ctx);
     fingerprint = "blendserve-" + ctx.backend->kernel_id() + "-" + kernels::precision_name(ctx.precision);
+    if (ctx.model->kv_dtype() != kernels::TensorType::F32)
+      fingerprint += std::string("-kv") + kernels::kv_dtype_name(ctx.model->kv_dtype());
     created = unix_now();
     context_length = ctx.model->config().context_length;
     std::vector<std::string> tiers;

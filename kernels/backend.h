@@ -119,7 +119,8 @@ class Backend {
   // Causal-by-position multi-head attention with grouped KV heads. Query i
   // attends to every cached key j < n_kv with j <= qpos[i] (the cache is indexed
   // by prompt position; its rows are wherever `kv`'s page table puts them). Query
-  // head h reads KV head h / (q_heads / kv.kv_heads).
+  // head h reads KV head h / (q_heads / kv.kv_heads). K/V elements are kv.dtype (F32,
+  // F16 or BF16), each read as its exact fp32 value; scores and sums are fp32.
   virtual void attention(const float* q,       // [n, q_heads, kv.head_dim]
                          const int32_t* qpos,  // [n]
                          const KvView& kv,     // n_kv <= kv.capacity rows per KV head

@@ -6,9 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#if defined(__F16C__)
 #include <immintrin.h>
-#endif
 
 // Exactness note: ggml rounds q * d and (q * d) + m separately. q has at most 8 significant
 // bits and d (an fp16) 11, so q * d is exact in fp32 and a fused multiply-add gives the same
@@ -99,6 +97,75 @@ uint16_t fp32_to_bf16(float f) {
     return static_cast<uint16_t>((u >> 16) | 0x0040u);
   }
   return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+// ---- K/V elements ---------------------------------------------------------------------
+
+namespace {
+
+// F16C row conversions for a baseline build: compiled for F16C here only (static
+// functions, so no other code shares their instructions) and called only where the
+// CPU has it. A KV cache converts every K/V row a forward writes or a chunk load reads.
+__attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
+}
+__attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+}
+bool cpu_has_f16c() {
+  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return has;
+}
+
+}  // namespace
+
+void kv_from_fp32(TensorType type, const float* src, void* dst, int64_t n) {
+  switch (type) {
+    case TensorType::F32:
+      if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case TensorType::F16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      if (cpu_has_f16c()) return f32_to_f16_f16c(src, d, n);
+      for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_fp16(src[i]);
+      return;
+    }
+    case TensorType::BF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_bf16(src[i]);
+      return;
+    }
+    default:
+      throw std::invalid_argument(std::string("KV elements cannot be ") + type_traits(type).name);
+  }
+}
+
+void kv_to_fp32(TensorType type, const void* src, float* dst, int64_t n) {
+  switch (type) {
+    case TensorType::F32:
+      if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case TensorType::F16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      if (cpu_has_f16c()) return f16_to_f32_f16c(s, dst, n);
+      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(s[i]);
+      return;
+    }
+    case TensorType::BF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(s[i]);
+      return;
+    }
+    default:
+      throw std::invalid_argument(std::string("KV elements cannot be ") + type_traits(type).name);
+  }
 }
 
 // ---- row dequantization ---------------------------------------------------------------

@@ -28,6 +28,14 @@ float bf16_to_fp32(uint16_t h);
 // Round to nearest even; NaN stays NaN (quiet bit forced, sign kept).
 uint16_t fp32_to_bf16(float f);
 
+// ---- K/V elements (the KV cache's dtypes: F32, F16, BF16; kernels/kv_view.h) ------------
+// dst[0..n) of `type` = src rounded to nearest even (fp32_to_fp16 / fp32_to_bf16 bit for
+// bit; F16C instructions where the CPU has them). Throws std::invalid_argument for a
+// type that is not a KV dtype.
+void kv_from_fp32(TensorType type, const float* src, void* dst, int64_t n);
+// dst[0..n) = the elements of `type` at src as fp32, exact.
+void kv_to_fp32(TensorType type, const void* src, float* dst, int64_t n);
+
 // ---- row dequantization ---------------------------------------------------------------
 // n is the number of output elements; for the block formats it must be a multiple of 32
 // (checked by the callers; these functions assume it). src holds n / 32 blocks.

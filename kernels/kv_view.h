@@ -10,40 +10,62 @@
 // the one-page case: KvView::contiguous. Page sizes are powers of two so that a row
 // address is a shift, a mask and one table load, cheap enough per key in the decode
 // kernels.
+//
+// Elements are `dtype`: F32, or F16 / BF16 (half the bytes per token; the kernels
+// widen each element to fp32 as they load it and accumulate in fp32). Offsets and
+// strides count elements, not bytes.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+
+#include "kernels/tensor_types.h"
 
 namespace bs::kernels {
 
+// Whether K/V may be stored as `type` (F32, F16, BF16).
+inline bool is_kv_dtype(TensorType type) {
+  return type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16;
+}
+// Bytes of one stored K/V element.
+inline int64_t kv_dtype_bytes(TensorType type) { return type == TensorType::F32 ? 4 : 2; }
+// "f32", "f16", "bf16" (the config's and the tools' names); "?" for other types.
+const char* kv_dtype_name(TensorType type);
+// The KV dtype of such a name; false when it is not one.
+bool kv_dtype_from_name(std::string_view name, TensorType& type);
+
 struct KvView {
-  const float* k = nullptr;        // the pool's K of this layer (page 0, head 0, row 0)
-  const float* v = nullptr;        // the pool's V of this layer, same layout
+  const void* k = nullptr;         // the pool's K of this layer (page 0, head 0, row 0)
+  const void* v = nullptr;         // the pool's V of this layer, same layout
+  TensorType dtype = TensorType::F32;  // of every element of k and v (is_kv_dtype)
   const int32_t* pages = nullptr;  // [page_count]: the pool page of each page of the sequence
   int64_t page_count = 0;
   int64_t capacity = 0;            // rows [0, capacity) of every head have an address
   int page_shift = 0;              // page = 2^page_shift positions
-  int64_t page_stride = 0;         // floats from one pool page to the next
-  int64_t head_stride = 0;         // floats from one KV head's rows to the next within a page
+  int64_t page_stride = 0;         // elements from one pool page to the next
+  int64_t head_stride = 0;         // elements from one KV head's rows to the next within a page
   int64_t kv_heads = 0, head_dim = 0;
 
   int64_t page_positions() const { return int64_t{1} << page_shift; }
   bool single_page() const { return page_count == 1; }
 
-  // Offset in floats of the row of KV head h at position j (0 <= j < capacity).
+  // Offset in elements of the row of KV head h at position j (0 <= j < capacity).
   int64_t row_offset(int64_t h, int64_t j) const {
     return pages[j >> page_shift] * page_stride + h * head_stride + (j & (page_positions() - 1)) * head_dim;
   }
-  const float* k_row(int64_t h, int64_t j) const { return k + row_offset(h, j); }
-  const float* v_row(int64_t h, int64_t j) const { return v + row_offset(h, j); }
+  // The row [head_dim] of K / V of KV head h at position j, widened to fp32.
+  void read_k_row(int64_t h, int64_t j, float* out) const { widen(k, h, j, out); }
+  void read_v_row(int64_t h, int64_t j, float* out) const { widen(v, h, j, out); }
 
   // A contiguous [kv_heads, capacity, head_dim] cache as one page of at least
   // `capacity` positions (the page table is a static {0}).
-  static KvView contiguous(const float* k, const float* v, int64_t kv_heads, int64_t capacity, int64_t head_dim) {
+  static KvView contiguous(const void* k, const void* v, int64_t kv_heads, int64_t capacity, int64_t head_dim,
+                           TensorType dtype = TensorType::F32) {
     static const int32_t kPageZero = 0;
     KvView view;
     view.k = k;
     view.v = v;
+    view.dtype = dtype;
     view.pages = &kPageZero;
     view.page_count = 1;
     view.capacity = capacity;
@@ -54,6 +76,9 @@ struct KvView {
     view.head_dim = head_dim;
     return view;
   }
+
+ private:
+  void widen(const void* base, int64_t h, int64_t j, float* out) const;  // kv_view.cpp
 };
 
 }  // namespace bs::kernels

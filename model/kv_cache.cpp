@@ -5,24 +5,35 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/dequant.h"
+
 namespace bs {
 
-KvPagePool::KvPagePool(int n_layers, int kv_heads, int head_dim, int64_t pages, int page_shift)
-    : n_layers_(n_layers), kv_heads_(kv_heads), head_dim_(head_dim), total_pages_(pages), page_shift_(page_shift) {
+KvPagePool::KvPagePool(int n_layers, int kv_heads, int head_dim, int64_t pages, int page_shift,
+                       kernels::TensorType dtype)
+    : n_layers_(n_layers),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      total_pages_(pages),
+      page_shift_(page_shift),
+      dtype_(dtype),
+      elem_bytes_(kernels::kv_dtype_bytes(dtype)) {
   if (n_layers <= 0 || kv_heads <= 0 || head_dim <= 0)
     throw std::invalid_argument("KV page pool: layers, heads and head_dim must be positive");
   if (pages <= 0 || pages > INT32_MAX) throw std::invalid_argument("KV page pool: needs 1 to 2^31-1 pages");
   if (page_shift < 0 || page_shift > 20) throw std::invalid_argument("KV page pool: page_shift must be 0..20");
-  k_.reset(new float[static_cast<size_t>(n_layers_ * layer_floats())]);
-  v_.reset(new float[static_cast<size_t>(n_layers_ * layer_floats())]);
+  if (!kernels::is_kv_dtype(dtype)) throw std::invalid_argument("KV page pool: dtype must be F32, F16 or BF16");
+  k_.reset(new std::byte[static_cast<size_t>(n_layers_ * layer_elements() * elem_bytes_)]);
+  v_.reset(new std::byte[static_cast<size_t>(n_layers_ * layer_elements() * elem_bytes_)]);
   free_.resize(static_cast<size_t>(pages));
   // Low pages on top: a fresh pool hands out pages in order.
   for (int64_t i = 0; i < pages; ++i) free_[static_cast<size_t>(i)] = static_cast<int32_t>(pages - 1 - i);
 }
 
-int64_t KvPagePool::pages_in(int64_t bytes, int n_layers, int kv_heads, int head_dim, int page_shift) {
+int64_t KvPagePool::pages_in(int64_t bytes, int n_layers, int kv_heads, int head_dim, int page_shift,
+                             kernels::TensorType dtype) {
   const int64_t page = 2 * static_cast<int64_t>(n_layers) * kv_heads * head_dim * (int64_t{1} << page_shift) *
-                       static_cast<int64_t>(sizeof(float));
+                       kernels::kv_dtype_bytes(dtype);
   return std::max<int64_t>(1, bytes / page);
 }
 
@@ -85,13 +96,14 @@ void KvPagePool::release(std::vector<int32_t>& pages) {
 
 kernels::KvView KvPagePool::view(int layer, const std::vector<int32_t>& pages, int64_t capacity) const {
   kernels::KvView v;
-  v.k = k_.get() + layer * layer_floats();
-  v.v = v_.get() + layer * layer_floats();
+  v.k = k_.get() + layer * layer_elements() * elem_bytes_;
+  v.v = v_.get() + layer * layer_elements() * elem_bytes_;
+  v.dtype = dtype_;
   v.pages = pages.data();
   v.page_count = static_cast<int64_t>(pages.size());
   v.capacity = capacity;
   v.page_shift = page_shift_;
-  v.page_stride = page_floats();
+  v.page_stride = page_elements();
   v.head_stride = page_positions() * head_dim_;
   v.kv_heads = kv_heads_;
   v.head_dim = head_dim_;
@@ -99,20 +111,21 @@ kernels::KvView KvPagePool::view(int layer, const std::vector<int32_t>& pages, i
 }
 
 int64_t KvPagePool::row_offset(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) const {
-  return layer * layer_floats() + pages[static_cast<size_t>(pos >> page_shift_)] * page_floats() +
+  return layer * layer_elements() + pages[static_cast<size_t>(pos >> page_shift_)] * page_elements() +
          (static_cast<int64_t>(h) * page_positions() + (pos & (page_positions() - 1))) * head_dim_;
 }
-float* KvPagePool::k_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) {
-  return k_.get() + row_offset(layer, pages, h, pos);
+std::byte* KvPagePool::k_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) {
+  return k_.get() + row_offset(layer, pages, h, pos) * elem_bytes_;
 }
-float* KvPagePool::v_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) {
-  return v_.get() + row_offset(layer, pages, h, pos);
+std::byte* KvPagePool::v_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) {
+  return v_.get() + row_offset(layer, pages, h, pos) * elem_bytes_;
 }
 
-KvCache::KvCache(int layers, int kv_heads_, int head_dim_, int64_t capacity_) {
+KvCache::KvCache(int layers, int kv_heads_, int head_dim_, int64_t capacity_, kernels::TensorType dtype) {
   auto pool = KvPagePool::make(layers, kv_heads_, head_dim_,
                                (capacity_ + (int64_t{1} << KvPagePool::kDefaultPageShift) - 1) >>
-                                   KvPagePool::kDefaultPageShift);
+                                   KvPagePool::kDefaultPageShift,
+                               KvPagePool::kDefaultPageShift, dtype);
   *this = pool->make_cache(capacity_);
 }
 
@@ -150,8 +163,8 @@ void KvCache::write_rows(int l, int h, int64_t pos, int64_t m, const float* k, c
   if (pos < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
   for_each_run(pos, m, [&](int64_t at, int64_t count) {
     const int64_t src = (at - pos) * head_dim;
-    std::memcpy(k_at(l, h, at), k + src, static_cast<size_t>(count * head_dim) * sizeof(float));
-    std::memcpy(v_at(l, h, at), v + src, static_cast<size_t>(count * head_dim) * sizeof(float));
+    kernels::kv_from_fp32(dtype(), k + src, pool_->k_row(l, pages_, h, at), count * head_dim);
+    if (v) kernels::kv_from_fp32(dtype(), v + src, pool_->v_row(l, pages_, h, at), count * head_dim);
   });
 }
 
@@ -159,8 +172,30 @@ void KvCache::read_rows(int l, int h, int64_t pos, int64_t m, float* k, float* v
   if (pos < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
   for_each_run(pos, m, [&](int64_t at, int64_t count) {
     const int64_t dst = (at - pos) * head_dim;
-    std::memcpy(k + dst, k_at(l, h, at), static_cast<size_t>(count * head_dim) * sizeof(float));
-    std::memcpy(v + dst, v_at(l, h, at), static_cast<size_t>(count * head_dim) * sizeof(float));
+    kernels::kv_to_fp32(dtype(), pool_->k_row(l, pages_, h, at), k + dst, count * head_dim);
+    if (v) kernels::kv_to_fp32(dtype(), pool_->v_row(l, pages_, h, at), v + dst, count * head_dim);
+  });
+}
+
+void KvCache::write_rows_raw(int l, int h, int64_t pos, int64_t m, const void* k, const void* v) {
+  if (pos < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
+  const int64_t row_bytes = head_dim * elem_bytes();
+  for_each_run(pos, m, [&](int64_t at, int64_t count) {
+    const int64_t src = (at - pos) * row_bytes;
+    std::memcpy(pool_->k_row(l, pages_, h, at), static_cast<const std::byte*>(k) + src,
+                static_cast<size_t>(count * row_bytes));
+    std::memcpy(pool_->v_row(l, pages_, h, at), static_cast<const std::byte*>(v) + src,
+                static_cast<size_t>(count * row_bytes));
+  });
+}
+
+void KvCache::read_rows_raw(int l, int h, int64_t pos, int64_t m, void* k, void* v) const {
+  if (pos < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
+  const int64_t row_bytes = head_dim * elem_bytes();
+  for_each_run(pos, m, [&](int64_t at, int64_t count) {
+    const int64_t dst = (at - pos) * row_bytes;
+    std::memcpy(static_cast<std::byte*>(k) + dst, pool_->k_row(l, pages_, h, at), static_cast<size_t>(count * row_bytes));
+    std::memcpy(static_cast<std::byte*>(v) + dst, pool_->v_row(l, pages_, h, at), static_cast<size_t>(count * row_bytes));
   });
 }
 
@@ -170,6 +205,26 @@ void KvCache::write_layer(int l, int64_t rows, const float* k, const float* v) {
 
 void KvCache::read_layer(int l, int64_t rows, float* k, float* v) const {
   for (int h = 0; h < kv_heads; ++h) read_rows(l, h, 0, rows, k + h * rows * head_dim, v + h * rows * head_dim);
+}
+
+float* KvCache::f32_row(std::byte* row) const {
+  if (dtype() != kernels::TensorType::F32)
+    throw std::logic_error("KV cache: rows in place are fp32 only (this cache is " +
+                           std::string(kernels::kv_dtype_name(dtype())) + "); use read_rows / write_rows");
+  return reinterpret_cast<float*>(row);
+}
+
+void KvCache::write_layer_raw(int l, int64_t rows, const void* k, const void* v) {
+  const int64_t head_bytes = rows * head_dim * elem_bytes();
+  for (int h = 0; h < kv_heads; ++h)
+    write_rows_raw(l, h, 0, rows, static_cast<const std::byte*>(k) + h * head_bytes,
+                   static_cast<const std::byte*>(v) + h * head_bytes);
+}
+
+void KvCache::read_layer_raw(int l, int64_t rows, void* k, void* v) const {
+  const int64_t head_bytes = rows * head_dim * elem_bytes();
+  for (int h = 0; h < kv_heads; ++h)
+    read_rows_raw(l, h, 0, rows, static_cast<std::byte*>(k) + h * head_bytes, static_cast<std::byte*>(v) + h * head_bytes);
 }
 
 }  // namespace bs

@@ -9,6 +9,9 @@
 //
 // Layout: K and V each [n_layers, pool pages, kv_heads, page_positions, head_dim],
 // K stored after RoPE. A page covers 2^page_shift positions of every layer and head.
+// Elements are the pool's dtype (F32, F16 or BF16: device.kv_dtype): rows written as
+// fp32 are rounded to it (K after RoPE), rows read as fp32 are widened exactly; the
+// *_raw calls move stored elements unchanged (chunk KV of the same dtype, saves).
 #pragma once
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "kernels/kv_view.h"
+#include "kernels/tensor_types.h"
 
 namespace bs {
 
@@ -34,14 +38,18 @@ class KvPagePool : public std::enable_shared_from_this<KvPagePool> {
   static constexpr int kDefaultPageShift = 6;  // 64 positions: a whole tile of the CPU attention kernels
 
   // Use make(): caches keep their pool alive through a shared_ptr.
-  KvPagePool(int n_layers, int kv_heads, int head_dim, int64_t pages, int page_shift);
+  // dtype: F32, F16 or BF16 (std::invalid_argument otherwise).
+  KvPagePool(int n_layers, int kv_heads, int head_dim, int64_t pages, int page_shift,
+             kernels::TensorType dtype = kernels::TensorType::F32);
   static std::shared_ptr<KvPagePool> make(int n_layers, int kv_heads, int head_dim, int64_t pages,
-                                          int page_shift = kDefaultPageShift) {
-    return std::make_shared<KvPagePool>(n_layers, kv_heads, head_dim, pages, page_shift);
+                                          int page_shift = kDefaultPageShift,
+                                          kernels::TensorType dtype = kernels::TensorType::F32) {
+    return std::make_shared<KvPagePool>(n_layers, kv_heads, head_dim, pages, page_shift, dtype);
   }
   // The pages of a pool that fits `bytes` (at least one page).
   static int64_t pages_in(int64_t bytes, int n_layers, int kv_heads, int head_dim,
-                          int page_shift = kDefaultPageShift);
+                          int page_shift = kDefaultPageShift,
+                          kernels::TensorType dtype = kernels::TensorType::F32);
 
   // A cache of `capacity` positions on free pages, or nothing when too few are free.
   std::optional<KvCache> try_make_cache(int64_t capacity);
@@ -62,32 +70,37 @@ class KvPagePool : public std::enable_shared_from_this<KvPagePool> {
   int64_t total_pages() const { return total_pages_; }
   int64_t free_pages() const;
   // Bytes of K and V one page holds (every layer).
-  int64_t page_bytes() const { return 2 * n_layers_ * page_floats() * static_cast<int64_t>(sizeof(float)); }
+  int64_t page_bytes() const { return 2 * n_layers_ * page_elements() * elem_bytes_; }
+  kernels::TensorType dtype() const { return dtype_; }
+  int64_t elem_bytes() const { return elem_bytes_; }
   int n_layers() const { return n_layers_; }
   int kv_heads() const { return kv_heads_; }
   int head_dim() const { return head_dim_; }
 
   // The view of one layer through a page table (kernels/kv_view.h).
   kernels::KvView view(int layer, const std::vector<int32_t>& pages, int64_t capacity) const;
-  // Row of KV head h at position pos of a sequence with this page table.
-  float* k_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos);
-  float* v_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos);
+  // Row of KV head h at position pos of a sequence with this page table: its first
+  // stored element (elem_bytes() each).
+  std::byte* k_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos);
+  std::byte* v_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos);
 
  private:
   friend class KvCache;
-  int64_t page_floats() const { return static_cast<int64_t>(kv_heads_) * page_positions() * head_dim_; }
-  int64_t layer_floats() const { return total_pages_ * page_floats(); }
+  int64_t page_elements() const { return static_cast<int64_t>(kv_heads_) * page_positions() * head_dim_; }
+  int64_t layer_elements() const { return total_pages_ * page_elements(); }
   int64_t row_offset(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) const;
   void release(std::vector<int32_t>& pages);
 
   const int n_layers_, kv_heads_, head_dim_;
   const int64_t total_pages_;
   const int page_shift_;
-  // Left uninitialized (new float[]): a pool is hundreds of MB to GBs and every row is
-  // written before it is read (attention reads positions < n_kv only, all computed or
+  const kernels::TensorType dtype_;
+  const int64_t elem_bytes_;
+  // Left uninitialized (new std::byte[]): a pool is hundreds of MB to GBs and every row
+  // is written before it is read (attention reads positions < n_kv only, all computed or
   // loaded), so zero-filling it is pure cost — and, untouched, the kernel backs the
   // memory of a large allocation only where it is first written.
-  std::unique_ptr<float[]> k_, v_;
+  std::unique_ptr<std::byte[]> k_, v_;
   mutable std::mutex mu_;
   std::vector<int32_t> free_;  // a stack: the most recently freed page is reused first
   int64_t reserved_ = 0;
@@ -105,7 +118,8 @@ class KvCache {
 
   KvCache() = default;
   // A cache with a pool of its own, exactly its pages (benchmarks, tools, tests).
-  KvCache(int layers, int kv_heads, int head_dim, int64_t capacity);
+  KvCache(int layers, int kv_heads, int head_dim, int64_t capacity,
+          kernels::TensorType dtype = kernels::TensorType::F32);
   KvCache(KvCache&& other) noexcept { *this = std::move(other); }
   KvCache& operator=(KvCache&& other) noexcept;
   KvCache(const KvCache&) = delete;
@@ -116,11 +130,15 @@ class KvCache {
   void reset();
 
   kernels::KvView view(int layer) const { return pool_->view(layer, pages_, capacity); }
-  // Row [head_dim] of KV head h at position pos of layer l.
-  float* k_at(int l, int h, int64_t pos) { return pool_->k_row(l, pages_, h, pos); }
-  float* v_at(int l, int h, int64_t pos) { return pool_->v_row(l, pages_, h, pos); }
-  const float* k_at(int l, int h, int64_t pos) const { return pool_->k_row(l, pages_, h, pos); }
-  const float* v_at(int l, int h, int64_t pos) const { return pool_->v_row(l, pages_, h, pos); }
+  kernels::TensorType dtype() const { return pool_->dtype(); }
+  int64_t elem_bytes() const { return pool_->elem_bytes(); }
+  // Row [head_dim] of KV head h at position pos of layer l, in place: fp32 caches only
+  // (std::logic_error otherwise), for tests and tools that inspect or poke rows. The
+  // engine goes through read_rows / write_rows, which every dtype has.
+  float* k_at(int l, int h, int64_t pos) { return f32_row(pool_->k_row(l, pages_, h, pos)); }
+  float* v_at(int l, int h, int64_t pos) { return f32_row(pool_->v_row(l, pages_, h, pos)); }
+  const float* k_at(int l, int h, int64_t pos) const { return f32_row(pool_->k_row(l, pages_, h, pos)); }
+  const float* v_at(int l, int h, int64_t pos) const { return f32_row(pool_->v_row(l, pages_, h, pos)); }
 
   // Calls run(start, count) for the runs of consecutive rows (one page each) that
   // make up positions [pos, pos + m): rows of a run are consecutive in memory.
@@ -133,10 +151,18 @@ class KvCache {
       at += count;
     }
   }
-  // Rows [pos, pos + m) of KV head h of layer l from / to [m, head_dim] arrays.
+  // Rows [pos, pos + m) of KV head h of layer l from / to [m, head_dim] fp32 arrays
+  // (rounded to / widened from the cache's dtype). v may be nullptr: K only.
   void write_rows(int l, int h, int64_t pos, int64_t m, const float* k, const float* v);
   void read_rows(int l, int h, int64_t pos, int64_t m, float* k, float* v) const;
-  // Rows [0, rows) of every KV head of layer l from / to [kv_heads, rows, head_dim].
+  // The same rows as stored elements of the cache's dtype, copied unchanged.
+  void write_rows_raw(int l, int h, int64_t pos, int64_t m, const void* k, const void* v);
+  void read_rows_raw(int l, int h, int64_t pos, int64_t m, void* k, void* v) const;
+  // Rows [0, rows) of every KV head of layer l from / to [kv_heads, rows, head_dim]
+  // arrays of stored elements (elem_bytes() each), unchanged.
+  void write_layer_raw(int l, int64_t rows, const void* k, const void* v);
+  void read_layer_raw(int l, int64_t rows, void* k, void* v) const;
+  // The same as fp32 [kv_heads, rows, head_dim] arrays (rounded / widened).
   void write_layer(int l, int64_t rows, const float* k, const float* v);
   void read_layer(int l, int64_t rows, float* k, float* v) const;
 
@@ -146,6 +172,7 @@ class KvCache {
  private:
   friend class KvPagePool;
   KvCache(std::shared_ptr<KvPagePool> pool, std::vector<int32_t> pages, int64_t capacity);
+  float* f32_row(std::byte* row) const;
 
   std::shared_ptr<KvPagePool> pool_;
   std::vector<int32_t> pages_;

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "kernels/dequant.h"
+#include "kernels/kv_view.h"
 
 namespace bs {
 namespace {
@@ -68,8 +69,16 @@ kernels::RopeTable make_rope_table(const LlamaConfig& cfg, const std::vector<flo
   return table;
 }
 
-LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, kernels::Precision precision)
-    : path_(gguf_path), file_(gguf::GgufFile::open(gguf_path)), backend_(&backend), precision_(precision) {
+LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, kernels::Precision precision,
+                       kernels::TensorType kv_dtype)
+    : path_(gguf_path),
+      file_(gguf::GgufFile::open(gguf_path)),
+      backend_(&backend),
+      precision_(precision),
+      kv_dtype_(kv_dtype) {
+  if (!kernels::is_kv_dtype(kv_dtype))
+    throw std::invalid_argument(std::string("KV dtype ") + kernels::type_traits(kv_dtype).name +
+                                " is not one of f32, f16, bf16");
   if (!backend.supports(precision))
     throw std::invalid_argument(std::string("precision ") + kernels::precision_name(precision) +
                                 " is not supported by " + backend.kernel_id());
@@ -228,9 +237,11 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     add(t.dims.data(), t.dims.size() * sizeof(int64_t));
     add(t.data, t.nbytes);
   }
-  // The kernels and precision that compute KV are part of it too: KV computed by one
-  // kernel variant or at one precision is never served as another's.
+  // The kernels, precision and KV dtype that compute and store KV are part of it too:
+  // KV computed by one kernel variant, at one precision or stored as one dtype is
+  // never served as another's. (F32 adds nothing: keys of fp32 KV are as before.)
   add_str(backend.kernel_id() + "/" + kernels::precision_name(precision));
+  if (kv_dtype != kernels::TensorType::F32) add_str(std::string("kv:") + kernels::type_traits(kv_dtype).name);
   fingerprint_ = XXH3_64bits_digest(st);
   XXH3_freeState(st);
 }

@@ -61,13 +61,17 @@ inline constexpr uint32_t kKvLayoutVersion = 1;
 class LlamaModel {
  public:
   // Loads and prepares all weights on `backend` (which must outlive the model).
-  LlamaModel(const std::string& gguf_path, kernels::Backend& backend, kernels::Precision precision);
+  // kv_dtype: how its KV caches store K and V (F32, F16 or BF16; kernels/kv_view.h);
+  // std::invalid_argument for another type.
+  LlamaModel(const std::string& gguf_path, kernels::Backend& backend, kernels::Precision precision,
+             kernels::TensorType kv_dtype = kernels::TensorType::F32);
 
   const LlamaConfig& config() const { return cfg_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ChatTemplate& chat_template() const { return chat_template_; }
   kernels::Backend& backend() const { return *backend_; }
   kernels::Precision precision() const { return precision_; }
+  kernels::TensorType kv_dtype() const { return kv_dtype_; }
   const kernels::RopeTable& rope() const { return rope_; }
   const LayerWeights& layer(int l) const { return layers_[l]; }
   const kernels::WeightView& token_embedding() const { return embed_view_; }
@@ -75,7 +79,8 @@ class LlamaModel {
   const kernels::PreparedWeights& output() const { return *output_; }
   // Identifies everything that changes computed KV bytes: all weight bytes, the
   // hyper-parameters (norm epsilon, RoPE base/style/scaling/inv_freq), kKvLayoutVersion,
-  // the backend's kernel_id and the precision (llama_model.cpp lists them). Keys cached
+  // the backend's kernel_id, the precision and the KV dtype (llama_model.cpp lists
+  // them). Keys cached
   // KV, so KV is never served to a model or kernel that would compute other bytes.
   uint64_t fingerprint() const { return fingerprint_; }
   const std::string& path() const { return path_; }
@@ -86,6 +91,7 @@ class LlamaModel {
   LlamaConfig cfg_;
   kernels::Backend* backend_;
   kernels::Precision precision_;
+  kernels::TensorType kv_dtype_;
   std::unique_ptr<Tokenizer> tokenizer_;
   ChatTemplate chat_template_;
   kernels::RopeTable rope_;

@@ -27,7 +27,7 @@ float* scratch(Slot slot, int64_t count) {
 
 KvCache Transformer::make_cache(int64_t capacity) const {
   const auto& c = model_.config();
-  return KvCache(c.n_layers, c.n_kv_heads, c.head_dim, capacity);
+  return KvCache(c.n_layers, c.n_kv_heads, c.head_dim, capacity, model_.kv_dtype());
 }
 
 void Transformer::embed(std::span<const int32_t> tokens, float* hidden) const {

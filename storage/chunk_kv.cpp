@@ -3,8 +3,44 @@
 #include <xxhash.h>
 
 #include <cstdio>
+#include <stdexcept>
+
+#include "kernels/dequant.h"
+#include "kernels/kv_view.h"
 
 namespace bs {
+
+int64_t ChunkKv::elem_bytes() const { return kernels::kv_dtype_bytes(dtype); }
+
+void ChunkKv::allocate() {
+  if (!kernels::is_kv_dtype(dtype)) throw std::invalid_argument("chunk KV: dtype must be F32, F16 or BF16");
+  k.assign(static_cast<size_t>(n_layers * layer_bytes()), std::byte{0});
+  v.assign(k.size(), std::byte{0});
+}
+
+bool ChunkKv::consistent() const {
+  return kernels::is_kv_dtype(dtype) && n_layers >= 0 &&
+         static_cast<int64_t>(k.size()) == n_layers * layer_bytes() && v.size() == k.size();
+}
+
+namespace {
+std::vector<float> widen(const ChunkKv& kv, const std::vector<std::byte>& bytes) {
+  std::vector<float> out(bytes.size() / static_cast<size_t>(kv.elem_bytes()));
+  kernels::kv_to_fp32(kv.dtype, bytes.data(), out.data(), static_cast<int64_t>(out.size()));
+  return out;
+}
+}  // namespace
+
+std::vector<float> ChunkKv::k_fp32() const { return widen(*this, k); }
+std::vector<float> ChunkKv::v_fp32() const { return widen(*this, v); }
+
+void ChunkKv::set_fp32(std::span<const float> k_values, std::span<const float> v_values) {
+  allocate();
+  const size_t n = k.size() / static_cast<size_t>(elem_bytes());
+  if (k_values.size() != n || v_values.size() != n) throw std::invalid_argument("chunk KV: wrong number of values");
+  kernels::kv_from_fp32(dtype, k_values.data(), k.data(), static_cast<int64_t>(n));
+  kernels::kv_from_fp32(dtype, v_values.data(), v.data(), static_cast<int64_t>(n));
+}
 
 std::string ChunkKey::hex() const {
   char buf[33];

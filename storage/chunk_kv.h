@@ -4,24 +4,49 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "kernels/tensor_types.h"
+
 namespace bs {
 
+// K and V are stored in the dtype they were computed in (the KV cache's, F32, F16 or
+// BF16: kernels/kv_view.h): the bytes a request's cache holds, copied unchanged. The
+// dtype is part of the model fingerprint and so of the key: an entry is only ever
+// asked for by a cache of its own dtype.
 struct ChunkKv {
   std::vector<int32_t> tokens;
   int n_layers = 0, kv_heads = 0, head_dim = 0;
-  // [n_layers, kv_heads, m, head_dim]: layer-major, so one layer is one contiguous slice.
-  std::vector<float> k, v;
+  kernels::TensorType dtype = kernels::TensorType::F32;
+  // [n_layers, kv_heads, m, head_dim] elements of dtype: layer-major, so one layer is
+  // one contiguous slice.
+  std::vector<std::byte> k, v;
 
   int64_t length() const { return static_cast<int64_t>(tokens.size()); }
-  int64_t layer_stride() const { return static_cast<int64_t>(kv_heads) * length() * head_dim; }
-  const float* k_layer(int l) const { return k.data() + l * layer_stride(); }
-  const float* v_layer(int l) const { return v.data() + l * layer_stride(); }
-  size_t bytes() const { return (k.size() + v.size()) * sizeof(float) + tokens.size() * sizeof(int32_t); }
+  int64_t elem_bytes() const;
+  // Elements (and bytes) in K, and in V, of one layer.
+  int64_t layer_elements() const { return static_cast<int64_t>(kv_heads) * length() * head_dim; }
+  int64_t layer_bytes() const { return layer_elements() * elem_bytes(); }
+  const std::byte* k_layer(int l) const { return k.data() + l * layer_bytes(); }
+  const std::byte* v_layer(int l) const { return v.data() + l * layer_bytes(); }
+  std::byte* k_layer(int l) { return k.data() + l * layer_bytes(); }
+  std::byte* v_layer(int l) { return v.data() + l * layer_bytes(); }
+  // Sizes k and v for the shape, tokens and dtype.
+  void allocate();
+  // Whether k and v have the sizes the shape says.
+  bool consistent() const;
+  size_t bytes() const { return k.size() + v.size() + tokens.size() * sizeof(int32_t); }
+
+  // As fp32 (exact), [n_layers, kv_heads, m, head_dim]: for tests and tools.
+  std::vector<float> k_fp32() const;
+  std::vector<float> v_fp32() const;
+  // Sets K and V from fp32 values (rounded to dtype), sizing them first; each span
+  // holds n_layers * layer_elements() values.
+  void set_fp32(std::span<const float> k_values, std::span<const float> v_values);
 };
 
 // 128-bit content key: XXH3-128 of (model fingerprint, kind, token ids).

@@ -18,6 +18,8 @@
 #include <thread>
 #include <utility>
 
+#include "kernels/kv_view.h"
+
 namespace bs {
 
 namespace {
@@ -27,7 +29,6 @@ namespace fs = std::filesystem;
 constexpr char kMagic[4] = {'B', 'S', 'K', 'V'};
 constexpr char kSuffix[] = ".bskv";
 constexpr char kTmpMarker[] = ".bskv.tmp.";
-constexpr uint32_t kDtypeF32 = 0;
 constexpr size_t kFixedBytes = 48;  // magic .. m, see disk_store.h
 // Sanity bounds for a parsed header, far above any real model.
 constexpr uint32_t kMaxDim = 1u << 20;
@@ -39,18 +40,27 @@ int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 struct Header {
   ChunkKey key;
   int n_layers = 0, kv_heads = 0, head_dim = 0;
+  kernels::TensorType dtype = kernels::TensorType::F32;
   std::vector<int32_t> tokens;
   std::vector<uint64_t> layer_sums;
   int64_t header_bytes = 0, layer_span = 0, file_bytes = 0;
 };
 
+// The stored element type of a header's dtype field (ggml numbering, as TensorType:
+// 0 = F32, 1 = F16, 30 = BF16); nullopt for anything else.
+std::optional<kernels::TensorType> kv_dtype_of(uint32_t field) {
+  const auto type = static_cast<kernels::TensorType>(field);
+  if (field > 1000 || !kernels::is_kv_dtype(type)) return std::nullopt;
+  return type;
+}
+
 // Sizes implied by a shape; false on overflow. layer_span includes the padding.
-bool layout(uint64_t n_layers, uint64_t kv_heads, uint64_t head_dim, uint64_t m, int64_t& header_bytes,
-            int64_t& layer_span, int64_t& file_bytes) {
+bool layout(uint64_t n_layers, uint64_t kv_heads, uint64_t head_dim, uint64_t m, uint64_t elem_bytes,
+            int64_t& header_bytes, int64_t& layer_span, int64_t& file_bytes) {
   const uint64_t header_raw = kFixedBytes + 4 * m + 8 * n_layers + 8;
   uint64_t layer_raw = 0;
   if (__builtin_mul_overflow(kv_heads, head_dim, &layer_raw) || __builtin_mul_overflow(layer_raw, m, &layer_raw) ||
-      __builtin_mul_overflow(layer_raw, uint64_t{2 * sizeof(float)}, &layer_raw) || layer_raw > (uint64_t{1} << 50))
+      __builtin_mul_overflow(layer_raw, 2 * elem_bytes, &layer_raw) || layer_raw > (uint64_t{1} << 50))
     return false;
   header_bytes = round_up(static_cast<int64_t>(header_raw), DiskKvStore::kAlign);
   layer_span = round_up(static_cast<int64_t>(layer_raw), DiskKvStore::kAlign);
@@ -153,13 +163,17 @@ std::optional<Header> read_header(int fd, int64_t file_size, int64_t* got = null
   Header h;
   h.key.hi = load<uint64_t>(p);
   h.key.lo = load<uint64_t>(p);
-  if (load<uint32_t>(p) != kDtypeF32) return std::nullopt;
+  const auto dtype = kv_dtype_of(load<uint32_t>(p));
+  if (!dtype) return std::nullopt;
+  h.dtype = *dtype;
   const uint32_t n_layers = load<uint32_t>(p), kv_heads = load<uint32_t>(p), head_dim = load<uint32_t>(p);
   const uint64_t m = load<uint64_t>(p);
   if (n_layers < 1 || n_layers > kMaxDim || kv_heads < 1 || kv_heads > kMaxDim || head_dim < 1 ||
       head_dim > kMaxDim || m > kMaxTokens)
     return std::nullopt;
-  if (!layout(n_layers, kv_heads, head_dim, m, h.header_bytes, h.layer_span, h.file_bytes)) return std::nullopt;
+  if (!layout(n_layers, kv_heads, head_dim, m, static_cast<uint64_t>(kernels::kv_dtype_bytes(h.dtype)), h.header_bytes,
+              h.layer_span, h.file_bytes))
+    return std::nullopt;
   if (h.file_bytes != file_size) return std::nullopt;
 
   // A long token list makes the header span several blocks: read it whole.
@@ -206,6 +220,7 @@ DiskKvStore::Entry::Entry(Entry&& o) noexcept
       n_layers(o.n_layers),
       kv_heads(o.kv_heads),
       head_dim(o.head_dim),
+      dtype(o.dtype),
       fd_(std::exchange(o.fd_, -1)),
       direct_(o.direct_),
       dev_(o.dev_),
@@ -220,6 +235,7 @@ DiskKvStore::Entry& DiskKvStore::Entry::operator=(Entry&& o) noexcept {
     key = o.key;
     tokens = std::move(o.tokens);
     n_layers = o.n_layers, kv_heads = o.kv_heads, head_dim = o.head_dim;
+    dtype = o.dtype;
     fd_ = std::exchange(o.fd_, -1);
     direct_ = o.direct_;
     dev_ = o.dev_, ino_ = o.ino_;
@@ -318,10 +334,10 @@ bool DiskKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
   if (!kv || kv->n_layers < 1 || kv->kv_heads < 1 || kv->head_dim < 1 || kv->n_layers > int64_t{kMaxDim} ||
       kv->kv_heads > int64_t{kMaxDim} || kv->head_dim > int64_t{kMaxDim} || kv->tokens.size() > kMaxTokens)
     return false;
-  const int64_t lf = kv->layer_stride();
-  if (static_cast<int64_t>(kv->k.size()) != kv->n_layers * lf || kv->v.size() != kv->k.size()) return false;
+  if (!kv->consistent()) return false;
   int64_t header_bytes, layer_span, file_bytes;
-  if (!layout(kv->n_layers, kv->kv_heads, kv->head_dim, kv->tokens.size(), header_bytes, layer_span, file_bytes))
+  if (!layout(kv->n_layers, kv->kv_heads, kv->head_dim, kv->tokens.size(), static_cast<uint64_t>(kv->elem_bytes()),
+              header_bytes, layer_span, file_bytes))
     return false;
   if (file_bytes > budget_) return false;
 
@@ -332,13 +348,13 @@ bool DiskKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
   store(hdr, kVersion);
   store(hdr, key.hi);
   store(hdr, key.lo);
-  store(hdr, kDtypeF32);
+  store(hdr, static_cast<uint32_t>(kv->dtype));
   store(hdr, static_cast<uint32_t>(kv->n_layers));
   store(hdr, static_cast<uint32_t>(kv->kv_heads));
   store(hdr, static_cast<uint32_t>(kv->head_dim));
   store(hdr, static_cast<uint64_t>(kv->tokens.size()));
   for (int32_t t : kv->tokens) store(hdr, t);
-  const size_t layer_bytes = static_cast<size_t>(lf) * sizeof(float);
+  const size_t layer_bytes = static_cast<size_t>(kv->layer_bytes());
   for (int l = 0; l < kv->n_layers; ++l) store(hdr, layer_sum(kv->k_layer(l), kv->v_layer(l), layer_bytes));
   store(hdr, XXH3_64bits(hdr.data(), hdr.size()));
   hdr.resize(static_cast<size_t>(header_bytes), 0);
@@ -452,14 +468,15 @@ std::optional<DiskKvStore::Entry> DiskKvStore::open_entry(const ChunkKey& key) {
   }
   e.tokens = std::move(h->tokens);
   e.n_layers = h->n_layers, e.kv_heads = h->kv_heads, e.head_dim = h->head_dim;
+  e.dtype = h->dtype;
   e.header_bytes_ = h->header_bytes, e.layer_span_ = h->layer_span;
   e.layer_sums_ = std::move(h->layer_sums);
   return e;
 }
 
-bool DiskKvStore::read_layer_raw(const Entry& e, int layer, float* k, float* v) {
+bool DiskKvStore::read_layer_raw(const Entry& e, int layer, std::byte* k, std::byte* v) {
   if (e.fd_ < 0 || layer < 0 || layer >= e.n_layers) return false;
-  const int64_t bytes_each = e.layer_floats() * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes_each = e.layer_bytes();
   const int64_t off = e.layer_offset(layer);
   const auto started = std::chrono::steady_clock::now();
   int64_t got = 0;
@@ -520,7 +537,8 @@ class DiskLayerReader final : public LayerReader {
   int n_layers() const override { return e_.n_layers; }
   int kv_heads() const override { return e_.kv_heads; }
   int head_dim() const override { return e_.head_dim; }
-  bool read_layer(int layer, float* k, float* v) override { return store_.read_layer(e_, layer, k, v); }
+  kernels::TensorType dtype() const override { return e_.dtype; }
+  bool read_layer(int layer, std::byte* k, std::byte* v) override { return store_.read_layer(e_, layer, k, v); }
 
  private:
   DiskKvStore& store_;
@@ -548,7 +566,7 @@ std::optional<DiskKvStore::Entry> DiskKvStore::open(const ChunkKey& key) {
   return e;
 }
 
-bool DiskKvStore::read_layer(const Entry& e, int layer, float* k, float* v) {
+bool DiskKvStore::read_layer(const Entry& e, int layer, std::byte* k, std::byte* v) {
   if (read_layer_raw(e, layer, k, v)) return true;
   if (e.fd_ >= 0 && layer >= 0 && layer < e.n_layers) drop_corrupt(e);
   return false;
@@ -561,11 +579,10 @@ std::shared_ptr<const ChunkKv> DiskKvStore::get(const ChunkKey& key) {
     kv = std::make_shared<ChunkKv>();
     kv->tokens = e->tokens;
     kv->n_layers = e->n_layers, kv->kv_heads = e->kv_heads, kv->head_dim = e->head_dim;
-    const int64_t lf = e->layer_floats();
-    kv->k.resize(static_cast<size_t>(lf * e->n_layers));
-    kv->v.resize(kv->k.size());
+    kv->dtype = e->dtype;
+    kv->allocate();
     for (int l = 0; l < e->n_layers && kv; ++l)
-      if (!read_layer_raw(*e, l, kv->k.data() + l * lf, kv->v.data() + l * lf)) {
+      if (!read_layer_raw(*e, l, kv->k_layer(l), kv->v_layer(l))) {
         drop_corrupt(*e);
         kv.reset();
       }

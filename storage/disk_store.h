@@ -3,7 +3,8 @@
 // cache survives restarts.
 //
 // File `<key.hex()>.bskv`; integers in host byte order (little-endian targets):
-//   header: "BSKV", u32 version, u64 key.hi, u64 key.lo, u32 dtype (0 = f32),
+//   header: "BSKV", u32 version, u64 key.hi, u64 key.lo, u32 dtype (ggml numbering:
+//           0 = f32, 1 = f16, 30 = bf16; the element type of every K/V value below),
 //           u32 n_layers, u32 kv_heads, u32 head_dim, u64 m (token count),
 //           i32 tokens[m], u64 layer_sum[n_layers], u64 header_sum;
 //           zero-padded to a multiple of 4096 (header_bytes)
@@ -83,10 +84,13 @@ class DiskKvStore final : public KvStore {
     ChunkKey key;
     std::vector<int32_t> tokens;
     int n_layers = 0, kv_heads = 0, head_dim = 0;
+    kernels::TensorType dtype = kernels::TensorType::F32;
 
     int64_t length() const { return static_cast<int64_t>(tokens.size()); }
-    // Floats in K (and in V) of one layer: kv_heads * m * head_dim.
-    int64_t layer_floats() const { return static_cast<int64_t>(kv_heads) * length() * head_dim; }
+    // Bytes in K (and in V) of one layer: kv_heads * m * head_dim elements of dtype.
+    int64_t layer_bytes() const {
+      return static_cast<int64_t>(kv_heads) * length() * head_dim * (dtype == kernels::TensorType::F32 ? 4 : 2);
+    }
     int64_t layer_offset(int layer) const { return header_bytes_ + layer * layer_span_; }
 
    private:
@@ -103,10 +107,10 @@ class DiskKvStore final : public KvStore {
   // a miss and makes the entry most recent.
   std::optional<Entry> open(const ChunkKey& key);
   // Reads exactly layer `layer` (one pread at its offset) into k and v, each
-  // e.layer_floats() floats laid out [kv_heads, m, head_dim], and verifies the
+  // e.layer_bytes() bytes laid out [kv_heads, m, head_dim], and verifies the
   // layer's checksum. False on a short read or a mismatch: the file is then
   // removed and `corrupt` counted.
-  bool read_layer(const Entry& e, int layer, float* k, float* v);
+  bool read_layer(const Entry& e, int layer, std::byte* k, std::byte* v);
   // open() + read_layer() behind the tier-neutral interface the loaders use.
   std::unique_ptr<LayerReader> open_layers(const ChunkKey& key) override;
 
@@ -118,7 +122,7 @@ class DiskKvStore final : public KvStore {
 
   void scan();
   std::optional<Entry> open_entry(const ChunkKey& key);
-  bool read_layer_raw(const Entry& e, int layer, float* k, float* v);
+  bool read_layer_raw(const Entry& e, int layer, std::byte* k, std::byte* v);
   // Charges `bytes` read since `started` to the throttle, sleeping as it says.
   void throttle(int64_t bytes, std::chrono::steady_clock::time_point started);
   int open_read(const std::string& path, bool& direct);

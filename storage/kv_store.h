@@ -30,16 +30,21 @@ class LayerReader {
   virtual int n_layers() const = 0;
   virtual int kv_heads() const = 0;
   virtual int head_dim() const = 0;
+  // The stored elements' type (F32, F16, BF16): the entry's, as computed.
+  virtual kernels::TensorType dtype() const = 0;
   int64_t length() const { return static_cast<int64_t>(tokens().size()); }
-  // Floats in K (and in V) of one layer: kv_heads * m * head_dim.
-  int64_t layer_floats() const { return static_cast<int64_t>(kv_heads()) * length() * head_dim(); }
-  // In-memory tiers: layer `layer`'s K and V ([kv_heads, m, head_dim]) without a
-  // copy, valid while the reader lives; nullptr where the tier must read.
-  virtual const float* k_view(int /*layer*/) const { return nullptr; }
-  virtual const float* v_view(int /*layer*/) const { return nullptr; }
-  // Reads layer `layer` into k and v (layer_floats() each). False: the entry failed
+  // Bytes in K (and in V) of one layer: kv_heads * m * head_dim elements.
+  int64_t layer_bytes() const {
+    return static_cast<int64_t>(kv_heads()) * length() * head_dim() * (dtype() == kernels::TensorType::F32 ? 4 : 2);
+  }
+  // In-memory tiers: layer `layer`'s K and V ([kv_heads, m, head_dim] elements of
+  // dtype()) without a copy, valid while the reader lives; nullptr where the tier
+  // must read.
+  virtual const std::byte* k_view(int /*layer*/) const { return nullptr; }
+  virtual const std::byte* v_view(int /*layer*/) const { return nullptr; }
+  // Reads layer `layer` into k and v (layer_bytes() each). False: the entry failed
   // (short read, checksum): the tier has dropped it, the caller treats it as a miss.
-  virtual bool read_layer(int layer, float* k, float* v) = 0;
+  virtual bool read_layer(int layer, std::byte* k, std::byte* v) = 0;
 };
 
 // A reader over an entry held in memory.
@@ -50,11 +55,12 @@ class MemoryLayerReader final : public LayerReader {
   int n_layers() const override { return kv_->n_layers; }
   int kv_heads() const override { return kv_->kv_heads; }
   int head_dim() const override { return kv_->head_dim; }
-  const float* k_view(int layer) const override { return kv_->k_layer(layer); }
-  const float* v_view(int layer) const override { return kv_->v_layer(layer); }
-  bool read_layer(int layer, float* k, float* v) override {
-    std::copy_n(kv_->k_layer(layer), layer_floats(), k);
-    std::copy_n(kv_->v_layer(layer), layer_floats(), v);
+  kernels::TensorType dtype() const override { return kv_->dtype; }
+  const std::byte* k_view(int layer) const override { return kv_->k_layer(layer); }
+  const std::byte* v_view(int layer) const override { return kv_->v_layer(layer); }
+  bool read_layer(int layer, std::byte* k, std::byte* v) override {
+    std::copy_n(kv_->k_layer(layer), layer_bytes(), k);
+    std::copy_n(kv_->v_layer(layer), layer_bytes(), v);
     return true;
   }
 

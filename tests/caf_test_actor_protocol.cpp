@@ -422,8 +422,8 @@ int64_t mismatches(const KvCache& cache, const ChunkKv& kv, int layer, int64_t o
   const int64_t m = kv.length(), hd = kv.head_dim;
   for (int head = 0; head < kv.kv_heads; ++head)
     for (int64_t i = 0; i < m; ++i) {
-      const float* sk = kv.k_layer(layer) + (head * m + i) * hd;
-      const float* sv = kv.v_layer(layer) + (head * m + i) * hd;
+      const std::byte* sk = kv.k_layer(layer) + (head * m + i) * hd * kv.elem_bytes();
+      const std::byte* sv = kv.v_layer(layer) + (head * m + i) * hd * kv.elem_bytes();
       bad += std::memcmp(cache.k_at(layer, head, offset + i), sk, hd * sizeof(float)) != 0;
       bad += std::memcmp(cache.v_at(layer, head, offset + i), sv, hd * sizeof(float)) != 0;
     }

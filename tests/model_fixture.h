@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "kernels/backend.h"
 #include "model/llama_model.h"
@@ -31,12 +32,14 @@ inline kernels::Backend& shared_backend() {
 // dot products, f32 otherwise.
 inline kernels::Precision fast_precision() { return shared_backend().default_precision(); }
 
-// The model on the CPU backend at the given GEMM precision, loaded on first use.
-inline const LlamaModel& shared_model(kernels::Precision precision) {
+// The model on the CPU backend at the given GEMM precision and KV dtype, loaded on
+// first use.
+inline const LlamaModel& shared_model(kernels::Precision precision,
+                                      kernels::TensorType kv_dtype = kernels::TensorType::F32) {
   auto* backend = &shared_backend();
-  static std::map<kernels::Precision, std::unique_ptr<LlamaModel>> models;
-  auto& m = models[precision];
-  if (!m) m = std::make_unique<LlamaModel>(model_path(), *backend, precision);
+  static std::map<std::pair<kernels::Precision, kernels::TensorType>, std::unique_ptr<LlamaModel>> models;
+  auto& m = models[{precision, kv_dtype}];
+  if (!m) m = std::make_unique<LlamaModel>(model_path(), *backend, precision, kv_dtype);
   return *m;
 }
 

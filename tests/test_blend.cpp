@@ -346,7 +346,7 @@ TEST(ChunkStore, KeysAreContentAddressedAndLruRespectsTheBudget) {
   auto entry = [](int32_t tok) {
     auto kv = std::make_shared<ChunkKv>();
     kv->tokens = {tok};
-    kv->k.assign(250, 0.0f);  // 1000 bytes
+    kv->k.assign(1000, std::byte{0});  // 1000 bytes
     return kv;
   };
   MemoryKvStore store(3 * static_cast<int64_t>(entry(0)->bytes()));
@@ -358,7 +358,7 @@ TEST(ChunkStore, KeysAreContentAddressedAndLruRespectsTheBudget) {
   EXPECT_EQ(store.stats().entries, 3);
   EXPECT_LE(store.stats().bytes, store.budget());
   auto huge = std::make_shared<ChunkKv>();
-  huge->k.assign(10000, 0.0f);
+  huge->k.assign(40000, std::byte{0});
   EXPECT_FALSE(store.put(make_chunk_key(0, KvKind::Chunk, std::vector{9}), huge));
 }
 

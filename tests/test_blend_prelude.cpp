@@ -71,7 +71,8 @@ TEST_F(BlendPrelude, StoredKvIsTheChunksRowsBehindThePreludeInEveryLayer) {
   BlendEngine alone(tf);
   const auto kv_alone = alone.compute_chunk_kv(chunk);
   double diff = 0;
-  for (size_t i = 0; i < kv->v.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(kv->v[i] - kv_alone->v[i])));
+  const auto v = kv->v_fp32(), v_alone = kv_alone->v_fp32();
+  for (size_t i = 0; i < v.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(v[i] - v_alone[i])));
   EXPECT_GT(diff, 1e-2);
 }
 
@@ -106,6 +107,60 @@ TEST_F(BlendPrelude, ThePreludeIsPartOfTheChunkKeyAndPrefixesAreComputedAlone) {
   ASSERT_TRUE(stored);
   EXPECT_EQ(pk->k, stored->k);
   EXPECT_EQ(pk->v, stored->v);
+}
+
+// The KV dtype is part of every chunk and prefix key: chunks stored from an f32
+// cache are never served to an f16 one, nor the other way; each dtype finds its own
+// entries, stored in its own dtype at half the bytes, and the half-precision blend
+// answers as the f32 one does (logits within the rounding of K/V).
+TEST_F(BlendPrelude, TheKvDtypeIsPartOfTheKeyAndEntriesKeepTheirDtype) {
+  const LlamaModel& m32 = testing::shared_model(Precision::F32);
+  const LlamaModel& m16 = testing::shared_model(Precision::F32, kernels::TensorType::F16);
+  EXPECT_NE(m32.fingerprint(), m16.fingerprint());
+  Transformer tf32(m32), tf16(m16);
+  BlendEngine e32(tf32), e16(tf16);
+  MemoryKvStore store(int64_t{1} << 30);
+  const auto prompt = make_prompt(m32, kDocs, kQuestion);
+  for (const auto& chunk : prompt.chunks) EXPECT_NE(e32.chunk_key(chunk), e16.chunk_key(chunk));
+  EXPECT_NE(e32.prefix_key(prompt.prefix), e16.prefix_key(prompt.prefix));
+
+  BlendOptions o;
+  o.ratio = 0.15f;
+  StoreBackedBlend(e32, store).warm(prompt);
+  const auto r16_cold = StoreBackedBlend(e16, store).prefill(prompt, o, 8);
+  EXPECT_EQ(r16_cold.stats.chunks_hit, 0) << "f32 chunks served to an f16 cache";
+  EXPECT_FALSE(r16_cold.stats.prefix_hit);
+  StoreBackedBlend(e16, store).warm(prompt);
+  for (const auto& chunk : prompt.chunks) {
+    const auto a = store.get(e32.chunk_key(chunk)), b = store.get(e16.chunk_key(chunk));
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(a->dtype, kernels::TensorType::F32);
+    EXPECT_EQ(b->dtype, kernels::TensorType::F16);
+    EXPECT_EQ(b->k.size() * 2, a->k.size()) << "a 16-bit entry holds half the bytes";
+    // Its values are the f32 entry's rounded (the chunk computed in an f16 cache
+    // differs a little more: every layer read rounded K/V), within f16 resolution.
+    const auto ka = a->k_fp32(), kb = b->k_fp32();
+    double err = 0, mag = 0;
+    for (size_t i = 0; i < ka.size(); ++i) {
+      err = std::max(err, static_cast<double>(std::fabs(ka[i] - kb[i])));
+      mag = std::max(mag, static_cast<double>(std::fabs(ka[i])));
+    }
+    EXPECT_LT(err, 0.02 * mag);
+  }
+  const auto r32 = StoreBackedBlend(e32, store).prefill(prompt, o, 8);
+  const auto r16 = StoreBackedBlend(e16, store).prefill(prompt, o, 8);
+  EXPECT_EQ(r32.stats.chunks_hit, static_cast<int>(prompt.chunks.size()));
+  EXPECT_EQ(r16.stats.chunks_hit, static_cast<int>(prompt.chunks.size()));
+  EXPECT_TRUE(r32.stats.prefix_hit && r16.stats.prefix_hit);
+  EXPECT_EQ(r16.cache.dtype(), kernels::TensorType::F16);
+  const int64_t V = m32.config().vocab;
+  ASSERT_EQ(r32.logits.size(), static_cast<size_t>(V));
+  double max_d = 0;
+  for (int64_t i = 0; i < V; ++i) max_d = std::max(max_d, static_cast<double>(std::fabs(r32.logits[i] - r16.logits[i])));
+  std::printf("[blend, f16 KV vs f32 KV] first-token max |dlogit| %.4f\n", max_d);
+  EXPECT_LT(max_d, 0.5);
+  const auto top = [&](const std::vector<float>& l) { return std::max_element(l.begin(), l.begin() + V) - l.begin(); };
+  EXPECT_EQ(top(r32.logits), top(r16.logits));
 }
 
 TEST_F(BlendPrelude, BlendOverPreludeChunksAnswers) {

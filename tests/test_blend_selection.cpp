@@ -236,7 +236,7 @@ OracleScores oracle_layer1_deviation(BlendSetup& s, const RagPrompt& prompt, con
   auto cache = s.tf.make_cache(N);
   auto prefix = s.store.get(s.engine.prefix_key(prompt.prefix));
   EXPECT_TRUE(prefix);
-  for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(prefix->k_layer(l), prefix->v_layer(l), P, l, 0, cache);
+  for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(prefix->k_layer(l), prefix->v_layer(l), prefix->dtype, P, l, 0, cache);
   std::vector<int32_t> rows;  // every chunk token, in position order
   std::vector<char> cached_row;
   for (size_t i = 0; i < prompt.chunks.size(); ++i) {
@@ -359,6 +359,7 @@ TEST_F(BlendSelection, PlacedChunkKvIsTheStoredKvRotatedByTheOffsetInEveryLayer)
   const auto chunk = document_chunk_tokens(s.m.tokenizer(), kDocs[1]);
   const int64_t m = static_cast<int64_t>(chunk.size());
   auto kv = s.engine.compute_chunk_kv(chunk);
+  const auto kv_k = kv->k_fp32(), kv_v = kv->v_fp32();
   const float kSentinel = -12345.0f;
   for (int64_t p : {37, 611}) {
     SCOPED_TRACE("offset " + std::to_string(p));
@@ -380,8 +381,8 @@ TEST_F(BlendSelection, PlacedChunkKvIsTheStoredKvRotatedByTheOffsetInEveryLayer)
           for (int d = 0; d < c.head_dim; ++d)
             touched_outside += cache.k_at(l, h, row)[d] != kSentinel || cache.v_at(l, h, row)[d] != kSentinel;
         }
-        const float* stored_k = kv->k_layer(l) + static_cast<int64_t>(h) * m * c.head_dim;
-        const float* stored_v = kv->v_layer(l) + static_cast<int64_t>(h) * m * c.head_dim;
+        const float* stored_k = kv_k.data() + l * kv->layer_elements() + static_cast<int64_t>(h) * m * c.head_dim;
+        const float* stored_v = kv_v.data() + l * kv->layer_elements() + static_cast<int64_t>(h) * m * c.head_dim;
         for (int64_t t = 0; t < m; ++t)
           v_mismatch += std::memcmp(cache.v_at(l, h, p + t), stored_v + t * c.head_dim, c.head_dim * sizeof(float)) != 0;
         for (int64_t t = 0; t < m; ++t) {

@@ -43,16 +43,16 @@ struct TempDir {
 };
 
 // Random bit patterns (NaNs included): equality below is bytewise.
-std::shared_ptr<ChunkKv> random_kv(std::mt19937& rng, int layers, int heads, int m, int head_dim) {
+std::shared_ptr<ChunkKv> random_kv(std::mt19937& rng, int layers, int heads, int m, int head_dim,
+                                   kernels::TensorType dtype = kernels::TensorType::F32) {
   auto kv = std::make_shared<ChunkKv>();
   kv->n_layers = layers, kv->kv_heads = heads, kv->head_dim = head_dim;
+  kv->dtype = dtype;
   for (int i = 0; i < m; ++i) kv->tokens.push_back(static_cast<int32_t>(rng() % 150000));
-  const size_t n = static_cast<size_t>(layers) * heads * m * head_dim;
-  kv->k.resize(n), kv->v.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t a = static_cast<uint32_t>(rng()), b = static_cast<uint32_t>(rng());
-    std::memcpy(&kv->k[i], &a, 4);
-    std::memcpy(&kv->v[i], &b, 4);
+  kv->allocate();
+  for (size_t i = 0; i < kv->k.size(); ++i) {
+    kv->k[i] = static_cast<std::byte>(rng());
+    kv->v[i] = static_cast<std::byte>(rng());
   }
   return kv;
 }
@@ -64,10 +64,11 @@ void expect_same(const ChunkKv& a, const ChunkKv& b) {
   EXPECT_EQ(a.n_layers, b.n_layers);
   EXPECT_EQ(a.kv_heads, b.kv_heads);
   EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.dtype, b.dtype);
   ASSERT_EQ(a.k.size(), b.k.size());
   ASSERT_EQ(a.v.size(), b.v.size());
-  EXPECT_EQ(0, std::memcmp(a.k.data(), b.k.data(), a.k.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(a.v.data(), b.v.data(), a.v.size() * sizeof(float)));
+  EXPECT_EQ(a.k, b.k);
+  EXPECT_EQ(a.v, b.v);
 }
 
 void flip_byte(const std::string& path, int64_t offset) {
@@ -137,6 +138,51 @@ TEST(DiskStore, RoundTripBitExact) {
   EXPECT_FALSE(store.erase(key_of(*small)));
 }
 
+// f16 / bf16 entries keep their dtype through put, get, per-layer reads and a
+// restart, and their layers take half the bytes of f32 ones on disk.
+TEST(DiskStore, HalfPrecisionEntriesKeepTheirDtypeInHalfTheBytes) {
+  TempDir dir;
+  std::mt19937 rng(11);
+  const int layers = 3;
+  // 2 heads x 64 tokens x 16 dims: an f32 layer (K and V) is 16 KiB, a 16-bit one 8 KiB.
+  auto f32 = random_kv(rng, layers, 2, 64, 16);
+  auto f16 = random_kv(rng, layers, 2, 64, 16, kernels::TensorType::F16);
+  auto bf16 = random_kv(rng, layers, 2, 64, 16, kernels::TensorType::BF16);
+  EXPECT_EQ(f16->layer_bytes() * 2, f32->layer_bytes());
+  {
+    DiskKvStore store(dir.str(), kBig);
+    for (const auto& kv : {f32, f16, bf16}) ASSERT_TRUE(store.put(key_of(*kv), kv));
+    const auto size = [&](const ChunkKv& kv) { return static_cast<int64_t>(fs::file_size(store.path_of(key_of(kv)))); };
+    EXPECT_EQ(size(*f32), DiskKvStore::kAlign + layers * 16384);
+    EXPECT_EQ(size(*f16), DiskKvStore::kAlign + layers * 8192);
+    EXPECT_EQ(size(*bf16), size(*f16));
+    auto e = store.open(key_of(*bf16));
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->dtype, kernels::TensorType::BF16);
+    ASSERT_EQ(e->layer_bytes(), bf16->layer_bytes());
+    std::vector<std::byte> k(e->layer_bytes()), v(e->layer_bytes());
+    ASSERT_TRUE(store.read_layer(*e, 2, k.data(), v.data()));
+    EXPECT_EQ(0, std::memcmp(k.data(), bf16->k_layer(2), k.size()));
+    EXPECT_EQ(0, std::memcmp(v.data(), bf16->v_layer(2), v.size()));
+    auto reader = store.open_layers(key_of(*f16));
+    ASSERT_NE(reader, nullptr);
+    EXPECT_EQ(reader->dtype(), kernels::TensorType::F16);
+    EXPECT_EQ(reader->layer_bytes(), f16->layer_bytes());
+  }
+  DiskKvStore again(dir.str(), kBig);  // the index rebuilt from the files
+  EXPECT_EQ(again.stats().entries, 3);
+  for (const auto& kv : {f32, f16, bf16}) {
+    auto got = again.get(key_of(*kv));
+    ASSERT_NE(got, nullptr);
+    expect_same(*got, *kv);
+  }
+  // A shape whose byte count does not match its dtype is refused, not written.
+  auto bad = random_kv(rng, 1, 1, 4, 16, kernels::TensorType::F16);
+  bad->k.resize(bad->k.size() * 2);
+  bad->v.resize(bad->v.size() * 2);
+  EXPECT_FALSE(again.put(make_chunk_key(99, KvKind::Chunk, bad->tokens), bad));
+}
+
 TEST(DiskStore, PerLayerReadEqualsSlice) {
   TempDir dir;
   std::mt19937 rng(2);
@@ -150,13 +196,13 @@ TEST(DiskStore, PerLayerReadEqualsSlice) {
   EXPECT_EQ(e->n_layers, 4);
   EXPECT_EQ(e->kv_heads, 2);
   EXPECT_EQ(e->head_dim, 8);
-  ASSERT_EQ(e->layer_floats(), kv->layer_stride());
-  std::vector<float> k(e->layer_floats()), v(e->layer_floats());
+  ASSERT_EQ(e->layer_bytes(), kv->layer_bytes());
+  std::vector<std::byte> k(e->layer_bytes()), v(e->layer_bytes());
   for (int l = 3; l >= 0; --l) {
     EXPECT_EQ(e->layer_offset(l) % DiskKvStore::kAlign, 0);
     ASSERT_TRUE(store.read_layer(*e, l, k.data(), v.data()));
-    EXPECT_EQ(0, std::memcmp(k.data(), kv->k_layer(l), k.size() * sizeof(float)));
-    EXPECT_EQ(0, std::memcmp(v.data(), kv->v_layer(l), v.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(k.data(), kv->k_layer(l), k.size()));
+    EXPECT_EQ(0, std::memcmp(v.data(), kv->v_layer(l), v.size()));
   }
   EXPECT_FALSE(store.read_layer(*e, 4, k.data(), v.data()));
   EXPECT_EQ(store.stats().corrupt, 0);
@@ -165,7 +211,7 @@ TEST(DiskStore, PerLayerReadEqualsSlice) {
   // An open entry stays readable after it is evicted.
   EXPECT_TRUE(store.erase(key));
   ASSERT_TRUE(store.read_layer(*e, 1, k.data(), v.data()));
-  EXPECT_EQ(0, std::memcmp(k.data(), kv->k_layer(1), k.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(k.data(), kv->k_layer(1), k.size()));
 }
 
 TEST(DiskStore, RestartFindsAllEntries) {
@@ -344,7 +390,7 @@ TEST(DiskStore, FlippedByteIsAMissAndRemoved) {
   {
     auto e = store.open(key);
     ASSERT_TRUE(e.has_value());
-    off = e->layer_offset(1) + 4 * e->layer_floats() + 5;  // in layer 1's V
+    off = e->layer_offset(1) + e->layer_bytes() + 5;  // in layer 1's V
   }
   flip_byte(store.path_of(key), off);
   EXPECT_EQ(store.get(key), nullptr);
@@ -358,7 +404,7 @@ TEST(DiskStore, FlippedByteIsAMissAndRemoved) {
   auto e = store.open(key);
   ASSERT_TRUE(e.has_value());
   flip_byte(store.path_of(key), e->layer_offset(2) + 3);  // in layer 2's K
-  std::vector<float> k(e->layer_floats()), v(e->layer_floats());
+  std::vector<std::byte> k(e->layer_bytes()), v(e->layer_bytes());
   EXPECT_TRUE(store.read_layer(*e, 0, k.data(), v.data()));
   EXPECT_FALSE(store.read_layer(*e, 2, k.data(), v.data()));
   EXPECT_EQ(store.stats().corrupt, 2);
@@ -502,10 +548,10 @@ void direct_round_trip(const fs::path& root) {
   expect_same(*got, *kv);
   auto e = store.open(key);
   ASSERT_TRUE(e.has_value());
-  std::vector<float> k(e->layer_floats()), v(e->layer_floats());
+  std::vector<std::byte> k(e->layer_bytes()), v(e->layer_bytes());
   ASSERT_TRUE(store.read_layer(*e, 2, k.data(), v.data()));
-  EXPECT_EQ(0, std::memcmp(k.data(), kv->k_layer(2), k.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(v.data(), kv->v_layer(2), v.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(k.data(), kv->k_layer(2), k.size()));
+  EXPECT_EQ(0, std::memcmp(v.data(), kv->v_layer(2), v.size()));
   EXPECT_EQ(store.stats().corrupt, 0);
 }
 
@@ -549,8 +595,8 @@ TEST(DiskStore, ConcurrentPutsAndGetsNeverGiveWrongBytes) {
         } else if (auto got = store.get(key_of(*kvs[i]))) {
           const auto& want = *kvs[i];
           if (got->k.size() != want.k.size() || got->v.size() != want.v.size() || got->tokens != want.tokens ||
-              std::memcmp(got->k.data(), want.k.data(), want.k.size() * sizeof(float)) != 0 ||
-              std::memcmp(got->v.data(), want.v.data(), want.v.size() * sizeof(float)) != 0)
+              std::memcmp(got->k.data(), want.k.data(), want.k.size()) != 0 ||
+              std::memcmp(got->v.data(), want.v.data(), want.v.size()) != 0)
             ++wrong;
         }
       }
@@ -571,7 +617,7 @@ TEST(DiskStore, ReadThrottleCapsBandwidth) {
   auto kv = random_kv(rng, 4, 4, 256, 128);  // 1 MiB of K+V per layer, 4 MiB in all
   const ChunkKey key = key_of(*kv);
   ASSERT_TRUE(store.put(key, kv));
-  const double total = 2.0 * static_cast<double>(kv->k.size() * sizeof(float));
+  const double total = 2.0 * static_cast<double>(kv->k.size());
   ASSERT_GE(total, 4.0 * 1024 * 1024);
   EXPECT_EQ(store.read_throttle(), 0.0);
   store.set_read_throttle(20e6);
@@ -593,10 +639,10 @@ TEST(DiskStore, ReadThrottleCapsBandwidth) {
   std::vector<std::thread> readers;
   for (int r = 0; r < 2; ++r)
     readers.emplace_back([&, r] {
-      std::vector<float> k(e->layer_floats()), v(e->layer_floats());
+      std::vector<std::byte> k(e->layer_bytes()), v(e->layer_bytes());
       for (int l = r; l < e->n_layers; l += 2)
         if (!store.read_layer(*e, l, k.data(), v.data()) ||
-            std::memcmp(k.data(), kv->k_layer(l), k.size() * sizeof(float)) != 0)
+            std::memcmp(k.data(), kv->k_layer(l), k.size()) != 0)
           ++bad;
     });
   for (auto& th : readers) th.join();

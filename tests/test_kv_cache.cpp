@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/dequant.h"
 #include "model/kv_cache.h"
 
 namespace bs {
@@ -102,9 +103,12 @@ TEST(KvPagePool, RowsLandWhereThePageTableSaysAcrossPageBoundaries) {
       for (int64_t p = 0; p < 29; ++p) {
         for (int d = 0; d < kHeadDim; ++d) {
           ASSERT_EQ(cache.k_at(l, h, p)[d], k[p * kHeadDim + d]) << l << " " << h << " " << p;
-          ASSERT_EQ(view.k_row(h, p)[d], k[p * kHeadDim + d]);
-          ASSERT_EQ(view.v_row(h, p)[d], v[p * kHeadDim + d]);
         }
+        std::vector<float> vk(kHeadDim), vv(kHeadDim);
+        view.read_k_row(h, p, vk.data());
+        view.read_v_row(h, p, vv.data());
+        ASSERT_TRUE(std::equal(vk.begin(), vk.end(), k.begin() + p * kHeadDim));
+        ASSERT_TRUE(std::equal(vv.begin(), vv.end(), v.begin() + p * kHeadDim));
       }
       // A part that starts and ends inside pages.
       std::vector<float> rk(11 * kHeadDim), rv(rk.size());
@@ -163,6 +167,64 @@ TEST(KvPagePool, ManyThreadsMakingAndDroppingCachesLeakNothing) {
     });
   for (auto& th : threads) th.join();
   EXPECT_EQ(pool->free_pages(), 64);
+}
+
+// A half-precision pool: pages of half the bytes; rows written as fp32 are rounded
+// to the dtype (what attention reads through the view too), raw rows move unchanged,
+// and in-place fp32 row access is refused.
+TEST(KvPagePool, HalfPrecisionPagesRoundRowsAndCopyRawOnesUnchanged) {
+  for (const kernels::TensorType dtype : {kernels::TensorType::F16, kernels::TensorType::BF16}) {
+    SCOPED_TRACE(kernels::kv_dtype_name(dtype));
+    auto pool = KvPagePool::make(kLayers, kHeads, kHeadDim, 8, 3, dtype);
+    EXPECT_EQ(pool->dtype(), dtype);
+    EXPECT_EQ(pool->page_bytes(), 2 * kLayers * kHeads * 8 * kHeadDim * 2);
+    EXPECT_EQ(KvPagePool::pages_in(pool->page_bytes() * 5, kLayers, kHeads, kHeadDim, 3, dtype), 5);
+    EXPECT_EQ(KvPagePool::pages_in(pool->page_bytes() * 5, kLayers, kHeads, kHeadDim, 3), 2) << "f32 pages: twice the bytes";
+    KvCache filler = pool->make_cache(8);
+    KvCache cache = pool->make_cache(20);  // 3 pages, not the first
+    std::vector<float> k(20 * kHeadDim), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = 1.0f + static_cast<float>(i) * 0.001f;  // not representable in 16 bits
+      v[i] = -static_cast<float>(i) / 3.0f;
+    }
+    cache.write_rows(2, 1, 0, 20, k.data(), v.data());
+    std::vector<float> rk(k.size()), rv(k.size());
+    cache.read_rows(2, 1, 0, 20, rk.data(), rv.data());
+    int64_t rounded = 0;
+    for (size_t i = 0; i < k.size(); ++i) {
+      const uint16_t hk = dtype == kernels::TensorType::F16 ? kernels::fp32_to_fp16(k[i]) : kernels::fp32_to_bf16(k[i]);
+      const float wk = dtype == kernels::TensorType::F16 ? kernels::fp16_to_fp32(hk) : kernels::bf16_to_fp32(hk);
+      ASSERT_EQ(rk[i], wk) << i;
+      rounded += rk[i] != k[i];
+      ASSERT_LE(std::fabs(rv[i] - v[i]), std::fabs(v[i]) * (dtype == kernels::TensorType::F16 ? 1e-3 : 8e-3));
+    }
+    EXPECT_GT(rounded, 0) << "the values were stored in 16 bits";
+    // The kernels' view reads the same values.
+    const kernels::KvView view = cache.view(2);
+    EXPECT_EQ(view.dtype, dtype);
+    std::vector<float> row(kHeadDim);
+    for (int64_t p : {0, 7, 8, 19}) {
+      view.read_k_row(1, p, row.data());
+      EXPECT_TRUE(std::equal(row.begin(), row.end(), rk.begin() + p * kHeadDim)) << p;
+    }
+    // K only (v = nullptr) leaves V alone.
+    std::vector<float> zeros(k.size(), 0.0f);
+    cache.write_rows(2, 1, 0, 20, zeros.data(), nullptr);
+    std::vector<float> rk2(k.size()), rv2(k.size());
+    cache.read_rows(2, 1, 0, 20, rk2.data(), rv2.data());
+    EXPECT_EQ(rk2, zeros);
+    EXPECT_EQ(rv2, rv);
+    // Raw rows: 2 bytes each, copied unchanged across page boundaries.
+    std::vector<std::byte> raw_k(static_cast<size_t>(13 * kHeadDim * 2)), raw_v(raw_k.size());
+    cache.read_rows_raw(2, 1, 5, 13, raw_k.data(), raw_v.data());
+    KvCache other = pool->make_cache(20);
+    other.write_rows_raw(0, 0, 2, 13, raw_k.data(), raw_v.data());
+    std::vector<float> ok(13 * kHeadDim), ov(ok.size());
+    other.read_rows(0, 0, 2, 13, ok.data(), ov.data());
+    EXPECT_TRUE(std::equal(ov.begin(), ov.end(), rv.begin() + 5 * kHeadDim));
+    EXPECT_THROW(cache.k_at(0, 0, 0), std::logic_error);
+  }
+  EXPECT_THROW(KvPagePool::make(kLayers, kHeads, kHeadDim, 2, 3, kernels::TensorType::Q8_0), std::invalid_argument);
 }
 
 TEST(KvPagePool, BadShapesAreRefused) {

@@ -21,8 +21,8 @@ std::shared_ptr<ChunkKv> make_kv(int32_t tag, int floats = 256) {
   auto kv = std::make_shared<ChunkKv>();
   kv->n_layers = 1, kv->kv_heads = 1, kv->head_dim = floats;
   kv->tokens = {tag};
-  kv->k.assign(static_cast<size_t>(floats), static_cast<float>(tag));
-  kv->v.assign(static_cast<size_t>(floats), -static_cast<float>(tag));
+  const std::vector<float> k(static_cast<size_t>(floats), static_cast<float>(tag)), v(k.size(), -static_cast<float>(tag));
+  kv->set_fp32(k, v);
   return kv;
 }
 
@@ -113,7 +113,7 @@ TEST(MemoryStore, ListenerNotCalledForEraseReplaceOrRefusal) {
   ASSERT_TRUE(store.put(key_of(2), make_kv(2)));
   // Replacing a key: the old value is not an eviction.
   auto newer = make_kv(2);
-  newer->k[0] = 42.0f;
+  newer->k[0] = std::byte{42};
   ASSERT_TRUE(store.put(key_of(2), newer));
   EXPECT_EQ(store.get(key_of(2)), newer);
   EXPECT_TRUE(rec.keys.empty());

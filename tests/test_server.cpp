@@ -40,6 +40,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const char* kModel = "SmolLM2-135M-Instruct";
 const std::vector<std::string> kDocs = {
@@ -947,6 +948,74 @@ TEST(ServerKvPages, AKvCacheThatCannotBeAllocatedIsAConfigError) {
     FAIL() << "a 1 PiB KV cache was allocated";
   } catch (const ConfigError& e) {
     EXPECT_THAT(e.what(), HasSubstr("device.kv_cache_bytes"));
+  }
+}
+
+// device.kv_dtype f16: the server answers as the runtime does, says so in its
+// system_fingerprint, its pages hold half the bytes of f32 ones, and documents are
+// stored as f16 in RAM and on the SSD. The dtype is part of every key: a restart
+// on f32 KV over the same SSD directory finds none of those chunks (computes them),
+// a restart on f16 finds them all on the SSD.
+TEST(ServerKvDtype, AnF16ServerStoresF16ChunksThatOnlyAnF16ServerFinds) {
+  if (!testing::model_available()) GTEST_SKIP() << "model not found";
+  TempDir dir;
+  const std::string q = "How tall is the Eiffel Tower?";
+  auto ask = [&](Served& s) {
+    auto c = s.client();
+    json body = chat_body(q, kDocs, 12);
+    body["ratio"] = 0.15;
+    auto r = post(c, "/v1/chat/completions", body.dump());
+    EXPECT_TRUE(r);
+    EXPECT_EQ(r ? r->status : -1, 200) << (r ? r->body : "");
+    return r ? json::parse(r->body) : json();
+  };
+  int64_t f32_page_bytes = 0;
+  {
+    RuntimeConfig config = config_in(dir.path());
+    config.kv_cache_bytes = int64_t{64} << 20;
+    Runtime runtime(config);
+    f32_page_bytes = runtime.kv_pages().page_bytes;
+  }
+  {
+    RuntimeConfig config = config_in(dir.path());
+    config.kv_dtype = "f16";
+    config.kv_cache_bytes = int64_t{64} << 20;
+    Runtime runtime(config);
+    EXPECT_EQ(runtime.kv_pages().page_bytes * 2, f32_page_bytes);
+    EXPECT_EQ(runtime.context().model->kv_dtype(), kernels::TensorType::F16);
+    Served s(runtime, config);
+    {
+      auto c = s.client();
+      for (const auto& d : kDocs) {
+        auto r = post(c, "/v1/documents", json{{"text", d}}.dump());
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+      }
+    }
+    const json j = ask(s);
+    EXPECT_EQ(j["usage"]["blendserve"]["chunks_ram"], 3);
+    EXPECT_THAT(j["system_fingerprint"].get<std::string>(), HasSubstr("-kvf16"));
+    RuntimeRequest direct = runtime_request(q, kDocs, 12);
+    direct.ratio = 0.15f;
+    EXPECT_EQ(j["choices"][0]["message"]["content"], runtime.run(direct).text);
+    EXPECT_TRUE(kv_pool_back_to_full(runtime));
+  }
+  {
+    RuntimeConfig config = config_in(dir.path());  // f32 over the same SSD tier
+    Runtime runtime(config);
+    Served s(runtime, config);
+    const json j = ask(s);
+    EXPECT_EQ(j["usage"]["blendserve"].value("chunks_ssd", 0), 0) << "f16 chunks served to an f32 cache";
+    EXPECT_EQ(j["usage"]["blendserve"].value("chunks_ram", 0), 0);
+    EXPECT_THAT(j["system_fingerprint"].get<std::string>(), Not(HasSubstr("-kv")));
+  }
+  {
+    RuntimeConfig config = config_in(dir.path());
+    config.kv_dtype = "f16";
+    Runtime runtime(config);
+    Served s(runtime, config);
+    const json j = ask(s);
+    EXPECT_EQ(j["usage"]["blendserve"].value("chunks_ssd", 0), 3) << j.dump();
   }
 }
 

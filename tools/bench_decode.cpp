@@ -127,6 +127,7 @@ int bench_decode(const DecodeBenchOptions& opt) {
   RuntimeConfig cfg = default_runtime_config();
   cfg.model_path = opt.model_path;
   cfg.precision = opt.precision;
+  cfg.kv_dtype = opt.kv_dtype;
   cfg.data_dir = data_dir;
   cfg.ssd.enabled = false;
   cfg.write_back = false;
@@ -165,6 +166,7 @@ int bench_decode(const DecodeBenchOptions& opt) {
               {"max_decode_batch", cfg.max_decode_batch},
               {"repeats", opt.repeats},
               {"kernel", ctx.backend->kernel_id()},
+              {"kv_dtype", cfg.kv_dtype},
               {"threads", kernels::cpu_compute_threads()}};
     std::cout << j.dump() << std::endl;
   }

@@ -47,7 +47,7 @@ int bench_prefill(const BenchOptions& opt) {
   auto cpu = kernels::make_cpu_backend();
   kernels::ProfilingBackend prof(*cpu);
   const auto precision = kernels::choose_precision(opt.precision, *cpu);
-  LlamaModel model(opt.model_path, prof, precision);
+  LlamaModel model(opt.model_path, prof, precision, kv_dtype_option(opt.kv_dtype));
   Transformer tf(model);
   const auto& c = model.config();
   const char* prec = kernels::precision_name(precision);
@@ -96,7 +96,8 @@ int bench_prefill(const BenchOptions& opt) {
     }
     std::sort(times.begin(), times.end());
     const double t = times[times.size() / 2];
-    std::printf("%s\n", nlohmann::json{{"bench", "prefill"}, {"isa", isa}, {"precision", prec}, {"tokens", n},
+    std::printf("%s\n", nlohmann::json{{"bench", "prefill"}, {"isa", isa}, {"precision", prec},
+                                       {"kv_dtype", opt.kv_dtype}, {"tokens", n},
                                        {"seconds", t}, {"tokens_per_s", n / t},
                                        {"gemm_gflops_effective", gemm_flops_per_token(c) * n / t / 1e9},
                                        {"threads", kernels::cpu_compute_threads()},
@@ -117,7 +118,8 @@ int bench_prefill(const BenchOptions& opt) {
       logits = tf.forward(std::span<const int32_t>(&next, 1), cache);
     }
     const double t = seconds_since(t0);
-    std::printf("%s\n", nlohmann::json{{"bench", "decode"}, {"isa", isa}, {"precision", prec}, {"context", opt.decode_context},
+    std::printf("%s\n", nlohmann::json{{"bench", "decode"}, {"isa", isa}, {"precision", prec},
+                                       {"kv_dtype", opt.kv_dtype}, {"context", opt.decode_context},
                                        {"tokens", opt.decode_tokens}, {"seconds", t},
                                        {"tokens_per_s", opt.decode_tokens / t},
                                        {"breakdown", breakdown(prof, t)}}.dump().c_str());
@@ -148,6 +150,7 @@ int bench_prefill(const BenchOptions& opt) {
     }
     const double t = seconds_since(t0);
     std::printf("%s\n", nlohmann::json{{"bench", "decode_batch"}, {"isa", isa}, {"precision", prec},
+                                       {"kv_dtype", opt.kv_dtype},
                                        {"batch", batch}, {"context", opt.decode_context},
                                        {"steps", opt.decode_tokens}, {"seconds", t},
                                        {"step_ms", 1e3 * t / opt.decode_tokens},

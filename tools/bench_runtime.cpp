@@ -56,6 +56,7 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
     RuntimeConfig cfg = default_runtime_config();
     cfg.model_path = t.model_path;
     cfg.precision = t.precision;
+    cfg.kv_dtype = t.kv_dtype;
     cfg.data_dir = data_dir;
     cfg.ssd.path = (fs::path(data_dir) / ("kv_" + tier)).string();
     fs::remove_all(cfg.ssd.path);  // cold store: every chunk is written by this run
@@ -137,6 +138,7 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
       json j = {{"bench", "ttft_runtime"},
                 {"isa", ctx.backend->kernel_id()},
                 {"precision", kernels::precision_name(ctx.precision)},
+                {"kv_dtype", t.kv_dtype},
                 {"tier", tier},
                 {"path", path},
                 {"mode", mode},

@@ -13,9 +13,11 @@
 
 #include "blend/blend_engine.h"
 #include "blend/store_backed_blend.h"
+#include "kernels/kv_view.h"
 #include "storage/memory_store.h"
 #include "model/generate.h"
 #include "tools/bench.h"
+
 
 namespace bs::tools {
 namespace {
@@ -26,6 +28,13 @@ using json = nlohmann::json;
 
 // Chunks of exactly `chunk_tokens` tokens cut from the dataset's documents,
 // (joined document text), so the sizes are exact and the text is realistic.
+kernels::TensorType kv_dtype_option(const std::string& name) {
+  kernels::TensorType type;
+  if (!kernels::kv_dtype_from_name(name, type))
+    throw std::invalid_argument("--kv-dtype: unknown KV dtype '" + name + "' (f32, f16, bf16)");
+  return type;
+}
+
 std::vector<std::vector<int32_t>> make_bench_chunks(const Tokenizer& tok, const std::string& dataset, int count,
                                               int chunk_tokens, int skip) {
   std::ifstream in(dataset);
@@ -55,7 +64,7 @@ std::vector<std::vector<int32_t>> make_bench_chunks(const Tokenizer& tok, const 
 int bench_ttft(const TtftOptions& opt) {
   auto backend = kernels::make_cpu_backend();
   const auto precision = kernels::choose_precision(opt.precision, *backend);
-  LlamaModel model(opt.model_path, *backend, precision);
+  LlamaModel model(opt.model_path, *backend, precision, kv_dtype_option(opt.kv_dtype));
   Transformer tf(model);
   MemoryKvStore store(int64_t{16} << 30);
   BlendEngine engine(tf);
@@ -97,7 +106,8 @@ int bench_ttft(const TtftOptions& opt) {
   };
   const double full = median(ttft[BlendMode::Full]);
   json summary = {{"bench", "ttft_summary"}, {"isa", backend->kernel_id()},
-                  {"precision", kernels::precision_name(precision)}, {"chunks", opt.chunks}, {"chunk_tokens", opt.chunk_tokens},
+                  {"precision", kernels::precision_name(precision)}, {"kv_dtype", opt.kv_dtype},
+                  {"chunks", opt.chunks}, {"chunk_tokens", opt.chunk_tokens},
                   {"prompt_tokens", prompt_tokens}, {"ratio", opt.ratio}};
   for (BlendMode mode : modes) {
     const double t = median(ttft[mode]);
@@ -105,6 +115,7 @@ int bench_ttft(const TtftOptions& opt) {
     json line = {{"bench", "ttft"},
                  {"isa", backend->kernel_id()},
                  {"precision", kernels::precision_name(precision)},
+                 {"kv_dtype", opt.kv_dtype},
                  {"mode", mode_name(mode)},
                  {"chunks", opt.chunks},
                  {"chunk_tokens", opt.chunk_tokens},

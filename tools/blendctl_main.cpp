@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
   auto* prefill = bench->add_subcommand("prefill", "Full prefill and decode throughput, GEMM throughput");
   std::string precision = "auto";
   prefill->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  std::string kv_dtype = "f32";
+  const auto kv_dtypes = CLI::IsMember({"f32", "f16", "bf16"});
+  const char* kv_dtype_help = "How the KV cache holds K and V (device.kv_dtype)";
+  prefill->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
   prefill->add_option("--lengths", opt.prefill_lengths, "Prompt lengths to prefill");
   prefill->add_option("--repeats", opt.repeats)->check(CLI::Range(1, 100));
   prefill->add_option("--decode-context", opt.decode_context)->check(CLI::Range(1, 8000));
@@ -41,6 +45,7 @@ int main(int argc, char** argv) {
   ttft->add_option("--repeats", topt.repeats, "Runs per request and mode")->check(CLI::Range(1, 100));
   ttft->add_option("--dataset", topt.dataset, "JSON lines whose documents provide the chunk text");
   ttft->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  ttft->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
   bs::tools::RuntimeBenchOptions ropt;
   std::vector<std::string> tiers;
   double throttle_mbps = 0;
@@ -72,6 +77,7 @@ int main(int argc, char** argv) {
                      "limits.decode_interleave in seconds (default: off, the prefills run before the decode phase)")
       ->check(CLI::NonNegativeNumber);
   decode->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  decode->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
 
   bs::tools::ServeBenchOptions sopt;
   sopt.dataset = std::string(BLENDSERVE_SOURCE_DIR) + "/tests/data/rag_qa.jsonl";
@@ -173,9 +179,11 @@ int main(int argc, char** argv) {
   eval->add_option("--max-tokens", eopt.max_tokens, "Answer length limit")->check(CLI::Range(1, 512));
   eval->add_flag("!--no-cases", eopt.print_cases, "Print only the summary lines");
   eval->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  eval->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
 
   CLI11_PARSE(app, argc, argv);
   opt.precision = topt.precision = eopt.precision = precision;
+  opt.kv_dtype = topt.kv_dtype = eopt.kv_dtype = kv_dtype;
   topt.model_path = eopt.model_path = opt.model_path;
   try {
     if (prefill->parsed()) return bs::tools::bench_prefill(opt);
@@ -189,6 +197,7 @@ int main(int argc, char** argv) {
     if (decode->parsed()) {
       dopt.model_path = opt.model_path;
       dopt.precision = precision;
+      dopt.kv_dtype = kv_dtype;
       return bs::tools::bench_decode(dopt);
     }
     if (serve->parsed()) {

@@ -19,6 +19,7 @@
 #include "actors/runtime_context.h"
 #include "http/server.h"
 #include "kernels/backend.h"
+#include "kernels/kv_view.h"
 
 namespace {
 
@@ -33,7 +34,7 @@ extern "C" void on_signal(int sig) {
 }
 
 struct GenerateArgs {
-  std::string prompt, system, precision, mode;
+  std::string prompt, system, precision, kv_dtype, mode;
   std::vector<std::string> documents;
   bool chat = false, stats = false, trace = false;
   float ratio = -1;
@@ -42,6 +43,7 @@ struct GenerateArgs {
 
 int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
   if (!g.precision.empty()) config.precision = g.precision;
+  if (!g.kv_dtype.empty()) config.kv_dtype = g.kv_dtype;
   bs::Runtime runtime(config);
   const auto& ctx = runtime.context();
   bs::RuntimeRequest req;
@@ -111,8 +113,9 @@ int run_serve(bs::RuntimeConfig config, const std::string& host, int port, doubl
   bs::http::Server server(runtime, config);
   const int bound = server.bind(bind_host, bind_port);
   const auto& ctx = runtime.context();
-  std::fprintf(stderr, "blendserve: model %s (%s kernels, %s), serving on http://%s:%d%s\n", server.model_id().c_str(),
-               ctx.backend->kernel_id().c_str(), bs::kernels::precision_name(ctx.precision), bind_host.c_str(), bound,
+  std::fprintf(stderr, "blendserve: model %s (%s kernels, %s, %s KV), serving on http://%s:%d%s\n",
+               server.model_id().c_str(), ctx.backend->kernel_id().c_str(), bs::kernels::precision_name(ctx.precision),
+               bs::kernels::kv_dtype_name(ctx.model->kv_dtype()), bind_host.c_str(), bound,
                config.api_keys.empty() ? "" : " (API keys required)");
   std::fflush(stderr);
 
@@ -180,6 +183,8 @@ int main(int argc, char** argv) {
   gen->add_option("--stop", g.params.stop, "Stop string (repeatable)");
   gen->add_option("--precision", g.precision, "GEMM/attention precision: auto (bf16 where the CPU has native bf16), bf16, f32")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  gen->add_option("--kv-dtype", g.kv_dtype, "How the KV cache holds K and V: f32, f16, bf16 (device.kv_dtype)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   gen->add_flag("--stats", g.stats, "Print timing and cache use to stderr");
   gen->add_flag("--trace", g.trace, "Print the request's trace (JSON) to stderr");
 

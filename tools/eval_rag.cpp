@@ -3,7 +3,9 @@
 // Per case and mode: token F1 (SQuAD normalisation, first line, max over gold
 // answers), first-token KL divergence from `full`, teacher-forced top-1
 // agreement with `full` over the first gold answer, and TTFT. One JSON line per
-// case and mode, then one summary line per mode.
+// case and mode, then one summary line per mode. The reference `full` always keeps
+// K/V in fp32: with --kv-dtype f16/bf16 the metrics measure the half-precision cache
+// too (`full` itself then has a KL and an agreement of its own).
 //
 // `full`'s teacher-forced logits are the reference of every mode. They cost a full
 // prefill per case (most of a blend-only run's time on a CPU), so --reference-dir
@@ -17,11 +19,13 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
 #include "blend/blend_engine.h"
+#include "kernels/kv_view.h"
 #include "blend/store_backed_blend.h"
 #include "storage/memory_store.h"
 #include "tools/eval/metrics.h"
@@ -100,11 +104,29 @@ int eval_rag(const EvalOptions& opt) {
 
   auto backend = kernels::make_cpu_backend();
   const auto precision = kernels::choose_precision(opt.precision, *backend);
-  LlamaModel model(opt.model_path, *backend, precision);
+  kernels::TensorType kv_dtype;
+  if (!kernels::kv_dtype_from_name(opt.kv_dtype, kv_dtype))
+    throw std::invalid_argument("unknown KV dtype '" + opt.kv_dtype + "' (f32, f16, bf16)");
+  LlamaModel model(opt.model_path, *backend, precision, kv_dtype);
   Transformer tf(model);
   MemoryKvStore store(int64_t{16} << 30);
   BlendEngine engine(tf, model.tokenizer().encode(opt.chunk_prelude, true));
   StoreBackedBlend from_store(engine, store);
+  // The reference: full prefill with fp32 K/V (the same model and engine when the
+  // cache is fp32 already).
+  const bool fp32_kv = kv_dtype == kernels::TensorType::F32;
+  std::unique_ptr<LlamaModel> ref_model;
+  std::unique_ptr<Transformer> ref_tf;
+  std::unique_ptr<BlendEngine> ref_engine;
+  std::unique_ptr<StoreBackedBlend> ref_blend;
+  if (!fp32_kv) {
+    ref_model = std::make_unique<LlamaModel>(opt.model_path, *backend, precision, kernels::TensorType::F32);
+    ref_tf = std::make_unique<Transformer>(*ref_model);
+    ref_engine = std::make_unique<BlendEngine>(*ref_tf, ref_model->tokenizer().encode(opt.chunk_prelude, true));
+    ref_blend = std::make_unique<StoreBackedBlend>(*ref_engine, store);
+  }
+  const LlamaModel& reference_model = fp32_kv ? model : *ref_model;
+  StoreBackedBlend& reference_blend = fp32_kv ? from_store : *ref_blend;
   const auto& tok = model.tokenizer();
   const int64_t V = model.config().vocab;
   std::map<BlendMode, Totals> totals;
@@ -153,13 +175,13 @@ int eval_rag(const EvalOptions& opt) {
     if (A > 0) {
       std::filesystem::path file;
       if (!opt.reference_dir.empty())
-        file = reference_file(opt.reference_dir, model.fingerprint(), kernels::precision_name(precision),
+        file = reference_file(opt.reference_dir, reference_model.fingerprint(), kernels::precision_name(precision),
                               forced.concatenated(), A);
       if (!file.empty() && read_reference(file, V, A, reference)) {
         ++reference_hits;
       } else {
         // Only the logits are kept: the whole prefill result carries the prompt's KV cache.
-        const std::vector<float> logits = from_store.prefill(forced, ref_opt, 0, A).logits;
+        const std::vector<float> logits = reference_blend.prefill(forced, ref_opt, 0, A).logits;
         reference.first.assign(logits.begin(), logits.begin() + V);
         reference.argmax.resize(static_cast<size_t>(A));
         for (int64_t r = 0; r < A; ++r) reference.argmax[r] = argmax_row(&logits[r * V], V);
@@ -172,7 +194,7 @@ int eval_rag(const EvalOptions& opt) {
       o.mode = mode;
       double kl = 0;
       int64_t agree = 0;
-      if (A > 0 && mode == BlendMode::Full) {
+      if (A > 0 && mode == BlendMode::Full && fp32_kv) {
         agree = A;  // the reference itself (the forward pass is deterministic)
       } else if (A > 0) {
         const std::vector<float> forced_logits = from_store.prefill(forced, o, 0, A).logits;
@@ -226,6 +248,7 @@ int eval_rag(const EvalOptions& opt) {
     json s = {{"summary", true},
               {"isa", backend->kernel_id()},
               {"precision", kernels::precision_name(precision)},
+              {"kv_dtype", kernels::kv_dtype_name(kv_dtype)},
               {"mode", mode_name(mode)},
               {"cases", t.cases},
               {"f1", t.f1 / t.cases},

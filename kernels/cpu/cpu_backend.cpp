@@ -126,8 +126,8 @@ class CpuBackend final : public Backend {
     require(precision);
     for (int64_t i = 0; i < n; ++i) {
       check_kv(kv[i], q_heads);
-      if (kv[i].kv_heads != kv[0].kv_heads || kv[i].head_dim != kv[0].head_dim)
-        throw std::invalid_argument("cpu attention_rows: the rows' caches differ in shape");
+      if (kv[i].kv_heads != kv[0].kv_heads || kv[i].head_dim != kv[0].head_dim || kv[i].dtype != kv[0].dtype)
+        throw std::invalid_argument("cpu attention_rows: the rows' caches differ in shape or dtype");
       if (qpos[i] < 0 || qpos[i] >= kv[i].capacity)
         throw std::out_of_range("cpu attention_rows: position outside the cache");
     }
@@ -140,6 +140,7 @@ class CpuBackend final : public Backend {
       throw std::invalid_argument("cpu attention: head_dim must be a multiple of 16 and <= 256");
     if (kv.kv_heads <= 0 || q_heads % kv.kv_heads != 0)
       throw std::invalid_argument("cpu attention: q_heads must be a multiple of kv_heads");
+    if (!is_kv_dtype(kv.dtype)) throw std::invalid_argument("cpu attention: K/V must be F32, F16 or BF16");
   }
 
   // (cos, sin) per position and frequency, cached for non-negative positions:

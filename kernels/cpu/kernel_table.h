@@ -44,7 +44,8 @@ struct CpuKernels {
                     float* out,           // [n, q_heads, kv.head_dim]
                     int64_t n, int64_t q_heads, int64_t n_kv, float scale);
 
-  // Same contract for a few queries (decode): reads the cache rows as they are, fp32.
+  // Same contract for a few queries (decode): reads the cache rows as they are stored
+  // (f16/bf16 widened per vector load), fp32 arithmetic.
   decltype(attention) attention_decode;
 
   // Backend::attention_rows: one query per row, each row its own cache; row i equals

@@ -95,8 +95,17 @@ class ReferenceBackend final : public Backend {
   void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
                  int64_t n_kv, float scale, Precision) override {
     if (n_kv > kv.capacity) throw std::out_of_range("reference attention: n_kv beyond the cache");
+    if (!is_kv_dtype(kv.dtype)) throw std::invalid_argument("reference attention: K/V must be F32, F16 or BF16");
     const int64_t head_dim = kv.head_dim, group = q_heads / kv.kv_heads;
     std::vector<double> scores(static_cast<size_t>(n_kv));
+    // The rows of each KV head widened to fp32 once (half-precision KV is read as its
+    // exact fp32 value, then everything is double).
+    std::vector<float> kf(static_cast<size_t>(kv.kv_heads * n_kv * head_dim)), vf(kf.size());
+    for (int64_t h = 0; h < kv.kv_heads; ++h)
+      for (int64_t j = 0; j < n_kv; ++j) {
+        kv.read_k_row(h, j, &kf[static_cast<size_t>((h * n_kv + j) * head_dim)]);
+        kv.read_v_row(h, j, &vf[static_cast<size_t>((h * n_kv + j) * head_dim)]);
+      }
     for (int64_t t = 0; t < n; ++t)
       for (int64_t h = 0; h < q_heads; ++h) {
         const float* qv = q + (t * q_heads + h) * head_dim;
@@ -104,7 +113,7 @@ class ReferenceBackend final : public Backend {
         const int64_t last = std::min<int64_t>(n_kv - 1, qpos[t]);
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j <= last; ++j) {
-          const float* kr = kv.k_row(kvh, j);
+          const float* kr = &kf[static_cast<size_t>((kvh * n_kv + j) * head_dim)];
           double s = 0;
           for (int64_t i = 0; i < head_dim; ++i) s += static_cast<double>(qv[i]) * kr[i];
           scores[j] = s * scale;
@@ -115,7 +124,7 @@ class ReferenceBackend final : public Backend {
         float* o = out + (t * q_heads + h) * head_dim;
         for (int64_t i = 0; i < head_dim; ++i) {
           double acc = 0;
-          for (int64_t j = 0; j <= last; ++j) acc += scores[j] * kv.v_row(kvh, j)[i];
+          for (int64_t j = 0; j <= last; ++j) acc += scores[j] * vf[static_cast<size_t>((kvh * n_kv + j) * head_dim + i)];
           o[i] = last >= 0 ? static_cast<float>(acc / denom) : 0.0f;
         }
       }

@@ -1,4 +1,5 @@
-// Tiled causal attention with online softmax (flash-attention style), fp32.
+// Tiled causal attention with online softmax (flash-attention style), fp32 (a
+// half-precision cache is widened to fp32 as its tiles are laid out).
 //
 // Work item: one KV head and a block of kRows query rows, where the rows of a KV head
 // are (token, query head of its group) pairs, so the grouped query heads share every
@@ -146,9 +147,11 @@ void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out
   const int64_t tiles = kt_stride / kKeys;
   Scratch kt_buf(static_cast<size_t>(kv_heads * head_dim * kt_stride) * sizeof(float), /*zero=*/true);
   float* kt = kt_buf.as<float>();
-  // V is read in place when every tile lies in one page (pages of at least a tile
-  // start on tile boundaries: both are powers of two), else gathered per tile.
-  const bool v_in_place = kv.page_count == 1 || (int64_t{1} << kv.page_shift) >= kKeys;
+  // V is read in place when it is fp32 and every tile lies in one page (pages of at
+  // least a tile start on tile boundaries: both are powers of two), else gathered
+  // (and widened) per tile.
+  const bool v_in_place =
+      kv.dtype == TensorType::F32 && (kv.page_count == 1 || (int64_t{1} << kv.page_shift) >= kKeys);
   Scratch vg_buf(v_in_place ? 0 : static_cast<size_t>(kv_heads * kt_stride * head_dim) * sizeof(float));
   Scratch vtiles_buf(static_cast<size_t>(kv_heads * tiles) * sizeof(const float*));
   const float** vtiles = vtiles_buf.as<const float*>();
@@ -157,15 +160,20 @@ void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out
     for (int64_t j0 = 0; j0 < n_kv; j0 += kKeys) {
       float* dst = kt + h * head_dim * kt_stride + j0 * head_dim;  // this tile
       const int64_t j1 = imin(n_kv, j0 + kKeys);
+      alignas(64) float wide[kMaxHeadDim];
       for (int64_t j = j0; j < j1; ++j) {
-        const float* src = kv_k_row(kv, h, j);
+        const float* src = kv_row_f32(kv, /*k_side=*/true, h, j, wide);
         for (int64_t d = 0; d < head_dim; ++d) dst[d * kKeys + (j - j0)] = src[d];
       }
       if (v_in_place) {
-        vtiles[h * tiles + j0 / kKeys] = kv_v_row(kv, h, j0);
+        vtiles[h * tiles + j0 / kKeys] = kv_v_row<float>(kv, h, j0);
       } else {
         float* vdst = vg_buf.as<float>() + (h * kt_stride + j0) * head_dim;
-        for (int64_t j = j0; j < j1; ++j) memcpy(vdst + (j - j0) * head_dim, kv_v_row(kv, h, j), sizeof(float) * head_dim);
+        for (int64_t j = j0; j < j1; ++j) {
+          float* row = vdst + (j - j0) * head_dim;
+          const float* src = kv_row_f32(kv, /*k_side=*/false, h, j, row);
+          if (src != row) memcpy(row, src, sizeof(float) * head_dim);
+        }
         vtiles[h * tiles + j0 / kKeys] = vdst;
       }
     }

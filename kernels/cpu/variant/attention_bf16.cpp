@@ -1,7 +1,9 @@
 // The attention of kernels/cpu/attention.cpp with bf16 dot products
 // (AVX512-BF16 vdpbf16ps: 32 multiply-adds per instruction instead of 16):
 // Q, K, V and the softmax probabilities are rounded to bf16, scores, the online
-// softmax and the output accumulate in fp32. Used by the bf16 (fast) path.
+// softmax and the output accumulate in fp32. Used by the bf16 (fast) path. A bf16
+// cache passes through unchanged (widened, then rounded back: exact); an f16 one is
+// rounded to bf16 like an fp32 one.
 //
 // Layouts built per call, per KV head (zero-padded to whole tiles):
 //   kp [head_dim/2, kt_stride] 32-bit words: (K[key][2j], K[key][2j+1]) — a vector
@@ -157,9 +159,10 @@ void attention_bf16(const float* q, const int32_t* qpos, const KvView& kv, float
       uint32_t* vd = vp + h * (kt_stride / 2) * head_dim;
       const int64_t j1 = imin(n_kv, j0 + 64);
       alignas(64) uint32_t row[kMaxHeadDim / 2];
+      alignas(64) float wide[kMaxHeadDim], wide1[kMaxHeadDim];  // half-precision rows widened
       for (int64_t key = j0; key < j1; ++key) {
         // K row -> bf16 pairs (adjacent dimensions), scattered into the transposed layout
-        const float* kr = kv_k_row(kv, h, key);
+        const float* kr = kv_row_f32(kv, /*k_side=*/true, h, key, wide);
         for (int64_t d = 0; d < head_dim; d += 32) {
           const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(kr + d + 16), _mm512_loadu_ps(kr + d));
           _mm512_store_si512(row + d / 2, (__m512i)b);
@@ -171,9 +174,10 @@ void attention_bf16(const float* q, const int32_t* qpos, const KvView& kv, float
                                               6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
       const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
       for (int64_t key = j0; key < j1; key += 2) {
-        const float* v0 = kv_v_row(kv, h, key);
+        const float* v0 = kv_row_f32(kv, /*k_side=*/false, h, key, wide);
         const bool has_next = key + 1 < n_kv;
-        const float* v1 = has_next ? kv_v_row(kv, h, key + 1) : v0;  // rows of a pair may lie in two pages
+        // rows of a pair may lie in two pages
+        const float* v1 = has_next ? kv_row_f32(kv, /*k_side=*/false, h, key + 1, wide1) : v0;
         for (int64_t d = 0; d < head_dim; d += 32) {
           const __m512i a = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v0 + d + 16), _mm512_loadu_ps(v0 + d));
           const __m512i b = has_next ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(v1 + d + 16),

@@ -1,6 +1,7 @@
 // Attention for a handful of query tokens (decode steps): reads the cache rows as
-// they are, fp32. The tiled kernel re-layouts K per call, which costs as much as the
-// whole product when there is one query.
+// they are stored (fp32, or f16/bf16 widened to fp32 as each vector is loaded, so a
+// half-precision cache moves half the bytes). The tiled kernel re-layouts K per call,
+// which costs as much as the whole product when there is one query.
 //
 // Work items are query heads, or, when there are enough of them to share out, the
 // query heads of one KV head together (GQA groups): then every block of K/V rows is
@@ -33,34 +34,35 @@ struct Prefetch {
   int64_t count = 0;
 };
 
-inline void prefetch_row(const float* row, int64_t head_dim) {
+template <class E>
+inline void prefetch_row(const E* row, int64_t head_dim) {
   const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t at = 0; at < head_dim * 4; at += 64) _mm_prefetch(p + at, _MM_HINT_T1);
+  for (int64_t at = 0; at < head_dim * static_cast<int64_t>(sizeof(E)); at += 64) _mm_prefetch(p + at, _MM_HINT_T1);
 }
 
 // g query heads (q: [g, head_dim]) over rows [0, count) of KV head kvh, count >= 1.
 // scores: g rows of `stride` floats (count rounded up to 16). DV: head_dim / kLanes
 // when it is a compile-time count (the accumulators then stay in registers), else 0.
-// Rows are addressed one by one through the page table, so a row's arithmetic is the
-// same wherever its page lies.
-template <int DV>
+// E: the stored element (float, KvF16, KvBf16). Rows are addressed one by one through
+// the page table, so a row's arithmetic is the same wherever its page lies.
+template <int DV, class E>
 void attend_heads_dv(const float* q, int64_t g, const KvView& kv, int64_t kvh, float* out, int64_t count,
                      float scale, float* scores, int64_t stride, Prefetch pf) {
   const int64_t head_dim = kv.head_dim;
   const int64_t dvecs = DV > 0 ? DV : head_dim / kLanes;
   // q·k of 8 keys per block; past the last key the block repeats it (scores not used).
   for (int64_t j0 = 0; j0 < count; j0 += kKeys) {
-    const float* kr[kKeys];
-    for (int i = 0; i < kKeys; ++i) kr[i] = kv_k_row(kv, kvh, imin(j0 + i, count - 1));
-    for (int64_t j = j0; j < imin(j0 + kKeys, count); ++j) prefetch_row(kv_v_row(kv, kvh, j), head_dim);
+    const E* kr[kKeys];
+    for (int i = 0; i < kKeys; ++i) kr[i] = kv_k_row<E>(kv, kvh, imin(j0 + i, count - 1));
+    for (int64_t j = j0; j < imin(j0 + kKeys, count); ++j) prefetch_row(kv_v_row<E>(kv, kvh, j), head_dim);
     for (int64_t h = 0; h < g; ++h) {
       const float* qv = q + h * head_dim;
       vf acc[kKeys];
       const vf q0 = vload(qv);
-      for (int i = 0; i < kKeys; ++i) acc[i] = vmul(q0, vload(kr[i]));
+      for (int i = 0; i < kKeys; ++i) acc[i] = vmul(q0, vload_kv(kr[i]));
       for (int64_t c = 1; c < dvecs; ++c) {
         const vf qc = vload(qv + c * kLanes);
-        for (int i = 0; i < kKeys; ++i) acc[i] = vfma(qc, vload(kr[i] + c * kLanes), acc[i]);
+        for (int i = 0; i < kKeys; ++i) acc[i] = vfma(qc, vload_kv(kr[i] + c * kLanes), acc[i]);
       }
       hsum8(acc, scores + h * stride + j0);
     }
@@ -97,7 +99,7 @@ void attend_heads_dv(const float* q, int64_t g, const KvView& kv, int64_t kvh, f
     const int64_t j1 = imin(count, j0 + kValueRows);
     if (pf.kv)
       for (int64_t j = pf.count * j0 / count; j < pf.count * j1 / count; ++j)
-        prefetch_row(kv_k_row(*pf.kv, pf.h, j), head_dim);
+        prefetch_row(kv_k_row<E>(*pf.kv, pf.h, j), head_dim);
     for (int64_t h = 0; h < g; ++h) {
       const float* sc = scores + h * stride;
       float* o = out + h * head_dim;
@@ -105,8 +107,8 @@ void attend_heads_dv(const float* q, int64_t g, const KvView& kv, int64_t kvh, f
       for (int64_t c = 0; c < dvecs; ++c) acc[c] = vload(o + c * kLanes);
       for (int64_t j = j0; j < j1; ++j) {
         const vf p = vset1(sc[j]);
-        const float* vr = kv_v_row(kv, kvh, j);
-        for (int64_t c = 0; c < dvecs; ++c) acc[c] = vfma(p, vload(vr + c * kLanes), acc[c]);
+        const E* vr = kv_v_row<E>(kv, kvh, j);
+        for (int64_t c = 0; c < dvecs; ++c) acc[c] = vfma(p, vload_kv(vr + c * kLanes), acc[c]);
       }
       for (int64_t c = 0; c < dvecs; ++c) vstore(o + c * kLanes, acc[c]);
     }
@@ -117,18 +119,28 @@ void attend_heads_dv(const float* q, int64_t g, const KvView& kv, int64_t kvh, f
   }
 }
 
+template <class E>
+inline void attend_heads_as(const float* q, int64_t g, const KvView& kv, int64_t kvh, float* out, int64_t count,
+                            float scale, float* scores, int64_t stride, Prefetch pf) {
+  switch (kv.head_dim / kLanes) {
+    case 4: return attend_heads_dv<4, E>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
+    case 8: return attend_heads_dv<8, E>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
+    case 16: return attend_heads_dv<16, E>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
+    default: return attend_heads_dv<0, E>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
+  }
+}
+
+// pf.kv, when set, has kv's dtype (the rows of one call share it: the backend checks).
 inline void attend_heads(const float* q, int64_t g, const KvView& kv, int64_t kvh, float* out, int64_t count,
                          float scale, float* scores, int64_t stride, Prefetch pf) {
   if (count <= 0) {
     memset(out, 0, sizeof(float) * g * kv.head_dim);
     return;
   }
-  switch (kv.head_dim / kLanes) {
-    case 4: return attend_heads_dv<4>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
-    case 8: return attend_heads_dv<8>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
-    case 16: return attend_heads_dv<16>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
-    default: return attend_heads_dv<0>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
-  }
+  if (kv.dtype == TensorType::F16) return attend_heads_as<KvF16>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
+  if (kv.dtype == TensorType::BF16)
+    return attend_heads_as<KvBf16>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
+  return attend_heads_as<float>(q, g, kv, kvh, out, count, scale, scores, stride, pf);
 }
 
 // Rows of queries, each over its own cache kv[i], rows [0, count[i]) of it. Items are

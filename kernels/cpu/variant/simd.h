@@ -35,7 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kv_view.h"  // the struct only: its member functions are not used here
+#include "kernels/dequant.h"  // fp16_to_fp32: an out-of-line function, like expf
+#include "kernels/kv_view.h"  // the struct only: its member and inline functions are not used here
 
 namespace bs::kernels::cpu::BS_ISA_NS {
 
@@ -44,13 +45,28 @@ inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 inline float fmax2(float a, float b) { return a > b ? a : b; }
 
 // A K/V row through a page table (kernels/kv_view.h, whose member functions are not
-// called here: inline code of another header). Row of KV head h at position j.
+// called here: inline code of another header). Row of KV head h at position j, in
+// elements of the view's dtype.
 inline int64_t kv_row_offset(const KvView& kv, int64_t h, int64_t j) {
   return kv.pages[j >> kv.page_shift] * kv.page_stride + h * kv.head_stride +
          (j & ((int64_t{1} << kv.page_shift) - 1)) * kv.head_dim;
 }
-inline const float* kv_k_row(const KvView& kv, int64_t h, int64_t j) { return kv.k + kv_row_offset(kv, h, j); }
-inline const float* kv_v_row(const KvView& kv, int64_t h, int64_t j) { return kv.v + kv_row_offset(kv, h, j); }
+// Stored K/V element types (KvView::dtype), as distinct C++ types so that a kernel
+// templated on the element picks its widening load by overload (vload_kv below).
+struct KvF16 {
+  uint16_t bits;
+};
+struct KvBf16 {
+  uint16_t bits;
+};
+template <class E>
+inline const E* kv_k_row(const KvView& kv, int64_t h, int64_t j) {
+  return static_cast<const E*>(kv.k) + kv_row_offset(kv, h, j);
+}
+template <class E>
+inline const E* kv_v_row(const KvView& kv, int64_t h, int64_t j) {
+  return static_cast<const E*>(kv.v) + kv_row_offset(kv, h, j);
+}
 
 // Scratch memory owned by one call (no std::vector here: see the note above).
 struct Scratch {
@@ -80,6 +96,13 @@ inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }  // a*b + c
+// kLanes stored K/V elements widened to fp32 (exact: every half is a float).
+inline vf vload_kv(const float* p) { return vload(p); }
+inline vf vload_kv(const KvF16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline vf vload_kv(const KvBf16* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
 // Lanes [0, count) of v, the others `fill`.
 inline vf vkeep_first(vf v, int64_t count, float fill) {
   const __mmask16 m = count >= 16 ? static_cast<__mmask16>(0xFFFF)
@@ -151,6 +174,12 @@ inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
 inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vload_kv(const float* p) { return vload(p); }
+inline vf vload_kv(const KvF16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline vf vload_kv(const KvBf16* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
 inline vf vkeep_first(vf v, int64_t count, float fill) {
   const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 keep = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(imax(imin(count, 8), 0))), _CMP_LT_OQ);
@@ -228,6 +257,15 @@ inline vf vdup_odd(vf v) { BS_LANEWISE(v.x[i | 1]); }
 inline vf vswap_pairs(vf v) { BS_LANEWISE(v.x[i ^ 1]); }
 inline vf vfmaddsub(vf a, vf b, vf c) { BS_LANEWISE((i & 1) ? fmaf(a.x[i], b.x[i], c.x[i]) : fmaf(a.x[i], b.x[i], -c.x[i])); }
 inline vf vexp(vf v) { BS_LANEWISE(v.x[i] < -87.3365478515625f ? 0.0f : expf(v.x[i] < 88.0f ? v.x[i] : 88.0f)); }
+inline float bf16_bits_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline vf vload_kv(const float* p) { return vload(p); }
+inline vf vload_kv(const KvF16* p) { BS_LANEWISE(fp16_to_fp32(p[i].bits)); }
+inline vf vload_kv(const KvBf16* p) { BS_LANEWISE(bf16_bits_to_float(p[i].bits)); }
 #undef BS_LANEWISE
 inline float hsum(vf v) {
   float s = 0.0f;
@@ -243,5 +281,21 @@ inline float hmax(vf v) {
   return m;
 }
 #endif
+
+// Row j of KV head h of K (k_side) or V as fp32: in place when the cache is fp32, else
+// widened into tmp [head_dim]. head_dim is a multiple of kLanes (the backend checks).
+inline const float* kv_row_f32(const KvView& kv, bool k_side, int64_t h, int64_t j, float* tmp) {
+  const void* base = k_side ? kv.k : kv.v;
+  const int64_t at = kv_row_offset(kv, h, j);
+  if (kv.dtype == TensorType::F32) return static_cast<const float*>(base) + at;
+  if (kv.dtype == TensorType::F16) {
+    const KvF16* row = static_cast<const KvF16*>(base) + at;
+    for (int64_t d = 0; d < kv.head_dim; d += kLanes) vstore(tmp + d, vload_kv(row + d));
+  } else {
+    const KvBf16* row = static_cast<const KvBf16*>(base) + at;
+    for (int64_t d = 0; d < kv.head_dim; d += kLanes) vstore(tmp + d, vload_kv(row + d));
+  }
+  return tmp;
+}
 
 }  // namespace bs::kernels::cpu::BS_ISA_NS
