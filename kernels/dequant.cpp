@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 // Exactness note: ggml rounds q * d and (q * d) + m separately. q has at most 8 significant
@@ -120,7 +121,13 @@ __attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const uint16_t* src, fl
   for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
 }
 bool cpu_has_f16c() {
-  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // F16C is CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports lacks "f16c");
+  // "avx" also checks that the OS saves the YMM state.
+  static const bool has = [] {
+    __builtin_cpu_init();
+    unsigned eax, ebx, ecx, edx;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+  }();
   return has;
 }
 
