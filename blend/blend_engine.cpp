@@ -17,11 +17,30 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
-// Rows of `src` ([n, width]) at the given indices.
-std::vector<float> gather_rows(const std::vector<float>& src, int64_t width, const std::vector<int64_t>& rows) {
-  std::vector<float> out(rows.size() * static_cast<size_t>(width));
-  for (size_t i = 0; i < rows.size(); ++i)
-    std::memcpy(out.data() + i * width, src.data() + rows[i] * width, width * sizeof(float));
+// Workspace slots of the engine's check layers (kernels/workspace.h), above the
+// Transformer's own. Used within one step; what a prefill carries between steps is
+// in its State's buffers.
+enum Slot {
+  kQ = Transformer::kWorkspaceSlots, kK, kV, kCandRows, kCandPos, kCandK, kCandV, kDeviation, kTopK, kKeepRows, kKeptQ
+};
+
+// Host positions (or row indices) into a buffer of the backend, grown as needed.
+void upload_ints(kernels::Backend& be, const std::vector<int32_t>& host, kernels::DeviceBuffer& dev) {
+  const int64_t bytes = static_cast<int64_t>(host.size() * sizeof(int32_t));
+  if (dev.bytes() < bytes || !dev) dev = be.alloc(bytes);
+  be.copy_to_backend(dev.data(), host.data(), bytes);
+}
+int32_t* upload_ints(kernels::Backend& be, const std::vector<int32_t>& host, int slot) {
+  int32_t* dev = be.workspace().get<int32_t>(slot, static_cast<int64_t>(host.size()));
+  be.copy_to_backend(dev, host.data(), static_cast<int64_t>(host.size() * sizeof(int32_t)));
+  return dev;
+}
+
+// The rows `keep` (host row indices) of a [*, width] backend array, as a new buffer.
+kernels::DeviceBuffer gather_kept(kernels::Backend& be, const float* src, int64_t width, const int32_t* keep_dev,
+                                  int64_t kept) {
+  kernels::DeviceBuffer out = be.alloc(kept * width * static_cast<int64_t>(sizeof(float)));
+  be.gather_rows(src, keep_dev, out.as<float>(), kept, width);
   return out;
 }
 
@@ -63,28 +82,37 @@ std::vector<int> sorted_check_layers(const BlendOptions& o, int n_layers) {
   return checks;
 }
 
-// Squared distance of fresh and loaded K and/or V of the token at `pos`, summed over
-// the KV heads. k, v: the token's fresh rows [kv_heads, head_dim]; the cache holds
-// the loaded (position-repaired) KV of `layer`.
-// A half-precision cache holds the loaded rows rounded: they are compared as stored
-// (widened), the fresh rows as computed.
-double deviation_of(const float* k, const float* v, int layer, int32_t pos, const KvCache& cache, Deviation d) {
-  double dev = 0;
-  const int64_t hd = cache.head_dim;
-  thread_local std::vector<float> loaded;
-  loaded.resize(static_cast<size_t>(2 * hd));
-  float* kl = loaded.data();
-  float* vl = kl + hd;
-  for (int h = 0; h < cache.kv_heads; ++h) {
-    const float* kf = k + h * hd;
-    const float* vf = v + h * hd;
-    cache.read_rows(layer, h, pos, 1, kl, vl);
-    for (int64_t i = 0; i < hd; ++i) {
-      if (d != Deviation::V) dev += static_cast<double>(kf[i] - kl[i]) * (kf[i] - kl[i]);
-      if (d != Deviation::K) dev += static_cast<double>(vf[i] - vl[i]) * (vf[i] - vl[i]);
+// The deviation of each candidate row (candidate[i] != 0) of a check layer: its
+// fresh K/V (k, v: [n, kv_dim], backend memory) against the loaded, position-repaired
+// rows the cache holds at its position. A half-precision cache holds the loaded rows
+// rounded: they are compared as stored (widened), the fresh rows as computed.
+// Returns the scores ([candidates], backend memory, in row order) and the candidates'
+// row indices (host).
+std::pair<const double*, std::vector<int32_t>> score_candidates(const Transformer& tf, int layer,
+                                                                 const std::vector<int32_t>& pos,
+                                                                 const std::vector<char>& candidate, const float* k,
+                                                                 const float* v, const KvCache& cache,
+                                                                 Deviation which) {
+  auto& be = tf.model().backend();
+  auto& ws = be.workspace();
+  const int64_t kvd = tf.model().config().kv_dim();
+  std::vector<int32_t> rows, rows_pos;
+  for (size_t i = 0; i < pos.size(); ++i)
+    if (candidate[i]) {
+      rows.push_back(static_cast<int32_t>(i));
+      rows_pos.push_back(pos[i]);
     }
-  }
-  return dev;
+  const int64_t m = static_cast<int64_t>(rows.size());
+  double* dev = ws.get<double>(kDeviation, m);
+  if (m == 0) return {dev, std::move(rows)};
+  const int32_t* rows_dev = upload_ints(be, rows, kCandRows);
+  const int32_t* pos_dev = upload_ints(be, rows_pos, kCandPos);
+  float* ck = ws.get<float>(kCandK, m * kvd);
+  float* cv = ws.get<float>(kCandV, m * kvd);
+  be.gather_rows(k, rows_dev, ck, m, kvd);
+  be.gather_rows(v, rows_dev, cv, m, kvd);
+  be.kv_deviation(cache.view(layer), pos_dev, ck, cv, m, which, dev);
+  return {dev, std::move(rows)};
 }
 
 }  // namespace
@@ -135,39 +163,48 @@ std::vector<int64_t> apportion(int64_t total, const std::vector<int64_t>& sizes,
 // Rows that go on after a check layer: every row that is not a candidate, and the
 // candidates with the largest deviation within the budget (the forced tokens are
 // part of it). Largest deviation first, ties by position so the choice is
-// deterministic. Returns row indices ascending and how many candidates stayed.
-static std::pair<std::vector<int64_t>, int64_t> keep_after_check(const BlendSelection& sel,
+// deterministic (the backend's top_k: by index, and candidates are in position
+// order). `deviation`: the candidates' scores (score_candidates), `cand_rows` their
+// rows. Returns row indices ascending and how many candidates stayed.
+static std::pair<std::vector<int32_t>, int64_t> keep_after_check(kernels::Backend& be, const BlendSelection& sel,
                                                                   const BlendOptions& opt, float fraction,
                                                                   const std::vector<int32_t>& pos,
                                                                   const std::vector<char>& candidate,
-                                                                  const std::vector<double>& deviation) {
+                                                                  const double* deviation,
+                                                                  const std::vector<int32_t>& cand_rows) {
   const int64_t n = static_cast<int64_t>(pos.size());
-  std::vector<int64_t> kept;
-  std::vector<std::pair<double, int64_t>> scored;  // (deviation, row)
-  for (int64_t i = 0; i < n; ++i) {
-    if (candidate[i]) scored.emplace_back(deviation[i], i);
-    else kept.push_back(i);
-  }
-  const auto larger = [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; };
+  std::vector<int32_t> kept;
+  for (int64_t i = 0; i < n; ++i)
+    if (!candidate[i]) kept.push_back(static_cast<int32_t>(i));
+  int32_t* top_dev = be.workspace().get<int32_t>(kTopK, static_cast<int64_t>(cand_rows.size()));
+  std::vector<int32_t> top;
+  // The `count` largest of candidates [begin, begin + size) join `kept`.
+  auto take = [&](int64_t begin, int64_t size, int64_t count) {
+    if (count <= 0) return;
+    be.top_k(deviation + begin, size, count, top_dev);
+    top.resize(static_cast<size_t>(count));
+    be.copy_to_host(top.data(), top_dev, count * static_cast<int64_t>(sizeof(int32_t)));
+    for (int32_t j : top) kept.push_back(cand_rows[static_cast<size_t>(begin + j)]);
+  };
   const int64_t total = budget(fraction, sel.cached, opt.min_tokens);
+  const int64_t scored = static_cast<int64_t>(cand_rows.size());
   int64_t taken = 0;
   if (opt.quota == Quota::Global) {
     const int64_t forced = static_cast<int64_t>(sel.forced.size());
-    const int64_t count = std::clamp<int64_t>(total - forced, 0, static_cast<int64_t>(scored.size()));
-    std::partial_sort(scored.begin(), scored.begin() + count, scored.end(), larger);
-    for (int64_t i = 0; i < count; ++i) kept.push_back(scored[i].second);
-    taken = count;
+    taken = std::clamp<int64_t>(total - forced, 0, scored);
+    take(0, scored, taken);
   } else {
+    // A chunk's candidates are consecutive among them (positions ascend, chunks are
+    // runs of positions): each chunk takes its share from its own run.
     const auto share = apportion(total, sel.chunk_cached, sel.cached);
-    std::vector<std::vector<std::pair<double, int64_t>>> by_chunk(sel.chunk_cached.size());
-    for (const auto& s : scored) by_chunk[sel.chunk_of[pos[s.second]]].push_back(s);
-    for (size_t c = 0; c < by_chunk.size(); ++c) {
-      auto& group = by_chunk[c];
-      const int64_t count =
-          std::clamp<int64_t>(share[c] - sel.chunk_forced[c], 0, static_cast<int64_t>(group.size()));
-      std::partial_sort(group.begin(), group.begin() + count, group.end(), larger);
-      for (int64_t i = 0; i < count; ++i) kept.push_back(group[i].second);
+    for (int64_t begin = 0; begin < scored;) {
+      const int32_t chunk = sel.chunk_of[pos[cand_rows[begin]]];
+      int64_t end = begin;
+      while (end < scored && sel.chunk_of[pos[cand_rows[end]]] == chunk) ++end;
+      const int64_t count = std::clamp<int64_t>(share[chunk] - sel.chunk_forced[chunk], 0, end - begin);
+      take(begin, end - begin, count);
       taken += count;
+      begin = end;
     }
   }
   std::sort(kept.begin(), kept.end());
@@ -269,21 +306,15 @@ void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorTyp
 }
 
 void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, kernels::Backend& backend,
-                        const kernels::RopeTable& rope) {
+                        const kernels::PreparedRope& rope) {
   if (offset == 0 || m == 0) return;
-  const std::vector<int32_t> delta(static_cast<size_t>(m), static_cast<int32_t>(offset));
   // K through fp32 (a half-precision cache is rounded once more after the rotation,
   // as K computed at that position would be); V is untouched.
-  std::vector<float> k(static_cast<size_t>(m * cache.head_dim));
-  for (int h = 0; h < cache.kv_heads; ++h) {
-    cache.read_rows(layer, h, offset, m, k.data(), nullptr);
-    backend.rope(k.data(), delta.data(), m, 1, rope);
-    cache.write_rows(layer, h, offset, m, k.data(), nullptr);
-  }
+  backend.rope_kv_rows(cache.view(layer), offset, m, static_cast<int32_t>(offset), rope);
 }
 
 void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernels::Backend& backend,
-                    const kernels::RopeTable& rope) {
+                    const kernels::PreparedRope& rope) {
   const int64_t m = chunk.length();
   if (offset < 0 || offset + m > cache.capacity) throw std::out_of_range("place_chunk_kv: chunk outside the cache");
   for (int l = 0; l < chunk.n_layers; ++l) {
@@ -315,14 +346,16 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_kv_behind(std::span<const in
   std::vector<int32_t> all(before.begin(), before.end());
   all.insert(all.end(), tokens.begin(), tokens.end());
   const int64_t n = p + m;
+  auto& be = tf_.model().backend();
   auto cache = tf_.make_cache(n);
   std::vector<int32_t> pos(static_cast<size_t>(n));
   std::iota(pos.begin(), pos.end(), 0);
-  std::vector<float> hidden(static_cast<size_t>(n * c.dim));
-  tf_.embed(all, hidden.data());
+  kernels::DeviceBuffer pos_dev, hidden = be.alloc(n * c.dim * static_cast<int64_t>(sizeof(float)));
+  upload_ints(be, pos, pos_dev);
+  tf_.embed(all, hidden.as<float>());
   for (int l = 0; l < c.n_layers; ++l) {
     if (between_layers) between_layers(l);
-    tf_.run_layer(l, hidden.data(), pos.data(), n, cache, n);
+    tf_.run_layer(l, hidden.as<float>(), pos_dev.as<int32_t>(), n, cache, n);
   }
   auto kv = std::make_shared<ChunkKv>();
   kv->tokens.assign(tokens.begin(), tokens.end());
@@ -331,20 +364,16 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_kv_behind(std::span<const in
   kv->head_dim = c.head_dim;
   kv->dtype = cache.dtype();
   kv->allocate();
-  const std::vector<int32_t> back(static_cast<size_t>(m), static_cast<int32_t>(-p));
   const int64_t head_elems = m * c.head_dim;
-  std::vector<float> k(p > 0 ? static_cast<size_t>(head_elems) : 0);
-  for (int l = 0; l < c.n_layers; ++l)
+  for (int l = 0; l < c.n_layers; ++l) {
+    // R(i) = R(-p)·R(p + i): the stored convention (positions 0..m-1), rotated in this
+    // private cache before the rows are copied out.
+    if (p > 0) be.rope_kv_rows(cache.view(l), p, m, static_cast<int32_t>(-p), tf_.model().rope());
     for (int h = 0; h < c.n_kv_heads; ++h) {
       const int64_t dst = static_cast<int64_t>(h) * head_elems * kv->elem_bytes();
       cache.read_rows_raw(l, h, p, m, kv->k_layer(l) + dst, kv->v_layer(l) + dst);
-      if (p > 0) {
-        // R(i) = R(-p)·R(p + i): the stored convention (positions 0..m-1).
-        cache.read_rows(l, h, p, m, k.data(), nullptr);
-        tf_.model().backend().rope(k.data(), back.data(), m, 1, tf_.model().rope());
-        kernels::kv_from_fp32(kv->dtype, k.data(), kv->k_layer(l) + dst, head_elems);
-      }
     }
+  }
   return kv;
 }
 
@@ -373,8 +402,9 @@ struct PrefillRun::State {
   // still in the running, which narrow at the check layers in single pass).
   std::vector<int32_t> active;  // tokens computed in every layer (before the final pass starts)
   std::vector<int32_t> rows;
-  std::vector<char> candidate;  // per row: still a candidate
-  std::vector<float> hidden;    // [rows, dim]
+  kernels::DeviceBuffer rows_dev;  // rows, in the backend's memory
+  std::vector<char> candidate;     // per row: still a candidate
+  kernels::DeviceBuffer hidden;    // [rows, dim] fp32
   size_t check_index = 0;
   bool narrowing = false;       // candidates are still being narrowed
 
@@ -382,12 +412,13 @@ struct PrefillRun::State {
   // scratch copy of those layers' KV (restored at its end).
   bool selecting = false;
   std::vector<int32_t> sel_pos;       // rows: every candidate and every computed position before the suffix
+  kernels::DeviceBuffer sel_pos_dev;  // sel_pos, in the backend's memory
   std::vector<char> is_candidate;     // [N - S]
-  std::vector<float> sel_hidden;      // [sel_pos, dim]
+  kernels::DeviceBuffer sel_hidden;   // [sel_pos, dim] fp32
   size_t sel_check = 0;
   // Layers 0..last as delivered and repaired, as stored: [layer, kv_heads, N, head_dim]
-  // elements of the cache's dtype.
-  std::vector<std::byte> saved_k, saved_v;
+  // elements of the cache's dtype, in the backend's memory.
+  kernels::DeviceBuffer saved_k, saved_v;
 };
 
 PrefillRun::PrefillRun() = default;
@@ -526,13 +557,15 @@ PrefillRun BlendEngine::begin(const RagPrompt& prompt, const PrefillPlan& plan, 
         std::sort(s.sel_pos.begin(), s.sel_pos.end());
         s.is_candidate.assign(static_cast<size_t>(N - S), 0);
         for (int32_t p : sel.candidates) s.is_candidate[p] = 1;
+        auto& be = tf_.model().backend();
         std::vector<int32_t> ids(s.sel_pos.size());
         for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.sel_pos[i]];
-        s.sel_hidden.resize(ids.size() * static_cast<size_t>(c.dim));
-        tf_.embed(ids, s.sel_hidden.data());
+        upload_ints(be, s.sel_pos, s.sel_pos_dev);
+        s.sel_hidden = be.alloc(static_cast<int64_t>(ids.size()) * c.dim * static_cast<int64_t>(sizeof(float)));
+        tf_.embed(ids, s.sel_hidden.as<float>());
         const int64_t layer_bytes = static_cast<int64_t>(c.n_kv_heads) * N * c.head_dim * cache.elem_bytes();
-        s.saved_k.resize(static_cast<size_t>((sel.checks.back() + 1) * layer_bytes));
-        s.saved_v.resize(s.saved_k.size());
+        s.saved_k = be.alloc((sel.checks.back() + 1) * layer_bytes);
+        s.saved_v = be.alloc((sel.checks.back() + 1) * layer_bytes);
       } else {
         candidates = std::move(sel.candidates);
       }
@@ -561,10 +594,12 @@ void BlendEngine::start_final_pass(PrefillRun::State& s, std::vector<int32_t> ca
   for (size_t i = 0; i < s.rows.size() && j < candidates.size(); ++i)
     if (s.rows[i] == candidates[j]) s.candidate[i] = 1, ++j;
   s.narrowing = !candidates.empty();
+  auto& be = tf_.model().backend();
   std::vector<int32_t> ids(s.rows.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.rows[i]];
-  s.hidden.resize(ids.size() * static_cast<size_t>(c.dim));
-  tf_.embed(ids, s.hidden.data());
+  upload_ints(be, s.rows, s.rows_dev);
+  s.hidden = be.alloc(static_cast<int64_t>(ids.size()) * c.dim * static_cast<int64_t>(sizeof(float)));
+  tf_.embed(ids, s.hidden.as<float>());
   s.selecting = false;
   s.layer = 0;
   s.check_index = 0;
@@ -604,6 +639,8 @@ void BlendEngine::step(PrefillRun& run, clock_type::time_point wait_began) const
 
 void BlendEngine::step_selection(PrefillRun::State& s) const {
   const auto& c = tf_.model().config();
+  auto& be = tf_.model().backend();
+  auto& ws = be.workspace();
   auto& cache = *s.cache;
   auto& st = s.r.stats;
   const auto& sel = s.sel;
@@ -611,35 +648,36 @@ void BlendEngine::step_selection(PrefillRun::State& s) const {
   const int last = sel.checks.back();
   const int64_t chunks_end = s.N - s.S;
   const int64_t layer_bytes = static_cast<int64_t>(c.n_kv_heads) * s.N * c.head_dim * cache.elem_bytes();
-  cache.read_layer_raw(l, s.N, s.saved_k.data() + l * layer_bytes, s.saved_v.data() + l * layer_bytes);
+  cache.save_layer(l, s.N, s.saved_k.as<std::byte>() + l * layer_bytes, s.saved_v.as<std::byte>() + l * layer_bytes);
   int64_t n = static_cast<int64_t>(s.sel_pos.size());
   if (l != sel.checks[s.sel_check]) {
-    tf_.run_layer(l, s.sel_hidden.data(), s.sel_pos.data(), n, cache, chunks_end);
+    tf_.run_layer(l, s.sel_hidden.as<float>(), s.sel_pos_dev.as<int32_t>(), n, cache, chunks_end);
     ++s.layer;
     return;
   }
   const int64_t qd = c.q_dim(), kvd = c.kv_dim();
-  std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)), v(static_cast<size_t>(n * kvd));
-  tf_.project_qkv(l, s.sel_hidden.data(), s.sel_pos.data(), n, q.data(), k.data(), v.data());
+  float* q = ws.get<float>(kQ, n * qd);
+  float* k = ws.get<float>(kK, n * kvd);
+  float* v = ws.get<float>(kV, n * kvd);
+  tf_.project_qkv(l, s.sel_hidden.as<float>(), s.sel_pos_dev.as<int32_t>(), n, q, k, v);
   std::vector<char> candidate(static_cast<size_t>(n));
-  std::vector<double> dev(static_cast<size_t>(n), 0.0);
-  for (int64_t i = 0; i < n; ++i) {
-    candidate[i] = s.is_candidate[s.sel_pos[i]];
-    if (candidate[i]) dev[i] = deviation_of(k.data() + i * kvd, v.data() + i * kvd, l, s.sel_pos[i], cache, s.opt.deviation);
-  }
-  auto [keep_rows, taken] = keep_after_check(sel, s.opt, sel.keep[s.sel_check], s.sel_pos, candidate, dev);
+  for (int64_t i = 0; i < n; ++i) candidate[i] = s.is_candidate[s.sel_pos[i]];
+  auto [dev, cand_rows] = score_candidates(tf_, l, s.sel_pos, candidate, k, v, cache, s.opt.deviation);
+  auto [keep_rows, taken] = keep_after_check(be, sel, s.opt, sel.keep[s.sel_check], s.sel_pos, candidate, dev, cand_rows);
   st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
   if (l == last) {
     // The selection is made: restore the loaded KV the pass overwrote, and the
     // chosen tokens join the final pass from layer 0.
     std::vector<int32_t> chosen;
-    for (int64_t i : keep_rows)
+    for (int32_t i : keep_rows)
       if (candidate[i]) chosen.push_back(s.sel_pos[i]);
     for (int saved = 0; saved <= last; ++saved)
-      cache.write_layer_raw(saved, s.N, s.saved_k.data() + saved * layer_bytes, s.saved_v.data() + saved * layer_bytes);
-    std::vector<std::byte>().swap(s.saved_k);
-    std::vector<std::byte>().swap(s.saved_v);
-    std::vector<float>().swap(s.sel_hidden);
+      cache.restore_layer(saved, s.N, s.saved_k.as<std::byte>() + saved * layer_bytes,
+                          s.saved_v.as<std::byte>() + saved * layer_bytes);
+    s.saved_k.reset();
+    s.saved_v.reset();
+    s.sel_hidden.reset();
+    s.sel_pos_dev.reset();
     s.active.insert(s.active.end(), chosen.begin(), chosen.end());
     auto& recomputed = s.r.recomputed_positions;
     recomputed.insert(recomputed.end(), chosen.begin(), chosen.end());
@@ -648,43 +686,51 @@ void BlendEngine::step_selection(PrefillRun::State& s) const {
     start_final_pass(s, {});
     return;
   }
-  tf_.store_kv(l, s.sel_pos.data(), n, k.data(), v.data(), cache);
-  s.sel_hidden = gather_rows(s.sel_hidden, c.dim, keep_rows);
-  q = gather_rows(q, qd, keep_rows);
+  tf_.store_kv(l, s.sel_pos_dev.as<int32_t>(), n, k, v, cache);
+  const int64_t kept = static_cast<int64_t>(keep_rows.size());
+  const int32_t* keep_dev = upload_ints(be, keep_rows, kKeepRows);
+  s.sel_hidden = gather_kept(be, s.sel_hidden.as<float>(), c.dim, keep_dev, kept);
+  float* kept_q = ws.get<float>(kKeptQ, kept * qd);
+  be.gather_rows(q, keep_dev, kept_q, kept, qd);
   std::vector<int32_t> kept_pos(keep_rows.size());
   for (size_t i = 0; i < keep_rows.size(); ++i) kept_pos[i] = s.sel_pos[keep_rows[i]];
   s.sel_pos = std::move(kept_pos);
-  n = static_cast<int64_t>(s.sel_pos.size());
-  tf_.attend_and_mlp(l, s.sel_hidden.data(), q.data(), s.sel_pos.data(), n, cache, chunks_end);
+  upload_ints(be, s.sel_pos, s.sel_pos_dev);
+  tf_.attend_and_mlp(l, s.sel_hidden.as<float>(), kept_q, s.sel_pos_dev.as<int32_t>(), kept, cache, chunks_end);
   ++s.sel_check;
   ++s.layer;
 }
 
 void BlendEngine::step_final(PrefillRun::State& s) const {
   const auto& c = tf_.model().config();
+  auto& be = tf_.model().backend();
+  auto& ws = be.workspace();
   auto& cache = *s.cache;
   auto& st = s.r.stats;
   const auto& sel = s.sel;
   const int l = s.layer;
   int64_t n = static_cast<int64_t>(s.rows.size());
   if (!s.narrowing || l != sel.checks[s.check_index]) {
-    tf_.run_layer(l, s.hidden.data(), s.rows.data(), n, cache, s.N);
+    tf_.run_layer(l, s.hidden.as<float>(), s.rows_dev.as<int32_t>(), n, cache, s.N);
     st.row_layers += n;
   } else {
     const int64_t qd = c.q_dim(), kvd = c.kv_dim();
-    std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)), v(static_cast<size_t>(n * kvd));
-    tf_.project_qkv(l, s.hidden.data(), s.rows.data(), n, q.data(), k.data(), v.data());
-    std::vector<double> dev(static_cast<size_t>(n), 0.0);
-    for (int64_t i = 0; i < n; ++i)
-      if (s.candidate[i])
-        dev[i] = deviation_of(k.data() + i * kvd, v.data() + i * kvd, l, s.rows[i], cache, s.opt.deviation);
-    auto [keep_rows, taken] = keep_after_check(sel, s.opt, sel.keep[s.check_index], s.rows, s.candidate, dev);
+    float* q = ws.get<float>(kQ, n * qd);
+    float* k = ws.get<float>(kK, n * kvd);
+    float* v = ws.get<float>(kV, n * kvd);
+    tf_.project_qkv(l, s.hidden.as<float>(), s.rows_dev.as<int32_t>(), n, q, k, v);
+    auto [dev, cand_rows] = score_candidates(tf_, l, s.rows, s.candidate, k, v, cache, s.opt.deviation);
+    auto [keep_rows, taken] =
+        keep_after_check(be, sel, s.opt, sel.keep[s.check_index], s.rows, s.candidate, dev, cand_rows);
     st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
     // Fresh K/V of every row computed here stay: the dropped candidates' loaded KV
     // is replaced by the better value at this layer.
-    tf_.store_kv(l, s.rows.data(), n, k.data(), v.data(), cache);
-    s.hidden = gather_rows(s.hidden, c.dim, keep_rows);
-    q = gather_rows(q, qd, keep_rows);
+    tf_.store_kv(l, s.rows_dev.as<int32_t>(), n, k, v, cache);
+    const int64_t kept_n = static_cast<int64_t>(keep_rows.size());
+    const int32_t* keep_dev = upload_ints(be, keep_rows, kKeepRows);
+    s.hidden = gather_kept(be, s.hidden.as<float>(), c.dim, keep_dev, kept_n);
+    float* kept_q = ws.get<float>(kKeptQ, kept_n * qd);
+    be.gather_rows(q, keep_dev, kept_q, kept_n, qd);
     std::vector<int32_t> kept(keep_rows.size());
     std::vector<char> kept_candidate(keep_rows.size());
     for (size_t i = 0; i < keep_rows.size(); ++i) {
@@ -693,8 +739,9 @@ void BlendEngine::step_final(PrefillRun::State& s) const {
     }
     s.rows = std::move(kept);
     s.candidate = std::move(kept_candidate);
-    n = static_cast<int64_t>(s.rows.size());
-    tf_.attend_and_mlp(l, s.hidden.data(), q.data(), s.rows.data(), n, cache, s.N);
+    upload_ints(be, s.rows, s.rows_dev);
+    n = kept_n;
+    tf_.attend_and_mlp(l, s.hidden.as<float>(), kept_q, s.rows_dev.as<int32_t>(), n, cache, s.N);
     st.row_layers += n;
     if (++s.check_index == sel.checks.size()) {
       // The survivors are the recomputed tokens; from here on they are active.
@@ -719,7 +766,7 @@ BlendPrefill BlendEngine::finish(PrefillRun&& run) const {
   const int64_t n = static_cast<int64_t>(s->rows.size());
   st.recomputed_tokens = static_cast<int64_t>(r.recomputed_positions.size());
   r.logits.resize(static_cast<size_t>(s->logit_rows * c.vocab));
-  tf_.logits(s->hidden.data() + (n - s->logit_rows) * c.dim, s->logit_rows, r.logits.data());
+  tf_.logits(s->hidden.as<float>() + (n - s->logit_rows) * c.dim, s->logit_rows, r.logits.data());
   s->cache->length = s->N;
   r.cache = std::move(*s->cache);
   st.computed_tokens = n;

@@ -39,7 +39,8 @@ enum class BlendMode { Full, Prefix, Reuse, Blend };
 const char* mode_name(BlendMode m);
 BlendMode parse_mode(const std::string& s);  // throws std::invalid_argument
 
-enum class Deviation { K, V, KV };
+// What the deviation compares (kernels::KvDeviation: the backend op computes it).
+using Deviation = kernels::KvDeviation;
 const char* deviation_name(Deviation d);
 Deviation parse_deviation(const std::string& s);  // throws std::invalid_argument
 
@@ -246,13 +247,13 @@ std::vector<double> planned_rows_per_layer(const BlendOptions& o, int n_layers, 
 void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorType dtype, int64_t m, int layer,
                       int64_t offset, KvCache& cache);
 // Rotates K of cache rows offset..offset+m-1 in `layer` from positions 0..m-1 to
-// offset..offset+m-1 (delta-RoPE, R(offset + i) = R(offset)·R(i)).
+// offset..offset+m-1 (delta-RoPE, R(offset + i) = R(offset)·R(i)), on the backend.
 void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, kernels::Backend& backend,
-                        const kernels::RopeTable& rope);
+                        const kernels::PreparedRope& rope);
 
 // Copies a stored chunk's KV into the cache at `offset` and rotates its K from
 // positions 0..m-1 to offset..offset+m-1 (R(offset + i) = R(offset)·R(i)).
 void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernels::Backend& backend,
-                    const kernels::RopeTable& rope);
+                    const kernels::PreparedRope& rope);
 
 }  // namespace bs

@@ -2,20 +2,33 @@
 // the scalar reference (kernels/ref), the CPU backend (kernels/cpu: per-ISA kernel
 // variants chosen at start-up, oneDNN GEMMs) fill it today, and tests run every op
 // on every backend against the reference; a device backend (CUDA, not written yet)
-// is meant to fill the same interface. Pointers are host pointers for CPU backends
-// and would be device pointers for a device backend. The KV cache is paged: the
-// attention ops read it through a KvView (kernels/kv_view.h). Shapes are given next to each
-// parameter, row-major, innermost last.
+// is meant to fill the same interface.
+//
+// Memory belongs to the backend (kernels/device_memory.h): every pointer an op takes
+// is the backend's memory (alloc(), a workspace slot, a KV pool made on it) unless the
+// parameter says "host". The model, the transformer and the blend engine hold
+// DeviceBuffers and move bytes only through copy_to_backend / copy_to_host, so a device
+// backend runs the same code. The CPU backends' memory is host memory
+// (host_accessible()), so tests may pass host arrays to their ops directly.
+//
+// The KV cache is paged: the attention and KV ops read and write it through a KvView
+// (kernels/kv_view.h). Shapes are given next to each parameter, row-major, innermost
+// last.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <string_view>
 #include <vector>
 
+#include "kernels/device_memory.h"
 #include "kernels/kv_view.h"
 #include "kernels/tensor_types.h"
+#include "kernels/workspace.h"
 
 namespace bs::kernels {
 
@@ -53,6 +66,16 @@ struct RopeTable {
   std::vector<float> inv_freq;    // [head_dim / 2]
 };
 
+// Backend-owned form of a RoPE table (a device copy, cached cos/sin...). `table` is
+// the host description it was made from.
+struct PreparedRope {
+  virtual ~PreparedRope() = default;
+  RopeTable table;
+};
+
+// What the blend's per-token deviation compares: fresh K, fresh V, or both.
+enum class KvDeviation { K, V, KV };
+
 const char* precision_name(Precision p);  // "f32", "bf16"
 class Backend;
 // "auto" (the backend's fastest), "bf16" or "f32"; throws std::invalid_argument for other
@@ -82,8 +105,42 @@ class Backend {
   // larger batches). 1 is always true.
   virtual int64_t linear_exact_rows() const { return 1; }
 
+  // ---- Memory and ordering (kernels/device_memory.h) ----
+
+  // Whether this backend's memory is host memory that the host may read and write in
+  // place (the CPU backends). A device backend returns false.
+  virtual bool host_accessible() const { return true; }
+  // `bytes` of this backend's memory, contents undefined, aligned to 64 bytes.
+  // Throws std::bad_alloc when it cannot be had.
+  DeviceBuffer alloc(int64_t bytes);
+  // alloc() and copy_to_backend of `bytes` host bytes.
+  DeviceBuffer upload(const void* host, int64_t bytes);
+  // The calling thread's scratch slots on this backend (kernels/workspace.h).
+  Workspace& workspace();
+
+  virtual std::unique_ptr<Stream> make_stream();
+  virtual std::unique_ptr<Event> make_event();
+  // Copies on `stream` (nullptr: the stream the ops run on). A copy to the host with
+  // no stream returns when the bytes are there; on a stream, once an event recorded
+  // after it completes. The host memory must stay valid until then.
+  virtual void copy_to_backend(void* dst, const void* host_src, int64_t bytes, Stream* stream = nullptr);
+  virtual void copy_to_host(void* host_dst, const void* src, int64_t bytes, Stream* stream = nullptr);
+  virtual void copy_within(void* dst, const void* src, int64_t bytes, Stream* stream = nullptr);
+  // `event` completes once the work issued on `stream` so far has.
+  virtual void record(Event& event, Stream* stream = nullptr);
+  // Work issued on `stream` after this call starts only once `event` completed.
+  virtual void wait(const Event& event, Stream* stream = nullptr);
+  // The host blocks until `event` completed / until all of this backend's work has.
+  virtual void synchronize(const Event& event);
+  virtual void synchronize();
+
+  // ---- Prepared constants ----
+
   // Throws std::invalid_argument when !supports(precision).
   virtual std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision precision) = 0;
+  // An embedding table for embed() (rows gathered, never multiplied: kept as stored).
+  virtual std::unique_ptr<PreparedWeights> prepare_embedding(const WeightView& table);
+  virtual std::unique_ptr<PreparedRope> prepare_rope(const RopeTable& table);
 
   // y = x · Wᵀ (+ bias)
   virtual void linear(const PreparedWeights& w,
@@ -93,10 +150,13 @@ class Backend {
                       const float* bias    // [out_features] or nullptr
                       ) = 0;
 
-  // Rows of an embedding table, dequantized.
-  virtual void embed(const WeightView& table,  // [vocab, dim]
-                     const int32_t* ids,       // [n]
-                     float* out,               // [n, dim]
+  // ---- Ops ----
+
+  // Rows of an embedding table, dequantized. An id outside [0, vocab) throws
+  // std::out_of_range before anything is written.
+  virtual void embed(const PreparedWeights& table,  // prepare_embedding: [vocab, dim]
+                     const int32_t* ids,            // [n]
+                     float* out,                    // [n, dim]
                      int64_t n) = 0;
 
   virtual void rmsnorm(const float* x,       // [n, dim]
@@ -108,13 +168,66 @@ class Backend {
   // Positions may be negative (a rotation by -p undoes one by p).
   virtual void rope(float* x,              // [n, heads, head_dim]
                     const int32_t* pos,    // [n]
-                    int64_t n, int64_t heads, const RopeTable& table) = 0;
+                    int64_t n, int64_t heads, const PreparedRope& rope) = 0;
 
   // out = silu(gate) * up, with gate and up side by side in one row (the fused
   // gate/up projection's output).
   virtual void swiglu(const float* gate_up,  // [n, 2 * ff]: gate [ff] then up [ff]
                       float* out,            // [n, ff]
                       int64_t n, int64_t ff) = 0;
+
+  // y += x: the residual stream.
+  virtual void add(float* y,        // [count]
+                   const float* x,  // [count]
+                   int64_t count) = 0;
+
+  // The fused QKV projection's rows split into Q, K and V.
+  virtual void split_qkv(const float* qkv,  // [n, q_dim + 2 * kv_dim]: q, k, v side by side
+                         float* q,          // [n, q_dim]
+                         float* k,          // [n, kv_dim]
+                         float* v,          // [n, kv_dim]
+                         int64_t n, int64_t q_dim, int64_t kv_dim) = 0;
+
+  // dst[i] = src[rows[i]]: the rows that go on (the blend's narrowing). dst must not
+  // overlap src.
+  virtual void gather_rows(const float* src,     // [*, width]
+                           const int32_t* rows,  // [n], each a row of src
+                           float* dst,           // [n, width]
+                           int64_t n, int64_t width) = 0;
+
+  // Writes the K (and V) rows of n tokens into the cache at their positions, rounded
+  // to kv.dtype (K is stored after RoPE). A position outside [0, kv.capacity) throws
+  // std::out_of_range before any row is written.
+  virtual void store_kv(const KvView& kv,
+                        const int32_t* pos,  // [n]
+                        const float* k,      // [n, kv.kv_heads, kv.head_dim]
+                        const float* v,      // [n, kv.kv_heads, kv.head_dim], or nullptr: K only
+                        int64_t n) = 0;
+
+  // The blend's per-token deviation: out[i] = sum over KV heads and elements of
+  // (fresh - cached)^2 for K, V or both, the cached rows at pos[i] widened from
+  // kv.dtype, in double. Positions are checked as store_kv's.
+  virtual void kv_deviation(const KvView& kv,
+                            const int32_t* pos,  // [n]
+                            const float* k,      // [n, kv.kv_heads, kv.head_dim]: fresh K
+                            const float* v,      // [n, kv.kv_heads, kv.head_dim]: fresh V
+                            int64_t n, KvDeviation which,
+                            double* out          // [n]
+                            ) = 0;
+
+  // The indices of the k largest scores, largest first; equal scores by lower index;
+  // NaN below every number. 0 <= k <= n.
+  virtual void top_k(const double* score,  // [n]
+                     int64_t n, int64_t k,
+                     int32_t* out          // [k]
+                     ) = 0;
+
+  // Delta-RoPE of a placed chunk: K of cache rows [first, first + m) of every KV head
+  // rotated by `delta` positions in place (R(p + d) = R(d)·R(p)), through fp32 and
+  // rounded back to kv.dtype as K computed at the new position would be. V is not
+  // touched. delta may be negative (rotating a chunk back to positions 0..m-1).
+  virtual void rope_kv_rows(const KvView& kv, int64_t first, int64_t m, int32_t delta,
+                            const PreparedRope& rope) = 0;
 
   // Causal-by-position multi-head attention with grouped KV heads. Query i
   // attends to every cached key j < n_kv with j <= qpos[i] (the cache is indexed
@@ -144,7 +257,25 @@ class Backend {
     for (int64_t i = 0; i < n; ++i)
       attention(q + i * qd, qpos + i, kv[i], out + i * qd, 1, q_heads, int64_t{qpos[i]} + 1, scale, precision);
   }
+
+ protected:
+  // Raw memory for alloc(): the default is host memory (operator new, 64-byte aligned).
+  virtual void* allocate_bytes(int64_t bytes);
+  virtual void free_bytes(void* data, int64_t bytes);
+  // Frees every thread's workspace. A backend that overrides free_bytes calls it in its
+  // destructor: the workspaces are the base class's, and by the base destructor the
+  // override is gone.
+  void release_workspaces();
+
+ private:
+  friend class DeviceBuffer;
+  std::mutex workspaces_mu_;
+  std::map<std::thread::id, std::unique_ptr<Workspace>> workspaces_;
 };
+
+// A backend whose memory is host memory, for pools and buffers made without a model
+// (tests, tools): the reference backend, made once, never destroyed.
+Backend& host_backend();
 
 std::unique_ptr<Backend> make_reference_backend();
 // The CPU backend on the best kernel variant this CPU runs (BLENDSERVE_CPU_ISA caps it;

@@ -35,8 +35,11 @@ const char* kv_dtype_name(TensorType type);
 bool kv_dtype_from_name(std::string_view name, TensorType& type);
 
 struct KvView {
-  const void* k = nullptr;         // the pool's K of this layer (page 0, head 0, row 0)
-  const void* v = nullptr;         // the pool's V of this layer, same layout
+  // Writable: the attention ops only read, store_kv and rope_kv_rows write. Backend
+  // memory (the pool's); `pages` is host memory, a value the call carries (a device
+  // backend copies it with the call, as vLLM's block tables).
+  void* k = nullptr;               // the pool's K of this layer (page 0, head 0, row 0)
+  void* v = nullptr;               // the pool's V of this layer, same layout
   TensorType dtype = TensorType::F32;  // of every element of k and v (is_kv_dtype)
   const int32_t* pages = nullptr;  // [page_count]: the pool page of each page of the sequence
   int64_t page_count = 0;
@@ -58,13 +61,14 @@ struct KvView {
   void read_v_row(int64_t h, int64_t j, float* out) const { widen(v, h, j, out); }
 
   // A contiguous [kv_heads, capacity, head_dim] cache as one page of at least
-  // `capacity` positions (the page table is a static {0}).
+  // `capacity` positions (the page table is a static {0}). Const arrays may be viewed
+  // for the attention ops, which only read; the ops that write need writable ones.
   static KvView contiguous(const void* k, const void* v, int64_t kv_heads, int64_t capacity, int64_t head_dim,
                            TensorType dtype = TensorType::F32) {
     static const int32_t kPageZero = 0;
     KvView view;
-    view.k = k;
-    view.v = v;
+    view.k = const_cast<void*>(k);
+    view.v = const_cast<void*>(v);
     view.dtype = dtype;
     view.pages = &kPageZero;
     view.page_count = 1;

@@ -19,19 +19,49 @@ void timed(std::map<std::string, OpStats>& stats, const char* op, F&& f) {
 std::unique_ptr<PreparedWeights> ProfilingBackend::prepare(const WeightView& w, Precision p) {
   return inner_.prepare(w, p);
 }
+std::unique_ptr<PreparedWeights> ProfilingBackend::prepare_embedding(const WeightView& table) {
+  return inner_.prepare_embedding(table);
+}
+std::unique_ptr<PreparedRope> ProfilingBackend::prepare_rope(const RopeTable& table) {
+  return inner_.prepare_rope(table);
+}
 void ProfilingBackend::linear(const PreparedWeights& w, const float* x, float* y, int64_t n, const float* bias) {
   // The CPU backend's decode-size products (its GEMV path) are its exact rows.
   timed(stats_, n <= inner_.linear_exact_rows() ? "linear_gemv" : "linear_gemm",
         [&] { inner_.linear(w, x, y, n, bias); });
 }
-void ProfilingBackend::embed(const WeightView& table, const int32_t* ids, float* out, int64_t n) {
+void ProfilingBackend::embed(const PreparedWeights& table, const int32_t* ids, float* out, int64_t n) {
   timed(stats_, "embed", [&] { inner_.embed(table, ids, out, n); });
 }
 void ProfilingBackend::rmsnorm(const float* x, const float* weight, float* out, int64_t n, int64_t dim, float eps) {
   timed(stats_, "rmsnorm", [&] { inner_.rmsnorm(x, weight, out, n, dim, eps); });
 }
-void ProfilingBackend::rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const RopeTable& table) {
-  timed(stats_, "rope", [&] { inner_.rope(x, pos, n, heads, table); });
+void ProfilingBackend::rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const PreparedRope& rope) {
+  timed(stats_, "rope", [&] { inner_.rope(x, pos, n, heads, rope); });
+}
+void ProfilingBackend::add(float* y, const float* x, int64_t count) {
+  timed(stats_, "add", [&] { inner_.add(y, x, count); });
+}
+void ProfilingBackend::split_qkv(const float* qkv, float* q, float* k, float* v, int64_t n, int64_t q_dim,
+                                 int64_t kv_dim) {
+  timed(stats_, "split_qkv", [&] { inner_.split_qkv(qkv, q, k, v, n, q_dim, kv_dim); });
+}
+void ProfilingBackend::gather_rows(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t width) {
+  timed(stats_, "gather_rows", [&] { inner_.gather_rows(src, rows, dst, n, width); });
+}
+void ProfilingBackend::store_kv(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n) {
+  timed(stats_, "store_kv", [&] { inner_.store_kv(kv, pos, k, v, n); });
+}
+void ProfilingBackend::kv_deviation(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n,
+                                    KvDeviation which, double* out) {
+  timed(stats_, "kv_deviation", [&] { inner_.kv_deviation(kv, pos, k, v, n, which, out); });
+}
+void ProfilingBackend::top_k(const double* score, int64_t n, int64_t k, int32_t* out) {
+  timed(stats_, "top_k", [&] { inner_.top_k(score, n, k, out); });
+}
+void ProfilingBackend::rope_kv_rows(const KvView& kv, int64_t first, int64_t m, int32_t delta,
+                                    const PreparedRope& rope) {
+  timed(stats_, "rope_kv_rows", [&] { inner_.rope_kv_rows(kv, first, m, delta, rope); });
 }
 void ProfilingBackend::swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) {
   timed(stats_, "swiglu", [&] { inner_.swiglu(gate_up, out, n, ff); });

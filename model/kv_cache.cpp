@@ -9,9 +9,10 @@
 
 namespace bs {
 
-KvPagePool::KvPagePool(int n_layers, int kv_heads, int head_dim, int64_t pages, int page_shift,
-                       kernels::TensorType dtype)
-    : n_layers_(n_layers),
+KvPagePool::KvPagePool(kernels::Backend& backend, int n_layers, int kv_heads, int head_dim, int64_t pages,
+                       int page_shift, kernels::TensorType dtype)
+    : backend_(backend),
+      n_layers_(n_layers),
       kv_heads_(kv_heads),
       head_dim_(head_dim),
       total_pages_(pages),
@@ -23,8 +24,8 @@ KvPagePool::KvPagePool(int n_layers, int kv_heads, int head_dim, int64_t pages, 
   if (pages <= 0 || pages > INT32_MAX) throw std::invalid_argument("KV page pool: needs 1 to 2^31-1 pages");
   if (page_shift < 0 || page_shift > 20) throw std::invalid_argument("KV page pool: page_shift must be 0..20");
   if (!kernels::is_kv_dtype(dtype)) throw std::invalid_argument("KV page pool: dtype must be F32, F16 or BF16");
-  k_.reset(new std::byte[static_cast<size_t>(n_layers_ * layer_elements() * elem_bytes_)]);
-  v_.reset(new std::byte[static_cast<size_t>(n_layers_ * layer_elements() * elem_bytes_)]);
+  k_ = backend_.alloc(n_layers_ * layer_elements() * elem_bytes_);
+  v_ = backend_.alloc(n_layers_ * layer_elements() * elem_bytes_);
   free_.resize(static_cast<size_t>(pages));
   // Low pages on top: a fresh pool hands out pages in order.
   for (int64_t i = 0; i < pages; ++i) free_[static_cast<size_t>(i)] = static_cast<int32_t>(pages - 1 - i);
@@ -96,8 +97,8 @@ void KvPagePool::release(std::vector<int32_t>& pages) {
 
 kernels::KvView KvPagePool::view(int layer, const std::vector<int32_t>& pages, int64_t capacity) const {
   kernels::KvView v;
-  v.k = k_.get() + layer * layer_elements() * elem_bytes_;
-  v.v = v_.get() + layer * layer_elements() * elem_bytes_;
+  v.k = k_.as<std::byte>() + layer * layer_elements() * elem_bytes_;
+  v.v = v_.as<std::byte>() + layer * layer_elements() * elem_bytes_;
   v.dtype = dtype_;
   v.pages = pages.data();
   v.page_count = static_cast<int64_t>(pages.size());
@@ -114,15 +115,16 @@ int64_t KvPagePool::row_offset(int layer, const std::vector<int32_t>& pages, int
   return layer * layer_elements() + pages[static_cast<size_t>(pos >> page_shift_)] * page_elements() +
          (static_cast<int64_t>(h) * page_positions() + (pos & (page_positions() - 1))) * head_dim_;
 }
-std::byte* KvPagePool::k_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) {
-  return k_.get() + row_offset(layer, pages, h, pos) * elem_bytes_;
+std::byte* KvPagePool::k_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) const {
+  return k_.as<std::byte>() + row_offset(layer, pages, h, pos) * elem_bytes_;
 }
-std::byte* KvPagePool::v_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) {
-  return v_.get() + row_offset(layer, pages, h, pos) * elem_bytes_;
+std::byte* KvPagePool::v_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) const {
+  return v_.as<std::byte>() + row_offset(layer, pages, h, pos) * elem_bytes_;
 }
 
-KvCache::KvCache(int layers, int kv_heads_, int head_dim_, int64_t capacity_, kernels::TensorType dtype) {
-  auto pool = KvPagePool::make(layers, kv_heads_, head_dim_,
+KvCache::KvCache(kernels::Backend& backend, int layers, int kv_heads_, int head_dim_, int64_t capacity_,
+                 kernels::TensorType dtype) {
+  auto pool = KvPagePool::make(backend, layers, kv_heads_, head_dim_,
                                (capacity_ + (int64_t{1} << KvPagePool::kDefaultPageShift) - 1) >>
                                    KvPagePool::kDefaultPageShift,
                                KvPagePool::kDefaultPageShift, dtype);
@@ -159,44 +161,83 @@ void KvCache::reset() {
   capacity = length = 0;
 }
 
-void KvCache::write_rows(int l, int h, int64_t pos, int64_t m, const float* k, const float* v) {
-  if (pos < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
+template <class Move>
+void KvCache::each_head_run(int l, int h, int64_t pos, int64_t m, const Move& move) const {
+  if (pos < 0 || m < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
+  if (h < 0 || h >= kv_heads || l < 0 || l >= n_layers) throw std::out_of_range("KV cache: no such layer or head");
   for_each_run(pos, m, [&](int64_t at, int64_t count) {
-    const int64_t src = (at - pos) * head_dim;
-    kernels::kv_from_fp32(dtype(), k + src, pool_->k_row(l, pages_, h, at), count * head_dim);
-    if (v) kernels::kv_from_fp32(dtype(), v + src, pool_->v_row(l, pages_, h, at), count * head_dim);
+    move(pool_->k_row(l, pages_, h, at), pool_->v_row(l, pages_, h, at), at - pos, count);
+  });
+}
+
+// fp32 rows go through a host staging array of the stored dtype: the rounding is the
+// host's (kernels::kv_from_fp32), the bytes move by the backend's copies.
+void KvCache::write_rows(int l, int h, int64_t pos, int64_t m, const float* k, const float* v) {
+  auto& be = pool_->backend();
+  thread_local std::vector<std::byte> staged;
+  each_head_run(l, h, pos, m, [&](std::byte* kd, std::byte* vd, int64_t row, int64_t count) {
+    const int64_t elems = count * head_dim, bytes = elems * elem_bytes();
+    staged.resize(static_cast<size_t>(bytes));
+    kernels::kv_from_fp32(dtype(), k + row * head_dim, staged.data(), elems);
+    be.copy_to_backend(kd, staged.data(), bytes);
+    if (!v) return;
+    kernels::kv_from_fp32(dtype(), v + row * head_dim, staged.data(), elems);
+    be.copy_to_backend(vd, staged.data(), bytes);
   });
 }
 
 void KvCache::read_rows(int l, int h, int64_t pos, int64_t m, float* k, float* v) const {
-  if (pos < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
-  for_each_run(pos, m, [&](int64_t at, int64_t count) {
-    const int64_t dst = (at - pos) * head_dim;
-    kernels::kv_to_fp32(dtype(), pool_->k_row(l, pages_, h, at), k + dst, count * head_dim);
-    if (v) kernels::kv_to_fp32(dtype(), pool_->v_row(l, pages_, h, at), v + dst, count * head_dim);
+  auto& be = pool_->backend();
+  thread_local std::vector<std::byte> staged;
+  each_head_run(l, h, pos, m, [&](std::byte* ks, std::byte* vs, int64_t row, int64_t count) {
+    const int64_t elems = count * head_dim, bytes = elems * elem_bytes();
+    staged.resize(static_cast<size_t>(bytes));
+    be.copy_to_host(staged.data(), ks, bytes);
+    kernels::kv_to_fp32(dtype(), staged.data(), k + row * head_dim, elems);
+    if (!v) return;
+    be.copy_to_host(staged.data(), vs, bytes);
+    kernels::kv_to_fp32(dtype(), staged.data(), v + row * head_dim, elems);
   });
 }
 
 void KvCache::write_rows_raw(int l, int h, int64_t pos, int64_t m, const void* k, const void* v) {
-  if (pos < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
+  auto& be = pool_->backend();
   const int64_t row_bytes = head_dim * elem_bytes();
-  for_each_run(pos, m, [&](int64_t at, int64_t count) {
-    const int64_t src = (at - pos) * row_bytes;
-    std::memcpy(pool_->k_row(l, pages_, h, at), static_cast<const std::byte*>(k) + src,
-                static_cast<size_t>(count * row_bytes));
-    std::memcpy(pool_->v_row(l, pages_, h, at), static_cast<const std::byte*>(v) + src,
-                static_cast<size_t>(count * row_bytes));
+  each_head_run(l, h, pos, m, [&](std::byte* kd, std::byte* vd, int64_t row, int64_t count) {
+    be.copy_to_backend(kd, static_cast<const std::byte*>(k) + row * row_bytes, count * row_bytes);
+    be.copy_to_backend(vd, static_cast<const std::byte*>(v) + row * row_bytes, count * row_bytes);
   });
 }
 
 void KvCache::read_rows_raw(int l, int h, int64_t pos, int64_t m, void* k, void* v) const {
-  if (pos < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
+  auto& be = pool_->backend();
   const int64_t row_bytes = head_dim * elem_bytes();
-  for_each_run(pos, m, [&](int64_t at, int64_t count) {
-    const int64_t dst = (at - pos) * row_bytes;
-    std::memcpy(static_cast<std::byte*>(k) + dst, pool_->k_row(l, pages_, h, at), static_cast<size_t>(count * row_bytes));
-    std::memcpy(static_cast<std::byte*>(v) + dst, pool_->v_row(l, pages_, h, at), static_cast<size_t>(count * row_bytes));
+  each_head_run(l, h, pos, m, [&](std::byte* ks, std::byte* vs, int64_t row, int64_t count) {
+    be.copy_to_host(static_cast<std::byte*>(k) + row * row_bytes, ks, count * row_bytes);
+    be.copy_to_host(static_cast<std::byte*>(v) + row * row_bytes, vs, count * row_bytes);
   });
+}
+
+void KvCache::save_layer(int l, int64_t rows, void* k, void* v) const {
+  auto& be = pool_->backend();
+  const int64_t row_bytes = head_dim * elem_bytes();
+  for (int h = 0; h < kv_heads; ++h)
+    each_head_run(l, h, 0, rows, [&](std::byte* ks, std::byte* vs, int64_t row, int64_t count) {
+      const int64_t at = (h * rows + row) * row_bytes;
+      be.copy_within(static_cast<std::byte*>(k) + at, ks, count * row_bytes);
+      be.copy_within(static_cast<std::byte*>(v) + at, vs, count * row_bytes);
+    });
+}
+
+void KvCache::restore_layer(int l, int64_t rows, const void* k, const void* v) {
+  auto& be = pool_->backend();
+  const int64_t row_bytes = head_dim * elem_bytes();
+  for (int h = 0; h < kv_heads; ++h)
+    each_head_run(l, h, 0, rows, [&](std::byte* kd, std::byte* vd, int64_t row, int64_t count) {
+      const int64_t at = (h * rows + row) * row_bytes;
+      be.copy_within(kd, static_cast<const std::byte*>(k) + at, count * row_bytes);
+      be.copy_within(vd, static_cast<const std::byte*>(v) + at, count * row_bytes);
+    });
 }
 
 void KvCache::write_layer(int l, int64_t rows, const float* k, const float* v) {
@@ -208,6 +249,8 @@ void KvCache::read_layer(int l, int64_t rows, float* k, float* v) const {
 }
 
 float* KvCache::f32_row(std::byte* row) const {
+  if (!pool_->backend().host_accessible())
+    throw std::logic_error("KV cache: rows in place need host-accessible memory; use read_rows / write_rows");
   if (dtype() != kernels::TensorType::F32)
     throw std::logic_error("KV cache: rows in place are fp32 only (this cache is " +
                            std::string(kernels::kv_dtype_name(dtype())) + "); use read_rows / write_rows");

@@ -12,6 +12,10 @@
 // Elements are the pool's dtype (F32, F16 or BF16: device.kv_dtype): rows written as
 // fp32 are rounded to it (K after RoPE), rows read as fp32 are widened exactly; the
 // *_raw calls move stored elements unchanged (chunk KV of the same dtype, saves).
+//
+// The pool's memory is its backend's (kernels::Backend::alloc): the model computes
+// into it through backend ops (store_kv, rope_kv_rows, attention); the row calls here
+// move bytes between it and host arrays through the backend's copies.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/kv_view.h"
 #include "kernels/tensor_types.h"
 
@@ -37,14 +42,21 @@ class KvPagePool : public std::enable_shared_from_this<KvPagePool> {
  public:
   static constexpr int kDefaultPageShift = 6;  // 64 positions: a whole tile of the CPU attention kernels
 
-  // Use make(): caches keep their pool alive through a shared_ptr.
+  // Use make(): caches keep their pool alive through a shared_ptr. The pool's memory
+  // is allocated on `backend`, which must outlive the pool and its caches.
   // dtype: F32, F16 or BF16 (std::invalid_argument otherwise).
-  KvPagePool(int n_layers, int kv_heads, int head_dim, int64_t pages, int page_shift,
+  KvPagePool(kernels::Backend& backend, int n_layers, int kv_heads, int head_dim, int64_t pages, int page_shift,
              kernels::TensorType dtype = kernels::TensorType::F32);
+  static std::shared_ptr<KvPagePool> make(kernels::Backend& backend, int n_layers, int kv_heads, int head_dim,
+                                          int64_t pages, int page_shift = kDefaultPageShift,
+                                          kernels::TensorType dtype = kernels::TensorType::F32) {
+    return std::make_shared<KvPagePool>(backend, n_layers, kv_heads, head_dim, pages, page_shift, dtype);
+  }
+  // A pool in host memory (kernels::host_backend()): tests and tools without a model.
   static std::shared_ptr<KvPagePool> make(int n_layers, int kv_heads, int head_dim, int64_t pages,
                                           int page_shift = kDefaultPageShift,
                                           kernels::TensorType dtype = kernels::TensorType::F32) {
-    return std::make_shared<KvPagePool>(n_layers, kv_heads, head_dim, pages, page_shift, dtype);
+    return make(kernels::host_backend(), n_layers, kv_heads, head_dim, pages, page_shift, dtype);
   }
   // The pages of a pool that fits `bytes` (at least one page).
   static int64_t pages_in(int64_t bytes, int n_layers, int kv_heads, int head_dim,
@@ -76,13 +88,14 @@ class KvPagePool : public std::enable_shared_from_this<KvPagePool> {
   int n_layers() const { return n_layers_; }
   int kv_heads() const { return kv_heads_; }
   int head_dim() const { return head_dim_; }
+  kernels::Backend& backend() const { return backend_; }
 
   // The view of one layer through a page table (kernels/kv_view.h).
   kernels::KvView view(int layer, const std::vector<int32_t>& pages, int64_t capacity) const;
   // Row of KV head h at position pos of a sequence with this page table: its first
-  // stored element (elem_bytes() each).
-  std::byte* k_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos);
-  std::byte* v_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos);
+  // stored element (elem_bytes() each), in the backend's memory.
+  std::byte* k_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) const;
+  std::byte* v_row(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) const;
 
  private:
   friend class KvCache;
@@ -91,16 +104,17 @@ class KvPagePool : public std::enable_shared_from_this<KvPagePool> {
   int64_t row_offset(int layer, const std::vector<int32_t>& pages, int h, int64_t pos) const;
   void release(std::vector<int32_t>& pages);
 
+  kernels::Backend& backend_;
   const int n_layers_, kv_heads_, head_dim_;
   const int64_t total_pages_;
   const int page_shift_;
   const kernels::TensorType dtype_;
   const int64_t elem_bytes_;
-  // Left uninitialized (new std::byte[]): a pool is hundreds of MB to GBs and every row
+  // Left uninitialized (Backend::alloc): a pool is hundreds of MB to GBs and every row
   // is written before it is read (attention reads positions < n_kv only, all computed or
   // loaded), so zero-filling it is pure cost — and, untouched, the kernel backs the
-  // memory of a large allocation only where it is first written.
-  std::unique_ptr<std::byte[]> k_, v_;
+  // host memory of a large allocation only where it is first written.
+  kernels::DeviceBuffer k_, v_;
   mutable std::mutex mu_;
   std::vector<int32_t> free_;  // a stack: the most recently freed page is reused first
   int64_t reserved_ = 0;
@@ -117,9 +131,14 @@ class KvCache {
   int64_t length = 0;
 
   KvCache() = default;
-  // A cache with a pool of its own, exactly its pages (benchmarks, tools, tests).
-  KvCache(int layers, int kv_heads, int head_dim, int64_t capacity,
+  // A cache with a pool of its own on `backend`, exactly its pages (benchmarks, tools,
+  // tests).
+  KvCache(kernels::Backend& backend, int layers, int kv_heads, int head_dim, int64_t capacity,
           kernels::TensorType dtype = kernels::TensorType::F32);
+  // The same in host memory (kernels::host_backend()).
+  KvCache(int layers, int kv_heads, int head_dim, int64_t capacity,
+          kernels::TensorType dtype = kernels::TensorType::F32)
+      : KvCache(kernels::host_backend(), layers, kv_heads, head_dim, capacity, dtype) {}
   KvCache(KvCache&& other) noexcept { *this = std::move(other); }
   KvCache& operator=(KvCache&& other) noexcept;
   KvCache(const KvCache&) = delete;
@@ -132,9 +151,10 @@ class KvCache {
   kernels::KvView view(int layer) const { return pool_->view(layer, pages_, capacity); }
   kernels::TensorType dtype() const { return pool_->dtype(); }
   int64_t elem_bytes() const { return pool_->elem_bytes(); }
-  // Row [head_dim] of KV head h at position pos of layer l, in place: fp32 caches only
-  // (std::logic_error otherwise), for tests and tools that inspect or poke rows. The
-  // engine goes through read_rows / write_rows, which every dtype has.
+  // Row [head_dim] of KV head h at position pos of layer l, in place: fp32 caches in
+  // host-accessible memory only (std::logic_error otherwise), for tests and tools that
+  // inspect or poke rows. The engine goes through backend ops and read_rows /
+  // write_rows, which every dtype and backend has.
   float* k_at(int l, int h, int64_t pos) { return f32_row(pool_->k_row(l, pages_, h, pos)); }
   float* v_at(int l, int h, int64_t pos) { return f32_row(pool_->v_row(l, pages_, h, pos)); }
   const float* k_at(int l, int h, int64_t pos) const { return f32_row(pool_->k_row(l, pages_, h, pos)); }
@@ -151,20 +171,25 @@ class KvCache {
       at += count;
     }
   }
-  // Rows [pos, pos + m) of KV head h of layer l from / to [m, head_dim] fp32 arrays
-  // (rounded to / widened from the cache's dtype). v may be nullptr: K only.
+  // Rows [pos, pos + m) of KV head h of layer l from / to host [m, head_dim] fp32
+  // arrays (rounded to / widened from the cache's dtype). v may be nullptr: K only.
   void write_rows(int l, int h, int64_t pos, int64_t m, const float* k, const float* v);
   void read_rows(int l, int h, int64_t pos, int64_t m, float* k, float* v) const;
-  // The same rows as stored elements of the cache's dtype, copied unchanged.
+  // The same rows as stored elements of the cache's dtype, copied unchanged from / to
+  // host arrays.
   void write_rows_raw(int l, int h, int64_t pos, int64_t m, const void* k, const void* v);
   void read_rows_raw(int l, int h, int64_t pos, int64_t m, void* k, void* v) const;
-  // Rows [0, rows) of every KV head of layer l from / to [kv_heads, rows, head_dim]
+  // Rows [0, rows) of every KV head of layer l from / to host [kv_heads, rows, head_dim]
   // arrays of stored elements (elem_bytes() each), unchanged.
   void write_layer_raw(int l, int64_t rows, const void* k, const void* v);
   void read_layer_raw(int l, int64_t rows, void* k, void* v) const;
-  // The same as fp32 [kv_heads, rows, head_dim] arrays (rounded / widened).
+  // The same as fp32 [kv_heads, rows, head_dim] host arrays (rounded / widened).
   void write_layer(int l, int64_t rows, const float* k, const float* v);
   void read_layer(int l, int64_t rows, float* k, float* v) const;
+  // Rows [0, rows) of every KV head of layer l from / to [kv_heads, rows, head_dim]
+  // arrays of stored elements in the backend's memory (a saved copy of a layer).
+  void save_layer(int l, int64_t rows, void* k, void* v) const;
+  void restore_layer(int l, int64_t rows, const void* k, const void* v);
 
   const std::vector<int32_t>& pages() const { return pages_; }
   const std::shared_ptr<KvPagePool>& pool() const { return pool_; }
@@ -173,6 +198,9 @@ class KvCache {
   friend class KvPagePool;
   KvCache(std::shared_ptr<KvPagePool> pool, std::vector<int32_t> pages, int64_t capacity);
   float* f32_row(std::byte* row) const;
+  // Calls move(row_in_pool_k, row_in_pool_v, offset_in_array) per run of rows of head h.
+  template <class Move>
+  void each_head_run(int l, int h, int64_t pos, int64_t m, const Move& move) const;
 
   std::shared_ptr<KvPagePool> pool_;
   std::vector<int32_t> pages_;

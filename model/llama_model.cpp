@@ -129,7 +129,8 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     freq_factors = load_vector(*rf, cfg_.head_dim / 2);
     cfg_.rope_scaling.type = "llama3";
   }
-  rope_ = make_rope_table(cfg_, freq_factors);
+  const kernels::RopeTable rope_table = make_rope_table(cfg_, freq_factors);
+  rope_ = backend.prepare_rope(rope_table);
 
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file_));
   chat_template_ = ChatTemplate::from_gguf(file_);
@@ -168,12 +169,15 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     return kernels::WeightView{kernels::TensorType::F32, buf.data(), rows, in};
   };
 
+  auto upload_vector = [&](const std::vector<float>& v) {
+    return backend.upload(v.data(), static_cast<int64_t>(v.size() * sizeof(float)));
+  };
   layers_.resize(cfg_.n_layers);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     auto& L = layers_[l];
-    L.attn_norm = load_vector(file_.tensor(p + "attn_norm.weight"), cfg_.dim);
-    L.ffn_norm = load_vector(file_.tensor(p + "ffn_norm.weight"), cfg_.dim);
+    L.attn_norm = upload_vector(load_vector(file_.tensor(p + "attn_norm.weight"), cfg_.dim));
+    L.ffn_norm = upload_vector(load_vector(file_.tensor(p + "ffn_norm.weight"), cfg_.dim));
     const auto& q = file_.tensor(p + "attn_q.weight");
     const auto& k = file_.tensor(p + "attn_k.weight");
     const auto& v = file_.tensor(p + "attn_v.weight");
@@ -183,11 +187,12 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     auto qkv = fuse({&q, &k, &v});
     L.wqkv = backend.prepare(qkv ? *qkv : convert_f32({&q, &k, &v}), precision);
     if (const auto* qb = file_.find_tensor(p + "attn_q.bias")) {
-      L.qkv_bias = load_vector(*qb, cfg_.q_dim());
+      auto bias = load_vector(*qb, cfg_.q_dim());
       auto kb = load_vector(file_.tensor(p + "attn_k.bias"), cfg_.kv_dim());
       auto vb = load_vector(file_.tensor(p + "attn_v.bias"), cfg_.kv_dim());
-      L.qkv_bias.insert(L.qkv_bias.end(), kb.begin(), kb.end());
-      L.qkv_bias.insert(L.qkv_bias.end(), vb.begin(), vb.end());
+      bias.insert(bias.end(), kb.begin(), kb.end());
+      bias.insert(bias.end(), vb.begin(), vb.end());
+      L.qkv_bias = upload_vector(bias);
     }
     const auto& o = file_.tensor(p + "attn_output.weight");
     check_shape(o, cfg_.dim, cfg_.q_dim());
@@ -202,7 +207,8 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     check_shape(d, cfg_.dim, cfg_.ff);
     L.w_down = backend.prepare(view_of(d), precision);
   }
-  output_norm_ = load_vector(file_.tensor("output_norm.weight"), cfg_.dim);
+  output_norm_ = upload_vector(load_vector(file_.tensor("output_norm.weight"), cfg_.dim));
+  embedding_ = backend.prepare_embedding(embed_view_);
   const auto* out = file_.find_tensor("output.weight");
   auto out_view = out ? view_of(*out) : embed_view_;  // tied embeddings
   if (out_view.in_features != cfg_.dim) throw GgufError("output.weight has the wrong width");
@@ -230,7 +236,7 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
                           cfg_.rope_scaling.high_freq_factor};
   add(params, sizeof params);
   add_str(cfg_.rope_scaling.type);
-  add(rope_.inv_freq.data(), rope_.inv_freq.size() * sizeof(float));
+  add(rope_table.inv_freq.data(), rope_table.inv_freq.size() * sizeof(float));
   for (const auto& t : file_.tensors()) {
     add_str(t.name);
     add(&t.type, sizeof(t.type));

@@ -45,10 +45,11 @@ struct LlamaConfig {
 // tensor, may be empty) divides each frequency's wavelength factor in.
 kernels::RopeTable make_rope_table(const LlamaConfig& cfg, const std::vector<float>& freq_factors = {});
 
+// Every weight prepared on the backend, in its memory.
 struct LayerWeights {
-  std::vector<float> attn_norm;                       // [dim]
-  std::vector<float> ffn_norm;                        // [dim]
-  std::vector<float> qkv_bias;                        // [q_dim + 2 kv_dim] or empty
+  kernels::DeviceBuffer attn_norm;                    // [dim] fp32
+  kernels::DeviceBuffer ffn_norm;                     // [dim] fp32
+  kernels::DeviceBuffer qkv_bias;                     // [q_dim + 2 kv_dim] fp32, or none
   std::unique_ptr<kernels::PreparedWeights> wqkv;     // [q_dim + 2 kv_dim, dim]
   std::unique_ptr<kernels::PreparedWeights> wo;       // [dim, q_dim]
   std::unique_ptr<kernels::PreparedWeights> w_gate_up;// [2 ff, dim]
@@ -72,10 +73,11 @@ class LlamaModel {
   kernels::Backend& backend() const { return *backend_; }
   kernels::Precision precision() const { return precision_; }
   kernels::TensorType kv_dtype() const { return kv_dtype_; }
-  const kernels::RopeTable& rope() const { return rope_; }
+  // The RoPE table as the backend prepared it; rope().table is its host description.
+  const kernels::PreparedRope& rope() const { return *rope_; }
   const LayerWeights& layer(int l) const { return layers_[l]; }
-  const kernels::WeightView& token_embedding() const { return embed_view_; }
-  const std::vector<float>& output_norm() const { return output_norm_; }
+  const kernels::PreparedWeights& token_embedding() const { return *embedding_; }
+  const float* output_norm() const { return output_norm_.as<float>(); }  // [dim], backend memory
   const kernels::PreparedWeights& output() const { return *output_; }
   // Identifies everything that changes computed KV bytes: all weight bytes, the
   // hyper-parameters (norm epsilon, RoPE base/style/scaling/inv_freq), kKvLayoutVersion,
@@ -94,11 +96,12 @@ class LlamaModel {
   kernels::TensorType kv_dtype_;
   std::unique_ptr<Tokenizer> tokenizer_;
   ChatTemplate chat_template_;
-  kernels::RopeTable rope_;
+  std::unique_ptr<kernels::PreparedRope> rope_;
   std::vector<LayerWeights> layers_;
   std::vector<std::vector<uint8_t>> fused_storage_;  // concatenated raw rows of fused weights
   kernels::WeightView embed_view_;
-  std::vector<float> output_norm_;
+  std::unique_ptr<kernels::PreparedWeights> embedding_;
+  kernels::DeviceBuffer output_norm_;
   std::unique_ptr<kernels::PreparedWeights> output_;
   uint64_t fingerprint_ = 0;
 };

@@ -1,6 +1,10 @@
 // The Llama forward pass over a KvCache, on any backend. Layers are exposed one
 // at a time, and split in halves, so the blend pipeline can compare fresh K/V with
 // loaded K/V and carry only some tokens forward.
+//
+// Memory: hidden states, q/k/v and positions passed to the layer calls are the
+// backend's memory (kernels/backend.h); token ids come from the host and logits go
+// back to it. Scratch between ops lives in the backend's per-thread workspace.
 #pragma once
 
 #include <cstdint>
@@ -17,11 +21,15 @@ class Transformer {
  public:
   explicit Transformer(const LlamaModel& model) : model_(model) {}
 
-  // A cache with a page pool of its own, exactly its pages (tools, tests, chunk
-  // computes); a server's caches come from its shared KvPagePool.
+  // Workspace slots [0, kWorkspaceSlots) of the backend are the Transformer's
+  // (transformer.cpp); callers that keep scratch between its calls use higher ones.
+  static constexpr int kWorkspaceSlots = 16;
+
+  // A cache with a page pool of its own on the model's backend, exactly its pages
+  // (tools, tests, chunk computes); a server's caches come from its shared KvPagePool.
   KvCache make_cache(int64_t capacity) const;
 
-  // Token embeddings: [n, dim]
+  // Token embeddings of host token ids: hidden [n, dim], backend memory.
   void embed(std::span<const int32_t> tokens, float* hidden) const;
 
   // One layer for n tokens at the given positions: writes their K/V into the cache
@@ -52,10 +60,11 @@ class Transformer {
                       const int32_t* pos,   // [n]
                       int64_t n, const KvCache& cache, int64_t n_kv) const;
 
-  // Final norm + LM head for n rows: [n, vocab]
+  // Final norm + LM head for n rows of hidden (backend memory), copied back into the
+  // host array out [n, vocab].
   void logits(const float* hidden, int64_t n, float* out) const;
 
-  // Full forward of tokens at positions cache.length ... cache.length + n - 1;
+  // Full forward of host tokens at positions cache.length ... cache.length + n - 1;
   // extends cache.length. Returns logits of the last token, or of every token
   // when all_logits ([n, vocab]).
   std::vector<float> forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits = false) const;

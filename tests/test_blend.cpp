@@ -70,7 +70,7 @@ TEST(DeltaRope, RotatingStoredKeysEqualsRopeAtTheNewPosition) {
     cfg.rope_scaling.type = scaling;
     cfg.rope_scaling.factor = 8.0f;
     cfg.rope_scaling.original_context = 2048;
-    const auto table = make_rope_table(cfg);
+    const auto table = cpu->prepare_rope(make_rope_table(cfg));
     const int64_t m = 40;
     std::vector<float> x(m * 64);
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * static_cast<double>(i)) * 2.0f;
@@ -79,9 +79,9 @@ TEST(DeltaRope, RotatingStoredKeysEqualsRopeAtTheNewPosition) {
       std::iota(base.begin(), base.end(), 0);
       std::iota(at_p.begin(), at_p.end(), p);
       auto stored = x, direct = x;
-      cpu->rope(stored.data(), base.data(), m, 1, table);  // K as stored: positions 0..m-1
-      cpu->rope(stored.data(), delta.data(), m, 1, table);  // repaired to p..p+m-1
-      cpu->rope(direct.data(), at_p.data(), m, 1, table);   // computed at p..p+m-1
+      cpu->rope(stored.data(), base.data(), m, 1, *table);  // K as stored: positions 0..m-1
+      cpu->rope(stored.data(), delta.data(), m, 1, *table);  // repaired to p..p+m-1
+      cpu->rope(direct.data(), at_p.data(), m, 1, *table);   // computed at p..p+m-1
       // fp32 cos/sin: the error grows with the angle, ~1e-6 relative per radian step
       EXPECT_LT(max_abs_diff(stored, direct), 2e-4) << scaling << " p=" << p;
     }

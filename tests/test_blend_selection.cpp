@@ -355,7 +355,7 @@ TEST_F(BlendSelection, SelectedTokensAreTheTopKOfTheLayerOneDeviation) {
 TEST_F(BlendSelection, PlacedChunkKvIsTheStoredKvRotatedByTheOffsetInEveryLayer) {
   BlendSetup s;
   const auto& c = s.m.config();
-  const auto& rope = s.m.rope();
+  const auto& rope = s.m.rope().table;
   const auto chunk = document_chunk_tokens(s.m.tokenizer(), kDocs[1]);
   const int64_t m = static_cast<int64_t>(chunk.size());
   auto kv = s.engine.compute_chunk_kv(chunk);

@@ -156,13 +156,14 @@ TEST_P(BackendOps, RopeMatchesReferenceBothStyles) {
     std::vector<int32_t> pos = {0, 1, 2, 17, 100, 4095, 8000, -5, 3};
     auto x = random_vec(n * heads * 64, 4);
     auto a = x, b = x;
-    cpu->rope(a.data(), pos.data(), n, heads, t);
-    ref->rope(b.data(), pos.data(), n, heads, t);
+    const auto cpu_t = cpu->prepare_rope(t), ref_t = ref->prepare_rope(t);
+    cpu->rope(a.data(), pos.data(), n, heads, *cpu_t);
+    ref->rope(b.data(), pos.data(), n, heads, *ref_t);
     EXPECT_LT(rel_max_err(a, b), 2e-6);
     // rotating back by -p restores the input (composition law behind delta-RoPE)
     std::vector<int32_t> neg(pos.size());
     for (size_t i = 0; i < pos.size(); ++i) neg[i] = -pos[i];
-    cpu->rope(a.data(), neg.data(), n, heads, t);
+    cpu->rope(a.data(), neg.data(), n, heads, *cpu_t);
     EXPECT_LT(rel_max_err(a, x), 1e-5);
   }
 }
@@ -197,6 +198,27 @@ TEST_P(BackendOps, AttentionMatchesReference) {
   }
 }
 
+// Attention cases over a cache of n_kv rows, queries at `pos`: every kernel path
+// (fp32 tiled, bf16 tiled, decode-size), a blend-style selection of queries.
+struct PagedCase {
+  const char* what;
+  int64_t q_heads, kv_heads, head_dim, n_kv;
+  std::vector<int32_t> pos;
+};
+std::vector<PagedCase> paged_attention_cases() {
+  std::vector<PagedCase> cases;
+  std::vector<int32_t> all(150);
+  std::iota(all.begin(), all.end(), 0);
+  cases.push_back({"prefill of 150", 9, 3, 64, 150, all});
+  cases.push_back({"prefill of 150, group 1, head_dim 128", 2, 2, 128, 150, all});
+  std::vector<int32_t> sel;
+  for (int32_t p = 2; p < 200; p += 7) sel.push_back(p);
+  sel.push_back(199);
+  cases.push_back({"selected queries", 9, 3, 64, 200, sel});
+  cases.push_back({"decode, 2 queries", 9, 3, 64, 131, {129, 130}});
+  return cases;
+}
+
 // Paged attention is the contiguous attention of the same backend, bit for bit: the
 // kernels read the same rows in the same order wherever their pages lie. Pages of
 // 1 to 128 positions in shuffled pool order, unused NaN pages among them, a partial
@@ -204,19 +226,7 @@ TEST_P(BackendOps, AttentionMatchesReference) {
 // blend-style selection of queries, and batched decode rows over caches paged
 // differently.
 TEST_P(BackendOps, PagedAttentionEqualsContiguous) {
-  struct Case { const char* what; int64_t q_heads, kv_heads, head_dim, n_kv; std::vector<int32_t> pos; };
-  std::vector<Case> cases;
-  {
-    std::vector<int32_t> all(150);
-    std::iota(all.begin(), all.end(), 0);
-    cases.push_back({"prefill of 150", 9, 3, 64, 150, all});
-    cases.push_back({"prefill of 150, group 1, head_dim 128", 2, 2, 128, 150, all});
-    std::vector<int32_t> sel;
-    for (int32_t p = 2; p < 200; p += 7) sel.push_back(p);
-    sel.push_back(199);
-    cases.push_back({"selected queries", 9, 3, 64, 200, sel});
-    cases.push_back({"decode, 2 queries", 9, 3, 64, 131, {129, 130}});
-  }
+  const std::vector<PagedCase> cases = paged_attention_cases();
   for (Backend* backend : {ref.get(), cpu.get()}) {
     auto& be = *backend;
     for (const Precision prec : {Precision::F32, Precision::BF16}) {
@@ -280,19 +290,8 @@ TEST_P(BackendOps, PagedAttentionEqualsContiguous) {
 // queries, decode-size queries and batched decode rows. And it stays within the
 // rounding of the values from attention over the unrounded fp32 K/V.
 TEST_P(BackendOps, HalfPrecisionKvIsAttentionOverItsWidenedValues) {
-  struct Case { const char* what; int64_t q_heads, kv_heads, head_dim, n_kv; std::vector<int32_t> pos; };
-  std::vector<Case> cases;
-  {
-    std::vector<int32_t> all(150);
-    std::iota(all.begin(), all.end(), 0);
-    cases.push_back({"prefill of 150", 9, 3, 64, 150, all});
-    cases.push_back({"prefill of 150, group 1, head_dim 128", 2, 2, 128, 150, all});
-    std::vector<int32_t> sel;
-    for (int32_t p = 2; p < 200; p += 7) sel.push_back(p);
-    cases.push_back({"selected queries", 9, 3, 64, 200, sel});
-    cases.push_back({"decode, 2 queries", 9, 3, 64, 131, {129, 130}});
-    cases.push_back({"decode, 1 query, head_dim 48", 4, 2, 48, 77, {76}});
-  }
+  std::vector<PagedCase> cases = paged_attention_cases();
+  cases.push_back({"decode, 1 query, head_dim 48", 4, 2, 48, 77, {76}});
   for (Backend* backend : {ref.get(), cpu.get()}) {
     auto& be = *backend;
     for (const TensorType dtype : {TensorType::F16, TensorType::BF16}) {
@@ -470,13 +469,22 @@ TEST_P(BackendOps, EmbedMatchesReferenceAndRejectsBadIds) {
   auto wf = random_vec(100 * 64, 11);
   auto raw = quantize_q8_0(wf, 100, 64);
   WeightView view{TensorType::Q8_0, raw.data(), 100, 64};
+  const auto cpu_table = cpu->prepare_embedding(view), ref_table = ref->prepare_embedding(view);
   std::vector<int32_t> ids = {0, 99, 42, 42};
   std::vector<float> a(4 * 64), b(4 * 64);
-  cpu->embed(view, ids.data(), a.data(), 4);
-  ref->embed(view, ids.data(), b.data(), 4);
+  cpu->embed(*cpu_table, ids.data(), a.data(), 4);
+  ref->embed(*ref_table, ids.data(), b.data(), 4);
   EXPECT_EQ(a, b);
-  std::vector<int32_t> bad = {100};
-  EXPECT_THROW(cpu->embed(view, bad.data(), a.data(), 1), std::out_of_range);
+  for (Backend* be : {cpu.get(), ref.get()}) {
+    const auto table = be->prepare_embedding(view);
+    std::vector<float> untouched(2 * 64, 7.0f);
+    for (std::vector<int32_t> bad : {std::vector<int32_t>{100}, std::vector<int32_t>{3, -1}}) {
+      EXPECT_THROW(be->embed(*table, bad.data(), untouched.data(), static_cast<int64_t>(bad.size())),
+                   std::out_of_range)
+          << be->name();
+      EXPECT_EQ(untouched, std::vector<float>(2 * 64, 7.0f)) << be->name() << ": written before the check";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, BackendOps, ::testing::ValuesIn(cpu::kAllIsas),

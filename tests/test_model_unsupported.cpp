@@ -250,8 +250,8 @@ TEST(ModelUnsupported, LinearRopeScalingLoads) {
   ASSERT_NO_THROW(scaled = load(write(w, "linear")));
   ASSERT_NO_THROW(plain = load(write(baseline_writer(), "baseline_for_linear")));
   EXPECT_EQ(scaled->config().rope_scaling.type, "linear");
-  const auto& a = scaled->rope().inv_freq;
-  const auto& b = plain->rope().inv_freq;
+  const auto& a = scaled->rope().table.inv_freq;
+  const auto& b = plain->rope().table.inv_freq;
   ASSERT_EQ(a.size(), static_cast<size_t>(kHeadDim / 2));
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i] / 4.0f, 1e-6f * b[i]) << i;

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <numeric>
+#include <string>
 #include <stdexcept>
 #include <vector>
 
@@ -33,6 +35,40 @@ constexpr int64_t kDecodeMaxQueries = 4;
 struct CpuWeights final : PreparedWeights {
   cpu::DnnlWeightsPtr packed;
   std::vector<float> block_scales;  // Q4_0/Q4_1: cpu::extract_block_scales, for decode
+};
+
+// A RoPE table with its (cos, sin) per position and frequency, cached for non-negative
+// positions as they are first asked for: computing them is as costly as the rotation.
+struct CpuRope final : PreparedRope {
+  std::mutex mu;
+  std::vector<float> cos_sin;  // [positions cached, head_dim / 2, 2]
+
+  // (cos, sin) of each of n positions into dst [n, head_dim / 2, 2].
+  void fill(const int32_t* pos, int64_t n, float* dst) {
+    const int64_t half = table.head_dim / 2;
+    std::lock_guard<std::mutex> lock(mu);
+    int32_t max_pos = -1;
+    for (int64_t t = 0; t < n; ++t) max_pos = std::max(max_pos, pos[t]);
+    const int64_t have = static_cast<int64_t>(cos_sin.size()) / (half * 2);
+    if (max_pos >= have) {
+      const int64_t want = std::max<int64_t>(max_pos + 1, have * 2);
+      cos_sin.resize(static_cast<size_t>(want * half * 2));
+      for (int64_t p = have; p < want; ++p) compute(static_cast<double>(p), &cos_sin[p * half * 2]);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      if (pos[t] >= 0)
+        std::copy_n(&cos_sin[pos[t] * half * 2], half * 2, dst + t * half * 2);
+      else
+        compute(static_cast<double>(pos[t]), dst + t * half * 2);
+    }
+  }
+  void compute(double p, float* dst) const {
+    for (int64_t i = 0; i < table.head_dim / 2; ++i) {
+      const double a = p * table.inv_freq[i];
+      dst[2 * i] = static_cast<float>(std::cos(a));
+      dst[2 * i + 1] = static_cast<float>(std::sin(a));
+    }
+  }
 };
 
 // bf16 needs native bf16 dot products for attention and a oneDNN bf16 matmul.
@@ -80,7 +116,15 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void embed(const WeightView& table, const int32_t* ids, float* out, int64_t n) override {
+  std::unique_ptr<PreparedRope> prepare_rope(const RopeTable& table) override {
+    Backend::prepare_rope(table);  // validates
+    auto out = std::make_unique<CpuRope>();
+    out->table = table;
+    return out;
+  }
+
+  void embed(const PreparedWeights& prepared, const int32_t* ids, float* out, int64_t n) override {
+    const WeightView& table = prepared.view;
     const auto type = table.type;
     const int64_t row_bytes = type_row_bytes(type, table.in_features);
     for (int64_t t = 0; t < n; ++t)
@@ -95,11 +139,117 @@ class CpuBackend final : public Backend {
     k_.rmsnorm(x, weight, out, n, dim, eps);
   }
 
-  void rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const RopeTable& table) override {
-    const int64_t half = table.head_dim / 2;
-    std::vector<float> cos_sin(static_cast<size_t>(n * half * 2));
-    fill_cos_sin(table, pos, n, cos_sin.data());
-    k_.rope(x, cos_sin.data(), n, heads, table.head_dim, table.style);
+  void rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const PreparedRope& prepared) override {
+    auto& rope = cpu_rope(prepared);
+    const int64_t half = rope.table.head_dim / 2;
+    thread_local std::vector<float> cos_sin;
+    cos_sin.resize(static_cast<size_t>(n * half * 2));
+    rope.fill(pos, n, cos_sin.data());
+    k_.rope(x, cos_sin.data(), n, heads, rope.table.head_dim, rope.table.style);
+  }
+
+  void add(float* y, const float* x, int64_t count) override {
+#pragma omp parallel for simd schedule(static) if (count >= (1 << 16))
+    for (int64_t i = 0; i < count; ++i) y[i] += x[i];
+  }
+
+  void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t n, int64_t q_dim, int64_t kv_dim) override {
+    const int64_t width = q_dim + 2 * kv_dim;
+#pragma omp parallel for schedule(static) if (n >= 256)
+    for (int64_t t = 0; t < n; ++t) {
+      const float* row = qkv + t * width;
+      std::memcpy(q + t * q_dim, row, static_cast<size_t>(q_dim) * sizeof(float));
+      std::memcpy(k + t * kv_dim, row + q_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+      std::memcpy(v + t * kv_dim, row + q_dim + kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+    }
+  }
+
+  void gather_rows(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t width) override {
+#pragma omp parallel for schedule(static) if (n * width >= (1 << 16))
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(dst + t * width, src + static_cast<int64_t>(rows[t]) * width,
+                  static_cast<size_t>(width) * sizeof(float));
+  }
+
+  void store_kv(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n) override {
+    check_positions(kv, pos, n, "store_kv");
+    const int64_t hd = kv.head_dim, eb = kv_dtype_bytes(kv.dtype);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < kv.kv_heads; ++h) {
+        const int64_t at = kv.row_offset(h, pos[t]) * eb;
+        const int64_t src = (t * kv.kv_heads + h) * hd;
+        kv_from_fp32(kv.dtype, k + src, static_cast<std::byte*>(kv.k) + at, hd);
+        if (v) kv_from_fp32(kv.dtype, v + src, static_cast<std::byte*>(kv.v) + at, hd);
+      }
+  }
+
+  // The reference's order of summation (heads, then elements, K before V), so the
+  // scores and with them the blend's selection are the reference's exactly.
+  void kv_deviation(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n,
+                    KvDeviation which, double* out) override {
+    check_positions(kv, pos, n, "kv_deviation");
+    const int64_t hd = kv.head_dim, eb = kv_dtype_bytes(kv.dtype);
+#pragma omp parallel if (n >= 64)
+    {
+      std::vector<float> kl(static_cast<size_t>(hd)), vl(static_cast<size_t>(hd));
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < n; ++t) {
+        double dev = 0;
+        for (int64_t h = 0; h < kv.kv_heads; ++h) {
+          const int64_t at = kv.row_offset(h, pos[t]) * eb;
+          kv_to_fp32(kv.dtype, static_cast<const std::byte*>(kv.k) + at, kl.data(), hd);
+          kv_to_fp32(kv.dtype, static_cast<const std::byte*>(kv.v) + at, vl.data(), hd);
+          const float* kf = k + (t * kv.kv_heads + h) * hd;
+          const float* vf = v + (t * kv.kv_heads + h) * hd;
+          for (int64_t i = 0; i < hd; ++i) {
+            if (which != KvDeviation::V) dev += static_cast<double>(kf[i] - kl[i]) * (kf[i] - kl[i]);
+            if (which != KvDeviation::K) dev += static_cast<double>(vf[i] - vl[i]) * (vf[i] - vl[i]);
+          }
+        }
+        out[t] = dev;
+      }
+    }
+  }
+
+  void top_k(const double* score, int64_t n, int64_t k, int32_t* out) override {
+    if (k < 0 || k > n) throw std::invalid_argument("top_k: k must be in [0, n]");
+    thread_local std::vector<int32_t> idx;
+    idx.resize(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    const auto above = [score](int32_t a, int32_t b) {
+      const double x = score[a], y = score[b];
+      if (std::isnan(x) != std::isnan(y)) return std::isnan(y);  // numbers above NaN
+      if (!std::isnan(x) && x != y) return x > y;
+      return a < b;
+    };
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), above);
+    std::copy_n(idx.begin(), k, out);
+  }
+
+  // Per KV head and per run of rows in one page (consecutive in memory): widened to
+  // fp32, rotated by the rope kernel at the same (cos, sin) for every row, rounded back.
+  void rope_kv_rows(const KvView& kv, int64_t first, int64_t m, int32_t delta, const PreparedRope& prepared) override {
+    if (first < 0 || m < 0 || first + m > kv.capacity) throw std::out_of_range("rope_kv_rows: rows outside the cache");
+    auto& rope = cpu_rope(prepared);
+    const int64_t hd = kv.head_dim, eb = kv_dtype_bytes(kv.dtype);
+    if (hd != rope.table.head_dim) throw std::invalid_argument("rope_kv_rows: head_dim differs from the table");
+    if (m == 0) return;
+    const int64_t run_max = std::min(m, kv.page_positions());
+    thread_local std::vector<float> cos_sin, rows;
+    cos_sin.resize(static_cast<size_t>(run_max * hd));
+    rope.fill(&delta, 1, cos_sin.data());
+    for (int64_t r = 1; r < run_max; ++r) std::copy_n(cos_sin.data(), hd, cos_sin.data() + r * hd);
+    rows.resize(static_cast<size_t>(run_max * hd));
+    const int64_t page = kv.page_positions();
+    for (int64_t h = 0; h < kv.kv_heads; ++h)
+      for (int64_t at = first; at < first + m;) {
+        const int64_t count = std::min(first + m, (at / page + 1) * page) - at;
+        std::byte* base = static_cast<std::byte*>(kv.k) + kv.row_offset(h, at) * eb;
+        kv_to_fp32(kv.dtype, base, rows.data(), count * hd);
+        k_.rope(rows.data(), cos_sin.data(), count, 1, hd, rope.table.style);
+        kv_from_fp32(kv.dtype, rows.data(), base, count * hd);
+        at += count;
+      }
   }
 
   void swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) override {
@@ -143,36 +293,15 @@ class CpuBackend final : public Backend {
     if (!is_kv_dtype(kv.dtype)) throw std::invalid_argument("cpu attention: K/V must be F32, F16 or BF16");
   }
 
-  // (cos, sin) per position and frequency, cached for non-negative positions:
-  // computing them is as costly as the rotation itself.
-  void fill_cos_sin(const RopeTable& table, const int32_t* pos, int64_t n, float* dst) {
-    const int64_t half = table.head_dim / 2;
-    std::lock_guard<std::mutex> lock(rope_mu_);
-    if (rope_freqs_ != table.inv_freq) {
-      rope_freqs_ = table.inv_freq;
-      rope_cache_.clear();
-    }
-    int32_t max_pos = -1;
-    for (int64_t t = 0; t < n; ++t) max_pos = std::max(max_pos, pos[t]);
-    const int64_t have = static_cast<int64_t>(rope_cache_.size()) / (half * 2);
-    if (max_pos >= have) {
-      const int64_t want = std::max<int64_t>(max_pos + 1, have * 2);
-      rope_cache_.resize(static_cast<size_t>(want * half * 2));
-      for (int64_t p = have; p < want; ++p) compute_cos_sin(table, static_cast<double>(p), &rope_cache_[p * half * 2]);
-    }
-    for (int64_t t = 0; t < n; ++t) {
-      if (pos[t] >= 0)
-        std::copy_n(&rope_cache_[pos[t] * half * 2], half * 2, dst + t * half * 2);
-      else
-        compute_cos_sin(table, static_cast<double>(pos[t]), dst + t * half * 2);
-    }
+  static CpuRope& cpu_rope(const PreparedRope& prepared) {
+    auto* rope = dynamic_cast<const CpuRope*>(&prepared);
+    if (!rope) throw std::invalid_argument("cpu backend: a RoPE table prepared by another backend");
+    return const_cast<CpuRope&>(*rope);  // its cache grows under its own mutex
   }
-  static void compute_cos_sin(const RopeTable& table, double p, float* dst) {
-    for (int64_t i = 0; i < table.head_dim / 2; ++i) {
-      const double a = p * table.inv_freq[i];
-      dst[2 * i] = static_cast<float>(std::cos(a));
-      dst[2 * i + 1] = static_cast<float>(std::sin(a));
-    }
+  static void check_positions(const KvView& kv, const int32_t* pos, int64_t n, const char* op) {
+    for (int64_t t = 0; t < n; ++t)
+      if (pos[t] < 0 || pos[t] >= kv.capacity)
+        throw std::out_of_range(std::string(op) + ": position " + std::to_string(pos[t]) + " outside the KV cache");
   }
 
   void require(Precision precision) const {
@@ -183,9 +312,6 @@ class CpuBackend final : public Backend {
 
   const cpu::CpuKernels& k_;
   const bool bf16_;
-  std::mutex rope_mu_;
-  std::vector<float> rope_freqs_;
-  std::vector<float> rope_cache_;
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -47,14 +48,15 @@ class ReferenceBackend final : public Backend {
       }
   }
 
-  void embed(const WeightView& table, const int32_t* ids, float* out, int64_t n) override {
+  void embed(const PreparedWeights& prepared, const int32_t* ids, float* out, int64_t n) override {
+    const WeightView& table = prepared.view;
     const auto type = table.type;
-    const int64_t row_bytes = type_row_bytes(type, table.in_features);
-    for (int64_t t = 0; t < n; ++t) {
+    for (int64_t t = 0; t < n; ++t)
       if (ids[t] < 0 || ids[t] >= table.out_features) throw std::out_of_range("embed: token id out of range");
+    const int64_t row_bytes = type_row_bytes(type, table.in_features);
+    for (int64_t t = 0; t < n; ++t)
       dequantize_row(type, static_cast<const uint8_t*>(table.data) + ids[t] * row_bytes,
                      out + t * table.in_features, table.in_features);
-    }
   }
 
   void rmsnorm(const float* x, const float* weight, float* out, int64_t n, int64_t dim, float eps) override {
@@ -67,7 +69,8 @@ class ReferenceBackend final : public Backend {
     }
   }
 
-  void rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const RopeTable& table) override {
+  void rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const PreparedRope& prepared) override {
+    const RopeTable& table = prepared.table;
     const int64_t d = table.head_dim, half = d / 2;
     for (int64_t t = 0; t < n; ++t)
       for (int64_t h = 0; h < heads; ++h) {
@@ -89,6 +92,86 @@ class ReferenceBackend final : public Backend {
       for (int64_t i = 0; i < ff; ++i) {
         const double g = gate_up[t * 2 * ff + i], u = gate_up[t * 2 * ff + ff + i];
         out[t * ff + i] = static_cast<float>(g / (1.0 + std::exp(-g)) * u);
+      }
+  }
+
+  void add(float* y, const float* x, int64_t count) override {
+    for (int64_t i = 0; i < count; ++i) y[i] += x[i];
+  }
+
+  void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t n, int64_t q_dim, int64_t kv_dim) override {
+    const int64_t width = q_dim + 2 * kv_dim;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < q_dim; ++i) q[t * q_dim + i] = qkv[t * width + i];
+      for (int64_t i = 0; i < kv_dim; ++i) k[t * kv_dim + i] = qkv[t * width + q_dim + i];
+      for (int64_t i = 0; i < kv_dim; ++i) v[t * kv_dim + i] = qkv[t * width + q_dim + kv_dim + i];
+    }
+  }
+
+  void gather_rows(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t width) override {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < width; ++i) dst[t * width + i] = src[static_cast<int64_t>(rows[t]) * width + i];
+  }
+
+  void store_kv(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n) override {
+    check_positions(kv, pos, n, "store_kv");
+    const int64_t hd = kv.head_dim;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < kv.kv_heads; ++h) {
+        const int64_t at = kv.row_offset(h, pos[t]);
+        const int64_t src = (t * kv.kv_heads + h) * hd;
+        for (int64_t i = 0; i < hd; ++i) {
+          store_element(kv.dtype, kv.k, at + i, k[src + i]);
+          if (v) store_element(kv.dtype, kv.v, at + i, v[src + i]);
+        }
+      }
+  }
+
+  void kv_deviation(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n,
+                    KvDeviation which, double* out) override {
+    check_positions(kv, pos, n, "kv_deviation");
+    const int64_t hd = kv.head_dim;
+    std::vector<float> kl(static_cast<size_t>(hd)), vl(static_cast<size_t>(hd));
+    for (int64_t t = 0; t < n; ++t) {
+      double dev = 0;
+      for (int64_t h = 0; h < kv.kv_heads; ++h) {
+        kv.read_k_row(h, pos[t], kl.data());
+        kv.read_v_row(h, pos[t], vl.data());
+        const float* kf = k + (t * kv.kv_heads + h) * hd;
+        const float* vf = v + (t * kv.kv_heads + h) * hd;
+        for (int64_t i = 0; i < hd; ++i) {
+          if (which != KvDeviation::V) dev += static_cast<double>(kf[i] - kl[i]) * (kf[i] - kl[i]);
+          if (which != KvDeviation::K) dev += static_cast<double>(vf[i] - vl[i]) * (vf[i] - vl[i]);
+        }
+      }
+      out[t] = dev;
+    }
+  }
+
+  void top_k(const double* score, int64_t n, int64_t k, int32_t* out) override {
+    if (k < 0 || k > n) throw std::invalid_argument("top_k: k must be in [0, n]");
+    // k passes of a plain maximum search: the obvious order, nothing clever.
+    std::vector<char> taken(static_cast<size_t>(n), 0);
+    for (int64_t r = 0; r < k; ++r) {
+      int64_t best = -1;
+      for (int64_t i = 0; i < n; ++i)
+        if (!taken[i] && (best < 0 || ranks_above(score[i], score[best]))) best = i;
+      taken[best] = 1;
+      out[r] = static_cast<int32_t>(best);
+    }
+  }
+
+  void rope_kv_rows(const KvView& kv, int64_t first, int64_t m, int32_t delta, const PreparedRope& rope_table) override {
+    if (first < 0 || m < 0 || first + m > kv.capacity) throw std::out_of_range("rope_kv_rows: rows outside the cache");
+    if (kv.head_dim != rope_table.table.head_dim) throw std::invalid_argument("rope_kv_rows: head_dim differs from the table");
+    const int64_t hd = kv.head_dim;
+    std::vector<float> row(static_cast<size_t>(hd));
+    for (int64_t h = 0; h < kv.kv_heads; ++h)
+      for (int64_t j = first; j < first + m; ++j) {
+        kv.read_k_row(h, j, row.data());
+        rope(row.data(), &delta, 1, 1, rope_table);
+        const int64_t at = kv.row_offset(h, j);
+        for (int64_t i = 0; i < hd; ++i) store_element(kv.dtype, kv.k, at + i, row[static_cast<size_t>(i)]);
       }
   }
 
@@ -128,6 +211,26 @@ class ReferenceBackend final : public Backend {
           o[i] = last >= 0 ? static_cast<float>(acc / denom) : 0.0f;
         }
       }
+  }
+
+ private:
+  static void check_positions(const KvView& kv, const int32_t* pos, int64_t n, const char* op) {
+    for (int64_t t = 0; t < n; ++t)
+      if (pos[t] < 0 || pos[t] >= kv.capacity)
+        throw std::out_of_range(std::string(op) + ": position " + std::to_string(pos[t]) + " outside the KV cache");
+  }
+  // Element `at` of a K/V array of `dtype`, rounded from fp32 (round to nearest even).
+  static void store_element(TensorType dtype, void* base, int64_t at, float x) {
+    switch (dtype) {
+      case TensorType::F16: static_cast<uint16_t*>(base)[at] = fp32_to_fp16(x); return;
+      case TensorType::BF16: static_cast<uint16_t*>(base)[at] = fp32_to_bf16(x); return;
+      default: static_cast<float*>(base)[at] = x;
+    }
+  }
+  // top_k's order: larger first, NaN below every number.
+  static bool ranks_above(double a, double b) {
+    if (std::isnan(a)) return false;
+    return std::isnan(b) || a > b;
   }
 };
 

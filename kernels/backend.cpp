@@ -1,0 +1,102 @@
+// The backend's memory and ordering defaults (host memory, work done when issued),
+// DeviceBuffer and Workspace.
+#include "kernels/backend.h"
+
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace bs::kernels {
+namespace {
+
+// The default stream and event: the CPU backends run everything when it is issued.
+struct HostStream final : Stream {};
+struct HostEvent final : Event {};
+
+constexpr std::align_val_t kAlignment{64};
+
+}  // namespace
+
+void DeviceBuffer::reset() {
+  if (data_ && owner_) owner_->free_bytes(data_, bytes_);
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+void* Workspace::bytes(int slot, int64_t bytes) {
+  if (slot < 0) throw std::invalid_argument("workspace: negative slot");
+  if (static_cast<size_t>(slot) >= slots_.size()) slots_.resize(static_cast<size_t>(slot) + 1);
+  DeviceBuffer& b = slots_[static_cast<size_t>(slot)];
+  if (b.bytes() < bytes) {
+    b.reset();  // the old memory goes first: the slots of a long prefill are large
+    b = backend_.alloc(bytes);
+  }
+  return b.data();
+}
+
+DeviceBuffer Backend::alloc(int64_t bytes) {
+  if (bytes < 0) throw std::invalid_argument("backend alloc: negative size");
+  const int64_t n = bytes == 0 ? 1 : bytes;  // a valid, distinct pointer for empty buffers
+  return DeviceBuffer(this, allocate_bytes(n), n);
+}
+
+DeviceBuffer Backend::upload(const void* host, int64_t bytes) {
+  DeviceBuffer b = alloc(bytes);
+  if (bytes > 0) copy_to_backend(b.data(), host, bytes);
+  return b;
+}
+
+Workspace& Backend::workspace() {
+  std::lock_guard<std::mutex> lock(workspaces_mu_);
+  auto& ws = workspaces_[std::this_thread::get_id()];
+  if (!ws) ws = std::make_unique<Workspace>(*this);
+  return *ws;
+}
+
+void Backend::release_workspaces() {
+  std::lock_guard<std::mutex> lock(workspaces_mu_);
+  workspaces_.clear();
+}
+
+void* Backend::allocate_bytes(int64_t bytes) { return ::operator new(static_cast<size_t>(bytes), kAlignment); }
+void Backend::free_bytes(void* data, int64_t) { ::operator delete(data, kAlignment); }
+
+std::unique_ptr<Stream> Backend::make_stream() { return std::make_unique<HostStream>(); }
+std::unique_ptr<Event> Backend::make_event() { return std::make_unique<HostEvent>(); }
+void Backend::copy_to_backend(void* dst, const void* host_src, int64_t bytes, Stream*) {
+  if (bytes > 0) std::memcpy(dst, host_src, static_cast<size_t>(bytes));
+}
+void Backend::copy_to_host(void* host_dst, const void* src, int64_t bytes, Stream*) {
+  if (bytes > 0) std::memcpy(host_dst, src, static_cast<size_t>(bytes));
+}
+void Backend::copy_within(void* dst, const void* src, int64_t bytes, Stream*) {
+  if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
+}
+void Backend::record(Event&, Stream*) {}
+void Backend::wait(const Event&, Stream*) {}
+void Backend::synchronize(const Event&) {}
+void Backend::synchronize() {}
+
+std::unique_ptr<PreparedWeights> Backend::prepare_embedding(const WeightView& table) {
+  auto out = std::make_unique<PreparedWeights>();
+  out->view = table;
+  return out;
+}
+
+std::unique_ptr<PreparedRope> Backend::prepare_rope(const RopeTable& table) {
+  if (table.head_dim <= 0 || table.head_dim % 2 != 0 ||
+      static_cast<int64_t>(table.inv_freq.size()) != table.head_dim / 2)
+    throw std::invalid_argument("rope table: head_dim must be even and inv_freq hold head_dim / 2 values");
+  auto out = std::make_unique<PreparedRope>();
+  out->table = table;
+  return out;
+}
+
+Backend& host_backend() {
+  static Backend* const backend = make_reference_backend().release();  // never destroyed: pools may outlive main's locals
+  return *backend;
+}
+
+}  // namespace bs::kernels
