@@ -277,7 +277,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
         ctx.config.kv_cache_bytes > 0 ? ctx.config.kv_cache_bytes : kv_cache_default_bytes(ctx.config, mc, kv_dtype);
     try {
       constexpr int shift = KvPagePool::kDefaultPageShift;
-      ctx.kv_pool = KvPagePool::make(mc.n_layers, mc.n_kv_heads, mc.head_dim,
+      ctx.kv_pool = KvPagePool::make(*ctx.backend, mc.n_layers, mc.n_kv_heads, mc.head_dim,
                                      KvPagePool::pages_in(bytes, mc.n_layers, mc.n_kv_heads, mc.head_dim, shift, kv_dtype),
                                      shift, kv_dtype);
     } catch (const std::bad_alloc&) {

@@ -200,7 +200,7 @@ struct context_base {
     c.model = model;
     c.tf = std::make_unique<Transformer>(*c.model);
     const auto& mc = c.model->config();
-    c.kv_pool = KvPagePool::make(mc.n_layers, mc.n_kv_heads, mc.head_dim, 256);  // 16384 positions
+    c.kv_pool = KvPagePool::make(*c.backend, mc.n_layers, mc.n_kv_heads, mc.head_dim, 256);  // 16384 positions
     c.ram = std::make_unique<MemoryKvStore>(int64_t{256} << 20);
     c.ssd = std::make_unique<DiskKvStore>(c.config.ssd.path, int64_t{1} << 30, false);
     c.tiers = {{"ram", c.ram.get(), 8e9, 2}, {"ssd", c.ssd.get(), 1.5e9, 2}};
@@ -668,7 +668,7 @@ CAF_TEST(intake_admits_only_while_the_requests_kv_pages_fit) {
   ctx->config.max_requests = 8;
   ctx->config.max_queue = 2;
   const auto& mc = cfg();
-  ctx->kv_pool = KvPagePool::make(mc.n_layers, mc.n_kv_heads, mc.head_dim, 8);  // 512 positions
+  ctx->kv_pool = KvPagePool::make(*ctx->backend, mc.n_layers, mc.n_kv_heads, mc.head_dim, 8);  // 512 positions
   auto& pool = *ctx->kv_pool;
   const int64_t others = pool.total_pages() - 1;
   CAF_REQUIRE(pool.try_reserve(others));  // running requests hold all but one page

@@ -3,11 +3,15 @@
 // skipped (and shows as "Not Run" in ctest), never passed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -484,6 +488,257 @@ TEST_P(BackendOps, EmbedMatchesReferenceAndRejectsBadIds) {
           << be->name();
       EXPECT_EQ(untouched, std::vector<float>(2 * 64, 7.0f)) << be->name() << ": written before the check";
     }
+  }
+}
+
+// ---- Backend memory and the ops that replaced host loops (issue 18) ----
+
+// Buffers, copies, streams/events and workspaces behave the same on every backend:
+// bytes go in and come back unchanged, a workspace slot keeps its memory until it must
+// grow, and each thread has its own.
+TEST_P(BackendOps, MemoryCopiesStreamsAndWorkspaces) {
+  for (Backend* backend : {ref.get(), cpu.get()}) {
+    auto& be = *backend;
+    EXPECT_TRUE(be.host_accessible()) << be.name();
+    DeviceBuffer empty = be.alloc(0);
+    EXPECT_TRUE(empty) << "a zero-byte buffer is still a valid handle";
+    const auto data = random_vec(1001, 7);
+    const int64_t bytes = static_cast<int64_t>(data.size() * sizeof(float));
+    DeviceBuffer a = be.upload(data.data(), bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u) << be.name();
+    DeviceBuffer b = be.alloc(bytes);
+    auto stream = be.make_stream();
+    auto event = be.make_event();
+    be.copy_within(b.data(), a.data(), bytes, stream.get());
+    be.record(*event, stream.get());
+    be.wait(*event);  // the op stream waits for the copy
+    std::vector<float> back(data.size(), NAN);
+    be.copy_to_host(back.data(), b.data(), bytes, stream.get());
+    be.record(*event, stream.get());
+    be.synchronize(*event);
+    EXPECT_EQ(0, std::memcmp(back.data(), data.data(), static_cast<size_t>(bytes))) << be.name();
+    be.copy_to_backend(b.as<float>() + 1, data.data(), 4 * sizeof(float));
+    be.synchronize();
+    EXPECT_EQ(b.as<float>()[1], data[0]);
+    EXPECT_EQ(b.as<float>()[5], data[5]) << "a copy writes only its bytes";
+    DeviceBuffer moved = std::move(b);
+    EXPECT_FALSE(b);
+    EXPECT_EQ(moved.bytes(), bytes);
+
+    Workspace& ws = be.workspace();
+    EXPECT_EQ(&ws, &be.workspace()) << "one workspace per thread";
+    float* s1 = ws.get<float>(3, 100);
+    EXPECT_EQ(s1, ws.get<float>(3, 50)) << "a slot keeps its memory while it is large enough";
+    EXPECT_NE(static_cast<void*>(s1), ws.bytes(4, 100)) << "slots are distinct";
+    Workspace* other = nullptr;
+    std::thread([&] { other = &be.workspace(); }).join();
+    EXPECT_NE(other, &ws) << "another thread has its own workspace";
+  }
+}
+
+// add, split_qkv and gather_rows: the CPU backend's results are the reference's bit
+// for bit (no arithmetic but one addition each), at odd sizes.
+TEST_P(BackendOps, ResidualSplitAndGatherEqualTheReference) {
+  for (int64_t count : {int64_t{1}, int64_t{17}, int64_t{100003}}) {
+    const auto y = random_vec(static_cast<size_t>(count), 21), x = random_vec(static_cast<size_t>(count), 22);
+    auto a = y, b = y;
+    cpu->add(a.data(), x.data(), count);
+    ref->add(b.data(), x.data(), count);
+    EXPECT_EQ(a, b) << "add of " << count;
+    EXPECT_EQ(a[count / 2], y[count / 2] + x[count / 2]);
+  }
+  for (auto [n, qd, kvd] : {std::tuple<int64_t, int64_t, int64_t>{1, 576, 192}, {300, 576, 192}, {5, 9, 3}}) {
+    const auto qkv = random_vec(static_cast<size_t>(n * (qd + 2 * kvd)), 23);
+    std::vector<float> q[2], k[2], v[2];
+    int i = 0;
+    for (Backend* be : {cpu.get(), ref.get()}) {
+      q[i].assign(static_cast<size_t>(n * qd), NAN);
+      k[i].assign(static_cast<size_t>(n * kvd), NAN);
+      v[i].assign(static_cast<size_t>(n * kvd), NAN);
+      be->split_qkv(qkv.data(), q[i].data(), k[i].data(), v[i].data(), n, qd, kvd);
+      ++i;
+    }
+    EXPECT_EQ(q[0], q[1]);
+    EXPECT_EQ(k[0], k[1]);
+    EXPECT_EQ(v[0], v[1]);
+    EXPECT_EQ(v[0][static_cast<size_t>((n - 1) * kvd)], qkv[static_cast<size_t>((n - 1) * (qd + 2 * kvd) + qd + kvd)]);
+  }
+  const int64_t width = 576;
+  const auto src = random_vec(static_cast<size_t>(40 * width), 24);
+  const std::vector<int32_t> rows = {39, 0, 7, 7, 12, 38, 1};  // out of order, repeated
+  std::vector<float> a(rows.size() * width, NAN), b(a.size(), NAN);
+  cpu->gather_rows(src.data(), rows.data(), a.data(), static_cast<int64_t>(rows.size()), width);
+  ref->gather_rows(src.data(), rows.data(), b.data(), static_cast<int64_t>(rows.size()), width);
+  EXPECT_EQ(a, b);
+  for (size_t i = 0; i < rows.size(); ++i)
+    EXPECT_EQ(0, std::memcmp(&a[i * width], &src[rows[i] * width], width * sizeof(float))) << "row " << i;
+}
+
+// store_kv writes every row where the page table says, rounded to the dtype, on every
+// backend the same bytes; rows it was not given stay as they were; a position outside
+// the cache throws before anything is written.
+TEST_P(BackendOps, StoreKvWritesPagedRowsRoundedToTheDtype) {
+  const int64_t kv_heads = 3, hd = 64, rows = 150;
+  const std::vector<int32_t> pos = {149, 0, 63, 64, 65, 128, 7, 100};  // out of order, across pages, the last partial
+  const int64_t n = static_cast<int64_t>(pos.size());
+  const auto k = random_vec(static_cast<size_t>(n * kv_heads * hd), 31), v = random_vec(k.size(), 32);
+  const auto filler = random_vec(static_cast<size_t>(kv_heads * rows * hd), 33);
+  for (const TensorType dtype : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+    for (int shift : {0, 3, 6}) {
+      auto pc = test::make_paged(filler, filler, kv_heads, rows, hd, rows, shift, 34, 2, dtype);
+      auto pr = test::make_paged(filler, filler, kv_heads, rows, hd, rows, shift, 34, 2, dtype);
+      const std::string what = std::string(kv_dtype_name(dtype)) + ", pages of " + std::to_string(1 << shift);
+      cpu->store_kv(pc.view, pos.data(), k.data(), v.data(), n);
+      ref->store_kv(pr.view, pos.data(), k.data(), v.data(), n);
+      EXPECT_EQ(pc.k, pr.k) << what;
+      EXPECT_EQ(pc.v, pr.v) << what;
+      const auto ks = test::as_stored(k, dtype), fs = test::as_stored(filler, dtype);
+      std::vector<float> row(static_cast<size_t>(hd));
+      for (int64_t h = 0; h < kv_heads; ++h)
+        for (int64_t j = 0; j < rows; ++j) {
+          pc.view.read_k_row(h, j, row.data());
+          const auto it = std::find(pos.begin(), pos.end(), static_cast<int32_t>(j));
+          const float* want = it == pos.end() ? &fs[static_cast<size_t>((h * rows + j) * hd)]
+                                              : &ks[static_cast<size_t>(((it - pos.begin()) * kv_heads + h) * hd)];
+          ASSERT_EQ(0, std::memcmp(row.data(), want, hd * sizeof(float))) << what << " head " << h << " row " << j;
+        }
+      // K only: V keeps what it had.
+      const auto v_before = pc.v;
+      cpu->store_kv(pc.view, pos.data(), v.data(), nullptr, n);
+      EXPECT_EQ(pc.v, v_before) << what;
+      EXPECT_NE(pc.k, pr.k) << what;
+      for (Backend* be : {cpu.get(), ref.get()}) {
+        const auto k_before = pc.k;
+        for (int32_t bad : {-1, static_cast<int32_t>(rows)}) {
+          const std::vector<int32_t> some = {5, bad};
+          EXPECT_THROW(be->store_kv(pc.view, some.data(), k.data(), v.data(), 2), std::out_of_range) << be->name();
+          EXPECT_EQ(pc.k, k_before) << be->name() << ": a refused store wrote rows";
+        }
+      }
+    }
+  }
+}
+
+// The deviation of fresh rows against the cache: the CPU backend's doubles are the
+// reference's bit for bit (same order of summation), for every dtype and kind, and are
+// the plain sum of squares of fresh minus stored.
+TEST_P(BackendOps, KvDeviationEqualsTheReference) {
+  const int64_t kv_heads = 3, hd = 64, rows = 130;
+  const std::vector<int32_t> pos = {0, 129, 64, 5, 5, 77};
+  const int64_t n = static_cast<int64_t>(pos.size());
+  const auto ck = random_vec(static_cast<size_t>(kv_heads * rows * hd), 41), cv = random_vec(ck.size(), 42);
+  const auto k = random_vec(static_cast<size_t>(n * kv_heads * hd), 43), v = random_vec(k.size(), 44);
+  for (const TensorType dtype : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+    auto paged = test::make_paged(ck, cv, kv_heads, rows, hd, rows, 4, 45, 2, dtype);
+    const auto cks = test::as_stored(ck, dtype), cvs = test::as_stored(cv, dtype);
+    for (const KvDeviation which : {KvDeviation::K, KvDeviation::V, KvDeviation::KV}) {
+      std::vector<double> a(static_cast<size_t>(n), NAN), b(a.size(), NAN);
+      cpu->kv_deviation(paged.view, pos.data(), k.data(), v.data(), n, which, a.data());
+      ref->kv_deviation(paged.view, pos.data(), k.data(), v.data(), n, which, b.data());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double))) << kv_dtype_name(dtype);
+      for (int64_t t = 0; t < n; ++t) {
+        double want = 0;
+        for (int64_t h = 0; h < kv_heads; ++h)
+          for (int64_t i = 0; i < hd; ++i) {
+            const size_t f = static_cast<size_t>((t * kv_heads + h) * hd + i);
+            const size_t c = static_cast<size_t>((h * rows + pos[t]) * hd + i);
+            if (which != KvDeviation::V) want += static_cast<double>(k[f] - cks[c]) * (k[f] - cks[c]);
+            if (which != KvDeviation::K) want += static_cast<double>(v[f] - cvs[c]) * (v[f] - cvs[c]);
+          }
+        EXPECT_NEAR(a[static_cast<size_t>(t)], want, 1e-9 * want) << kv_dtype_name(dtype) << " token " << t;
+      }
+    }
+    const std::vector<int32_t> bad = {rows};
+    std::vector<double> out(1);
+    EXPECT_THROW(cpu->kv_deviation(paged.view, bad.data(), k.data(), v.data(), 1, KvDeviation::KV, out.data()),
+                 std::out_of_range);
+  }
+}
+
+// top_k: the k largest, largest first, equal scores by lower index, NaN last; the CPU
+// backend's order is the reference's, for every k from none to all.
+TEST_P(BackendOps, TopKOrdersByScoreThenIndex) {
+  std::mt19937 rng(51);
+  for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{37}, int64_t{300}}) {
+    std::vector<double> score(static_cast<size_t>(n));
+    for (auto& s : score) s = static_cast<double>(rng() % 7);  // many ties
+    if (n > 2) score[1] = NAN, score[static_cast<size_t>(n - 1)] = NAN;
+    for (int64_t k : {int64_t{0}, int64_t{1}, n / 3, n - 1, n}) {
+      if (k < 0) continue;
+      std::vector<int32_t> a(static_cast<size_t>(k), -1), b(a.size(), -1);
+      cpu->top_k(score.data(), n, k, a.data());
+      ref->top_k(score.data(), n, k, b.data());
+      EXPECT_EQ(a, b) << "n " << n << " k " << k;
+      for (int64_t i = 1; i < k; ++i) {
+        const double x = score[a[i - 1]], y = score[a[i]];
+        const bool ordered = std::isnan(y) ? (!std::isnan(x) || a[i - 1] < a[i])
+                                           : (!std::isnan(x) && (x > y || (x == y && a[i - 1] < a[i])));
+        EXPECT_TRUE(ordered) << "n " << n << " k " << k << " at " << i;
+      }
+    }
+  }
+  std::vector<double> s(3, 1.0);
+  std::vector<int32_t> out(4);
+  EXPECT_THROW(cpu->top_k(s.data(), 3, 4, out.data()), std::invalid_argument);
+  EXPECT_THROW(ref->top_k(s.data(), 3, 4, out.data()), std::invalid_argument);
+}
+
+// Delta-RoPE of cached rows: on the CPU backend exactly its rope() of the widened rows,
+// rounded back to the dtype; within the cos/sin rounding of the reference; rows outside
+// the range and V untouched; rotating by -delta undoes it (fp32).
+TEST_P(BackendOps, RopeKvRowsRotatesCachedRowsInPlace) {
+  const int64_t kv_heads = 3, hd = 64, rows = 200;
+  RopeTable t;
+  t.head_dim = hd;
+  for (int i = 0; i < hd / 2; ++i) t.inv_freq.push_back(static_cast<float>(std::pow(100000.0, -2.0 * i / hd)));
+  const auto k = random_vec(static_cast<size_t>(kv_heads * rows * hd), 61), v = random_vec(k.size(), 62);
+  for (const auto style : {RopeStyle::Interleaved, RopeStyle::HalfSplit}) {
+    t.style = style;
+    const auto cpu_t = cpu->prepare_rope(t), ref_t = ref->prepare_rope(t);
+    for (const TensorType dtype : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+      for (auto [first, m, delta] : {std::tuple<int64_t, int64_t, int32_t>{10, 120, 517}, {64, 64, -64}, {199, 1, 3},
+                                     {0, 200, 0}}) {
+        const std::string what = std::string(kv_dtype_name(dtype)) + " rows " + std::to_string(first) + "+" +
+                                 std::to_string(m) + " by " + std::to_string(delta);
+        auto pc = test::make_paged(k, v, kv_heads, rows, hd, rows, 5, 63, 2, dtype);
+        auto pr = test::make_paged(k, v, kv_heads, rows, hd, rows, 5, 63, 2, dtype);
+        const auto v_before = pc.v;
+        cpu->rope_kv_rows(pc.view, first, m, delta, *cpu_t);
+        ref->rope_kv_rows(pr.view, first, m, delta, *ref_t);
+        EXPECT_EQ(pc.v, v_before) << what;
+        const auto ks = test::as_stored(k, dtype);
+        std::vector<float> got(static_cast<size_t>(hd)), want(static_cast<size_t>(hd)), r(static_cast<size_t>(hd));
+        double worst = 0;
+        for (int64_t h = 0; h < kv_heads; ++h)
+          for (int64_t j = 0; j < rows; ++j) {
+            pc.view.read_k_row(h, j, got.data());
+            std::copy_n(&ks[static_cast<size_t>((h * rows + j) * hd)], hd, want.begin());
+            if (j >= first && j < first + m) {
+              cpu->rope(want.data(), &delta, 1, 1, *cpu_t);
+              want = test::as_stored(want, dtype);
+              pr.view.read_k_row(h, j, r.data());
+              for (int64_t i = 0; i < hd; ++i) worst = std::max(worst, static_cast<double>(std::fabs(got[i] - r[i])));
+            }
+            ASSERT_EQ(0, std::memcmp(got.data(), want.data(), hd * sizeof(float))) << what << " head " << h << " row " << j;
+          }
+        // The reference computes cos/sin in double: apart by the rounding of the dtype at most.
+        EXPECT_LT(worst, dtype == TensorType::F32 ? 1e-4 : dtype == TensorType::F16 ? 1e-2 : 6e-2) << what;
+        if (dtype == TensorType::F32) {
+          cpu->rope_kv_rows(pc.view, first, m, -delta, *cpu_t);
+          std::vector<float> row(static_cast<size_t>(hd));
+          for (int64_t j = first; j < first + m; ++j) {
+            pc.view.read_k_row(1, j, row.data());
+            for (int64_t i = 0; i < hd; ++i)
+              EXPECT_NEAR(row[i], k[static_cast<size_t>((1 * rows + j) * hd + i)], 1e-4) << what << " back, row " << j;
+          }
+        }
+      }
+    }
+    auto pc = test::make_paged(k, v, kv_heads, rows, hd, rows, 5, 63, 2, TensorType::F32);
+    EXPECT_THROW(cpu->rope_kv_rows(pc.view, 150, 51, 1, *cpu_t), std::out_of_range);
+    EXPECT_THROW(ref->rope_kv_rows(pc.view, -1, 2, 1, *ref_t), std::out_of_range);
+    EXPECT_THROW(cpu->rope_kv_rows(pc.view, 0, 1, 1, *ref_t), std::invalid_argument)
+        << "a table prepared by another backend";
   }
 }
 

@@ -63,7 +63,7 @@ void expect_same_kv(const KvCache& a, const KvCache& b, const std::string& what)
 // have their pages out of order and interleaved with each other's.
 std::shared_ptr<KvPagePool> fragmented_pool(const Transformer& tf, int64_t pages) {
   const auto& c = tf.model().config();
-  auto pool = KvPagePool::make(c.n_layers, c.n_kv_heads, c.head_dim, pages);
+  auto pool = KvPagePool::make(tf.model().backend(), c.n_layers, c.n_kv_heads, c.head_dim, pages);
   std::vector<KvCache> one_page;
   for (int64_t i = 0; i < pages; ++i) one_page.push_back(pool->make_cache(1));
   std::mt19937 rng(7);
