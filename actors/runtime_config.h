@@ -31,6 +31,10 @@ struct TierConfig {
   bool operator==(const TierConfig&) const = default;
 };
 
+// The KV dtype of the embedded default (configs/default.yaml says the same; a test
+// checks): the tools' --kv-dtype defaults to it too.
+inline constexpr const char* kDefaultKvDtype = "f16";
+
 struct RuntimeConfig {
   // model
   std::string model_path;          // empty: $BLENDSERVE_MODEL or the embedded default model
@@ -44,7 +48,7 @@ struct RuntimeConfig {
   int64_t kv_cache_bytes = 0;
   // How the KV cache (and so every stored chunk) holds K and V: f32 | f16 | bf16.
   // Attention widens half-precision K/V to fp32 as it reads; part of every chunk key.
-  std::string kv_dtype = "f32";
+  std::string kv_dtype = kDefaultKvDtype;
   // where the SSD tier and traces live; empty: $BLENDSERVE_DATA_DIR, else
   // $XDG_CACHE_HOME/blendserve, else ~/.cache/blendserve, else /tmp/blendserve
   std::string data_dir;

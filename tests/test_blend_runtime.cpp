@@ -18,6 +18,7 @@
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
 #include "blend/rag_prompt.h"
+#include "kernels/kv_view.h"
 #include "model_fixture.h"
 #include "temp_dir.h"
 
@@ -387,8 +388,10 @@ TEST(Runtime, AnEntryEvictedFromRamIsDemotedToTheSsdWhenTheSsdLacksIt) {
   TempDir dir;
   auto cfg = config_in(dir.path());
   const auto docs = cases(1)[0].documents;
-  // A RAM budget that holds one of these chunks, not two.
-  cfg.ram.budget_bytes = 24 << 20;
+  // A RAM budget that holds one of these chunks, not two (24 MiB with fp32 K/V).
+  kernels::TensorType kv_dtype{};
+  ASSERT_TRUE(kernels::kv_dtype_from_name(cfg.kv_dtype, kv_dtype));
+  cfg.ram.budget_bytes = (int64_t{24} << 20) / 4 * kernels::kv_dtype_bytes(kv_dtype);
   Runtime rt(cfg);
   auto& ctx = rt.context();
   const std::string a = rt.store_document(docs[0]);

@@ -130,7 +130,7 @@ TEST(Cli, BadArgumentsAndBadModelsGiveClearErrors) {
 TEST(Cli, EvalPrintsCasesAndASummaryPerMode) {
   REQUIRE_MODEL();
   auto r = run("blendctl eval --dataset " + std::string(BLENDSERVE_FIXTURES) +
-               "/../data/rag_qa_small.jsonl --mode full,reuse,blend --max-cases 1 --max-tokens 8");
+               "/../data/rag_qa_small.jsonl --mode full,reuse,blend --max-cases 1 --max-tokens 8 --kv-dtype f32");
   ASSERT_EQ(r.code, 0) << r.out;
   auto lines = json_lines(r.out);
   ASSERT_EQ(lines.size(), 6u) << r.out;  // 3 cases lines + 3 summaries
@@ -138,7 +138,7 @@ TEST(Cli, EvalPrintsCasesAndASummaryPerMode) {
     EXPECT_TRUE(lines[i].at("summary").get<bool>());
     for (const char* key : {"f1", "first_token_kl", "top1_agreement", "ttft_s"}) EXPECT_TRUE(lines[i].contains(key));
   }
-  EXPECT_EQ(lines[3].at("first_token_kl").get<double>(), 0.0);  // full vs itself
+  EXPECT_EQ(lines[3].at("first_token_kl").get<double>(), 0.0);  // full vs itself (fp32 K/V, as the reference)
   EXPECT_GT(lines[4].at("first_token_kl").get<double>(), 0.0);  // reuse differs
   r = run("blendctl eval --dataset /nonexistent.jsonl");
   EXPECT_NE(r.code, 0);

@@ -31,6 +31,7 @@
 #include "actors/runtime_context.h"
 #include "http/connection_socket.h"
 #include "http/server.h"
+#include "kernels/kv_view.h"
 #include "model_fixture.h"
 #include "temp_dir.h"
 
@@ -972,6 +973,7 @@ TEST(ServerKvDtype, AnF16ServerStoresF16ChunksThatOnlyAnF16ServerFinds) {
   int64_t f32_page_bytes = 0;
   {
     RuntimeConfig config = config_in(dir.path());
+    config.kv_dtype = "f32";
     config.kv_cache_bytes = int64_t{64} << 20;
     Runtime runtime(config);
     f32_page_bytes = runtime.kv_pages().page_bytes;
@@ -1002,6 +1004,7 @@ TEST(ServerKvDtype, AnF16ServerStoresF16ChunksThatOnlyAnF16ServerFinds) {
   }
   {
     RuntimeConfig config = config_in(dir.path());  // f32 over the same SSD tier
+    config.kv_dtype = "f32";
     Runtime runtime(config);
     Served s(runtime, config);
     const json j = ask(s);
@@ -1030,9 +1033,12 @@ TEST(ServerKvPages, ABurstBeyondTheCacheWaitsForPagesAndEveryRequestCompletes) {
   if (!testing::model_available()) GTEST_SKIP() << "model not found";
   const auto& mc = testing::shared_model(testing::fast_precision()).config();
   const int64_t page_positions = int64_t{1} << KvPagePool::kDefaultPageShift;
-  const int64_t page_bytes = 2 * static_cast<int64_t>(mc.n_layers) * mc.n_kv_heads * mc.head_dim * page_positions * 4;
   TempDir dir;
   RuntimeConfig config = config_in(dir.path());
+  kernels::TensorType kv_dtype{};
+  ASSERT_TRUE(kernels::kv_dtype_from_name(config.kv_dtype, kv_dtype));
+  const int64_t page_bytes = 2 * static_cast<int64_t>(mc.n_layers) * mc.n_kv_heads * mc.head_dim * page_positions *
+                             kernels::kv_dtype_bytes(kv_dtype);
   config.max_requests = 16;  // pages, not slots, bound what runs
   config.max_queue = 16;
   config.kv_cache_bytes = 8 * page_bytes;

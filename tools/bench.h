@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/runtime_config.h"
 #include "blend/blend_engine.h"
 #include "kernels/backend.h"
 #include "model/tokenizer.h"
@@ -17,7 +18,7 @@ kernels::TensorType kv_dtype_option(const std::string& name);
 struct BenchOptions {
   std::string model_path;
   std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
-  std::string kv_dtype = "f32";    // f32 | f16 | bf16: how the KV cache holds K and V
+  std::string kv_dtype = kDefaultKvDtype;  // f32 | f16 | bf16: how the KV cache holds K and V
   std::vector<int64_t> prefill_lengths{512, 3072};
   int repeats = 3;
   int64_t decode_context = 512;
@@ -32,7 +33,7 @@ struct TtftOptions {
   std::string model_path;
   std::string dataset;  // JSON lines with "documents": text the chunks are cut from
   std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
-  std::string kv_dtype = "f32";    // f32 | f16 | bf16: how the KV cache holds K and V
+  std::string kv_dtype = kDefaultKvDtype;  // f32 | f16 | bf16: how the KV cache holds K and V
   int chunks = 6;
   int chunk_tokens = 512;
   // The blend's defaults (BlendOptions): one place says what "default" means.
@@ -51,7 +52,7 @@ int bench_ttft(const TtftOptions& opt);
 struct DecodeBenchOptions {
   std::string model_path;
   std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
-  std::string kv_dtype = "f32";    // f32 | f16 | bf16: how the KV cache holds K and V
+  std::string kv_dtype = kDefaultKvDtype;  // f32 | f16 | bf16: how the KV cache holds K and V
   std::vector<int> streams{1, 8};
   int tokens = 64;          // generated per stream
   int prompt_tokens = 256;  // prompt per stream
@@ -87,7 +88,7 @@ struct EvalOptions {
   std::string model_path;
   std::string dataset;
   std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
-  std::string kv_dtype = "f32";    // f32 | f16 | bf16: how the KV cache holds K and V
+  std::string kv_dtype = kDefaultKvDtype;  // f32 | f16 | bf16: how the KV cache holds K and V
   std::vector<std::string> modes{"blend"};
   float ratio = BlendOptions{}.ratio;                           // the blend's defaults
   std::vector<int> check_layers = BlendOptions{}.check_layers;

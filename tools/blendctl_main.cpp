@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   auto* prefill = bench->add_subcommand("prefill", "Full prefill and decode throughput, GEMM throughput");
   std::string precision = "auto";
   prefill->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
-  std::string kv_dtype = "f32";
+  std::string kv_dtype = bs::kDefaultKvDtype;
   const auto kv_dtypes = CLI::IsMember({"f32", "f16", "bf16"});
   const char* kv_dtype_help = "How the KV cache holds K and V (device.kv_dtype)";
   prefill->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
