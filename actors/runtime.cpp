@@ -263,7 +263,15 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   auto& ctx = *ctx_;
   ctx.config = config;
   if (ctx.config.model_path.empty()) ctx.config.model_path = default_model_path();
-  ctx.backend = kernels::make_cpu_backend();
+  if (ctx.config.decode_activations == "auto") {
+    ctx.backend = kernels::make_cpu_backend();
+  } else {
+    kernels::DecodeActivations decode{};
+    if (!kernels::decode_activations_from_name(ctx.config.decode_activations, decode))
+      throw ConfigError("model.decode_activations: unknown value '" + ctx.config.decode_activations +
+                        "' (auto, exact, int8)");
+    ctx.backend = kernels::make_cpu_backend(decode);
+  }
   ctx.precision = kernels::choose_precision(ctx.config.precision, *ctx.backend);
   kernels::TensorType kv_dtype = kernels::TensorType::F32;
   if (!kernels::kv_dtype_from_name(ctx.config.kv_dtype, kv_dtype))

@@ -193,7 +193,7 @@ void check_at_least(T v, T lo, const YAML::Node& n, const std::string& key, cons
 // ---- sections ----------------------------------------------------------------
 
 void parse_model(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "model", {"path", "precision"}, [&](std::string_view k, const YAML::Node& v) {
+  for_each_key(sec, "model", {"path", "precision", "decode_activations"}, [&](std::string_view k, const YAML::Node& v) {
     const std::string key = join_path("model", k);
     if (k == "path") {
       c.model_path = get_string(v, key);
@@ -201,6 +201,11 @@ void parse_model(const YAML::Node& sec, RuntimeConfig& c) {
       const std::string p = get_string(v, key);
       if (p != "auto" && p != "bf16" && p != "f32") fail(key, v, "unknown precision '" + p + "' (auto, bf16, f32)");
       c.precision = p;
+    } else if (k == "decode_activations") {
+      const std::string d = get_string(v, key);
+      if (d != "auto" && d != "exact" && d != "int8")
+        fail(key, v, "unknown decode activations '" + d + "' (auto, exact, int8)");
+      c.decode_activations = d;
     }
   });
 }

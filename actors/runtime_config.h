@@ -39,6 +39,9 @@ struct RuntimeConfig {
   // model
   std::string model_path;          // empty: $BLENDSERVE_MODEL or the embedded default model
   std::string precision = "auto";  // auto | bf16 | f32
+  // Activations of the decode-size Q4 products (kernels::DecodeActivations): auto |
+  // exact | int8; auto = $BLENDSERVE_DECODE_ACTIVATIONS, else exact.
+  std::string decode_activations = "auto";
   // device
   std::string device_kind = "cpu"; // cpu (the only backend of this build)
   int threads = 0;                 // compute threads; 0 = all cores

@@ -278,9 +278,27 @@ class Backend {
 Backend& host_backend();
 
 std::unique_ptr<Backend> make_reference_backend();
+
+// How the CPU backend's decode-size products (up to linear_exact_rows() rows) of
+// Q4_0/Q4_1 weights treat the activations. Exact: fp32 (the AVX2 kernels round them to
+// int16 per block, <= 2^-16 of the block's largest value). Int8: rounded to int8 per
+// block of 32, as llama.cpp does (kernels/activation_quant.h), on kernel variants that
+// have the path (AVX2, where decode is compute-bound); elsewhere Exact runs. When Int8
+// runs, kernel_id() ends in "+int8", so it is part of every chunk key.
+enum class DecodeActivations { Exact, Int8 };
+const char* decode_activations_name(DecodeActivations d);  // "exact", "int8"
+// "exact" or "int8"; false for anything else.
+bool decode_activations_from_name(std::string_view name, DecodeActivations& d);
+// The choice when nothing is configured: $BLENDSERVE_DECODE_ACTIVATIONS when set
+// (std::invalid_argument for an unknown value), else kDefaultDecodeActivations.
+DecodeActivations default_decode_activations();
+inline constexpr DecodeActivations kDefaultDecodeActivations = DecodeActivations::Exact;
+
 // The CPU backend on the best kernel variant this CPU runs (BLENDSERVE_CPU_ISA caps it;
-// kernels/cpu/isa.h). make_cpu_backend_for (kernels/cpu/cpu_backend.h) picks one.
+// kernels/cpu/isa.h), decode activations as default_decode_activations() says.
+// make_cpu_backend_for (kernels/cpu/cpu_backend.h) picks the variant.
 std::unique_ptr<Backend> make_cpu_backend();
+std::unique_ptr<Backend> make_cpu_backend(DecodeActivations decode);
 // Threads the CPU kernels run on (OpenMP).
 int cpu_compute_threads();
 

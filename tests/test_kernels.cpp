@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/activation_quant.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/isa.h"
@@ -467,6 +468,98 @@ TEST_P(BackendOps, LinearRowsAreExactAloneOrBatched) {
       }
     }
   }
+}
+
+// DecodeActivations::Int8: where the variant has the int8 path (AVX2) the decode-size
+// Q4 products equal the scalar reference of that product (activations rounded by
+// quantize_block_int8, exact integer block sums; the kernel differs only in rounding
+// d * scale to fp32 and summing blocks in fp32), their rows are bit-identical alone or
+// batched, the path stays a close approximation of the exact product, and prefill-size
+// products and other types are the exact backend's bit for bit. Elsewhere the setting
+// changes nothing (and kernel_id says so).
+TEST_P(BackendOps, Int8DecodeActivationsEqualTheirReference) {
+  auto int8 = make_cpu_backend_for(GetParam(), DecodeActivations::Int8);
+  const bool has_path = GetParam() == CpuIsa::Avx2;
+  EXPECT_EQ(int8->kernel_id(), cpu->kernel_id() + (has_path ? "+int8" : ""));
+  struct Case { TensorType type; int64_t out, in; };
+  for (auto c : {Case{TensorType::Q4_0, 40, 96}, Case{TensorType::Q4_1, 96, 576}, Case{TensorType::Q4_1, 13, 64},
+                 Case{TensorType::Q4_0, 70, 32}, Case{TensorType::Q8_0, 33, 64}}) {
+    auto wf = random_vec(c.out * c.in, 21, 0.05f);
+    std::vector<uint8_t> raw = c.type == TensorType::Q4_1   ? quantize_q4_1(wf, c.out, c.in)
+                               : c.type == TensorType::Q4_0 ? quantize_q4_0(wf, c.out, c.in)
+                                                            : quantize_q8_0(wf, c.out, c.in);
+    WeightView view{c.type, raw.data(), c.out, c.in};
+    auto p8 = int8->prepare(view, Precision::F32);
+    auto pe = cpu->prepare(view, Precision::F32);
+    auto pr = ref->prepare(view, Precision::F32);
+    const int64_t rows = int8->linear_exact_rows();
+    auto x = random_vec((rows + 1) * c.in, 22);
+    x[5] = 0.0f;  // an exact zero and a block of zeros (scale 1, q 0)
+    std::fill_n(x.begin() + c.in, 32, 0.0f);
+    const bool q4 = c.type != TensorType::Q8_0;
+    for (int64_t n = 1; n <= rows + 1; ++n) {
+      std::vector<float> a(n * c.out), exact(n * c.out), want(n * c.out);
+      int8->linear(*p8, x.data(), a.data(), n, nullptr);
+      cpu->linear(*pe, x.data(), exact.data(), n, nullptr);
+      const std::string what = "type " + std::to_string(static_cast<int>(c.type)) + " n " + std::to_string(n);
+      if (!has_path || !q4 || n > rows) {
+        EXPECT_EQ(std::memcmp(a.data(), exact.data(), a.size() * sizeof(float)), 0) << what;
+        continue;
+      }
+      reference_gemv_int8_activations(c.type, raw.data(), x.data(), want.data(), n, c.in, c.out);
+      EXPECT_LT(rel_max_err(a, want), 1e-5) << what;
+      ref->linear(*pr, x.data(), exact.data(), n, nullptr);
+      const double err = rel_max_err(a, exact);
+      EXPECT_LT(err, 2e-2) << what;  // 8-bit activations: a few parts per thousand here
+      EXPECT_GT(err, 1e-5) << what;  // and not the exact product by accident
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<float> alone(c.out);
+        int8->linear(*p8, x.data() + t * c.in, alone.data(), 1, nullptr);
+        EXPECT_EQ(std::memcmp(alone.data(), a.data() + t * c.out, c.out * sizeof(float)), 0)
+            << what << ": row " << t << " differs from the row alone";
+      }
+    }
+  }
+}
+
+TEST(ActivationQuant, Int8BlocksRoundToNearestEvenWithinPlusMinus127) {
+  float x[32];
+  int8_t q[32];
+  for (int i = 0; i < 32; ++i) x[i] = 0.0f;
+  EXPECT_EQ(quantize_block_int8(x, q), 1.0f);  // a zero block: scale 1, all q 0
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(q[i], 0);
+  for (int i = 0; i < 32; ++i) x[i] = static_cast<float>(i - 16) * 0.25f;  // max |x| = 4 at i = 0
+  x[31] = 2.5f * 4.0f / 127.0f;   // x / scale = 2.5 (within fp32): rounds to 2
+  x[30] = 3.5f * 4.0f / 127.0f;   // 3.5: rounds to 4
+  const float scale = quantize_block_int8(x, q);
+  EXPECT_FLOAT_EQ(scale, 4.0f / 127.0f);
+  EXPECT_EQ(q[0], -127);
+  EXPECT_EQ(q[16], 0);
+  EXPECT_EQ(q[31], 2);
+  EXPECT_EQ(q[30], 4);
+  for (int i = 0; i < 32; ++i) EXPECT_LE(std::fabs(x[i] - scale * q[i]), scale / 2 * 1.0001f) << i;
+  std::vector<float> y(1);
+  EXPECT_THROW(reference_gemv_int8_activations(TensorType::Q8_0, nullptr, x, y.data(), 1, 32, 1),
+               std::invalid_argument);
+}
+
+TEST(DecodeActivations, NamesAndTheEnvironmentChoice) {
+  DecodeActivations d;
+  ASSERT_TRUE(decode_activations_from_name("int8", d));
+  EXPECT_EQ(d, DecodeActivations::Int8);
+  EXPECT_STREQ(decode_activations_name(d), "int8");
+  ASSERT_TRUE(decode_activations_from_name("exact", d));
+  EXPECT_EQ(d, DecodeActivations::Exact);
+  EXPECT_FALSE(decode_activations_from_name("int4", d));
+  const char* was = std::getenv("BLENDSERVE_DECODE_ACTIVATIONS");
+  const std::string saved = was ? was : "";
+  setenv("BLENDSERVE_DECODE_ACTIVATIONS", "int8", 1);
+  EXPECT_EQ(default_decode_activations(), DecodeActivations::Int8);
+  setenv("BLENDSERVE_DECODE_ACTIVATIONS", "fast", 1);
+  EXPECT_THROW(default_decode_activations(), std::invalid_argument);
+  unsetenv("BLENDSERVE_DECODE_ACTIVATIONS");
+  EXPECT_EQ(default_decode_activations(), kDefaultDecodeActivations);
+  if (was) setenv("BLENDSERVE_DECODE_ACTIVATIONS", saved.c_str(), 1);
 }
 
 TEST_P(BackendOps, EmbedMatchesReferenceAndRejectsBadIds) {

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/kv_view.h"
 #include "model/generate.h"
 #include "model/transformer.h"
@@ -143,6 +145,62 @@ TEST(ModelGolden, HalfPrecisionKvStaysNearTheFp32KvGolden) {
     EXPECT_LT(max_final, dtype == TensorType::F16 ? 0.05 : 0.3) << kv_dtype_name(dtype);
     EXPECT_GE(rate, dtype == TensorType::F16 ? 0.995 : 0.99) << kv_dtype_name(dtype);
   }
+}
+
+// The logits of every position computed as decode steps (one token at a time: the
+// decode-size products, where DecodeActivations applies), [ids.size(), vocab].
+std::vector<float> decode_logits(const LlamaModel& m, const std::vector<int32_t>& ids) {
+  Transformer tf(m);
+  auto cache = tf.make_cache(static_cast<int64_t>(ids.size()));
+  const int64_t V = m.config().vocab;
+  std::vector<float> out(ids.size() * V);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const auto logits = tf.forward(std::span<const int32_t>(&ids[t], 1), cache);
+    std::copy(logits.begin(), logits.end(), out.begin() + static_cast<int64_t>(t) * V);
+  }
+  return out;
+}
+
+// DecodeActivations::Int8 (activations of the Q4 decode products rounded to int8 per
+// block, as llama.cpp does) against the exact path on the same AVX2 kernels, every
+// fixture position teacher-forced through decode steps, and both against the llama.cpp
+// golden; printed for the README. Measured (AMD EPYC, AVX2 kernels): 432 / 463
+// positions (93.3%) keep their top-1, max |dlogit| 6.1 — short of the 99.5% that would
+// make int8 the default, so it is opt-in (model.decode_activations). The bounds hold
+// the measured quality (>= 90%) and the exact path at llama.cpp's (>= 99.9%).
+TEST(ModelGolden, Int8DecodeActivationsAgainstTheExactPath) {
+  REQUIRE_MODEL();
+  if (kernels::cpu::detect_cpu_isa() < kernels::cpu::CpuIsa::Avx2) GTEST_SKIP() << "the int8 path needs AVX2";
+  auto exact_backend = kernels::make_cpu_backend_for(kernels::cpu::CpuIsa::Avx2, kernels::DecodeActivations::Exact);
+  auto int8_backend = kernels::make_cpu_backend_for(kernels::cpu::CpuIsa::Avx2, kernels::DecodeActivations::Int8);
+  ASSERT_EQ(int8_backend->kernel_id(), "cpu/avx2+int8");
+  const LlamaModel exact(testing::model_path(), *exact_backend, Precision::F32);
+  const LlamaModel int8(testing::model_path(), *int8_backend, Precision::F32);
+  EXPECT_NE(exact.fingerprint(), int8.fingerprint());  // chunks of one are never served to the other
+  const int64_t V = exact.config().vocab;
+  int64_t agree_exact = 0, agree_golden = 0, exact_golden = 0, total = 0;
+  double max_all = 0, max_final = 0;
+  for (const auto& g : golden()) {
+    const auto a = decode_logits(exact, g.ids), b = decode_logits(int8, g.ids);
+    for (size_t t = 0; t < g.ids.size(); ++t, ++total) {
+      const int32_t top_b = argmax(&b[t * V], V);
+      agree_exact += top_b == argmax(&a[t * V], V);
+      agree_golden += top_b == g.position_top1[t];
+      exact_golden += argmax(&a[t * V], V) == g.position_top1[t];
+      for (int64_t i = 0; i < V; ++i) max_all = std::max(max_all, static_cast<double>(std::fabs(a[t * V + i] - b[t * V + i])));
+    }
+    const float* last = &b[(g.ids.size() - 1) * V];
+    for (int64_t i = 0; i < V; ++i)
+      max_final = std::max(max_final, static_cast<double>(std::fabs(last[i] - g.final_logits[i])));
+  }
+  std::printf("[int8 decode activations] top-1 vs exact path %lld / %lld, vs llama.cpp %lld (exact path: %lld); "
+              "max |dlogit| vs exact %.4f; final-position max |dlogit| vs llama.cpp %.4f\n",
+              static_cast<long long>(agree_exact), static_cast<long long>(total), static_cast<long long>(agree_golden),
+              static_cast<long long>(exact_golden), max_all, max_final);
+  EXPECT_GE(static_cast<double>(agree_exact) / static_cast<double>(total), 0.90);
+  EXPECT_GE(static_cast<double>(agree_golden) / static_cast<double>(total), 0.90);
+  EXPECT_GE(static_cast<double>(exact_golden) / static_cast<double>(total), 0.999);
+  EXPECT_GT(max_all, 0.0);  // the int8 path ran
 }
 
 // The fast path: bf16 GEMMs against our fp32 path, teacher-forced over the fixture

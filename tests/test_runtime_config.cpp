@@ -56,6 +56,7 @@ std::string size_error_of(const std::string& text) {
 void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.model_path, b.model_path);
   EXPECT_EQ(a.precision, b.precision);
+  EXPECT_EQ(a.decode_activations, b.decode_activations);
   EXPECT_EQ(a.device_kind, b.device_kind);
   EXPECT_EQ(a.threads, b.threads);
   EXPECT_EQ(a.kv_cache_bytes, b.kv_cache_bytes);
@@ -180,6 +181,7 @@ TEST(RuntimeConfigParse, EveryKeyIsRead) {
 model:
   path: /models/m.gguf
   precision: bf16
+  decode_activations: int8
 device:
   kind: cpu
   threads: 3
@@ -215,6 +217,7 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
 )");
   EXPECT_EQ(c.model_path, "/models/m.gguf");
   EXPECT_EQ(c.precision, "bf16");
+  EXPECT_EQ(c.decode_activations, "int8");
   EXPECT_EQ(c.device_kind, "cpu");
   EXPECT_EQ(c.threads, 3);
   EXPECT_EQ(c.kv_cache_bytes, int64_t{3} << 29);
@@ -321,7 +324,7 @@ TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
                        Not(HasSubstr("did you mean"))));
   EXPECT_THAT(error_of("limits: {max_request: 4}"), HasSubstr("limits.max_request: unknown key"));
   EXPECT_THAT(error_of("device: {gpus: 1}"), AllOf(HasSubstr("device.gpus"), HasSubstr("kind, threads")));
-  EXPECT_THAT(error_of("model: {name: x}"), AllOf(HasSubstr("model.name"), HasSubstr("path, precision")));
+  EXPECT_THAT(error_of("model: {name: x}"), AllOf(HasSubstr("model.name"), HasSubstr("path, precision, decode_activations")));
   EXPECT_THAT(error_of("server: {addr: x}"), AllOf(HasSubstr("server.addr"), HasSubstr("host, port")));
 }
 
@@ -361,7 +364,7 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
   EXPECT_THAT(error_of("limits: {load_timeout: 0}"), HasSubstr("limits.load_timeout: must be a number of seconds > 0"));
   EXPECT_THAT(error_of("limits: {max_requests: }"), HasSubstr("limits.max_requests: expected an integer, got nothing"));
   // A section that is not a map.
-  EXPECT_THAT(error_of("model: 3"), HasSubstr("model: expected a map with keys (path, precision), got '3'"));
+  EXPECT_THAT(error_of("model: 3"), HasSubstr("model: expected a map with keys (path, precision, decode_activations), got '3'"));
   EXPECT_THAT(error_of("tiers: [ram, ssd]"), HasSubstr("tiers: expected a map with keys (ram, ssd), got a list"));
   EXPECT_THAT(error_of("tiers: {ssd: on}"), HasSubstr("tiers.ssd: expected a map"));
 }
@@ -434,6 +437,8 @@ TEST(RuntimeConfigErrors, Budgets) {
 
 TEST(RuntimeConfigErrors, UnknownNames) {
   EXPECT_THAT(error_of("model: {precision: fp16}"), HasSubstr("model.precision: unknown precision 'fp16' (auto, bf16, f32)"));
+  EXPECT_THAT(error_of("model: {decode_activations: int4}"),
+              HasSubstr("model.decode_activations: unknown decode activations 'int4' (auto, exact, int8)"));
   EXPECT_THAT(error_of("blend: {mode: cacheblend}"),
               HasSubstr("blend.mode: unknown mode 'cacheblend' (full, prefix, reuse, blend)"));
   EXPECT_THAT(error_of("blend: {deviation: q}"), HasSubstr("blend.deviation: unknown deviation 'q' (k, v, kv)"));

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -78,10 +79,16 @@ bool bf16_supported(const cpu::CpuKernels& k) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const cpu::CpuKernels& kernels) : k_(kernels), bf16_(bf16_supported(kernels)) {}
+  CpuBackend(const cpu::CpuKernels& kernels, DecodeActivations decode)
+      : k_(kernels), bf16_(bf16_supported(kernels)),
+        gemv_q4_(decode == DecodeActivations::Int8 && kernels.gemv_q4_int8 ? kernels.gemv_q4_int8
+                                                                            : kernels.gemv_quantized),
+        int8_decode_(gemv_q4_ != kernels.gemv_quantized) {}
 
   std::string name() const override { return "cpu"; }
-  std::string kernel_id() const override { return std::string("cpu/") + cpu::isa_name(k_.isa); }
+  std::string kernel_id() const override {
+    return std::string("cpu/") + cpu::isa_name(k_.isa) + (int8_decode_ ? "+int8" : "");
+  }
   double setup_seconds() const override { return cpu::onednn_primitive_creation_seconds(); }
   bool supports(Precision precision) const override { return precision == Precision::F32 || bf16_; }
   // The GEMV kernels compute rows independently, in the same order for any count.
@@ -104,9 +111,10 @@ class CpuBackend final : public Backend {
 
   void linear(const PreparedWeights& pw, const float* x, float* y, int64_t n, const float* bias) override {
     const auto& w = static_cast<const CpuWeights&>(pw);
-    if (n <= kGemvMaxRows)
-      k_.gemv_quantized(w.view.type, w.view.data, w.block_scales.empty() ? nullptr : w.block_scales.data(), x, y,
-                        n, w.view.in_features, w.view.out_features);
+    if (n <= kGemvMaxRows && !w.block_scales.empty())  // Q4_0/Q4_1
+      gemv_q4_(w.view.type, w.view.data, w.block_scales.data(), x, y, n, w.view.in_features, w.view.out_features);
+    else if (n <= kGemvMaxRows)
+      k_.gemv_quantized(w.view.type, w.view.data, nullptr, x, y, n, w.view.in_features, w.view.out_features);
     else
       cpu::gemm(*w.packed, k_, x, y, n);
     if (bias) {
@@ -312,18 +320,41 @@ class CpuBackend final : public Backend {
 
   const cpu::CpuKernels& k_;
   const bool bf16_;
+  // Q4_0/Q4_1 decode products: the int8-activation kernel when asked for and present.
+  decltype(cpu::CpuKernels::gemv_quantized) const gemv_q4_;
+  const bool int8_decode_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() {
-  return std::make_unique<CpuBackend>(cpu::kernels_for(cpu::selected_cpu_isa()));
+const char* decode_activations_name(DecodeActivations d) { return d == DecodeActivations::Int8 ? "int8" : "exact"; }
+
+bool decode_activations_from_name(std::string_view name, DecodeActivations& d) {
+  if (name == "exact") d = DecodeActivations::Exact;
+  else if (name == "int8") d = DecodeActivations::Int8;
+  else return false;
+  return true;
 }
 
-std::unique_ptr<Backend> make_cpu_backend_for(cpu::CpuIsa isa) {
+DecodeActivations default_decode_activations() {
+  const char* env = std::getenv("BLENDSERVE_DECODE_ACTIVATIONS");
+  if (!env || !*env) return kDefaultDecodeActivations;
+  DecodeActivations d;
+  if (!decode_activations_from_name(env, d))
+    throw std::invalid_argument(std::string("BLENDSERVE_DECODE_ACTIVATIONS='") + env + "' is not exact or int8");
+  return d;
+}
+
+std::unique_ptr<Backend> make_cpu_backend() { return make_cpu_backend(default_decode_activations()); }
+
+std::unique_ptr<Backend> make_cpu_backend(DecodeActivations decode) {
+  return std::make_unique<CpuBackend>(cpu::kernels_for(cpu::selected_cpu_isa()), decode);
+}
+
+std::unique_ptr<Backend> make_cpu_backend_for(cpu::CpuIsa isa, DecodeActivations decode) {
   if (isa > cpu::detect_cpu_isa())
     throw std::invalid_argument(std::string("this CPU cannot run the ") + cpu::isa_name(isa) + " kernels");
-  return std::make_unique<CpuBackend>(cpu::kernels_for(isa));
+  return std::make_unique<CpuBackend>(cpu::kernels_for(isa), decode);
 }
 
 const char* precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "f32"; }

@@ -10,6 +10,7 @@
 namespace bs::kernels {
 
 // Throws std::invalid_argument when this CPU cannot execute `isa`.
-std::unique_ptr<Backend> make_cpu_backend_for(cpu::CpuIsa isa);
+std::unique_ptr<Backend> make_cpu_backend_for(cpu::CpuIsa isa,
+                                              DecodeActivations decode = DecodeActivations::Exact);
 
 }  // namespace bs::kernels

@@ -13,6 +13,12 @@
 // Q8_0 blocks expand cheaply and keep fp32 activations (the output projection's
 // logits stay within 1e-4 of llama.cpp's; int16 activations there measured up to
 // 1.5e-3, over the golden test's 1e-3).
+//
+// gemv_q4_int8 (AVX2, chosen by DecodeActivations::Int8, kernels/backend.h): the same
+// integer scheme with activations rounded to int8 (scale max|x| / 127, as llama.cpp's
+// Q8_0 activations) and weights as the stored unsigned nibbles, so one vpmaddubsw and
+// one vpmaddwd make a block's 32 products per token instead of two vpmaddwd, two
+// 16-bit weight vectors and an add; Q4_0's -8 comes off the exact integer sum.
 #include "kernels/cpu/variant/simd.h"  // first: see the note there
 #include "kernels/cpu/variant/variant_ops.h"
 #include "kernels/dequant.h"
@@ -267,25 +273,72 @@ void quantize_int16(const float* x, int64_t nt, int64_t in, int16_t* q, float* s
     }
 }
 
-// The block's 32 weights as int16 (Q4_0: q - 8; Q4_1: q, the offset m handled apart),
-// elements 0..15 and 16..31.
-template <TensorType T>
-inline void load_block_int16(const uint8_t* blk, __m256i& w0, __m256i& w1) {
+// x rounded to int8 per block of 32, as kernels/activation_quant.h's scalar reference
+// (llama.cpp's Q8_0 activations): q = round(x / scale), scale = max|x| / 127, so q is in
+// [-127, 127]; offset8[t][b] = 8 * the block's sum of q (Q4_0's weight offset, taken
+// off the integer dot product); sum[t][b] = the block's fp32 sum (Q4_1's offset term).
+void quantize_int8(const float* x, int64_t nt, int64_t in, int8_t* q, float* scale, int32_t* offset8, float* sum) {
+  const int64_t blocks = in / kBlock;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
+  for (int64_t t = 0; t < nt; ++t)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + t * in + b * kBlock;
+      __m256 v[4];
+      for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+      const __m256 amax8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                         _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+      const float amax = hmax(amax8);
+      const float sc = amax > 0.0f ? amax / 127.0f : 1.0f;
+      const __m256 inv = _mm256_set1_ps(1.0f / sc);
+      __m256i i32[4];
+      for (int i = 0; i < 4; ++i) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // nearest even
+      const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + t * in + b * kBlock), _mm256_permutevar8x32_epi32(q8, order));
+      const __m256i isum = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+      alignas(32) int32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), isum);
+      int32_t qsum = 0;
+      for (int i = 0; i < 8; ++i) qsum += lanes[i];
+      scale[t * blocks + b] = sc;
+      offset8[t * blocks + b] = 8 * qsum;
+      sum[t * blocks + b] = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+    }
+}
+
+// One block's 32 weights in the form the integer dot product of activations of type A
+// takes. int16: elements 0..15 in w0 and 16..31 in w1 as int16 (Q4_0: q - 8). int8: w0
+// holds the 32 nibbles q as unsigned bytes in element order (vpmaddubsw multiplies
+// unsigned by signed bytes; Q4_0's -8 is applied to the sum, exactly), w1 unused.
+template <TensorType T, typename A>
+inline void load_block_int(const uint8_t* blk, __m256i& w0, __m256i& w1) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == TensorType::Q4_1 ? 4 : 2)));
   const __m128i mask = _mm_set1_epi8(0x0F);
-  w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
-  w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
-  if constexpr (T == TensorType::Q4_0) {
-    w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(8));
-    w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(8));
+  if constexpr (sizeof(A) == 1) {
+    w0 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+    w1 = w0;
+  } else {
+    w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
+    w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
+    if constexpr (T == TensorType::Q4_0) {
+      w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(8));
+      w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(8));
+    }
   }
 }
 
-// The integer dot product of one block's weights with one token's 32 int16
-// activations, as 8 partial sums.
-inline __m256i block_dot(__m256i w0, __m256i w1, const int16_t* xq) {
-  return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
-                          _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
+// The integer dot product of one block's weights with one token's 32 activations, as
+// 8 partial sums. int8: |pair sum| <= 2 * 15 * 127, so vpmaddubsw never saturates.
+template <typename A>
+inline __m256i block_dot(__m256i w0, __m256i w1, const A* xq) {
+  if constexpr (sizeof(A) == 1) {
+    (void)w1;
+    const __m256i pairs = _mm256_maddubs_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  } else {
+    return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
+                            _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
+  }
 }
 
 // Lane i of the result = the sum of p[i]'s 8 lanes. Integers: exact, so the order of
@@ -300,25 +353,28 @@ inline __m256i reduce8_epi32(const __m256i* p) {
 }
 
 // Every (row o, token t) product is, whatever the number of tokens:
-//   isum_b = the exact integer dot product of block b (weights as stored, int16 x)
+//   isum_b = the exact integer dot product of block b (int16: weights as stored, Q4_0
+//            minus 8; int8: the stored nibbles, minus offset8[t][b] for Q4_0)
 //   main   = fma(float(isum_b), d[o][b] * scale[t][b], main)   over b = 0, 1, ... from 0
 //   off    = fma(m[o][b], sum[t][b], off)                        (Q4_1; 0 otherwise)
 //   y      = main + off
 // computed in the 8 lanes of a vector: one token, 8 rows per lane group
-// (gemv_int16_rows) or one row, up to 8 tokens (gemv_int16_tokens). The 8 integer
+// (gemv_int_rows) or one row, up to 8 tokens (gemv_int_tokens). The 8 integer
 // sums of a block are finished together (reduce8_epi32), so a block costs one
 // conversion and one FMA for 8 products, and the rows are bit-identical alone or
 // batched (Transformer::decode_step relies on it).
-struct Int16Activations {
-  const int16_t* q;            // [nt, in]
-  const float* scale_by_block;  // [blocks, 8]: scale[t][b] at [b][t], 0 past nt
-  const float* sum_by_block;    // [blocks, 8]: sum[t][b] at [b][t], 0 past nt
+template <typename A>
+struct IntActivations {
+  const A* q;                     // [nt, in]
+  const float* scale_by_block;    // [blocks, 8]: scale[t][b] at [b][t], 0 past nt
+  const float* sum_by_block;      // [blocks, 8]: sum[t][b] at [b][t], 0 past nt
+  const int32_t* offset_by_block;  // [blocks, 8]: offset8[t][b] at [b][t] (int8 only), 0 past nt
 };
 
-// One token, 8 rows per lane group. scale/sum: [blocks].
-template <TensorType T>
-void gemv_int16_rows(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks,
-                     const int16_t* xq, const float* scale, const float* sum, float* y, int64_t out) {
+// One token, 8 rows per lane group. scale/sum/offset8: [blocks] (offset8: int8 only).
+template <TensorType T, typename A>
+void gemv_int_rows(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks, const A* xq,
+                   const float* scale, const float* sum, const int32_t* offset8, float* y, int64_t out) {
   const int64_t row_bytes = blocks * bbytes;
   const int64_t groups = (out + 7) / 8;
 #pragma omp parallel for schedule(static) if (out >= 64)
@@ -334,11 +390,13 @@ void gemv_int16_rows(const uint8_t* base, const float* block_scales, int64_t bby
       __m256i p[8];
       for (int r = 0; r < 8; ++r) {
         __m256i w0, w1;
-        load_block_int16<T>(rows[r] + b * bbytes, w0, w1);
-        p[r] = block_dot(w0, w1, xq + b * kBlock);
+        load_block_int<T, A>(rows[r] + b * bbytes, w0, w1);
+        p[r] = block_dot<A>(w0, w1, xq + b * kBlock);
       }
+      __m256i isum = reduce8_epi32(p);
+      if constexpr (sizeof(A) == 1 && T == TensorType::Q4_0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(offset8[b]));
       const __m256 ds = _mm256_mul_ps(_mm256_loadu_ps(gs + b * 16), _mm256_broadcast_ss(scale + b));
-      main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(p)), ds, main);
+      main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ds, main);
       if constexpr (T == TensorType::Q4_1)
         off = _mm256_fmadd_ps(_mm256_loadu_ps(gs + b * 16 + 8), _mm256_broadcast_ss(sum + b), off);
     }
@@ -349,9 +407,9 @@ void gemv_int16_rows(const uint8_t* base, const float* block_scales, int64_t bby
 }
 
 // One row per lane group, NT (2..8) tokens in the lanes.
-template <TensorType T, int NT>
-void gemv_int16_tokens(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks,
-                       Int16Activations xa, int64_t in, float* y, int64_t out) {
+template <TensorType T, typename A, int NT>
+void gemv_int_tokens(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks,
+                     IntActivations<A> xa, int64_t in, float* y, int64_t out) {
   const int64_t row_bytes = blocks * bbytes;
 #pragma omp parallel for schedule(static) if (out >= 64)
   for (int64_t o = 0; o < out; ++o) {
@@ -362,17 +420,63 @@ void gemv_int16_tokens(const uint8_t* base, const float* block_scales, int64_t b
     for (int64_t b = 0; b < blocks; ++b) {
       if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + b * bbytes), _MM_HINT_T0);
       __m256i w0, w1;
-      load_block_int16<T>(row + b * bbytes, w0, w1);
+      load_block_int<T, A>(row + b * bbytes, w0, w1);
       __m256i p[8];
-      for (int t = 0; t < 8; ++t) p[t] = t < NT ? block_dot(w0, w1, xa.q + t * in + b * kBlock) : _mm256_setzero_si256();
+      for (int t = 0; t < 8; ++t) p[t] = t < NT ? block_dot<A>(w0, w1, xa.q + t * in + b * kBlock) : _mm256_setzero_si256();
+      __m256i isum = reduce8_epi32(p);
+      if constexpr (sizeof(A) == 1 && T == TensorType::Q4_0)
+        isum = _mm256_sub_epi32(isum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa.offset_by_block + b * 8)));
       const __m256 ds = _mm256_mul_ps(_mm256_broadcast_ss(gs + b * 16), _mm256_loadu_ps(xa.scale_by_block + b * 8));
-      main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(p)), ds, main);
+      main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ds, main);
       if constexpr (T == TensorType::Q4_1)
         off = _mm256_fmadd_ps(_mm256_broadcast_ss(gs + b * 16 + 8), _mm256_loadu_ps(xa.sum_by_block + b * 8), off);
     }
     alignas(32) float res[8];
     _mm256_store_ps(res, _mm256_add_ps(main, off));
     for (int t = 0; t < NT; ++t) y[t * out + o] = res[t];
+  }
+}
+
+// The Q4_0/Q4_1 product with activations rounded to A (int16_t or int8_t) per block.
+template <TensorType T, typename A>
+void gemv_int(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks, const float* x,
+              float* y, int64_t n, int64_t in, int64_t out) {
+  Scratch q_buf(static_cast<size_t>(n * in) * sizeof(A) + 64);
+  Scratch f_buf(static_cast<size_t>(3 * n * blocks) * sizeof(float));
+  A* q = q_buf.as<A>();
+  float* scale = f_buf.as<float>();
+  float* sum = scale + n * blocks;
+  int32_t* offset8 = reinterpret_cast<int32_t*>(sum + n * blocks);
+  if constexpr (sizeof(A) == 1) quantize_int8(x, n, in, q, scale, offset8, sum);
+  else quantize_int16(x, n, in, q, scale, sum);
+  Scratch t_buf(static_cast<size_t>(3 * blocks * kMaxTokens) * sizeof(float));
+  float* scale_by_block = t_buf.as<float>();
+  float* sum_by_block = scale_by_block + blocks * kMaxTokens;
+  int32_t* offset_by_block = reinterpret_cast<int32_t*>(sum_by_block + blocks * kMaxTokens);
+  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
+    const int64_t nt = imin(kMaxTokens, n - t0);
+    float* yt = y + t0 * out;
+    if (nt == 1) {
+      gemv_int_rows<T, A>(base, block_scales, bbytes, blocks, q + t0 * in, scale + t0 * blocks, sum + t0 * blocks,
+                          offset8 + t0 * blocks, yt, out);
+      continue;
+    }
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t t = 0; t < kMaxTokens; ++t) {
+        scale_by_block[b * kMaxTokens + t] = t < nt ? scale[(t0 + t) * blocks + b] : 0.0f;
+        sum_by_block[b * kMaxTokens + t] = t < nt ? sum[(t0 + t) * blocks + b] : 0.0f;
+        offset_by_block[b * kMaxTokens + t] = t < nt && sizeof(A) == 1 ? offset8[(t0 + t) * blocks + b] : 0;
+      }
+    const IntActivations<A> xa{q + t0 * in, scale_by_block, sum_by_block, offset_by_block};
+    switch (nt) {
+      case 2: gemv_int_tokens<T, A, 2>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+      case 3: gemv_int_tokens<T, A, 3>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+      case 4: gemv_int_tokens<T, A, 4>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+      case 5: gemv_int_tokens<T, A, 5>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+      case 6: gemv_int_tokens<T, A, 6>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+      case 7: gemv_int_tokens<T, A, 7>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+      default: gemv_int_tokens<T, A, 8>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+    }
   }
 }
 #endif
@@ -386,42 +490,7 @@ void gemv_typed(const void* w, const float* block_scales, const float* x, float*
   const auto* base = static_cast<const uint8_t*>(w);
 #if BS_ISA_LEVEL == 1
   if constexpr (T == TensorType::Q4_0 || T == TensorType::Q4_1) {
-    if (block_scales) {
-      Scratch q_buf(static_cast<size_t>(n * in) * sizeof(int16_t) + 64);
-      Scratch f_buf(static_cast<size_t>(2 * n * blocks) * sizeof(float));
-      int16_t* q = q_buf.as<int16_t>();
-      float* scale = f_buf.as<float>();
-      float* sum = scale + n * blocks;
-      quantize_int16(x, n, in, q, scale, sum);
-      Scratch t_buf(static_cast<size_t>(2 * blocks * kMaxTokens) * sizeof(float));
-      float* scale_by_block = t_buf.as<float>();
-      float* sum_by_block = scale_by_block + blocks * kMaxTokens;
-      for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
-        const int64_t nt = imin(kMaxTokens, n - t0);
-        float* yt = y + t0 * out;
-        if (nt == 1) {
-          gemv_int16_rows<T>(base, block_scales, bbytes, blocks, q + t0 * in, scale + t0 * blocks, sum + t0 * blocks,
-                             yt, out);
-          continue;
-        }
-        for (int64_t b = 0; b < blocks; ++b)
-          for (int64_t t = 0; t < kMaxTokens; ++t) {
-            scale_by_block[b * kMaxTokens + t] = t < nt ? scale[(t0 + t) * blocks + b] : 0.0f;
-            sum_by_block[b * kMaxTokens + t] = t < nt ? sum[(t0 + t) * blocks + b] : 0.0f;
-          }
-        const Int16Activations xa{q + t0 * in, scale_by_block, sum_by_block};
-        switch (nt) {
-          case 2: gemv_int16_tokens<T, 2>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-          case 3: gemv_int16_tokens<T, 3>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-          case 4: gemv_int16_tokens<T, 4>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-          case 5: gemv_int16_tokens<T, 5>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-          case 6: gemv_int16_tokens<T, 6>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-          case 7: gemv_int16_tokens<T, 7>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-          default: gemv_int16_tokens<T, 8>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-        }
-      }
-      return;
-    }
+    if (block_scales) return gemv_int<T, int16_t>(base, block_scales, bbytes, blocks, x, y, n, in, out);
   }
 #else
   (void)block_scales;  // only the AVX2 int16 path reads them
@@ -443,5 +512,18 @@ void gemv_quantized(TensorType type, const void* w, const float* block_scales, c
     case TensorType::BF16: return gemv_typed<TensorType::BF16>(w, block_scales, x, y, n, in_features, out_features);
   }
 }
+
+#if BS_ISA_LEVEL == 1
+void gemv_q4_int8(TensorType type, const void* w, const float* block_scales, const float* x, float* y, int64_t n,
+                  int64_t in_features, int64_t out_features) {
+  const auto* base = static_cast<const uint8_t*>(w);
+  const int64_t blocks = in_features / kBlock;
+  if (type == TensorType::Q4_0)
+    return gemv_int<TensorType::Q4_0, int8_t>(base, block_scales, 18, blocks, x, y, n, in_features, out_features);
+  if (type == TensorType::Q4_1)
+    return gemv_int<TensorType::Q4_1, int8_t>(base, block_scales, 20, blocks, x, y, n, in_features, out_features);
+  gemv_quantized(type, w, block_scales, x, y, n, in_features, out_features);  // other types: as ever
+}
+#endif
 
 }  // namespace bs::kernels::cpu::BS_ISA_NS

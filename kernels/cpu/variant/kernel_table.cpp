@@ -19,6 +19,11 @@ const CpuKernels kKernels = {
     nullptr,
 #endif
     gemv_quantized,
+#if BS_ISA_LEVEL == 1
+    gemv_q4_int8,
+#else
+    nullptr,
+#endif
 #if BS_ISA_LEVEL >= 3
     to_bf16,
 #else

@@ -17,6 +17,10 @@ void attention_decode_rows(const float* q, const int32_t* qpos, const KvView* kv
                            int64_t q_heads, float scale);
 void gemv_quantized(TensorType type, const void* w, const float* block_scales, const float* x, float* y, int64_t n, int64_t in_features,
                     int64_t out_features);
+#if BS_ISA_LEVEL == 1
+void gemv_q4_int8(TensorType type, const void* w, const float* block_scales, const float* x, float* y, int64_t n,
+                  int64_t in_features, int64_t out_features);
+#endif
 #if BS_ISA_LEVEL >= 3
 void attention_bf16(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
                     int64_t n_kv, float scale);
