@@ -11,6 +11,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/dequant.h"
+#include "kernels/op_math.h"
 
 namespace bs::kernels {
 namespace {
@@ -63,7 +64,7 @@ class ReferenceBackend final : public Backend {
     for (int64_t t = 0; t < n; ++t) {
       double ss = 0;
       for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(x[t * dim + i]) * x[t * dim + i];
-      const double scale = 1.0 / std::sqrt(ss / static_cast<double>(dim) + eps);
+      const double scale = op_math::rms_inv<double>(ss, dim, eps);
       for (int64_t i = 0; i < dim; ++i)
         out[t * dim + i] = static_cast<float>(x[t * dim + i] * scale * weight[i]);
     }
@@ -91,7 +92,7 @@ class ReferenceBackend final : public Backend {
     for (int64_t t = 0; t < n; ++t)
       for (int64_t i = 0; i < ff; ++i) {
         const double g = gate_up[t * 2 * ff + i], u = gate_up[t * 2 * ff + ff + i];
-        out[t * ff + i] = static_cast<float>(g / (1.0 + std::exp(-g)) * u);
+        out[t * ff + i] = static_cast<float>(op_math::silu_mul(g, u));
       }
   }
 
