@@ -16,8 +16,10 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_resources.h"
+#include "kernels/cuda/gather_rows.cuh"
 #include "kernels/cuda/residual_add.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/split_qkv.cuh"
 #include "kernels/cuda/swiglu.cuh"
 
 namespace bs::kernels::cuda {
@@ -98,6 +100,35 @@ TEST_F(CudaOps, ResidualAddIsBitIdenticalToTheReference) {
     ref->add(y.data(), x.data(), count);
     residual_add(dy.as<float>(), dx.as<float>(), count, dev.stream.get());
     EXPECT_EQ(dev.down(dy), y) << "count " << count;
+  }
+}
+
+TEST_F(CudaOps, SplitQkvAndGatherRowsAreBitIdenticalToTheReference) {
+  struct Shape { int64_t n, q_dim, kv_dim; };
+  for (auto sh : {Shape{1, 576, 192}, Shape{7, 64, 32}, Shape{130, 96, 1}}) {
+    const int64_t width = sh.q_dim + 2 * sh.kv_dim;
+    auto qkv = random_vec(sh.n * width, 6);
+    std::vector<float> q(sh.n * sh.q_dim), k(sh.n * sh.kv_dim), v(sh.n * sh.kv_dim);
+    ref->split_qkv(qkv.data(), q.data(), k.data(), v.data(), sh.n, sh.q_dim, sh.kv_dim);
+    auto dqkv = dev.up(qkv);
+    DeviceAllocation dq(q.size() * 4), dk(k.size() * 4), dv(v.size() * 4);
+    split_qkv(dqkv.as<float>(), dq.as<float>(), dk.as<float>(), dv.as<float>(), sh.n, sh.q_dim, sh.kv_dim,
+              dev.stream.get());
+    EXPECT_EQ(dev.down(dq), q);
+    EXPECT_EQ(dev.down(dk), k);
+    EXPECT_EQ(dev.down(dv), v);
+
+    std::vector<int32_t> rows;  // out of order, repeated, the last row
+    for (int64_t i = 0; i < sh.n; i += 3) rows.push_back(static_cast<int32_t>(sh.n - 1 - i));
+    rows.push_back(0);
+    rows.push_back(0);
+    const int64_t m = static_cast<int64_t>(rows.size());
+    std::vector<float> want(m * width);
+    ref->gather_rows(qkv.data(), rows.data(), want.data(), m, width);
+    DeviceAllocation drows(rows.size() * sizeof(int32_t)), dout(want.size() * 4);
+    BS_CUDA_CHECK(cudaMemcpyAsync(drows.get(), rows.data(), drows.bytes(), cudaMemcpyHostToDevice, dev.stream.get()));
+    gather_rows(dqkv.as<float>(), drows.as<int32_t>(), dout.as<float>(), m, width, dev.stream.get());
+    EXPECT_EQ(dev.down(dout), want);
   }
 }
 
