@@ -9,6 +9,8 @@
 #include <cpuid.h>
 #include <immintrin.h>
 
+#include "kernels/op_math.h"
+
 // Exactness note: ggml rounds q * d and (q * d) + m separately. q has at most 8 significant
 // bits and d (an fp16) 11, so q * d is exact in fp32 and a fused multiply-add gives the same
 // result: these loops match ggml bit for bit whatever the compiler's fp-contract setting.
@@ -42,28 +44,7 @@ float fp16_to_fp32(uint16_t h) {
 #if defined(__F16C__)
   return _cvtsh_ss(h);
 #else
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal half: normalize
-      uint32_t e = 127 - 15 + 1;
-      while ((mant & 0x400u) == 0) {
-        mant <<= 1;
-        --e;
-      }
-      mant &= 0x3ffu;
-      bits = sign | (e << 23) | (mant << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + (127 - 15)) << 23) | (mant << 13);
-  }
-  return bits_to_f32(bits);
+  return op_math::half_bits_to_float(h);
 #endif
 }
 

@@ -38,4 +38,82 @@ BS_HOST_DEVICE inline T rms_inv(T sum_sq, int64_t dim, T eps) {
   else return T(1) / sqrt(sum_sq / static_cast<T>(dim) + eps);
 }
 
+// ---- stored elements (ggml's formats, kernels/dequant.h), bit-exact to the CPU's ----
+
+BS_HOST_DEVICE inline float float_of_bits(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// IEEE half -> float, exact (subnormals normalised, inf/NaN kept with their payload).
+// The CPU's fp16_to_fp32 without F16C is this function.
+BS_HOST_DEVICE inline float half_bits_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {
+    if (mant == 0) return float_of_bits(sign);
+    uint32_t e = 127 - 15 + 1;  // subnormal half: normalise
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --e;
+    }
+    return float_of_bits(sign | (e << 23) | ((mant & 0x3ffu) << 13));
+  }
+  if (exp == 31) return float_of_bits(sign | 0x7f800000u | (mant << 13));
+  return float_of_bits(sign | ((exp + (127 - 15)) << 23) | (mant << 13));
+}
+
+BS_HOST_DEVICE inline float bf16_bits_to_float(uint16_t h) { return float_of_bits(static_cast<uint32_t>(h) << 16); }
+
+// Little-endian 16 bits at p (blocks are byte-packed: no alignment).
+BS_HOST_DEVICE inline uint16_t load_u16_le(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));
+}
+
+// a * b + c rounded twice, as the CPU writes it. For the block formats q * d is exact in
+// fp32 (kernels/dequant.cpp's note), so an FMA would give the same; rounding each step
+// explicitly keeps that true whatever nvcc contracts.
+BS_HOST_DEVICE inline float mul_add_unfused(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(a, b), c);
+#else
+  return a * b + c;
+#endif
+}
+
+// Element j (0..31) of one 32-element block: Q4_0 (fp16 d, 16 bytes: element j in the
+// low nibble of byte j, j + 16 in the high one; (q - 8) * d), Q4_1 (fp16 d, fp16 m, the
+// same nibbles; q * d + m), Q8_0 (fp16 d, 32 int8; q * d).
+BS_HOST_DEVICE inline float q4_0_element(const uint8_t* block, int j) {
+  const uint8_t byte = block[2 + (j & 15)];
+  const int q = (j < 16 ? (byte & 0x0f) : (byte >> 4)) - 8;
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(static_cast<float>(q), half_bits_to_float(load_u16_le(block)));
+#else
+  return static_cast<float>(q) * half_bits_to_float(load_u16_le(block));
+#endif
+}
+
+BS_HOST_DEVICE inline float q4_1_element(const uint8_t* block, int j) {
+  const uint8_t byte = block[4 + (j & 15)];
+  const int q = j < 16 ? (byte & 0x0f) : (byte >> 4);
+  return mul_add_unfused(static_cast<float>(q), half_bits_to_float(load_u16_le(block)),
+                         half_bits_to_float(load_u16_le(block + 2)));
+}
+
+BS_HOST_DEVICE inline float q8_0_element(const uint8_t* block, int j) {
+  const int8_t q = static_cast<int8_t>(block[2 + j]);
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(static_cast<float>(q), half_bits_to_float(load_u16_le(block)));
+#else
+  return static_cast<float>(q) * half_bits_to_float(load_u16_le(block));
+#endif
+}
+
 }  // namespace bs::kernels::op_math

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <random>
 #include <stdexcept>
@@ -13,9 +14,11 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/dequant.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_resources.h"
+#include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/gather_rows.cuh"
 #include "kernels/cuda/residual_add.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
@@ -130,6 +133,34 @@ TEST_F(CudaOps, SplitQkvAndGatherRowsAreBitIdenticalToTheReference) {
     gather_rows(dqkv.as<float>(), drows.as<int32_t>(), dout.as<float>(), m, width, dev.stream.get());
     EXPECT_EQ(dev.down(dout), want);
   }
+}
+
+// Every stored type the device decodes, from random bytes (all bit patterns: NaN and
+// subnormal halves included), bit-exact to the CPU's dequantization.
+TEST_F(CudaOps, EmbedIsBitExactToTheCpuDequantization) {
+  const int64_t vocab = 37, dim = 96, n = 9;
+  std::mt19937 rng(7);
+  std::vector<int32_t> ids = {36, 0, 5, 5, 17, 36, 1, 2, 30};
+  for (TensorType type : {TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q8_0, TensorType::Q4_0,
+                          TensorType::Q4_1}) {
+    const int64_t row_bytes = type_row_bytes(type, dim);
+    std::vector<uint8_t> table(static_cast<size_t>(vocab * row_bytes));
+    for (auto& b : table) b = static_cast<uint8_t>(rng());
+    if (type == TensorType::F32)  // finite floats (a NaN's payload is not what this tests)
+      for (int64_t i = 0; i < vocab * dim; ++i) {
+        const float f = static_cast<float>(static_cast<int32_t>(rng())) * 1e-6f;
+        std::memcpy(&table[i * 4], &f, 4);
+      }
+    std::vector<float> want(n * dim);
+    for (int64_t t = 0; t < n; ++t) dequantize_row(type, &table[ids[t] * row_bytes], &want[t * dim], dim);
+    DeviceAllocation dtable(table.size()), dids(ids.size() * sizeof(int32_t)), dout(want.size() * 4);
+    BS_CUDA_CHECK(cudaMemcpyAsync(dtable.get(), table.data(), table.size(), cudaMemcpyHostToDevice, dev.stream.get()));
+    BS_CUDA_CHECK(cudaMemcpyAsync(dids.get(), ids.data(), dids.bytes(), cudaMemcpyHostToDevice, dev.stream.get()));
+    embed(type, dtable.get(), dids.as<int32_t>(), dout.as<float>(), n, dim, dev.stream.get());
+    const auto got = dev.down(dout);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "type " << static_cast<int>(type);
+  }
+  EXPECT_THROW(embed(TensorType::Q4_0, nullptr, nullptr, nullptr, 1, 48, dev.stream.get()), std::invalid_argument);
 }
 
 TEST(CudaResources, EventsOrderStreamsAndErrorsNameTheCall) {
