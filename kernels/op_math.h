@@ -38,6 +38,14 @@ BS_HOST_DEVICE inline T rms_inv(T sum_sq, int64_t dim, T eps) {
   else return T(1) / sqrt(sum_sq / static_cast<T>(dim) + eps);
 }
 
+// RoPE's rotation of one dimension pair by the angle whose cos and sin are c and s:
+// (x0, x1) -> (x0 c - x1 s, x0 s + x1 c).
+template <typename T>
+BS_HOST_DEVICE inline void rotate_pair(T x0, T x1, T c, T s, T& y0, T& y1) {
+  y0 = x0 * c - x1 * s;
+  y1 = x0 * s + x1 * c;
+}
+
 // ---- stored elements (ggml's formats, kernels/dequant.h), bit-exact to the CPU's ----
 
 BS_HOST_DEVICE inline float float_of_bits(uint32_t bits) {

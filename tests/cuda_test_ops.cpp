@@ -22,6 +22,7 @@
 #include "kernels/cuda/gather_rows.cuh"
 #include "kernels/cuda/residual_add.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/split_qkv.cuh"
 #include "kernels/cuda/swiglu.cuh"
 
@@ -161,6 +162,35 @@ TEST_F(CudaOps, EmbedIsBitExactToTheCpuDequantization) {
     EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "type " << static_cast<int>(type);
   }
   EXPECT_THROW(embed(TensorType::Q4_0, nullptr, nullptr, nullptr, 1, 48, dev.stream.get()), std::invalid_argument);
+}
+
+// Both pair layouts, negative and large positions (delta-RoPE moves chunks backwards;
+// contexts reach thousands), scaled inverse frequencies: the device rotation with the
+// (cos, sin) rows the backend computes in double, against the reference's double math.
+TEST_F(CudaOps, RopeMatchesTheReferenceBothStylesAnyPosition) {
+  const int64_t heads = 3, head_dim = 64, half = head_dim / 2;
+  const std::vector<int32_t> pos = {0, 1, -7, 8191, -3000, 511, 12, 4096};
+  const int64_t n = static_cast<int64_t>(pos.size());
+  for (RopeStyle style : {RopeStyle::Interleaved, RopeStyle::HalfSplit}) {
+    RopeTable table;
+    table.style = style;
+    table.head_dim = static_cast<int>(head_dim);
+    for (int64_t i = 0; i < half; ++i)
+      table.inv_freq.push_back(static_cast<float>(std::pow(10000.0, -2.0 * i / head_dim) * (i < half / 2 ? 1.0 : 0.125)));
+    auto prepared = ref->prepare_rope(table);
+    std::vector<float> cos_sin(n * half * 2);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = static_cast<double>(pos[t]) * table.inv_freq[i];
+        cos_sin[(t * half + i) * 2] = static_cast<float>(std::cos(a));
+        cos_sin[(t * half + i) * 2 + 1] = static_cast<float>(std::sin(a));
+      }
+    auto x = random_vec(n * heads * head_dim, 8);
+    auto dx = dev.up(x), dcs = dev.up(cos_sin);
+    ref->rope(x.data(), pos.data(), n, heads, *prepared);
+    rope(dx.as<float>(), dcs.as<float>(), n, heads, head_dim, style == RopeStyle::Interleaved, dev.stream.get());
+    EXPECT_LT(rel_max_err(dev.down(dx), x), 1e-5) << "style " << static_cast<int>(style);
+  }
 }
 
 TEST(CudaResources, EventsOrderStreamsAndErrorsNameTheCall) {

@@ -81,9 +81,10 @@ class ReferenceBackend final : public Backend {
           const double c = std::cos(angle), s = std::sin(angle);
           const int64_t a = table.style == RopeStyle::Interleaved ? 2 * i : i;
           const int64_t b = table.style == RopeStyle::Interleaved ? 2 * i + 1 : i + half;
-          const double x0 = v[a], x1 = v[b];
-          v[a] = static_cast<float>(x0 * c - x1 * s);
-          v[b] = static_cast<float>(x0 * s + x1 * c);
+          double y0, y1;
+          op_math::rotate_pair<double>(v[a], v[b], c, s, y0, y1);
+          v[a] = static_cast<float>(y0);
+          v[b] = static_cast<float>(y1);
         }
       }
   }
