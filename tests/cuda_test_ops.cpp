@@ -17,6 +17,7 @@
 #include "kernels/dequant.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cuda_resources.h"
 #include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/gather_rows.cuh"
@@ -24,7 +25,9 @@
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/split_qkv.cuh"
+#include "kernels/cuda/store_kv.cuh"
 #include "kernels/cuda/swiglu.cuh"
+#include "tests/paged_kv.h"
 
 namespace bs::kernels::cuda {
 namespace {
@@ -190,6 +193,79 @@ TEST_F(CudaOps, RopeMatchesTheReferenceBothStylesAnyPosition) {
     ref->rope(x.data(), pos.data(), n, heads, *prepared);
     rope(dx.as<float>(), dcs.as<float>(), n, heads, head_dim, style == RopeStyle::Interleaved, dev.stream.get());
     EXPECT_LT(rel_max_err(dev.down(dx), x), 1e-5) << "style " << static_cast<int>(style);
+  }
+}
+
+// A host paged cache (pages shuffled in the pool, spare pages NaN, a final partial
+// page) copied to the device with its page table.
+struct DevicePaged {
+  DeviceAllocation k, v, pages;
+  DevicePagedKv view;
+};
+DevicePaged upload_paged(OnDevice& dev, const test::PagedKv& host) {
+  DevicePaged d{DeviceAllocation(host.k.size()), DeviceAllocation(host.v.size()),
+                DeviceAllocation(host.pages.size() * sizeof(int32_t)), {}};
+  auto s = dev.stream.get();
+  BS_CUDA_CHECK(cudaMemcpyAsync(d.k.get(), host.k.data(), host.k.size(), cudaMemcpyHostToDevice, s));
+  BS_CUDA_CHECK(cudaMemcpyAsync(d.v.get(), host.v.data(), host.v.size(), cudaMemcpyHostToDevice, s));
+  BS_CUDA_CHECK(cudaMemcpyAsync(d.pages.get(), host.pages.data(), d.pages.bytes(), cudaMemcpyHostToDevice, s));
+  KvView on_device = host.view;
+  on_device.k = d.k.get();
+  on_device.v = d.v.get();
+  d.view = device_view(on_device, d.pages.as<int32_t>());
+  return d;
+}
+
+// Prefill (every row), the blend's selected rows (a subset, out of order), and decode
+// (one row at the end), over each KV dtype with GQA, against the reference.
+TEST_F(CudaOps, PagedAttentionMatchesTheReference) {
+  const int64_t kv_heads = 3, q_heads = 9, head_dim = 64, rows = 150;
+  auto k = random_vec(kv_heads * rows * head_dim, 11), v = random_vec(kv_heads * rows * head_dim, 12);
+  for (TensorType dtype : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+    auto host = test::make_paged(k, v, kv_heads, rows, head_dim, rows, 5, 13, 3, dtype);
+    auto d = upload_paged(dev, host);
+    std::vector<std::vector<int32_t>> cases = {{}, {149, 3, 77, 0, 31, 32}, {149}};
+    for (int32_t p = 0; p < rows; ++p) cases[0].push_back(p);
+    for (const auto& qpos : cases) {
+      const int64_t n = static_cast<int64_t>(qpos.size());
+      auto q = random_vec(n * q_heads * head_dim, 14);
+      std::vector<float> want(q.size());
+      ref->attention(q.data(), qpos.data(), host.view, want.data(), n, q_heads, rows, 0.125f, Precision::F32);
+      auto dq = dev.up(q);
+      DeviceAllocation dpos(qpos.size() * sizeof(int32_t)), dout(want.size() * 4);
+      BS_CUDA_CHECK(cudaMemcpyAsync(dpos.get(), qpos.data(), dpos.bytes(), cudaMemcpyHostToDevice, dev.stream.get()));
+      attention(dq.as<float>(), dpos.as<int32_t>(), d.view, dout.as<float>(), n, q_heads, rows, 0.125f,
+                dev.stream.get());
+      EXPECT_LT(rel_max_err(dev.down(dout), want), 1e-4) << "dtype " << static_cast<int>(dtype) << " n " << n;
+    }
+  }
+}
+
+// Rows stored on the device land where the CPU puts them, rounded the same way (finite
+// values: bit-exact), K only when V is null.
+TEST_F(CudaOps, StoreKvWritesTheCpusBytes) {
+  const int64_t kv_heads = 3, head_dim = 64, rows = 70, n = 5;
+  const std::vector<int32_t> pos = {69, 0, 33, 32, 5};
+  for (TensorType dtype : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+    std::vector<float> zeros(kv_heads * rows * head_dim, 0.0f);
+    auto host = test::make_paged(zeros, zeros, kv_heads, rows, head_dim, rows, 4, 15, 2, dtype);
+    auto d = upload_paged(dev, host);
+    auto kr = random_vec(n * kv_heads * head_dim, 16), vr = random_vec(n * kv_heads * head_dim, 17);
+    ref->store_kv(host.view, pos.data(), kr.data(), nullptr, 3);  // K only for the first 3
+    ref->store_kv(host.view, pos.data() + 3, kr.data() + 3 * kv_heads * head_dim,
+                  vr.data() + 3 * kv_heads * head_dim, 2);
+    auto dk = dev.up(kr), dv = dev.up(vr);
+    DeviceAllocation dpos(pos.size() * sizeof(int32_t));
+    BS_CUDA_CHECK(cudaMemcpyAsync(dpos.get(), pos.data(), dpos.bytes(), cudaMemcpyHostToDevice, dev.stream.get()));
+    store_kv(d.view, dpos.as<int32_t>(), dk.as<float>(), nullptr, 3, dev.stream.get());
+    store_kv(d.view, dpos.as<int32_t>() + 3, dk.as<float>() + 3 * kv_heads * head_dim,
+             dv.as<float>() + 3 * kv_heads * head_dim, 2, dev.stream.get());
+    std::vector<std::byte> gk(host.k.size()), gv(host.v.size());
+    BS_CUDA_CHECK(cudaMemcpyAsync(gk.data(), d.k.get(), gk.size(), cudaMemcpyDeviceToHost, dev.stream.get()));
+    BS_CUDA_CHECK(cudaMemcpyAsync(gv.data(), d.v.get(), gv.size(), cudaMemcpyDeviceToHost, dev.stream.get()));
+    dev.stream.synchronize();
+    EXPECT_TRUE(gk == host.k) << "dtype " << static_cast<int>(dtype);
+    EXPECT_TRUE(gv == host.v) << "dtype " << static_cast<int>(dtype);
   }
 }
 
