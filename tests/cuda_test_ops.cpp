@@ -21,6 +21,7 @@
 #include "kernels/cuda/cuda_resources.h"
 #include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/gather_rows.cuh"
+#include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/residual_add.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
@@ -266,6 +267,54 @@ TEST_F(CudaOps, StoreKvWritesTheCpusBytes) {
     dev.stream.synchronize();
     EXPECT_TRUE(gk == host.k) << "dtype " << static_cast<int>(dtype);
     EXPECT_TRUE(gv == host.v) << "dtype " << static_cast<int>(dtype);
+  }
+}
+
+// Weights of every stored type dequantized to bf16 on the device, then cuBLAS in bf16
+// with fp32 accumulation, against the reference's exact product: within bf16's rounding
+// of weights and activations (the CPU's bf16 GEMM bound, 2e-2 relative), bias added.
+TEST_F(CudaOps, LinearFromEveryStoredTypeMatchesTheReferenceWithinBf16) {
+  const int64_t out = 70, in = 96;
+  std::mt19937 rng(9);
+  CublasHandle cublas(dev.stream.get());
+  DeviceAllocation scratch;
+  for (TensorType type : {TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q8_0, TensorType::Q4_0,
+                          TensorType::Q4_1}) {
+    const int64_t row_bytes = type_row_bytes(type, in);
+    std::vector<uint8_t> raw(static_cast<size_t>(out * row_bytes));
+    const auto wf = random_vec(out * in, 10);
+    if (type == TensorType::F32) {
+      std::memcpy(raw.data(), wf.data(), raw.size());
+    } else if (type == TensorType::F16 || type == TensorType::BF16) {
+      for (int64_t i = 0; i < out * in; ++i) {
+        const uint16_t h = type == TensorType::F16 ? fp32_to_fp16(wf[i]) : fp32_to_bf16(wf[i]);
+        std::memcpy(&raw[i * 2], &h, 2);
+      }
+    } else {  // random quants under sane scales
+      const int64_t bbytes = type == TensorType::Q8_0 ? 34 : type == TensorType::Q4_0 ? 18 : 20;
+      for (auto& b : raw) b = static_cast<uint8_t>(rng());
+      for (int64_t blk = 0; blk < out * in / 32; ++blk) {
+        const uint16_t d = fp32_to_fp16(0.01f + 0.001f * static_cast<float>(blk % 7));
+        const uint16_t m = fp32_to_fp16(-0.05f);
+        std::memcpy(&raw[blk * bbytes], &d, 2);
+        if (type == TensorType::Q4_1) std::memcpy(&raw[blk * bbytes + 2], &m, 2);
+      }
+    }
+    WeightView view{type, raw.data(), out, in};
+    auto pr = ref->prepare(view, Precision::F32);
+    DeviceAllocation stored(raw.size());
+    BS_CUDA_CHECK(cudaMemcpyAsync(stored.get(), raw.data(), raw.size(), cudaMemcpyHostToDevice, dev.stream.get()));
+    const Bf16Weights w = weights_to_bf16(type, stored.get(), out, in, dev.stream.get());
+    for (int64_t n : {1, 8, 129}) {
+      auto x = random_vec(n * in, 11);
+      auto bias = random_vec(out, 12);
+      std::vector<float> want(n * out);
+      ref->linear(*pr, x.data(), want.data(), n, bias.data());
+      auto dx = dev.up(x), dbias = dev.up(bias);
+      DeviceAllocation dy(want.size() * 4);
+      linear(cublas, w, dx.as<float>(), dy.as<float>(), n, dbias.as<float>(), scratch, dev.stream.get());
+      EXPECT_LT(rel_max_err(dev.down(dy), want), 2e-2) << "type " << static_cast<int>(type) << " n " << n;
+    }
   }
 }
 
