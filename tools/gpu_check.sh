@@ -79,6 +79,11 @@ step configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C
 if [ "${RESULT[build]:-fail}" = pass ]; then
   # 3. the CUDA tests, then the same binary under compute-sanitizer
   step cuda_tests ctest --test-dir "$BUILD" -L cuda --output-on-failure
+  # On the GPU machine a skipped CUDA test (exit 77: no device seen) is a failure.
+  if [ "${RESULT[cuda_tests]}" = pass ] && grep -q '(Skipped)' "$OUT/cuda_tests.log"; then
+    RESULT[cuda_tests]=skipped
+    log "cuda_tests: skipped (no CUDA device seen): see $OUT/cuda_tests.log and $OUT/machine.txt"
+  fi
   if command -v compute-sanitizer >/dev/null 2>&1; then
     step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/cuda_test_ops"
     step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/cuda_test_ops"
@@ -92,7 +97,7 @@ json="{\"gpu_check\":\"done\",\"seconds\":$(( $(date +%s) - START ))"
 for k in configure build cuda_tests memcheck racecheck; do
   v=${RESULT[$k]:-not_run}
   json+=",\"$k\":\"$v\""
-  [ "$v" = fail ] && status=1
+  { [ "$v" = fail ] || [ "$v" = skipped ]; } && status=1
   [ "$k" != memcheck ] && [ "$k" != racecheck ] && [ "$v" = not_run ] && status=1
 done
 json+=",\"gpu\":\"$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)\"}"
