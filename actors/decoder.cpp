@@ -72,8 +72,10 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
   self->send(h->inspector(), trace_atom::value, trace.json());
   if (rec->admitted.load()) {
     self->send(h->worker(), end_atom::value, id);  // its cache goes
-    ctx->kv_pool->unreserve(rec->kv_pages.exchange(0));
+    // The slot first, then the pages: in_flight never counts more requests than hold
+    // pages (the intake may admit the next one as soon as the pages are back).
     ctx->in_flight.fetch_sub(1);
+    ctx->kv_pool->unreserve(rec->kv_pages.exchange(0));
     self->send(h->intake(), release_atom::value);
   }
   ctx->requests.erase(id);

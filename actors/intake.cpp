@@ -106,9 +106,9 @@ bool admit(RuntimeContext* ctx, const RequestPlan& plan) {
 // Starts an admitted request: it holds its slot and pages and goes to the controller.
 void start(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx, const HandlesRef& h,
            RequestPlan plan) {
-  ctx->in_flight.fetch_add(1);
   const int64_t pages = ctx->kv_pool->pages_for(plan.cache_capacity());
   if (auto rec = ctx->requests.find(plan.id)) {
+    ctx->in_flight.fetch_add(1);  // before `admitted`: whoever ends it gives the slot back
     rec->kv_pages = pages;
     rec->admitted = true;
   } else {

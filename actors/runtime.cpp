@@ -192,8 +192,8 @@ void Runtime::Actors::fail_request(RuntimeContext* ctx, const RecordPtr& r, cons
   if (r->admitted.load()) {
     // The worker drops its load target and cache (a prefill stops at its next layer).
     caf::anon_send(h->worker(), end_atom::value, r->id);
+    ctx->in_flight.fetch_sub(1);  // the slot before the pages, as the decoder's finish
     ctx->kv_pool->unreserve(r->kv_pages.exchange(0));
-    ctx->in_flight.fetch_sub(1);
     caf::anon_send(h->intake(), release_atom::value);
   }
   ctx->requests.erase(r->id);
