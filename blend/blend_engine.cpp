@@ -44,6 +44,19 @@ kernels::DeviceBuffer gather_kept(kernels::Backend& be, const float* src, int64_
   return out;
 }
 
+// A check layer narrows its rows to keep_rows (host indices into them): `hidden`
+// becomes the kept rows' hidden states, and the kept rows' queries are returned (a
+// workspace slot, valid for this step).
+const float* narrow_to_kept(kernels::Backend& be, const std::vector<int32_t>& keep_rows, kernels::DeviceBuffer& hidden,
+                            int64_t dim, const float* q, int64_t q_dim) {
+  const int64_t kept = static_cast<int64_t>(keep_rows.size());
+  const int32_t* keep_dev = upload_ints(be, keep_rows, kKeepRows);
+  hidden = gather_kept(be, hidden.as<float>(), dim, keep_dev, kept);
+  float* kept_q = be.workspace().get<float>(kKeptQ, kept * q_dim);
+  be.gather_rows(q, keep_dev, kept_q, kept, q_dim);
+  return kept_q;
+}
+
 // The kept fraction of cached tokens after each check layer.
 std::vector<float> keep_fractions(const BlendOptions& o) {
   const size_t k = o.check_layers.size();
@@ -688,10 +701,7 @@ void BlendEngine::step_selection(PrefillRun::State& s) const {
   }
   tf_.store_kv(l, s.sel_pos_dev.as<int32_t>(), n, k, v, cache);
   const int64_t kept = static_cast<int64_t>(keep_rows.size());
-  const int32_t* keep_dev = upload_ints(be, keep_rows, kKeepRows);
-  s.sel_hidden = gather_kept(be, s.sel_hidden.as<float>(), c.dim, keep_dev, kept);
-  float* kept_q = ws.get<float>(kKeptQ, kept * qd);
-  be.gather_rows(q, keep_dev, kept_q, kept, qd);
+  const float* kept_q = narrow_to_kept(be, keep_rows, s.sel_hidden, c.dim, q, qd);
   std::vector<int32_t> kept_pos(keep_rows.size());
   for (size_t i = 0; i < keep_rows.size(); ++i) kept_pos[i] = s.sel_pos[keep_rows[i]];
   s.sel_pos = std::move(kept_pos);
@@ -727,10 +737,7 @@ void BlendEngine::step_final(PrefillRun::State& s) const {
     // is replaced by the better value at this layer.
     tf_.store_kv(l, s.rows_dev.as<int32_t>(), n, k, v, cache);
     const int64_t kept_n = static_cast<int64_t>(keep_rows.size());
-    const int32_t* keep_dev = upload_ints(be, keep_rows, kKeepRows);
-    s.hidden = gather_kept(be, s.hidden.as<float>(), c.dim, keep_dev, kept_n);
-    float* kept_q = ws.get<float>(kKeptQ, kept_n * qd);
-    be.gather_rows(q, keep_dev, kept_q, kept_n, qd);
+    const float* kept_q = narrow_to_kept(be, keep_rows, s.hidden, c.dim, q, qd);
     std::vector<int32_t> kept(keep_rows.size());
     std::vector<char> kept_candidate(keep_rows.size());
     for (size_t i = 0; i < keep_rows.size(); ++i) {

@@ -46,6 +46,20 @@ BS_HOST_DEVICE inline void rotate_pair(T x0, T x1, T c, T s, T& y0, T& y1) {
   y1 = x0 * s + x1 * c;
 }
 
+// The blend's deviation of one token's row of one KV head: adds to `dev`, in double,
+// (fresh_k[i] - cached_k[i])^2 and then (fresh_v[i] - cached_v[i])^2 for i = 0, 1, ...
+// (each only when asked for), the order every backend uses, so their sums are
+// bit-identical.
+BS_HOST_DEVICE inline double add_row_deviation(double dev, const float* fresh_k, const float* cached_k,
+                                               const float* fresh_v, const float* cached_v, int64_t head_dim,
+                                               bool with_k, bool with_v) {
+  for (int64_t i = 0; i < head_dim; ++i) {
+    if (with_k) dev += static_cast<double>(fresh_k[i] - cached_k[i]) * (fresh_k[i] - cached_k[i]);
+    if (with_v) dev += static_cast<double>(fresh_v[i] - cached_v[i]) * (fresh_v[i] - cached_v[i]);
+  }
+  return dev;
+}
+
 // ---- stored elements (ggml's formats, kernels/dequant.h), bit-exact to the CPU's ----
 
 BS_HOST_DEVICE inline float float_of_bits(uint32_t bits) {

@@ -29,27 +29,13 @@
 #include "kernels/cuda/store_kv.cuh"
 #include "kernels/cuda/swiglu.cuh"
 #include "tests/paged_kv.h"
+#include "tests/random_data.h"
 
 namespace bs::kernels::cuda {
 namespace {
 
-std::vector<float> random_vec(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// max |a - b| / max |b|
-double rel_max_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, mag = 1e-12;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
-    mag = std::max(mag, static_cast<double>(std::fabs(b[i])));
-  }
-  return err / mag;
-}
+using test::random_vec;
+using test::rel_max_err;
 
 // Host values on the device and back, on one stream.
 struct OnDevice {

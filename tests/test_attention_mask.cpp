@@ -25,6 +25,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/dequant.h"
+#include "random_data.h"
 
 namespace bs::kernels {
 namespace {
@@ -106,13 +107,7 @@ std::vector<Case> cases() {
   return out;
 }
 
-std::vector<float> random_vec(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test::random_vec;
 
 using AttentionFn = decltype(cpu::CpuKernels::attention);
 

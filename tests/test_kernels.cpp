@@ -20,29 +20,15 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/dequant.h"
 #include "paged_kv.h"
+#include "random_data.h"
 
 namespace bs::kernels {
 namespace {
 
 using cpu::CpuIsa;
 
-std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// max |a-b| / (max |b| + eps): a scale-aware error measure for whole outputs
-double rel_max_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, mag = 1e-12;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
-    mag = std::max(mag, static_cast<double>(std::fabs(b[i])));
-  }
-  return err / mag;
-}
+using test::random_vec;
+using test::rel_max_err;
 
 // Quantize fp32 rows into Q4_1 blocks (the ggml encoding) for test weights.
 std::vector<uint8_t> quantize_q4_1(const std::vector<float>& w, int64_t rows, int64_t cols) {

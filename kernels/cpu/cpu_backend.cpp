@@ -18,6 +18,7 @@
 #include "kernels/cpu/gemm_onednn.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/dequant.h"
+#include "kernels/op_math.h"
 
 namespace bs::kernels {
 namespace {
@@ -209,10 +210,8 @@ class CpuBackend final : public Backend {
           kv_to_fp32(kv.dtype, static_cast<const std::byte*>(kv.v) + at, vl.data(), hd);
           const float* kf = k + (t * kv.kv_heads + h) * hd;
           const float* vf = v + (t * kv.kv_heads + h) * hd;
-          for (int64_t i = 0; i < hd; ++i) {
-            if (which != KvDeviation::V) dev += static_cast<double>(kf[i] - kl[i]) * (kf[i] - kl[i]);
-            if (which != KvDeviation::K) dev += static_cast<double>(vf[i] - vl[i]) * (vf[i] - vl[i]);
-          }
+          dev = op_math::add_row_deviation(dev, kf, kl.data(), vf, vl.data(), hd, which != KvDeviation::V,
+                                           which != KvDeviation::K);
         }
         out[t] = dev;
       }

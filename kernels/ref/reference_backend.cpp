@@ -141,10 +141,8 @@ class ReferenceBackend final : public Backend {
         kv.read_v_row(h, pos[t], vl.data());
         const float* kf = k + (t * kv.kv_heads + h) * hd;
         const float* vf = v + (t * kv.kv_heads + h) * hd;
-        for (int64_t i = 0; i < hd; ++i) {
-          if (which != KvDeviation::V) dev += static_cast<double>(kf[i] - kl[i]) * (kf[i] - kl[i]);
-          if (which != KvDeviation::K) dev += static_cast<double>(vf[i] - vl[i]) * (vf[i] - vl[i]);
-        }
+        dev = op_math::add_row_deviation(dev, kf, kl.data(), vf, vl.data(), hd, which != KvDeviation::V,
+                                         which != KvDeviation::K);
       }
       out[t] = dev;
     }

@@ -245,19 +245,27 @@ void gemv_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, const floa
 }
 
 #if BS_ISA_LEVEL == 1
+// A block of 32 activations into v[4]; returns max |x| over the block.
+inline float load_block_amax(const float* xb, __m256* v) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+  return hmax(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]))));
+}
+
+// The fp32 sum of a block loaded by load_block_amax (Q4_1's offset term).
+inline float block_sum(const __m256* v) {
+  return hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+}
+
 // x rounded per block of 32: q[t][i] = round(x[t][i] / scale[t][b]), scale = max|x| / 32767;
 // sum[t][b] = the block's fp32 sum (Q4_1's offset term).
 void quantize_int16(const float* x, int64_t nt, int64_t in, int16_t* q, float* scale, float* sum) {
   const int64_t blocks = in / kBlock;
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t t = 0; t < nt; ++t)
     for (int64_t b = 0; b < blocks; ++b) {
-      const float* xb = x + t * in + b * kBlock;
       __m256 v[4];
-      for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
-      const __m256 amax8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                         _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-      const float amax = hmax(amax8);
+      const float amax = load_block_amax(x + t * in + b * kBlock, v);
       const float sc = amax > 0.0f ? amax / 32767.0f : 1.0f;
       const __m256 inv = _mm256_set1_ps(1.0f / sc);
       // round to nearest even (the default rounding mode, as lrintf), pack to int16
@@ -269,7 +277,7 @@ void quantize_int16(const float* x, int64_t nt, int64_t in, int16_t* q, float* s
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), _mm256_permute4x64_epi64(q01, 0xD8));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), _mm256_permute4x64_epi64(q23, 0xD8));
       scale[t * blocks + b] = sc;
-      sum[t * blocks + b] = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+      sum[t * blocks + b] = block_sum(v);
     }
 }
 
@@ -279,16 +287,11 @@ void quantize_int16(const float* x, int64_t nt, int64_t in, int16_t* q, float* s
 // off the integer dot product); sum[t][b] = the block's fp32 sum (Q4_1's offset term).
 void quantize_int8(const float* x, int64_t nt, int64_t in, int8_t* q, float* scale, int32_t* offset8, float* sum) {
   const int64_t blocks = in / kBlock;
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
   for (int64_t t = 0; t < nt; ++t)
     for (int64_t b = 0; b < blocks; ++b) {
-      const float* xb = x + t * in + b * kBlock;
       __m256 v[4];
-      for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
-      const __m256 amax8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                         _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-      const float amax = hmax(amax8);
+      const float amax = load_block_amax(x + t * in + b * kBlock, v);
       const float sc = amax > 0.0f ? amax / 127.0f : 1.0f;
       const __m256 inv = _mm256_set1_ps(1.0f / sc);
       __m256i i32[4];
@@ -302,7 +305,7 @@ void quantize_int8(const float* x, int64_t nt, int64_t in, int8_t* q, float* sca
       for (int i = 0; i < 8; ++i) qsum += lanes[i];
       scale[t * blocks + b] = sc;
       offset8[t * blocks + b] = 8 * qsum;
-      sum[t * blocks + b] = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+      sum[t * blocks + b] = block_sum(v);
     }
 }
 
