@@ -210,7 +210,11 @@ struct Server::Impl {
       }
       send_error(res, ApiError(500, what, "server_error"));
     });
-    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    // Counted before the response is written (httplib calls the post-routing
+    // handler just before the status line; its logger only after the body): a
+    // client that reads /metrics right after its answer must see that answer
+    // counted, whichever server thread takes its next connection.
+    svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       metrics.count_response(route_of(req.path), res.status);
     });
 
