@@ -45,11 +45,24 @@ class Communicator {
   virtual void all_gather(const float* in,  // [count]
                           float* out,       // [size * count]
                           int64_t count, Timeout timeout) = 0;
+  // out[r * bytes ... (r + 1) * bytes) = rank r's in: raw bytes (a rank's shard of a
+  // chunk's half-precision KV heads, assembled for the store).
+  virtual void all_gather_bytes(const void* in,  // [bytes]
+                                void* out,       // [size * bytes]
+                                int64_t bytes, Timeout timeout) = 0;
   // Every rank's buf = root's buf (bytes: the leader's step decisions travel this way).
   virtual void broadcast(void* buf,  // [bytes]
                          int64_t bytes, int root, Timeout timeout) = 0;
   // Returns once every rank has called it.
   virtual void barrier(Timeout timeout) = 0;
+
+  // Fails the group now (ncclCommAbort): every rank's pending and later collectives
+  // throw CommError carrying `why`. A rank whose own work failed calls it so the
+  // others stop at once instead of waiting out their timeouts. Idempotent; the first
+  // reason wins.
+  virtual void abort(const std::string& why) = 0;
+  // Whether the group failed (a timeout, a mismatch, an abort): it must be rebuilt.
+  virtual bool failed() const = 0;
 };
 
 // `size` communicators of one in-process group, rank r at index r; each is used by one

@@ -19,13 +19,14 @@
 namespace bs::kernels {
 namespace {
 
-enum class Op { AllReduceF32, AllReduceF64, AllGather, Broadcast, Barrier };
+enum class Op { AllReduceF32, AllReduceF64, AllGather, AllGatherBytes, Broadcast, Barrier };
 
 const char* op_name(Op op) {
   switch (op) {
     case Op::AllReduceF32: return "all_reduce_sum(f32)";
     case Op::AllReduceF64: return "all_reduce_sum(f64)";
     case Op::AllGather: return "all_gather";
+    case Op::AllGatherBytes: return "all_gather_bytes";
     case Op::Broadcast: return "broadcast";
     case Op::Barrier: return "barrier";
   }
@@ -90,6 +91,25 @@ class InprocessCommunicator final : public Communicator {
                     static_cast<size_t>(count) * sizeof(float));
     });
     std::copy(result.begin(), result.end(), out);
+  }
+
+  void all_gather_bytes(const void* in, void* out, int64_t bytes, Timeout timeout) override {
+    std::vector<unsigned char> result(static_cast<size_t>(bytes * g_->size));
+    collective({Op::AllGatherBytes, bytes, 0, in}, timeout, [&](const std::vector<Posted>& p) {
+      for (int r = 0; r < g_->size; ++r)
+        std::memcpy(&result[static_cast<size_t>(r * bytes)], p[static_cast<size_t>(r)].in, static_cast<size_t>(bytes));
+    });
+    std::memcpy(out, result.data(), result.size());
+  }
+
+  void abort(const std::string& why) override {
+    std::lock_guard<std::mutex> lock(g_->mu);
+    if (g_->failure.empty()) g_->failure = "aborted by rank " + std::to_string(rank_) + ": " + why;
+    g_->cv.notify_all();
+  }
+  bool failed() const override {
+    std::lock_guard<std::mutex> lock(g_->mu);
+    return !g_->failure.empty();
   }
 
   void broadcast(void* buf, int64_t bytes, int root, Timeout timeout) override {

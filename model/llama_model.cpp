@@ -10,6 +10,7 @@
 
 #include "kernels/dequant.h"
 #include "kernels/kv_view.h"
+#include "kernels/tensor_types.h"
 
 namespace bs {
 namespace {
@@ -70,12 +71,13 @@ kernels::RopeTable make_rope_table(const LlamaConfig& cfg, const std::vector<flo
 }
 
 LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, kernels::Precision precision,
-                       kernels::TensorType kv_dtype)
+                       kernels::TensorType kv_dtype, TpShard shard)
     : path_(gguf_path),
       file_(gguf::GgufFile::open(gguf_path)),
       backend_(&backend),
       precision_(precision),
-      kv_dtype_(kv_dtype) {
+      kv_dtype_(kv_dtype),
+      shard_(shard) {
   if (!kernels::is_kv_dtype(kv_dtype))
     throw std::invalid_argument(std::string("KV dtype ") + kernels::type_traits(kv_dtype).name +
                                 " is not one of f32, f16, bf16");
@@ -123,6 +125,8 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   embed_view_ = view_of(embd);
   if (embed_view_.in_features != cfg_.dim) throw GgufError("token_embd.weight has the wrong width");
   cfg_.vocab = static_cast<int>(embed_view_.out_features);
+  full_cfg_ = cfg_;
+  cfg_ = shard_config(full_cfg_, shard_);  // throws, naming the counts, for a degree that does not fit
 
   std::vector<float> freq_factors;
   if (const auto* rf = file_.find_tensor("rope_freqs.weight")) {
@@ -135,38 +139,66 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file_));
   chat_template_ = ChatTemplate::from_gguf(file_);
 
-  // Fused weights: rows of several matrices with the same input and type are
-  // concatenated so one product computes them all.
-  auto fuse = [&](std::initializer_list<const gguf::TensorInfo*> parts) {
-    const auto type = parts.begin()[0]->type;
-    int64_t rows = 0;
-    size_t bytes = 0;
-    for (auto* p : parts) {
-      if (p->type != type) return std::optional<kernels::WeightView>{};
-      rows += p->dims[1];
-      bytes += p->nbytes;
-    }
-    auto& buf = fused_storage_.emplace_back(bytes);
-    size_t off = 0;
-    for (auto* p : parts) {
-      std::memcpy(buf.data() + off, p->data, p->nbytes);
-      off += p->nbytes;
-    }
-    return std::optional<kernels::WeightView>(
-        kernels::WeightView{type, buf.data(), rows, parts.begin()[0]->dims[0]});
+  // This rank's rows [first, first + rows) of a matrix: rows are contiguous, so a
+  // view into the file.
+  auto rows_of = [&](const gguf::TensorInfo& t, int64_t first, int64_t rows) {
+    const auto v = view_of(t);
+    const int64_t row_bytes = kernels::type_row_bytes(v.type, v.in_features);
+    return kernels::WeightView{v.type, static_cast<const uint8_t*>(v.data) + first * row_bytes, rows, v.in_features};
   };
-  auto convert_f32 = [&](std::initializer_list<const gguf::TensorInfo*> parts) {
-    // Mixed types cannot be concatenated raw: dequantize each to F32 rows instead.
-    int64_t rows = 0;
-    const int64_t in = parts.begin()[0]->dims[0];
-    for (auto* p : parts) rows += p->dims[1];
-    auto& buf = fused_storage_.emplace_back(static_cast<size_t>(rows * in * 4));
-    auto* dst = reinterpret_cast<float*>(buf.data());
-    for (auto* p : parts) {
-      const int64_t row_bytes = p->nbytes / p->dims[1];
-      for (int64_t r = 0; r < p->dims[1]; ++r, dst += in) kernels::dequantize_row(p->type, p->data + r * row_bytes, dst, in);
+  // This rank's columns [first, first + cols) of every row (the row-split output and
+  // down projections): the stored blocks when the range holds whole blocks, else
+  // dequantized to F32.
+  auto columns_of = [&](const gguf::TensorInfo& t, int64_t first, int64_t cols) {
+    const auto v = view_of(t);
+    if (first == 0 && cols == v.in_features) return v;
+    const int64_t block = kernels::type_traits(v.type).block_elements;
+    const int64_t row_bytes = kernels::type_row_bytes(v.type, v.in_features);
+    const auto* src = static_cast<const uint8_t*>(v.data);
+    if (first % block == 0 && cols % block == 0) {
+      const int64_t skip = kernels::type_row_bytes(v.type, first), bytes = kernels::type_row_bytes(v.type, cols);
+      auto& buf = fused_storage_.emplace_back(static_cast<size_t>(v.out_features * bytes));
+      for (int64_t r = 0; r < v.out_features; ++r)
+        std::memcpy(buf.data() + r * bytes, src + r * row_bytes + skip, static_cast<size_t>(bytes));
+      return kernels::WeightView{v.type, buf.data(), v.out_features, cols};
     }
-    return kernels::WeightView{kernels::TensorType::F32, buf.data(), rows, in};
+    auto& buf = fused_storage_.emplace_back(static_cast<size_t>(v.out_features * cols * 4));
+    auto* dst = reinterpret_cast<float*>(buf.data());
+    std::vector<float> row(static_cast<size_t>(v.in_features));
+    for (int64_t r = 0; r < v.out_features; ++r) {
+      kernels::dequantize_row(v.type, src + r * row_bytes, row.data(), v.in_features);
+      std::memcpy(dst + r * cols, row.data() + first, static_cast<size_t>(cols) * sizeof(float));
+    }
+    return kernels::WeightView{kernels::TensorType::F32, buf.data(), v.out_features, cols};
+  };
+  // Fused weights: rows of several matrices with the same input are concatenated so
+  // one product computes them all; raw when they share a type, else each dequantized
+  // to F32 rows (mixed types cannot be concatenated raw).
+  auto fuse = [&](std::initializer_list<kernels::WeightView> parts) {
+    const auto type = parts.begin()[0].type;
+    const int64_t in = parts.begin()[0].in_features;
+    bool same = true;
+    int64_t rows = 0;
+    for (const auto& p : parts) {
+      same = same && p.type == type;
+      rows += p.out_features;
+    }
+    const auto out_type = same ? type : kernels::TensorType::F32;
+    const int64_t out_row_bytes = kernels::type_row_bytes(out_type, in);
+    auto& buf = fused_storage_.emplace_back(static_cast<size_t>(rows * out_row_bytes));
+    uint8_t* dst = buf.data();
+    for (const auto& p : parts) {
+      const int64_t row_bytes = kernels::type_row_bytes(p.type, in);
+      const auto* src = static_cast<const uint8_t*>(p.data);
+      if (same) {
+        std::memcpy(dst, src, static_cast<size_t>(p.out_features * row_bytes));
+        dst += p.out_features * row_bytes;
+      } else {
+        for (int64_t r = 0; r < p.out_features; ++r, dst += out_row_bytes)
+          kernels::dequantize_row(p.type, src + r * row_bytes, reinterpret_cast<float*>(dst), in);
+      }
+    }
+    return kernels::WeightView{out_type, buf.data(), rows, in};
   };
 
   auto upload_vector = [&](const std::vector<float>& v) {
@@ -181,37 +213,53 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     const auto& q = file_.tensor(p + "attn_q.weight");
     const auto& k = file_.tensor(p + "attn_k.weight");
     const auto& v = file_.tensor(p + "attn_v.weight");
-    check_shape(q, cfg_.q_dim(), cfg_.dim);
-    check_shape(k, cfg_.kv_dim(), cfg_.dim);
-    check_shape(v, cfg_.kv_dim(), cfg_.dim);
-    auto qkv = fuse({&q, &k, &v});
-    L.wqkv = backend.prepare(qkv ? *qkv : convert_f32({&q, &k, &v}), precision);
+    check_shape(q, full_cfg_.q_dim(), cfg_.dim);
+    check_shape(k, full_cfg_.kv_dim(), cfg_.dim);
+    check_shape(v, full_cfg_.kv_dim(), cfg_.dim);
+    // This rank's heads: query rows [r * q_dim, ...) and KV rows [r * kv_dim, ...) of
+    // the shard config (whole matrices at tp 1).
+    const int64_t q0 = int64_t{shard_.rank} * cfg_.q_dim(), kv0 = int64_t{shard_.rank} * cfg_.kv_dim();
+    L.wqkv = backend.prepare(
+        fuse({rows_of(q, q0, cfg_.q_dim()), rows_of(k, kv0, cfg_.kv_dim()), rows_of(v, kv0, cfg_.kv_dim())}),
+        precision);
     if (const auto* qb = file_.find_tensor(p + "attn_q.bias")) {
-      auto bias = load_vector(*qb, cfg_.q_dim());
-      auto kb = load_vector(file_.tensor(p + "attn_k.bias"), cfg_.kv_dim());
-      auto vb = load_vector(file_.tensor(p + "attn_v.bias"), cfg_.kv_dim());
-      bias.insert(bias.end(), kb.begin(), kb.end());
-      bias.insert(bias.end(), vb.begin(), vb.end());
+      auto qbias = load_vector(*qb, full_cfg_.q_dim());
+      auto kb = load_vector(file_.tensor(p + "attn_k.bias"), full_cfg_.kv_dim());
+      auto vb = load_vector(file_.tensor(p + "attn_v.bias"), full_cfg_.kv_dim());
+      std::vector<float> bias(qbias.begin() + q0, qbias.begin() + q0 + cfg_.q_dim());
+      bias.insert(bias.end(), kb.begin() + kv0, kb.begin() + kv0 + cfg_.kv_dim());
+      bias.insert(bias.end(), vb.begin() + kv0, vb.begin() + kv0 + cfg_.kv_dim());
       L.qkv_bias = upload_vector(bias);
     }
     const auto& o = file_.tensor(p + "attn_output.weight");
-    check_shape(o, cfg_.dim, cfg_.q_dim());
-    L.wo = backend.prepare(view_of(o), precision);
+    check_shape(o, cfg_.dim, full_cfg_.q_dim());
+    L.wo = backend.prepare(columns_of(o, q0, cfg_.q_dim()), precision);
     const auto& g = file_.tensor(p + "ffn_gate.weight");
     const auto& u = file_.tensor(p + "ffn_up.weight");
-    check_shape(g, cfg_.ff, cfg_.dim);
-    check_shape(u, cfg_.ff, cfg_.dim);
-    auto gu = fuse({&g, &u});
-    L.w_gate_up = backend.prepare(gu ? *gu : convert_f32({&g, &u}), precision);
+    check_shape(g, full_cfg_.ff, cfg_.dim);
+    check_shape(u, full_cfg_.ff, cfg_.dim);
+    const int64_t f0 = int64_t{shard_.rank} * cfg_.ff;
+    L.w_gate_up = backend.prepare(fuse({rows_of(g, f0, cfg_.ff), rows_of(u, f0, cfg_.ff)}), precision);
     const auto& d = file_.tensor(p + "ffn_down.weight");
-    check_shape(d, cfg_.dim, cfg_.ff);
-    L.w_down = backend.prepare(view_of(d), precision);
+    check_shape(d, cfg_.dim, full_cfg_.ff);
+    L.w_down = backend.prepare(columns_of(d, f0, cfg_.ff), precision);
   }
   output_norm_ = upload_vector(load_vector(file_.tensor("output_norm.weight"), cfg_.dim));
   embedding_ = backend.prepare_embedding(embed_view_);
   const auto* out = file_.find_tensor("output.weight");
   auto out_view = out ? view_of(*out) : embed_view_;  // tied embeddings
   if (out_view.in_features != cfg_.dim) throw GgufError("output.weight has the wrong width");
+  if (out_view.out_features != cfg_.vocab) throw GgufError("output.weight has the wrong height");
+  // The LM head by vocabulary rows across ranks when they divide it (logits gathered),
+  // else whole on every rank.
+  if (shard_.size > 1 && cfg_.vocab % shard_.size == 0) {
+    output_rows_ = cfg_.vocab / shard_.size;
+    const int64_t row_bytes = kernels::type_row_bytes(out_view.type, out_view.in_features);
+    out_view.data = static_cast<const uint8_t*>(out_view.data) + int64_t{shard_.rank} * output_rows_ * row_bytes;
+    out_view.out_features = output_rows_;
+  } else {
+    output_rows_ = cfg_.vocab;
+  }
   output_ = backend.prepare(out_view, precision);
 
   // Fingerprint: everything that changes the bytes of computed KV. Every tensor's name,
@@ -229,8 +277,9 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   };
   add(&kKvLayoutVersion, sizeof kKvLayoutVersion);
   add_str(cfg_.architecture);
-  const int32_t dims[] = {cfg_.n_layers, cfg_.dim, cfg_.ff, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, cfg_.vocab,
-                          static_cast<int32_t>(cfg_.rope_style), cfg_.rope_scaling.original_context};
+  const LlamaConfig& fc = full_cfg_;  // the model's shapes: every rank's key is the same
+  const int32_t dims[] = {fc.n_layers, fc.dim, fc.ff, fc.n_heads, fc.n_kv_heads, fc.head_dim, fc.vocab,
+                          static_cast<int32_t>(fc.rope_style), fc.rope_scaling.original_context};
   add(dims, sizeof dims);
   const float params[] = {cfg_.rms_eps, cfg_.rope_theta, cfg_.rope_scaling.factor, cfg_.rope_scaling.low_freq_factor,
                           cfg_.rope_scaling.high_freq_factor};
@@ -248,6 +297,11 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   // never served as another's. (F32 adds nothing: keys of fp32 KV are as before.)
   add_str(backend.kernel_id() + "/" + kernels::precision_name(precision));
   if (kv_dtype != kernels::TensorType::F32) add_str(std::string("kv:") + kernels::type_traits(kv_dtype).name);
+  // So is the tensor parallel degree: the row-split projections' partial sums are added
+  // in another order, so KV computed at tp 3 differs in its last bits from tp 1's
+  // (README "Tensor parallelism"). Not the rank: the ranks' shards make one chunk. (tp 1
+  // adds nothing: keys as before.)
+  if (shard_.size > 1) add_str("tp:" + std::to_string(shard_.size));
   fingerprint_ = XXH3_64bits_digest(st);
   XXH3_freeState(st);
 }

@@ -9,6 +9,7 @@
 
 #include "kernels/backend.h"
 #include "model/gguf.h"
+#include "model/tensor_parallel.h"
 #include "model/tokenizer.h"
 
 namespace bs {
@@ -64,10 +65,23 @@ class LlamaModel {
   // Loads and prepares all weights on `backend` (which must outlive the model).
   // kv_dtype: how its KV caches store K and V (F32, F16 or BF16; kernels/kv_view.h);
   // std::invalid_argument for another type.
+  // shard: the rank's part of a tensor-parallel model (model/tensor_parallel.h): only
+  // its heads, feed-forward rows and LM head rows are prepared. std::invalid_argument
+  // naming the counts when the degree does not divide the model.
   LlamaModel(const std::string& gguf_path, kernels::Backend& backend, kernels::Precision precision,
-             kernels::TensorType kv_dtype = kernels::TensorType::F32);
+             kernels::TensorType kv_dtype = kernels::TensorType::F32, TpShard shard = {});
 
+  // The shapes this rank computes: its query / KV heads and feed-forward width (the
+  // whole model's at tp 1). Its KV caches hold config().n_kv_heads heads.
   const LlamaConfig& config() const { return cfg_; }
+  // The model's own shapes, whatever the rank holds (stored chunks hold every KV head).
+  const LlamaConfig& full_config() const { return full_cfg_; }
+  TpShard shard() const { return shard_; }
+  // The first KV head of this rank in the model's numbering.
+  int first_kv_head() const { return shard_.rank * cfg_.n_kv_heads; }
+  // Rows of the LM head this rank computes: vocab / tp when tp divides the vocabulary
+  // (the ranks' logits are gathered), else the whole vocabulary.
+  int64_t output_rows() const { return output_rows_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ChatTemplate& chat_template() const { return chat_template_; }
   kernels::Backend& backend() const { return *backend_; }
@@ -81,8 +95,8 @@ class LlamaModel {
   const kernels::PreparedWeights& output() const { return *output_; }
   // Identifies everything that changes computed KV bytes: all weight bytes, the
   // hyper-parameters (norm epsilon, RoPE base/style/scaling/inv_freq), kKvLayoutVersion,
-  // the backend's kernel_id, the precision and the KV dtype (llama_model.cpp lists
-  // them). Keys cached
+  // the backend's kernel_id, the precision, the KV dtype and the tensor parallel
+  // degree (llama_model.cpp lists them). Keys cached
   // KV, so KV is never served to a model or kernel that would compute other bytes.
   uint64_t fingerprint() const { return fingerprint_; }
   const std::string& path() const { return path_; }
@@ -90,10 +104,13 @@ class LlamaModel {
  private:
   std::string path_;
   gguf::GgufFile file_;
-  LlamaConfig cfg_;
+  LlamaConfig cfg_;       // this rank's
+  LlamaConfig full_cfg_;  // the model's
   kernels::Backend* backend_;
   kernels::Precision precision_;
   kernels::TensorType kv_dtype_;
+  TpShard shard_;
+  int64_t output_rows_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
   ChatTemplate chat_template_;
   std::unique_ptr<kernels::PreparedRope> rope_;

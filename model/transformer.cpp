@@ -10,10 +10,30 @@ namespace {
 
 // The backend workspace slots the forward pass uses (kernels/workspace.h). Each is
 // used by one op at a time; nothing of them lives beyond one Transformer call.
-enum Slot { kXn, kQkv, kAttn, kProj, kGateUp, kAct, kQ, kK, kV, kIds, kPos, kHidden, kLogits, kSlotCount };
+enum Slot { kXn, kQkv, kAttn, kProj, kGateUp, kAct, kQ, kK, kV, kIds, kPos, kHidden, kLogits, kGathered, kSlotCount };
 static_assert(kSlotCount <= Transformer::kWorkspaceSlots);
 
 }  // namespace
+
+Transformer::Transformer(const LlamaModel& model, kernels::Communicator* comm,
+                         std::chrono::milliseconds collective_timeout)
+    : model_(model), collective_timeout_(collective_timeout) {
+  set_communicator(comm);
+}
+
+void Transformer::set_communicator(kernels::Communicator* comm) {
+  const TpShard shard = model_.shard();
+  const int size = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+  if (size != shard.size || rank != shard.rank)
+    throw std::invalid_argument("Transformer: a communicator of rank " + std::to_string(rank) + " of " +
+                                std::to_string(size) + " for the model shard of rank " + std::to_string(shard.rank) +
+                                " of " + std::to_string(shard.size));
+  comm_ = size == 1 ? nullptr : comm;
+}
+
+void Transformer::all_reduce(float* buf, int64_t count) const {
+  if (comm_) comm_->all_reduce_sum(buf, count, collective_timeout_);
+}
 
 KvCache Transformer::make_cache(int64_t capacity) const {
   const auto& c = model_.config();
@@ -68,6 +88,7 @@ void Transformer::project_and_mlp(int layer, float* hidden, const float* attn, i
   const int64_t dim = c.dim;
   float* proj = ws.get<float>(kProj, n * dim);
   be.linear(*L.wo, attn, proj, n, nullptr);
+  all_reduce(proj, n * dim);  // the ranks' heads' shares of the output projection
   be.add(hidden, proj, n * dim);
 
   float* xn = ws.get<float>(kXn, n * dim);
@@ -77,6 +98,7 @@ void Transformer::project_and_mlp(int layer, float* hidden, const float* attn, i
   be.linear(*L.w_gate_up, xn, gate_up, n, nullptr);
   be.swiglu(gate_up, act, n, c.ff);
   be.linear(*L.w_down, act, proj, n, nullptr);
+  all_reduce(proj, n * dim);  // the ranks' feed-forward shares
   be.add(hidden, proj, n * dim);
 }
 
@@ -97,10 +119,24 @@ void Transformer::logits(const float* hidden, int64_t n, float* out) const {
   auto& be = model_.backend();
   auto& ws = be.workspace();
   float* xn = ws.get<float>(kXn, n * c.dim);
-  float* logits = ws.get<float>(kLogits, n * c.vocab);
+  const int64_t rows = model_.output_rows();  // the vocabulary, or this rank's share of it
+  float* logits = ws.get<float>(kLogits, n * rows);
   be.rmsnorm(hidden, model_.output_norm(), xn, n, c.dim, c.rms_eps);
   be.linear(model_.output(), xn, logits, n, nullptr);
-  be.copy_to_host(out, logits, n * c.vocab * static_cast<int64_t>(sizeof(float)));
+  if (rows == c.vocab) {
+    be.copy_to_host(out, logits, n * c.vocab * static_cast<int64_t>(sizeof(float)));
+    return;
+  }
+  // Rank r computed vocabulary rows [r * rows, (r + 1) * rows) of every position:
+  // gathered as [ranks, n, rows], then placed as [n, vocab].
+  const int size = comm_->size();
+  float* gathered = ws.get<float>(kGathered, size * n * rows);
+  comm_->all_gather(logits, gathered, n * rows, collective_timeout_);
+  std::vector<float> all(static_cast<size_t>(size * n * rows));
+  be.copy_to_host(all.data(), gathered, size * n * rows * static_cast<int64_t>(sizeof(float)));
+  for (int r = 0; r < size; ++r)
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(all.data() + (int64_t{r} * n + i) * rows, rows, out + i * c.vocab + int64_t{r} * rows);
 }
 
 std::vector<float> Transformer::forward(std::span<const int32_t> tokens, KvCache& cache, bool all_logits) const {

@@ -7,11 +7,13 @@
 // back to it. Scratch between ops lives in the backend's per-thread workspace.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <vector>
 
+#include "kernels/communicator.h"
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 
@@ -19,7 +21,29 @@ namespace bs {
 
 class Transformer {
  public:
+  // How long a rank waits in one collective before the group fails (CommError).
+  static constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{60000};
+
   explicit Transformer(const LlamaModel& model) : model_(model) {}
+  // One rank of a tensor-parallel model (model/tensor_parallel.h): `comm` joins the
+  // ranks (its size and rank are the model's shard; std::invalid_argument otherwise)
+  // and must outlive this. The output and down projections' partial sums are
+  // all-reduced, the LM head's rows gathered, so every call returns on every rank what
+  // it returns at tp 1 (up to the order of the sums). Every rank must make the same
+  // calls in the same order with the same arguments (token ids, positions, rows); a
+  // collective that fails or times out throws kernels::CommError on every rank.
+  Transformer(const LlamaModel& model, kernels::Communicator* comm,
+              std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout);
+
+  // A new communicator for the same rank (the group was rebuilt after a failure);
+  // checked as the constructor does. Not while a call runs.
+  void set_communicator(kernels::Communicator* comm);
+  // The tensor-parallel group (nullptr at tp 1) and its timeout.
+  kernels::Communicator* comm() const { return comm_; }
+  std::chrono::milliseconds collective_timeout() const { return collective_timeout_; }
+  // Sums a rank's partial values over the group, in rank order (nothing at tp 1):
+  // buf is backend memory.
+  void all_reduce(float* buf, int64_t count) const;
 
   // Workspace slots [0, kWorkspaceSlots) of the backend are the Transformer's
   // (transformer.cpp); callers that keep scratch between its calls use higher ones.
@@ -61,7 +85,7 @@ class Transformer {
                       int64_t n, const KvCache& cache, int64_t n_kv) const;
 
   // Final norm + LM head for n rows of hidden (backend memory), copied back into the
-  // host array out [n, vocab].
+  // host array out [n, vocab] (tensor parallel: every rank's rows of the head gathered).
   void logits(const float* hidden, int64_t n, float* out) const;
 
   // Full forward of host tokens at positions cache.length ... cache.length + n - 1;
@@ -93,6 +117,8 @@ class Transformer {
   void decode_rows(std::span<const int32_t> tokens, std::span<KvCache* const> caches, float* logits) const;
 
   const LlamaModel& model_;
+  kernels::Communicator* comm_ = nullptr;
+  std::chrono::milliseconds collective_timeout_ = kDefaultCollectiveTimeout;
 };
 
 }  // namespace bs

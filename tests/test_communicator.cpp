@@ -153,5 +153,83 @@ TEST(InprocessCommunicator, RanksIssuingDifferentCollectivesAllFail) {
   for (const auto& e : errors2) EXPECT_THAT(e, HasSubstr("different collectives"));
 }
 
+// Many collectives back to back with odd sizes, both dtypes, byte gathers and
+// broadcasts mixed, in one sequence every rank follows (as the leader's steps make
+// them): every result is checked against the rank-order computation.
+TEST(InprocessCommunicator, StressOfMixedCollectivesOfOddSizes) {
+  for (int size : {2, 3, 4}) {
+    auto comms = make_inprocess_group(size);
+    std::vector<int64_t> failures(static_cast<size_t>(size), 0);
+    const auto errors = on_ranks(comms, [&](Communicator& c) {
+      std::mt19937 sizes(7);  // the same sequence of sizes on every rank
+      int64_t& bad = failures[static_cast<size_t>(c.rank())];
+      for (int round = 0; round < 300; ++round) {
+        const int64_t n = 1 + static_cast<int64_t>(sizes() % 777);
+        switch (round % 4) {
+          case 0: {
+            std::vector<float> x(static_cast<size_t>(n));
+            for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = static_cast<float>(c.rank() * 1000 + i);
+            c.all_reduce_sum(x.data(), n, 10s);
+            for (int64_t i = 0; i < n; ++i) {
+              float want = 0;
+              for (int r = 0; r < size; ++r) want += static_cast<float>(r * 1000 + i);
+              bad += x[static_cast<size_t>(i)] != want;
+            }
+            break;
+          }
+          case 1: {
+            std::vector<double> x(static_cast<size_t>(n), 0.25 * (c.rank() + 1) + round);
+            c.all_reduce_sum(x.data(), n, 10s);
+            double want = 0;
+            for (int r = 0; r < size; ++r) want += 0.25 * (r + 1) + round;
+            for (double v : x) bad += v != want;
+            break;
+          }
+          case 2: {
+            std::vector<unsigned char> mine(static_cast<size_t>(n), static_cast<unsigned char>(c.rank() + round));
+            std::vector<unsigned char> all(static_cast<size_t>(n * size));
+            c.all_gather_bytes(mine.data(), all.data(), n, 10s);
+            for (int r = 0; r < size; ++r)
+              for (int64_t i = 0; i < n; ++i)
+                bad += all[static_cast<size_t>(r * n + i)] != static_cast<unsigned char>(r + round);
+            break;
+          }
+          default: {
+            std::vector<int32_t> d(static_cast<size_t>(n), c.rank() == round % size ? round : -1);
+            c.broadcast(d.data(), n * static_cast<int64_t>(sizeof(int32_t)), round % size, 10s);
+            for (int32_t v : d) bad += v != round;
+          }
+        }
+      }
+    });
+    for (int r = 0; r < size; ++r) {
+      EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r << " of " << size;
+      EXPECT_EQ(failures[static_cast<size_t>(r)], 0) << "rank " << r << " of " << size;
+    }
+  }
+}
+
+// A rank whose own work failed aborts the group: the others, waiting in a collective
+// with a long timeout, fail at once with the reason, and the group stays failed.
+TEST(InprocessCommunicator, AnAbortFailsTheWaitingRanksAtOnce) {
+  auto comms = make_inprocess_group(3);
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = on_ranks(comms, [&](Communicator& c) {
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(50ms);
+      c.abort("layer 4 threw: out of memory");
+      return;
+    }
+    float x = 1.0f;
+    c.all_reduce_sum(&x, 1, 60s);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  for (int r : {0, 2}) EXPECT_THAT(errors[static_cast<size_t>(r)], HasSubstr("aborted by rank 1: layer 4 threw"));
+  for (const auto& c : comms) EXPECT_TRUE(c->failed());
+  EXPECT_THROW(comms[0]->barrier(1s), CommError);
+  auto fresh = make_inprocess_group(3);
+  EXPECT_FALSE(fresh[0]->failed());
+}
+
 }  // namespace
 }  // namespace bs::kernels

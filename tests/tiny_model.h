@@ -92,22 +92,42 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale) {
   return out;
 }
 
+// Width, head counts and vocabulary of a tiny model (head_dim = dim / heads; the CPU
+// attention kernels take multiples of 16).
+// extra_control_tokens: more control tokens after the three (zero embedding rows, so
+// never emitted), to make the vocabulary a multiple of a tensor parallel degree
+// (301 + 3 = 304 = 4 * 76: the LM head splits across 2 or 4 ranks).
+struct TinyShape {
+  int dim = kDim;
+  int heads = kHeads;
+  int kv_heads = kKvHeads;
+  int extra_control_tokens = 0;
+};
+
 // A complete Llama GGUF: metadata under `arch`, F32 weights, tied embeddings, a
 // byte-level BPE tokenizer. The control tokens' embedding rows are zero, so (tied) their
 // logits are 0 while some ordinary token's is positive: greedy decoding always emits an
 // ordinary token.
-inline GgufWriter tiny_llama_writer(const std::string& arch = "llama", int layers = kDefaultLayers) {
-  const Vocab v = bpe_vocab();
+inline GgufWriter tiny_llama_writer(const std::string& arch = "llama", int layers = kDefaultLayers,
+                                    TinyShape shape = {}) {
+  Vocab v = bpe_vocab();
+  for (int i = 0; i < shape.extra_control_tokens; ++i) {
+    v.tokens.push_back("<|extra_" + std::to_string(i) + "|>");
+    v.types.push_back(3);
+    ++v.n_special;
+  }
   const auto n_vocab = static_cast<int>(v.tokens.size());
+  const int dim = shape.dim;
+  const int kv_dim = shape.kv_heads * (dim / shape.heads);
   GgufWriter w;
   w.str("general.architecture", arch);
   w.str("general.name", "tiny synthetic " + arch);
   w.u32(arch + ".block_count", static_cast<uint32_t>(layers));
   w.u32(arch + ".context_length", 2048);
-  w.u32(arch + ".embedding_length", kDim);
+  w.u32(arch + ".embedding_length", dim);
   w.u32(arch + ".feed_forward_length", kFf);
-  w.u32(arch + ".attention.head_count", kHeads);
-  w.u32(arch + ".attention.head_count_kv", kKvHeads);
+  w.u32(arch + ".attention.head_count", static_cast<uint32_t>(shape.heads));
+  w.u32(arch + ".attention.head_count_kv", static_cast<uint32_t>(shape.kv_heads));
   w.f32(arch + ".attention.layer_norm_rms_epsilon", 1e-5f);
   w.f32(arch + ".rope.freq_base", 10000.0f);
   w.u32(arch + ".vocab_size", static_cast<uint32_t>(n_vocab));
@@ -126,22 +146,23 @@ inline GgufWriter tiny_llama_writer(const std::string& arch = "llama", int layer
              GgufWriter::f32_bytes(random_floats(static_cast<size_t>(out) * in, seed++, 0.1f)));
   };
   auto ones = [&](const std::string& name) {
-    w.tensor(name, {kDim}, 0, GgufWriter::f32_bytes(std::vector<float>(kDim, 1.0f)));
+    w.tensor(name, {static_cast<uint64_t>(dim)}, 0, GgufWriter::f32_bytes(std::vector<float>(dim, 1.0f)));
   };
-  std::vector<float> embd = random_floats(static_cast<size_t>(n_vocab) * kDim, seed++, 0.5f);
-  std::fill(embd.end() - static_cast<ptrdiff_t>(v.n_special * kDim), embd.end(), 0.0f);
-  w.tensor("token_embd.weight", {kDim, static_cast<uint64_t>(n_vocab)}, 0, GgufWriter::f32_bytes(embd));
+  std::vector<float> embd = random_floats(static_cast<size_t>(n_vocab) * dim, seed++, 0.5f);
+  std::fill(embd.end() - static_cast<ptrdiff_t>(v.n_special * dim), embd.end(), 0.0f);
+  w.tensor("token_embd.weight", {static_cast<uint64_t>(dim), static_cast<uint64_t>(n_vocab)}, 0,
+           GgufWriter::f32_bytes(embd));
   for (int l = 0; l < layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     ones(p + "attn_norm.weight");
-    matrix(p + "attn_q.weight", kDim, kDim);
-    matrix(p + "attn_k.weight", kKvDim, kDim);
-    matrix(p + "attn_v.weight", kKvDim, kDim);
-    matrix(p + "attn_output.weight", kDim, kDim);
+    matrix(p + "attn_q.weight", dim, dim);
+    matrix(p + "attn_k.weight", kv_dim, dim);
+    matrix(p + "attn_v.weight", kv_dim, dim);
+    matrix(p + "attn_output.weight", dim, dim);
     ones(p + "ffn_norm.weight");
-    matrix(p + "ffn_gate.weight", kFf, kDim);
-    matrix(p + "ffn_up.weight", kFf, kDim);
-    matrix(p + "ffn_down.weight", kDim, kFf);
+    matrix(p + "ffn_gate.weight", kFf, dim);
+    matrix(p + "ffn_up.weight", kFf, dim);
+    matrix(p + "ffn_down.weight", dim, kFf);
   }
   ones("output_norm.weight");
   return w;

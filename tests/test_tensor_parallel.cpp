@@ -1,0 +1,228 @@
+// Tensor parallelism on CPU ranks (model/tensor_parallel.h, model/tp_group.h) with the
+// tiny synthetic Llama (tests/tiny_model.h, heads configurable), real threads and the
+// in-process communicator: tp 2 and 4 compute what tp 1 does (logits within fp32
+// rounding of the reordered sums, the same greedy tokens), every rank returns
+// bit-identical logits, a degree that does not divide the model is refused naming
+// the counts, and a rank that fails aborts the others at once, after which the group
+// is rebuilt and the next step succeeds.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/generate.h"
+#include "model/tensor_parallel.h"
+#include "model/tp_group.h"
+#include "tests/temp_dir.h"
+#include "tests/tiny_model.h"
+
+namespace bs {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+constexpr int kLayers = 3;
+
+std::unique_ptr<kernels::Backend> cpu() { return kernels::make_cpu_backend(); }
+
+// A tiny model file of the given shape in a directory of its own.
+struct TinyFile {
+  explicit TinyFile(testing::TinyShape shape) { testing::tiny_llama_writer("llama", kLayers, shape).write(path); }
+  testing::TempDir dir{"bs_tp"};
+  std::string path = (dir.path() / "tiny.gguf").string();
+};
+
+// Greedy generation of `steps` tokens after `prompt` on every rank of `group`: the
+// caller (the leader) picks each token from rank 0's logits and hands it to every
+// rank. Returns the tokens and the logits of every step ([steps, vocab]); checks that
+// every rank returned bit-identical logits.
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+};
+Generated generate_on(TpGroup& group, const std::vector<int32_t>& prompt, int steps) {
+  const int size = group.size();
+  std::vector<KvCache> caches;
+  for (int r = 0; r < size; ++r) caches.push_back(group.transformer(r).make_cache(64));
+  Generated out;
+  std::vector<std::vector<float>> logits(static_cast<size_t>(size));
+  std::vector<int32_t> next = prompt;
+  for (int s = 0; s < steps; ++s) {
+    group.run([&](int r) { logits[r] = group.transformer(r).forward(next, caches[r]); });
+    for (int r = 1; r < size; ++r)
+      EXPECT_EQ(std::memcmp(logits[r].data(), logits[0].data(), logits[0].size() * sizeof(float)), 0)
+          << "rank " << r << " of " << size << " differs from rank 0 at step " << s;
+    const int32_t t = argmax(logits[0].data(), static_cast<int64_t>(logits[0].size()));
+    out.tokens.push_back(t);
+    out.logits.push_back(logits[0]);
+    next = {t};
+  }
+  return out;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
+  return m;
+}
+
+std::vector<int32_t> prompt_of(const LlamaModel& m) {
+  return m.tokenizer().encode("hello world and the world is on it, you and i", false);
+}
+
+TEST(TensorParallel, DegreesThatDoNotDivideTheModelAreRefusedNamingTheCounts) {
+  LlamaConfig smollm2;
+  smollm2.n_heads = 9;
+  smollm2.n_kv_heads = 3;
+  smollm2.ff = 1536;
+  EXPECT_NO_THROW(check_tensor_parallel(smollm2, 1));
+  EXPECT_NO_THROW(check_tensor_parallel(smollm2, 3));
+  try {
+    check_tensor_parallel(smollm2, 2);
+    FAIL() << "tp 2 of 9 query heads accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("9 query heads"));
+    EXPECT_THAT(e.what(), HasSubstr("3 KV heads"));
+    EXPECT_THAT(e.what(), HasSubstr("degrees that fit: 1, 3"));
+  }
+  EXPECT_THROW(check_tensor_parallel(smollm2, 0), std::invalid_argument);
+  EXPECT_THROW(shard_config(smollm2, TpShard{3, 3}), std::invalid_argument);
+  const LlamaConfig shard = shard_config(smollm2, TpShard{2, 3});
+  EXPECT_EQ(shard.n_heads, 3);
+  EXPECT_EQ(shard.n_kv_heads, 1);
+  EXPECT_EQ(shard.ff, 512);
+
+  TinyFile file({64, 4, 2, 0});  // 2 KV heads: tp 4 cannot split them
+  try {
+    TpGroup group(file.path, 4, cpu, kernels::Precision::F32, kernels::TensorType::F32);
+    FAIL() << "tp 4 of 2 KV heads loaded";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("2 KV heads"));
+  }
+}
+
+// 8 query / 4 KV heads and a vocabulary of 304: tp 2 and 4 split the heads, the
+// feed-forward rows and the LM head; tp 1's tokens and logits within fp32 rounding.
+TEST(TensorParallel, TwoAndFourRanksGenerateWhatOneRankDoes) {
+  TinyFile file({128, 8, 4, 3});
+  TpGroup one(file.path, 1, cpu, kernels::Precision::F32, kernels::TensorType::F32);
+  const auto prompt = prompt_of(one.model(0));
+  const Generated want = generate_on(one, prompt, 12);
+  for (int tp : {2, 4}) {
+    TpGroup group(file.path, tp, cpu, kernels::Precision::F32, kernels::TensorType::F32);
+    EXPECT_EQ(group.model(0).output_rows(), 304 / tp) << "the LM head is split by vocabulary rows";
+    EXPECT_EQ(group.model(tp - 1).config().n_kv_heads, 4 / tp);
+    EXPECT_EQ(group.model(tp - 1).first_kv_head(), (tp - 1) * (4 / tp));
+    EXPECT_EQ(group.model(0).fingerprint(), group.model(tp - 1).fingerprint()) << "one key for every rank";
+    EXPECT_NE(group.model(0).fingerprint(), one.model(0).fingerprint()) << "KV at tp " << tp << " is keyed apart";
+    const Generated got = generate_on(group, prompt, 12);
+    EXPECT_EQ(got.tokens, want.tokens) << "tp " << tp;
+    for (size_t s = 0; s < want.logits.size(); ++s)
+      EXPECT_LT(max_abs_diff(got.logits[s], want.logits[s]), 1e-4) << "tp " << tp << " step " << s;
+  }
+}
+
+// 4 query / 2 KV heads and 301 tokens: tp 2 keeps the whole LM head on every rank
+// (301 is odd) and still equals tp 1.
+TEST(TensorParallel, AVocabularyTheRanksDoNotDivideKeepsTheWholeHead) {
+  TinyFile file({64, 4, 2, 0});
+  TpGroup one(file.path, 1, cpu, kernels::Precision::F32, kernels::TensorType::F32);
+  TpGroup two(file.path, 2, cpu, kernels::Precision::F32, kernels::TensorType::F32);
+  EXPECT_EQ(two.model(1).output_rows(), two.model(1).config().vocab);
+  const auto prompt = prompt_of(one.model(0));
+  const Generated want = generate_on(one, prompt, 8);
+  const Generated got = generate_on(two, prompt, 8);
+  EXPECT_EQ(got.tokens, want.tokens);
+  for (size_t s = 0; s < want.logits.size(); ++s) EXPECT_LT(max_abs_diff(got.logits[s], want.logits[s]), 1e-4);
+}
+
+// A batched decode step of three sequences at tp 2 equals each sequence's own forward
+// at tp 2, bit for bit (the all-reduce is per element, so rows stay independent).
+TEST(TensorParallel, ABatchedDecodeStepEqualsOneTokenForwardsOnEveryRank) {
+  TinyFile file({128, 8, 4, 3});
+  TpGroup group(file.path, 2, cpu, kernels::Precision::F32, kernels::TensorType::F32);
+  const auto& tok = group.model(0).tokenizer();
+  const std::vector<std::vector<int32_t>> prompts = {tok.encode("hello world", false), tok.encode("the inn at", false),
+                                                     tok.encode("you and i in the hello", false)};
+  const std::vector<int32_t> next = {40, 41, 42};
+  std::vector<std::vector<float>> batched(2), alone(2);
+  group.run([&](int r) {
+    const auto& tf = group.transformer(r);
+    std::vector<KvCache> a, b;
+    for (const auto& p : prompts) {
+      a.push_back(tf.make_cache(32));
+      b.push_back(tf.make_cache(32));
+      tf.forward(p, a.back());
+      tf.forward(p, b.back());
+    }
+    std::vector<KvCache*> ptrs = {&a[0], &a[1], &a[2]};
+    batched[r] = tf.decode_step(next, ptrs);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto one = tf.forward(std::span<const int32_t>(&next[i], 1), b[i]);
+      alone[r].insert(alone[r].end(), one.begin(), one.end());
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(batched[r].size(), alone[r].size());
+    EXPECT_EQ(std::memcmp(batched[r].data(), alone[r].data(), alone[r].size() * sizeof(float)), 0) << "rank " << r;
+  }
+}
+
+// Rank 1 throws between two layers of a forward while rank 0 waits in that layer's
+// all-reduce with a long timeout: rank 0 is released at once by the abort, run()
+// throws rank 1's own error, the group is rebuilt, and the next forward on fresh
+// caches equals a run that never failed.
+TEST(TensorParallel, ARankThatFailsAbortsTheOthersAtOnceAndTheGroupIsRebuilt) {
+  TinyFile file({128, 8, 4, 3});
+  TpGroup group(file.path, 2, cpu, kernels::Precision::F32, kernels::TensorType::F32, 0, 60s);
+  const auto prompt = prompt_of(group.model(0));
+  const Generated before = generate_on(group, prompt, 1);
+  std::atomic<bool> rank0_comm_error{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    group.run([&](int r) {
+      const auto& tf = group.transformer(r);
+      auto cache = tf.make_cache(64);
+      const auto& c = tf.model().config();
+      kernels::DeviceBuffer pos = tf.model().backend().alloc(static_cast<int64_t>(prompt.size() * sizeof(int32_t)));
+      std::vector<int32_t> host_pos(prompt.size());
+      for (size_t i = 0; i < prompt.size(); ++i) host_pos[i] = static_cast<int32_t>(i);
+      tf.model().backend().copy_to_backend(pos.as<int32_t>(), host_pos.data(), pos.bytes());
+      kernels::DeviceBuffer hidden =
+          tf.model().backend().alloc(static_cast<int64_t>(prompt.size()) * c.dim * static_cast<int64_t>(sizeof(float)));
+      tf.embed(prompt, hidden.as<float>());
+      const auto n = static_cast<int64_t>(prompt.size());
+      try {
+        for (int l = 0; l < c.n_layers; ++l) {
+          if (r == 1 && l == 1) throw std::runtime_error("test: rank 1 lost its device");
+          tf.run_layer(l, hidden.as<float>(), pos.as<int32_t>(), n, cache, n);
+        }
+      } catch (const kernels::CommError&) {
+        rank0_comm_error = r == 0;
+        throw;
+      }
+    });
+    FAIL() << "a failed rank went unnoticed";
+  } catch (const kernels::CommError& e) {
+    FAIL() << "run() threw the others' CommError, not the failing rank's error: " << e.what();
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank 1 lost its device"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s) << "rank 0 waited out its 60 s timeout";
+  EXPECT_TRUE(rank0_comm_error.load()) << "rank 0 was released by the abort";
+  EXPECT_EQ(group.rebuilds(), 1);
+  const Generated after = generate_on(group, prompt, 1);
+  EXPECT_EQ(after.tokens, before.tokens);
+  EXPECT_EQ(std::memcmp(after.logits[0].data(), before.logits[0].data(), before.logits[0].size() * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace bs
