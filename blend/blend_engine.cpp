@@ -1,5 +1,7 @@
 #include "blend/blend_engine.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -125,6 +127,9 @@ std::pair<const double*, std::vector<int32_t>> score_candidates(const Transforme
   be.gather_rows(k, rows_dev, ck, m, kvd);
   be.gather_rows(v, rows_dev, cv, m, kvd);
   be.kv_deviation(cache.view(layer), pos_dev, ck, cv, m, which, dev);
+  // Tensor parallel: each rank scored its own KV heads; the sum over ranks is the
+  // deviation over every head (in rank order: the same doubles on every rank).
+  if (auto* comm = tf.comm()) comm->all_reduce_sum(dev, m, tf.collective_timeout());
   return {dev, std::move(rows)};
 }
 
@@ -224,6 +229,37 @@ static std::pair<std::vector<int32_t>, int64_t> keep_after_check(kernels::Backen
   return {std::move(kept), taken};
 }
 
+// keep_after_check on a tensor-parallel group: rank 0 picks the rows and broadcasts
+// them (as int32), every rank continues with exactly that set. The deviations are
+// bit-identical on every rank after the all-reduce, but the selection is the
+// leader's decision, so no rank can ever continue with other rows. At tp 1 it is
+// keep_after_check. Returns what keep_after_check returns, and the set's digest.
+static std::pair<std::vector<int32_t>, int64_t> keep_on_every_rank(const Transformer& tf, const BlendSelection& sel,
+                                                                   const BlendOptions& opt, float fraction,
+                                                                   const std::vector<int32_t>& pos,
+                                                                   const std::vector<char>& candidate,
+                                                                   const double* deviation,
+                                                                   const std::vector<int32_t>& cand_rows) {
+  auto* comm = tf.comm();
+  auto& be = tf.model().backend();
+  if (!comm) return keep_after_check(be, sel, opt, fraction, pos, candidate, deviation, cand_rows);
+  std::pair<std::vector<int32_t>, int64_t> out;
+  if (comm->rank() == 0) out = keep_after_check(be, sel, opt, fraction, pos, candidate, deviation, cand_rows);
+  int64_t header[2] = {static_cast<int64_t>(out.first.size()), out.second};
+  comm->broadcast(header, sizeof header, 0, tf.collective_timeout());
+  out.first.resize(static_cast<size_t>(header[0]));
+  out.second = header[1];
+  comm->broadcast(out.first.data(), header[0] * static_cast<int64_t>(sizeof(int32_t)), 0, tf.collective_timeout());
+  return out;
+}
+
+// XXH3 of the positions that go on after a check layer (BlendStats::check_digests).
+static uint64_t digest_of(const std::vector<int32_t>& rows, const std::vector<int32_t>& pos) {
+  std::vector<int32_t> kept(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) kept[i] = pos[static_cast<size_t>(rows[i])];
+  return XXH3_64bits(kept.data(), kept.size() * sizeof(int32_t));
+}
+
 const char* mode_name(BlendMode m) {
   switch (m) {
     case BlendMode::Full: return "full";
@@ -299,10 +335,13 @@ ChunkKey BlendEngine::prefix_key(std::span<const int32_t> tokens) const {
 }
 
 void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorType dtype, int64_t m, int layer,
-                      int64_t offset, KvCache& cache) {
+                      int64_t offset, KvCache& cache, int first_head) {
   if (offset < 0 || offset + m > cache.capacity) throw std::out_of_range("copy_chunk_layer: chunk outside the cache");
+  if (first_head < 0) throw std::out_of_range("copy_chunk_layer: negative first head");
   const int64_t hd = cache.head_dim;
   const int64_t head_bytes = m * hd * kernels::kv_dtype_bytes(dtype);
+  k += first_head * head_bytes;  // this rank's heads: a contiguous run of the layer
+  v += first_head * head_bytes;
   if (dtype == cache.dtype()) {
     for (int h = 0; h < cache.kv_heads; ++h)
       cache.write_rows_raw(layer, h, offset, m, k + h * head_bytes, v + h * head_bytes);
@@ -385,6 +424,39 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_kv_behind(std::span<const in
     for (int h = 0; h < c.n_kv_heads; ++h) {
       const int64_t dst = static_cast<int64_t>(h) * head_elems * kv->elem_bytes();
       cache.read_rows_raw(l, h, p, m, kv->k_layer(l) + dst, kv->v_layer(l) + dst);
+    }
+  }
+  if (!tf_.comm()) return kv;
+  return gather_chunk_heads(*kv);
+}
+
+std::shared_ptr<const ChunkKv> BlendEngine::gather_chunk_heads(const ChunkKv& mine) const {
+  // Rank r holds KV heads [r * h, (r + 1) * h) of every layer; a layer of the stored
+  // chunk is head-major, so each rank's heads are one contiguous run of it. The ranks
+  // gather [K layer 0, V layer 0, K layer 1, ...] and every rank places every run:
+  // the tiers keep one format whatever the degree.
+  auto& comm = *tf_.comm();
+  const int size = comm.size();
+  const int64_t run = mine.layer_bytes(), per_rank = 2 * int64_t{mine.n_layers} * run;
+  auto& be = tf_.model().backend();
+  kernels::DeviceBuffer local = be.alloc(per_rank), all = be.alloc(per_rank * size);
+  for (int l = 0; l < mine.n_layers; ++l) {
+    be.copy_to_backend(local.as<std::byte>() + (2 * l) * run, mine.k_layer(l), run);
+    be.copy_to_backend(local.as<std::byte>() + (2 * l + 1) * run, mine.v_layer(l), run);
+  }
+  comm.all_gather_bytes(local.as<std::byte>(), all.as<std::byte>(), per_rank, tf_.collective_timeout());
+  auto kv = std::make_shared<ChunkKv>();
+  kv->tokens = mine.tokens;
+  kv->n_layers = mine.n_layers;
+  kv->kv_heads = mine.kv_heads * size;
+  kv->head_dim = mine.head_dim;
+  kv->dtype = mine.dtype;
+  kv->allocate();
+  for (int r = 0; r < size; ++r) {
+    const std::byte* src = all.as<std::byte>() + r * per_rank;
+    for (int l = 0; l < mine.n_layers; ++l) {
+      be.copy_to_host(kv->k_layer(l) + r * run, src + (2 * l) * run, run);
+      be.copy_to_host(kv->v_layer(l) + r * run, src + (2 * l + 1) * run, run);
     }
   }
   return kv;
@@ -676,8 +748,10 @@ void BlendEngine::step_selection(PrefillRun::State& s) const {
   std::vector<char> candidate(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) candidate[i] = s.is_candidate[s.sel_pos[i]];
   auto [dev, cand_rows] = score_candidates(tf_, l, s.sel_pos, candidate, k, v, cache, s.opt.deviation);
-  auto [keep_rows, taken] = keep_after_check(be, sel, s.opt, sel.keep[s.sel_check], s.sel_pos, candidate, dev, cand_rows);
+  auto [keep_rows, taken] =
+      keep_on_every_rank(tf_, sel, s.opt, sel.keep[s.sel_check], s.sel_pos, candidate, dev, cand_rows);
   st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
+  st.check_digests.push_back(digest_of(keep_rows, s.sel_pos));
   if (l == last) {
     // The selection is made: restore the loaded KV the pass overwrote, and the
     // chosen tokens join the final pass from layer 0.
@@ -731,8 +805,9 @@ void BlendEngine::step_final(PrefillRun::State& s) const {
     tf_.project_qkv(l, s.hidden.as<float>(), s.rows_dev.as<int32_t>(), n, q, k, v);
     auto [dev, cand_rows] = score_candidates(tf_, l, s.rows, s.candidate, k, v, cache, s.opt.deviation);
     auto [keep_rows, taken] =
-        keep_after_check(be, sel, s.opt, sel.keep[s.check_index], s.rows, s.candidate, dev, cand_rows);
+        keep_on_every_rank(tf_, sel, s.opt, sel.keep[s.check_index], s.rows, s.candidate, dev, cand_rows);
     st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
+    st.check_digests.push_back(digest_of(keep_rows, s.rows));
     // Fresh K/V of every row computed here stay: the dropped candidates' loaded KV
     // is replaced by the better value at this layer.
     tf_.store_kv(l, s.rows_dev.as<int32_t>(), n, k, v, cache);

@@ -91,6 +91,9 @@ struct BlendStats {
   // loading controller's compute profile (planned_rows_per_layer predicts it).
   int64_t row_layers = 0;
   std::vector<int64_t> candidates_per_check; // selection narrowing, one per check layer
+  // Per check layer: XXH3 of the positions that went on. Tensor-parallel ranks take
+  // the leader's set; comparing the ranks' digests shows they did.
+  std::vector<uint64_t> check_digests;
   // load: reading stored KV up front (StoreBackedBlend; a runtime's loaders run
   // beside the steps instead). select: the compute that scores and narrows the
   // candidates. compute: the prefill's own compute (embedding, every step, logits),
@@ -205,7 +208,8 @@ class BlendEngine {
   // KV of a chunk at positions 0..m-1 (what the store holds): computed behind the
   // chunk prelude if there is one (the chunk at positions p..p+m-1, K rotated back
   // by -p), else alone. between_layers, if set, is called before each layer (the
-  // runtime's decode steps run there).
+  // runtime's decode steps run there). Tensor parallel: every rank computes its
+  // heads and every rank returns the whole chunk (gather_chunk_heads).
   std::shared_ptr<const ChunkKv> compute_chunk_kv(std::span<const int32_t> tokens,
                                                   const LayerWait& between_layers = {}) const;
   // KV of an exact prefix: computed alone at positions 0..m-1 (it is used only there).
@@ -213,6 +217,10 @@ class BlendEngine {
                                                    const LayerWait& between_layers = {}) const;
   const std::vector<int32_t>& chunk_prelude() const { return chunk_prelude_; }
   const Transformer& transformer() const { return tf_; }
+
+  // Tensor parallel: the chunk of every KV head from each rank's `mine` (its heads),
+  // on every rank. All ranks call it together.
+  std::shared_ptr<const ChunkKv> gather_chunk_heads(const ChunkKv& mine) const;
 
   ChunkKey chunk_key(std::span<const int32_t> tokens) const;
   ChunkKey prefix_key(std::span<const int32_t> tokens) const;
@@ -244,8 +252,11 @@ std::vector<double> planned_rows_per_layer(const BlendOptions& o, int n_layers, 
 // Copies one layer of a stored chunk's KV into the cache at `offset` as stored (K
 // still rotated for positions 0..m-1). k, v: [kv_heads, m, head_dim] elements of
 // dtype (the cache's: copied unchanged; another: widened and rounded to the cache's).
+// Tensor parallel: the cache holds a rank's KV heads, the chunk every head; the
+// cache's heads are the chunk's [first_head, first_head + cache.kv_heads)
+// (LlamaModel::first_kv_head).
 void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorType dtype, int64_t m, int layer,
-                      int64_t offset, KvCache& cache);
+                      int64_t offset, KvCache& cache, int first_head = 0);
 // Rotates K of cache rows offset..offset+m-1 in `layer` from positions 0..m-1 to
 // offset..offset+m-1 (delta-RoPE, R(offset + i) = R(offset)·R(i)), on the backend.
 void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, kernels::Backend& backend,

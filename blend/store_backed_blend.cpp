@@ -5,6 +5,12 @@
 
 namespace bs {
 
+StoreBackedBlend::StoreBackedBlend(const BlendEngine& engine, KvStore& store) : engine_(engine), store_(store) {
+  if (engine.transformer().comm())
+    throw std::invalid_argument(
+        "StoreBackedBlend serves one rank; a tensor-parallel prefill takes its plan from the leader");
+}
+
 BlendPrefill StoreBackedBlend::prefill(const RagPrompt& prompt, const BlendOptions& opt, int64_t extra_capacity,
                                        int64_t logit_rows, const LayerWait& between_layers, KvCache* into) const {
   using clock_type = std::chrono::steady_clock;

@@ -12,7 +12,12 @@ namespace bs {
 
 class StoreBackedBlend {
  public:
-  StoreBackedBlend(const BlendEngine& engine, KvStore& store) : engine_(engine), store_(store) {}
+  // One rank only: whether a part is stored is decided here, by this caller's lookup,
+  // and tensor-parallel ranks must never decide apart (one could hit while another
+  // misses and computes). Their plan comes from the leader (the runtime's
+  // controller), their KV from the loaders. std::invalid_argument for an engine over
+  // a tensor-parallel Transformer.
+  StoreBackedBlend(const BlendEngine& engine, KvStore& store);
 
   // Prefill of a RAG prompt in the given mode. The cache gets room for
   // `extra_capacity` more tokens (decode). logit_rows > 1 returns the logits of the

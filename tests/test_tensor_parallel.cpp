@@ -17,6 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "blend/blend_engine.h"
+#include "blend/rag_prompt.h"
+#include "blend/store_backed_blend.h"
+#include "storage/memory_store.h"
 #include "model/generate.h"
 #include "model/tensor_parallel.h"
 #include "model/tp_group.h"
@@ -222,6 +226,122 @@ TEST(TensorParallel, ARankThatFailsAbortsTheOthersAtOnceAndTheGroupIsRebuilt) {
   const Generated after = generate_on(group, prompt, 1);
   EXPECT_EQ(after.tokens, before.tokens);
   EXPECT_EQ(std::memcmp(after.logits[0].data(), before.logits[0].data(), before.logits[0].size() * sizeof(float)), 0);
+}
+
+// What one blend prefill did on every rank of a group.
+struct BlendRun {
+  std::vector<std::shared_ptr<const ChunkKv>> chunks;  // rank 0's: the prefix, then each chunk
+  std::vector<std::vector<uint64_t>> digests;         // per rank: BlendStats::check_digests
+  std::vector<std::vector<int32_t>> recomputed;       // per rank
+  std::vector<std::vector<float>> logits;             // per rank: the prompt's last logits
+  std::vector<int32_t> tokens;                        // greedy continuation (the leader's picks)
+};
+
+// The stored KV of the prompt's prefix and chunks computed on every rank (each rank
+// returns every head, asserted equal), placed into each rank's cache as a loader
+// would (its heads), then a blend prefill and a greedy continuation on every rank.
+BlendRun blend_on(TpGroup& group, const RagPrompt& prompt, const BlendOptions& opt, int answer) {
+  const int size = group.size();
+  BlendRun out;
+  out.digests.resize(size);
+  out.recomputed.resize(size);
+  out.logits.resize(size);
+  std::vector<std::vector<std::shared_ptr<const ChunkKv>>> chunks(static_cast<size_t>(size));
+  std::vector<std::unique_ptr<BlendEngine>> engines;
+  for (int r = 0; r < size; ++r) engines.push_back(std::make_unique<BlendEngine>(group.transformer(r)));
+  group.run([&](int r) {
+    chunks[r].push_back(engines[r]->compute_prefix_kv(prompt.prefix));
+    for (const auto& c : prompt.chunks) chunks[r].push_back(engines[r]->compute_chunk_kv(c));
+  });
+  for (int r = 1; r < size; ++r)
+    for (size_t i = 0; i < chunks[0].size(); ++i) {
+      EXPECT_EQ(chunks[r][i]->kv_heads, group.model(0).full_config().n_kv_heads);
+      EXPECT_EQ(chunks[r][i]->k, chunks[0][i]->k) << "rank " << r << " part " << i;
+      EXPECT_EQ(chunks[r][i]->v, chunks[0][i]->v) << "rank " << r << " part " << i;
+    }
+  out.chunks = chunks[0];
+  std::vector<KvCache> caches;
+  for (int r = 0; r < size; ++r) caches.push_back(group.transformer(r).make_cache(prompt.size() + answer));
+  PrefillPlan plan;
+  plan.prefix_loaded = true;
+  plan.chunk_loaded.assign(prompt.chunks.size(), 1);
+  std::vector<int32_t> next;
+  group.run([&](int r) {
+    const auto& m = group.model(r);
+    for (size_t part = 0; part < out.chunks.size(); ++part) {
+      const ChunkKv& kv = *out.chunks[part];
+      const int64_t offset = part == 0 ? 0 : prompt.chunk_offset(part - 1);
+      for (int l = 0; l < kv.n_layers; ++l)
+        copy_chunk_layer(kv.k_layer(l), kv.v_layer(l), kv.dtype, kv.length(), l, offset, caches[r], m.first_kv_head());
+    }
+    BlendPrefill p = engines[r]->prefill_planned(prompt, plan, caches[r], opt, {});
+    out.digests[r] = p.stats.check_digests;
+    out.recomputed[r] = p.recomputed_positions;
+    out.logits[r] = p.logits;
+    caches[r] = std::move(p.cache);
+  });
+  std::vector<std::vector<float>> logits = out.logits;
+  for (int s = 0; s < answer; ++s) {
+    const int32_t t = argmax(logits[0].data(), static_cast<int64_t>(logits[0].size()));
+    out.tokens.push_back(t);
+    group.run([&](int r) { logits[r] = group.transformer(r).forward(std::span<const int32_t>(&t, 1), caches[r]); });
+  }
+  return out;
+}
+
+// The blend at tp 2 and 4 on 8 query / 4 KV heads: every rank recomputes the same
+// tokens at every check layer (their digests compared, not assumed), the ranks'
+// logits are bit-identical, and the selection, logits and continuation are tp 1's;
+// a chunk's stored KV assembled from the ranks' heads is tp 1's within fp32 rounding.
+TEST(TensorParallel, TheBlendSelectsOneSetOnEveryRankAndAnswersAsOneRankDoes) {
+  TinyFile file({128, 8, 4, 3});
+  TpGroup one(file.path, 1, cpu, kernels::Precision::F32, kernels::TensorType::F32);
+  const auto& tok = one.model(0).tokenizer();
+  RagPrompt prompt;
+  prompt.prefix = tok.encode("<|im_start|>system\nyou read<|im_end|>\n<|im_start|>user\n", true);
+  for (const char* doc : {"hello world and the world is on it\n\n", "the hill and the inn at the end of it\n\n",
+                          "you and i in the hello world of worlds\n\n", "on and on at the hotel in the north\n\n"})
+    prompt.chunks.push_back(tok.encode(doc, false));
+  prompt.suffix = tok.encode("what is it<|im_end|>\n<|im_start|>assistant\n", true);
+  for (auto filtering : {Filtering::SinglePass, Filtering::TwoPass}) {
+    BlendOptions opt;
+    opt.ratio = 0.3f;
+    opt.check_layers = {1, 2};
+    opt.filtering = filtering;
+    const BlendRun want = blend_on(one, prompt, opt, 6);
+    ASSERT_EQ(want.digests[0].size(), 2u);
+    ASSERT_FALSE(want.recomputed[0].empty());
+    for (int tp : {2, 4}) {
+      TpGroup group(file.path, tp, cpu, kernels::Precision::F32, kernels::TensorType::F32);
+      const BlendRun got = blend_on(group, prompt, opt, 6);
+      const std::string what = std::string("tp ") + std::to_string(tp) + ", " + filtering_name(filtering);
+      for (int r = 0; r < tp; ++r) {
+        EXPECT_EQ(got.digests[r], got.digests[0]) << what << ": rank " << r << " selected other tokens";
+        EXPECT_EQ(got.recomputed[r], got.recomputed[0]) << what << ", rank " << r;
+        EXPECT_EQ(std::memcmp(got.logits[r].data(), got.logits[0].data(), got.logits[0].size() * sizeof(float)), 0)
+            << what << ", rank " << r;
+      }
+      EXPECT_EQ(got.digests[0], want.digests[0]) << what;
+      EXPECT_EQ(got.recomputed[0], want.recomputed[0]) << what;
+      EXPECT_LT(max_abs_diff(got.logits[0], want.logits[0]), 1e-4) << what;
+      EXPECT_EQ(got.tokens, want.tokens) << what;
+      // A direct store-backed prefill would let each rank decide its own hits: refused.
+      MemoryKvStore store(1 << 20);
+      BlendEngine engine(group.transformer(0));
+      EXPECT_THROW(StoreBackedBlend(engine, store), std::invalid_argument);
+      for (size_t i = 0; i < want.chunks.size(); ++i) {
+        const auto& a = *got.chunks[i];
+        const auto& b = *want.chunks[i];
+        ASSERT_EQ(a.k.size(), b.k.size());
+        const auto* ka = reinterpret_cast<const float*>(a.k.data());
+        const auto* kb = reinterpret_cast<const float*>(b.k.data());
+        double worst = 0;
+        for (size_t e = 0; e < a.k.size() / sizeof(float); ++e)
+          worst = std::max(worst, static_cast<double>(std::fabs(ka[e] - kb[e])));
+        EXPECT_LT(worst, 1e-4) << what << ", part " << i;
+      }
+    }
+  }
 }
 
 }  // namespace
