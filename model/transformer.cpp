@@ -32,7 +32,11 @@ void Transformer::set_communicator(kernels::Communicator* comm) {
 }
 
 void Transformer::all_reduce(float* buf, int64_t count) const {
-  if (comm_) comm_->all_reduce_sum(buf, count, collective_timeout_);
+  if (!comm_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  comm_->all_reduce_sum(buf, count, collective_timeout_);
+  ++collective_stats_.calls;
+  collective_stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 KvCache Transformer::make_cache(int64_t capacity) const {
@@ -131,7 +135,10 @@ void Transformer::logits(const float* hidden, int64_t n, float* out) const {
   // gathered as [ranks, n, rows], then placed as [n, vocab].
   const int size = comm_->size();
   float* gathered = ws.get<float>(kGathered, size * n * rows);
+  const auto t0 = std::chrono::steady_clock::now();
   comm_->all_gather(logits, gathered, n * rows, collective_timeout_);
+  ++collective_stats_.calls;
+  collective_stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<float> all(static_cast<size_t>(size * n * rows));
   be.copy_to_host(all.data(), gathered, size * n * rows * static_cast<int64_t>(sizeof(float)));
   for (int r = 0; r < size; ++r)

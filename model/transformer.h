@@ -44,6 +44,15 @@ class Transformer {
   // Sums a rank's partial values over the group, in rank order (nothing at tp 1):
   // buf is backend memory.
   void all_reduce(float* buf, int64_t count) const;
+  // The collectives this rank's calls issued (all-reduces and logit gathers) and the
+  // seconds spent in them (the wait for the slowest rank included): what tensor
+  // parallelism costs. Read between calls, from the thread that makes them or after
+  // handing over (TpGroup::run).
+  struct CollectiveStats {
+    int64_t calls = 0;
+    double seconds = 0;
+  };
+  CollectiveStats collective_stats() const { return collective_stats_; }
 
   // Workspace slots [0, kWorkspaceSlots) of the backend are the Transformer's
   // (transformer.cpp); callers that keep scratch between its calls use higher ones.
@@ -119,6 +128,7 @@ class Transformer {
   const LlamaModel& model_;
   kernels::Communicator* comm_ = nullptr;
   std::chrono::milliseconds collective_timeout_ = kDefaultCollectiveTimeout;
+  mutable CollectiveStats collective_stats_;  // only this rank's calling thread adds to it
 };
 
 }  // namespace bs

@@ -27,14 +27,14 @@
 #include "model/gguf.h"
 #include "model/llama_model.h"
 #include "model/transformer.h"
-#include "tests/gguf_writer.h"
+#include "model/gguf_writer.h"
 #include "tests/tiny_model.h"
 #include "tests/model_fixture.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using bs::testing::GgufWriter;
+using bs::GgufWriter;
 
 // ---- temp dirs: the synthetic files and the CLI's data dir --------------------------
 

@@ -22,6 +22,7 @@
 #include "blend/store_backed_blend.h"
 #include "storage/memory_store.h"
 #include "model/generate.h"
+#include "model/random_model.h"
 #include "model/tensor_parallel.h"
 #include "model/tp_group.h"
 #include "tests/temp_dir.h"
@@ -253,6 +254,29 @@ TEST(TensorParallel, TheBlendSelectsOneSetOnEveryRankAndAnswersAsOneRankDoes) {
       }
     }
   }
+}
+
+// The benchmarks' random-weight models (model/random_model.h) load as real ones do,
+// compute finite logits, and split across ranks like any model: SmolLM2's shape at
+// tp 3 generates tp 1's tokens. An unknown shape names the known ones.
+TEST(TensorParallel, RandomWeightModelsLoadAndSplit) {
+  try {
+    random_llama_shape("llama-9000");
+    FAIL() << "an unknown shape was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("llama-3.2-1b"));
+  }
+  testing::TempDir dir("bs_random_model");
+  const std::string path = (dir.path() / "random.gguf").string();
+  write_random_llama(random_llama_shape("smollm2-135m"), path);
+  TpGroup one(path, 1, cpu, kernels::Precision::F32, kernels::TensorType::F32);
+  TpGroup three(path, 3, cpu, kernels::Precision::F32, kernels::TensorType::F32);
+  EXPECT_EQ(one.model(0).config().n_heads, 9);
+  EXPECT_EQ(one.model(0).config().vocab, 49152);
+  const std::vector<int32_t> prompt = {300, 4000, 17, 256, 9000, 12, 40000, 5};
+  const Generated want = generate_on(one, prompt, 4);
+  for (float x : want.logits[0]) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_EQ(generate_on(three, prompt, 4).tokens, want.tokens);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// A tiny synthetic Llama as a GGUF (tests/gguf_writer.h): a few layers of random F32
+// A tiny synthetic Llama as a GGUF (model/gguf_writer.h): a few layers of random F32
 // weights, dim 64, 4 query / 2 KV heads, tied embeddings, a ~300-token byte-level BPE
 // tokenizer with ChatML control tokens. Loads through LlamaModel like the real model,
 // in milliseconds, so code over the model (the blend engine) can run under the
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/gguf_writer.h"
+#include "model/gguf_writer.h"
 
 namespace bs::testing {
 

@@ -46,6 +46,20 @@ struct TtftOptions {
 };
 int bench_ttft(const TtftOptions& opt);
 
+// `bench tp`: full prefill of `tokens` random token ids at each tensor parallel
+// degree (CPU ranks, the cores split between them), best of `repeats`, with the time
+// spent in collectives per layer; the summary gives each degree's ratio to the first.
+struct TpBenchOptions {
+  std::string model_path;    // a GGUF file, unless random_shape is set
+  std::string random_shape;  // random weights in a known shape (model/random_model.h)
+  std::string precision = "auto";
+  std::string kv_dtype = kDefaultKvDtype;
+  std::vector<int> degrees{1, 2};
+  int64_t tokens = 3072;
+  int repeats = 2;
+};
+int bench_tp(const TpBenchOptions& opt);
+
 // `bench decode`: N concurrent greedy streams through the runtime (continuous
 // batching) for each N in `streams`; the decode-phase tokens/s of each, and the
 // ratio of the last stream count to the first.

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "model/random_model.h"
 #include "tools/bench.h"
 #include "tools/bench_serve.h"
 
@@ -78,6 +79,22 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   decode->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
   decode->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
+
+  bs::tools::TpBenchOptions tpopt;
+  auto* tp = bench->add_subcommand(
+      "tp", "Prefill throughput at several tensor parallel degrees on CPU ranks (cores split), collective time per layer");
+  tp->add_option("--random", tpopt.random_shape,
+                 "Random Q4_0 weights in a known shape instead of --model (smollm2-135m, llama-3.2-1b)")
+      ->check(CLI::IsMember(bs::random_llama_shape_names()));
+  tp->add_option("--degrees", tpopt.degrees, "Tensor parallel degrees (the summary: each vs the first)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  tp->add_option("--tokens", tpopt.tokens, "Prompt tokens prefilled")->check(CLI::Range(1, 8192))->capture_default_str();
+  tp->add_option("--repeats", tpopt.repeats, "Timed prefills per degree (the fastest is summarized)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  tp->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  tp->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
 
   bs::tools::ServeBenchOptions sopt;
   sopt.dataset = std::string(BLENDSERVE_SOURCE_DIR) + "/tests/data/rag_qa.jsonl";
@@ -199,6 +216,12 @@ int main(int argc, char** argv) {
       dopt.precision = precision;
       dopt.kv_dtype = kv_dtype;
       return bs::tools::bench_decode(dopt);
+    }
+    if (tp->parsed()) {
+      tpopt.model_path = opt.model_path;
+      tpopt.precision = precision;
+      tpopt.kv_dtype = kv_dtype;
+      return bs::tools::bench_tp(tpopt);
     }
     if (serve->parsed()) {
       sopt.model_path = opt.model_path;

@@ -1,4 +1,4 @@
-// A small GGUF v3 writer for tests: typed metadata (set again to replace, erase to
+// A small GGUF v3 writer (tests, random-weight models for benchmarks): typed metadata (set again to replace, erase to
 // drop) and tensors given as raw bytes, laid out at 32-byte-aligned offsets exactly as
 // the reader (model/gguf.cpp) and llama.cpp expect. Keys and tensors keep the order of
 // their first set, so a file changed in one key is otherwise byte-identical.
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace bs::testing {
+namespace bs {
 
 class GgufWriter {
  public:
@@ -107,9 +107,9 @@ class GgufWriter {
     std::vector<uint8_t> bytes;
     template <typename T>
     Buf& put(T v) {
-      uint8_t tmp[sizeof(T)];
-      std::memcpy(tmp, &v, sizeof(T));
-      bytes.insert(bytes.end(), tmp, tmp + sizeof(T));
+      const size_t at = bytes.size();
+      bytes.resize(at + sizeof(T));
+      std::memcpy(bytes.data() + at, &v, sizeof(T));
       return *this;
     }
     Buf& str(std::string_view s) {
@@ -156,4 +156,4 @@ class GgufWriter {
   std::vector<Tensor> tensors_;
 };
 
-}  // namespace bs::testing
+}  // namespace bs

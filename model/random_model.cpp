@@ -1,0 +1,131 @@
+#include "model/random_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+#include "kernels/dequant.h"
+#include "kernels/tensor_types.h"
+#include "model/gguf_writer.h"
+
+namespace bs {
+namespace {
+
+const std::vector<RandomLlamaShape>& known() {
+  static const std::vector<RandomLlamaShape> shapes = {
+      {"smollm2-135m", 30, 576, 1536, 9, 3, 49152, 100000.0f},
+      {"llama-3.2-1b", 16, 2048, 8192, 32, 8, 128256, 500000.0f},
+  };
+  return shapes;
+}
+
+// Q4_0 rows [out, in] of random nibbles, each block's scale making the weights'
+// standard deviation about 1/sqrt(in) (nibbles uniform in -8..7: sd ~4.6).
+std::vector<uint8_t> random_q4_0(int64_t out, int64_t in, std::mt19937& rng) {
+  const int64_t blocks = out * (in / 32);
+  std::vector<uint8_t> bytes(static_cast<size_t>(blocks * 18));
+  const uint16_t scale = kernels::fp32_to_fp16(static_cast<float>(1.0 / (4.6 * std::sqrt(in))));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* blk = bytes.data() + b * 18;
+    std::memcpy(blk, &scale, 2);
+    for (int i = 0; i < 16; ++i) blk[2 + i] = static_cast<uint8_t>(byte(rng));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+std::vector<std::string> random_llama_shape_names() {
+  std::vector<std::string> out;
+  for (const auto& s : known()) out.push_back(s.name);
+  return out;
+}
+
+RandomLlamaShape random_llama_shape(const std::string& name) {
+  std::string names;
+  for (const auto& s : known()) {
+    if (s.name == name) return s;
+    names += (names.empty() ? "" : ", ") + s.name;
+  }
+  throw std::invalid_argument("unknown random model shape '" + name + "' (known: " + names + ")");
+}
+
+void write_random_llama(const RandomLlamaShape& s, const std::string& path, uint32_t seed) {
+  std::mt19937 rng(seed);
+  GgufWriter w;
+  const std::string a = "llama";
+  w.str("general.architecture", a);
+  w.str("general.name", "random " + s.name);
+  w.u32(a + ".block_count", static_cast<uint32_t>(s.layers));
+  w.u32(a + ".context_length", 8192);
+  w.u32(a + ".embedding_length", static_cast<uint32_t>(s.dim));
+  w.u32(a + ".feed_forward_length", static_cast<uint32_t>(s.ff));
+  w.u32(a + ".attention.head_count", static_cast<uint32_t>(s.heads));
+  w.u32(a + ".attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
+  w.f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  w.f32(a + ".rope.freq_base", s.rope_theta);
+  // Tokenizer: the 256 byte tokens (GPT-2's printable stand-ins, as <0xNN> would not
+  // be byte-level), numbered filler tokens, then end-of-text.
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  for (int b = 0; b < 256; ++b) {
+    int cp = b;
+    if (!((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF))) {
+      int n = 0;
+      for (int c = 0; c < b; ++c)
+        if (!((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF))) ++n;
+      cp = 256 + n;
+    }
+    std::string t;
+    if (cp < 0x80) {
+      t += static_cast<char>(cp);
+    } else {
+      t += static_cast<char>(0xC0 | (cp >> 6));
+      t += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    tokens.push_back(t);
+    types.push_back(1);
+  }
+  while (static_cast<int>(tokens.size()) < s.vocab - 1) {
+    tokens.push_back("<|filler_" + std::to_string(tokens.size()) + "|>");
+    types.push_back(4);  // user-defined: never produced by the BPE
+  }
+  tokens.push_back("<|endoftext|>");
+  types.push_back(3);
+  w.str("tokenizer.ggml.model", "gpt2");
+  w.str("tokenizer.ggml.pre", "gpt-2");
+  w.str_array("tokenizer.ggml.tokens", tokens);
+  w.i32_array("tokenizer.ggml.token_type", types);
+  w.str_array("tokenizer.ggml.merges", {});
+  w.u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(s.vocab - 1));
+  w.u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(s.vocab - 1));
+  w.boolean("tokenizer.ggml.add_bos_token", false);
+
+  const auto q4 = static_cast<uint32_t>(kernels::TensorType::Q4_0);
+  auto matrix = [&](const std::string& name, int64_t out, int64_t in) {
+    w.tensor(name, {static_cast<uint64_t>(in), static_cast<uint64_t>(out)}, q4, random_q4_0(out, in, rng));
+  };
+  auto ones = [&](const std::string& name) {
+    w.tensor(name, {static_cast<uint64_t>(s.dim)}, 0, GgufWriter::f32_bytes(std::vector<float>(s.dim, 1.0f)));
+  };
+  const int hd = s.dim / s.heads;
+  matrix("token_embd.weight", s.vocab, s.dim);  // tied: also the LM head
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    ones(p + "attn_norm.weight");
+    matrix(p + "attn_q.weight", s.dim, s.dim);
+    matrix(p + "attn_k.weight", int64_t{s.kv_heads} * hd, s.dim);
+    matrix(p + "attn_v.weight", int64_t{s.kv_heads} * hd, s.dim);
+    matrix(p + "attn_output.weight", s.dim, s.dim);
+    ones(p + "ffn_norm.weight");
+    matrix(p + "ffn_gate.weight", s.ff, s.dim);
+    matrix(p + "ffn_up.weight", s.ff, s.dim);
+    matrix(p + "ffn_down.weight", s.dim, s.ff);
+  }
+  ones("output_norm.weight");
+  w.write(path);
+}
+
+}  // namespace bs
