@@ -2,8 +2,10 @@
 // a shard of every layer, and the partial results of the row-split projections are
 // summed across ranks after each layer's attention output and MLP down projection.
 //
-// Two implementations will fill this interface: in-process for CPU ranks (one thread
-// per rank, shared memory: make_inprocess_group) and NCCL for GPU ranks. Every rank
+// Implementations: in-process for CPU ranks (one thread per rank, shared memory:
+// make_inprocess_group); NCCL for GPU ranks is still to come. Buffers of the
+// all-reduces and gathers are the ranks' backend memory (host memory on CPU ranks);
+// broadcast takes host memory (the leader's decisions are host values). Every rank
 // must issue the same collectives in the same order (the leader decides each step and
 // broadcasts it, so followers never choose an order of their own); a mismatch (another
 // op or another count) is detected and fails every rank, never a hang or a mixed
