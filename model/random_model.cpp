@@ -8,6 +8,7 @@
 #include "kernels/dequant.h"
 #include "kernels/tensor_types.h"
 #include "model/gguf_writer.h"
+#include "model/tokenizer.h"
 
 namespace bs {
 namespace {
@@ -66,28 +67,9 @@ void write_random_llama(const RandomLlamaShape& s, const std::string& path, uint
   w.u32(a + ".attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
   w.f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
   w.f32(a + ".rope.freq_base", s.rope_theta);
-  // Tokenizer: the 256 byte tokens (GPT-2's printable stand-ins, as <0xNN> would not
-  // be byte-level), numbered filler tokens, then end-of-text.
-  std::vector<std::string> tokens;
-  std::vector<int32_t> types;
-  for (int b = 0; b < 256; ++b) {
-    int cp = b;
-    if (!((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF))) {
-      int n = 0;
-      for (int c = 0; c < b; ++c)
-        if (!((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF))) ++n;
-      cp = 256 + n;
-    }
-    std::string t;
-    if (cp < 0x80) {
-      t += static_cast<char>(cp);
-    } else {
-      t += static_cast<char>(0xC0 | (cp >> 6));
-      t += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-    tokens.push_back(t);
-    types.push_back(1);
-  }
+  // Tokenizer: the 256 byte tokens, numbered filler tokens, then end-of-text.
+  std::vector<std::string> tokens = byte_level_alphabet();
+  std::vector<int32_t> types(tokens.size(), 1);
   while (static_cast<int>(tokens.size()) < s.vocab - 1) {
     tokens.push_back("<|filler_" + std::to_string(tokens.size()) + "|>");
     types.push_back(4);  // user-defined: never produced by the BPE

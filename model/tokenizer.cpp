@@ -752,4 +752,10 @@ std::string StreamDecoder::flush() {
   return out;
 }
 
+std::vector<std::string> byte_level_alphabet() {
+  std::vector<std::string> out(256);
+  for (int b = 0; b < 256; ++b) append_utf8(out[static_cast<size_t>(b)], byte_map().byte_to_cp[b]);
+  return out;
+}
+
 }  // namespace bs

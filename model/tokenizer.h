@@ -24,6 +24,10 @@ struct TokenizerSpec {
   bool add_bos = false;
 };
 
+// GPT-2's byte-level alphabet: byte b's token text (its printable stand-in, UTF-8),
+// as the byte-level vocabularies spell their 256 byte tokens.
+std::vector<std::string> byte_level_alphabet();
+
 class Tokenizer {
  public:
   explicit Tokenizer(TokenizerSpec spec);

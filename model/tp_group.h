@@ -48,7 +48,8 @@ class TpGroup {
   // Runs job(rank) on every rank's thread at once and returns when all returned. If
   // any threw: the group was aborted, is rebuilt, and the first rank's own error (not
   // a CommError the abort caused in the others, unless that is all there is) is
-  // rethrown.
+  // rethrown. The wait is bounded by the jobs: a rank blocked on a peer that failed or
+  // never came fails its collective within the timeout (or at once, by the abort).
   void run(const std::function<void(int rank)>& job);
   // Times the communicators were rebuilt after a failed run.
   int64_t rebuilds() const { return rebuilds_; }

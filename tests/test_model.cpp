@@ -2,7 +2,6 @@
 // an F32 export of the same weights: tests/fixtures/golden_logits.json, made by
 // tools/make_golden.py. Then the fast bf16 path against our fp32 path.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +13,7 @@
 #include "kernels/kv_view.h"
 #include "model/generate.h"
 #include "model/transformer.h"
+#include "tests/golden_fixture.h"
 #include "tests/model_fixture.h"
 
 namespace bs {
@@ -22,36 +22,8 @@ namespace {
 using kernels::Precision;
 using kernels::TensorType;
 using kernels::kv_dtype_name;
-using json = nlohmann::json;
 
-struct GoldenPrompt {
-  std::string text;
-  std::vector<int32_t> ids;
-  std::vector<float> final_logits;
-  std::vector<int32_t> greedy32;
-  std::vector<int32_t> position_top1;
-};
-
-const std::vector<GoldenPrompt>& golden() {
-  static std::vector<GoldenPrompt> prompts = [] {
-    std::vector<GoldenPrompt> out;
-    const std::string dir = BLENDSERVE_FIXTURES;
-    auto j = json::parse(testing::read_file(dir + "/golden_logits.json"));
-    for (const auto& p : j.at("prompts")) {
-      GoldenPrompt g;
-      g.text = p.at("text").get<std::string>();
-      g.ids = p.at("ids").get<std::vector<int32_t>>();
-      g.greedy32 = p.at("greedy32").get<std::vector<int32_t>>();
-      g.position_top1 = p.at("position_top1").get<std::vector<int32_t>>();
-      const std::string raw = testing::read_file(dir + "/" + p.at("final_logits_file").get<std::string>());
-      g.final_logits.resize(raw.size() / 4);
-      std::memcpy(g.final_logits.data(), raw.data(), raw.size());
-      out.push_back(std::move(g));
-    }
-    return out;
-  }();
-  return prompts;
-}
+using testing::golden;
 
 std::vector<float> all_logits(const LlamaModel& m, const std::vector<int32_t>& ids) {
   Transformer tf(m);

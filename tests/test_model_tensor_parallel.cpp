@@ -10,7 +10,6 @@
 //    1's by >= 90%, the answer is tp 1's 24 tokens;
 //  - chunk KV computed at tp 3 vs tp 1 (printed: the evidence for keying KV by degree).
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -23,39 +22,17 @@
 #include "kernels/kv_view.h"
 #include "model/tp_group.h"
 #include "tests/blend_fixture.h"
+#include "tests/golden_fixture.h"
 #include "tests/model_fixture.h"
 #include "tests/tp_fixture.h"
 
 namespace bs {
 namespace {
 
-using json = nlohmann::json;
 using kernels::Precision;
 using kernels::TensorType;
 
 std::unique_ptr<kernels::Backend> cpu() { return kernels::make_cpu_backend(); }
-
-struct Golden {
-  std::vector<int32_t> ids;
-  std::vector<float> final_logits;
-  std::vector<int32_t> greedy32;
-};
-
-std::vector<Golden> golden() {
-  std::vector<Golden> out;
-  const std::string dir = BLENDSERVE_FIXTURES;
-  auto j = json::parse(testing::read_file(dir + "/golden_logits.json"));
-  for (const auto& p : j.at("prompts")) {
-    Golden g;
-    g.ids = p.at("ids").get<std::vector<int32_t>>();
-    g.greedy32 = p.at("greedy32").get<std::vector<int32_t>>();
-    const std::string raw = testing::read_file(dir + "/" + p.at("final_logits_file").get<std::string>());
-    g.final_logits.resize(raw.size() / 4);
-    std::memcpy(g.final_logits.data(), raw.data(), raw.size());
-    out.push_back(std::move(g));
-  }
-  return out;
-}
 
 TEST(TensorParallelModel, Tp3MatchesLlamaCppsGoldenAndTp1) {
   REQUIRE_MODEL();
@@ -64,7 +41,7 @@ TEST(TensorParallelModel, Tp3MatchesLlamaCppsGoldenAndTp1) {
   EXPECT_EQ(three.model(0).config().n_heads, 3);
   EXPECT_EQ(three.model(0).config().n_kv_heads, 1);
   EXPECT_EQ(three.model(2).output_rows(), 49152 / 3) << "the LM head split by vocabulary rows";
-  for (const auto& g : golden()) {
+  for (const auto& g : testing::golden()) {
     const auto got = testing::generate_on(three, g.ids, 32);
     const auto want = testing::generate_on(one, g.ids, 1);
     const double vs_golden = testing::max_abs_diff(got.logits[0], g.final_logits);

@@ -208,13 +208,7 @@ TEST(TensorParallel, ARankThatFailsAbortsTheOthersAtOnceAndTheGroupIsRebuilt) {
 TEST(TensorParallel, TheBlendSelectsOneSetOnEveryRankAndAnswersAsOneRankDoes) {
   TinyFile file({128, 8, 4, 3});
   TpGroup one(file.path, 1, cpu, kernels::Precision::F32, kernels::TensorType::F32);
-  const auto& tok = one.model(0).tokenizer();
-  RagPrompt prompt;
-  prompt.prefix = tok.encode("<|im_start|>system\nyou read<|im_end|>\n<|im_start|>user\n", true);
-  for (const char* doc : {"hello world and the world is on it\n\n", "the hill and the inn at the end of it\n\n",
-                          "you and i in the hello world of worlds\n\n", "on and on at the hotel in the north\n\n"})
-    prompt.chunks.push_back(tok.encode(doc, false));
-  prompt.suffix = tok.encode("what is it<|im_end|>\n<|im_start|>assistant\n", true);
+  const RagPrompt prompt = testing::tiny_rag_prompt(one.model(0).tokenizer());
   for (auto filtering : {Filtering::SinglePass, Filtering::TwoPass}) {
     BlendOptions opt;
     opt.ratio = 0.3f;

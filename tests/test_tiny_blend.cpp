@@ -43,16 +43,7 @@ struct Tiny {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<Transformer> tf;
 
-  RagPrompt prompt() const {
-    const auto& tok = model->tokenizer();
-    RagPrompt p;
-    p.prefix = tok.encode("<|im_start|>system\nyou read<|im_end|>\n<|im_start|>user\n", true);
-    for (const char* doc : {"hello world and the world is on it\n\n", "the hill and the inn at the end of it\n\n",
-                            "you and i in the hello world of worlds\n\n", "on and on at the hotel in the north\n\n"})
-      p.chunks.push_back(tok.encode(doc, false));
-    p.suffix = tok.encode("what is it<|im_end|>\n<|im_start|>assistant\n", true);
-    return p;
-  }
+  RagPrompt prompt() const { return testing::tiny_rag_prompt(model->tokenizer()); }
 };
 
 Tiny& tiny() {

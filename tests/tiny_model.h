@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "blend/rag_prompt.h"
 #include "model/gguf_writer.h"
+#include "model/tokenizer.h"
 
 namespace bs::testing {
 
@@ -166,6 +168,18 @@ inline GgufWriter tiny_llama_writer(const std::string& arch = "llama", int layer
   }
   ones("output_norm.weight");
   return w;
+}
+
+// A RAG prompt in the tiny vocabulary: a system prefix, four short documents (the
+// chunks) and a question (the suffix).
+inline RagPrompt tiny_rag_prompt(const Tokenizer& tok) {
+  RagPrompt p;
+  p.prefix = tok.encode("<|im_start|>system\nyou read<|im_end|>\n<|im_start|>user\n", true);
+  for (const char* doc : {"hello world and the world is on it\n\n", "the hill and the inn at the end of it\n\n",
+                          "you and i in the hello world of worlds\n\n", "on and on at the hotel in the north\n\n"})
+    p.chunks.push_back(tok.encode(doc, false));
+  p.suffix = tok.encode("what is it<|im_end|>\n<|im_start|>assistant\n", true);
+  return p;
 }
 
 }  // namespace bs::testing
