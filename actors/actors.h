@@ -66,6 +66,8 @@ bool enqueue_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk);
 // decode caches, by request id) and decides each step of the compute thread:
 // prefill layers, decode steps, write-back and document computes.
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
+rank_worker_actor::behavior_type rank_worker(rank_worker_actor::pointer self, RuntimeContext* ctx, int rank,
+                                             CountersPtr c);
 // Stores chunks the worker computed for write-back: RAM, and the SSD writer.
 write_back_actor::behavior_type write_back(write_back_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
                                            CountersPtr c);

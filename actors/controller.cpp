@@ -44,7 +44,7 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         const auto trace = ctx->traces.find(r.id);
         const double t_begin = trace->now_s();
         auto& st = self->state;
-        const auto& cfg = ctx->model->config();
+        const auto& cfg = ctx->model->full_config();
         const auto& tiers = ctx->tiers;
         const bool use_chunks = r.options.mode == BlendMode::Reuse || r.options.mode == BlendMode::Blend;
         const bool use_prefix = r.options.mode != BlendMode::Full && !r.prompt.prefix.empty();

@@ -8,6 +8,7 @@
 //   worker: missed chunks computed alone (background) --kvready--> write-back --store--> ssd writer
 //   caller (Runtime::store_document) --document--> worker: the KV of one document, computed alone
 //   caller --cancel(id)--> intake (queued: --finish(id)--> decoder) and worker (running: stops at a boundary)
+//   tensor parallel: rank 0's compute thread --rankjob(RankJob)--> rank workers (ranks 1..), in its order
 //   every actor --register--> inspector; decoder --trace--> inspector
 //   the runtime's supervisor monitors every actor and restarts one that died
 #pragma once
@@ -48,6 +49,9 @@ using worker_actor = caf::typed_actor<caf::reacts_to<prefill_atom, RequestPlan>,
                                       caf::replies_to<document_atom, std::vector<int32_t>>::with<KeyedKv>,
                                       caf::reacts_to<document_done_atom, DocumentKv>>;
 
+// A tensor-parallel follower rank's jobs, from rank 0 (actors/tp_ranks.h).
+using rank_worker_actor = caf::typed_actor<caf::reacts_to<rank_job_atom, RankJob>>;
+
 // Stores chunks computed for write-back in the tiers (RAM now, the SSD through its
 // writer). flush: answers once every store it forwarded before is written.
 using write_back_actor = caf::typed_actor<caf::reacts_to<kv_ready_atom, KeyedKv>, caf::replies_to<flush_atom>::with<bool>>;
@@ -72,6 +76,7 @@ struct ActorSet {
   std::vector<std::vector<loader_actor>> loaders;
   writer_actor ssd_writer;  // invalid when the SSD tier is off
   worker_actor worker;
+  std::vector<rank_worker_actor> rank_workers;  // [rank - 1]; empty at tp 1
   write_back_actor write_back;
   decoder_actor decoder;
   inspector_actor inspector;
@@ -92,6 +97,11 @@ class Handles {
   }
   writer_actor ssd_writer() const { return read(&ActorSet::ssd_writer); }
   worker_actor worker() const { return read(&ActorSet::worker); }
+  rank_worker_actor rank_worker(int rank) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t i = static_cast<size_t>(rank - 1);
+    return rank >= 1 && i < set_.rank_workers.size() ? set_.rank_workers[i] : rank_worker_actor{};
+  }
   write_back_actor write_back() const { return read(&ActorSet::write_back); }
   decoder_actor decoder() const { return read(&ActorSet::decoder); }
   inspector_actor inspector() const { return read(&ActorSet::inspector); }

@@ -26,6 +26,7 @@
 // by message — the one place a tensor-parallel leader will decide for its ranks.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -62,28 +63,47 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, std::vector<Deco
     if (e.slot->cancelled.load()) caf::anon_send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
     else live.push_back(std::move(e));
   }
-  if (live.empty()) return;
+  TpRanks* tp = ctx->tp.get();
+  if (live.empty()) {
+    // Tensor parallel, between two layers: the followers wait for a decision.
+    if (tp && interleaved) tp->announce(RankDecision{RankDecision::Continue, {}, {}});
+    return;
+  }
   ctx->decode_batcher.step_began();
   const int64_t B = static_cast<int64_t>(live.size());
-  const int64_t vocab = ctx->model->config().vocab;
+  const int64_t vocab = ctx->model->full_config().vocab;
   std::vector<int32_t> tokens;
+  std::vector<uint64_t> ids;
   std::vector<KvCache*> caches;
   for (const auto& e : live) {
     tokens.push_back(e.token);
+    ids.push_back(e.slot->id);
     caches.push_back(&e.slot->cache);
   }
   std::vector<DecodeStep> out(static_cast<size_t>(B));
   try {
+    if (tp) {
+      // The followers step the same requests: told inside the running job, or as a job.
+      if (interleaved) tp->announce(RankDecision{RankDecision::Decode, ids, tokens});
+      else tp->dispatch(RankJob{RankJob::Decode, 0, {}, false, ids, tokens, false});
+    }
     const std::vector<float> logits = ctx->tf->decode_step(tokens, caches);
     for (int64_t b = 0; b < B; ++b)
       out[b].logits.assign(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
-  } catch (const std::exception&) {
-    // decode_step checks every cache before it writes any: stepping alone is safe.
-    for (int64_t b = 0; b < B; ++b) {
-      try {
-        out[b].logits = ctx->tf->forward(std::span<const int32_t>(&tokens[b], 1), live[b].slot->cache);
-      } catch (const std::exception& e) {
-        out[b].error = e.what();
+  } catch (const std::exception& e) {
+    if (tp) {
+      // A rank failed (or a collective): every request of the batch fails with it;
+      // the group is rebuilt before the next job.
+      tp->fail(e.what());
+      for (auto& o : out) o.error = std::string("tensor-parallel decode step failed: ") + e.what();
+    } else {
+      // decode_step checks every cache before it writes any: stepping alone is safe.
+      for (int64_t b = 0; b < B; ++b) {
+        try {
+          out[b].logits = ctx->tf->forward(std::span<const int32_t>(&tokens[b], 1), live[b].slot->cache);
+        } catch (const std::exception& e) {
+          out[b].error = e.what();
+        }
       }
     }
   }
@@ -116,8 +136,14 @@ void drain_decode(RuntimeContext* ctx, const HandlesRef& h) {
 // Nothing of the interrupted compute is live in the Transformer's scratch buffers
 // here (they are only used inside one Transformer call), and the step touches
 // only the decoding requests' own caches.
+//
+// Tensor parallel: the followers wait between the same two layers for rank 0's
+// decision, so exactly one is announced here, a step or none.
 double interleave_decode(RuntimeContext* ctx, const HandlesRef& h) {
-  if (!ctx->decode_batcher.due(interleave_interval(ctx))) return 0;
+  if (!ctx->decode_batcher.due(interleave_interval(ctx))) {
+    if (ctx->tp) ctx->tp->announce(RankDecision{RankDecision::Continue, {}, {}});
+    return 0;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   run_decode_batch(ctx, h, ctx->decode_batcher.take_now(ctx->config.max_decode_batch), true);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -172,9 +198,13 @@ struct PrefillTask {
   // loaders stopped, the prefill is redone from whole entries.
   bool fall_back = false;
   bool fell_back = false;  // it was
+  // Tensor parallel: the next step job begins the prefill again on every rank (its
+  // fallback: every part computed, none loaded).
+  bool restart = false;
   // Decode steps of other requests run between this prefill's layers, and their time.
   int64_t pauses = 0;
   double pause_seconds = 0;
+  double collective_seconds = 0;  // tensor parallel: rank 0's waits in collectives
 };
 using TaskPtr = std::shared_ptr<PrefillTask>;
 
@@ -198,30 +228,66 @@ std::string cancelled_before(const PrefillTask& t) {
 // layer; the worker decides what comes next (stepped_atom).
 void step_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
   auto& gate = t->target->gate;
+  TpRanks* tp = ctx->tp.get();
   try {
-    if (!t->begun) {
-      t->run = ctx->engine->begin(t->plan.prompt, t->plan.loaded, t->target->cache, t->plan.options, 1,
-                                  t->trace->submitted());
-      t->begun = true;
-    }
-    while (!t->run.done()) {
-      if (t->cancelled.load()) {
-        t->error = cancelled_before(*t);
-        break;
+    if (t->cancelled.load()) {
+      // Before any rank is told: a request that ended is never begun again on a follower.
+      t->error = cancelled_before(*t);
+    } else {
+      if (tp) {
+        // Every rank runs this job; a follower begins with the plan it is sent.
+        RankJob job{RankJob::Prefill, t->plan.id, {}, t->restart, {}, {}, false};
+        if (!t->begun || t->restart) job.plan = t->plan;
+        tp->dispatch(job);
+        t->restart = false;
       }
-      if (gate.failed()) break;
-      if (t->run.needs_delivery() && !gate.delivered(t->run.next_layer())) break;
-      ctx->engine->step(t->run, t->waiting_since);
-      // The wait for the next layer starts now; a decode step run here counts in it.
-      t->waiting_since = std::chrono::steady_clock::now();
-      pause_for_decode(ctx, h, *t);
-    }
-    if (t->error.empty() && !gate.failed() && t->run.done()) {
-      t->result = ctx->engine->finish(std::move(t->run));
-      t->finished = true;
+      if (!t->begun) {
+        t->run = ctx->engine->begin(t->plan.prompt, t->plan.loaded, t->target->cache, t->plan.options, 1,
+                                    t->trace->submitted());
+        t->begun = true;
+      }
+      // Each choice is announced before it is acted on (a no-op at tp 1).
+      auto decide = [&](RankDecision::Kind k) {
+        if (tp) tp->announce(RankDecision{k, {}, {}});
+        return k;
+      };
+      RankDecision::Kind last = RankDecision::Stop;
+      while (true) {
+        if (t->run.done()) {
+          last = decide(gate.failed() ? RankDecision::Stop : RankDecision::Finish);
+          break;
+        }
+        if (t->cancelled.load()) {
+          t->error = cancelled_before(*t);
+          last = decide(RankDecision::Stop);
+          break;
+        }
+        if (gate.failed() || (t->run.needs_delivery() && !gate.delivered(t->run.next_layer()))) {
+          last = decide(RankDecision::Stop);
+          break;
+        }
+        decide(RankDecision::Step);
+        const int layer = t->run.next_layer();
+        const double waited = ctx->tf->collective_stats().seconds;
+        ctx->engine->step(t->run, t->waiting_since);
+        if (tp) {
+          const double wait = ctx->tf->collective_stats().seconds - waited, end = t->trace->now_s();
+          t->collective_seconds += wait;
+          t->trace->add_event({"rank-0", "collective wait", layer, end - wait, end, 0});
+        }
+        // The wait for the next layer starts now; a decode step run here counts in it.
+        t->waiting_since = std::chrono::steady_clock::now();
+        pause_for_decode(ctx, h, *t);
+      }
+      if (last == RankDecision::Finish) {
+        t->result = ctx->engine->finish(std::move(t->run));
+        t->finished = true;
+        if (tp) t->trace->set("rank-0_collective_s", t->collective_seconds);
+      }
     }
   } catch (const std::exception& e) {
     t->error = e.what();
+    if (tp) tp->fail(t->error);  // the followers stop at once
   }
   // The loaders stop at their next layer.
   if (!t->error.empty()) gate.fail(t->error);
@@ -259,6 +325,22 @@ struct WorkerState {
 };
 using WorkerStatePtr = std::shared_ptr<WorkerState>;
 
+// The KV of a chunk (or an exact prefix) computed alone, on the compute thread, with
+// due decode steps between its layers (a long document must not stall the
+// streams). Tensor parallel: on every rank (rank 0 gets the whole chunk); a
+// failure stops the other ranks too.
+std::shared_ptr<const ChunkKv> compute_alone(RuntimeContext* ctx, const HandlesRef& h, const std::vector<int32_t>& tokens,
+                                             bool prefix) {
+  try {
+    if (ctx->tp) ctx->tp->dispatch(RankJob{RankJob::Chunk, 0, {}, false, {}, tokens, prefix});
+    const LayerWait between = [ctx, h](int) { interleave_decode(ctx, h); };
+    return prefix ? ctx->engine->compute_prefix_kv(tokens, between) : ctx->engine->compute_chunk_kv(tokens, between);
+  } catch (const std::exception& e) {
+    if (ctx->tp) ctx->tp->fail(e.what());
+    throw;
+  }
+}
+
 // Queues the background computes of the parts a prefill had to compute (missed,
 // or all of them after a fallback): each alone, to the write-back actor. Every
 // mode stores what it computed: a `full` request warms the cache for the blend
@@ -270,10 +352,14 @@ void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const RequestPla
     ctx->compute->submit(
         [ctx, h, tokens, key, prefix] {
           if (ctx->tiered->contains(key)) return;
-          // Decode steps between its layers too: a long document must not stall the streams.
-          const LayerWait step = [ctx, h](int) { interleave_decode(ctx, h); };
-          auto kv = prefix ? ctx->engine->compute_prefix_kv(tokens, step) : ctx->engine->compute_chunk_kv(tokens, step);
-          caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv)});
+          try {
+            auto kv = compute_alone(ctx, h, tokens, prefix);
+            caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv)});
+          } catch (const std::exception& e) {
+            // A cache: the chunk is computed again on its next miss.
+            std::fprintf(stderr, "blendserve: the write-back compute of chunk %s failed: %s\n", key.hex().c_str(),
+                         e.what());
+          }
         },
         ComputeThread::Priority::Background);
   };
@@ -431,7 +517,17 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
         t->fell_back = true;
         t->trace->add_event({"worker", "fallback: " + t->error, -1, t->begin_s, t->trace->now_s(), 0});
         t->error.clear();
-        t->phase = Phase::Fallback;
+        if (ctx->tp) {
+          // Tensor parallel (no single-call prefill over the store): begun again on
+          // every rank with every part computed — the failed entry and the good ones.
+          t->plan.loaded = PrefillPlan{false, std::vector<char>(t->plan.prompt.chunks.size(), 0)};
+          t->target->gate.reset(ctx->model->config().n_layers, {});
+          t->begun = false;
+          t->restart = true;
+          t->phase = Phase::Ready;
+        } else {
+          t->phase = Phase::Fallback;
+        }
         continue;
       }
       if (!stopped) t->error += " (the loaders did not stop within limits.load_timeout)";
@@ -512,7 +608,14 @@ bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h
             PrefillTask& t) {
   auto cache = ctx->kv_pool->try_make_cache(t.plan.cache_capacity());
   if (!cache) return false;
+  std::vector<KvCache> rank_caches;  // tensor parallel: every rank's, or none yet
+  for (int r = 1; ctx->tp && r < ctx->tp->size(); ++r) {
+    auto mine = ctx->tp->follower(r).kv_pool().try_make_cache(t.plan.cache_capacity());
+    if (!mine) return false;  // the pages of ended requests are still going back on that rank
+    rank_caches.push_back(std::move(*mine));
+  }
   t.target->cache = std::move(*cache);
+  t.target->rank_caches = std::move(rank_caches);
   t.phase = PrefillTask::Phase::Ready;
   t.waiting_since = std::chrono::steady_clock::now();
   t.deadline = t.waiting_since + load_timeout(ctx);
@@ -631,12 +734,20 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         BusyScope busy(*c, self->mailbox().size());
         // The request ended (finished, or failed by the runtime): its cache goes. A
         // batch still stepping it holds its own reference.
-        w->decodes.erase(id);
+        if (auto it = w->decodes.find(id); it != w->decodes.end()) {
+          it->second->cancelled = true;  // a step that runs after this skips it (before the followers' End)
+          w->decodes.erase(it);
+        }
         ctx->decode_batcher.forget(id);
         if (auto it = w->prefills.find(id); it != w->prefills.end()) {
           it->second->cancelled = true;
           it->second->target->gate.fail("the request ended");
         }
+        // The followers free its caches after every job already sent for it: the End
+        // goes out from the compute thread, in order (a job that runs after it sees the
+        // flags set above and tells the followers nothing of this request).
+        if (ctx->tp)
+          ctx->compute->submit([ctx, id] { ctx->tp->dispatch(RankJob{RankJob::End, id, {}, false, {}, {}, false}); });
         schedule(self, ctx, h, w);
       },
       [=](document_atom, const std::vector<int32_t>& tokens) -> caf::typed_response_promise<KeyedKv> {
@@ -650,7 +761,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         const bool queued = ctx->compute->submit([ctx, h, tokens, key, reply] {
           DocumentKv done{reply, KeyedKv{key, nullptr}, ""};
           try {
-            done.kv.kv = ctx->engine->compute_chunk_kv(tokens, [ctx, h](int) { interleave_decode(ctx, h); });
+            done.kv.kv = compute_alone(ctx, h, tokens, false);
           } catch (const std::exception& e) {
             done.error = e.what();
           } catch (...) {

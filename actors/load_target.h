@@ -1,5 +1,5 @@
 // What loaders write and the worker computes over, for one request: the cache
-// and the layer gate between them. The layer worker owns both (it allocates the
+// (one per rank, tensor parallel) and the layer gate between them. The layer worker owns both (it allocates the
 // cache from the KV page pool when it launches the prefill and drops it, its pages
 // back to the pool, when the request ends); it
 // publishes the pair in the runtime's LoadTargets under the request id, where the
@@ -72,6 +72,10 @@ class LayerGate {
 struct LoadTarget {
   KvCache cache;   // capacity: the prompt and max_tokens; loaders write their parts' rows
   LayerGate gate;  // which layers every loader delivered; a failure stops them
+  // Tensor parallel: the caches of ranks 1.. ([rank - 1]), each holding its KV heads
+  // (`cache` is rank 0's); loaders write every rank's slice of a layer before they
+  // report it delivered. Empty at tp 1.
+  std::vector<KvCache> rank_caches;
 };
 using LoadTargetPtr = std::shared_ptr<LoadTarget>;
 

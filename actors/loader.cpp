@@ -1,6 +1,7 @@
 // loader (a pool per stored tier): streams the KV of a plan's parts that come
 // from its tier into the request's load target (actors/load_target.h: the cache
-// the worker allocated, found by request id) one layer at a time, all parts of
+// the worker allocated, found by request id; tensor parallel, each rank's cache
+// gets its heads of the layer read once) one layer at a time, all parts of
 // layer l before layer l+1, and tells the worker after each layer, so the worker
 // computes layer l while this reads l+1. Each part is opened here (the controller
 // only looked); one that is gone or changed since, or a slice that fails its read
@@ -28,7 +29,9 @@ using clock_type = std::chrono::steady_clock;
 void load_request(loader_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, TierId tier,
                   const RequestPlan& r) {
   const uint64_t me = self->id();
-  const auto& cfg = ctx->model->config();
+  // Stored chunks hold every KV head, whatever the tensor-parallel degree.
+  const auto& cfg = ctx->model->full_config();
+  const int rank_heads = ctx->model->config().n_kv_heads;
   const StoredTier& stored = ctx->tiers[static_cast<size_t>(tier)];
   const std::string actor = "loader-" + stored.name;
   const auto trace = ctx->traces.find(r.id);
@@ -107,7 +110,11 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
         k = sk;
         v = sv;
       }
+      // Read once, each rank's heads (a contiguous run of the layer) into its cache.
       copy_chunk_layer(k, v, reader.dtype(), p.length, l, p.offset, target->cache);
+      for (size_t r = 0; r < target->rank_caches.size(); ++r)
+        copy_chunk_layer(k, v, reader.dtype(), p.length, l, p.offset, target->rank_caches[r],
+                         static_cast<int>(r + 1) * rank_heads);
       layer_bytes += 2 * reader.layer_bytes();
     }
     if (failed) break;

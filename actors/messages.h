@@ -1,6 +1,7 @@
 // Every message the runtime's actors exchange, in one place: atoms name the
 // messages, and the payload types are declared here. Requests travel as values:
-// ids, RequestPlan, PrefillOutcome and DecodeStep (actors/plan.h) — each
+// ids, RequestPlan, PrefillOutcome and DecodeStep (actors/plan.h), RankJob
+// (actors/rank_job.h) — each
 // serializable through its inspect overload and registered with the actor system
 // by add_runtime_message_types(), so a plan can cross nodes. Two payloads never
 // leave the process and are declared allowed-unsafe instead: KV buffers (KeyedKv,
@@ -21,6 +22,7 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/plan.h"
+#include "actors/rank_job.h"
 #include "actors/request.h"
 #include "storage/chunk_kv.h"
 
@@ -73,6 +75,8 @@ using decode_atom = caf::atom_constant<caf::atom("decode")>;      // (request id
 using end_atom = caf::atom_constant<caf::atom("end")>;            // (request id): the request ended, its cache is freed
 using document_atom = caf::atom_constant<caf::atom("document")>;  // (tokens) -> KeyedKv: a document's KV computed alone
 using document_done_atom = caf::atom_constant<caf::atom("docdone")>; // (DocumentKv): that compute ended
+// rank worker (tensor parallel)
+using rank_job_atom = caf::atom_constant<caf::atom("rankjob")>; // (RankJob): run it on this rank, in the order sent
 // write-back
 using kv_ready_atom = caf::atom_constant<caf::atom("kvready")>;   // (KeyedKv): a chunk computed for write-back
 // decoder
@@ -98,6 +102,7 @@ inline void add_runtime_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<RequestPlan>("bs::RequestPlan");
   cfg.add_message_type<PrefillOutcome>("bs::PrefillOutcome");
   cfg.add_message_type<DecodeStep>("bs::DecodeStep");
+  cfg.add_message_type<RankJob>("bs::RankJob");
 }
 
 }  // namespace bs

@@ -162,6 +162,16 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
   if (name == "layer-worker") return put(&ActorSet::worker, sys.spawn(layer_worker, ctx, h, c));
   if (name == "write-back") return put(&ActorSet::write_back, sys.spawn(write_back, ctx, h, c));
   if (name == "decoder") return put(&ActorSet::decoder, sys.spawn<caf::detached>(decoder, ctx, h, c));
+  // "rank-worker-<r>": tensor-parallel follower rank r.
+  for (int r = 1; ctx->tp && r < ctx->tp->size(); ++r)
+    if (name == "rank-worker-" + std::to_string(r)) {
+      auto x = sys.spawn(rank_worker, ctx, r, c);
+      h->update([&](ActorSet& s) {
+        s.rank_workers.resize(static_cast<size_t>(ctx->tp->size() - 1));
+        s.rank_workers[static_cast<size_t>(r - 1)] = x;
+      });
+      return caf::actor_cast<caf::actor>(x);
+    }
   // "loader-<tier>-<i>": loader i of the tier's pool.
   for (size_t t = 0; t < ctx->tiers.size(); ++t)
     for (int i = 0; i < ctx->tiers[t].loaders; ++i)
@@ -233,6 +243,14 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
   } else if (name != "inspector") {
     // Running requests pass through the controller, worker and decoder by message:
     // any of them may have been in the dead actor's mailbox.
+    if (name.rfind("rank-worker-", 0) == 0) {
+      // Jobs in its mailbox died with it: rank 0's job waiting on that rank stops now,
+      // and the group is rebuilt before the next job. Its requests' caches are its
+      // compute thread's, not the actor's: they live on and go at their End.
+      const int rank = std::stoi(name.substr(std::string("rank-worker-").size()));
+      ctx->tp->forget_jobs(rank);
+      ctx->tp->comm(rank).abort(failure);
+    }
     if (name == "layer-worker") {
       // Its prefills and caches died with it: the loaders stop, waiting decode steps are dropped.
       ctx->load_targets.for_each([&](uint64_t, LoadTarget& t) { t.gate.fail(failure); });
@@ -263,38 +281,62 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   auto& ctx = *ctx_;
   ctx.config = config;
   if (ctx.config.model_path.empty()) ctx.config.model_path = default_model_path();
-  if (ctx.config.decode_activations == "auto") {
-    ctx.backend = kernels::make_cpu_backend();
-  } else {
-    kernels::DecodeActivations decode{};
-    if (!kernels::decode_activations_from_name(ctx.config.decode_activations, decode))
-      throw ConfigError("model.decode_activations: unknown value '" + ctx.config.decode_activations +
-                        "' (auto, exact, int8)");
-    ctx.backend = kernels::make_cpu_backend(decode);
-  }
+  kernels::DecodeActivations decode{};
+  if (ctx.config.decode_activations != "auto" &&
+      !kernels::decode_activations_from_name(ctx.config.decode_activations, decode))
+    throw ConfigError("model.decode_activations: unknown value '" + ctx.config.decode_activations +
+                      "' (auto, exact, int8)");
+  // One backend per rank (each owns its buffers and workspace).
+  auto make_backend = [&]() {
+    return ctx.config.decode_activations == "auto" ? kernels::make_cpu_backend() : kernels::make_cpu_backend(decode);
+  };
+  ctx.backend = make_backend();
   ctx.precision = kernels::choose_precision(ctx.config.precision, *ctx.backend);
   kernels::TensorType kv_dtype = kernels::TensorType::F32;
   if (!kernels::kv_dtype_from_name(ctx.config.kv_dtype, kv_dtype))
     throw ConfigError("device.kv_dtype: unknown KV dtype '" + ctx.config.kv_dtype + "' (f32, f16, bf16)");
-  ctx.model = std::make_shared<const LlamaModel>(ctx.config.model_path, *ctx.backend, ctx.precision, kv_dtype);
-  fit_check_layers_to_model(ctx.config.blend, ctx.model->config().n_layers);
-  ctx.tf = std::make_unique<Transformer>(*ctx.model);
-  {
-    const auto& mc = ctx.model->config();
-    const int64_t bytes =
-        ctx.config.kv_cache_bytes > 0 ? ctx.config.kv_cache_bytes : kv_cache_default_bytes(ctx.config, mc, kv_dtype);
+  const int tp = ctx.config.tp;
+  if (tp < 1) throw ConfigError("device.tp: must be >= 1 (1 = no tensor parallelism)");
+  // Rank r's shard of the model; a degree that does not divide it is a configuration error.
+  auto load_shard = [&](kernels::Backend& backend, int rank) {
     try {
-      constexpr int shift = KvPagePool::kDefaultPageShift;
-      ctx.kv_pool = KvPagePool::make(*ctx.backend, mc.n_layers, mc.n_kv_heads, mc.head_dim,
-                                     KvPagePool::pages_in(bytes, mc.n_layers, mc.n_kv_heads, mc.head_dim, shift, kv_dtype),
-                                     shift, kv_dtype);
+      return std::make_unique<LlamaModel>(ctx.config.model_path, backend, ctx.precision, kv_dtype, TpShard{rank, tp});
+    } catch (const std::invalid_argument& e) {
+      if (tp > 1) throw ConfigError(std::string("device.tp: ") + e.what());
+      throw;
+    }
+  };
+  ctx.model = load_shard(*ctx.backend, 0);
+  fit_check_layers_to_model(ctx.config.blend, ctx.model->config().n_layers);
+  // Tensor parallel: the cores split between the ranks (at least one thread each).
+  const int all_threads = ctx.config.threads > 0 ? ctx.config.threads
+                                                 : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int rank_threads = tp > 1 ? std::max(1, all_threads / tp) : ctx.config.threads;
+  std::vector<std::unique_ptr<kernels::Communicator>> comms;
+  if (tp > 1) {
+    comms = kernels::make_inprocess_group(tp);
+    ctx.tf = std::make_unique<Transformer>(*ctx.model, comms[0].get());
+  } else {
+    ctx.tf = std::make_unique<Transformer>(*ctx.model);
+  }
+  // device.kv_cache_bytes holds every rank's KV: each rank's pool has the same pages
+  // (a request needs as many on every rank), each of its own heads.
+  const auto& full = ctx.model->full_config();
+  const int64_t kv_bytes =
+      ctx.config.kv_cache_bytes > 0 ? ctx.config.kv_cache_bytes : kv_cache_default_bytes(ctx.config, full, kv_dtype);
+  constexpr int page_shift = KvPagePool::kDefaultPageShift;
+  const int64_t kv_pages = KvPagePool::pages_in(kv_bytes, full.n_layers, full.n_kv_heads, full.head_dim, page_shift, kv_dtype);
+  auto make_pool = [&](kernels::Backend& backend, const LlamaConfig& mc) {
+    try {
+      return KvPagePool::make(backend, mc.n_layers, mc.n_kv_heads, mc.head_dim, kv_pages, page_shift, kv_dtype);
     } catch (const std::bad_alloc&) {
-      throw ConfigError("device.kv_cache_bytes: cannot allocate a KV cache of " + std::to_string(bytes) +
+      throw ConfigError("device.kv_cache_bytes: cannot allocate a KV cache of " + std::to_string(kv_bytes) +
                         " bytes on this machine");
     } catch (const std::invalid_argument& e) {
       throw ConfigError(std::string("device.kv_cache_bytes: ") + e.what());
     }
-  }
+  };
+  ctx.kv_pool = make_pool(*ctx.backend, ctx.model->config());
   if (ctx.config.ram.enabled) ctx.ram = std::make_unique<MemoryKvStore>(ctx.config.ram.budget_bytes);
   if (ctx.config.ssd.enabled) {
     ctx.ssd = std::make_unique<DiskKvStore>(resolve_ssd_path(ctx.config), ctx.config.ssd.budget_bytes,
@@ -308,9 +350,25 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   std::vector<KvStore*> stores;
   for (const auto& t : ctx.tiers) stores.push_back(t.store);
   ctx.tiered = std::make_unique<TieredKvStore>(stores);
-  ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true));
-  ctx.from_store = std::make_unique<StoreBackedBlend>(*ctx.engine, *ctx.tiered);
-  ctx.compute = std::make_unique<ComputeThread>(ctx.config.threads);
+  const std::vector<int32_t> prelude = ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true);
+  ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, prelude);
+  // Tensor parallel, a failed stored entry is handled by the layer worker (every part
+  // computed on every rank): StoreBackedBlend decides hits on one rank alone.
+  if (tp == 1) ctx.from_store = std::make_unique<StoreBackedBlend>(*ctx.engine, *ctx.tiered);
+  ctx.compute = std::make_unique<ComputeThread>(rank_threads);
+  if (tp > 1) {
+    ctx.tp = std::make_unique<TpRanks>(std::move(comms), *ctx.tf, Transformer::kDefaultCollectiveTimeout);
+    for (int r = 1; r < tp; ++r) {
+      RankFollower::Parts p;
+      p.backend = make_backend();
+      p.model = load_shard(*p.backend, r);
+      p.tf = std::make_unique<Transformer>(*p.model, &ctx.tp->comm(r));
+      p.kv_pool = make_pool(*p.backend, p.model->config());
+      p.engine = std::make_unique<BlendEngine>(*p.tf, prelude);
+      p.compute = std::make_unique<ComputeThread>(rank_threads);
+      ctx.tp->add_follower(std::make_unique<RankFollower>(r, std::move(p), *ctx.tp, ctx.load_targets, ctx.traces));
+    }
+  }
 
   actors_ = std::make_unique<Actors>();
   auto& a = *actors_;
@@ -323,8 +381,13 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
     for (int i = 0; i < ctx.tiers[t].loaders; ++i) names.push_back(loader_name(ctx, t, i));
   if (ctx.ssd) names.push_back("ssd-writer");
   names.insert(names.end(), {"layer-worker", "write-back", "decoder"});
+  for (int r = 1; r < tp; ++r) names.push_back("rank-worker-" + std::to_string(r));
   std::vector<caf::actor> spawned;
   for (const auto& name : names) spawned.push_back(a.spawn(c, name));
+  if (ctx.tp)
+    ctx.tp->set_send([h](int rank, RankJob job) {
+      caf::anon_send(h->rank_worker(rank), rank_job_atom::value, std::move(job));
+    });
   Actors* actors = &a;
   a.supervisor = sys.spawn(supervisor,
                            SupervisorHooks{[actors, c](const std::string& name, uint64_t id, const caf::error& why) {
@@ -498,6 +561,14 @@ std::string Runtime::actors_json() {
                {"messages", ctx_->compute->jobs_done()},
                {"busy_s", ctx_->compute->busy_seconds()},
                {"mailbox", ctx_->compute->queued()}});
+  for (int r = 1; ctx_->tp && r < ctx_->tp->size(); ++r) {
+    auto& f = ctx_->tp->follower(r);
+    j.push_back({{"actor", "compute-thread-rank-" + std::to_string(r)},
+                 {"messages", f.compute().jobs_done()},
+                 {"busy_s", f.compute().busy_seconds()},
+                 {"mailbox", f.compute().queued()},
+                 {"requests", f.requests()}});
+  }
   return j.dump();
 }
 
@@ -557,6 +628,8 @@ void Runtime::shutdown(bool finish_write_back) {
   // demand); the one running finishes. Then every store already handed to the
   // write-back actor or the SSD writer is written before the actors stop.
   ctx_->compute->stop(finish_write_back);
+  // The followers run what rank 0 ran (the jobs it sent), then stop.
+  for (int r = 1; ctx_->tp && r < ctx_->tp->size(); ++r) ctx_->tp->follower(r).compute().stop(false);
   {
     CallerActor self{*a.system};
     self->request(a.h->write_back(), std::chrono::seconds(120), flush_atom::value).receive([](bool) {}, [](caf::error&) {});
@@ -575,6 +648,7 @@ void Runtime::shutdown(bool finish_write_back) {
                                    caf::actor_cast<caf::actor>(all.decoder),    caf::actor_cast<caf::actor>(all.inspector)};
     for (const auto& pool : all.loaders)
       for (const auto& l : pool) actors.push_back(caf::actor_cast<caf::actor>(l));
+    for (const auto& rw : all.rank_workers) actors.push_back(caf::actor_cast<caf::actor>(rw));
     CallerActor self{*a.system};
     size_t waiting = 0;
     for (const caf::actor& x : actors)

@@ -211,7 +211,7 @@ void parse_model(const YAML::Node& sec, RuntimeConfig& c) {
 }
 
 void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "device", {"kind", "threads", "kv_cache_bytes", "kv_dtype"}, [&](std::string_view k,
+  for_each_key(sec, "device", {"kind", "threads", "tp", "kv_cache_bytes", "kv_dtype"}, [&](std::string_view k,
                                                                                    const YAML::Node& v) {
     const std::string key = join_path("device", k);
     if (k == "kind") {
@@ -223,6 +223,9 @@ void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
     } else if (k == "threads") {
       c.threads = get_int(v, key);
       check_at_least(c.threads, 0, v, key, " (0 = all cores)");
+    } else if (k == "tp") {
+      c.tp = get_int(v, key);
+      check_at_least(c.tp, 1, v, key, " (1 = no tensor parallelism)");
     } else if (k == "kv_cache_bytes") {
       c.kv_cache_bytes = get_size(v, key);
     } else if (k == "kv_dtype") {

@@ -44,7 +44,11 @@ struct RuntimeConfig {
   std::string decode_activations = "auto";
   // device
   std::string device_kind = "cpu"; // cpu (the only backend of this build)
-  int threads = 0;                 // compute threads; 0 = all cores
+  int threads = 0;                 // compute threads; 0 = all cores (tensor parallel: split between the ranks)
+  // Tensor-parallel ranks (actors/tp_ranks.h): each holds 1/tp of the heads and
+  // feed-forward rows on threads / tp cores. Must divide the model's query heads, KV
+  // heads and feed-forward width (checked at start-up, naming the degrees that fit).
+  int tp = 1;
   // Bytes of the paged KV cache every request's context is allocated from (admission
   // counts its pages); 0 = room for max_requests full contexts, at most half the
   // machine's memory (kv_cache_default_bytes).

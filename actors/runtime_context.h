@@ -17,6 +17,7 @@
 #include "actors/request_record.h"
 #include "actors/trace.h"
 #include "actors/runtime_config.h"
+#include "actors/tp_ranks.h"
 #include "blend/blend_engine.h"
 #include "blend/store_backed_blend.h"
 #include "storage/disk_store.h"
@@ -85,6 +86,11 @@ struct RuntimeContext {
   // hook may throw (an actor that dies) or sleep (a slow device).
   std::function<void(const std::string& tier, int layer)> loader_fault;
   std::function<void()> writer_fault;
+  // Tensor parallel (device.tp > 1): the other ranks and the communicators (rank 0 is
+  // backend .. compute above, its Transformer joined to the group); null at tp 1.
+  // Declared last, so destroyed first: the followers' compute threads stop before
+  // the tables their jobs read (load targets, traces) go.
+  std::unique_ptr<TpRanks> tp;
 };
 
 }  // namespace bs

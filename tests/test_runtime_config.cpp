@@ -59,6 +59,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.decode_activations, b.decode_activations);
   EXPECT_EQ(a.device_kind, b.device_kind);
   EXPECT_EQ(a.threads, b.threads);
+  EXPECT_EQ(a.tp, b.tp);
   EXPECT_EQ(a.kv_cache_bytes, b.kv_cache_bytes);
   EXPECT_EQ(a.kv_dtype, b.kv_dtype);
   EXPECT_EQ(a.data_dir, b.data_dir);
@@ -185,6 +186,7 @@ model:
 device:
   kind: cpu
   threads: 3
+  tp: 3
   kv_cache_bytes: 1.5GiB
   kv_dtype: bf16
 data_dir: /var/cache/bs
@@ -220,6 +222,7 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.decode_activations, "int8");
   EXPECT_EQ(c.device_kind, "cpu");
   EXPECT_EQ(c.threads, 3);
+  EXPECT_EQ(c.tp, 3);
   EXPECT_EQ(c.kv_cache_bytes, int64_t{3} << 29);
   EXPECT_EQ(c.kv_dtype, "bf16");
   EXPECT_EQ(c.data_dir, "/var/cache/bs");
@@ -353,6 +356,7 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
   EXPECT_THAT(error_of("server: {api_keys: [short]}"), HasSubstr("server.api_keys[0]: an API key needs at least 8"));
   EXPECT_THAT(error_of("server: {max_body: 100}"), HasSubstr("server.max_body: must be at least 1KiB"));
   EXPECT_THAT(error_of("server: {threads: -1}"), HasSubstr("server.threads: must be >= 0"));
+  EXPECT_THAT(error_of("device: {tp: 0}"), HasSubstr("device.tp: must be >= 1"));
   EXPECT_THAT(error_of("model: {path: [a, b]}"), HasSubstr("model.path: expected a string, got a list"));
   EXPECT_THAT(error_of("tiers: {ram: {enabled: maybe}}"), HasSubstr("tiers.ram.enabled: expected true or false, got 'maybe'"));
   EXPECT_THAT(error_of("tiers: {ram: {budget: [1]}}"), HasSubstr("tiers.ram.budget: expected a byte size"));

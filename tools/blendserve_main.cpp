@@ -1,6 +1,6 @@
 // blendserve: the inference runtime's command line.
 //   blendserve [--config F] serve [--host H] [--port P]
-//   blendserve [--config F] generate --prompt TEXT [--chat] [--document TEXT]... [--max-tokens N] ...
+//   blendserve [--config F] generate --prompt TEXT [--chat] [--document TEXT]... [--max-tokens N] [--tp N] ...
 // Every request goes through the actor runtime (actors/runtime.h): the same path
 // the HTTP server uses.
 #include <CLI/CLI.hpp>
@@ -38,12 +38,14 @@ struct GenerateArgs {
   std::vector<std::string> documents;
   bool chat = false, stats = false, trace = false;
   float ratio = -1;
+  int tp = 0;  // 0: the config's device.tp
   bs::SamplingParams params;
 };
 
 int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
   if (!g.precision.empty()) config.precision = g.precision;
   if (!g.kv_dtype.empty()) config.kv_dtype = g.kv_dtype;
+  if (g.tp > 0) config.tp = g.tp;
   bs::Runtime runtime(config);
   const auto& ctx = runtime.context();
   bs::RuntimeRequest req;
@@ -81,11 +83,11 @@ int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
   for (const auto& tier : ctx.tiers) by_tier += std::to_string(r.chunks_from(tier.name)) + " " + tier.name + ", ";
   if (g.stats)
     std::fprintf(stderr,
-                 "kernels %s, precision %s, %d threads; prompt %lld tokens (%lld cached, %lld recomputed; chunks: "
+                 "kernels %s, precision %s, %d threads, tp %d; prompt %lld tokens (%lld cached, %lld recomputed; chunks: "
                  "%s%d missed; ratio %.3f), first token %.3f s; %zu tokens in %.3f s (%.1f tok/s); "
                  "finish: %s\n",
                  ctx.backend->kernel_id().c_str(), bs::kernels::precision_name(ctx.precision),
-                 bs::kernels::cpu_compute_threads(), static_cast<long long>(r.prompt_tokens),
+                 bs::kernels::cpu_compute_threads(), ctx.config.tp, static_cast<long long>(r.prompt_tokens),
                  static_cast<long long>(r.cached_tokens), static_cast<long long>(r.recomputed_tokens), by_tier.c_str(),
                  r.chunks_missed, r.ratio, r.ttft_seconds, r.tokens.size(), r.decode_seconds,
                  r.tokens.size() / std::max(r.decode_seconds, 1e-9), r.finish_reason.c_str());
@@ -185,6 +187,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   gen->add_option("--kv-dtype", g.kv_dtype, "How the KV cache holds K and V: f32, f16, bf16 (device.kv_dtype)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  gen->add_option("--tp", g.tp, "Tensor-parallel ranks on this machine's cores (device.tp; must divide the heads)")
+      ->check(CLI::Range(1, 64));
   gen->add_flag("--stats", g.stats, "Print timing and cache use to stderr");
   gen->add_flag("--trace", g.trace, "Print the request's trace (JSON) to stderr");
 
