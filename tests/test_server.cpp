@@ -22,6 +22,7 @@
 #include <future>
 #include <memory>
 #include <regex>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -1127,3 +1128,50 @@ TEST(ServerKvPages, ABurstBeyondTheCacheWaitsForPagesAndEveryRequestCompletes) {
 }  // namespace
 }  // namespace bs
 
+
+namespace bs {
+namespace {
+
+// device.tp 3: the server answers what a tp 1 runtime answers (fp32 GEMMs, the
+// degrees differing only in summation order), and /v1/inspect/actors lists the
+// rank workers and their compute threads.
+TEST(ServerTensorParallel, ThreeRanksAnswerWhatOneRankAnswers) {
+  if (!testing::model_available()) GTEST_SKIP() << "model not found";
+  TempDir dir;
+  const std::string q = "How tall is the Eiffel Tower?";
+  RuntimeConfig one_config = config_in(dir.path() / "one");
+  one_config.precision = "f32";
+  std::string expected;
+  {
+    Runtime one(one_config);
+    RuntimeRequest r = runtime_request(q, kDocs, 16, BlendMode::Blend);
+    r.ratio = 0.15f;
+    const RequestResult res = one.run(r);
+    ASSERT_NE(res.finish_reason, "error") << res.error;
+    expected = res.text;
+  }
+  RuntimeConfig config = config_in(dir.path() / "three");
+  config.precision = "f32";
+  config.tp = 3;
+  Runtime runtime(config);
+  Served s(runtime, config);
+  auto c = s.client();
+  json body = chat_body(q, kDocs, 16, "blend");
+  body["ratio"] = 0.15;
+  auto r = post(c, "/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], expected);
+  EXPECT_FALSE(expected.empty());
+
+  auto a = c.Get("/v1/inspect/actors");
+  ASSERT_TRUE(a);
+  ASSERT_EQ(a->status, 200) << a->body;
+  std::set<std::string> names;
+  for (const auto& x : json::parse(a->body)) names.insert(x.at("actor").get<std::string>());
+  for (const char* n : {"layer-worker", "rank-worker-1", "rank-worker-2", "compute-thread-rank-2"})
+    EXPECT_TRUE(names.count(n)) << n << " in " << a->body;
+}
+
+}  // namespace
+}  // namespace bs
