@@ -482,6 +482,11 @@ Runtime::DecodeStats Runtime::decode_stats() const {
   return {ctx_->decode_steps.load(), ctx_->decode_tokens.load(), ctx_->interleaved_steps.load()};
 }
 
+Runtime::TensorParallelStats Runtime::tensor_parallel_stats() const {
+  if (!ctx_->tp) return {};
+  return {ctx_->tp->size(), ctx_->tp->failures(), ctx_->tp->rebuilds()};
+}
+
 std::string Runtime::store_document(const std::string& text) {
   const auto tokens = document_chunk_tokens(ctx_->model->tokenizer(), text);
   if (tokens.empty()) throw RequestError(RequestErrc::invalid, "the document is empty");

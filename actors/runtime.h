@@ -50,6 +50,14 @@ class Runtime {
   };
   DecodeStats decode_stats() const;
 
+  // Tensor parallelism (device.tp): the ranks, the jobs that failed on a rank (each
+  // failed its requests), and the times the communicators were rebuilt after one.
+  struct TensorParallelStats {
+    int ranks = 1;
+    int64_t failures = 0, rebuilds = 0;
+  };
+  TensorParallelStats tensor_parallel_stats() const;
+
   // The paged KV cache (device.kv_cache_bytes): pages in all, in use by caches,
   // promised to admitted requests (admission counts these), and their size.
   struct KvPages {

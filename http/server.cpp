@@ -303,6 +303,12 @@ struct Server::Impl {
                  "divided by blendserve_decode_steps: the mean batch.", "", static_cast<double>(ds.tokens)});
     g.push_back({"blendserve_actor_restarts", "Actors the supervisor started again after they died, since start "
                  "(monotonic).", "", static_cast<double>(runtime.actor_restarts())});
+    const auto tps = runtime.tensor_parallel_stats();
+    g.push_back({"blendserve_tp_ranks", "Tensor-parallel ranks (device.tp).", "", static_cast<double>(tps.ranks)});
+    g.push_back({"blendserve_tp_failures", "Jobs that failed on a tensor-parallel rank, each failing its requests "
+                 "(monotonic).", "", static_cast<double>(tps.failures)});
+    g.push_back({"blendserve_tp_rebuilds", "Times the ranks' communicators were rebuilt after a failure "
+                 "(monotonic).", "", static_cast<double>(tps.rebuilds)});
     g.push_back({"blendserve_decode_steps_interleaved", "Decode steps run between the layers of a long prefill "
                  "(monotonic).", "", static_cast<double>(ds.interleaved_steps)});
     try {

@@ -279,6 +279,7 @@ TEST(TensorParallelRuntime, ARankThatFailsFailsItsRequestAndTheNextRequestSuccee
   ASSERT_NE(after_prefill.finish_reason, "error") << after_prefill.error;
   EXPECT_EQ(after_prefill.tokens, expected.tokens);
   EXPECT_EQ(tp.rebuilds(), 1);
+  EXPECT_EQ(rt.tensor_parallel_stats().failures, 1);
 
   // A decode step that fails on rank 2: the request fails, the next one is whole.
   armed = RankJob::Decode;

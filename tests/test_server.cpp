@@ -1171,6 +1171,11 @@ TEST(ServerTensorParallel, ThreeRanksAnswerWhatOneRankAnswers) {
   for (const auto& x : json::parse(a->body)) names.insert(x.at("actor").get<std::string>());
   for (const char* n : {"layer-worker", "rank-worker-1", "rank-worker-2", "compute-thread-rank-2"})
     EXPECT_TRUE(names.count(n)) << n << " in " << a->body;
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(metric(m->body, "blendserve_tp_ranks"), 3);
+  EXPECT_EQ(metric(m->body, "blendserve_tp_failures"), 0);
+  EXPECT_EQ(metric(m->body, "blendserve_tp_rebuilds"), 0);
 }
 
 }  // namespace
