@@ -75,7 +75,7 @@ step() {  # name, command...: runs it with its log in $OUT/<name>.log, records p
 step configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_LIBRARY_PATH="$LIB" -DCMAKE_INCLUDE_PATH="$PREFIX/usr/include/x86_64-linux-gnu" \
   -DPKG_CONFIG_EXECUTABLE="$PKGCONF"
-[ "${RESULT[configure]}" = pass ] && step build cmake --build "$BUILD" -j"$(nproc)" --target cuda_test_ops
+[ "${RESULT[configure]}" = pass ] && step build cmake --build "$BUILD" -j"$(nproc)" --target cuda_tests
 if [ "${RESULT[build]:-fail}" = pass ]; then
   # 3. the CUDA tests, then the same binary under compute-sanitizer
   step cuda_tests ctest --test-dir "$BUILD" -L cuda --output-on-failure
