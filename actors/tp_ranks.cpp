@@ -181,8 +181,10 @@ RankDecision TpRanks::await(int rank) {
 }
 
 void TpRanks::fail(const std::string& why) {
+  kernels::Communicator& c = comm(0);
+  if (c.failed()) return;  // a failure elsewhere (counted where it happened) stopped this job
   failures_.fetch_add(1);
-  comm(0).abort("rank 0 failed: " + why);
+  c.abort("rank 0 failed: " + why);
 }
 
 void TpRanks::job_done(int rank) {

@@ -134,7 +134,8 @@ class TpRanks {
   void announce(const RankDecision& d);
   // A follower, inside a job: rank 0's next decision.
   RankDecision await(int rank);
-  // Rank 0: a job failed here; the followers stop at once.
+  // Rank 0: a job failed here; the followers stop at once. Counted as a failure
+  // unless the group had failed already (a follower's failure, counted there).
   void fail(const std::string& why);
   // A follower finished a job (the rebuild waits for every job sent).
   void job_done(int rank);
