@@ -259,10 +259,11 @@ TEST(TensorParallelRuntime, ARankThatFailsFailsItsRequestAndTheNextRequestSuccee
   }
   auto cfg = config_in(dir.path(), 3);
   cfg.write_back = false;
+  // Rank 2 throws in its next job of the armed kind, once. Declared before the
+  // runtime: its ranks run jobs (the requests' Ends) until it is destroyed.
+  std::atomic<int> armed{RankJob::Prefill};
   Runtime rt(cfg);
   auto& tp = *rt.context().tp;
-  // Rank 2 throws in its next job of the armed kind, once.
-  std::atomic<int> armed{RankJob::Prefill};
   tp.follower(2).fault = [&](int rank, const RankJob& job) {
     int kind = job.kind;
     if (armed.compare_exchange_strong(kind, -1))
