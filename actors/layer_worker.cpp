@@ -1,4 +1,5 @@
-// layer worker (one per device rank; one rank today): owns the execution state of
+// layer worker (rank 0's; tensor-parallel followers have rank workers, actors/
+// tp_ranks.h, which run what this one decides): owns the execution state of
 // the requests it runs, keyed by request id — each prefill's load target (the
 // cache and the layer gate, published for the loaders in ctx->load_targets) and
 // engine run, each decoding request's cache — and decides, one step at a time,
@@ -23,7 +24,8 @@
 // step runs inline, so streams slow down instead of freezing. The chunks a prefill
 // had to compute are computed alone in the background and go to the write-back
 // actor. Every decision is made in this actor's handlers from what they were told
-// by message — the one place a tensor-parallel leader will decide for its ranks.
+// by message; at tp > 1 each compute job is sent to the follower ranks as it starts
+// and every choice inside it is broadcast first (TpRanks::dispatch / announce).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -75,7 +75,8 @@ void fit_check_layers_to_model(BlendOptions& blend, int n_layers) {
 // whose handlers may block runs detached, on a thread of its own: the intake
 // (tokenizing), the controller (SSD lookups: open, header read), the loaders and
 // the SSD writer (I/O), the decoder (sampling, the caller's callbacks) and the
-// inspector (the trace file). The worker, write-back and supervisor only pass messages.
+// inspector (the trace file). The worker, the rank workers, write-back and
+// supervisor only pass messages.
 struct RuntimeSystemConfig : caf::actor_system_config {
   RuntimeSystemConfig() {
     set("scheduler.max-threads", size_t{2});

@@ -64,7 +64,8 @@ struct RuntimeContext {
   std::unique_ptr<TieredKvStore> tiered;
   std::unique_ptr<BlendEngine> engine;
   // The engine over `tiered` in one call: the fallback when a stored entry failed
-  // mid-load (the prefill is redone from whole entries).
+  // mid-load (the prefill is redone from whole entries). Null at tp > 1, where the
+  // layer worker begins the prefill again with every part computed on every rank.
   std::unique_ptr<StoreBackedBlend> from_store;
   std::unique_ptr<ComputeThread> compute;
   DecodeBatcher decode_batcher;  // requests waiting for their next decode step
