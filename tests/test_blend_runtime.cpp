@@ -20,6 +20,7 @@
 #include "blend/rag_prompt.h"
 #include "kernels/kv_view.h"
 #include "model_fixture.h"
+#include "rag_runtime_fixture.h"
 #include "temp_dir.h"
 
 namespace bs {
@@ -28,28 +29,11 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::HasSubstr;
+using testing::RagCase;
+using testing::flip_byte_in_layer;
+using testing::wait_stored;
 
-struct Case {
-  std::string question;
-  std::vector<std::string> documents;
-};
-
-// The first `n` cases of the small RAG set, `docs` documents each.
-std::vector<Case> cases(int n, int docs = 3) {
-  std::ifstream in(std::string(BLENDSERVE_FIXTURES) + "/../data/rag_qa_small.jsonl");
-  std::vector<Case> out;
-  std::string line;
-  while (static_cast<int>(out.size()) < n && std::getline(in, line)) {
-    auto j = json::parse(line);
-    Case c;
-    c.question = j.at("question").get<std::string>();
-    for (int i = 0; i < docs; ++i) c.documents.push_back(j.at("documents").at(i).get<std::string>());
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
-RuntimeRequest request_for(const Case& c, int max_tokens = 16) {
+RuntimeRequest request_for(const RagCase& c, int max_tokens = 16) {
   RuntimeRequest r;
   r.messages = {{"user", c.question + " Answer briefly."}};
   r.documents = c.documents;
@@ -70,26 +54,11 @@ RuntimeConfig config_in(const fs::path& dir, bool ram = true, bool ssd = true) {
   return c;
 }
 
-// Write-back happens after the first token, in the background: wait for it.
-void wait_stored(Runtime& rt, const RuntimeRequest& req) {
-  auto& ctx = rt.context();
-  const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, req.documents);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  auto stored = [&] {
-    for (const auto& c : prompt.chunks)
-      if (!ctx.tiered->contains(ctx.engine->chunk_key(c))) return false;
-    return true;
-  };
-  while (!stored() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_TRUE(stored()) << "write-back did not store the request's chunks";
-}
-
 TEST(Runtime, MatchesADirectEngineCallAndWritesMissedChunksBack) {
   REQUIRE_MODEL();
   TempDir dir;
   Runtime rt(config_in(dir.path()));
-  const auto c = cases(1)[0];
+  const auto c = testing::rag_cases(1)[0];
   const auto req = request_for(c);
 
   const auto first = rt.run(req);
@@ -124,7 +93,7 @@ TEST(Runtime, MatchesADirectEngineCallAndWritesMissedChunksBack) {
 TEST(Runtime, SsdTierSurvivesARestartAndGivesTheTokensRamGives) {
   REQUIRE_MODEL();
   TempDir dir;
-  const auto req = request_for(cases(1)[0]);
+  const auto req = request_for(testing::rag_cases(1)[0]);
   RequestResult from_ram;
   {
     Runtime rt(config_in(dir.path()));
@@ -168,7 +137,7 @@ TEST(Runtime, SsdTierSurvivesARestartAndGivesTheTokensRamGives) {
 TEST(Runtime, ACorruptSsdEntryIsAMissNeverWrongKv) {
   REQUIRE_MODEL();
   TempDir dir;
-  const auto req = request_for(cases(1)[0]);
+  const auto req = request_for(testing::rag_cases(1)[0]);
   {
     Runtime rt(config_in(dir.path()));
     rt.run(req);
@@ -188,22 +157,7 @@ TEST(Runtime, ACorruptSsdEntryIsAMissNeverWrongKv) {
   for (const auto& f : files)
     if (fs::file_size(f) > fs::file_size(victim)) victim = f;
   fs::remove(gone / victim.filename());
-  {
-    // Layer-major file: a 4096-byte header (this chunk's tokens fit in it), then
-    // n_layers equal spans. Flip a byte inside layer 20's K data (not its padding).
-    const auto size = static_cast<std::streamoff>(fs::file_size(victim));
-    const std::streamoff span = (size - 4096) / 30;
-    ASSERT_EQ((size - 4096) % 30, 0);
-    const std::streamoff at = 4096 + 20 * span + 1000;
-    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
-    char b = 0;
-    f.seekg(at);
-    f.read(&b, 1);
-    b ^= 0x5a;
-    f.seekp(at);
-    f.write(&b, 1);
-    ASSERT_TRUE(f.good());
-  }
+  flip_byte_in_layer(victim, 20, 30);  // inside layer 20's K data (not its padding)
   auto cfg_gone = config_in(dir.path(), false);
   cfg_gone.ssd.path = gone.string();
   cfg_gone.write_back = false;
@@ -229,7 +183,7 @@ TEST(Runtime, RequestsInFlightTogetherGiveTheTokensTheyGiveAlone) {
   REQUIRE_MODEL();
   TempDir dir;
   Runtime rt(config_in(dir.path()));
-  const auto cs = cases(3);
+  const auto cs = testing::rag_cases(3);
   std::vector<RuntimeRequest> reqs;
   for (const auto& c : cs) reqs.push_back(request_for(c, 12));
   reqs[2].mode = BlendMode::Full;  // a different path through the same worker
@@ -295,7 +249,7 @@ TEST(Runtime, BadRequestsAreRefusedWithClearErrorsAndTheRuntimeGoesOn) {
   r.ratio = 1.5f;
   refused(r, RequestErrc::invalid, "ratio");
   r = ok;
-  r.documents = cases(1)[0].documents;  // ~1000 tokens > 200
+  r.documents = testing::rag_cases(1)[0].documents;  // ~1000 tokens > 200
   refused(r, RequestErrc::too_long, "at most 200");
   r = ok;
   r.raw = true;
@@ -354,7 +308,7 @@ TEST(Runtime, ACallerThatStopsListeningCancelsItsRequest) {
 TEST(Runtime, ControllerRaisesTheRatioWhenLoadingIsTheBottleneck) {
   REQUIRE_MODEL();
   TempDir dir;
-  const auto req0 = request_for(cases(1)[0]);
+  const auto req0 = request_for(testing::rag_cases(1)[0]);
   {
     Runtime rt(config_in(dir.path()));
     rt.run(req0);
@@ -387,7 +341,7 @@ TEST(Runtime, AnEntryEvictedFromRamIsDemotedToTheSsdWhenTheSsdLacksIt) {
   REQUIRE_MODEL();
   TempDir dir;
   auto cfg = config_in(dir.path());
-  const auto docs = cases(1)[0].documents;
+  const auto docs = testing::rag_cases(1)[0].documents;
   // A RAM budget that holds one of these chunks, not two (24 MiB with fp32 K/V).
   kernels::TensorType kv_dtype{};
   ASSERT_TRUE(kernels::kv_dtype_from_name(cfg.kv_dtype, kv_dtype));

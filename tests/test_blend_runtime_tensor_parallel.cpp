@@ -24,6 +24,7 @@
 #include "actors/runtime_context.h"
 #include "blend/rag_prompt.h"
 #include "model_fixture.h"
+#include "rag_runtime_fixture.h"
 #include "temp_dir.h"
 
 namespace bs {
@@ -33,27 +34,13 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::HasSubstr;
 using testing::TempDir;
+using testing::RagCase;
+using testing::flip_byte_in_layer;
+using testing::largest_chunk_file;
+using testing::rag_cases;
+using testing::wait_stored;
 
-struct Case {
-  std::string question;
-  std::vector<std::string> documents;
-};
-
-std::vector<Case> cases(int n) {
-  std::ifstream in(std::string(BLENDSERVE_FIXTURES) + "/../data/rag_qa_small.jsonl");
-  std::vector<Case> out;
-  std::string line;
-  while (static_cast<int>(out.size()) < n && std::getline(in, line)) {
-    auto j = json::parse(line);
-    Case c;
-    c.question = j.at("question").get<std::string>();
-    for (int i = 0; i < 3; ++i) c.documents.push_back(j.at("documents").at(i).get<std::string>());
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
-RuntimeRequest request_for(const Case& c, BlendMode mode, int max_tokens = 16) {
+RuntimeRequest request_for(const RagCase& c, BlendMode mode, int max_tokens = 16) {
   RuntimeRequest r;
   r.messages = {{"user", c.question + " Answer briefly."}};
   r.documents = c.documents;
@@ -77,20 +64,6 @@ RuntimeConfig config_in(const fs::path& dir, int tp, bool ram = true, bool ssd =
   return c;
 }
 
-void wait_stored(Runtime& rt, const RuntimeRequest& req) {
-  auto& ctx = rt.context();
-  const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, req.documents);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  auto stored = [&] {
-    for (const auto& c : prompt.chunks)
-      if (!ctx.tiered->contains(ctx.engine->chunk_key(c))) return false;
-    return true;
-  };
-  while (!stored() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_TRUE(stored()) << "write-back did not store the request's chunks";
-}
-
 // Each request of `reqs` run twice: computed (every chunk missed), then from RAM.
 struct Runs {
   std::vector<RequestResult> computed, stored;
@@ -107,7 +80,7 @@ Runs run_twice(Runtime& rt, const std::vector<RuntimeRequest>& reqs) {
 
 TEST(TensorParallelRuntime, ThreeRanksGiveTheTokensOfOneInFullAndBlendFromComputedAndStoredChunks) {
   REQUIRE_MODEL();
-  const auto cs = cases(2);
+  const auto cs = rag_cases(2);
   std::vector<RuntimeRequest> reqs;
   for (const auto& c : cs) {
     reqs.push_back(request_for(c, BlendMode::Blend));
@@ -172,7 +145,7 @@ TEST(TensorParallelRuntime, ThreeRanksGiveTheTokensOfOneInFullAndBlendFromComput
 TEST(TensorParallelRuntime, ChunksStoredAtThreeRanksSurviveARestartOnTheSsd) {
   REQUIRE_MODEL();
   TempDir dir;
-  const auto req = request_for(cases(1)[0], BlendMode::Blend);
+  const auto req = request_for(rag_cases(1)[0], BlendMode::Blend);
   RequestResult from_ram;
   {
     Runtime rt(config_in(dir.path(), 3));
@@ -193,7 +166,7 @@ TEST(TensorParallelRuntime, ChunksStoredAtOneDegreeAreNotServedAtAnother) {
   // Decided from measurement (test_model_tensor_parallel: one f16 ulp apart): the
   // degree is part of the model fingerprint, so of every chunk key.
   TempDir dir;
-  const auto req = request_for(cases(1)[0], BlendMode::Blend);
+  const auto req = request_for(rag_cases(1)[0], BlendMode::Blend);
   {
     Runtime rt(config_in(dir.path(), 1));
     rt.run(req);
@@ -209,7 +182,7 @@ TEST(TensorParallelRuntime, ChunksStoredAtOneDegreeAreNotServedAtAnother) {
 TEST(TensorParallelRuntime, AStoredEntryThatFailsMidLoadIsRecomputedOnEveryRank) {
   REQUIRE_MODEL();
   TempDir dir;
-  const auto req = request_for(cases(1)[0], BlendMode::Blend);
+  const auto req = request_for(rag_cases(1)[0], BlendMode::Blend);
   RequestResult computed;
   {
     Runtime rt(config_in(dir.path(), 3));
@@ -218,24 +191,9 @@ TEST(TensorParallelRuntime, AStoredEntryThatFailsMidLoadIsRecomputedOnEveryRank)
     wait_stored(rt, req);
   }
   // The largest file (a document chunk): a byte of its layer-20 K data flipped.
-  fs::path victim;
-  for (const auto& e : fs::directory_iterator(dir.path() / "kv"))
-    if (e.path().extension() == ".bskv" && (victim.empty() || fs::file_size(e.path()) > fs::file_size(victim)))
-      victim = e.path();
+  const fs::path victim = largest_chunk_file(dir.path() / "kv");
   ASSERT_FALSE(victim.empty());
-  {
-    const auto size = static_cast<std::streamoff>(fs::file_size(victim));
-    ASSERT_EQ((size - 4096) % 30, 0);
-    const std::streamoff at = 4096 + 20 * ((size - 4096) / 30) + 1000;
-    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
-    char b = 0;
-    f.seekg(at);
-    f.read(&b, 1);
-    b ^= 0x5a;
-    f.seekp(at);
-    f.write(&b, 1);
-    ASSERT_TRUE(f.good());
-  }
+  flip_byte_in_layer(victim, 20, 30);
   auto cfg = config_in(dir.path(), 3, /*ram=*/false);
   cfg.write_back = false;
   Runtime rt(cfg);
@@ -250,7 +208,7 @@ TEST(TensorParallelRuntime, AStoredEntryThatFailsMidLoadIsRecomputedOnEveryRank)
 TEST(TensorParallelRuntime, ARankThatFailsFailsItsRequestAndTheNextRequestSucceeds) {
   REQUIRE_MODEL();
   TempDir dir;
-  const auto req = request_for(cases(1)[0], BlendMode::Blend, 8);
+  const auto req = request_for(rag_cases(1)[0], BlendMode::Blend, 8);
   RequestResult expected;
   {
     Runtime one(config_in(dir.path() / "one", 1));
