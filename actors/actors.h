@@ -92,6 +92,7 @@ decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderStat
 struct InspectorState {
   std::vector<CountersPtr> actors;
   std::deque<std::string> traces;
+  std::deque<uint64_t> trace_files;  // ids of the <id>.json files written, oldest first
   static constexpr const char* name = "inspector";
 };
 // What the runtime does when a supervised actor died: `restart` gets its name,

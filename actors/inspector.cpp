@@ -1,7 +1,8 @@
 // inspector: every actor registers its counters (messages, busy time, mailbox
 // depth); the decoder sends each finished request's trace. Answers the actor table
-// and the last traces as JSON, and keeps the last trace in <data_dir>/traces/
-// so `blendctl trace --last` can print it after the process is gone.
+// and the last traces as JSON, and keeps the last `history` traces as files in
+// <data_dir>/traces/ (<id>.json, and the newest also as last.json) so `blendctl
+// trace` can print or export them after the process is gone.
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,17 @@ inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<Inspe
                                          std::string trace_dir, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   self->state.actors.push_back(c);
+  // Request ids start at 1 in every process: the numbered files of an earlier
+  // process would be mistaken for this one's (last.json stays: it is the newest).
+  if (!trace_dir.empty()) {
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(trace_dir, ec)) {
+      const std::string stem = f.path().stem().string();
+      if (f.path().extension() == ".json" && !stem.empty() &&
+          stem.find_first_not_of("0123456789") == std::string::npos)
+        std::filesystem::remove(f.path(), ec);
+    }
+  }
   return {
       [=](register_atom, CountersPtr counters) {
         BusyScope busy(*c, self->mailbox().size());
@@ -30,13 +42,29 @@ inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<Inspe
         q.push_back(trace);
         while (static_cast<int>(q.size()) > std::max(history, 1)) q.pop_front();
         if (!trace_dir.empty()) {
+          // A trace that cannot be written is not worth failing anything for.
           std::error_code ec;
           std::filesystem::create_directories(trace_dir, ec);
           const auto tmp = trace_dir + "/last.json.tmp";
           {
             std::ofstream out(tmp, std::ios::trunc);
             out << trace << "\n";
-            if (!out) return;  // a trace that cannot be written is not worth failing anything for
+            if (!out) return;
+          }
+          uint64_t id = 0;
+          try {
+            id = nlohmann::json::parse(trace).value("id", uint64_t{0});
+          } catch (const nlohmann::json::exception&) {
+          }
+          if (id != 0) {
+            auto& files = self->state.trace_files;
+            const auto numbered = trace_dir + "/" + std::to_string(id) + ".json";
+            std::filesystem::copy_file(tmp, numbered, std::filesystem::copy_options::overwrite_existing, ec);
+            if (!ec) files.push_back(id);
+            while (static_cast<int>(files.size()) > std::max(history, 1)) {
+              std::filesystem::remove(trace_dir + "/" + std::to_string(files.front()) + ".json", ec);
+              files.pop_front();
+            }
           }
           std::filesystem::rename(tmp, trace_dir + "/last.json", ec);
         }
