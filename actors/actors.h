@@ -91,7 +91,12 @@ decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderStat
                                      HandlesRef h, CountersPtr c);
 struct InspectorState {
   std::vector<CountersPtr> actors;
+  // Busy-time samples per actor (steady ns, busy ns), taken when the table is asked
+  // for (and at registration): a share needs an earlier sample, and nothing is
+  // sampled while nobody asks.
+  std::unordered_map<std::string, std::deque<std::pair<int64_t, int64_t>>> busy_samples;
   std::deque<std::string> traces;
+  int64_t traces_dropped = 0;  // finished traces pushed out of the history
   std::deque<uint64_t> trace_files;  // ids of the <id>.json files written, oldest first
   static constexpr const char* name = "inspector";
 };
@@ -113,8 +118,8 @@ supervisor_actor::behavior_type supervisor(supervisor_actor::stateful_pointer<Su
 std::function<caf::error(caf::scheduled_actor*, std::exception_ptr&)> exit_on_exception(std::string actor);
 
 // Registered actors' counters and the last requests' traces. Spawned detached: it
-// writes the last trace to a file.
+// writes the last trace to a file. `node`: the name its actor table reports.
 inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<InspectorState> self, int history,
-                                         std::string trace_dir, CountersPtr c);
+                                         std::string trace_dir, std::string node, CountersPtr c);
 
 }  // namespace bs

@@ -3,13 +3,17 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <memory>
 
 #include <omp.h>
 
 namespace bs {
 
-ComputeThread::ComputeThread(int threads, std::chrono::steady_clock::duration background_max_wait)
-    : background_max_wait_(background_max_wait), thread_([this, threads] { loop(threads); }) {}
+ComputeThread::ComputeThread(int threads, std::chrono::steady_clock::duration background_max_wait,
+                             CountersPtr counters)
+    : background_max_wait_(background_max_wait),
+      counters_(std::move(counters)),
+      thread_([this, threads] { loop(threads); }) {}
 
 ComputeThread::~ComputeThread() { stop(false); }
 
@@ -70,14 +74,19 @@ void ComputeThread::loop(int threads) {
       } else {
         return;  // stopping and nothing urgent left
       }
+      if (counters_) counters_->mailbox.store(static_cast<int64_t>(urgent_.size() + background_.size()));
     }
     const auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<BusyScope> busy;
+    if (counters_) busy = std::make_unique<BusyScope>(*counters_, static_cast<size_t>(counters_->mailbox.load()));
     try {
       job();
     } catch (const std::exception& e) {
       // Jobs report their own errors by message; this is a last resort.
       std::fprintf(stderr, "blendserve: compute job failed: %s\n", e.what());
+      if (counters_) counters_->set_error(std::string("a compute job failed: ") + e.what());
     }
+    busy.reset();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::lock_guard<std::mutex> lock(mu_);
     busy_ += dt;

@@ -17,14 +17,19 @@
 #include <mutex>
 #include <thread>
 
+#include "actors/actor_counters.h"
+
 namespace bs {
 
 class ComputeThread {
  public:
   enum class Priority { Urgent, Background };
-  // threads: OpenMP threads for the jobs (0 = all cores).
+  // threads: OpenMP threads for the jobs (0 = all cores). counters: where it
+  // reports to the inspector as an actor would (jobs as messages, the queue as
+  // its mailbox); may be null.
   explicit ComputeThread(int threads,
-                         std::chrono::steady_clock::duration background_max_wait = std::chrono::seconds(2));
+                         std::chrono::steady_clock::duration background_max_wait = std::chrono::seconds(2),
+                         CountersPtr counters = nullptr);
   ~ComputeThread();  // stop(false)
   ComputeThread(const ComputeThread&) = delete;
   ComputeThread& operator=(const ComputeThread&) = delete;
@@ -37,6 +42,7 @@ class ComputeThread {
   int64_t queued() const;
   double busy_seconds() const;
   int64_t jobs_done() const;
+  const CountersPtr& counters() const { return counters_; }
 
  private:
   void loop(int threads);
@@ -53,6 +59,7 @@ class ComputeThread {
   bool stopping_ = false;
   int64_t done_ = 0;
   double busy_ = 0;
+  CountersPtr counters_;
   std::thread thread_;
 };
 

@@ -97,7 +97,9 @@ void step(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& 
     d.first_token = std::chrono::steady_clock::now();
     const double t = rec->trace->seconds_since_submit(d.first_token);
     rec->trace->add_event({"decoder", "first token", -1, t, t, 0});
+    rec->trace->set("first_token_s", t);
   }
+  rec->trace->set("tokens_out", static_cast<int64_t>(d.session->tokens().size()));
   if (!st.text.empty() && rec->callbacks.on_text && !rec->callbacks.on_text(st.text)) {
     rec->cancelled = true;
     return finish(self, ctx, h, rec, &d, "");

@@ -1,8 +1,10 @@
 // inspector: every actor registers its counters (messages, busy time, mailbox
 // depth); the decoder sends each finished request's trace. Answers the actor table
-// and the last traces as JSON, and keeps the last `history` traces as files in
+// (each actor's kind, node, rank, state, counters, its busy share of the last
+// interval and its last error) and the last traces as JSON, and keeps the last `history` traces as files in
 // <data_dir>/traces/ (<id>.json, and the newest also as last.json) so `blendctl
 // trace` can print or export them after the process is gone.
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -16,10 +18,40 @@
 namespace bs {
 
 
+namespace {
+
+// The share of the interval a busy share is measured over: the newest sample at
+// least this old (a console polling every second sees the last second).
+constexpr int64_t kShareIntervalNs = 1'000'000'000;
+// Samples older than this are dropped (one older one is kept as the reference).
+constexpr int64_t kSampleKeepNs = 10'000'000'000;
+
+void sample_busy(InspectorState& st, const ActorCounters& a, int64_t now) {
+  auto& q = st.busy_samples[a.name];
+  q.emplace_back(now, a.busy_ns_at(now));
+  while (q.size() > 2 && now - q[1].first > kSampleKeepNs) q.pop_front();
+}
+
+// Busy time over wall time since the newest sample at least kShareIntervalNs old
+// (else the oldest one); the window it covers.
+std::pair<double, double> busy_share(const std::deque<std::pair<int64_t, int64_t>>& q) {
+  if (q.size() < 2) return {0.0, 0.0};
+  const auto& now = q.back();
+  size_t ref = 0;
+  for (size_t i = 0; i + 1 < q.size(); ++i)
+    if (now.first - q[i].first >= kShareIntervalNs) ref = i;
+  const double window = static_cast<double>(now.first - q[ref].first);
+  if (window <= 0) return {0.0, 0.0};
+  return {std::clamp(static_cast<double>(now.second - q[ref].second) / window, 0.0, 1.0), window * 1e-9};
+}
+
+}  // namespace
+
 inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<InspectorState> self, int history,
-                                         std::string trace_dir, CountersPtr c) {
+                                         std::string trace_dir, std::string node, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   self->state.actors.push_back(c);
+  sample_busy(self->state, *c, steady_now_ns());
   // Request ids start at 1 in every process: the numbered files of an earlier
   // process would be mistaken for this one's (last.json stays: it is the newest).
   if (!trace_dir.empty()) {
@@ -34,13 +66,17 @@ inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<Inspe
   return {
       [=](register_atom, CountersPtr counters) {
         BusyScope busy(*c, self->mailbox().size());
+        sample_busy(self->state, *counters, steady_now_ns());
         self->state.actors.push_back(std::move(counters));
       },
       [=](trace_atom, const std::string& trace) {
         BusyScope busy(*c, self->mailbox().size());
         auto& q = self->state.traces;
         q.push_back(trace);
-        while (static_cast<int>(q.size()) > std::max(history, 1)) q.pop_front();
+        while (static_cast<int>(q.size()) > std::max(history, 1)) {
+          q.pop_front();
+          ++self->state.traces_dropped;
+        }
         if (!trace_dir.empty()) {
           // A trace that cannot be written is not worth failing anything for.
           std::error_code ec;
@@ -80,13 +116,33 @@ inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<Inspe
       },
       [=](actors_atom) -> std::string {
         BusyScope busy(*c, self->mailbox().size());
-        nlohmann::json out = nlohmann::json::array();
-        for (const auto& a : self->state.actors)
-          out.push_back({{"actor", a->name},
-                         {"messages", a->messages.load()},
-                         {"busy_s", a->busy_ns.load() * 1e-9},
-                         {"mailbox", a->mailbox.load()},
-                         {"restarts", a->restarts.load()}});
+        auto& st = self->state;
+        const int64_t now = steady_now_ns();
+        nlohmann::json rows = nlohmann::json::array();
+        for (const auto& a : st.actors) {
+          sample_busy(st, *a, now);
+          const auto [share, window] = busy_share(st.busy_samples[a->name]);
+          nlohmann::json row = {{"actor", a->name},
+                                {"kind", a->kind},
+                                {"node", node},
+                                {"rank", a->rank},
+                                {"state", a->busy() ? "busy" : "idle"},
+                                {"mailbox", a->mailbox.load()},
+                                {"messages", a->messages.load()},
+                                {"busy_s", a->busy_ns_at(now) * 1e-9},
+                                {"busy_share", share},
+                                {"share_window_s", window},
+                                {"restarts", a->restarts.load()}};
+          const auto [error, at] = a->last_error();
+          if (!error.empty()) {
+            row["last_error"] = error;
+            row["last_error_age_s"] = (now - at) * 1e-9;
+          }
+          rows.push_back(std::move(row));
+        }
+        nlohmann::json out = {{"actors", std::move(rows)},
+                              {"traces",
+                               {{"kept", st.traces.size()}, {"dropped", st.traces_dropped}, {"history", history}}}};
         return out.dump();
       },
   };

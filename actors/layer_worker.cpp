@@ -272,6 +272,7 @@ void step_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
         const int layer = t->run.next_layer();
         const double waited = ctx->tf->collective_stats().seconds;
         ctx->engine->step(t->run, t->waiting_since);
+        t->trace->set("prefill_layer", layer + 1);  // progress, for the live view of requests in flight
         if (tp) {
           const double wait = ctx->tf->collective_stats().seconds - waited, end = t->trace->now_s();
           t->collective_seconds += wait;

@@ -127,6 +127,9 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   // evicted one is freed now, not when the request ends) and the opened files.
   for (auto& p : parts) p.reader.reset();
   end();
+  stored.load->bytes.fetch_add(bytes);
+  stored.load->ns.fetch_add(static_cast<int64_t>(busy * 1e9));
+  stored.load->loads.fetch_add(1);
   if (failed || stopped) return;
   self->send(h->controller(), profile_atom::value, stored.name, bytes, busy);
   // Promotion: the next request finds these chunks in RAM.

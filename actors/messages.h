@@ -21,6 +21,7 @@
 #include <caf/error.hpp>
 #include <caf/typed_response_promise.hpp>
 
+#include "actors/actor_counters.h"
 #include "actors/plan.h"
 #include "actors/rank_job.h"
 #include "actors/request.h"
@@ -42,15 +43,6 @@ struct DocumentKv {
   std::string error;  // why it failed
 };
 
-// What the inspector reads from every actor: counters the actor updates itself.
-struct ActorCounters {
-  std::string name;
-  std::atomic<int64_t> messages{0};
-  std::atomic<int64_t> busy_ns{0};
-  std::atomic<int64_t> mailbox{0};  // messages waiting, as seen at the last message
-  std::atomic<int64_t> restarts{0}; // times the supervisor started this actor again after it died
-};
-using CountersPtr = std::shared_ptr<ActorCounters>;
 
 // intake
 using submit_atom = caf::atom_constant<caf::atom("submit")>;      // (request id) -> request id: its record is in the RequestBook

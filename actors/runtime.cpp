@@ -20,6 +20,7 @@
 
 #include "actors/actor_counters.h"
 #include "actors/actors.h"
+#include "actors/inspection.h"
 #include "blend/rag_prompt.h"
 
 #include "kernels/kv_view.h"
@@ -124,6 +125,8 @@ struct Runtime::Actors {
   std::unordered_map<std::string, CountersPtr> counters;  // by actor name, kept across restarts
   std::mutex mu;
   int documents = 0;  // store_document calls waiting for the worker (shutdown waits for them)
+  const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  std::vector<caf::actor> reporting;  // spawn_reporting_actor's: stopped at shutdown with the others
   bool stopped = false;
 
   // Spawns the actor called `name` (a fresh one: at start and after it died), puts
@@ -143,7 +146,7 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
   if (fresh) c = make_counters(name);
   if (name == "inspector") {
     auto x = sys.spawn<caf::detached>(inspector, ctx->config.trace_history,
-                                      resolve_data_dir(ctx->config) + "/traces", c);
+                                      resolve_data_dir(ctx->config) + "/traces", ctx->config.node_name, c);
     h->update([&](ActorSet& s) { s.inspector = x; });
     // A new inspector knows no actor yet: every counter registers again (the
     // supervisor's too, which is spawned after the first inspector).
@@ -221,6 +224,7 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
   std::fprintf(stderr, "blendserve: %s; starting a new %s actor\n", why.c_str(), name.c_str());
   ctx->restarts.fetch_add(1);
   counters[name]->restarts.fetch_add(1);
+  counters[name]->set_error(why);
   const caf::actor next = spawn(ctx, name);
   const std::string failure = name + " stopped (" + why + ")";
   if (name.rfind("loader-", 0) == 0) {
@@ -356,7 +360,8 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   // Tensor parallel, a failed stored entry is handled by the layer worker (every part
   // computed on every rank): StoreBackedBlend decides hits on one rank alone.
   if (tp == 1) ctx.from_store = std::make_unique<StoreBackedBlend>(*ctx.engine, *ctx.tiered);
-  ctx.compute = std::make_unique<ComputeThread>(rank_threads);
+  ctx.compute = std::make_unique<ComputeThread>(rank_threads, std::chrono::seconds(2),
+                                                make_counters(tp > 1 ? "compute-thread-rank-0" : "compute-thread"));
   if (tp > 1) {
     ctx.tp = std::make_unique<TpRanks>(std::move(comms), *ctx.tf, Transformer::kDefaultCollectiveTimeout);
     for (int r = 1; r < tp; ++r) {
@@ -366,7 +371,8 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
       p.tf = std::make_unique<Transformer>(*p.model, &ctx.tp->comm(r));
       p.kv_pool = make_pool(*p.backend, p.model->config());
       p.engine = std::make_unique<BlendEngine>(*p.tf, prelude);
-      p.compute = std::make_unique<ComputeThread>(rank_threads);
+      p.compute = std::make_unique<ComputeThread>(rank_threads, std::chrono::seconds(2),
+                                                  make_counters("compute-thread-rank-" + std::to_string(r)));
       ctx.tp->add_follower(std::make_unique<RankFollower>(r, std::move(p), *ctx.tp, ctx.load_targets, ctx.traces));
     }
   }
@@ -377,6 +383,13 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   auto& sys = *a.system;
   auto h = a.h;
   RuntimeContext* c = ctx_.get();
+  // The compute threads report as actors do; the inspector registers every counter
+  // of this table when it starts.
+  a.counters[ctx.compute->counters()->name] = ctx.compute->counters();
+  for (int r = 1; ctx.tp && r < tp; ++r) {
+    const auto& fc = ctx.tp->follower(r).compute().counters();
+    a.counters[fc->name] = fc;
+  }
   std::vector<std::string> names{"inspector", "intake", "controller"};
   for (size_t t = 0; t < ctx.tiers.size(); ++t)
     for (int i = 0; i < ctx.tiers[t].loaders; ++i) names.push_back(loader_name(ctx, t, i));
@@ -558,24 +571,85 @@ std::string Runtime::traces_json(int n) {
 }
 
 std::string Runtime::actors_json() {
-  std::string out = "[]";
+  std::string out;
   CallerActor self{*actors_->system};
   self->request(actors_->h->inspector(), std::chrono::seconds(10), actors_atom::value)
       .receive([&](const std::string& s) { out = s; }, [&](caf::error&) {});
-  auto j = nlohmann::json::parse(out);
-  j.push_back({{"actor", "compute-thread"},
-               {"messages", ctx_->compute->jobs_done()},
-               {"busy_s", ctx_->compute->busy_seconds()},
-               {"mailbox", ctx_->compute->queued()}});
-  for (int r = 1; ctx_->tp && r < ctx_->tp->size(); ++r) {
-    auto& f = ctx_->tp->follower(r);
-    j.push_back({{"actor", "compute-thread-rank-" + std::to_string(r)},
-                 {"messages", f.compute().jobs_done()},
-                 {"busy_s", f.compute().busy_seconds()},
-                 {"mailbox", f.compute().queued()},
-                 {"requests", f.requests()}});
-  }
+  if (out.empty()) return "[]";  // the inspector is being restarted
+  auto j = nlohmann::json::parse(out).at("actors");
+  // A follower rank's compute thread also says how many requests' caches it holds.
+  for (auto& row : j)
+    for (int r = 1; ctx_->tp && r < ctx_->tp->size(); ++r)
+      if (row.value("actor", "") == "compute-thread-rank-" + std::to_string(r))
+        row["requests"] = ctx_->tp->follower(r).requests();
   return j.dump();
+}
+
+std::string Runtime::requests_json() const { return requests_in_flight(*ctx_).dump(); }
+
+std::string Runtime::request_trace_json(uint64_t id) {
+  if (const RecordPtr r = ctx_->requests.find(id)) return r->trace->json();
+  for (const auto& t : nlohmann::json::parse(traces_json(std::max(ctx_->config.trace_history, 1))))
+    if (t.value("id", uint64_t{0}) == id) return t.dump();
+  return "";
+}
+
+std::string Runtime::snapshot_json() {
+  nlohmann::json node;
+  node["name"] = ctx_->config.node_name;
+  node["backend"] = ctx_->backend->kernel_id();
+  node["tp"] = ctx_->tp ? ctx_->tp->size() : 1;
+  node["model"] = ctx_->model->path();
+  node["queue"] = {{"in_flight", in_flight()},
+                   {"queued", queued()},
+                   {"max_requests", ctx_->config.max_requests},
+                   {"max_queue", ctx_->config.max_queue}};
+  const auto kv = kv_pages();
+  node["kv_pages"] = {{"total", kv.total}, {"used", kv.used}, {"reserved", kv.reserved}, {"page_bytes", kv.page_bytes}};
+  const auto ds = decode_stats();
+  node["decode"] = {{"steps", ds.steps}, {"tokens", ds.tokens}, {"interleaved_steps", ds.interleaved_steps}};
+  node["tiers"] = nlohmann::json::parse(stores_json());
+  node["actor_restarts"] = actor_restarts();
+  std::string table;
+  {
+    CallerActor self{*actors_->system};
+    self->request(actors_->h->inspector(), std::chrono::seconds(10), actors_atom::value)
+        .receive([&](const std::string& s) { table = s; }, [&](caf::error&) {});
+  }
+  if (!table.empty()) {
+    auto t = nlohmann::json::parse(table);
+    node["actors"] = std::move(t.at("actors"));
+    node["traces"] = std::move(t.at("traces"));
+  } else {
+    node["actors"] = nlohmann::json::array();
+  }
+  node["requests"] = requests_in_flight(*ctx_);
+  nlohmann::json recent = nlohmann::json::array();
+  for (const auto& t : nlohmann::json::parse(traces_json(20))) recent.push_back(finished_request_summary(t));
+  node["recent"] = std::move(recent);
+  const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - actors_->started).count();
+  return nlohmann::json{{"time_s", uptime}, {"nodes", nlohmann::json::array({std::move(node)})}}.dump();
+}
+
+std::function<void()> Runtime::spawn_reporting_actor(const std::string& name, std::function<void()> work) {
+  auto& a = *actors_;
+  std::lock_guard<std::mutex> lock(a.mu);
+  if (a.stopped) throw RequestError(RequestErrc::shutting_down, "the runtime is shut down");
+  if (a.counters.count(name)) throw std::invalid_argument("an actor is already called " + name);
+  CountersPtr c = a.counters[name] = make_counters(name);
+  // Detached: its work may block, as any blocking actor of the runtime runs.
+  caf::actor x = a.system->spawn<caf::detached>([c, work](caf::event_based_actor* self) -> caf::behavior {
+    return {[=](int32_t) {
+      BusyScope busy(*c, self->mailbox().size());
+      work();
+    }};
+  });
+  a.reporting.push_back(x);
+  caf::anon_send(a.h->inspector(), register_atom::value, c);
+  caf::actor_addr addr = x.address();
+  return [addr] {
+    if (auto target = caf::actor_cast<caf::actor>(addr)) caf::anon_send(target, int32_t{0});
+  };
 }
 
 std::string Runtime::profile_json() {
@@ -593,7 +667,9 @@ std::string Runtime::stores_json() const {
     const auto st = s->stats();
     j[tier.name] = {{"hits", st.hits},       {"misses", st.misses},   {"puts", st.puts},
                                  {"evictions", st.evictions}, {"bytes", st.bytes}, {"entries", st.entries},
-                                 {"corrupt", st.corrupt},  {"budget", s->budget()}};
+                                 {"corrupt", st.corrupt},  {"budget", s->budget()},
+                                 {"load_bytes", tier.load->bytes.load()}, {"load_s", tier.load->ns.load() * 1e-9},
+                                 {"loads", tier.load->loads.load()}};
   }
   if (ctx_->ssd) {
     const auto& q = ctx_->ssd_write_queue;
@@ -655,6 +731,8 @@ void Runtime::shutdown(bool finish_write_back) {
     for (const auto& pool : all.loaders)
       for (const auto& l : pool) actors.push_back(caf::actor_cast<caf::actor>(l));
     for (const auto& rw : all.rank_workers) actors.push_back(caf::actor_cast<caf::actor>(rw));
+    actors.insert(actors.end(), a.reporting.begin(), a.reporting.end());
+    a.reporting.clear();
     CallerActor self{*a.system};
     size_t waiting = 0;
     for (const caf::actor& x : actors)

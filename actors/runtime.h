@@ -72,12 +72,31 @@ class Runtime {
   std::string store_document(const std::string& text);
   bool erase_document(const std::string& key_hex);
 
-  // Inspection, as JSON: the last n requests' traces, the actor table, the
-  // controller's profiles, the tiers' counters.
+  // Inspection, as JSON: the last n requests' traces, the actor table (every actor
+  // and compute thread: kind, node, rank, state, counters, busy share of the last
+  // interval, last error), the controller's profiles, the tiers' counters (with
+  // what their loaders moved).
   std::string traces_json(int n = 1);
   std::string actors_json();
   std::string profile_json();
   std::string stores_json() const;
+  // The requests submitted and not finished: id, phase (queued, planning,
+  // prefill, decode, cancelling), age, tiers of their chunks, ratio and why, TTFT,
+  // the prefill's layer, tokens so far.
+  std::string requests_json() const;
+  // One request's trace: live (its events so far) while in flight, else from the
+  // inspector's history; empty when neither knows it.
+  std::string request_trace_json(uint64_t id);
+  // What a console shows, in one answer: {"time_s", "nodes": [this node: its
+  // actors, requests in flight, the last finished ones, tiers, queue, KV pages,
+  // decode counters]}. A list of nodes so a cluster's frontend can merge its
+  // members' snapshots into one.
+  std::string snapshot_json();
+  // An extra actor in this runtime's actor system that reports to the inspector as
+  // the runtime's own do (a known load for tests of the inspection views and for
+  // tools): each call of the returned function queues one message, which runs
+  // `work` on the actor's own thread. It stops at shutdown. Throws on a name in use.
+  std::function<void()> spawn_reporting_actor(const std::string& name, std::function<void()> work);
 
   // Refuses new requests, cancels those in flight and queued and waits for them
   // (each gets on_done, "cancelled" unless it finished first), lets queued SSD

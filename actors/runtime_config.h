@@ -59,6 +59,9 @@ struct RuntimeConfig {
   // where the SSD tier and traces live; empty: $BLENDSERVE_DATA_DIR, else
   // $XDG_CACHE_HOME/blendserve, else ~/.cache/blendserve, else /tmp/blendserve
   std::string data_dir;
+  // This node's name in the inspection reports (actor table, console). A cluster
+  // member is named by its cluster config; a single node is "local".
+  std::string node_name = "local";
   // The member defaults equal configs/default.yaml (a test checks it).
   TierConfig ram{.enabled = true, .budget_bytes = int64_t{2} << 30, .path = "", .direct_io = false,
                  .throttle_bytes_per_s = 0, .write_queue_bytes = 0, .loaders = 2};

@@ -39,11 +39,19 @@ struct WriteQueue {
 // the index. Everything per tier — the controller's lookup and profile, the
 // loaders, trace and metrics labels, result counters — follows this list, so a
 // tier is added in one place (Runtime's constructor).
+// What the tier's loaders moved since start (monotonic; /metrics, the console).
+struct TierLoadCounters {
+  std::atomic<int64_t> bytes{0};  // K/V bytes loaded into requests' caches
+  std::atomic<int64_t> ns{0};     // loader time spent on them (reading and writing into the caches)
+  std::atomic<int64_t> loads{0};  // requests' loads finished (stopped and failed ones included)
+};
+
 struct StoredTier {
   std::string name;                 // "ram", "ssd": profile sources, metrics labels, actor names
   KvStore* store = nullptr;         // owned by the context
   double start_bytes_per_s = 1e9;   // the controller's estimate until it measured the tier
   int loaders = 1;                  // loader actors: this many requests' loads at once
+  std::shared_ptr<TierLoadCounters> load = std::make_shared<TierLoadCounters>();
 };
 
 struct RuntimeContext {

@@ -4,6 +4,10 @@ namespace bs {
 
 void RequestTrace::add_event(TraceEvent e) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (events_.size() >= kMaxEvents) {
+    ++events_dropped_;
+    return;
+  }
   events_.push_back(std::move(e));
 }
 
@@ -17,10 +21,18 @@ void RequestTrace::set(const std::string& key, nlohmann::json value) {
   fields_[key] = std::move(value);
 }
 
+nlohmann::json RequestTrace::fields() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json j = fields_;
+  j["id"] = id_;
+  return j;
+}
+
 std::string RequestTrace::json() const {
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json j = fields_;
   j["id"] = id_;
+  if (events_dropped_ > 0) j["events_dropped"] = events_dropped_;
   auto ev = nlohmann::json::array();
   for (const auto& e : events_) {
     nlohmann::json x = {{"actor", e.actor}, {"what", e.what}, {"begin_s", e.begin}, {"end_s", e.end}};

@@ -37,10 +37,15 @@ class RequestTrace {
   }
   double now_s() const { return seconds_since_submit(clock::now()); }
 
+  // Bounded: past kMaxEvents an event is only counted ("events_dropped").
+  static constexpr size_t kMaxEvents = 8192;
   void add_event(TraceEvent e);
   std::vector<TraceEvent> events() const;
   // A top-level field of the trace JSON (the last value set wins).
   void set(const std::string& key, nlohmann::json value);
+  // The fields so far, without the events: what a live view of a request in flight
+  // reads (phase, layer, tokens, the controller's decision).
+  nlohmann::json fields() const;
   // The timeline as JSON: the fields, then "events".
   std::string json() const;
 
@@ -49,6 +54,7 @@ class RequestTrace {
   const clock::time_point submitted_;
   mutable std::mutex mu_;
   std::vector<TraceEvent> events_;
+  int64_t events_dropped_ = 0;
   nlohmann::json fields_ = nlohmann::json::object();
 };
 using TracePtr = std::shared_ptr<RequestTrace>;

@@ -116,7 +116,7 @@ std::string ServerMetrics::render(const std::vector<Gauge>& gauges) const {
   sample(out, "blendserve_client_disconnects_total", "", static_cast<double>(disconnects_));
   std::string last;
   for (const auto& g : gauges) {
-    if (g.name != last) header(out, g.name, "gauge", g.help);
+    if (g.name != last) header(out, g.name, g.type.c_str(), g.help);
     last = g.name;
     sample(out, g.name, g.labels, g.value);
   }

@@ -29,10 +29,12 @@ class Histogram {
   double sum_ = 0;
 };
 
-// A value the server reads at scrape time (queue depth, tier bytes).
+// A value the server reads at scrape time (queue depth, tier bytes), or a counter
+// kept elsewhere (an actor's messages) that the server reads the same way.
 struct Gauge {
   std::string name, help, labels;  // labels: `tier="ram"` or empty
   double value = 0;
+  std::string type = "gauge";  // or "counter" (monotonic; name ends in _total)
 };
 
 class ServerMetrics {

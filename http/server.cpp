@@ -12,6 +12,7 @@
 #include <random>
 #include <regex>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -236,10 +237,25 @@ struct Server::Impl {
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics.render(gauges()), "text/plain; version=0.0.4; charset=utf-8");
     });
-    svr.Get(R"(/v1/inspect/(actors|traces|stores|profile))", [this](const httplib::Request& req,
-                                                                    httplib::Response& res) {
+    svr.Get(R"(/v1/inspect/requests/(\d{1,19}))", [this](const httplib::Request& req, httplib::Response& res) {
+      uint64_t id = 0;
+      try {
+        id = std::stoull(std::string(req.matches[1]));
+      } catch (const std::exception&) {
+      }
+      const std::string trace = id == 0 ? std::string() : runtime.request_trace_json(id);
+      if (trace.empty())
+        return send_error(res, ApiError(404, "no request " + std::string(req.matches[1]) +
+                                                 " in flight or among the last traces (limits.trace_history)",
+                                        "invalid_request_error", "id", "request_not_found"));
+      send_json(res, 200, trace);
+    });
+    svr.Get(R"(/v1/inspect/(actors|traces|stores|profile|requests|snapshot))", [this](const httplib::Request& req,
+                                                                                      httplib::Response& res) {
       const std::string what = req.matches[1];
       if (what == "actors") return send_json(res, 200, runtime.actors_json());
+      if (what == "requests") return send_json(res, 200, runtime.requests_json());
+      if (what == "snapshot") return send_json(res, 200, runtime.snapshot_json());
       if (what == "stores") return send_json(res, 200, runtime.stores_json());
       if (what == "profile") return send_json(res, 200, runtime.profile_json());
       int n = 1;
@@ -332,6 +348,34 @@ struct Server::Impl {
         for (const auto& [tier, st] : stores.items())
           if (st.contains(field))
             g.push_back({std::string("blendserve_store_") + field, help, "tier=\"" + tier + "\"", st.value(field, 0.0)});
+      // What each tier's loaders moved into requests' caches.
+      const std::tuple<const char*, const char*, const char*> load_fields[] = {
+          {"load_bytes", "blendserve_tier_load_bytes_total", "K/V bytes the tier's loaders moved into requests' caches."},
+          {"load_s", "blendserve_tier_load_seconds_total", "Loader time spent on those bytes (read and place)."},
+          {"loads", "blendserve_tier_loads_total", "Requests' loads from the tier that ended (stopped ones too)."}};
+      for (const auto& [field, name, help] : load_fields)
+        for (const auto& [tier, st] : stores.items())
+          if (st.contains(field))
+            g.push_back({name, help, "tier=\"" + tier + "\"", st.value(field, 0.0), "counter"});
+    } catch (const std::exception&) {
+    }
+    // Per actor (and compute thread): what the inspector's table holds.
+    try {
+      const json actors = json::parse(runtime.actors_json());
+      auto labels = [](const json& a) {
+        return "actor=\"" + a.value("actor", "") + "\",kind=\"" + a.value("kind", "") + "\",node=\"" +
+               a.value("node", "") + "\",rank=\"" + std::to_string(a.value("rank", 0)) + "\"";
+      };
+      const std::tuple<const char*, const char*, const char*, const char*> actor_fields[] = {
+          {"messages", "blendserve_actor_messages_total", "Messages an actor handled (jobs, for a compute thread).",
+           "counter"},
+          {"busy_s", "blendserve_actor_busy_seconds_total", "Time an actor spent handling messages.", "counter"},
+          {"mailbox", "blendserve_actor_mailbox_depth",
+           "Messages waiting for an actor, as it saw when it took its last one (self-reported).", "gauge"},
+          {"busy_share", "blendserve_actor_busy_share", "Share of the last interval an actor was busy.", "gauge"},
+          {"restarts", "blendserve_actor_restarts_total", "Times the supervisor started an actor again.", "counter"}};
+      for (const auto& [field, name, help, type] : actor_fields)
+        for (const auto& a : actors) g.push_back({name, help, labels(a), a.value(field, 0.0), type});
     } catch (const std::exception&) {
     }
     return g;

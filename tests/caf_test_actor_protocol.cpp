@@ -147,7 +147,7 @@ inspector_actor::behavior_type inspector_double(inspector_actor::pointer, Log lo
       [=](register_atom, CountersPtr) { log->push_back("inspector:register"); },
       [=](trace_atom, const std::string&) { log->push_back("inspector:trace"); },
       [=](get_trace_atom, int32_t) -> std::string { return "[]"; },
-      [=](actors_atom) -> std::string { return "[]"; },
+      [=](actors_atom) -> std::string { return R"({"actors":[]})"; },
   };
 }
 
@@ -1204,22 +1204,48 @@ CAF_TEST(worker_prefills_then_batches_decode_steps_and_a_request_that_fails_fail
 CAF_TEST(inspector_lists_registered_actors_and_keeps_the_last_traces) {
   const int history = 3;
   const fs::path trace_dir = dir / "traces";
-  put(&ActorSet::inspector, sys.spawn(inspector, history, trace_dir.string(), make_counters("inspector")));
+  // A numbered trace of an earlier process: ids start again at 1, so it goes.
+  fs::create_directories(trace_dir);
+  std::ofstream(trace_dir / "7.json") << "{}";
+  put(&ActorSet::inspector, sys.spawn(inspector, history, trace_dir.string(), std::string("node-a"),
+                                      make_counters("inspector")));
   sched.run();  // the spawned actors start
+  CAF_CHECK(!fs::exists(trace_dir / "7.json"));
   auto intake_counters = make_counters("intake");
   intake_counters->messages = 5;
   self->send(h->inspector(), register_atom::value, intake_counters);
   expect((register_atom, CountersPtr), from(self).to(h->inspector()).with(_, intake_counters));
   self->send(h->inspector(), register_atom::value, make_counters("write-back"));
   expect((register_atom, CountersPtr), from(self).to(h->inspector()).with(_, _));
+  // An actor in the middle of a message that began 2 s ago, 50 more waiting.
+  auto stuck = make_counters("rank-worker-2");
+  stuck->busy_since_ns = steady_now_ns() - 2'000'000'000;
+  stuck->mailbox = 50;
+  stuck->set_error("the rank-worker-2 actor failed: injected");
+  self->send(h->inspector(), register_atom::value, stuck);
+  expect((register_atom, CountersPtr), from(self).to(h->inspector()).with(_, _));
 
-  auto actors = json::parse(ask<std::string>(h->inspector(), actors_atom::value));
-  CAF_REQUIRE_EQUAL(actors.size(), 3u);
+  auto table = json::parse(ask<std::string>(h->inspector(), actors_atom::value));
+  auto actors = table.at("actors");
+  CAF_REQUIRE_EQUAL(actors.size(), 4u);
   CAF_CHECK_EQUAL(actors[0].at("actor").get<std::string>(), "inspector");
   CAF_CHECK_EQUAL(actors[1].at("actor").get<std::string>(), "intake");
+  CAF_CHECK_EQUAL(actors[1].at("kind").get<std::string>(), "intake");
+  CAF_CHECK_EQUAL(actors[1].at("node").get<std::string>(), "node-a");
   CAF_CHECK_EQUAL(actors[1].at("messages").get<int64_t>(), 5);
+  CAF_CHECK_EQUAL(actors[1].at("state").get<std::string>(), "idle");
+  CAF_CHECK_EQUAL(actors[1].at("busy_share").get<double>(), 0.0);
+  CAF_CHECK(!actors[1].contains("last_error"));
   CAF_CHECK_EQUAL(actors[2].at("actor").get<std::string>(), "write-back");
   CAF_CHECK_EQUAL(actors[2].at("messages").get<int64_t>(), 0);
+  // The stuck one: busy, its message in hand counted, the whole window busy.
+  CAF_CHECK_EQUAL(actors[3].at("kind").get<std::string>(), "rank-worker");
+  CAF_CHECK_EQUAL(actors[3].at("rank").get<int>(), 2);
+  CAF_CHECK_EQUAL(actors[3].at("state").get<std::string>(), "busy");
+  CAF_CHECK_EQUAL(actors[3].at("mailbox").get<int64_t>(), 50);
+  CAF_CHECK_GREATER_OR_EQUAL(actors[3].at("busy_s").get<double>(), 2.0);
+  CAF_CHECK_GREATER(actors[3].at("busy_share").get<double>(), 0.99);
+  CAF_CHECK_EQUAL(actors[3].at("last_error").get<std::string>(), "the rank-worker-2 actor failed: injected");
 
   for (int i = 1; i <= history + 2; ++i) {
     const std::string trace = json{{"id", i}}.dump();
@@ -1238,13 +1264,18 @@ CAF_TEST(inspector_lists_registered_actors_and_keeps_the_last_traces) {
   CAF_CHECK_EQUAL(ids(2), (std::vector<int>{4, 5}));
   CAF_CHECK_EQUAL(ids(0), std::vector<int>{});
   CAF_CHECK_EQUAL(ids(-1), std::vector<int>{});
-  // The last trace is on disk for `blendctl trace --last`.
+  // The last trace is on disk for `blendctl trace --last`, the last `history` by id.
   std::ifstream last(trace_dir / "last.json");
   std::string text((std::istreambuf_iterator<char>(last)), {});
   CAF_CHECK_EQUAL(text, (json{{"id", 5}}.dump() + "\n"));
-  // The inspector counts (at least) the traces it handled in its own counters.
-  actors = json::parse(ask<std::string>(h->inspector(), actors_atom::value));
-  CAF_CHECK_GREATER_OR_EQUAL(actors[0].at("messages").get<int64_t>(), history + 2);
+  for (int i = 1; i <= history + 2; ++i)
+    CAF_CHECK_EQUAL(fs::exists(trace_dir / (std::to_string(i) + ".json")), i > 2);
+  // The inspector counts (at least) the traces it handled in its own counters, and
+  // the traces it let go.
+  table = json::parse(ask<std::string>(h->inspector(), actors_atom::value));
+  CAF_CHECK_GREATER_OR_EQUAL(table.at("actors")[0].at("messages").get<int64_t>(), history + 2);
+  CAF_CHECK_EQUAL(table.at("traces").at("dropped").get<int64_t>(), 2);
+  CAF_CHECK_EQUAL(table.at("traces").at("kept").get<int64_t>(), history);
 }
 
 // -- 7. write-back --------------------------------------------------------------
