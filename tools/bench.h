@@ -94,9 +94,24 @@ struct RuntimeBenchOptions {
 };
 int bench_ttft_runtime(const RuntimeBenchOptions& opt);
 
-// blendctl trace: a request's timeline as a table (per layer: load per tier, wait,
-// compute), the controller's decision and the fraction of load time hidden.
-int print_trace(const std::string& file, bool last, const std::string& data_dir, bool raw_json);
+// blendctl trace: one request's trace, from <data_dir>/traces/<id>.json (the last
+// trace_history requests), last.json (--last), a file, or a running server's
+// /v1/inspect/traces (--url); printed as text (per layer: load per tier, wait,
+// compute; the controller's decision and the fraction of load time hidden), as its
+// JSON, or as Chrome trace-event JSON (tools/trace_chrome.h). Throws with a clear
+// message for a missing trace, an unreachable server, a refused key, not a trace.
+struct TraceOptions {
+  std::string id;               // a request id (exactly one of id, last, file)
+  bool last = false;            // the newest trace
+  std::string file;             // a trace JSON file
+  std::string data_dir;         // empty: as the runtime resolves it
+  std::string url;              // a server: http://HOST:PORT (with id or last)
+  std::string api_key;          // its Bearer token
+  double timeout_s = 10;        // connect and read timeout for --url
+  std::string format = "text";  // text | json | chrome
+  std::string out;              // write here instead of stdout
+};
+int print_trace(const TraceOptions& opt);
 
 struct EvalOptions {
   std::string model_path;

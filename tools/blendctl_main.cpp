@@ -159,13 +159,33 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
-  auto* trace = app.add_subcommand("trace", "Print a request's trace: per-layer timeline and load overlap");
-  std::string trace_file, trace_data_dir;
-  bool trace_last = false, trace_json = false;
-  trace->add_flag("--last", trace_last, "The last request of the last runtime (<data dir>/traces/last.json)");
-  trace->add_option("--file", trace_file, "A trace JSON file");
-  trace->add_option("--data-dir", trace_data_dir, "Data dir (default: as the runtime resolves it)");
-  trace->add_flag("--json", trace_json, "Print the raw JSON");
+  auto* trace = app.add_subcommand(
+      "trace", "A request's trace: per-layer timeline and load overlap, its JSON, or Chrome trace-event JSON");
+  bs::tools::TraceOptions tropt;
+  bool trace_json = false;
+  auto* trace_id = trace->add_option(
+      "ID", tropt.id, "Request id: <data dir>/traces/<ID>.json (the last trace_history requests), or the server's");
+  auto* trace_last = trace->add_flag("--last", tropt.last, "The newest trace (<data dir>/traces/last.json)")
+                         ->excludes(trace_id);
+  trace->add_option("--file", tropt.file, "A trace JSON file")->excludes(trace_id)->excludes(trace_last);
+  auto* trace_data_dir =
+      trace->add_option("--data-dir", tropt.data_dir, "Data dir (default: as the runtime resolves it)");
+  trace->add_option("--url", tropt.url, "Fetch from a running server's /v1/inspect/traces (http://HOST:PORT)")
+      ->excludes(trace_data_dir)
+      ->excludes("--file");
+  trace->add_option("--api-key", tropt.api_key, "--url: Bearer token (default: $BLENDSERVE_API_KEY)")
+      ->envname("BLENDSERVE_API_KEY");
+  trace->add_option("--timeout", tropt.timeout_s, "--url: seconds to wait for the server")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  auto* trace_format =
+      trace->add_option("--format", tropt.format,
+                        "text (per-layer timeline), json (the trace), chrome (trace-event JSON for Perfetto, "
+                        "chrome://tracing)")
+          ->check(CLI::IsMember({"text", "json", "chrome"}))
+          ->capture_default_str();
+  trace->add_flag("--json", trace_json, "Same as --format json")->excludes(trace_format);
+  trace->add_option("--out", tropt.out, "Write to this file instead of stdout");
 
   bs::tools::EvalOptions eopt;
   auto* eval = app.add_subcommand("eval", "RAG quality of full/prefix/reuse/blend on a QA set (JSON lines)");
@@ -227,7 +247,10 @@ int main(int argc, char** argv) {
       sopt.model_path = opt.model_path;
       return bs::tools::bench_serve(sopt);
     }
-    if (trace->parsed()) return bs::tools::print_trace(trace_file, trace_last, trace_data_dir, trace_json);
+    if (trace->parsed()) {
+      if (trace_json) tropt.format = "json";
+      return bs::tools::print_trace(tropt);
+    }
     if (eval->parsed()) {
       eopt.modes.clear();
       std::string m;
