@@ -1,21 +1,28 @@
 // The binaries as people run them: real processes, real model, real output.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <csignal>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 
 #include "kernels/cpu/isa.h"
+#include "model/gguf.h"
 #include "tests/model_fixture.h"
 
 namespace {
@@ -266,12 +273,319 @@ TEST(Cli, EvalHandlesAnAnswerThatTokenizesToNothing) {
   EXPECT_GE(lines.front().at("setup_s_excluded").get<double>(), 0.0);
 }
 
+// --sweep-ratio: full once per case, the blend at each ratio (sorted); a summary per
+// (mode, ratio), one sweep line, and --plot's chart naming both ratios. f32 K/V: full is
+// its own reference (one model, the quickest run: ~15 s on 2 cores).
+TEST(Cli, EvalSweepsTheRatioAndPlotsTheTradeOff) {
+  REQUIRE_MODEL();
+  const auto svg_path = data_dir() / "sweep.svg";
+  auto r = run("blendctl eval --dataset " + std::string(BLENDSERVE_FIXTURES) +
+               "/../data/rag_qa.jsonl --max-cases 2 --max-tokens 4 --kv-dtype f32 --sweep-ratio 0.5,0.1 --plot " +
+               svg_path.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 2u * 3u + 3u + 1u) << r.out;  // case lines, summaries, the sweep
+  std::map<double, int> blend_cases;
+  for (size_t i = 0; i < 6; ++i)
+    if (lines[i].at("mode") == "blend") ++blend_cases[lines[i].at("ratio").get<double>()];
+  EXPECT_EQ(blend_cases, (std::map<double, int>{{0.1, 2}, {0.5, 2}})) << r.out;
+  const auto& full = lines[6];
+  const auto& low = lines[7];
+  const auto& high = lines[8];
+  ASSERT_TRUE(full.at("summary").get<bool>() && low.at("summary").get<bool>() && high.at("summary").get<bool>());
+  EXPECT_EQ(full.at("mode"), "full");
+  EXPECT_EQ(low.at("mode"), "blend");
+  EXPECT_EQ(high.at("mode"), "blend");
+  EXPECT_EQ(low.at("ratio").get<double>(), 0.1);
+  EXPECT_EQ(high.at("ratio").get<double>(), 0.5);
+  for (const auto* s : {&full, &low, &high}) EXPECT_EQ(s->at("cases").get<int>(), 2);
+  // A higher ratio recomputes more of the cached tokens: about the ratio of them.
+  EXPECT_GT(high.at("recomputed_tokens").get<double>(), low.at("recomputed_tokens").get<double>());
+  EXPECT_NEAR(low.at("recomputed_fraction").get<double>(), 0.1, 0.02);
+  EXPECT_NEAR(high.at("recomputed_fraction").get<double>(), 0.5, 0.02);
+
+  const auto& sweep = lines[9];
+  ASSERT_EQ(sweep.at("eval"), "sweep") << sweep.dump();
+  EXPECT_EQ(sweep.at("cases").get<int>(), 2);
+  const auto& points = sweep.at("points");
+  ASSERT_EQ(points.size(), 2u);
+  const double full_ttft = sweep.at("full").at("ttft_s").get<double>();
+  EXPECT_GT(full_ttft, 0);
+  EXPECT_DOUBLE_EQ(full_ttft, full.at("ttft_s").get<double>());
+  EXPECT_DOUBLE_EQ(sweep.at("full").at("f1").get<double>(), full.at("f1").get<double>());
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& p = points[i];
+    const auto& s = i == 0 ? low : high;
+    EXPECT_EQ(p.at("ratio").get<double>(), s.at("ratio").get<double>());
+    EXPECT_DOUBLE_EQ(p.at("f1").get<double>(), s.at("f1").get<double>());
+    EXPECT_DOUBLE_EQ(p.at("kl").get<double>(), s.at("first_token_kl").get<double>());
+    EXPECT_DOUBLE_EQ(p.at("agreement").get<double>(), s.at("top1_agreement").get<double>());
+    EXPECT_DOUBLE_EQ(p.at("ttft_s").get<double>(), s.at("ttft_s").get<double>());
+    EXPECT_NEAR(p.at("ttft_vs_full").get<double>(), p.at("ttft_s").get<double>() / full_ttft, 1e-12);
+    EXPECT_DOUBLE_EQ(p.at("recomputed_fraction").get<double>(), s.at("recomputed_fraction").get<double>());
+  }
+  EXPECT_NE(r.out.find("eval runs: 6/6"), std::string::npos) << r.out;  // progress on stderr
+
+  std::ifstream in(svg_path);
+  ASSERT_TRUE(in) << svg_path;
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_NE(svg.find(">0.1</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">0.5</text>"), std::string::npos);
+  EXPECT_NE(svg.find("rag_qa.jsonl, 2 cases"), std::string::npos);
+  EXPECT_NE(svg.find("SmolLM2"), std::string::npos);
+
+  // Bad sweeps are clear CLI errors, before any work.
+  r = run("blendctl eval --dataset x.jsonl --sweep-ratio 0.1,0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("ratio '0' is not a number in (0,1]"), std::string::npos) << r.out;
+  r = run("blendctl eval --dataset x.jsonl --sweep-ratio 0.1,1.5");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("'1.5'"), std::string::npos) << r.out;
+  r = run("blendctl eval --dataset x.jsonl --sweep-ratio 0.1 --ratio 0.2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("excludes"), std::string::npos) << r.out;
+  r = run("blendctl eval --dataset x.jsonl --plot /nonexistent/dir/p.svg");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("/nonexistent/dir"), std::string::npos) << r.out;
+}
+
 TEST(Cli, ABadConfigIsAClearErrorNamingTheKey) {
   const auto path = data_dir() / "bad.yaml";
   std::ofstream(path) << "tiers:\n  ram:\n    budgte: 1GiB\n";
   auto r = run("blendserve --config " + path.string() + " generate --prompt hi");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("tiers.ram.budgte"), std::string::npos) << r.out;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ trace export
+namespace {
+
+// `blendctl trace --format chrome` against what the runtime wrote: a structure
+// Perfetto and chrome://tracing load (every event ph/ts/pid/tid, complete events
+// with dur >= 0, times non-negative and in order, one process_name per pid, a
+// thread_name for every tid used), one complete event per trace event (its actor's
+// thread, what + " L<layer>"), the layer worker's compute of every layer the model
+// has, the first token as an instant.
+void expect_chrome_export_of(const nlohmann::json& chrome, const nlohmann::json& trace, int layers) {
+  ASSERT_TRUE(chrome.contains("traceEvents") && chrome.at("traceEvents").is_array()) << chrome.dump();
+  EXPECT_EQ(chrome.at("displayTimeUnit"), "ms");
+  EXPECT_EQ(chrome.at("otherData").at("id"), trace.at("id"));
+  EXPECT_EQ(chrome.at("otherData").at("mode"), trace.at("mode"));
+  std::map<int, int> process_names;
+  std::map<std::pair<int, int>, std::string> thread_names;
+  std::set<std::pair<int, int>> used;
+  std::multiset<std::pair<std::string, std::string>> got, want;
+  std::set<std::string> worker_compute;
+  int instants = 0;
+  double last_ts = 0;
+  for (const auto& e : chrome.at("traceEvents")) {
+    for (const char* key : {"ph", "ts", "pid", "tid", "name"}) ASSERT_TRUE(e.contains(key)) << key << ": " << e.dump();
+    const double ts = e.at("ts").get<double>();
+    EXPECT_GE(ts, 0.0) << e.dump();
+    EXPECT_GE(ts, last_ts) << e.dump();
+    last_ts = ts;
+    const std::pair<int, int> thread{e.at("pid").get<int>(), e.at("tid").get<int>()};
+    const std::string ph = e.at("ph");
+    if (ph == "M") {
+      if (e.at("name") == "process_name") ++process_names[thread.first];
+      if (e.at("name") == "thread_name") {
+        EXPECT_EQ(thread_names.count(thread), 0u) << e.dump();
+        thread_names[thread] = e.at("args").at("name");
+      }
+      continue;
+    }
+    used.insert(thread);
+    if (ph == "i") {
+      ++instants;
+      EXPECT_EQ(e.at("name"), "first token");
+      EXPECT_NEAR(ts, 1e6 * trace.at("first_token_s").get<double>(), 0.01);
+      continue;
+    }
+    ASSERT_EQ(ph, "X") << e.dump();
+    EXPECT_GE(e.at("dur").get<double>(), 0.0) << e.dump();
+    ASSERT_EQ(thread_names.count(thread), 1u) << "no thread_name before " << e.dump();
+    got.insert({thread_names.at(thread), e.at("name")});
+    if (e.at("cat") == "layer-worker" && e.at("name").get<std::string>().rfind("compute L", 0) == 0)
+      worker_compute.insert(e.at("name"));
+  }
+  for (const auto& t : used) {
+    EXPECT_EQ(process_names[t.first], 1) << "pid " << t.first;
+    EXPECT_EQ(thread_names.count(t), 1u) << "pid " << t.first << " tid " << t.second;
+  }
+  for (const auto& e : trace.at("events")) {
+    std::string name = e.at("what");
+    if (e.contains("layer")) name += " L" + std::to_string(e.at("layer").get<int>());
+    want.insert({e.at("actor"), name});
+  }
+  EXPECT_EQ(got, want);
+  for (int l = 0; l < layers; ++l)
+    EXPECT_EQ(worker_compute.count("compute L" + std::to_string(l)), 1u) << "layer " << l;
+  EXPECT_EQ(instants, trace.contains("first_token_s") ? 1 : 0);
+}
+
+int model_layers() {
+  const auto g = bs::gguf::GgufFile::open(bs::testing::model_path());
+  return static_cast<int>(g.get_int(g.get_string("general.architecture").value() + ".block_count").value());
+}
+
+// A loopback port nothing listens on now.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Two requests through `blendserve serve` (one process, so ids 1 and 2), then their
+// traces by id and the last one, from the data dir and from the server, as Chrome
+// trace-event JSON; the errors: a missing id, no key (401), nothing listening, a
+// server that never answers.
+TEST(Cli, TraceExportsChromeTraceEventsByIdFromFilesAndFromTheServer) {
+  REQUIRE_MODEL();
+  const std::string key = "trace-export-key-1";
+  const auto config = data_dir() / "trace_export.yaml";
+  std::ofstream(config) << "server:\n  api_keys: [\"" << key << "\"]\n";
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const auto log = data_dir() / "trace_export_server.log";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    const std::string bin = std::string(BLENDSERVE_BINARY_DIR) + "/blendserve";
+    const std::string port_arg = std::to_string(port);
+    execl(bin.c_str(), bin.c_str(), "--config", config.c_str(), "serve", "--port", port_arg.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  struct Stop {
+    pid_t pid;
+    ~Stop() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } stop{pid};
+  httplib::Client http("127.0.0.1", port);
+  http.set_bearer_token_auth(key);
+  http.set_read_timeout(300);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (true) {
+    if (auto r = http.Get("/health"); r && r->status == 200) break;
+    ASSERT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << "blendserve exited: " << bs::testing::read_file(log.string());
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << bs::testing::read_file(log.string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  auto models = http.Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  const std::string model = nlohmann::json::parse(models->body).at("data").at(0).at("id");
+  // The documents stored ahead (no request of their own): both requests load them.
+  const nlohmann::json documents = {"Teodor Brandlam invented the Sarura compass in 1802.",
+                                    "Amalia Ullam was born in 1791."};
+  for (const auto& d : documents) {
+    auto r = http.Post("/v1/documents", nlohmann::json{{"text", d}}.dump(), "application/json");
+    ASSERT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
+  }
+  for (int i = 0; i < 2; ++i) {
+    const nlohmann::json body = {{"model", model},
+                                 {"max_tokens", 4},
+                                 {"documents", documents},
+                                 {"messages", {{{"role", "user"}, {"content", "Who invented the Sarura compass?"}}}}};
+    auto r = http.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    ASSERT_EQ(r->status, 200) << r->body;
+  }
+  // The inspector writes a trace once the request has ended; the answer can be first.
+  const auto traces = data_dir() / "traces";
+  for (int i = 0; i < 200 && !fs::exists(traces / "2.json"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(fs::exists(traces / "1.json") && fs::exists(traces / "2.json"));
+  const auto first = nlohmann::json::parse(bs::testing::read_file((traces / "1.json").string()));
+  const auto second = nlohmann::json::parse(bs::testing::read_file((traces / "2.json").string()));
+  ASSERT_EQ(first.at("id"), 1);
+  ASSERT_EQ(second.at("id"), 2);
+  const int layers = model_layers();
+
+  // From the data dir: by id on stdout, the last to a file.
+  ::unsetenv("BLENDSERVE_API_KEY");
+  auto r = run("blendctl trace 1 --format chrome");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto chrome1 = nlohmann::json::parse(r.out);
+  expect_chrome_export_of(chrome1, first, layers);
+  const auto out = data_dir() / "last_chrome.json";
+  r = run("blendctl trace --last --format chrome --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "");
+  const auto chrome2 = nlohmann::json::parse(bs::testing::read_file(out.string()));
+  expect_chrome_export_of(chrome2, second, layers);
+  EXPECT_EQ(chrome2.at("otherData").at("chunk_tiers"), nlohmann::json({"ram", "ram"}));
+  r = run("blendctl trace 2");  // the text timeline, by id
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("request 2:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("loader-ram load"), std::string::npos) << r.out;
+  r = run("blendctl trace 99 --format chrome");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("no trace of request 99"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ids there: 1 2"), std::string::npos) << r.out;
+
+  // From the server: the same traces, the same export.
+  const std::string url = " --url http://127.0.0.1:" + std::to_string(port);
+  r = run("blendctl trace 1 --format chrome --api-key " + key + url);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out), chrome1);
+  r = run("blendctl trace --last --json --api-key " + key + url);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out), second);
+  r = run("blendctl trace 99 --api-key " + key + url);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("no trace of request 99 on http://127.0.0.1:"), std::string::npos) << r.out;
+  r = run("blendctl trace 1 --format chrome" + url);  // no key
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("401"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--api-key"), std::string::npos) << r.out;
+  r = run("blendctl trace 1 --api-key wrong-key-123" + url);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("Incorrect API key"), std::string::npos) << r.out;
+
+  // Nothing listening; a server that accepts but never answers (the timeout).
+  r = run("blendctl trace --last --url http://127.0.0.1:" + std::to_string(free_port()));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("cannot reach blendserve"), std::string::npos) << r.out;
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(silent, 4), 0);
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  r = run("blendctl trace --last --timeout 1 --url http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(silent);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("timed out"), std::string::npos) << r.out;
+  EXPECT_LT(waited, 30.0);
+
+  // A file that is not a trace.
+  const auto bad = data_dir() / "not_a_trace.json";
+  std::ofstream(bad) << R"({"id": 1, "events": [{"actor": "worker"}]})";
+  r = run("blendctl trace --file " + bad.string() + " --format chrome");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("not a request trace: event 0"), std::string::npos) << r.out;
 }
 
 }  // namespace
