@@ -26,6 +26,11 @@
 #include "kernels/backend.h"
 #include "kernels/kv_view.h"
 
+namespace bs::generated {
+extern const char console_html[];  // http/console.html, compiled in (http/CMakeLists.txt)
+extern const std::size_t console_html_size;
+}  // namespace bs::generated
+
 namespace bs::http {
 namespace {
 
@@ -87,7 +92,7 @@ int64_t unix_now() {
 
 // Metrics label for a path: one per route, never the client's free text.
 std::string route_of(const std::string& path) {
-  for (const char* r : {"/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+  for (const char* r : {"/v1/chat/completions", "/v1/models", "/health", "/metrics", "/console"})
     if (path == r) return r;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   if (path == "/v1/documents") return path;
@@ -147,7 +152,7 @@ struct Server::Impl {
   // ---- helpers --------------------------------------------------------------
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (config.api_keys.empty() || req.path == "/health") return true;
+    if (config.api_keys.empty() || req.path == "/health" || req.path == "/console") return true;
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
     if (auth.empty()) {
@@ -233,6 +238,15 @@ struct Server::Impl {
         return send_error(res, ApiError(404, "The model '" + std::string(req.matches[1]) + "' does not exist",
                                         "invalid_request_error", "model", "model_not_found"));
       send_json(res, 200, model_json(model, created));
+    });
+    // The console: a static page (no data in it, so no key needed to load it); every
+    // number it shows comes from /v1/inspect/*, which the API keys guard.
+    svr.Get("/console", [](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-store");
+      res.set_header("Content-Security-Policy",
+                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                     "img-src 'self' data:");
+      res.set_content(bs::generated::console_html, bs::generated::console_html_size, "text/html; charset=utf-8");
     });
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics.render(gauges()), "text/plain; version=0.0.4; charset=utf-8");

@@ -34,6 +34,7 @@
 #include "http/server.h"
 #include "kernels/kv_view.h"
 #include "model_fixture.h"
+#include "served_fixture.h"
 #include "temp_dir.h"
 
 namespace bs {
@@ -53,6 +54,7 @@ const std::vector<std::string> kDocs = {
     "The Great Barrier Reef off the coast of Queensland, Australia, is the largest coral reef system in the world, "
     "with over 2900 individual reefs."};
 
+using testing::Served;
 using testing::TempDir;
 
 RuntimeConfig config_in(const fs::path& dir) {
@@ -65,36 +67,6 @@ RuntimeConfig config_in(const fs::path& dir) {
   return c;
 }
 
-// A server on a free loopback port, serving from its own thread.
-class Served {
- public:
-  Served(Runtime& runtime, const RuntimeConfig& config) : server_(runtime, config) {
-    port_ = server_.bind("127.0.0.1", 0);
-    thread_ = std::thread([this] { server_.serve(); });
-    httplib::Client c("127.0.0.1", port_);
-    for (int i = 0; i < 200; ++i) {
-      if (auto r = c.Get("/health"); r && (r->status == 200 || r->status == 503)) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ADD_FAILURE() << "the server did not come up";
-  }
-  ~Served() {
-    server_.stop();
-    thread_.join();
-  }
-  httplib::Client client(int read_timeout_s = 300) const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(read_timeout_s, 0);
-    return c;
-  }
-  http::Server& server() { return server_; }
-  int port() const { return port_; }
-
- private:
-  http::Server server_;
-  std::thread thread_;
-  int port_ = 0;
-};
 
 json chat_body(const std::string& question, const std::vector<std::string>& docs, int max_tokens,
                const std::string& mode = "") {

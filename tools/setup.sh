@@ -33,6 +33,9 @@ PACKAGES=(
   libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev
   # the sanitizer + fuzz build (clang, its sanitizer runtimes, its OpenMP runtime)
   clang libclang-rt-14-dev libomp-dev
+  # the inspection views' tests: the console page in a headless browser, `blendctl top`
+  # (ncurses) in a real terminal
+  chromium tmux libncurses-dev
 )
 
 log() { printf '[setup] %s\n' "$*"; }

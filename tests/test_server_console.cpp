@@ -1,0 +1,253 @@
+// The inspection views end to end: the real model behind a real Runtime and
+// server with an API key, a real HTTP client, and the console page loaded in a
+// real headless Chromium (Debian's `chromium`), whose DOM after its scripts ran is
+// checked: the actor table (one actor held busy with 100 messages queued shows its
+// depth and a busy share near 1), and the chosen request's layer timeline, which
+// must hold exactly the trace's per-layer events. Without the key the page is
+// refused its data. Also: /v1/inspect/snapshot, /requests, /metrics per actor.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/runtime.h"
+#include "actors/runtime_context.h"
+#include "model_fixture.h"
+#include "served_fixture.h"
+#include "temp_dir.h"
+
+namespace bs {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using testing::Served;
+using testing::TempDir;
+
+const char* kKey = "sk-console-test-4711";
+const std::vector<std::string> kDocs = {
+    "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It was completed in 1889 and is 330 metres "
+    "tall.",
+    "Mount Kilimanjaro is a dormant volcano in Tanzania. Its highest peak is 5895 metres above sea level."};
+
+std::string find_chromium() {
+  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"})
+    if (fs::exists(p)) return p;
+  return "";
+}
+
+// Runs a command, returns its stdout.
+std::string run(const std::string& cmd) {
+  std::string out;
+  std::unique_ptr<FILE, int (*)(FILE*)> p(::popen(cmd.c_str(), "r"), ::pclose);
+  if (!p) return out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
+  return out;
+}
+
+// The console's DOM once its scripts ran (a few seconds of the page's time),
+// without the script's own text (its templates look like elements).
+std::string console_dom(const std::string& chromium, int port, const std::string& fragment, const fs::path& profile) {
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/console#" + fragment;
+  const std::string dom = run("timeout 90 " + chromium + " --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir=" +
+             profile.string() + " --virtual-time-budget=3000 --dump-dom '" + url + "' 2>/dev/null");
+  return dom.substr(0, dom.find("<script"));
+}
+
+// The attribute values of every element of the DOM with `marker` among its attributes.
+std::vector<std::map<std::string, std::string>> elements_with(const std::string& dom, const std::string& tag,
+                                                              const std::string& marker) {
+  std::vector<std::map<std::string, std::string>> out;
+  const std::regex element("<" + tag + "\\s([^>]*)>");
+  const std::regex attribute(R"re(([a-z-]+)="([^"]*)")re");
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), element); it != std::sregex_iterator(); ++it) {
+    const std::string attrs = (*it)[1];
+    if (attrs.find(marker) == std::string::npos) continue;
+    std::map<std::string, std::string> m;
+    for (auto a = std::sregex_iterator(attrs.begin(), attrs.end(), attribute); a != std::sregex_iterator(); ++a)
+      m[(*a)[1]] = (*a)[2];
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::string unescape(std::string s) {
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&#39;", "'"}, {"&amp;", "&"}}) {
+    for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size())) s.replace(p, from.size(), to);
+  }
+  return s;
+}
+
+class ConsoleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::model_available()) GTEST_SKIP() << "model not found: " << testing::model_path();
+    config_ = default_runtime_config();
+    config_.data_dir = dir_.path().string();
+    config_.ssd.path = (dir_.path() / "kv").string();
+    config_.api_keys = {kKey};
+    runtime_ = std::make_unique<Runtime>(config_);
+    served_ = std::make_unique<Served>(*runtime_, config_);
+  }
+  void TearDown() override {
+    served_.reset();
+    runtime_.reset();
+  }
+  json get(const std::string& path, int expect_status = 200) {
+    auto c = served_->client(60);
+    auto r = c.Get(path.c_str(), {{"Authorization", std::string("Bearer ") + kKey}});
+    EXPECT_TRUE(r) << path;
+    if (!r) return {};
+    EXPECT_EQ(r->status, expect_status) << path << ": " << r->body;
+    return r->status == 200 && r->get_header_value("Content-Type").find("json") != std::string::npos
+               ? json::parse(r->body)
+               : json{};
+  }
+  uint64_t ask(const std::vector<std::string>& docs) {
+    auto c = served_->client();
+    json body = {{"model", "SmolLM2-135M-Instruct"},
+                 {"messages", {{{"role", "user"}, {"content", "How tall is the Eiffel Tower?"}}}},
+                 {"max_tokens", 6},
+                 {"temperature", 0},
+                 {"documents", docs}};
+    auto r = c.Post("/v1/chat/completions", {{"Authorization", std::string("Bearer ") + kKey}}, body.dump(),
+                    "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    // The finished request is the newest in the inspector's history.
+    const json recent = get("/v1/inspect/snapshot").at("nodes")[0].at("recent");
+    EXPECT_FALSE(recent.empty());
+    return recent.empty() ? 0 : recent.back().at("id").get<uint64_t>();
+  }
+
+  TempDir dir_;
+  RuntimeConfig config_;
+  std::unique_ptr<Runtime> runtime_;
+  std::unique_ptr<Served> served_;
+};
+
+TEST_F(ConsoleTest, SnapshotAndMetricsShowEveryActorAndABlockedOne) {
+  const uint64_t first = ask(kDocs);
+  ASSERT_NE(first, 0u);
+  // An actor held busy: 100 messages of 50 ms each, queued at once.
+  auto post = runtime_->spawn_reporting_actor("held-busy", [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+  get("/v1/inspect/snapshot");  // a first sample: the share below covers the next second
+  for (int i = 0; i < 100; ++i) post();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  const json node = get("/v1/inspect/snapshot").at("nodes")[0];
+  EXPECT_EQ(node.at("name"), "local");
+  std::map<std::string, json> actors;
+  for (const auto& a : node.at("actors")) actors[a.at("actor").get<std::string>()] = a;
+  for (const char* name : {"intake", "controller", "layer-worker", "decoder", "inspector", "supervisor", "write-back",
+                           "compute-thread", "loader-ram-0", "loader-ssd-0", "ssd-writer", "held-busy"})
+    EXPECT_TRUE(actors.count(name)) << name;
+  const json& held = actors["held-busy"];
+  EXPECT_EQ(held.at("state"), "busy");
+  EXPECT_GE(held.at("mailbox").get<int64_t>(), 50) << held.dump();
+  EXPECT_GT(held.at("busy_share").get<double>(), 0.9) << held.dump();
+  EXPECT_EQ(actors["layer-worker"].at("kind"), "layer-worker");
+  EXPECT_GT(actors["layer-worker"].at("messages").get<int64_t>(), 0);
+  EXPECT_GT(actors["compute-thread"].at("busy_s").get<double>(), 0.0) << "the prefill and decode ran there";
+  // The finished request in the recent list, with what the console shows of it.
+  const json& last = node.at("recent").back();
+  EXPECT_EQ(last.at("id").get<uint64_t>(), first);
+  EXPECT_EQ(last.at("mode"), "blend");
+  EXPECT_EQ(last.at("chunk_tiers").size(), 2u);
+  EXPECT_GT(last.at("first_token_s").get<double>(), 0.0);
+  EXPECT_EQ(last.at("tokens_out").get<int64_t>(), 6);
+  EXPECT_FALSE(last.at("ratio_reason").get<std::string>().empty());
+  EXPECT_EQ(get("/v1/inspect/requests/" + std::to_string(first)).at("id").get<uint64_t>(), first);
+  get("/v1/inspect/requests/987654", 404);
+  // Prometheus: per actor and per tier.
+  auto c = served_->client();
+  auto m = c.Get("/metrics", {{"Authorization", std::string("Bearer ") + kKey}});
+  ASSERT_TRUE(m && m->status == 200);
+  EXPECT_NE(m->body.find("# TYPE blendserve_actor_messages_total counter"), std::string::npos);
+  EXPECT_NE(m->body.find("blendserve_actor_busy_seconds_total{actor=\"layer-worker\",kind=\"layer-worker\",node=\"local\""),
+            std::string::npos);
+  EXPECT_TRUE(std::regex_search(m->body, std::regex(R"(blendserve_actor_mailbox_depth\{actor="held-busy"[^}]*\} ([5-9][0-9]))")))
+      << "the held actor's depth";
+  EXPECT_NE(m->body.find("blendserve_tier_load_bytes_total{tier=\"ram\"}"), std::string::npos);
+}
+
+TEST_F(ConsoleTest, ThePageShowsTheActorsAndTheRequestsLayersAndRefusesWithoutTheKey) {
+  const std::string chromium = find_chromium();
+  if (chromium.empty()) GTEST_SKIP() << "no chromium (tools/setup.sh installs Debian's)";
+  ask(kDocs);                          // computes the chunks (write-back stores them)
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const uint64_t id = ask(kDocs);      // served from the RAM tier: loads and computes
+  ASSERT_NE(id, 0u);
+  auto post = runtime_->spawn_reporting_actor("held-busy", [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+  get("/v1/inspect/snapshot");
+  for (int i = 0; i < 100; ++i) post();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+
+  // The page itself needs no key: it holds no data.
+  auto c = served_->client();
+  auto page = c.Get("/console");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  for (const char* outside : {"<script src", "<link", "@import", "url(http", "src=\"http", "href=\"http", "https://"})
+    EXPECT_EQ(page->body.find(outside), std::string::npos) << "nothing fetched from elsewhere: " << outside;
+
+  const std::string dom = console_dom(chromium, served_->port(), "key=" + std::string(kKey) + "&req=" + std::to_string(id),
+                                      dir_.path() / "chromium");
+  ASSERT_NE(dom.find("data-connected=\"true\""), std::string::npos) << dom.substr(0, 2000);
+  std::map<std::string, std::map<std::string, std::string>> rows;
+  for (auto& r : elements_with(dom, "tr", "data-actor=")) rows[r["data-actor"]] = r;
+  for (const char* name : {"intake", "controller", "layer-worker", "decoder", "compute-thread", "loader-ram-0"})
+    EXPECT_TRUE(rows.count(name)) << name;
+  ASSERT_TRUE(rows.count("held-busy")) << dom.substr(0, 4000);
+  ASSERT_TRUE(rows["held-busy"].count("data-mailbox")) << dom.substr(0, 4000);
+  EXPECT_EQ(rows["held-busy"]["data-state"], "busy");
+  EXPECT_GE(std::stoi(rows["held-busy"]["data-mailbox"]), 50);
+  EXPECT_GT(std::stod(rows["held-busy"]["data-busy-share"]), 0.9);
+
+  // The timeline: exactly the trace's per-layer events, each in its lane.
+  const json trace = get("/v1/inspect/requests/" + std::to_string(id));
+  std::multiset<std::tuple<int, std::string, std::string>> expected, shown;
+  std::set<int> computed_layers;
+  for (const auto& e : trace.at("events")) {
+    if (!e.contains("layer")) continue;
+    expected.insert({e.at("layer").get<int>(), e.at("actor").get<std::string>(), e.at("what").get<std::string>()});
+    if (e.at("what") == "compute") computed_layers.insert(e.at("layer").get<int>());
+  }
+  const int n_layers = runtime_->context().model->config().n_layers;
+  EXPECT_EQ(static_cast<int>(computed_layers.size()), n_layers) << "every layer computed";
+  ASSERT_NE(dom.find("id=\"timeline-svg\" xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
+  EXPECT_NE(dom.find("data-request=\"" + std::to_string(id) + "\""), std::string::npos);
+  int load_rects = 0;
+  for (auto& r : elements_with(dom, "rect", "data-layer=")) {
+    shown.insert({std::stoi(r["data-layer"]), unescape(r["data-actor"]), unescape(r["data-what"])});
+    if (r["data-lane"] == "load") {
+      ++load_rects;
+      EXPECT_EQ(unescape(r["data-what"]), "load");
+    }
+  }
+  EXPECT_EQ(shown, expected);
+  EXPECT_EQ(load_rects, n_layers) << "the RAM tier's loader delivered every layer";
+
+  // Without the key: the page loads, its data does not.
+  const std::string refused = console_dom(chromium, served_->port(), "req=" + std::to_string(id), dir_.path() / "chromium2");
+  EXPECT_NE(refused.find("data-connected=\"false\""), std::string::npos);
+  EXPECT_NE(refused.find("Refused by the server"), std::string::npos);
+  EXPECT_TRUE(elements_with(refused, "tr", "data-actor=").empty());
+  EXPECT_EQ(c.Get("/v1/inspect/snapshot")->status, 401);
+}
+
+}  // namespace
+}  // namespace bs
