@@ -128,6 +128,11 @@ struct EvalOptions {
   int sink_tokens = 0;                 // first tokens of each cached chunk always recomputed
   std::string chunk_prelude;           // text every chunk is computed behind (dropped)
   std::string reference_dir;           // keeps/reads full's teacher-forced reference per case
+  // --sweep-ratio: the blend runs at each of these ratios (each in (0, 1]; sorted and
+  // deduplicated by eval_rag) instead of `ratio`, beside one `full` run per case that
+  // all share; a final {"eval":"sweep"} line gathers the points. Empty: no sweep.
+  std::vector<double> sweep_ratios;
+  std::string plot_path;  // --plot: the trade-off chart as SVG (tools/eval/sweep_plot.h)
   int skip_cases = 0;  // start after the first N cases (split a long run)
   int max_cases = 0;   // 0: all
   int max_tokens = 32;

@@ -192,7 +192,27 @@ int main(int argc, char** argv) {
   std::string modes = "blend";
   eval->add_option("--dataset", eopt.dataset, "JSON lines {id, documents, question, answers}")->required();
   eval->add_option("--mode", modes, "full|prefix|reuse|blend, or a comma list (the full reference runs once)");
-  eval->add_option("--ratio", eopt.ratio, "Blend recompute ratio")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  auto* eval_ratio =
+      eval->add_option("--ratio", eopt.ratio, "Blend recompute ratio")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  eval->add_option("--sweep-ratio", eopt.sweep_ratios,
+                   "Blend recompute ratios, comma separated, each in (0,1]: the blend runs at each beside one full run "
+                   "per case (full and blend are added to --mode); a summary per ratio and a final sweep line")
+      ->delimiter(',')
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            try {
+              size_t used = 0;
+              const double r = std::stod(v, &used);
+              if (used == v.size() && r > 0 && r <= 1) return std::string();
+            } catch (const std::exception&) {
+            }
+            return "ratio '" + v + "' is not a number in (0,1]";
+          },
+          "RATIO in (0,1]"))
+      ->excludes(eval_ratio);
+  eval->add_option("--plot", eopt.plot_path,
+                   "Write the ratio trade-off chart (quality and TTFT vs ratio, full dashed) as SVG; without "
+                   "--sweep-ratio one point at --ratio");
   eval->add_option("--check-layers", eopt.check_layers, "Blend check layers (several = gradual filtering)")->capture_default_str();
   eval->add_option("--schedule", eopt.schedule, "Kept fractions after each check layer but the last");
   eval->add_option("--deviation", eopt.deviation, "What the blend compares: k, v or kv")

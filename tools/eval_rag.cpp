@@ -12,13 +12,20 @@
 // keeps what the metrics need of them (the first row, each row's argmax) in files
 // named by the model fingerprint, precision, prompt and answer: a later run with
 // other blend options reads them instead.
+//
+// --sweep-ratio R1,R2,... runs the blend at each ratio (the other blend options
+// unchanged) beside `full`, on the same cases: per case, full's reference (computed
+// once, or read from --reference-dir) and full's own run serve every ratio. A summary
+// line per (mode, ratio), then one {"eval":"sweep","points":[...],"full":{...}} line;
+// --plot F.svg draws the points (tools/eval/sweep_plot.h).
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <map>
 #include <memory>
 #include <stdexcept>
 
@@ -29,6 +36,7 @@
 #include "blend/store_backed_blend.h"
 #include "storage/memory_store.h"
 #include "tools/eval/metrics.h"
+#include "tools/eval/sweep_plot.h"
 #include "model/generate.h"
 #include "tools/bench.h"
 #include "tools/progress.h"
@@ -39,7 +47,7 @@ namespace {
 using json = nlohmann::json;
 
 struct Totals {
-  double f1 = 0, kl = 0, agree = 0, ttft = 0, recomputed = 0;
+  double f1 = 0, kl = 0, agree = 0, ttft = 0, recomputed = 0, cached = 0;
   int cases = 0;
   int forced_cases = 0;  // cases whose answer has tokens (teacher-forced KL and agreement)
 };
@@ -94,11 +102,58 @@ void write_reference(const std::filesystem::path& file, int64_t V, const Referen
   std::filesystem::rename(tmp, file);  // whole or absent
 }
 
+// A ratio as given (0.1, not the float's 0.10000000149011612): six decimals.
+double clean_ratio(float r) { return std::round(static_cast<double>(r) * 1e6) / 1e6; }
+
+// The sweep's ratios: each in (0, 1], sorted, duplicates dropped.
+std::vector<double> checked_ratios(const std::vector<double>& given) {
+  std::vector<double> r;
+  for (double x : given) {
+    if (!(x > 0 && x <= 1)) {
+      char v[32];
+      std::snprintf(v, sizeof v, "%g", x);
+      throw std::invalid_argument(std::string("--sweep-ratio: ") + v + " is not in (0, 1]");
+    }
+    r.push_back(x);
+  }
+  std::sort(r.begin(), r.end());
+  r.erase(std::unique(r.begin(), r.end()), r.end());
+  return r;
+}
+
+// One mode's run on every case: the blend once per ratio, the other modes once.
+struct RunSpec {
+  BlendMode mode;
+  double ratio;  // the blend's recompute ratio (the other modes ignore it)
+};
+
+json number_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
 }  // namespace
 
 int eval_rag(const EvalOptions& opt) {
   std::vector<BlendMode> modes;
-  for (const auto& m : opt.modes) modes.push_back(parse_mode(m));
+  for (const auto& m : opt.modes)
+    if (const BlendMode b = parse_mode(m); std::find(modes.begin(), modes.end(), b) == modes.end()) modes.push_back(b);
+  // A sweep (or a plot) compares the blend with full: both always run.
+  const bool sweep = !opt.sweep_ratios.empty() || !opt.plot_path.empty();
+  if (sweep && std::find(modes.begin(), modes.end(), BlendMode::Full) == modes.end())
+    modes.insert(modes.begin(), BlendMode::Full);
+  if (sweep && std::find(modes.begin(), modes.end(), BlendMode::Blend) == modes.end()) modes.push_back(BlendMode::Blend);
+  const std::vector<double> ratios =
+      opt.sweep_ratios.empty() ? std::vector<double>{clean_ratio(opt.ratio)} : checked_ratios(opt.sweep_ratios);
+  std::vector<RunSpec> runs;
+  for (BlendMode m : modes) {
+    if (m == BlendMode::Blend)
+      for (double r : ratios) runs.push_back({m, r});
+    else
+      runs.push_back({m, clean_ratio(opt.ratio)});
+  }
+  if (!opt.plot_path.empty()) {  // a typo in the path fails now, not after the run
+    const auto dir = std::filesystem::absolute(opt.plot_path).parent_path();
+    if (!std::filesystem::is_directory(dir))
+      throw std::runtime_error("--plot: directory " + dir.string() + " does not exist");
+  }
   std::ifstream in(opt.dataset);
   if (!in) throw std::runtime_error("cannot open dataset " + opt.dataset);
 
@@ -129,7 +184,7 @@ int eval_rag(const EvalOptions& opt) {
   StoreBackedBlend& reference_blend = fp32_kv ? from_store : *ref_blend;
   const auto& tok = model.tokenizer();
   const int64_t V = model.config().vocab;
-  std::map<BlendMode, Totals> totals;
+  std::vector<Totals> totals(runs.size());
 
   std::vector<std::string> lines;
   for (std::string l; std::getline(in, l);)
@@ -137,7 +192,8 @@ int eval_rag(const EvalOptions& opt) {
   const int first = std::min<int>(opt.skip_cases, static_cast<int>(lines.size()));
   const int last = opt.max_cases > 0 ? std::min<int>(first + opt.max_cases, static_cast<int>(lines.size()))
                                      : static_cast<int>(lines.size());
-  Progress progress("eval cases", last - first);
+  // One tick per case and run (mode, and ratio for the blend).
+  Progress progress("eval runs", (last - first) * static_cast<int>(runs.size()));
   BlendOptions blend_opt;
   blend_opt.ratio = opt.ratio;
   blend_opt.check_layers = opt.check_layers;
@@ -189,9 +245,12 @@ int eval_rag(const EvalOptions& opt) {
       }
     }
 
-    for (BlendMode mode : modes) {
+    for (size_t run_no = 0; run_no < runs.size(); ++run_no) {
+      const BlendMode mode = runs[run_no].mode;
       BlendOptions o = blend_opt;
       o.mode = mode;
+      // The sweep's ratio; without a sweep --ratio as given (runs' copy is for printing).
+      if (mode == BlendMode::Blend && !opt.sweep_ratios.empty()) o.ratio = static_cast<float>(runs[run_no].ratio);
       double kl = 0;
       int64_t agree = 0;
       if (A > 0 && mode == BlendMode::Full && fp32_kv) {
@@ -214,7 +273,7 @@ int eval_rag(const EvalOptions& opt) {
       const auto out = decode_from(tf, gen.cache, gen.logits, sp);
       const double f1 = blend::max_f1(out.text, answers);
 
-      auto& t = totals[mode];
+      auto& t = totals[run_no];
       t.f1 += f1;
       if (A > 0) {
         t.kl += kl;
@@ -223,9 +282,10 @@ int eval_rag(const EvalOptions& opt) {
       }
       t.ttft += ttft;
       t.recomputed += static_cast<double>(gen.stats.recomputed_tokens);
+      t.cached += static_cast<double>(gen.stats.cached_tokens);
       ++t.cases;
       if (opt.print_cases) {
-        std::printf("%s\n", json{{"id", c.value("id", std::to_string(case_no))},
+        json line = json{{"id", c.value("id", std::to_string(case_no))},
                                  {"mode", mode_name(mode)},
                                  {"f1", f1},
                                  {"first_token_kl", A > 0 ? json(kl) : json(nullptr)},
@@ -234,16 +294,27 @@ int eval_rag(const EvalOptions& opt) {
                                  {"setup_s_excluded", setup},
                                  {"prompt_tokens", gen.stats.prompt_tokens},
                                  {"recomputed_tokens", gen.stats.recomputed_tokens},
-                                 {"output", out.text}}
-                                .dump(-1, ' ', false, json::error_handler_t::replace)
-                                .c_str());
+                                 {"cached_tokens", gen.stats.cached_tokens},
+                                 {"output", out.text}};
+        if (mode == BlendMode::Blend) line["ratio"] = runs[run_no].ratio;
+        std::printf("%s\n", line.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
         std::fflush(stdout);
       }
+      progress.tick();
     }
-    progress.tick();
   }
-  for (BlendMode mode : modes) {
-    const auto& t = totals[mode];
+  // full's mean TTFT and F1 (NaN without a full run): the blend's TTFT is also given
+  // as a multiple of it.
+  double full_ttft = std::nan(""), full_f1 = std::nan("");
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].mode == BlendMode::Full && totals[i].cases > 0) {
+      full_ttft = totals[i].ttft / totals[i].cases;
+      full_f1 = totals[i].f1 / totals[i].cases;
+    }
+  std::vector<SweepPoint> points;
+  for (size_t run_no = 0; run_no < runs.size(); ++run_no) {
+    const BlendMode mode = runs[run_no].mode;
+    const auto& t = totals[run_no];
     if (t.cases == 0) continue;
     json s = {{"summary", true},
               {"isa", backend->kernel_id()},
@@ -258,7 +329,20 @@ int eval_rag(const EvalOptions& opt) {
               {"ttft_s", t.ttft / t.cases},
               {"recomputed_tokens", t.recomputed / t.cases}};
     if (mode == BlendMode::Blend) {
-      s["ratio"] = opt.ratio;
+      SweepPoint p;
+      p.ratio = runs[run_no].ratio;
+      p.f1 = t.f1 / t.cases;
+      if (t.forced_cases) {
+        p.kl = t.kl / t.forced_cases;
+        p.agreement = t.agree / t.forced_cases;
+      }
+      p.ttft_s = t.ttft / t.cases;
+      if (full_ttft > 0) p.ttft_vs_full = p.ttft_s / full_ttft;
+      if (t.cached > 0) p.recomputed_fraction = t.recomputed / t.cached;
+      points.push_back(p);
+      s["ratio"] = p.ratio;
+      s["recomputed_fraction"] = number_or_null(p.recomputed_fraction);
+      if (std::isfinite(p.ttft_vs_full)) s["ttft_vs_full"] = p.ttft_vs_full;
       s["check_layers"] = opt.check_layers;
       if (!opt.schedule.empty()) s["schedule"] = opt.schedule;
       s["filtering"] = filtering_name(blend_opt.filtering);
@@ -269,6 +353,58 @@ int eval_rag(const EvalOptions& opt) {
     }
     if (!opt.reference_dir.empty()) s["reference_cases_read"] = reference_hits;
     std::printf("%s\n", s.dump().c_str());
+  }
+  if (!sweep) return 0;
+
+  const int cases = last - first;
+  const std::string model_name = std::filesystem::path(opt.model_path).filename().string();
+  const std::string dataset_name = std::filesystem::path(opt.dataset).filename().string();
+  const std::string cpu = cpu_model_name();
+  json jp = json::array();
+  for (const auto& p : points)
+    jp.push_back({{"ratio", p.ratio},
+                  {"f1", p.f1},
+                  {"kl", number_or_null(p.kl)},
+                  {"agreement", number_or_null(p.agreement)},
+                  {"ttft_s", p.ttft_s},
+                  {"ttft_vs_full", number_or_null(p.ttft_vs_full)},
+                  {"recomputed_fraction", number_or_null(p.recomputed_fraction)}});
+  std::printf("%s\n", json{{"eval", "sweep"},
+                           {"model", model_name},
+                           {"dataset", dataset_name},
+                           {"cases", cases},
+                           {"cpu", cpu},
+                           {"isa", backend->kernel_id()},
+                           {"precision", kernels::precision_name(precision)},
+                           {"kv_dtype", kernels::kv_dtype_name(kv_dtype)},
+                           {"points", jp},
+                           {"full", {{"f1", number_or_null(full_f1)}, {"ttft_s", number_or_null(full_ttft)}}}}
+                          .dump(-1, ' ', false, json::error_handler_t::replace)
+                          .c_str());
+  std::fflush(stdout);
+
+  if (!opt.plot_path.empty()) {
+    SweepChart chart;
+    chart.title = "Blend ratio trade-off: " + model_name + " on " + dataset_name + ", " + std::to_string(cases) +
+                  (cases == 1 ? " case, " : " cases, ") + cpu;
+    std::string layers;
+    for (int l : opt.check_layers) {
+      if (!layers.empty()) layers += ',';
+      layers += std::to_string(l);
+    }
+    chart.subtitle = "blend: check layers " + layers + ", " + filtering_name(blend_opt.filtering) + " filtering, " +
+                     quota_name(blend_opt.quota) + " quota, " + deviation_name(blend_opt.deviation) +
+                     " deviation\nkernels " + backend->kernel_id() + ", precision " + kernels::precision_name(precision) +
+                     ", KV " + kernels::kv_dtype_name(kv_dtype) + "; greedy, up to " +
+                     std::to_string(opt.max_tokens) + " tokens; means over cases";
+    chart.points = points;
+    chart.full_f1 = full_f1;
+    chart.full_ttft_s = full_ttft;
+    const std::string svg = sweep_svg(chart);
+    std::ofstream f(opt.plot_path, std::ios::binary | std::ios::trunc);
+    f << svg;
+    if (!f) throw std::runtime_error("cannot write " + opt.plot_path);
+    std::fprintf(stderr, "plot: %s\n", opt.plot_path.c_str());
   }
   return 0;
 }
