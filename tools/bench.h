@@ -146,4 +146,15 @@ struct EvalOptions {
 };
 int eval_rag(const EvalOptions& opt);
 
+// blendctl top: a server's actors and requests live in the terminal (tools/top.cpp).
+struct TopOptions {
+  std::string url = "http://127.0.0.1:8000";
+  std::string api_key;       // default $BLENDSERVE_API_KEY
+  double interval_s = 1.0;   // between snapshots
+  double timeout_s = 5.0;    // connect and read timeout of one snapshot
+  bool once = false;         // print one snapshot and exit (1 if the server cannot be read)
+  bool json = false;         // with once: the snapshot as one JSON line, not the text view
+};
+int run_top(const TopOptions& opt);
+
 }  // namespace bs::tools

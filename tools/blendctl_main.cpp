@@ -187,6 +187,18 @@ int main(int argc, char** argv) {
   trace->add_flag("--json", trace_json, "Same as --format json")->excludes(trace_format);
   trace->add_option("--out", tropt.out, "Write to this file instead of stdout");
 
+  bs::tools::TopOptions top_opt;
+  if (const char* k = std::getenv("BLENDSERVE_API_KEY")) top_opt.api_key = k;
+  auto* top = app.add_subcommand("top", "A server's actors and requests, live in the terminal (q quits, s sorts, / filters)");
+  top->add_option("--url", top_opt.url, "The server (http://HOST:PORT)")->capture_default_str();
+  top->add_option("--api-key", top_opt.api_key, "Bearer token (default: $BLENDSERVE_API_KEY)");
+  top->add_option("--interval", top_opt.interval_s, "Seconds between snapshots")->capture_default_str()->check(
+      CLI::Range(0.1, 3600.0));
+  top->add_option("--timeout", top_opt.timeout_s, "Seconds to wait for one snapshot")->capture_default_str()->check(
+      CLI::Range(0.1, 600.0));
+  top->add_flag("--once", top_opt.once, "Print one snapshot and exit (exit 1 if the server cannot be read)");
+  top->add_flag("--json", top_opt.json, "With --once: the snapshot as one JSON line");
+
   bs::tools::EvalOptions eopt;
   auto* eval = app.add_subcommand("eval", "RAG quality of full/prefix/reuse/blend on a QA set (JSON lines)");
   std::string modes = "blend";
@@ -267,6 +279,7 @@ int main(int argc, char** argv) {
       sopt.model_path = opt.model_path;
       return bs::tools::bench_serve(sopt);
     }
+    if (top->parsed()) return bs::tools::run_top(top_opt);
     if (trace->parsed()) {
       if (trace_json) tropt.format = "json";
       return bs::tools::print_trace(tropt);
