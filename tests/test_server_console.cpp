@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <regex>
@@ -182,6 +183,23 @@ TEST_F(ConsoleTest, SnapshotAndMetricsShowEveryActorAndABlockedOne) {
   EXPECT_TRUE(std::regex_search(m->body, std::regex(R"(blendserve_actor_mailbox_depth\{actor="held-busy"[^}]*\} ([5-9][0-9]))")))
       << "the held actor's depth";
   EXPECT_NE(m->body.find("blendserve_tier_load_bytes_total{tier=\"ram\"}"), std::string::npos);
+  // The Grafana dashboard in configs/ asks only for series this server exports.
+  std::ifstream dash(std::string(BLENDSERVE_FIXTURES) + "/../../configs/grafana-dashboard.json");
+  ASSERT_TRUE(dash) << "configs/grafana-dashboard.json";
+  const json dashboard = json::parse(dash);
+  int queries = 0;
+  for (const auto& panel : dashboard.at("panels"))
+    for (const auto& target : panel.at("targets")) {
+      const std::string expr = target.at("expr");
+      const std::regex metric(R"(blendserve_[a-z_]+)");
+      for (auto it = std::sregex_iterator(expr.begin(), expr.end(), metric); it != std::sregex_iterator(); ++it) {
+        ++queries;
+        std::string at_line_start(1, '\n');
+        at_line_start.append(it->str());
+        EXPECT_NE(m->body.find(at_line_start), std::string::npos) << it->str() << " in " << panel.at("title");
+      }
+    }
+  EXPECT_GE(queries, 10);
 }
 
 TEST_F(ConsoleTest, ThePageShowsTheActorsAndTheRequestsLayersAndRefusesWithoutTheKey) {
