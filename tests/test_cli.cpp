@@ -24,6 +24,7 @@
 #include "kernels/cpu/isa.h"
 #include "model/gguf.h"
 #include "tests/model_fixture.h"
+#include "tests/process_fixture.h"
 
 namespace {
 
@@ -48,22 +49,11 @@ struct RemoveDataDir : ::testing::Environment {
 };
 const auto* remove_data_dir = ::testing::AddGlobalTestEnvironment(new RemoveDataDir);
 
-struct Run {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using Run = bs::testing::CommandResult;
 
+// A binary of the build with its arguments; stdout and stderr together.
 Run run(const std::string& args) {
-  const std::string cmd = std::string(BLENDSERVE_BINARY_DIR) + "/" + args + " 2>&1";
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return bs::testing::run_command(std::string(BLENDSERVE_BINARY_DIR) + "/" + args + " 2>&1");
 }
 
 std::vector<nlohmann::json> json_lines(const std::string& text) {
@@ -432,21 +422,7 @@ int model_layers() {
   return static_cast<int>(g.get_int(g.get_string("general.architecture").value() + ".block_count").value());
 }
 
-// A loopback port nothing listens on now.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return -1;
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using bs::testing::free_port;
 
 // Two requests through `blendserve serve` (one process, so ids 1 and 2), then their
 // traces by id and the last one, from the data dir and from the server, as Chrome
@@ -459,36 +435,11 @@ TEST(Cli, TraceExportsChromeTraceEventsByIdFromFilesAndFromTheServer) {
   std::ofstream(config) << "server:\n  api_keys: [\"" << key << "\"]\n";
   const int port = free_port();
   ASSERT_GT(port, 0);
-  const auto log = data_dir() / "trace_export_server.log";
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    const std::string bin = std::string(BLENDSERVE_BINARY_DIR) + "/blendserve";
-    const std::string port_arg = std::to_string(port);
-    execl(bin.c_str(), bin.c_str(), "--config", config.c_str(), "serve", "--port", port_arg.c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  struct Stop {
-    pid_t pid;
-    ~Stop() {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  } stop{pid};
+  bs::testing::ServeProcess server(config, port, data_dir() / "trace_export_server.log");
+  ASSERT_TRUE(server.up());
   httplib::Client http("127.0.0.1", port);
   http.set_bearer_token_auth(key);
   http.set_read_timeout(300);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (true) {
-    if (auto r = http.Get("/health"); r && r->status == 200) break;
-    ASSERT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << "blendserve exited: " << bs::testing::read_file(log.string());
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << bs::testing::read_file(log.string());
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
   auto models = http.Get("/v1/models");
   ASSERT_TRUE(models && models->status == 200);
   const std::string model = nlohmann::json::parse(models->body).at("data").at(0).at("id");

@@ -8,23 +8,18 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include <array>
 #include <chrono>
-#include <csignal>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "tests/model_fixture.h"
+#include "tests/process_fixture.h"
 #include "tests/temp_dir.h"
 
 namespace {
@@ -34,72 +29,17 @@ using json = nlohmann::json;
 
 const char* kKey = "sk-top-test-0815";
 
-struct Run {
-  int code = -1;
-  std::string out;
-};
+using bs::testing::free_port;
 
-Run sh(const std::string& cmd) {
-  Run r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// A shell command; stdout and stderr together.
+bs::testing::CommandResult sh(const std::string& cmd) { return bs::testing::run_command(cmd + " 2>&1"); }
+
+// `blendserve serve` on `port` with the key, its data and log in `dir`.
+std::unique_ptr<bs::testing::ServeProcess> start_server(const fs::path& dir, int port) {
+  const auto config = dir / "top.yaml";
+  std::ofstream(config) << "server:\n  api_keys: [\"" << kKey << "\"]\n";
+  return std::make_unique<bs::testing::ServeProcess>(config, port, dir / "server.log", dir);
 }
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -1;
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// `blendserve serve` on `port` with the key, its data in `dir`; killed with the object.
-class ServerProcess {
- public:
-  ServerProcess(const fs::path& dir, int port) {
-    const auto config = dir / "top.yaml";
-    std::ofstream(config) << "server:\n  api_keys: [\"" << kKey << "\"]\n";
-    const auto log = dir / "server.log";
-    pid_ = fork();
-    if (pid_ == 0) {
-      ::setenv("BLENDSERVE_DATA_DIR", dir.c_str(), 1);
-      FILE* f = std::freopen(log.c_str(), "a", stderr);
-      (void)f;
-      const std::string bin = std::string(BLENDSERVE_BINARY_DIR) + "/blendserve";
-      const std::string p = std::to_string(port);
-      execl(bin.c_str(), bin.c_str(), "--config", config.c_str(), "serve", "--port", p.c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    httplib::Client c("127.0.0.1", port);
-    for (int i = 0; i < 600; ++i) {
-      if (auto r = c.Get("/health"); r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    ADD_FAILURE() << "blendserve did not come up on port " << port;
-  }
-  ~ServerProcess() { kill(); }
-  void kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
 
 // A tmux server of its own (its socket named after this process).
 struct Tmux {
@@ -130,7 +70,8 @@ TEST(CliTop, LiveViewSortsFiltersFitsEightyColumnsAndSurvivesTheServerGoingAway)
   bs::testing::TempDir dir;
   const int port = free_port();
   ASSERT_GT(port, 0);
-  auto server = std::make_unique<ServerProcess>(dir.path(), port);
+  auto server = start_server(dir.path(), port);
+  ASSERT_TRUE(server->up());
   {
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(300, 0);
@@ -188,7 +129,8 @@ TEST(CliTop, LiveViewSortsFiltersFitsEightyColumnsAndSurvivesTheServerGoingAway)
   EXPECT_TRUE(has(screen, "retrying")) << screen;
   EXPECT_TRUE(tmux.alive());
   // It comes back on the same port: top picks it up.
-  server = std::make_unique<ServerProcess>(dir.path(), port);
+  server = start_server(dir.path(), port);
+  ASSERT_TRUE(server->up());
   screen = tmux.wait_for([](const std::string& s) { return has(s, "updated") && !has(s, "server gone"); }, 30);
   EXPECT_TRUE(has(screen, "updated")) << screen;
   EXPECT_TRUE(has(screen, "layer-worker")) << screen;
