@@ -641,7 +641,12 @@ std::function<void()> Runtime::spawn_reporting_actor(const std::string& name, st
   caf::actor x = a.system->spawn<caf::detached>([c, work](caf::event_based_actor* self) -> caf::behavior {
     return {[=](int32_t) {
       BusyScope busy(*c, self->mailbox().size());
-      work();
+      // Unsupervised: a failing message is reported, never the end of the actor.
+      try {
+        work();
+      } catch (const std::exception& e) {
+        c->set_error(e.what());
+      }
     }};
   });
   a.reporting.push_back(x);

@@ -95,7 +95,8 @@ class Runtime {
   // An extra actor in this runtime's actor system that reports to the inspector as
   // the runtime's own do (a known load for tests of the inspection views and for
   // tools): each call of the returned function queues one message, which runs
-  // `work` on the actor's own thread. It stops at shutdown. Throws on a name in use.
+  // `work` on the actor's own thread (an exception it throws becomes the actor's
+  // last error; the actor goes on). It stops at shutdown. Throws on a name in use.
   std::function<void()> spawn_reporting_actor(const std::string& name, std::function<void()> work);
 
   // Refuses new requests, cancels those in flight and queued and waits for them

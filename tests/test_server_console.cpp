@@ -7,16 +7,15 @@
 // refused its data. Also: /v1/inspect/snapshot, /requests, /metrics per actor.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <regex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -26,6 +25,7 @@
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
 #include "model_fixture.h"
+#include "process_fixture.h"
 #include "served_fixture.h"
 #include "temp_dir.h"
 
@@ -49,23 +49,12 @@ std::string find_chromium() {
   return "";
 }
 
-// Runs a command, returns its stdout.
-std::string run(const std::string& cmd) {
-  std::string out;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(::popen(cmd.c_str(), "r"), ::pclose);
-  if (!p) return out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
-  return out;
-}
-
 // The console's DOM once its scripts ran (a few seconds of the page's time),
 // without the script's own text (its templates look like elements).
 std::string console_dom(const std::string& chromium, int port, const std::string& fragment, const fs::path& profile) {
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/console#" + fragment;
-  const std::string dom = run("timeout 90 " + chromium + " --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir=" +
-             profile.string() + " --virtual-time-budget=3000 --dump-dom '" + url + "' 2>/dev/null");
+  const std::string dom = testing::run_command("timeout 90 " + chromium + " --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir=" +
+             profile.string() + " --virtual-time-budget=3000 --dump-dom '" + url + "' 2>/dev/null").out;
   return dom.substr(0, dom.find("<script"));
 }
 
@@ -146,6 +135,11 @@ TEST_F(ConsoleTest, SnapshotAndMetricsShowEveryActorAndABlockedOne) {
   ASSERT_NE(first, 0u);
   // An actor held busy: 100 messages of 50 ms each, queued at once.
   auto post = runtime_->spawn_reporting_actor("held-busy", [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+  // One whose work throws: the error is reported, the actor goes on.
+  auto post_failing = runtime_->spawn_reporting_actor("fails-once", [] { throw std::runtime_error("injected failure"); });
+  post_failing();
+  post_failing();
+  EXPECT_THROW(runtime_->spawn_reporting_actor("held-busy", [] {}), std::invalid_argument) << "a name in use";
   get("/v1/inspect/snapshot");  // a first sample: the share below covers the next second
   for (int i = 0; i < 100; ++i) post();
   std::this_thread::sleep_for(std::chrono::milliseconds(1300));
@@ -160,6 +154,9 @@ TEST_F(ConsoleTest, SnapshotAndMetricsShowEveryActorAndABlockedOne) {
   EXPECT_EQ(held.at("state"), "busy");
   EXPECT_GE(held.at("mailbox").get<int64_t>(), 50) << held.dump();
   EXPECT_GT(held.at("busy_share").get<double>(), 0.9) << held.dump();
+  ASSERT_TRUE(actors.count("fails-once"));
+  EXPECT_EQ(actors["fails-once"].at("messages").get<int64_t>(), 2) << "it handled the second message too";
+  EXPECT_EQ(actors["fails-once"].value("last_error", ""), "injected failure");
   EXPECT_EQ(actors["layer-worker"].at("kind"), "layer-worker");
   EXPECT_GT(actors["layer-worker"].at("messages").get<int64_t>(), 0);
   EXPECT_GT(actors["compute-thread"].at("busy_s").get<double>(), 0.0) << "the prefill and decode ran there";
