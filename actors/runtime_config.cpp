@@ -26,7 +26,7 @@
 
 namespace bs {
 
-// configs/default.yaml, compiled in: ${CMAKE_BINARY_DIR}/generated/default_config.cpp
+// configs/default.yaml, compiled in: ${CMAKE_BINARY_DIR}/generated/default_config_yaml.cpp (bs_embed_text_file)
 // (actors/CMakeLists.txt generates it at configure time).
 namespace generated {
 extern const char default_config_yaml[];
