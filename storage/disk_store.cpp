@@ -413,6 +413,14 @@ bool DiskKvStore::contains(const ChunkKey& key) const {
   return map_.count(key) != 0;
 }
 
+std::vector<ChunkKey> DiskKvStore::keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ChunkKey> out;
+  out.reserve(map_.size());
+  for (const auto& [key, slot] : map_) out.push_back(key);
+  return out;
+}
+
 StoreStats DiskKvStore::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   StoreStats s = stats_;

@@ -57,6 +57,8 @@ class DiskKvStore final : public KvStore {
   bool put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) override;
   bool erase(const ChunkKey& key) override;
   StoreStats stats() const override;
+  // Every key indexed now (a copy, any order): what a cluster worker reports.
+  std::vector<ChunkKey> keys() const;
   int64_t budget() const override { return budget_; }
   std::string_view name() const override { return "ssd"; }
 

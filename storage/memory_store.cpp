@@ -68,6 +68,14 @@ bool MemoryKvStore::erase(const ChunkKey& key) {
   return true;
 }
 
+std::vector<ChunkKey> MemoryKvStore::keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ChunkKey> out;
+  out.reserve(map_.size());
+  for (const auto& [key, entry] : map_) out.push_back(key);
+  return out;
+}
+
 StoreStats MemoryKvStore::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   StoreStats s = stats_;

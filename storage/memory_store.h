@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "storage/chunk_kv.h"
 #include "storage/kv_store.h"
@@ -33,6 +34,8 @@ class MemoryKvStore : public KvStore {
   bool put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) override;
   bool erase(const ChunkKey& key) override;
   StoreStats stats() const override;
+  // Every key held now (a copy, any order): what a cluster worker reports.
+  std::vector<ChunkKey> keys() const;
   int64_t budget() const override { return budget_; }
   std::string_view name() const override { return "ram"; }
 
