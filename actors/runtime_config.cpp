@@ -6,6 +6,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "actors/runtime_config_yaml.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -276,11 +278,81 @@ void parse_tier(const YAML::Node& sec, const std::string& path, bool is_ssd, Tie
     fail(path + ".path", sec["path"], "the SSD tier needs a directory (relative paths are under data_dir)");
 }
 
+// Seconds as a number (5, 0.25) or with a unit ("500ms", "2s"); > 0.
+double get_duration(const YAML::Node& n, const std::string& key) {
+  if (!n.IsScalar()) wrong_type(key, n, "a duration (e.g. 5, 500ms, 2s)");
+  double s = 0;
+  try {
+    s = parse_duration(n.Scalar());
+  } catch (const ConfigError& e) {
+    fail(key, n, e.what());
+  }
+  if (!(s > 0)) fail(key, n, "must be a duration > 0, got " + n.Scalar());
+  return s;
+}
+
+void parse_remote_tier(const YAML::Node& sec, RemoteTierConfig& r) {
+  const std::string path = "tiers.remote";
+  for_each_key(sec, path,
+               {"enabled", "host", "port", "secret", "loaders", "layers_in_flight", "max_connections", "write_back",
+                "connect_timeout", "io_timeout", "retry_after"},
+               [&](std::string_view k, const YAML::Node& v) {
+                 const std::string key = join_path(path, k);
+                 if (k == "enabled") {
+                   r.enabled = get_bool(v, key);
+                 } else if (k == "host") {
+                   r.host = get_string(v, key);
+                 } else if (k == "port") {
+                   r.port = get_int(v, key);
+                   if (r.port < 0 || r.port > 65535)
+                     fail(key, v, "must be in 1..65535 (0: not set), got " + v.Scalar());
+                 } else if (k == "secret") {
+                   const std::string text = get_string(v, key);
+                   try {
+                     r.secret = text.empty() ? std::string() : resolve_secret(text);  // "": not set
+                   } catch (const ConfigError& e) {
+                     fail(key, v, e.what());
+                   }
+                 } else if (k == "loaders") {
+                   r.loaders = get_int(v, key);
+                   check_at_least(r.loaders, 1, v, key, " (loader actors of the tier)");
+                 } else if (k == "layers_in_flight") {
+                   r.layers_in_flight = get_int(v, key);
+                   check_at_least(r.layers_in_flight, 1, v, key);
+                 } else if (k == "max_connections") {
+                   r.max_connections = get_int(v, key);
+                   check_at_least(r.max_connections, 1, v, key);
+                 } else if (k == "write_back") {
+                   r.write_back = get_bool(v, key);
+                 } else if (k == "connect_timeout") {
+                   r.connect_timeout_s = get_duration(v, key);
+                 } else if (k == "io_timeout") {
+                   r.io_timeout_s = get_duration(v, key);
+                 } else if (k == "retry_after") {
+                   r.retry_after_s = get_duration(v, key);
+                 }
+               });
+}
+
 void parse_tiers(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "tiers", {"ram", "ssd"}, [&](std::string_view k, const YAML::Node& v) {
+  for_each_key(sec, "tiers", {"ram", "ssd", "remote"}, [&](std::string_view k, const YAML::Node& v) {
     if (k == "ram") parse_tier(v, "tiers.ram", false, c.ram);
     if (k == "ssd") parse_tier(v, "tiers.ssd", true, c.ssd);
+    if (k == "remote") parse_remote_tier(v, c.remote);
   });
+}
+
+// The node at a path of map keys, or an undefined node where the path stops.
+YAML::Node find_node(const YAML::Node& root, std::initializer_list<const char*> path) {
+  // Copies only: assigning to a YAML::Node overwrites the node it refers to, and a
+  // non-const lookup adds the key.
+  std::vector<YAML::Node> chain{root};
+  for (const char* k : path) {
+    const YAML::Node& at = chain.back();
+    if (!at.IsDefined() || !at.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    chain.push_back(at[k]);
+  }
+  return chain.back().IsDefined() ? chain.back() : YAML::Node(YAML::NodeType::Undefined);
 }
 
 // A name from a fixed set (blend mode, deviation, quota, filtering): `parse` throws
@@ -454,21 +526,7 @@ bool is_digit(char ch) { return ch >= '0' && ch <= '9'; }
 
 }  // namespace
 
-RuntimeConfig parse_runtime_config(const std::string& yaml_text) {
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(yaml_text);
-  } catch (const YAML::Exception& e) {
-    std::string where = e.mark.is_null() ? std::string()
-                                         : " at line " + std::to_string(e.mark.line + 1) + ", column " +
-                                               std::to_string(e.mark.column + 1);
-    throw ConfigError("invalid YAML" + where + ": " + e.msg);
-  }
-  if (docs.size() > 1)
-    throw ConfigError("config: expected one YAML document, got " + std::to_string(docs.size()) + position(docs[1]));
-  RuntimeConfig c;
-  if (docs.empty()) return c;
-  const YAML::Node& root = docs.front();
+void apply_runtime_config(const YAML::Node& root, RuntimeConfig& c) {
   for_each_key(root, "", {"model", "device", "data_dir", "tiers", "blend", "limits", "server"},
                [&](std::string_view k, const YAML::Node& v) {
                  if (k == "model") parse_model(v, c);
@@ -479,6 +537,56 @@ RuntimeConfig parse_runtime_config(const std::string& yaml_text) {
                  else if (k == "limits") parse_limits(v, c);
                  else if (k == "server") parse_server(v, c);
                });
+}
+
+namespace config_yaml {
+
+YAML::Node load_document(const std::string& yaml_text) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(yaml_text);
+  } catch (const YAML::Exception& e) {
+    std::string where = e.mark.is_null() ? std::string()
+                                         : " at line " + std::to_string(e.mark.line + 1) + ", column " +
+                                               std::to_string(e.mark.column + 1);
+    throw ConfigError("invalid YAML" + where + ": " + e.msg);
+  }
+  if (docs.size() > 1)
+    throw ConfigError("config: expected one YAML document, got " + std::to_string(docs.size()) +
+                      bs::position(docs[1]));
+  return docs.empty() ? YAML::Node(YAML::NodeType::Null) : docs.front();
+}
+std::string position(const YAML::Node& node) { return bs::position(node); }
+void fail(const std::string& key, const YAML::Node& node, const std::string& what) { bs::fail(key, node, what); }
+void for_each_key(const YAML::Node& map, const std::string& path, Keys keys,
+                  const std::function<void(std::string_view, const YAML::Node&)>& on) {
+  bs::for_each_key(map, path, keys, on);
+}
+std::string get_string(const YAML::Node& node, const std::string& key) { return bs::get_string(node, key); }
+int get_int(const YAML::Node& node, const std::string& key) { return bs::get_int(node, key); }
+bool get_bool(const YAML::Node& node, const std::string& key) { return bs::get_bool(node, key); }
+double get_duration(const YAML::Node& node, const std::string& key) { return bs::get_duration(node, key); }
+
+}  // namespace config_yaml
+
+RuntimeConfig parse_runtime_config(const std::string& yaml_text) {
+  const YAML::Node root = config_yaml::load_document(yaml_text);
+  RuntimeConfig c;
+  if (root.IsNull()) return c;
+  apply_runtime_config(root, c);
+  // Outside a cluster nothing else says where the storage node is.
+  if (c.remote.enabled) {
+    const YAML::Node enabled = find_node(root, {"tiers", "remote", "enabled"});
+    const char* missing = c.remote.host.empty() ? "host"
+                          : c.remote.port == 0  ? "port"
+                          : c.remote.secret.empty() ? "secret"
+                                                    : nullptr;
+    if (missing)
+      fail("tiers.remote." + std::string(missing), enabled,
+           "the remote tier is enabled but has no " + std::string(missing) +
+               " (outside a cluster, tiers.remote needs the storage node's host, its data_port as port and the "
+               "cluster secret)");
+  }
   return c;
 }
 
@@ -525,6 +633,51 @@ std::string resolve_ssd_path(const RuntimeConfig& c) {
   const fs::path p = expand_home(c.ssd.path, "tiers.ssd.path");
   if (p.is_absolute()) return normal(p);
   return normal(fs::path(resolve_data_dir(c)) / p);
+}
+
+double parse_duration(const std::string& text) {
+  const auto bad = [&](const std::string& why) {
+    return ConfigError("invalid duration '" + text + "': " + why + " (e.g. 5, 500ms, 2s, 1.5m)");
+  };
+  std::string_view s(text);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  if (s.empty()) throw bad("empty");
+  if (s.front() == '-') throw bad("negative");
+  size_t i = 0;
+  while (i < s.size() && (is_digit(s[i]) || s[i] == '.')) ++i;
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + i, v);
+  if (i == 0 || ec != std::errc() || end != s.data() + i) throw bad("expected a number");
+  std::string_view unit = s.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
+  double scale = 0;
+  if (unit.empty() || unit == "s") scale = 1;
+  else if (unit == "ms") scale = 1e-3;
+  else if (unit == "m") scale = 60;
+  else throw bad("unknown unit '" + std::string(unit) + "' (ms, s, m)");
+  if (!std::isfinite(v * scale)) throw bad("too large");
+  return v * scale;
+}
+
+std::string resolve_secret(const std::string& text) {
+  std::string secret = text;
+  std::string from;  // where it came from, for the length message
+  if (text.rfind("env:", 0) == 0) {
+    const std::string name = text.substr(4);
+    if (name.empty()) throw ConfigError("'env:' names no environment variable (env:NAME)");
+    secret = env_or_empty(name.c_str());
+    if (secret.empty())
+      throw ConfigError("the environment variable " + name + " (from '" + text + "') is " +
+                        (std::getenv(name.c_str()) ? "empty" : "not set"));
+    from = "$" + name + " holds ";
+  } else {
+    from = "the secret has ";
+  }
+  if (secret.size() < 16)
+    throw ConfigError(from + std::to_string(secret.size()) +
+                      " characters; a secret needs at least 16 (e.g. from `openssl rand -hex 16`)");
+  return secret;
 }
 
 int64_t parse_byte_size(const std::string& text) {

@@ -31,6 +31,32 @@ struct TierConfig {
   bool operator==(const TierConfig&) const = default;
 };
 
+// The remote tier (tiers.remote): chunk KV on a storage node's SSD, read layer by
+// layer over TCP (storage/remote_store.h). Off by default. A cluster member gets
+// host, port and secret from its cluster config (the storage node's host and
+// data_port, the cluster secret); a single node pointing at a storage node sets them
+// here, and enabling the tier without them is a ConfigError naming the key.
+struct RemoteTierConfig {
+  bool enabled = false;
+  std::string host;    // the storage node's address
+  int port = 0;        // its data_port (KV bytes)
+  std::string secret;  // the cluster secret, resolved ("env:NAME" read at parse time), >= 16 characters
+  // Loader actors of the tier: this many requests' loads from it proceed at once.
+  int loaders = 2;
+  // Layers of one chunk requested ahead of the one being read (read-ahead depth).
+  int layers_in_flight = 4;
+  // Connections to the storage node at most (pooled; a chunk being read holds one).
+  int max_connections = 16;
+  // Push chunks this node computed (write-back) to the storage node too.
+  bool write_back = true;
+  double connect_timeout_s = 2;  // seconds to connect and authenticate
+  double io_timeout_s = 5;       // seconds any one reply (or sending one request) may take
+  // Seconds the tier counts as down (lookups miss at once) after a connection
+  // failure, before it is tried again.
+  double retry_after_s = 1;
+  bool operator==(const RemoteTierConfig&) const = default;
+};
+
 // The KV dtype of the embedded default (configs/default.yaml says the same; a test
 // checks): the tools' --kv-dtype defaults to it too.
 inline constexpr const char* kDefaultKvDtype = "f16";
@@ -67,6 +93,7 @@ struct RuntimeConfig {
                  .throttle_bytes_per_s = 0, .write_queue_bytes = 0, .loaders = 2};
   TierConfig ssd{.enabled = true, .budget_bytes = int64_t{8} << 30, .path = "kv", .direct_io = true,
                  .throttle_bytes_per_s = 0, .write_queue_bytes = int64_t{256} << 20, .loaders = 2};
+  RemoteTierConfig remote;
   // blend: mode, ratio (the floor the loading controller never goes below),
   // check layers, schedule, min_tokens, deviation, quota, filtering, sink_tokens
   BlendOptions blend;
@@ -106,6 +133,13 @@ const std::string& default_config_text();
 // ssd.path: an absolute path is kept, a relative one is joined under data_dir.
 std::string resolve_data_dir(const RuntimeConfig& c);
 std::string resolve_ssd_path(const RuntimeConfig& c);
+// "500ms" -> 0.5, "2s" -> 2, "1.5m" -> 90, a plain number is seconds ("5", 0.25);
+// ConfigError on a malformed or negative duration.
+double parse_duration(const std::string& text);
+// A secret as configs give it: "env:NAME" is the variable's value (ConfigError naming
+// the variable when it is unset or empty), anything else is the secret itself;
+// ConfigError when the result has fewer than 16 characters. `text`: the config value.
+std::string resolve_secret(const std::string& text);
 // "2GiB" -> 2147483648; accepts B, KB/MB/GB/TB (10^3), KiB/MiB/GiB/TiB (2^10), plain
 // integers; decimals with a unit ("1.5GiB", rounded down to whole bytes). ConfigError
 // on a negative, malformed or out-of-range (> int64) size.

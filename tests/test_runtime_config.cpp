@@ -65,6 +65,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.data_dir, b.data_dir);
   EXPECT_EQ(a.ram, b.ram);
   EXPECT_EQ(a.ssd, b.ssd);
+  EXPECT_EQ(a.remote, b.remote);
   EXPECT_EQ(a.blend.mode, b.blend.mode);
   EXPECT_EQ(a.blend.ratio, b.blend.ratio);
   EXPECT_EQ(a.blend.check_layers, b.blend.check_layers);
@@ -369,7 +370,7 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
   EXPECT_THAT(error_of("limits: {max_requests: }"), HasSubstr("limits.max_requests: expected an integer, got nothing"));
   // A section that is not a map.
   EXPECT_THAT(error_of("model: 3"), HasSubstr("model: expected a map with keys (path, precision, decode_activations), got '3'"));
-  EXPECT_THAT(error_of("tiers: [ram, ssd]"), HasSubstr("tiers: expected a map with keys (ram, ssd), got a list"));
+  EXPECT_THAT(error_of("tiers: [ram, ssd]"), HasSubstr("tiers: expected a map with keys (ram, ssd, remote), got a list"));
   EXPECT_THAT(error_of("tiers: {ssd: on}"), HasSubstr("tiers.ssd: expected a map"));
 }
 

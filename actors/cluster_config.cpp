@@ -1,0 +1,412 @@
+// The cluster config: read with the runtime config's helpers (same messages, same
+// positions), the runtime keys of `defaults` and of each node applied in turn over
+// the embedded default by the runtime config's own parser, then the checks that
+// span nodes (names, addresses, roles, the remote tier's storage node).
+#include "actors/cluster_config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include "actors/runtime_config_yaml.h"
+
+namespace bs {
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace config_yaml;
+
+// Letters, digits, '.', '_', '-', not starting with '.' or '-': it names files and directories.
+bool valid_name(const std::string& s) {
+  if (s.empty() || s.size() > 64 || s[0] == '.' || s[0] == '-') return false;
+  return std::all_of(s.begin(), s.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+           ch == '_' || ch == '-';
+  });
+}
+
+std::string get_name(const YAML::Node& v, const std::string& key) {
+  const std::string s = get_string(v, key);
+  if (!valid_name(s))
+    fail(key, v, "'" + s + "' is not a valid name (letters, digits, '.', '_', '-'; at most 64; it names files)");
+  return s;
+}
+
+int get_port(const YAML::Node& v, const std::string& key) {
+  const int p = get_int(v, key);
+  if (p < 1 || p > 65535) fail(key, v, "must be in 1..65535, got " + v.Scalar());
+  return p;
+}
+
+int line_of(const YAML::Node& n) {
+  const YAML::Mark m = n.Mark();
+  return m.is_null() || m.line < 0 ? 0 : m.line + 1;
+}
+
+// The node at a path of map keys, or an undefined node where the path stops.
+YAML::Node find_node(const YAML::Node& root, std::initializer_list<const char*> path) {
+  // Copies only: assigning to a YAML::Node overwrites the node it refers to, and a
+  // non-const lookup adds the key.
+  std::vector<YAML::Node> chain{root};
+  for (const char* k : path) {
+    const YAML::Node& at = chain.back();
+    if (!at.IsDefined() || !at.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    chain.push_back(at[k]);
+  }
+  return chain.back().IsDefined() ? chain.back() : YAML::Node(YAML::NodeType::Undefined);
+}
+
+// Keys the cluster sets itself, refused in `defaults` and in a node's runtime keys
+// (`where`: "defaults" or "nodes[i]"): a member's data dir, a worker's HTTP address,
+// the storage node's address and the secret.
+void refuse_cluster_owned(const YAML::Node& runtime_keys, const std::string& where) {
+  if (const YAML::Node d = find_node(runtime_keys, {"data_dir"}); d.IsDefined())
+    fail(where + ".data_dir", d,
+         "a member's data dir is <cluster.data_dir>/<cluster name>/<node name>; set cluster.data_dir instead");
+  for (const char* k : {"host", "port"})
+    if (const YAML::Node n = find_node(runtime_keys, {"server", k}); n.IsDefined())
+      fail(where + ".server." + k, n, "a member listens on its node's host and http_port; set those instead");
+  for (const char* k : {"host", "port", "secret"})
+    if (const YAML::Node n = find_node(runtime_keys, {"tiers", "remote", k}); n.IsDefined())
+      fail(where + ".tiers.remote." + k, n,
+           "in a cluster the remote tier reaches the storage node (its host and data_port) with cluster.secret; "
+           "only enabled and the tuning keys belong here");
+}
+
+// apply_runtime_config with every message prefixed by `where` ("defaults",
+// "nodes[1]"): its keys are dotted paths from the runtime config's top level.
+void apply_at(const YAML::Node& runtime_keys, const std::string& where, RuntimeConfig& c) {
+  try {
+    apply_runtime_config(runtime_keys, c);
+  } catch (const ConfigError& e) {
+    throw ConfigError(where + "." + e.what());
+  }
+}
+
+struct Parsed {
+  ClusterConfig cluster;
+  YAML::Node root, cluster_section, defaults, nodes;
+  std::vector<YAML::Node> entries;  // each node's map
+};
+
+void parse_cluster_section(Parsed& p) {
+  ClusterConfig& c = p.cluster;
+  std::optional<YAML::Node> heartbeat, timeout;
+  for_each_key(p.cluster_section, "cluster",
+               {"name", "secret", "heartbeat_interval", "connection_timeout", "startup_timeout", "data_dir"},
+               [&](std::string_view k, const YAML::Node& v) {
+                 const std::string key = "cluster." + std::string(k);
+                 if (k == "name") {
+                   c.name = get_name(v, key);
+                 } else if (k == "secret") {
+                   try {
+                     c.secret = resolve_secret(get_string(v, key));
+                   } catch (const ConfigError& e) {
+                     fail(key, v, e.what());
+                   }
+                 } else if (k == "heartbeat_interval") {
+                   c.heartbeat_interval_s = get_duration(v, key);
+                   heartbeat = v;
+                 } else if (k == "connection_timeout") {
+                   c.connection_timeout_s = get_duration(v, key);
+                   timeout = v;
+                 } else if (k == "startup_timeout") {
+                   c.startup_timeout_s = get_duration(v, key);
+                 } else if (k == "data_dir") {
+                   c.configured_data_dir = get_string(v, key);
+                 }
+               });
+  if (c.name.empty())
+    fail("cluster.name", p.cluster_section, "missing: the cluster's name (it names its directory under the data dir)");
+  if (c.secret.empty())
+    fail("cluster.secret", p.cluster_section,
+         "missing: the secret every member proves it knows (\"env:NAME\" reads it from a variable)");
+  if (c.connection_timeout_s < c.heartbeat_interval_s)
+    fail(timeout ? "cluster.connection_timeout" : "cluster.heartbeat_interval",
+         timeout ? *timeout : heartbeat.value_or(YAML::Node()),
+         "the connection timeout (" + std::to_string(c.connection_timeout_s) +
+             " s) is shorter than the heartbeat interval (" + std::to_string(c.heartbeat_interval_s) +
+             " s): every member would count as gone between two heartbeats");
+}
+
+std::string resolve_cluster_dir(const ClusterConfig& c) {
+  fs::path base;
+  if (!c.configured_data_dir.empty()) {
+    RuntimeConfig rc;  // the runtime's "~/" expansion and normalisation
+    fs::path p = c.configured_data_dir;
+    if (p.is_relative() && c.configured_data_dir.rfind('~', 0) != 0 && !c.path.empty())
+      p = fs::absolute(fs::path(c.path)).parent_path() / p;
+    rc.data_dir = p.string();
+    try {
+      base = resolve_data_dir(rc);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("cluster.") + e.what());  // "data_dir: '~/x' needs $HOME"
+    }
+  } else {
+    base = resolve_data_dir(RuntimeConfig{});
+  }
+  return (base / c.name).string();
+}
+
+// One node's entry: its own keys, its runtime config over `base` (the embedded
+// default with `defaults` for workers and the frontend, without for storage).
+ClusterNode parse_node(const YAML::Node& entry, size_t i, const RuntimeConfig& with_defaults) {
+  const std::string at = "nodes[" + std::to_string(i) + "]";
+  if (!entry.IsMap()) fail(at, entry, "expected a map with keys (name, role, host, port, ...), got " +
+                                          std::string(entry.IsScalar() ? "'" + entry.Scalar() + "'" : "a list"));
+  ClusterNode n;
+  n.line = line_of(entry);
+  // The role first: it decides which keys the entry may have.
+  const YAML::Node role = entry["role"];
+  if (!role.IsDefined()) fail(at + ".role", entry, "missing (frontend, worker or storage)");
+  const std::string r = get_string(role, at + ".role");
+  if (r == "frontend") n.role = NodeRole::Frontend;
+  else if (r == "worker") n.role = NodeRole::Worker;
+  else if (r == "storage") n.role = NodeRole::Storage;
+  else fail(at + ".role", role, "unknown role '" + r + "' (frontend, worker, storage)");
+
+  YAML::Node runtime_keys(YAML::NodeType::Map);  // the entry's runtime sections
+  const Keys keys{"name", "role", "host", "port", "data_port", "http_port", "model",
+                  "device", "tiers", "blend", "limits", "server"};
+  for_each_key(entry, at, keys, [&](std::string_view k, const YAML::Node& v) {
+    const std::string key = at + "." + std::string(k);
+    if (k == "name") n.name = get_name(v, key);
+    else if (k == "role") return;
+    else if (k == "host") {
+      n.host = get_string(v, key);
+      if (n.host.empty()) fail(key, v, "must not be empty (e.g. 127.0.0.1)");
+    } else if (k == "port") n.port = get_port(v, key);
+    else if (k == "data_port") {
+      if (n.role != NodeRole::Storage)
+        fail(key, v, "only a storage node has a data_port (where it serves KV bytes); this node is a " + r);
+      n.data_port = get_port(v, key);
+    } else if (k == "http_port") {
+      if (n.role == NodeRole::Storage)
+        fail(key, v, "a storage node serves no HTTP (it has a port and a data_port)");
+      n.http_port = get_port(v, key);
+    } else {
+      if (n.role == NodeRole::Frontend && k != "server")
+        fail(key, v, "a frontend runs no model: of the runtime keys it takes only server (api_keys, max_body, "
+                     "threads, model_name); " + std::string(k) + " belongs to workers");
+      if (n.role == NodeRole::Storage && k != "tiers")
+        fail(key, v, "a storage node only keeps chunk KV: of the runtime keys it takes only tiers.ssd");
+      if (n.role == NodeRole::Storage && v.IsMap())
+        for (const auto& t : v)
+          if (t.first.IsScalar() && t.first.Scalar() != "ssd")
+            fail(key + "." + t.first.Scalar(), t.first, "a storage node serves its ssd tier only");
+      runtime_keys.force_insert(std::string(k), v);
+    }
+  });
+  if (n.name.empty()) fail(at + ".name", entry, "missing: every node has a unique name");
+  if (n.host.empty()) fail(at + ".host", entry, "missing: the address the node listens on (e.g. 127.0.0.1)");
+  if (n.port == 0) fail(at + ".port", entry, "missing: the node's control port");
+  if (n.role == NodeRole::Storage && n.data_port == 0)
+    fail(at + ".data_port", entry, "missing: a storage node serves KV bytes on its data_port");
+  if (n.role != NodeRole::Storage && n.http_port == 0)
+    fail(at + ".http_port", entry,
+         std::string("missing: a ") + r +
+             (n.role == NodeRole::Frontend ? " serves the users' OpenAI endpoint on its http_port"
+                                           : " serves its OpenAI endpoint (which the frontend forwards to) on its "
+                                             "http_port"));
+  refuse_cluster_owned(runtime_keys, at);
+
+  n.runtime = n.role == NodeRole::Storage ? RuntimeConfig{} : with_defaults;
+  apply_at(runtime_keys, at, n.runtime);
+  if (n.role == NodeRole::Storage && !n.runtime.ssd.enabled)
+    fail(at + ".tiers.ssd.enabled", find_node(entry, {"tiers", "ssd", "enabled"}),
+         "a storage node serves its ssd tier: it cannot be turned off");
+  // Only workers read chunks from the storage node (a storage node is no client of
+  // itself; a frontend keeps no KV).
+  if (n.role != NodeRole::Worker) n.runtime.remote = RemoteTierConfig{};
+  n.runtime.node_name = n.name;
+  n.runtime.host = n.host;
+  if (n.http_port != 0) n.runtime.port = n.http_port;
+  return n;
+}
+
+std::string node_ref(const Parsed& p, size_t i) {
+  return "nodes[" + std::to_string(i) + "] '" + p.cluster.nodes[i].name + "'" + position(p.entries[i]);
+}
+
+// Checks across nodes: names, addresses, roles, the remote tier's storage node.
+void check_nodes(const Parsed& p) {
+  const auto& nodes = p.cluster.nodes;
+  std::map<std::string, size_t> names;
+  std::map<std::pair<std::string, int>, std::string> addresses;  // host:port -> "nodes[i].key (line L)"
+  std::optional<size_t> frontend, storage;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const ClusterNode& n = nodes[i];
+    const std::string at = "nodes[" + std::to_string(i) + "]";
+    const YAML::Node& e = p.entries[i];
+    if (auto [it, fresh] = names.emplace(n.name, i); !fresh)
+      fail(at + ".name", e["name"], "'" + n.name + "' is also the name of " + node_ref(p, it->second));
+    for (const auto& [key, port] : {std::pair<const char*, int>{"port", n.port}, {"data_port", n.data_port},
+                                    {"http_port", n.http_port}}) {
+      if (port == 0) continue;
+      const std::string here = at + "." + key;
+      const std::string address = n.host + ":" + std::to_string(port);
+      if (auto [it, fresh] = addresses.emplace(std::pair(n.host, port), here + position(e[key])); !fresh)
+        fail(here, e[key], address + " is also " + it->second + ": every port of every node must differ");
+    }
+    if (n.role == NodeRole::Frontend) {
+      if (frontend)
+        fail(at + ".role", e["role"],
+             "a second frontend (" + node_ref(p, *frontend) + " is one): a cluster has exactly one");
+      frontend = i;
+    }
+    if (n.role == NodeRole::Storage) {
+      if (storage)
+        fail(at + ".role", e["role"],
+             "a second storage node (" + node_ref(p, *storage) + " is one): a cluster has at most one");
+      storage = i;
+    }
+  }
+  if (!frontend) fail("nodes", p.nodes, "no frontend: a cluster has exactly one node with role: frontend");
+  if (std::none_of(nodes.begin(), nodes.end(), [](const ClusterNode& n) { return n.role == NodeRole::Worker; }))
+    fail("nodes", p.nodes, "no worker: a cluster needs at least one node with role: worker");
+  if (storage) return;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i].role != NodeRole::Worker || !nodes[i].runtime.remote.enabled) continue;
+    // Name the key that turned it on: the node's own, else the defaults'.
+    const YAML::Node own = find_node(p.entries[i], {"tiers", "remote", "enabled"});
+    const bool from_node = own.IsDefined();
+    fail(from_node ? "nodes[" + std::to_string(i) + "].tiers.remote.enabled" : "defaults.tiers.remote.enabled",
+         from_node ? own : find_node(p.defaults, {"tiers", "remote", "enabled"}),
+         "worker '" + nodes[i].name + "' enables the remote tier, but no node has role: storage");
+  }
+}
+
+}  // namespace
+
+const char* role_name(NodeRole role) {
+  switch (role) {
+    case NodeRole::Frontend: return "frontend";
+    case NodeRole::Worker: return "worker";
+    case NodeRole::Storage: return "storage";
+  }
+  return "?";
+}
+
+const ClusterNode* ClusterConfig::find(const std::string& node_name) const {
+  for (const ClusterNode& n : nodes)
+    if (n.name == node_name) return &n;
+  return nullptr;
+}
+
+const ClusterNode& ClusterConfig::member(const std::string& node_name) const {
+  if (const ClusterNode* n = find(node_name)) return *n;
+  std::string names;
+  for (const ClusterNode& n : nodes) names += (names.empty() ? "" : ", ") + n.name;
+  throw ConfigError("--node " + node_name + ": no such node in " + (path.empty() ? "the cluster config" : path) +
+                    " (nodes: " + names + ")");
+}
+
+const ClusterNode& ClusterConfig::frontend() const {
+  for (const ClusterNode& n : nodes)
+    if (n.role == NodeRole::Frontend) return n;
+  throw ConfigError("the cluster has no frontend");  // parse_cluster_config never lets this happen
+}
+
+const ClusterNode* ClusterConfig::storage() const {
+  for (const ClusterNode& n : nodes)
+    if (n.role == NodeRole::Storage) return &n;
+  return nullptr;
+}
+
+std::vector<const ClusterNode*> ClusterConfig::workers() const {
+  std::vector<const ClusterNode*> out;
+  for (const ClusterNode& n : nodes)
+    if (n.role == NodeRole::Worker) out.push_back(&n);
+  return out;
+}
+
+std::string ClusterConfig::member_data_dir(const std::string& node_name) const {
+  return (fs::path(data_dir) / node_name).string();
+}
+std::string ClusterConfig::log_path(const std::string& node_name) const {
+  return (fs::path(data_dir) / "logs" / (node_name + ".log")).string();
+}
+std::string ClusterConfig::pid_path(const std::string& node_name) const {
+  return (fs::path(data_dir) / "pids" / (node_name + ".pid")).string();
+}
+
+ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::string& path) {
+  Parsed p;
+  p.cluster.path = path;
+  p.root = load_document(yaml_text);
+  if (p.root.IsNull()) throw ConfigError("cluster config: empty (it needs cluster and nodes)");
+  for_each_key(p.root, "", {"cluster", "defaults", "nodes"}, [&](std::string_view k, const YAML::Node& v) {
+    if (k == "cluster") p.cluster_section = v;
+    else if (k == "defaults") p.defaults = v;
+    else p.nodes = v;
+  });
+  const YAML::Node& root = p.root;  // const: a lookup must not add the key
+  if (!root["cluster"].IsDefined()) fail("cluster", root, "missing: the cluster's name and secret");
+  if (!root["nodes"].IsDefined()) fail("nodes", root, "missing: the list of the cluster's nodes");
+  parse_cluster_section(p);
+  p.cluster.data_dir = resolve_cluster_dir(p.cluster);
+
+  RuntimeConfig with_defaults;  // the embedded default (the struct's defaults equal it)
+  if (root["defaults"].IsDefined() && !p.defaults.IsNull()) {
+    if (!p.defaults.IsMap())
+      fail("defaults", p.defaults, "expected a map of runtime sections (model, device, tiers, blend, limits, server)");
+    refuse_cluster_owned(p.defaults, "defaults");
+    apply_at(p.defaults, "defaults", with_defaults);
+  }
+  if (!p.nodes.IsSequence() || p.nodes.size() == 0)
+    fail("nodes", p.nodes, "expected a list of nodes (a frontend, workers, a storage node)");
+  for (size_t i = 0; i < p.nodes.size(); ++i) {
+    const YAML::Node& nodes = p.nodes;
+    p.entries.push_back(nodes[i]);
+    p.cluster.nodes.push_back(parse_node(nodes[i], i, with_defaults));
+  }
+  check_nodes(p);
+
+  const ClusterNode* storage = p.cluster.storage();
+  for (ClusterNode& n : p.cluster.nodes) {
+    n.runtime.data_dir = p.cluster.member_data_dir(n.name);
+    if (storage && n.role == NodeRole::Worker) {
+      n.runtime.remote.host = storage->host;
+      n.runtime.remote.port = storage->data_port;
+      n.runtime.remote.secret = p.cluster.secret;
+    }
+  }
+  return std::move(p.cluster);
+}
+
+ClusterConfig load_cluster_config(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw ConfigError("cannot read config '" + path + "': it is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("cannot read config '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError("cannot read config '" + path + "': read error");
+  try {
+    return parse_cluster_config(text.str(), path);
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
+
+bool is_cluster_config(const std::string& yaml_text) {
+  try {
+    const YAML::Node root = load_document(yaml_text);
+    return root.IsMap() && (root["nodes"].IsDefined() || root["cluster"].IsDefined());
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+RuntimeConfig member_runtime_config(const ClusterConfig& cluster, const std::string& node_name) {
+  return cluster.member(node_name).runtime;
+}
+
+}  // namespace bs

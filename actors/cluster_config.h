@@ -1,0 +1,100 @@
+// A cluster's configuration: the members of one blendserve deployment, their roles
+// and addresses, from one YAML file (configs/cluster.example.yaml documents every
+// key). Every member reads the same file (`blendserve --config F --node NAME`), so
+// each knows where the others are; `blendctl cluster up|status|down F` starts and
+// stops them all on one host.
+//
+// Validation is the runtime config's (actors/runtime_config.h): every key is known,
+// and a mistake is a ConfigError naming the dotted key from the top of the file
+// ("nodes[1].tiers.ram.budget: ...") and its line. The runtime keys of `defaults` and
+// of a node go through the runtime config's own parser, so they mean and check
+// exactly what they do in configs/default.yaml. Plain C++ (no CAF): the config is
+// read before any actor exists.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "actors/runtime_config.h"
+
+namespace bs {
+
+// frontend: the users' OpenAI endpoint, forwards requests to the workers (one per
+// cluster). worker: runs the model. storage: keeps chunk KV on its SSD and serves it
+// to the workers' remote tier (at most one per cluster).
+enum class NodeRole { Frontend, Worker, Storage };
+// "frontend", "worker", "storage".
+const char* role_name(NodeRole role);
+
+struct ClusterNode {
+  std::string name;  // unique in the cluster; letters, digits, '.', '_', '-' (it names files)
+  NodeRole role = NodeRole::Worker;
+  std::string host;   // the address it listens on, and the others reach it at
+  int port = 0;       // control port: the members' messages to each other
+  int data_port = 0;  // storage: where it serves KV bytes (the remote tier's data plane); 0 for the others
+  // frontend: the users' OpenAI endpoint; worker: its own OpenAI endpoint, which the
+  // frontend forwards requests to; 0 for storage.
+  int http_port = 0;
+  int line = 0;  // 1-based line of the node's entry in the file (0: unknown), for messages
+  // The member's runtime config, resolved: what member_runtime_config returns.
+  RuntimeConfig runtime;
+};
+
+struct ClusterConfig {
+  std::string path;    // the file it was read from ("" when parsed from a text alone)
+  std::string name;    // cluster.name; letters, digits, '.', '_', '-' (it names a directory)
+  std::string secret;  // cluster.secret resolved ("env:NAME" read at parse time), >= 16 characters
+  double heartbeat_interval_s = 1;  // how often members tell each other they are alive
+  double connection_timeout_s = 5;  // silence after which a member counts as gone (>= heartbeat_interval)
+  double startup_timeout_s = 120;   // how long `blendctl cluster up` waits for a member to be ready
+  // cluster.data_dir as written ("" when absent).
+  std::string configured_data_dir;
+  // The cluster's directory, absolute: <cluster.data_dir, or the runtime's data-dir
+  // rule ($BLENDSERVE_DATA_DIR, XDG, ~/.cache/blendserve)>/<name>. A relative
+  // cluster.data_dir is under the config file's directory.
+  std::string data_dir;
+  std::vector<ClusterNode> nodes;  // in file order
+
+  // The node named `node_name`; ConfigError "--node NAME: no such node in F (nodes:
+  // a, b, c)" otherwise.
+  const ClusterNode& member(const std::string& node_name) const;
+  // The node named `node_name`, or nullptr.
+  const ClusterNode* find(const std::string& node_name) const;
+  const ClusterNode& frontend() const;  // validation guarantees exactly one
+  const ClusterNode* storage() const;   // nullptr: no storage node
+  std::vector<const ClusterNode*> workers() const;  // in file order; at least one
+  // Where a member keeps its files (its data_dir: SSD tier, traces): <data_dir>/<node_name>.
+  std::string member_data_dir(const std::string& node_name) const;
+  // `blendctl cluster up`'s files for a member: <data_dir>/logs/<node_name>.log (its
+  // stdout and stderr) and <data_dir>/pids/<node_name>.pid (its process id, one line).
+  std::string log_path(const std::string& node_name) const;
+  std::string pid_path(const std::string& node_name) const;
+};
+
+// Parses a cluster config. `path` is the file the text came from: relative
+// cluster.data_dir is under its directory (the working directory when empty) and
+// member() names it. Errors are ConfigError naming the dotted key and the line.
+ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::string& path = "");
+// A file; ConfigError if unreadable. Errors are prefixed with the path.
+ClusterConfig load_cluster_config(const std::string& path);
+// Whether a YAML text is a cluster config (a map with a top-level `nodes` or
+// `cluster` key) rather than one node's runtime config; false for malformed YAML
+// (the runtime config's parser then reports it).
+bool is_cluster_config(const std::string& yaml_text);
+
+// The runtime config a member runs with (ConfigError as member() when there is no
+// such node). Every role: node_name = the node's name, data_dir =
+// member_data_dir(name), host = its host.
+//  - worker: the embedded default, overlaid with `defaults`, overlaid with the node's
+//    own runtime keys (model, device, tiers, blend, limits, server); port = its
+//    http_port; tiers.remote's host, port and secret = the storage node's host, its
+//    data_port and the cluster secret (where there is a storage node).
+//  - frontend: the embedded default overlaid with `defaults` and the node's `server`
+//    keys (api_keys, max_body, threads, model_name); port = its http_port. Its
+//    workers are ClusterConfig::workers(), the timeouts the cluster's.
+//  - storage: the embedded default overlaid with the node's tiers.ssd (path under its
+//    data_dir, budget, ...): resolve_ssd_path() is its store; it serves on host and
+//    data_port with the cluster secret. `port` is not used.
+RuntimeConfig member_runtime_config(const ClusterConfig& cluster, const std::string& node_name);
+
+}  // namespace bs
