@@ -30,7 +30,7 @@ OPENAI_PKG="openai==3.54.0"
 PACKAGES=(
   build-essential cmake g++ pkg-config python3 python3-pip python3-venv unzip ca-certificates curl
   libcaf-dev libyaml-cpp-dev libcpp-httplib-dev libboost-dev nlohmann-json3-dev
-  libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev
+  libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev libssl-dev
   # the sanitizer + fuzz build (clang, its sanitizer runtimes, its OpenMP runtime)
   clang libclang-rt-14-dev libomp-dev
   # the inspection views' tests: the console page in a headless browser, `blendctl top`

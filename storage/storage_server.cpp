@@ -1,0 +1,507 @@
+#include "storage/storage_server.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+// <utility> first: Boost 1.74's asio/awaitable.hpp uses std::exchange without it (GCC 12, C++20).
+#include <utility>
+// clang-format off
+#include <boost/asio.hpp>
+// clang-format on
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "storage/hmac_auth.h"
+#include "storage/remote_protocol.h"
+
+namespace bs {
+
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
+using remote::MsgType;
+
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+// The per-layer checksums `key`'s file keeps in its header (disk_store.h documents
+// the format): the values the worker checks each slice against, end to end from
+// the file. DiskKvStore::Entry keeps them too, privately, so they are read here
+// from the file once per OPEN (a few KiB, in the page cache after open()). The
+// header must match the opened entry (key, shape) and its own checksum; nullopt
+// otherwise. If the file was replaced since open(), the sums belong to the new
+// file and the old file's slices fail the worker's check: a miss, never a wrong
+// answer.
+std::optional<std::vector<uint64_t>> file_layer_sums(const std::string& path, const DiskKvStore::Entry& e) {
+  constexpr size_t kFixed = 48;  // magic .. m
+  const uint64_t m = e.tokens.size();
+  const size_t raw = kFixed + 4 * m + 8 * static_cast<size_t>(e.n_layers);
+  std::vector<uint8_t> buf(raw + 8);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  size_t got = 0;
+  while (got < buf.size()) {
+    const ssize_t r = ::pread(fd, buf.data() + got, buf.size() - got, static_cast<off_t>(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  if (got != buf.size()) return std::nullopt;
+  auto u32 = [&](size_t off) {
+    uint32_t x;
+    std::memcpy(&x, buf.data() + off, 4);
+    return x;
+  };
+  auto u64 = [&](size_t off) {
+    uint64_t x;
+    std::memcpy(&x, buf.data() + off, 8);
+    return x;
+  };
+  if (std::memcmp(buf.data(), "BSKV", 4) != 0 || u32(4) != DiskKvStore::kVersion || u64(8) != e.key.hi ||
+      u64(16) != e.key.lo || u32(24) != static_cast<uint32_t>(e.dtype) || u32(28) != static_cast<uint32_t>(e.n_layers) ||
+      u32(32) != static_cast<uint32_t>(e.kv_heads) || u32(36) != static_cast<uint32_t>(e.head_dim) || u64(40) != m ||
+      std::memcmp(buf.data() + kFixed, e.tokens.data(), 4 * m) != 0 || XXH3_64bits(buf.data(), raw) != u64(raw))
+    return std::nullopt;
+  std::vector<uint64_t> sums(static_cast<size_t>(e.n_layers));
+  std::memcpy(sums.data(), buf.data() + kFixed + 4 * m, 8 * sums.size());
+  return sums;
+}
+
+class Session;
+
+}  // namespace
+
+struct StorageServer::Impl {
+  Impl(DiskKvStore& s, StorageServerOptions o) : store(s), opt(std::move(o)) {}
+
+  void accept();
+  size_t live_sessions();
+
+  DiskKvStore& store;
+  const StorageServerOptions opt;
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{asio::make_work_guard(io)};
+  tcp::acceptor acceptor{io};
+  asio::steady_timer accept_retry{io};
+  std::vector<std::thread> threads;
+  int port = 0;
+  std::mutex stop_mu;
+  std::atomic<bool> stopped{false};
+
+  std::atomic<int64_t> connections{0}, auth_failures{0}, bad_frames{0}, layers_served{0}, bytes_served{0}, puts{0};
+
+  std::mutex hook_mu;
+  std::function<Fault(const ChunkKey&, int)> hook;
+
+  std::mutex sessions_mu;
+  std::vector<std::weak_ptr<Session>> sessions;
+};
+
+namespace {
+
+// One connection. All its handlers run on its strand (the socket's and the timer's
+// executor), one at a time.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(StorageServer::Impl& srv, tcp::socket sock)
+      : srv_(srv), sock_(std::move(sock)), timer_(sock_.get_executor()) {}
+
+  tcp::socket::executor_type executor() { return sock_.get_executor(); }
+
+  void start() {
+    error_code ec;
+    const auto ep = sock_.remote_endpoint(ec);
+    peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+    sock_.set_option(tcp::no_delay(true), ec);
+    try {
+      server_nonce_ = remote::random_nonce();
+    } catch (const std::exception&) {
+      return close();
+    }
+    arm_deadline();  // the whole handshake
+    out_ = remote::encode_hello({remote::kProtocolVersion, server_nonce_});
+    send(false);
+  }
+
+  // Closes the socket (pending operations end with an error) and drops the entries.
+  void close() {
+    error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_both, ec);
+    sock_.close(ec);
+    deadline_armed_ = false;
+    timer_.cancel();
+    handles_.clear();
+  }
+
+ private:
+  void arm_deadline() {
+    deadline_armed_ = true;
+    timer_.expires_after(seconds(srv_.opt.io_timeout_s));
+    timer_.async_wait([self = shared_from_this()](const error_code& ec) {
+      if (ec == asio::error::operation_aborted) return;
+      if (self->deadline_armed_ && self->timer_.expiry() <= std::chrono::steady_clock::now()) self->close();
+    });
+  }
+  void disarm_deadline() {
+    deadline_armed_ = false;
+    timer_.cancel();
+  }
+
+  // The next request. Authenticated: waits without a deadline for it to start (an
+  // idle pooled connection), then reads it whole under one.
+  void read_next() {
+    if (!authed_) return read_header();
+    disarm_deadline();
+    sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](const error_code& ec) {
+      if (ec) return self->close();
+      self->arm_deadline();
+      self->read_header();
+    });
+  }
+
+  void read_header() {
+    asio::async_read(sock_, asio::buffer(hdr_), [self = shared_from_this()](const error_code& ec, size_t) {
+      if (ec) return self->close();
+      self->on_header();
+    });
+  }
+
+  void on_header() {
+    const int64_t bound = authed_ ? srv_.opt.max_frame_bytes : remote::kPreAuthMaxPayload;
+    const auto h = remote::decode_frame_header(hdr_, bound);
+    if (!h) return bad_frame("malformed or oversized frame header");
+    type_ = h->type;
+    try {
+      in_.resize(h->length);
+    } catch (const std::bad_alloc&) {
+      return bad_frame("frame too large for this node's memory");
+    }
+    if (in_.empty()) return on_frame();
+    asio::async_read(sock_, asio::buffer(in_), [self = shared_from_this()](const error_code& ec, size_t) {
+      if (ec) return self->close();
+      self->on_frame();
+    });
+  }
+
+  void on_frame() {
+    disarm_deadline();
+    if (!authed_) return on_auth();
+    try {
+      dispatch();
+    } catch (const std::exception& e) {  // e.g. bad_alloc: this connection ends, the node goes on
+      std::fprintf(stderr, "blendserve storage: %s: %s\n", peer_.c_str(), e.what());
+      close();
+    }
+    if (in_.capacity() > (size_t{1} << 20)) in_ = {};  // after a PUT: do not keep its buffer
+  }
+
+  void on_auth() {
+    const auto auth = type_ == MsgType::Auth ? remote::decode_auth(in_) : std::nullopt;
+    if (!auth) return bad_frame("expected AUTH");
+    const char* why = nullptr;
+    if (auth->version != remote::kProtocolVersion)
+      why = "protocol version mismatch";
+    else if (!remote::proofs_equal(auth->proof,
+                                   remote::client_proof(srv_.opt.secret, server_nonce_, auth->client_nonce)))
+      why = "authentication failed";
+    if (why) {
+      ++srv_.auth_failures;
+      std::fprintf(stderr, "blendserve storage: refused %s: %s\n", peer_.c_str(), why);
+      arm_deadline();
+      out_ = remote::encode_error(why);
+      return send(true);
+    }
+    authed_ = true;
+    arm_deadline();
+    out_ = remote::encode_auth_ok(
+        {remote::server_proof(srv_.opt.secret, server_nonce_, auth->client_nonce), srv_.store.budget()});
+    send(false);
+  }
+
+  void dispatch() {
+    switch (type_) {
+      case MsgType::Open: return on_open();
+      case MsgType::Read: return on_read();
+      case MsgType::Close: {
+        const auto h = remote::decode_close(in_);
+        if (!h) return bad_frame("malformed CLOSE");
+        handles_.erase(*h);
+        return read_next();
+      }
+      case MsgType::Contains: {
+        const auto key = remote::decode_key_msg(in_);
+        if (!key) return bad_frame("malformed CONTAINS");
+        return reply(remote::encode_result(srv_.store.contains(*key)));
+      }
+      case MsgType::Put: {
+        if (!srv_.opt.accept_puts) return reply(remote::encode_error("this node does not accept puts"));
+        auto put = remote::decode_put(in_);
+        if (!put) return bad_frame("malformed PUT (shape, length or checksum)");
+        const bool ok = srv_.store.put(put->key, std::move(put->kv));
+        if (ok) ++srv_.puts;
+        return reply(remote::encode_result(ok));
+      }
+      case MsgType::Erase: {
+        const auto key = remote::decode_key_msg(in_);
+        if (!key) return bad_frame("malformed ERASE");
+        if (!srv_.opt.accept_puts) return reply(remote::encode_error("this node does not accept changes"));
+        return reply(remote::encode_result(srv_.store.erase(*key)));
+      }
+      case MsgType::Stats: {
+        if (!remote::decode_empty(in_)) return bad_frame("malformed STATS");
+        const StoreStats s = srv_.store.stats();
+        return reply(remote::encode_stats_reply(
+            {s.bytes, s.entries, srv_.store.budget(), s.hits, s.misses, s.puts, s.evictions, s.corrupt}));
+      }
+      case MsgType::Ping:
+        if (!remote::decode_empty(in_)) return bad_frame("malformed PING");
+        return reply(remote::encode_empty(MsgType::Pong));
+      default:
+        return bad_frame(std::string("unexpected ") + remote::msg_type_name(type_));
+    }
+  }
+
+  void on_open() {
+    const auto key = remote::decode_key_msg(in_);
+    if (!key) return bad_frame("malformed OPEN");
+    if (handles_.size() >= StorageServer::kMaxHandles) return reply(remote::encode_error("too many open entries"));
+    auto e = srv_.store.open(*key);
+    if (!e) return reply(remote::encode_empty(MsgType::NotFound));
+    auto sums = file_layer_sums(srv_.store.path_of(*key), *e);
+    if (!sums) return reply(remote::encode_empty(MsgType::NotFound));  // replaced or removed meanwhile
+    remote::EntryInfo info;
+    info.handle = next_handle_++;
+    info.dtype = e->dtype;
+    info.n_layers = e->n_layers, info.kv_heads = e->kv_heads, info.head_dim = e->head_dim;
+    info.tokens = e->tokens;
+    info.layer_sums = std::move(*sums);
+    if (2 * e->layer_bytes() + static_cast<int64_t>(remote::kSliceHeadBytes) > srv_.opt.max_frame_bytes)
+      return reply(remote::encode_error("entry's layers exceed the frame bound"));
+    handles_.emplace(info.handle, std::move(*e));
+    reply(remote::encode_entry(info));
+  }
+
+  void on_read() {
+    const auto req = remote::decode_read(in_);
+    if (!req) return bad_frame("malformed READ");
+    const auto it = handles_.find(req->handle);
+    if (it == handles_.end()) return reply(remote::encode_error("unknown handle"));
+    const DiskKvStore::Entry& e = it->second;
+    if (req->layer >= static_cast<uint32_t>(e.n_layers)) return reply(remote::encode_error("no such layer"));
+    const int layer = static_cast<int>(req->layer);
+    const int64_t lb = e.layer_bytes();
+    const auto head = remote::encode_slice_head(req->handle, req->layer, lb);
+    if (!head) return reply(remote::encode_error("layer too large"));
+    out_.resize(head->size() + 2 * static_cast<size_t>(lb));
+    std::memcpy(out_.data(), head->data(), head->size());
+    auto* k = reinterpret_cast<std::byte*>(out_.data() + head->size());
+    if (!srv_.store.read_layer(e, layer, k, k + lb)) {  // the store has dropped the file
+      const std::string msg = "layer " + std::to_string(layer) + " of " + e.key.hex() + " failed its read or checksum";
+      handles_.erase(it);
+      return reply(remote::encode_error(msg));
+    }
+    StorageServer::Fault fault = StorageServer::Fault::none;
+    {
+      std::function<StorageServer::Fault(const ChunkKey&, int)> hook;
+      {
+        std::lock_guard<std::mutex> lock(srv_.hook_mu);
+        hook = srv_.hook;
+      }
+      if (hook) fault = hook(e.key, layer);
+    }
+    switch (fault) {
+      case StorageServer::Fault::none: break;
+      case StorageServer::Fault::corrupt:
+        if (lb > 0) out_[head->size() + static_cast<size_t>(lb)] ^= 0x5a;
+        break;
+      case StorageServer::Fault::truncate: {
+        arm_deadline();
+        asio::async_write(sock_, asio::buffer(out_.data(), out_.size() / 2),
+                          [self = shared_from_this()](const error_code&, size_t) { self->close(); });
+        return;
+      }
+      case StorageServer::Fault::close: return close();
+      case StorageServer::Fault::stall: return arm_deadline();  // nothing sent; the deadline closes it
+    }
+    send(false, 2 * lb);
+  }
+
+  void reply(remote::Bytes frame) {
+    out_ = std::move(frame);
+    arm_deadline();
+    send(false);
+  }
+
+  // A frame that breaks the protocol: counted, answered with an ERROR, closed.
+  void bad_frame(const std::string& why) {
+    ++srv_.bad_frames;
+    out_ = remote::encode_error(why);
+    arm_deadline();
+    send(true);
+  }
+
+  // Writes out_ under the armed deadline; then the next request, or closes.
+  // slice_bytes >= 0: a SLICE of that many K+V bytes, counted once written.
+  void send(bool close_after, int64_t slice_bytes = -1) {
+    asio::async_write(sock_, asio::buffer(out_),
+                      [self = shared_from_this(), close_after, slice_bytes](const error_code& ec, size_t) {
+                        if (ec || close_after) return self->close();
+                        if (slice_bytes >= 0) {
+                          ++self->srv_.layers_served;
+                          self->srv_.bytes_served += slice_bytes;
+                        }
+                        self->read_next();
+                      });
+  }
+
+  StorageServer::Impl& srv_;
+  tcp::socket sock_;
+  asio::steady_timer timer_;
+  bool deadline_armed_ = false;
+  std::string peer_;
+  remote::Nonce server_nonce_{};
+  bool authed_ = false;
+  std::array<uint8_t, remote::kFrameHeaderBytes> hdr_{};
+  MsgType type_ = MsgType::Error;
+  std::vector<uint8_t> in_;   // the request payload
+  std::vector<uint8_t> out_;  // the reply frame (at most one layer slice)
+  std::map<uint32_t, DiskKvStore::Entry> handles_;
+  uint32_t next_handle_ = 1;
+};
+
+}  // namespace
+
+size_t StorageServer::Impl::live_sessions() {
+  std::lock_guard<std::mutex> lock(sessions_mu);
+  std::erase_if(sessions, [](const std::weak_ptr<Session>& s) { return s.expired(); });
+  return sessions.size();
+}
+
+void StorageServer::Impl::accept() {
+  acceptor.async_accept(asio::make_strand(io), [this](const error_code& ec, tcp::socket sock) {
+    if (stopped.load()) return;
+    if (ec == asio::error::operation_aborted) return;
+    if (ec) {  // e.g. out of file descriptors: try again shortly instead of spinning
+      accept_retry.expires_after(std::chrono::milliseconds(50));
+      accept_retry.async_wait([this](const error_code& e) {
+        if (!e && !stopped.load()) accept();
+      });
+      return;
+    }
+    if (live_sessions() >= static_cast<size_t>(opt.max_connections)) {
+      error_code ignore;
+      sock.close(ignore);
+    } else {
+      auto s = std::make_shared<Session>(*this, std::move(sock));
+      {
+        std::lock_guard<std::mutex> lock(sessions_mu);
+        sessions.push_back(s);
+      }
+      ++connections;
+      // Started on its own strand, like every later handler of it.
+      asio::dispatch(s->executor(), [s] { s->start(); });
+    }
+    accept();
+  });
+}
+
+StorageServer::StorageServer(DiskKvStore& store, StorageServerOptions opt) {
+  if (opt.secret.empty()) throw std::invalid_argument("storage server: the cluster secret is required");
+  if (opt.threads < 1 || opt.max_connections < 1 || !(opt.io_timeout_s > 0) ||
+      opt.max_frame_bytes < remote::kPreAuthMaxPayload || opt.max_frame_bytes > UINT32_MAX || opt.port < 0 ||
+      opt.port > 65535)
+    throw std::invalid_argument("storage server: options out of range");
+  impl_ = std::make_unique<Impl>(store, std::move(opt));
+  Impl& s = *impl_;
+  auto fail = [&](const error_code& ec, const char* what) {
+    throw std::system_error(std::error_code(ec.value(), std::system_category()),
+                            "storage server: " + std::string(what) + " " + s.opt.bind_host + ":" +
+                                std::to_string(s.opt.port) + ": " + ec.message());
+  };
+  error_code ec;
+  tcp::resolver resolver(s.io);
+  const auto eps = resolver.resolve(s.opt.bind_host, std::to_string(s.opt.port),
+                                    tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || eps.empty()) fail(ec ? ec : asio::error::host_not_found, "cannot resolve");
+  const tcp::endpoint ep = *eps.begin();
+  s.acceptor.open(ep.protocol(), ec);
+  if (!ec) s.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) s.acceptor.bind(ep, ec);
+  if (!ec) s.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) fail(ec, "cannot listen on");
+  s.port = s.acceptor.local_endpoint(ec).port();
+  s.accept();
+  for (int i = 0; i < s.opt.threads; ++i)
+    s.threads.emplace_back([&s] {
+      for (;;) {
+        try {
+          s.io.run();
+          return;
+        } catch (const std::exception& e) {  // a handler threw: its connection is gone, serving goes on
+          std::fprintf(stderr, "blendserve storage: %s\n", e.what());
+        }
+      }
+    });
+}
+
+StorageServer::~StorageServer() { stop(); }
+
+int StorageServer::port() const { return impl_->port; }
+
+void StorageServer::stop() {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.stop_mu);
+  if (s.stopped.exchange(true)) return;
+  s.work.reset();
+  s.io.stop();
+  for (auto& t : s.threads) t.join();
+  s.threads.clear();
+  // No handler runs now: close everything from here, then let the aborted
+  // operations' handlers run once so the sessions (and their open files) go.
+  error_code ec;
+  s.acceptor.close(ec);
+  s.accept_retry.cancel();
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    std::lock_guard<std::mutex> l(s.sessions_mu);
+    for (auto& w : s.sessions)
+      if (auto p = w.lock()) live.push_back(std::move(p));
+    s.sessions.clear();
+  }
+  for (auto& p : live) p->close();
+  live.clear();
+  s.io.restart();
+  s.io.poll();
+}
+
+StorageServer::Stats StorageServer::stats() const {
+  const Impl& s = *impl_;
+  Stats st;
+  st.connections = s.connections.load();
+  st.auth_failures = s.auth_failures.load();
+  st.bad_frames = s.bad_frames.load();
+  st.layers_served = s.layers_served.load();
+  st.bytes_served = s.bytes_served.load();
+  st.puts = s.puts.load();
+  return st;
+}
+
+void StorageServer::set_fault_hook(std::function<Fault(const ChunkKey&, int layer)> hook) {
+  std::lock_guard<std::mutex> lock(impl_->hook_mu);
+  impl_->hook = std::move(hook);
+}
+
+}  // namespace bs

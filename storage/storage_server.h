@@ -1,0 +1,83 @@
+// A storage node: serves its SSD tier (a DiskKvStore: the same aligned, checksummed
+// files) to workers over TCP, per layer, with Boost.Asio. Workers read it through
+// RemoteKvStore (remote_store.h); the wire format is remote_protocol.h.
+//
+// Per connection: HELLO, the worker's AUTH (the cluster secret, hmac_auth.h; a wrong
+// proof gets an ERROR, a closed connection, one line on stderr and auth_failures
+// counted), AUTH_OK, then requests. Why this shape:
+// - One request at a time per connection: the node reads the next request frame
+//   only after the previous reply is written, so a connection holds at most one
+//   reply buffer (one layer slice) however many READs a worker pipelines; the
+//   pipeline lives in the socket buffers.
+// - Disk reads (DiskKvStore::open / read_layer, which verify the checksums) run on
+//   the Asio threads and may block them: a storage node is a dedicated machine, and
+//   `threads` sets how many reads can be under way at once.
+// - Every frame has a deadline: a frame half-received or half-sent for longer than
+//   io_timeout_s closes the connection (a stalled or vanished peer costs nothing
+//   after that). An idle authenticated connection (a worker's pool) is kept; the
+//   handshake itself must finish within io_timeout_s.
+// - Bounded everywhere: frames (kPreAuthMaxPayload before authentication,
+//   max_frame_bytes after), open entries per connection (kMaxHandles), connections
+//   (max_connections; more are accepted and closed at once).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "storage/chunk_kv.h"
+#include "storage/disk_store.h"
+
+namespace bs {
+
+struct StorageServerOptions {
+  std::string bind_host = "127.0.0.1";  // an address or a host name to listen on
+  int port = 0;                         // 0: any free port; port() says which
+  std::string secret;                   // the cluster secret; required (empty: std::invalid_argument)
+  int threads = 2;                      // Asio threads (>= 1)
+  int64_t max_frame_bytes = int64_t{256} << 20;  // the longest request or reply payload
+  double io_timeout_s = 10;   // a frame half-received/half-sent longer than this: connection closed
+  int max_connections = 64;   // beyond: accepted then closed at once
+  bool accept_puts = true;    // write-back pushes from workers; false: PUT and ERASE get an ERROR
+};
+
+class StorageServer {
+ public:
+  static constexpr int kMaxHandles = 64;  // open entries per connection
+
+  // Binds and starts serving `store` (which must outlive the server). Throws
+  // std::invalid_argument for bad options, std::system_error if it cannot bind.
+  StorageServer(DiskKvStore& store, StorageServerOptions opt);
+  ~StorageServer();  // stop()
+  StorageServer(const StorageServer&) = delete;
+  StorageServer& operator=(const StorageServer&) = delete;
+
+  int port() const;  // the port it listens on
+  // Closes the listener and every connection and joins its threads (waiting for a
+  // disk read in progress); idempotent.
+  void stop();
+
+  struct Stats {
+    int64_t connections = 0;    // accepted (and not refused for max_connections)
+    int64_t auth_failures = 0;  // wrong proof or protocol version
+    int64_t bad_frames = 0;     // malformed, oversized or unexpected frames (connection closed)
+    int64_t layers_served = 0, bytes_served = 0;  // SLICE frames sent whole, their K+V bytes
+    int64_t puts = 0;           // PUTs stored
+  };
+  Stats stats() const;
+
+  // Test hooks (fault injection; set before use): called with (key, layer) before a
+  // slice is sent. none: send it; corrupt: flip one byte of its K/V data; truncate:
+  // send half the frame, then close; close: close without sending; stall: send
+  // nothing (the connection is closed after io_timeout_s).
+  enum class Fault { none, corrupt, truncate, close, stall };
+  void set_fault_hook(std::function<Fault(const ChunkKey&, int layer)> hook);
+
+  struct Impl;  // storage_server.cpp
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bs
