@@ -6,6 +6,7 @@
 
 #include "model/random_model.h"
 #include "tools/bench.h"
+#include "tools/bench_remote.h"
 #include "tools/bench_serve.h"
 
 int main(int argc, char** argv) {
@@ -95,6 +96,35 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   tp->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
   tp->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
+
+  bs::tools::RemoteBenchOptions remote_opt;
+  auto* remote = bench->add_subcommand(
+      "remote",
+      "Remote-disk tier data path on loopback: a storage node over an SSD tier in a temp dir (page cache), every "
+      "layer of every chunk read through the remote store; GB/s per layers-in-flight");
+  remote->add_option("--tokens", remote_opt.tokens, "Tokens per chunk")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  remote->add_option("--chunks", remote_opt.chunks, "Chunks stored and read")->check(CLI::Range(1, 1024))->capture_default_str();
+  remote->add_option("--layers", remote_opt.layers, "Layers per chunk (SmolLM2-135M: 30)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  remote->add_option("--kv-heads", remote_opt.kv_heads, "KV heads (SmolLM2-135M: 3)")->check(CLI::Range(1, 1024))->capture_default_str();
+  remote->add_option("--head-dim", remote_opt.head_dim, "Head dim (SmolLM2-135M: 64)")->check(CLI::Range(1, 4096))->capture_default_str();
+  remote->add_option("--kv-dtype", remote_opt.kv_dtype, "Element type of the stored K and V")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+      ->capture_default_str();
+  remote->add_option("--layers-in-flight", remote_opt.layers_in_flight, "Pipelined layer requests per reader (each a run)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  remote->add_option("--repeats", remote_opt.repeats, "Passes per layers-in-flight value")->check(CLI::Range(1, 1000))->capture_default_str();
+  remote->add_option("--server-threads", remote_opt.server_threads, "The node's Asio threads")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  remote->add_option("--order", remote_opt.order,
+                     "layer: layer l of every chunk, then l+1 (the loaders' order, a connection per chunk); chunk: "
+                     "one chunk after another")
+      ->check(CLI::IsMember({"layer", "chunk"}))
+      ->capture_default_str();
+  remote->add_option("--data-dir", remote_opt.data_dir, "Where the node's SSD tier lives (default: a temp dir, removed after)");
 
   bs::tools::ServeBenchOptions sopt;
   sopt.dataset = std::string(BLENDSERVE_SOURCE_DIR) + "/tests/data/rag_qa.jsonl";
@@ -275,6 +305,7 @@ int main(int argc, char** argv) {
       tpopt.kv_dtype = kv_dtype;
       return bs::tools::bench_tp(tpopt);
     }
+    if (remote->parsed()) return bs::tools::bench_remote(remote_opt);
     if (serve->parsed()) {
       sopt.model_path = opt.model_path;
       return bs::tools::bench_serve(sopt);
