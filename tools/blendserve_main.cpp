@@ -1,6 +1,8 @@
 // blendserve: the inference runtime's command line.
 //   blendserve [--config F] serve [--host H] [--port P]
 //   blendserve [--config F] generate --prompt TEXT [--chat] [--document TEXT]... [--max-tokens N] [--tp N] ...
+//   blendserve check-config F          validate a cluster's or one node's config (exit 2 on an error)
+//   blendserve --config F --node NAME  start member NAME of cluster config F
 // Every request goes through the actor runtime (actors/runtime.h): the same path
 // the HTTP server uses.
 #include <CLI/CLI.hpp>
@@ -13,13 +15,18 @@
 #include <string>
 
 #include <pthread.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
+#include "actors/cluster_config.h"
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
 #include "http/server.h"
 #include "kernels/backend.h"
 #include "kernels/kv_view.h"
+#include "tools/cluster_member.h"
 
 namespace {
 
@@ -148,14 +155,81 @@ int run_serve(bs::RuntimeConfig config, const std::string& host, int port, doubl
   return ok ? 0 : 1;
 }
 
+// Exit code of a config that does not validate (check-config, --node).
+constexpr int kConfigErrorExit = 2;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();  // unreadable: the loaders report it
+}
+
+// check-config: validates F (a cluster config when it has `cluster`/`nodes`, else
+// one node's runtime config) without loading a model; one JSON line per member.
+int run_check_config(const std::string& path) {
+  try {
+    if (bs::is_cluster_config(read_file(path))) {
+      const bs::ClusterConfig cluster = bs::load_cluster_config(path);
+      for (const bs::ClusterNode& n : cluster.nodes) {
+        nlohmann::json line{{"name", n.name}, {"role", bs::role_name(n.role)}, {"host", n.host}, {"port", n.port}};
+        if (n.data_port) line["data_port"] = n.data_port;
+        if (n.http_port) line["http_port"] = n.http_port;
+        line["data_dir"] = cluster.member_data_dir(n.name);
+        std::printf("%s\n", line.dump().c_str());
+      }
+    } else {
+      const bs::RuntimeConfig c = bs::load_runtime_config(path);
+      const nlohmann::json line{{"name", c.node_name}, {"role", "single"},          {"host", c.host},
+                                {"http_port", c.port}, {"data_dir", bs::resolve_data_dir(c)}};
+      std::printf("%s\n", line.dump().c_str());
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kConfigErrorExit;
+  }
+  return 0;
+}
+
+// --node NAME: one member of the cluster config F. A worker serves its runtime (the
+// serve path, on its host:http_port); storage and frontend run their roles.
+int run_member(const std::string& config_path, const std::string& node, const std::string& model_path) {
+  bs::ClusterConfig cluster;
+  bs::RuntimeConfig config;
+  try {
+    if (config_path.empty()) throw bs::ConfigError("--node " + node + " needs --config F (the cluster config)");
+    cluster = bs::load_cluster_config(config_path);
+    config = bs::member_runtime_config(cluster, node);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kConfigErrorExit;
+  }
+  if (!model_path.empty()) config.model_path = model_path;
+  switch (cluster.member(node).role) {
+    case bs::NodeRole::Storage: return bs::tools::run_storage_member(cluster, node);
+    case bs::NodeRole::Frontend: return bs::tools::run_frontend_member(cluster, node);
+    case bs::NodeRole::Worker: break;
+  }
+  return run_serve(std::move(config), /*host=*/"", /*port=*/-1, /*drain_seconds=*/30);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"blendserve: RAG inference runtime with CacheBlend KV reuse"};
-  app.require_subcommand(1);
-  std::string model_path, config_path;
+  app.require_subcommand(0, 1);  // none: --node
+  std::string model_path, config_path, node;
   app.add_option("--model", model_path, "GGUF model file (default: the config's, else $BLENDSERVE_MODEL or the embedded default)");
   app.add_option("--config", config_path, "YAML config (default: the embedded configs/default.yaml)");
+  app.add_option("--node", node,
+                 "Start this member of the cluster config given with --config (worker: serves its OpenAI endpoint; "
+                 "storage, frontend: their roles)");
+
+  auto* check = app.add_subcommand(
+      "check-config", "Validate a config without loading a model: a cluster's (one JSON line per member) or one "
+                      "node's; exit 2 with the error (key and line) on stderr");
+  std::string check_path;
+  check->add_option("FILE", check_path, "The YAML config")->required();
 
   auto* serve = app.add_subcommand("serve", "Serve the OpenAI-compatible REST API (chat completions, documents, metrics)");
   std::string host;
@@ -193,6 +267,22 @@ int main(int argc, char** argv) {
   gen->add_flag("--trace", g.trace, "Print the request's trace (JSON) to stderr");
 
   CLI11_PARSE(app, argc, argv);
+  if (check->parsed()) return run_check_config(check_path);
+  if (!node.empty()) {
+    if (gen->parsed() || serve->parsed()) {
+      std::cerr << "error: --node starts a cluster member by itself; give no subcommand\n";
+      return kConfigErrorExit;
+    }
+    return run_member(config_path, node, model_path);
+  }
+  if (!gen->parsed() && !serve->parsed()) {
+    std::cerr << app.help() << "\nerror: give a subcommand (serve, generate, check-config) or --config F --node NAME\n";
+    return kConfigErrorExit;
+  }
+  if (!config_path.empty() && bs::is_cluster_config(read_file(config_path))) {
+    std::cerr << "error: " << config_path << " is a cluster config: start one of its members with --node NAME\n";
+    return kConfigErrorExit;
+  }
   try {
     bs::RuntimeConfig config = config_path.empty() ? bs::default_runtime_config() : bs::load_runtime_config(config_path);
     if (!model_path.empty()) config.model_path = model_path;
