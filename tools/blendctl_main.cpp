@@ -8,6 +8,7 @@
 #include "tools/bench.h"
 #include "tools/bench_remote.h"
 #include "tools/bench_serve.h"
+#include "tools/cluster_ctl.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"blendctl: blendserve benchmarks and tools"};
@@ -217,6 +218,30 @@ int main(int argc, char** argv) {
   trace->add_flag("--json", trace_json, "Same as --format json")->excludes(trace_format);
   trace->add_option("--out", tropt.out, "Write to this file instead of stdout");
 
+  // cluster up|status|down F (tools/cluster_ctl.h).
+  bs::tools::ClusterCtlOptions cluster_opt;
+  auto* cluster = app.add_subcommand(
+      "cluster", "Every member of a cluster config as processes on this host (development and tests): up, status, down");
+  cluster->require_subcommand(1);
+  const auto cluster_action = [&](const char* name, const char* help) {
+    auto* a = cluster->add_subcommand(name, help);
+    a->add_option("F", cluster_opt.config, "The cluster config")->required();
+    a->add_option("--data-dir", cluster_opt.data_dir,
+                  "$BLENDSERVE_DATA_DIR for the members (the cluster's files under D/<cluster name>; not with "
+                  "cluster.data_dir in F)");
+    return a;
+  };
+  auto* cluster_up = cluster_action(
+      "up", "Start every member (storage, workers, frontend), each ready within cluster.startup_timeout; logs and pids "
+            "under the cluster's data dir; exit 1 with the failing member's log, having stopped the others");
+  auto* cluster_status = cluster_action("status", "Each member's pid, alive, ready (JSON lines); exit 1 unless all are up");
+  auto* cluster_down = cluster_action(
+      "down", "SIGTERM every member (frontend first, storage last), SIGKILL after --timeout; pid files removed");
+  for (auto* a : {cluster_up, cluster_down})
+    a->add_option("--timeout", cluster_opt.timeout_s, "Seconds members get to exit after SIGTERM before SIGKILL")
+        ->check(CLI::Range(0.0, 3600.0))
+        ->capture_default_str();
+
   bs::tools::TopOptions top_opt;
   if (const char* k = std::getenv("BLENDSERVE_API_KEY")) top_opt.api_key = k;
   auto* top = app.add_subcommand("top", "A server's actors and requests, live in the terminal (q quits, s sorts, / filters)");
@@ -311,6 +336,9 @@ int main(int argc, char** argv) {
       return bs::tools::bench_serve(sopt);
     }
     if (top->parsed()) return bs::tools::run_top(top_opt);
+    if (cluster_up->parsed()) return bs::tools::cluster_up(cluster_opt);
+    if (cluster_status->parsed()) return bs::tools::cluster_status(cluster_opt);
+    if (cluster_down->parsed()) return bs::tools::cluster_down(cluster_opt);
     if (trace->parsed()) {
       if (trace_json) tropt.format = "json";
       return bs::tools::print_trace(tropt);

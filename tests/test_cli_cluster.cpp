@@ -1,0 +1,385 @@
+// The cluster commands as people run them, with real processes on loopback and the
+// real model: `blendserve check-config`, `blendserve --config F --node NAME`, and
+// `blendctl cluster up|status|down`.
+//
+// A whole cluster cannot come up in these tests while a role is missing, so `up` is
+// tested where it must fail (a worker that cannot load its model: the others it
+// started are stopped), and `status`/`down` on a worker started by hand with its pid
+// file where `up` writes it (the file layout is the documented contract), beside a
+// pid file that names a stranger process and one that names a dead pid.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/model_fixture.h"
+#include "tests/process_fixture.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kBin = BLENDSERVE_BINARY_DIR;
+const std::string kSecret = "0123456789abcdef0123";
+
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] == '{') out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// A command's exit code and its stdout (stderr apart, in `err`).
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+Result run(const std::string& args, const fs::path& dir) {
+  const fs::path err_file = dir / "stderr.txt";
+  const auto r = bs::testing::run_command(kBin + "/" + args + " 2>" + err_file.string());
+  std::ifstream in(err_file);
+  std::stringstream err;
+  err << in.rdbuf();
+  return {r.code, r.out, err.str()};
+}
+
+bool process_exists(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// A fresh directory per test, removed after it.
+class ClusterCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_MODEL();
+    dir_ = fs::temp_directory_path() / ("bs_cli_cluster_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    dir_ = fs::canonical(dir_);  // as blendctl records the config: no symlinks
+  }
+  void TearDown() override {
+    for (pid_t pid : children_) {  // whatever a failed test left running
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    fs::remove_all(dir_);
+  }
+
+  // A cluster config in the test's directory: a frontend, the workers (each `extra`
+  // its own keys, e.g. a model path) and, with `storage`, a storage node; free
+  // loopback ports. Returns its path.
+  fs::path write_config(const std::vector<std::string>& worker_extra, bool storage = false) {
+    std::ostringstream y;
+    y << "cluster: {name: t, secret: " << kSecret << ", data_dir: " << (dir_ / "data").string()
+      << ", startup_timeout: 120s}\n"
+      << "defaults:\n"
+      << "  model: {path: " << bs::testing::model_path() << "}\n"
+      << "  device: {threads: 1}\n"
+      << "  limits: {max_requests: 2, max_queue: 2}\n"
+      << "  tiers: {ram: {budget: 64MiB}, ssd: {budget: 64MiB}}\n"
+      << "nodes:\n"
+      << "  - {name: frontend, role: frontend, host: 127.0.0.1, port: " << port() << ", http_port: " << port()
+      << "}\n";
+    for (size_t i = 0; i < worker_extra.size(); ++i) {
+      const int http = port();
+      http_ports_["worker-" + std::to_string(i + 1)] = http;
+      y << "  - {name: worker-" << i + 1 << ", role: worker, host: 127.0.0.1, port: " << port()
+        << ", http_port: " << http << worker_extra[i] << "}\n";
+    }
+    if (storage)
+      y << "  - {name: storage, role: storage, host: 127.0.0.1, port: " << port() << ", data_port: " << port()
+        << "}\n";
+    const fs::path path = dir_ / "cluster.yaml";
+    std::ofstream(path) << y.str();
+    return path;
+  }
+  fs::path data() const { return dir_ / "data" / "t"; }
+
+  // `blendserve --config F --node NAME` in a session of its own (as `blendctl cluster
+  // up` starts it), its output in the log `up` would use, its pid in the pid file.
+  pid_t start_member(const fs::path& config, const std::string& node) {
+    fs::create_directories(data() / "logs");
+    fs::create_directories(data() / "pids");
+    const std::string log = (data() / "logs" / (node + ".log")).string();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setsid();
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      const std::string bin = kBin + "/blendserve";
+      ::execl(bin.c_str(), bin.c_str(), "--config", config.c_str(), "--node", node.c_str(),
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    children_.push_back(pid);
+    std::ofstream(data() / "pids" / (node + ".pid")) << pid << "\n";
+    return pid;
+  }
+  // Waits for GET /health on the port (a test failure after 120 s or if `pid` exits).
+  bool wait_healthy(int http_port, pid_t pid) {
+    httplib::Client c("127.0.0.1", http_port);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (auto r = c.Get("/health"); r && r->status == 200) return true;
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) {
+        forget(pid);
+        ADD_FAILURE() << "the member exited";
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ADD_FAILURE() << "no /health within 120 s";
+    return false;
+  }
+  // Collects a child; its exit status, or -1 if it did not end within `seconds`.
+  int reap(pid_t pid, double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    int status = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        forget(pid);
+        return status;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+  void forget(pid_t pid) { std::erase(children_, pid); }
+  std::string log_of(const std::string& node) const {
+    std::ifstream in(data() / "logs" / (node + ".log"));
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  int port() {
+    int p = 0;
+    do p = bs::testing::free_port();
+    while (std::find(used_.begin(), used_.end(), p) != used_.end());
+    used_.push_back(p);
+    return p;
+  }
+
+  fs::path dir_;
+  std::map<std::string, int> http_ports_;
+  std::vector<pid_t> children_;
+  std::vector<int> used_;
+};
+
+TEST_F(ClusterCli, CheckConfigValidatesWithoutAModel) {
+  const fs::path good = write_config({"", ""});
+  Result r = run("blendserve check-config " + good.string(), dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 3u) << r.out;
+  EXPECT_EQ(lines[0]["name"], "frontend");
+  EXPECT_EQ(lines[0]["role"], "frontend");
+  EXPECT_EQ(lines[1]["name"], "worker-1");
+  EXPECT_EQ(lines[1]["http_port"], http_ports_["worker-1"]);
+  EXPECT_EQ(lines[1]["data_dir"], (data() / "worker-1").string());
+  EXPECT_TRUE(lines[1].contains("port"));
+  EXPECT_FALSE(fs::exists(data())) << "check-config creates nothing";
+
+  // A mistake: exit 2, the key and its line on stderr, nothing on stdout.
+  std::string text;
+  {
+    std::ifstream in(good);
+    std::stringstream s;
+    s << in.rdbuf();
+    text = s.str();
+  }
+  const size_t at = text.find("role: worker");
+  std::ofstream(dir_ / "bad.yaml") << text.substr(0, at) + "role: wroker" + text.substr(at + 12);
+  r = run("blendserve check-config " + (dir_ / "bad.yaml").string(), dir_);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, AllOf(HasSubstr("bad.yaml: nodes[1].role: unknown role 'wroker' (frontend, worker, storage)"),
+                           HasSubstr("(line 9, column")));
+
+  // A plain runtime config is checked as one; its mistakes too.
+  std::ofstream(dir_ / "single.yaml") << "server: {port: 8123}\n";
+  r = run("blendserve check-config " + (dir_ / "single.yaml").string(), dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(json_lines(r.out).size(), 1u);
+  EXPECT_EQ(json_lines(r.out)[0]["http_port"], 8123);
+  EXPECT_EQ(json_lines(r.out)[0]["role"], "single");
+  std::ofstream(dir_ / "single.yaml") << "server:\n  port: 0\n";
+  r = run("blendserve check-config " + (dir_ / "single.yaml").string(), dir_);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("server.port: must be in 1..65535, got 0 (line 2, column 9)"));
+
+  // The shipped example, its secret from the environment.
+  const std::string example = std::string(BLENDSERVE_FIXTURES) + "/../../configs/cluster.example.yaml";
+  const auto set = bs::testing::run_command("env BLENDSERVE_CLUSTER_SECRET=" + kSecret + " " + kBin +
+                                            "/blendserve check-config " + example + " 2>&1");
+  EXPECT_EQ(set.code, 0) << set.out;
+  EXPECT_EQ(json_lines(set.out).size(), 4u) << set.out;
+  const auto unset = bs::testing::run_command("env -u BLENDSERVE_CLUSTER_SECRET " + kBin +
+                                              "/blendserve check-config " + example + " 2>&1");
+  EXPECT_EQ(unset.code, 2);
+  EXPECT_THAT(unset.out, AllOf(HasSubstr("cluster.secret: the environment variable BLENDSERVE_CLUSTER_SECRET"),
+                               HasSubstr("is not set")));
+}
+
+TEST_F(ClusterCli, AWorkerMemberServesAndStopsOnSigterm) {
+  const fs::path config = write_config({""});
+  const pid_t pid = start_member(config, "worker-1");
+  ASSERT_TRUE(wait_healthy(http_ports_["worker-1"], pid)) << log_of("worker-1");
+  httplib::Client c("127.0.0.1", http_ports_["worker-1"]);
+  c.set_read_timeout(120, 0);
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  const std::string model = nlohmann::json::parse(models->body)["data"][0]["id"];
+  const nlohmann::json req{{"model", model},
+                           {"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
+                           {"documents", {"Paris is the capital of France."}},
+                           {"max_tokens", 4},
+                           {"temperature", 0}};
+  const auto r = c.Post("/v1/chat/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r) << log_of("worker-1");
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto body = nlohmann::json::parse(r->body);
+  EXPECT_FALSE(body["choices"][0]["message"]["content"].get<std::string>().empty());
+  EXPECT_GT(body["usage"]["completion_tokens"].get<int>(), 0);
+  // Its data dir is the member's.
+  EXPECT_TRUE(fs::exists(data() / "worker-1")) << log_of("worker-1");
+
+  ::kill(pid, SIGTERM);
+  const int status = reap(pid, 60);
+  ASSERT_NE(status, -1) << "still running 60 s after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log_of("worker-1");
+  EXPECT_THAT(log_of("worker-1"), HasSubstr("blendserve: stopped"));
+}
+
+TEST_F(ClusterCli, AnUnknownNodeExits2NamingTheNodes) {
+  const fs::path config = write_config({"", ""});
+  const Result r = run("blendserve --config " + config.string() + " --node nope", dir_);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--node nope: no such node in " + config.string() +
+                               " (nodes: frontend, worker-1, worker-2)"));
+  // --node without --config, and a cluster config given to serve.
+  EXPECT_EQ(run("blendserve --node worker-1", dir_).code, 2);
+  const Result serve = run("blendserve --config " + config.string() + " serve", dir_);
+  EXPECT_EQ(serve.code, 2);
+  EXPECT_THAT(serve.err, HasSubstr("is a cluster config: start one of its members with --node NAME"));
+}
+
+TEST_F(ClusterCli, UpStopsWhatItStartedWhenAMemberFails) {
+  // worker-2 cannot load its model: up fails at the workers' stage, names worker-2
+  // with its log, stops worker-1 and never starts the frontend.
+  const fs::path config =
+      write_config({"", ", model: {path: " + (dir_ / "no-such-model.gguf").string() + "}"});
+  const Result r = run("blendctl cluster up " + config.string(), dir_);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, AllOf(HasSubstr("cluster up failed: worker-2 (worker, pid"), HasSubstr("before it was ready"),
+                           HasSubstr("no-such-model.gguf"), HasSubstr("stopped worker-1"),
+                           Not(HasSubstr("started frontend"))));
+  // Every member it started is gone, and no pid file is left.
+  std::vector<pid_t> pids;
+  std::istringstream err(r.err);
+  for (std::string line; std::getline(err, line);)
+    if (const size_t at = line.find(", pid "); at != std::string::npos && line.find("started") != std::string::npos)
+      pids.push_back(std::stoi(line.substr(at + 6)));
+  EXPECT_EQ(pids.size(), 2u) << r.err;
+  for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << pid;
+  EXPECT_TRUE(fs::is_empty(data() / "pids"));
+  EXPECT_THAT(log_of("worker-2"), HasSubstr("no-such-model.gguf"));
+
+  // status: nothing runs.
+  const Result s = run("blendctl cluster status " + config.string(), dir_);
+  EXPECT_EQ(s.code, 1);
+  for (const auto& line : json_lines(s.out)) EXPECT_FALSE(line["alive"].get<bool>()) << line;
+}
+
+TEST_F(ClusterCli, StatusAndDownFollowThePidFiles) {
+  const fs::path config = write_config({""}, /*storage=*/true);
+  const pid_t worker = start_member(config, "worker-1");
+  ASSERT_TRUE(wait_healthy(http_ports_["worker-1"], worker)) << log_of("worker-1");
+  // The frontend's pid file names a stranger (a pid reused by another program), the
+  // storage node's a pid that is gone.
+  const pid_t stranger = ::fork();
+  if (stranger == 0) {
+    ::execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  children_.push_back(stranger);
+  std::ofstream(data() / "pids" / "frontend.pid") << stranger << "\n";
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  std::ofstream(data() / "pids" / "storage.pid") << dead << "\n";
+
+  Result r = run("blendctl cluster status " + config.string(), dir_);
+  EXPECT_EQ(r.code, 1) << r.err;
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& line : json_lines(r.out)) by_name[line["name"]] = line;
+  ASSERT_EQ(by_name.size(), 3u) << r.out;
+  EXPECT_EQ(by_name["worker-1"]["pid"], worker);
+  EXPECT_TRUE(by_name["worker-1"]["alive"].get<bool>());
+  EXPECT_TRUE(by_name["worker-1"]["ready"].get<bool>());
+  EXPECT_FALSE(by_name["frontend"]["alive"].get<bool>());  // the stranger is not the frontend
+  EXPECT_FALSE(by_name["storage"]["alive"].get<bool>());
+  EXPECT_EQ(by_name["storage"]["log"], (data() / "logs" / "storage.log").string());
+
+  // up refuses while a member runs.
+  r = run("blendctl cluster up " + config.string(), dir_);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("worker-1 (pid " + std::to_string(worker) + ")"),
+                           HasSubstr("blendctl cluster down " + config.string() + "` first")));
+  EXPECT_TRUE(process_exists(worker));
+  // ... and clears the pid files that name no member (the stranger is not signalled).
+  EXPECT_THAT(r.err, AllOf(HasSubstr("removed the stale pid file " + (data() / "pids" / "frontend.pid").string()),
+                           HasSubstr("removed the stale pid file " + (data() / "pids" / "storage.pid").string())));
+  EXPECT_TRUE(process_exists(stranger));
+  std::ofstream(data() / "pids" / "frontend.pid") << stranger << "\n";
+  std::ofstream(data() / "pids" / "storage.pid") << dead << "\n";
+
+  r = run("blendctl cluster down --timeout 30 " + config.string(), dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
+  by_name.clear();
+  for (const auto& line : json_lines(r.out)) by_name[line["name"]] = line;
+  EXPECT_EQ(by_name["worker-1"]["stopped"], "SIGTERM");
+  EXPECT_EQ(by_name["frontend"]["stopped"], "not ours");
+  EXPECT_EQ(by_name["storage"]["stopped"], "not running");
+  // The worker drained and exited by itself; the stranger was never signalled.
+  const int status = reap(worker, 5);
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << log_of("worker-1");
+  EXPECT_TRUE(process_exists(stranger));
+  EXPECT_EQ(::waitpid(stranger, nullptr, WNOHANG), 0) << "the stranger ended";
+  EXPECT_TRUE(fs::is_empty(data() / "pids"));
+
+  // Down again: nothing to do.
+  r = run("blendctl cluster down " + config.string(), dir_);
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, "");
+}
+
+TEST_F(ClusterCli, ConfigErrorsExit2) {
+  std::ofstream(dir_ / "bad.yaml") << "cluster: {name: t, secret: short}\nnodes: []\n";
+  for (const char* action : {"up", "status", "down"}) {
+    const Result r = run(std::string("blendctl cluster ") + action + " " + (dir_ / "bad.yaml").string(), dir_);
+    EXPECT_EQ(r.code, 2) << action;
+    EXPECT_THAT(r.err, HasSubstr("cluster.secret: the secret has 5 characters")) << action;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,50 @@
+// blendctl cluster up|status|down F: every member of a cluster config as its own
+// process on this host, for development and tests (on several machines, start each
+// member there with `blendserve --config F --node NAME`).
+//
+// Files, under the cluster's data dir (ClusterConfig::data_dir): logs/<node>.log (the
+// member's stdout and stderr, rewritten at each start) and pids/<node>.pid (its
+// process id, one line; written by `up`, removed by `down`). A pid file is trusted
+// only while /proc/<pid>/cmdline is that member's (`--config <this file> --node
+// <node>`): a pid the system gave to another process since is never signalled.
+#pragma once
+
+#include <string>
+
+namespace bs::tools {
+
+struct ClusterCtlOptions {
+  std::string config;    // the cluster config file
+  // --data-dir D: $BLENDSERVE_DATA_DIR for blendctl and the members it starts (so the
+  // cluster's files are under D/<cluster name>); refused when the file sets
+  // cluster.data_dir. Empty: the environment's.
+  std::string data_dir;
+  // down (and up's clean-up after a failure): seconds the members of one stage get
+  // to exit after SIGTERM before they are sent SIGKILL.
+  double timeout_s = 20;
+};
+
+// Starts every member (`<blendctl's directory>/blendserve --config F --node NAME`, in
+// its own session so it outlives blendctl): the storage node, then the workers, then
+// the frontend, each stage ready (storage: its data_port accepts a connection; worker,
+// frontend: GET /health on its http_port answers 200) within cluster.startup_timeout
+// before the next starts. Progress on stderr; one JSON line per member on stdout
+// ({name, role, pid, ready, log}). Exit 0; 1 when a member exits or is not ready in
+// time (which one and its log's last lines on stderr; every member started is
+// stopped again) or when members of the cluster are already running; 2 for a config
+// error.
+int cluster_up(const ClusterCtlOptions& opt);
+
+// One JSON line per member ({name, role, pid (null: no pid file), alive, ready, log}),
+// probing as `up` does with a short timeout. Exit 0 when every member is alive and
+// ready, 1 otherwise, 2 for a config error.
+int cluster_status(const ClusterCtlOptions& opt);
+
+// SIGTERM to every live member, frontend first, then the workers, the storage node
+// last (each stage waits up to timeout_s, then SIGKILL); pid files removed, stale ones
+// too. One JSON line per member with a pid file ({name, role, pid, stopped: "SIGTERM"
+// | "SIGKILL" | "not running" | "not ours"}). Exit 0; 1 when a member outlived
+// SIGKILL; 2 for a config error.
+int cluster_down(const ClusterCtlOptions& opt);
+
+}  // namespace bs::tools
