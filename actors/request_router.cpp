@@ -1,0 +1,108 @@
+#include "actors/request_router.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "storage/chunk_kv.h"
+
+namespace bs {
+
+RoutingPolicy parse_routing_policy(const std::string& name) {
+  if (name == "kv_aware") return RoutingPolicy::kv_aware;
+  if (name == "round_robin") return RoutingPolicy::round_robin;
+  throw std::invalid_argument("routing: unknown policy \"" + name + "\" (kv_aware | round_robin)");
+}
+
+RequestRouter::RequestRouter(RoutingPolicy policy, double recent_keys_s) : policy_(policy), recent_for_(recent_keys_s) {}
+
+namespace {
+
+std::vector<ChunkKey> keys_for(const NodeReport& r, const std::vector<std::vector<int32_t>>& chunks) {
+  std::vector<ChunkKey> keys;
+  keys.reserve(chunks.size());
+  for (const auto& c : chunks) keys.push_back(make_chunk_key(r.fingerprint, KvKind::Chunk, c, r.prelude));
+  return keys;
+}
+
+}  // namespace
+
+std::optional<RouteChoice> RequestRouter::choose(const ClusterView& view,
+                                                 const std::vector<std::vector<int32_t>>& chunks,
+                                                 const std::set<std::string>& exclude) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = clock_type::now();
+  struct Candidate {
+    RouteChoice c;
+    bool full = false;
+    size_t index = 0;
+  };
+  std::vector<Candidate> cands;
+  for (size_t i = 0; i < view.members.size(); ++i) {
+    const MemberView& m = view.members[i];
+    if (m.member.role != "worker" || !m.up || exclude.count(m.member.name)) continue;
+    Candidate cand;
+    cand.index = i;
+    cand.c.worker = m.member.name;
+    const int64_t here = in_flight_.count(m.member.name) ? in_flight_.at(m.member.name) : 0;
+    cand.c.load = std::max(here, m.report.in_flight + m.report.queued);
+    cand.full = m.report.max_requests > 0 && cand.c.load >= m.report.max_requests + m.report.max_queue;
+    if (policy_ == RoutingPolicy::kv_aware && !chunks.empty()) {
+      const auto keys = keys_for(m.report, chunks);
+      const auto rit = recent_.find(m.member.name);
+      for (size_t k = 0; k < keys.size(); ++k) {
+        bool held = m.held.may_contain(keys[k]);
+        if (!held && rit != recent_.end()) {
+          const auto kit = rit->second.keys.find({keys[k].hi, keys[k].lo});
+          held = kit != rit->second.keys.end() && kit->second > now;
+        }
+        if (held) cand.c.held_tokens += static_cast<int64_t>(chunks[k].size());
+      }
+    }
+    cands.push_back(std::move(cand));
+  }
+  if (cands.empty()) return std::nullopt;
+  const bool all_full = std::all_of(cands.begin(), cands.end(), [](const Candidate& c) { return c.full; });
+  // In turn: the rotation decides among equals, starting after the last choice.
+  const uint64_t turn = turn_++;
+  auto rotation = [&](const Candidate& c) { return (c.index + view.members.size() - turn % view.members.size()) % view.members.size(); };
+  auto better = [&](const Candidate& a, const Candidate& b) {
+    if (!all_full && a.full != b.full) return !a.full;
+    if (policy_ == RoutingPolicy::kv_aware) {
+      if (a.c.held_tokens != b.c.held_tokens) return a.c.held_tokens > b.c.held_tokens;
+      if (a.c.load != b.c.load) return a.c.load < b.c.load;
+    }
+    return rotation(a) < rotation(b);
+  };
+  auto best = std::min_element(cands.begin(), cands.end(), [&](const Candidate& a, const Candidate& b) { return better(a, b); });
+  RouteChoice out = best->c;
+  out.overloaded = all_full;
+  return out;
+}
+
+void RequestRouter::started(const ClusterView& view, const std::string& worker,
+                            const std::vector<std::vector<int32_t>>& chunks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++in_flight_[worker];
+  const MemberView* m = view.find(worker);
+  if (!m || chunks.empty()) return;
+  const auto until = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(recent_for_);
+  auto& recent = recent_[worker].keys;
+  for (const auto& k : keys_for(m->report, chunks)) recent[{k.hi, k.lo}] = until;
+  // Bounded: expired entries go whenever new ones come.
+  const auto now = clock_type::now();
+  for (auto it = recent.begin(); it != recent.end();) it = it->second <= now ? recent.erase(it) : std::next(it);
+}
+
+void RequestRouter::finished(const std::string& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = in_flight_.find(worker);
+  if (it != in_flight_.end() && it->second > 0) --it->second;
+}
+
+int64_t RequestRouter::in_flight(const std::string& worker) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = in_flight_.find(worker);
+  return it == in_flight_.end() ? 0 : it->second;
+}
+
+}  // namespace bs
