@@ -7,7 +7,8 @@
 #   3. ASan+UBSan build in build-asan/ (clang, -O1, with the fuzzers' coverage hooks, so
 #      the fuzz targets reuse its objects); the unit tests (label "unit") under it, and the
 #      actor runtime's protocol tests and quick runtime tests (label "asan_model")
-#   4. the GGUF reader's and the request parser's libFuzzer targets, built in build-asan/,
+#   4. the GGUF reader's, the request parser's and the remote frame codec's libFuzzer
+#      targets, built in build-asan/,
 #      for BLENDSERVE_FUZZ_SECONDS each (default 30)
 # Set BLENDSERVE_SKIP_SANITIZE=1 to skip steps 3 and 4 while iterating.
 set -euo pipefail
@@ -42,7 +43,7 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   CC=clang CXX=clang++ cmake -S "$ROOT" -B "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DBLENDSERVE_SANITIZE=ON -DBLENDSERVE_FUZZ=ON >/dev/null
   # Only what runs under the sanitizers (tests/CMakeLists.txt: sanitizer_tests) and the fuzzers.
-  cmake --build "$ROOT/build-asan" -j"$JOBS" --target sanitizer_tests fuzz_gguf fuzz_chat_request
+  cmake --build "$ROOT/build-asan" -j"$JOBS" --target sanitizer_tests fuzz_gguf fuzz_chat_request fuzz_remote_frame
   echo "[test] unit tests and the actor runtime under ASan+UBSan"
   # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -51,4 +52,6 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   JOBS="$JOBS" "$ROOT/tools/fuzz_gguf.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
   echo "[test] fuzzing the chat-completion request parser for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
   JOBS="$JOBS" "$ROOT/tools/fuzz_chat_request.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
+  echo "[test] fuzzing the remote tier's frame codec for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
+  JOBS="$JOBS" "$ROOT/tools/fuzz_remote_frame.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
 fi
