@@ -59,16 +59,21 @@ loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* c
                                    CountersPtr c);
 // Writes entries to the SSD tier, in order. Spawn detached: its writes block.
 writer_actor::behavior_type writer(writer_actor::pointer self, RuntimeContext* ctx, CountersPtr c);
+// Pushes entries to the remote tier's storage node, in order. Spawn detached.
+writer_actor::behavior_type remote_writer(writer_actor::pointer self, RuntimeContext* ctx, CountersPtr c);
 // Hands `kk` to the SSD writer unless its queue (tiers.ssd.write_queue bytes) is
 // full: then it is dropped and counted. True when queued.
 bool enqueue_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk);
+// The same for the remote writer (its own queue, the same byte limit).
+bool enqueue_remote_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk);
 // Owns the execution state of the requests it runs (load targets, prefill runs,
 // decode caches, by request id) and decides each step of the compute thread:
 // prefill layers, decode steps, write-back and document computes.
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
 rank_worker_actor::behavior_type rank_worker(rank_worker_actor::pointer self, RuntimeContext* ctx, int rank,
                                              CountersPtr c);
-// Stores chunks the worker computed for write-back: RAM, and the SSD writer.
+// Stores chunks the worker computed for write-back: RAM, the SSD writer, and the
+// remote writer where tiers.remote.write_back says so.
 write_back_actor::behavior_type write_back(write_back_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
                                            CountersPtr c);
 // The decoder's per-request state, by id: sampling, text, stop conditions, and

@@ -75,6 +75,7 @@ struct ActorSet {
   controller_actor controller;
   std::vector<std::vector<loader_actor>> loaders;
   writer_actor ssd_writer;  // invalid when the SSD tier is off
+  writer_actor remote_writer;  // invalid unless the remote tier is on with write_back
   worker_actor worker;
   std::vector<rank_worker_actor> rank_workers;  // [rank - 1]; empty at tp 1
   write_back_actor write_back;
@@ -96,6 +97,7 @@ class Handles {
                                                                   : std::vector<loader_actor>{};
   }
   writer_actor ssd_writer() const { return read(&ActorSet::ssd_writer); }
+  writer_actor remote_writer() const { return read(&ActorSet::remote_writer); }
   worker_actor worker() const { return read(&ActorSet::worker); }
   rank_worker_actor rank_worker(int rank) const {
     std::lock_guard<std::mutex> lock(mu_);

@@ -46,11 +46,6 @@ class CallerActor {
 };
 
 
-std::string default_model_path() {
-  if (const char* env = std::getenv("BLENDSERVE_MODEL")) return env;
-  return BLENDSERVE_DEFAULT_MODEL;
-}
-
 // The default check layers (1..6) need a model of at least 7 layers; on a smaller
 // one they narrow to the layers it has (said on stderr), so a small model runs on
 // the defaults. Any other check layer past the model is a configuration error,
@@ -117,6 +112,12 @@ std::string describe_exit(caf::actor_system& sys, const caf::error& reason) {
 
 }  // namespace
 
+std::string resolve_model_path(const RuntimeConfig& config) {
+  if (!config.model_path.empty()) return config.model_path;
+  if (const char* env = std::getenv("BLENDSERVE_MODEL")) return env;
+  return BLENDSERVE_DEFAULT_MODEL;
+}
+
 struct Runtime::Actors {
   RuntimeSystemConfig cfg;
   std::unique_ptr<caf::actor_system> system;
@@ -163,6 +164,8 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
   if (name == "intake") return put(&ActorSet::intake, sys.spawn<caf::detached>(intake, ctx, h, c));
   if (name == "controller") return put(&ActorSet::controller, sys.spawn<caf::detached>(controller, ctx, h, c));
   if (name == "ssd-writer") return put(&ActorSet::ssd_writer, sys.spawn<caf::detached>(writer, ctx, c));
+  if (name == "remote-writer")
+    return put(&ActorSet::remote_writer, sys.spawn<caf::detached>(remote_writer, ctx, c));
   if (name == "layer-worker") return put(&ActorSet::worker, sys.spawn(layer_worker, ctx, h, c));
   if (name == "write-back") return put(&ActorSet::write_back, sys.spawn(write_back, ctx, h, c));
   if (name == "decoder") return put(&ActorSet::decoder, sys.spawn<caf::detached>(decoder, ctx, h, c));
@@ -239,6 +242,8 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
   } else if (name == "ssd-writer") {
     // The writes queued in its mailbox died with it (a cache: recomputed on a miss).
     ctx->ssd_write_queue.bytes.store(0);
+  } else if (name == "remote-writer") {
+    ctx->remote_write_queue.bytes.store(0);
   } else if (name == "write-back") {
     // Stores in its mailbox died with it (a cache: recomputed on a miss); no request waits for them.
   } else if (name == "intake") {
@@ -285,7 +290,7 @@ static int64_t kv_cache_default_bytes(const RuntimeConfig& config, const LlamaCo
 Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeContext>()) {
   auto& ctx = *ctx_;
   ctx.config = config;
-  if (ctx.config.model_path.empty()) ctx.config.model_path = default_model_path();
+  ctx.config.model_path = resolve_model_path(ctx.config);
   kernels::DecodeActivations decode{};
   if (ctx.config.decode_activations != "auto" &&
       !kernels::decode_activations_from_name(ctx.config.decode_activations, decode))
@@ -348,12 +353,31 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
                                             ctx.config.ssd.direct_io);
     if (ctx.config.ssd.throttle_bytes_per_s > 0) ctx.ssd->set_read_throttle(ctx.config.ssd.throttle_bytes_per_s);
   }
+  if (ctx.config.remote.enabled) {
+    const RemoteTierConfig& rc = ctx.config.remote;
+    RemoteStoreOptions ro;
+    ro.host = rc.host;
+    ro.port = rc.port;
+    ro.secret = rc.secret;
+    ro.connect_timeout_s = rc.connect_timeout_s;
+    ro.io_timeout_s = rc.io_timeout_s;
+    ro.retry_after_s = rc.retry_after_s;
+    ro.layers_in_flight = rc.layers_in_flight;
+    ro.max_connections = rc.max_connections;
+    try {
+      ctx.remote = std::make_unique<RemoteKvStore>(ro);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(std::string("tiers.remote: ") + e.what());
+    }
+  }
   // The stored tiers in lookup order, with the controller's start values (RAM
-  // copies, a laptop SSD) until it measured them.
+  // copies, a laptop SSD, a 10 Gbit/s link) until it measured them.
   if (ctx.ram) ctx.tiers.push_back({"ram", ctx.ram.get(), 8e9, ctx.config.ram.loaders});
   if (ctx.ssd) ctx.tiers.push_back({"ssd", ctx.ssd.get(), 1.5e9, ctx.config.ssd.loaders});
+  if (ctx.remote) ctx.tiers.push_back({"remote", ctx.remote.get(), 1.2e9, ctx.config.remote.loaders});
   std::vector<KvStore*> stores;
-  for (const auto& t : ctx.tiers) stores.push_back(t.store);
+  for (const auto& t : ctx.tiers)
+    if (t.store != ctx.remote.get()) stores.push_back(t.store);
   ctx.tiered = std::make_unique<TieredKvStore>(stores);
   const std::vector<int32_t> prelude = ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true);
   ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, prelude);
@@ -394,6 +418,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   for (size_t t = 0; t < ctx.tiers.size(); ++t)
     for (int i = 0; i < ctx.tiers[t].loaders; ++i) names.push_back(loader_name(ctx, t, i));
   if (ctx.ssd) names.push_back("ssd-writer");
+  if (ctx.remote && ctx.config.remote.write_back) names.push_back("remote-writer");
   names.insert(names.end(), {"layer-worker", "write-back", "decoder"});
   for (int r = 1; r < tp; ++r) names.push_back("rank-worker-" + std::to_string(r));
   std::vector<caf::actor> spawned;
@@ -544,6 +569,8 @@ std::string Runtime::store_document(const std::string& text) {
       --a.documents;
     }
     if (failure) throw *failure;
+    if (ctx_->remote && ctx_->config.remote.write_back)
+      enqueue_remote_write(*ctx_, actors_->h->remote_writer(), KeyedKv{key, kv});
     ctx_->tiered->put(key, std::move(kv));
   }
   return key.hex();
@@ -685,6 +712,16 @@ std::string Runtime::stores_json() const {
     ssd["writes_dropped"] = q.dropped.load();
     ssd["writes"] = q.written.load();
   }
+  if (ctx_->remote) {
+    const auto& q = ctx_->remote_write_queue;
+    auto& remote = j["remote"];
+    remote["endpoint"] = ctx_->config.remote.host + ":" + std::to_string(ctx_->config.remote.port);
+    remote["last_error"] = ctx_->remote->last_error();
+    remote["write_back"] = ctx_->config.remote.write_back;
+    remote["write_queue_bytes"] = q.bytes.load();
+    remote["writes_dropped"] = q.dropped.load();
+    remote["writes"] = q.written.load();
+  }
   return j.dump();
 }
 
@@ -713,7 +750,7 @@ void Runtime::shutdown(bool finish_write_back) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // Background write-back computes are dropped (they are a cache, recomputed on
   // demand); the one running finishes. Then every store already handed to the
-  // write-back actor or the SSD writer is written before the actors stop.
+  // write-back actor or the tiers' writers is written before the actors stop.
   ctx_->compute->stop(finish_write_back);
   // The followers run what rank 0 ran (the jobs it sent), then stop.
   for (int r = 1; ctx_->tp && r < ctx_->tp->size(); ++r) ctx_->tp->follower(r).compute().stop(false);
@@ -731,6 +768,7 @@ void Runtime::shutdown(bool finish_write_back) {
     const ActorSet all = a.h->all();
     std::vector<caf::actor> actors{caf::actor_cast<caf::actor>(a.supervisor), caf::actor_cast<caf::actor>(all.intake),
                                    caf::actor_cast<caf::actor>(all.controller), caf::actor_cast<caf::actor>(all.ssd_writer),
+                                   caf::actor_cast<caf::actor>(all.remote_writer),
                                    caf::actor_cast<caf::actor>(all.worker),     caf::actor_cast<caf::actor>(all.write_back),
                                    caf::actor_cast<caf::actor>(all.decoder),    caf::actor_cast<caf::actor>(all.inspector)};
     for (const auto& pool : all.loaders)

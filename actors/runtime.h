@@ -17,6 +17,10 @@ namespace bs {
 
 struct RuntimeContext;
 
+// The model file a runtime of `config` loads: model.path, else $BLENDSERVE_MODEL,
+// else the embedded default.
+std::string resolve_model_path(const RuntimeConfig& config);
+
 class Runtime {
  public:
   // Loads the model, opens the tiers (the SSD index is rebuilt from its files),

@@ -22,11 +22,13 @@
 #include "blend/store_backed_blend.h"
 #include "storage/disk_store.h"
 #include "storage/memory_store.h"
+#include "storage/remote_store.h"
 #include "storage/tiered_store.h"
 
 namespace bs {
 
-// Chunk KV on its way to the SSD writer: bounded by tiers.ssd.write_queue.
+// Chunk KV on its way to a tier's writer (the SSD's, the remote tier's): bounded by
+// tiers.ssd.write_queue.
 struct WriteQueue {
   std::atomic<int64_t> bytes{0};       // queued now
   std::atomic<int64_t> high_water{0};  // the most ever queued at once
@@ -35,7 +37,7 @@ struct WriteQueue {
 };
 
 // A stored tier: where chunk KV may come from. RuntimeContext::tiers lists them in
-// lookup order (RAM, then SSD; the remote tier is one more entry) and a TierId is
+// lookup order (RAM, then SSD, then the remote tier) and a TierId is
 // the index. Everything per tier — the controller's lookup and profile, the
 // loaders, trace and metrics labels, result counters — follows this list, so a
 // tier is added in one place (Runtime's constructor).
@@ -47,7 +49,7 @@ struct TierLoadCounters {
 };
 
 struct StoredTier {
-  std::string name;                 // "ram", "ssd": profile sources, metrics labels, actor names
+  std::string name;                 // "ram", "ssd", "remote": profile sources, metrics labels, actor names
   KvStore* store = nullptr;         // owned by the context
   double start_bytes_per_s = 1e9;   // the controller's estimate until it measured the tier
   int loaders = 1;                  // loader actors: this many requests' loads at once
@@ -68,6 +70,10 @@ struct RuntimeContext {
   std::shared_ptr<KvPagePool> kv_pool;
   std::unique_ptr<MemoryKvStore> ram;  // null when the tier is off
   std::unique_ptr<DiskKvStore> ssd;    // null when the tier is off
+  // A storage node's SSD over the network (tiers.remote); null when the tier is off.
+  // Not in `tiered`: the synchronous whole-entry paths (the fallback after a failed
+  // load, write-back's "stored already?") never wait on the network.
+  std::unique_ptr<RemoteKvStore> remote;
   std::vector<StoredTier> tiers;        // lookup order
   std::unique_ptr<TieredKvStore> tiered;
   std::unique_ptr<BlendEngine> engine;
@@ -88,6 +94,7 @@ struct RuntimeContext {
   // the steps run inside a prefill (between its layers) or a write-back compute.
   std::atomic<int64_t> decode_steps{0}, decode_tokens{0}, interleaved_steps{0};
   WriteQueue ssd_write_queue;
+  WriteQueue remote_write_queue;  // pushes to the storage node (tiers.remote.write_back)
   // Actors the supervisor started again after they died, since start.
   std::atomic<int64_t> restarts{0};
   // Test hooks (set before the first request, never while one runs): called by a

@@ -1,9 +1,10 @@
 // write-back: stores the chunks the worker computed alone for a request that
 // missed them (in the compute thread's background, after the first token) — in
-// RAM, and through the SSD writer so they survive a restart; the next request
-// with these documents loads them. It only passes messages: a RAM put is a map
-// insert, and the SSD write is the writer's (its queue is bounded: a full one
-// drops the entry, counted).
+// RAM, through the SSD writer so they survive a restart, and through the remote
+// writer to the storage node (tiers.remote.write_back) so other workers find
+// them; the next request with these documents loads them. It only passes
+// messages: a RAM put is a map insert, the writes are the writers' (their queues
+// are bounded: a full one drops the entry, counted).
 #include <caf/all.hpp>
 
 #include "actors/actor_counters.h"
@@ -18,14 +19,30 @@ write_back_actor::behavior_type write_back(write_back_actor::pointer self, Runti
       [=](kv_ready_atom, KeyedKv kk) {
         BusyScope busy(*c, self->mailbox().size());
         if (ctx->ram) ctx->ram->put(kk.key, kk.kv);
+        if (ctx->remote && ctx->config.remote.write_back) enqueue_remote_write(*ctx, h->remote_writer(), kk);
         if (ctx->ssd) enqueue_write(*ctx, h->ssd_writer(), std::move(kk));
       },
       [=](flush_atom) -> caf::result<bool> {
         BusyScope busy(*c, self->mailbox().size());
-        // The SSD writer handles messages in order: its answer comes after every
-        // store sent above.
-        if (ctx->ssd) return self->delegate(h->ssd_writer(), flush_atom::value);
-        return true;
+        // Each writer handles messages in order: its answer comes after every store
+        // sent above. The remote writer's, then the SSD writer's.
+        const writer_actor remote = ctx->remote ? h->remote_writer() : writer_actor{};
+        if (!remote) {
+          if (ctx->ssd) return self->delegate(h->ssd_writer(), flush_atom::value);
+          return true;
+        }
+        auto done = self->make_response_promise<bool>();
+        const auto bound = std::chrono::seconds(120);
+        self->request(remote, bound, flush_atom::value)
+            .then(
+                [=](bool) mutable {
+                  if (ctx->ssd)
+                    done.delegate(h->ssd_writer(), flush_atom::value);
+                  else
+                    done.deliver(true);
+                },
+                [=](caf::error& e) mutable { done.deliver(std::move(e)); });
+        return done;
       },
   };
 }
