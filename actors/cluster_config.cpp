@@ -4,6 +4,8 @@
 // span nodes (names, addresses, roles, the remote tier's storage node).
 #include "actors/cluster_config.h"
 
+#include "actors/cluster_secret.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -100,7 +102,7 @@ void parse_cluster_section(Parsed& p) {
   ClusterConfig& c = p.cluster;
   std::optional<YAML::Node> heartbeat, timeout;
   for_each_key(p.cluster_section, "cluster",
-               {"name", "secret", "heartbeat_interval", "connection_timeout", "startup_timeout", "data_dir"},
+               {"name", "secret", "heartbeat_interval", "connection_timeout", "startup_timeout", "data_dir", "routing"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = "cluster." + std::string(k);
                  if (k == "name") {
@@ -121,6 +123,10 @@ void parse_cluster_section(Parsed& p) {
                    c.startup_timeout_s = get_duration(v, key);
                  } else if (k == "data_dir") {
                    c.configured_data_dir = get_string(v, key);
+                 } else if (k == "routing") {
+                   c.routing = get_string(v, key);
+                   if (c.routing != "kv_aware" && c.routing != "round_robin")
+                     fail(key, v, "unknown policy '" + c.routing + "' (kv_aware | round_robin)");
                  }
                });
   if (c.name.empty())
@@ -377,6 +383,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
       n.runtime.remote.port = storage->data_port;
       n.runtime.remote.secret = p.cluster.secret;
     }
+    // A worker answers its frontend, which presents the key derived from the secret.
+    if (n.role == NodeRole::Worker) n.runtime.api_keys.push_back(worker_api_key(p.cluster.secret));
   }
   return std::move(p.cluster);
 }

@@ -47,6 +47,9 @@ struct ClusterConfig {
   double heartbeat_interval_s = 1;  // how often members tell each other they are alive
   double connection_timeout_s = 5;  // silence after which a member counts as gone (>= heartbeat_interval)
   double startup_timeout_s = 120;   // how long `blendctl cluster up` waits for a member to be ready
+  // How the frontend picks a worker: "kv_aware" (where the request's document KV is,
+  // actors/request_router.h) or "round_robin" (the baseline benchmarks compare with).
+  std::string routing = "kv_aware";
   // cluster.data_dir as written ("" when absent).
   std::string configured_data_dir;
   // The cluster's directory, absolute: <cluster.data_dir, or the runtime's data-dir

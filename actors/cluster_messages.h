@@ -14,7 +14,6 @@
 // within its age: bind the control port to a private address (README "Cluster").
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,6 +21,8 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
 #include <caf/meta/type_name.hpp>
+
+#include "actors/cluster_secret.h"
 
 namespace bs {
 
@@ -58,16 +59,5 @@ typename Inspector::result_type inspect(Inspector& f, NodeReport& x) {
 inline void add_cluster_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<NodeReport>("bs::NodeReport");
 }
-
-// A control request older (or further in the future) than this is refused.
-inline constexpr std::chrono::seconds kProofMaxAge{60};
-
-// Hex HMAC-SHA256 of "blendserve-control|<from>|<unix_ms>" under `secret`.
-std::string control_proof(const std::string& secret, const std::string& from, int64_t unix_ms);
-// Whether `proof` is control_proof(secret, from, unix_ms) (constant time) and
-// unix_ms is within kProofMaxAge of now.
-bool control_proof_valid(const std::string& secret, const std::string& from, int64_t unix_ms,
-                         const std::string& proof);
-int64_t unix_ms_now();
 
 }  // namespace bs

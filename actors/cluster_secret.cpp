@@ -1,4 +1,4 @@
-#include "actors/cluster_messages.h"
+#include "actors/cluster_secret.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -11,8 +11,9 @@ int64_t unix_ms_now() {
       .count();
 }
 
-std::string control_proof(const std::string& secret, const std::string& from, int64_t unix_ms) {
-  const std::string data = "blendserve-control|" + from + "|" + std::to_string(unix_ms);
+namespace {
+
+std::string hmac_hex(const std::string& secret, const std::string& data) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(data.data()),
@@ -26,6 +27,14 @@ std::string control_proof(const std::string& secret, const std::string& from, in
   }
   return hex;
 }
+
+}  // namespace
+
+std::string control_proof(const std::string& secret, const std::string& from, int64_t unix_ms) {
+  return hmac_hex(secret, "blendserve-control|" + from + "|" + std::to_string(unix_ms));
+}
+
+std::string worker_api_key(const std::string& secret) { return hmac_hex(secret, "blendserve-worker-api-key"); }
 
 bool control_proof_valid(const std::string& secret, const std::string& from, int64_t unix_ms,
                          const std::string& proof) {

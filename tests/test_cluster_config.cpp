@@ -2,6 +2,7 @@
 // member runs with, and for every mistake an error naming the dotted key and its
 // line. Also the runtime config's tiers.remote section, durations and secrets.
 #include "actors/cluster_config.h"
+#include "actors/cluster_secret.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -210,8 +211,11 @@ TEST(ClusterConfig, ADefaultOverriddenByANodeKeepsItsOtherKeys) {
   const RuntimeConfig w2 = member_runtime_config(c, "w2");
   EXPECT_EQ(w2.ram.loaders, 3);
   EXPECT_EQ(w2.ram.budget_bytes, 1LL << 30);
-  EXPECT_EQ(w2.api_keys, std::vector<std::string>{"key-abcdefgh"});
-  EXPECT_TRUE(member_runtime_config(c, "w1").api_keys.empty());
+  // Every worker also takes the key its frontend presents (derived from the secret).
+  EXPECT_EQ(w2.api_keys, (std::vector<std::string>{"key-abcdefgh", worker_api_key(c.secret)}));
+  EXPECT_EQ(member_runtime_config(c, "w1").api_keys, std::vector<std::string>{worker_api_key(c.secret)});
+  EXPECT_EQ(worker_api_key(c.secret).size(), 64u);
+  EXPECT_NE(worker_api_key(c.secret), worker_api_key(c.secret + "x"));
 }
 
 TEST(ClusterConfig, NoStorageNodeLeavesTheRemoteTierOff) {

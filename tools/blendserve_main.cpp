@@ -11,6 +11,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <iostream>
 #include <string>
 
@@ -21,6 +23,8 @@
 #include <thread>
 
 #include "actors/cluster_config.h"
+#include "actors/cluster_report.h"
+#include "actors/control_endpoint.h"
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
 #include "http/server.h"
@@ -108,7 +112,11 @@ int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
 // serve: SIGINT/SIGTERM are blocked in every thread and taken by one waiting
 // thread (sigwait), which drains the server (new requests 503, those in flight
 // finish, up to drain_seconds) and stops it; a second signal stops at once.
-int run_serve(bs::RuntimeConfig config, const std::string& host, int port, double drain_seconds) {
+// `attach`, when given, runs once the runtime is up and what it returns lives as
+// long as the server (a cluster worker's control endpoint).
+using ServeAttachment = std::function<std::shared_ptr<void>(bs::Runtime&)>;
+int run_serve(bs::RuntimeConfig config, const std::string& host, int port, double drain_seconds,
+              const ServeAttachment& attach = {}) {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -121,6 +129,7 @@ int run_serve(bs::RuntimeConfig config, const std::string& host, int port, doubl
   bs::Runtime runtime(config);
   bs::http::Server server(runtime, config);
   const int bound = server.bind(bind_host, bind_port);
+  const std::shared_ptr<void> attached = attach ? attach(runtime) : nullptr;
   const auto& ctx = runtime.context();
   std::fprintf(stderr, "blendserve: model %s (%s kernels, %s, %s KV), serving on http://%s:%d%s\n",
                server.model_id().c_str(), ctx.backend->kernel_id().c_str(), bs::kernels::precision_name(ctx.precision),
@@ -210,7 +219,15 @@ int run_member(const std::string& config_path, const std::string& node, const st
     case bs::NodeRole::Frontend: return bs::tools::run_frontend_member(cluster, node);
     case bs::NodeRole::Worker: break;
   }
-  return run_serve(std::move(config), /*host=*/"", /*port=*/-1, /*drain_seconds=*/30);
+  // A worker also answers the frontend's heartbeat on its control port.
+  const bs::ClusterNode& me = cluster.member(node);
+  auto control = [&](bs::Runtime& runtime) -> std::shared_ptr<void> {
+    bs::ControlEndpointOptions opt{.node = node, .host = me.host, .port = me.port, .secret = cluster.secret,
+                                   .heartbeat_interval_s = cluster.heartbeat_interval_s,
+                                   .connection_timeout_s = cluster.connection_timeout_s};
+    return std::make_shared<bs::ControlEndpoint>(opt, [&runtime, node] { return bs::make_worker_report(runtime, node); });
+  };
+  return run_serve(std::move(config), /*host=*/"", /*port=*/-1, /*drain_seconds=*/30, control);
 }
 
 }  // namespace

@@ -1,24 +1,119 @@
 // The storage and frontend roles of `blendserve --node` (tools/cluster_member.h).
+// Both run until SIGINT/SIGTERM: the signals are blocked in every thread before
+// any starts and taken by sigwait here, which then stops the role's servers.
 #include "tools/cluster_member.h"
 
+#include <csignal>
 #include <cstdio>
+#include <memory>
+#include <thread>
+
+#include <pthread.h>
+
+#include "actors/cluster_monitor.h"
+#include "actors/cluster_report.h"
+#include "actors/control_endpoint.h"
+#include "actors/runtime.h"
+#include "http/frontend.h"
+#include "storage/disk_store.h"
+#include "storage/storage_server.h"
 
 namespace bs::tools {
+namespace {
 
-// TODO(lead): the storage role (StorageServer over the node's DiskKvStore) replaces
-// this body.
-int run_storage_member(const ClusterConfig& cluster, const std::string& name) {
-  std::fprintf(stderr, "blendserve: the storage role is not built yet (node %s of cluster %s)\n", name.c_str(),
-               cluster.name.c_str());
-  return 2;
+sigset_t block_stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before any thread exists: all inherit it
+  std::signal(SIGPIPE, SIG_IGN);
+  return signals;
 }
 
-// TODO(lead): the frontend role (control plane and request forwarding) replaces this
-// body.
+ControlEndpointOptions control_options(const ClusterConfig& cluster, const ClusterNode& me) {
+  return {.node = me.name, .host = me.host, .port = me.port, .secret = cluster.secret,
+          .heartbeat_interval_s = cluster.heartbeat_interval_s, .connection_timeout_s = cluster.connection_timeout_s};
+}
+
+}  // namespace
+
+int run_storage_member(const ClusterConfig& cluster, const std::string& name) {
+  sigset_t signals = block_stop_signals();
+  const ClusterNode& me = cluster.member(name);
+  const RuntimeConfig config = member_runtime_config(cluster, name);
+  try {
+    DiskKvStore store(resolve_ssd_path(config), config.ssd.budget_bytes, config.ssd.direct_io);
+    StorageServerOptions opt;
+    opt.bind_host = me.host;
+    opt.port = me.data_port;
+    opt.secret = cluster.secret;
+    StorageServer server(store, opt);
+    ControlEndpoint control(control_options(cluster, me), [&store, name] { return make_storage_report(store, name); });
+    const auto st = store.stats();
+    std::fprintf(stderr,
+                 "blendserve: storage node %s of cluster %s: %lld chunks (%lld bytes) in %s, data on %s:%d, control on "
+                 "%s:%d\n",
+                 name.c_str(), cluster.name.c_str(), static_cast<long long>(st.entries), static_cast<long long>(st.bytes),
+                 store.dir().c_str(), me.host.c_str(), server.port(), me.host.c_str(), control.port());
+    std::fflush(stderr);
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "blendserve: signal %d: storage node stopping\n", sig);
+    server.stop();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "blendserve: storage node %s: %s\n", name.c_str(), e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "blendserve: stopped\n");
+  return 0;
+}
+
 int run_frontend_member(const ClusterConfig& cluster, const std::string& name) {
-  std::fprintf(stderr, "blendserve: the frontend role is not built yet (node %s of cluster %s)\n", name.c_str(),
-               cluster.name.c_str());
-  return 2;
+  sigset_t signals = block_stop_signals();
+  const ClusterNode& me = cluster.member(name);
+  const RuntimeConfig config = member_runtime_config(cluster, name);
+  try {
+    ClusterMonitorOptions mopt;
+    mopt.self = name;
+    mopt.secret = cluster.secret;
+    mopt.heartbeat_interval_s = cluster.heartbeat_interval_s;
+    mopt.connection_timeout_s = cluster.connection_timeout_s;
+    http::FrontendOptions fopt;
+    fopt.node = name;
+    fopt.api_keys = config.api_keys;
+    fopt.worker_api_key = worker_api_key(cluster.secret);
+    fopt.max_body_bytes = config.max_body_bytes;
+    fopt.routing = parse_routing_policy(cluster.routing);
+    for (const ClusterNode* w : cluster.workers()) {
+      mopt.members.push_back({w->name, "worker", w->host, w->port});
+      fopt.workers.push_back({w->name, w->host, w->http_port});
+      // The workers' model: its tokenizer makes the chunk keys the frontend routes by.
+      if (fopt.model_path.empty()) fopt.model_path = resolve_model_path(member_runtime_config(cluster, w->name));
+    }
+    if (const ClusterNode* s = cluster.storage()) mopt.members.push_back({s->name, "storage", s->host, s->port});
+    ClusterMonitor monitor(mopt);
+    http::FrontendServer server(fopt, monitor);
+    const int bound = server.bind(me.host, me.http_port);
+    std::fprintf(stderr, "blendserve: frontend %s of cluster %s (%zu workers, %s routing), serving on http://%s:%d%s\n",
+                 name.c_str(), cluster.name.c_str(), fopt.workers.size(), cluster.routing.c_str(), me.host.c_str(),
+                 bound, fopt.api_keys.empty() ? "" : " (API keys required)");
+    std::fflush(stderr);
+    std::thread waiter([&] {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      std::fprintf(stderr, "blendserve: signal %d: frontend stopping\n", sig);
+      server.stop();
+    });
+    const bool ok = server.serve();
+    if (!ok) pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+    std::fprintf(stderr, "blendserve: stopped\n");
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "blendserve: frontend %s: %s\n", name.c_str(), e.what());
+    return 1;
+  }
 }
 
 }  // namespace bs::tools

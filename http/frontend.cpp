@@ -1,0 +1,534 @@
+#include "http/frontend.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "blend/rag_prompt.h"
+#include "http/api_error.h"
+#include "http/openai_request.h"
+#include "http/server.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+namespace bs::http {
+namespace {
+
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  res.set_content(error_body(e), "application/json");
+}
+
+ApiError no_worker(const std::string& why) {
+  return ApiError(503, "no worker can take the request: " + why, "server_error", "", "no_worker");
+}
+
+// One request forwarded to a worker, read on its own thread: the HTTP thread
+// waits on it (for the first token, or the whole answer) and then relays what it
+// holds. The fields below `mu` are the reader's to write, under mu.
+struct Upstream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string pending;  // bytes received and not yet relayed
+  std::string scan;     // streamed bytes not yet split into SSE events (first-token detection)
+  bool got_status = false;
+  int status = 0;
+  std::string content_type;
+  bool first_token = false, done = false, failed = false;
+  std::string error;  // transport failure (refused, reset, timeout)
+  std::atomic<bool> cancel{false};
+};
+
+// Whether one SSE event ("data: {...}") carries generated text.
+bool event_has_token(std::string_view event) {
+  if (event.rfind("data: ", 0) != 0) return false;
+  const auto payload = event.substr(6);
+  if (payload == "[DONE]") return false;
+  const json j = json::parse(payload, nullptr, false);
+  if (!j.is_object() || !j.contains("choices") || !j["choices"].is_array()) return false;
+  for (const auto& c : j["choices"]) {
+    const auto d = c.find("delta");
+    if (d == c.end() || !d->is_object()) continue;
+    const auto content = d->find("content");
+    if (content != d->end() && content->is_string() && !content->get<std::string>().empty()) return true;
+  }
+  return false;
+}
+
+void run_upstream(std::shared_ptr<Upstream> u, FrontendWorker w, std::string key, std::string method, std::string path,
+                  std::string body, double connect_s, double idle_s, bool stream) {
+  httplib::Client cli(w.host, w.http_port);
+  cli.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(connect_s)));
+  cli.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(idle_s)));
+  cli.set_write_timeout(30, 0);
+  httplib::Request req;
+  req.method = method;
+  req.path = path;
+  req.headers.emplace("Authorization", "Bearer " + key);
+  if (!body.empty()) req.headers.emplace("Content-Type", "application/json");
+  req.body = std::move(body);
+  req.response_handler = [u](const httplib::Response& r) {
+    std::lock_guard<std::mutex> lock(u->mu);
+    u->got_status = true;
+    u->status = r.status;
+    u->content_type = r.get_header_value("Content-Type");
+    u->cv.notify_all();
+    return !u->cancel.load();
+  };
+  req.content_receiver = [u, stream](const char* data, size_t n, uint64_t, uint64_t) {
+    std::lock_guard<std::mutex> lock(u->mu);
+    u->pending.append(data, n);
+    if (stream && !u->first_token) {
+      u->scan.append(data, n);
+      for (size_t end; !u->first_token && (end = u->scan.find("\n\n")) != std::string::npos;) {
+        u->first_token = event_has_token(std::string_view(u->scan).substr(0, end));
+        u->scan.erase(0, end + 2);
+      }
+    }
+    u->cv.notify_all();
+    return !u->cancel.load();
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  const bool ok = cli.send(req, res, err);
+  std::lock_guard<std::mutex> lock(u->mu);
+  u->done = true;
+  if (!ok) {
+    u->failed = true;
+    u->error = u->cancel.load() ? "cancelled" : httplib::to_string(err);
+  }
+  u->cv.notify_all();
+}
+
+}  // namespace
+
+struct FrontendServer::Impl {
+  FrontendOptions opt;
+  ClusterMonitor& monitor;
+  gguf::GgufFile gguf_file;
+  Tokenizer tokenizer;
+  RequestRouter router;
+  httplib::Server svr;
+  std::map<std::string, FrontendWorker> workers;
+  // /metrics
+  std::mutex metrics_mu;
+  std::map<std::string, int64_t> routed, failed;  // per worker
+  int64_t retries = 0, refused_no_worker = 0, mid_stream_failures = 0, held_tokens = 0, request_tokens = 0;
+
+  Impl(FrontendOptions o, ClusterMonitor& m)
+      : opt(std::move(o)),
+        monitor(m),
+        gguf_file(gguf::GgufFile::open(opt.model_path)),
+        tokenizer(Tokenizer::from_gguf(gguf_file)),
+        router(opt.routing) {
+    for (const auto& w : opt.workers) workers[w.name] = w;
+    const int threads = opt.threads;
+    svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    svr.set_payload_max_length(static_cast<size_t>(opt.max_body_bytes));
+    svr.set_read_timeout(30, 0);
+    svr.set_write_timeout(30, 0);
+    routes();
+  }
+
+  bool authorized(const httplib::Request& req, httplib::Response& res) {
+    if (opt.api_keys.empty() || req.path == "/health" || req.path == "/console") return true;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.empty()) {
+      send_error(res, ApiError(401, "You didn't provide an API key: send 'Authorization: Bearer <key>'.",
+                               "invalid_request_error", "", "missing_api_key"));
+      return false;
+    }
+    const std::string key = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : std::string();
+    bool ok = false;
+    for (const auto& k : opt.api_keys) ok |= constant_time_equal(key, k);
+    if (!ok) send_error(res, ApiError(401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key"));
+    return ok;
+  }
+
+  int workers_up(const ClusterView& v) const {
+    int n = 0;
+    for (const auto& m : v.members) n += m.member.role == "worker" && m.up;
+    return n;
+  }
+
+  std::shared_ptr<Upstream> start(const FrontendWorker& w, const std::string& method, const std::string& path,
+                                  std::string body, bool stream) {
+    auto u = std::make_shared<Upstream>();
+    std::thread(run_upstream, u, w, opt.worker_api_key, method, path, std::move(body), opt.connect_timeout_s,
+                stream ? opt.idle_timeout_s : opt.first_token_timeout_s, stream)
+        .detach();
+    return u;
+  }
+
+  // A worker failed the request (it never answered, or answered 5xx).
+  static bool worker_failed(const Upstream& u) { return u.failed || (u.got_status && u.status >= 500); }
+
+  static std::string failure_text(const std::string& worker, const Upstream& u) {
+    if (u.failed) return "worker " + worker + " failed: " + u.error;
+    return "worker " + worker + " answered HTTP " + std::to_string(u.status);
+  }
+
+  void chat(const httplib::Request& req, httplib::Response& res) {
+    ChatCompletionRequest parsed;
+    try {
+      parsed = parse_chat_completion(req.body, 16);
+    } catch (const ApiError& e) {
+      return send_error(res, e);
+    }
+    std::vector<std::vector<int32_t>> chunks;
+    int64_t doc_tokens = 0;
+    for (const auto& d : parsed.request.documents) {
+      chunks.push_back(document_chunk_tokens(tokenizer, d));
+      doc_tokens += static_cast<int64_t>(chunks.back().size());
+    }
+    const bool stream = parsed.stream;
+    std::set<std::string> exclude;
+    std::string first_failure;
+    for (int attempt = 0;; ++attempt) {
+      const auto view = monitor.view();
+      const auto choice = router.choose(*view, chunks, exclude);
+      if (!choice) {
+        std::lock_guard<std::mutex> lock(metrics_mu);
+        ++refused_no_worker;
+        res.set_header("Retry-After", "1");
+        return send_error(res, no_worker(first_failure.empty() ? "no worker is up" : first_failure +
+                                                                                       "; no other worker is up"));
+      }
+      const FrontendWorker& w = workers.at(choice->worker);
+      router.started(*view, w.name, chunks);
+      {
+        std::lock_guard<std::mutex> lock(metrics_mu);
+        ++routed[w.name];
+        held_tokens += choice->held_tokens;
+        request_tokens += doc_tokens;
+      }
+      auto u = start(w, "POST", "/v1/chat/completions", req.body, stream);
+      bool timed_out = false;
+      {
+        std::unique_lock<std::mutex> lock(u->mu);
+        const auto limit = std::chrono::duration<double>(opt.first_token_timeout_s);
+        timed_out = !u->cv.wait_for(lock, limit, [&] {
+          // Streamed: wait for the first token (or an answer that is not a stream: an error).
+          return u->done || (stream && (u->first_token || (u->got_status && u->status != 200)));
+        });
+      }
+      if (timed_out) {
+        u->cancel = true;
+        std::lock_guard<std::mutex> lock(u->mu);
+        u->failed = true;
+        u->error = "no first token within " + std::to_string(opt.first_token_timeout_s) + " s";
+      }
+      bool failed_here;
+      {
+        std::lock_guard<std::mutex> lock(u->mu);
+        failed_here = worker_failed(*u);
+        if (failed_here) first_failure = failure_text(w.name, *u);
+      }
+      if (failed_here) {
+        u->cancel = true;
+        router.finished(w.name);
+        std::lock_guard<std::mutex> lock(metrics_mu);
+        ++failed[w.name];
+        if (attempt == 0) {  // nothing went to the client yet: once more, elsewhere
+          ++retries;
+          exclude.insert(w.name);
+          continue;
+        }
+        res.set_header("Retry-After", "1");
+        return send_error(res, no_worker(first_failure));
+      }
+      res.set_header("X-Blendserve-Worker", w.name);
+      std::unique_lock<std::mutex> lock(u->mu);
+      if (!stream || u->status != 200) {
+        res.status = u->status;
+        res.set_content(u->pending, u->content_type.empty() ? "application/json" : u->content_type);
+        lock.unlock();
+        router.finished(w.name);
+        return;
+      }
+      lock.unlock();
+      relay_stream(res, u, w.name);
+      return;
+    }
+  }
+
+  // Streams what the worker sends on to the client; from here a worker failure
+  // ends the stream with an error event (the client already has tokens).
+  void relay_stream(httplib::Response& res, std::shared_ptr<Upstream> u, const std::string& worker) {
+    const double idle = opt.idle_timeout_s;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, u, worker, idle](size_t, httplib::DataSink& sink) {
+          for (;;) {
+            std::string out;
+            bool done = false, failed = false;
+            std::string why;
+            {
+              std::unique_lock<std::mutex> lock(u->mu);
+              if (!u->cv.wait_for(lock, std::chrono::duration<double>(idle),
+                                  [&] { return !u->pending.empty() || u->done; })) {
+                u->failed = u->done = true;
+                u->error = "no data for " + std::to_string(idle) + " s";
+              }
+              out.swap(u->pending);
+              done = u->done;
+              failed = u->failed;
+              why = u->error;
+            }
+            if (!out.empty() && !sink.write(out.data(), out.size())) {
+              u->cancel = true;  // the client went away: the worker's request is cancelled with our connection
+              return false;
+            }
+            if (done) {
+              if (failed) {
+                {
+                  std::lock_guard<std::mutex> lock(metrics_mu);
+                  ++mid_stream_failures;
+                  ++failed_counts(worker);
+                }
+                const json err = {{"error",
+                                   {{"message", "worker " + worker + " failed after the first token: " + why},
+                                    {"type", "server_error"},
+                                    {"param", nullptr},
+                                    {"code", 503}}}};
+                const std::string ev = "data: " + err.dump() + "\n\n";
+                sink.write(ev.data(), ev.size());
+              }
+              sink.done();
+              return true;
+            }
+          }
+        },
+        [this, u, worker](bool) {
+          u->cancel = true;
+          router.finished(worker);
+        });
+  }
+
+  int64_t& failed_counts(const std::string& worker) { return failed[worker]; }
+
+  // A request without documents to route by: the least loaded worker up.
+  std::optional<FrontendWorker> any_worker(const std::set<std::string>& exclude = {}) {
+    const auto view = monitor.view();
+    const auto c = router.choose(*view, {}, exclude);
+    if (!c) return std::nullopt;
+    return workers.at(c->worker);
+  }
+
+  // Forwards a small request whole (documents, models) with one retry elsewhere.
+  void forward_whole(const httplib::Request& req, httplib::Response& res, const std::string& path) {
+    std::set<std::string> exclude;
+    std::string why = "no worker is up";
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const auto w = any_worker(exclude);
+      if (!w) break;
+      auto u = start(*w, req.method, path, req.body, false);
+      std::unique_lock<std::mutex> lock(u->mu);
+      if (!u->cv.wait_for(lock, std::chrono::duration<double>(opt.first_token_timeout_s), [&] { return u->done; })) {
+        u->cancel = true;
+        why = "worker " + w->name + " did not answer";
+        exclude.insert(w->name);
+        continue;
+      }
+      if (worker_failed(*u)) {
+        why = failure_text(w->name, *u);
+        exclude.insert(w->name);
+        continue;
+      }
+      res.status = u->status;
+      res.set_header("X-Blendserve-Worker", w->name);
+      res.set_content(u->pending, u->content_type.empty() ? "application/json" : u->content_type);
+      return;
+    }
+    res.set_header("Retry-After", "1");
+    send_error(res, no_worker(why));
+  }
+
+  json members_json(const ClusterView& v) const {
+    json out = json::array();
+    const double now = std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
+    for (const auto& m : v.members) {
+      json j = {{"name", m.member.name},
+                {"role", m.member.role},
+                {"host", m.member.host},
+                {"control_port", m.member.port},
+                {"up", m.up},
+                {"downs", m.downs},
+                {"last_error", m.last_error},
+                {"report_age_s", m.last_report_s > 0 ? now - m.last_report_s : -1.0}};
+      if (m.member.role == "worker")
+        j["report"] = {{"in_flight", m.report.in_flight},
+                       {"queued", m.report.queued},
+                       {"max_requests", m.report.max_requests},
+                       {"chunks_held", m.report.chunks_held},
+                       {"bloom_bits", m.held.bits()},
+                       {"routed_in_flight", router.in_flight(m.member.name)}};
+      else
+        j["report"] = {{"bytes", m.report.store_bytes},
+                       {"entries", m.report.store_entries},
+                       {"budget", m.report.store_budget}};
+      out.push_back(std::move(j));
+    }
+    return out;
+  }
+
+  std::string snapshot() {
+    const auto view = monitor.view();
+    json nodes = json::array();
+    nodes.push_back({{"name", opt.node}, {"role", "frontend"}, {"members", members_json(*view)}, {"actors", json::array()},
+                     {"requests", json::array()}});
+    for (const auto& m : view->members) {
+      if (m.member.role == "storage") {
+        nodes.push_back({{"name", m.member.name},
+                         {"role", "storage"},
+                         {"up", m.up},
+                         {"tiers", {{"ssd", {{"bytes", m.report.store_bytes}, {"entries", m.report.store_entries},
+                                             {"budget", m.report.store_budget}}}}},
+                         {"actors", json::array()},
+                         {"requests", json::array()}});
+        continue;
+      }
+      json node = {{"name", m.member.name}, {"role", "worker"}, {"up", m.up}, {"actors", json::array()},
+                   {"requests", json::array()}};
+      const auto wit = workers.find(m.member.name);
+      if (m.up && wit != workers.end()) {
+        httplib::Client cli(wit->second.host, wit->second.http_port);
+        cli.set_connection_timeout(2, 0);
+        cli.set_read_timeout(2, 0);
+        auto r = cli.Get("/v1/inspect/snapshot", {{"Authorization", "Bearer " + opt.worker_api_key}});
+        const json j = r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
+        if (j.is_object() && j.contains("nodes") && j["nodes"].is_array() && !j["nodes"].empty()) {
+          node = j["nodes"][0];
+          node["role"] = "worker";
+          node["up"] = true;
+        } else {
+          node["error"] = "no snapshot from the worker";
+        }
+      }
+      nodes.push_back(std::move(node));
+    }
+    return json{{"nodes", std::move(nodes)}}.dump();
+  }
+
+  std::string metrics_text() {
+    const auto view = monitor.view();
+    std::string out;
+    auto line = [&](const std::string& s) { out += s + "\n"; };
+    line("# HELP blendserve_cluster_member_up Whether a member answers its heartbeat (1) or not (0).");
+    line("# TYPE blendserve_cluster_member_up gauge");
+    for (const auto& m : view->members)
+      line("blendserve_cluster_member_up{member=\"" + m.member.name + "\",role=\"" + m.member.role + "\"} " +
+           (m.up ? "1" : "0"));
+    line("# HELP blendserve_cluster_member_downs_total Times a member was marked down.");
+    line("# TYPE blendserve_cluster_member_downs_total counter");
+    for (const auto& m : view->members)
+      line("blendserve_cluster_member_downs_total{member=\"" + m.member.name + "\"} " + std::to_string(m.downs));
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    line("# HELP blendserve_frontend_routed_total Completions sent to each worker (retries included).");
+    line("# TYPE blendserve_frontend_routed_total counter");
+    for (const auto& [w, n] : routed) line("blendserve_frontend_routed_total{worker=\"" + w + "\"} " + std::to_string(n));
+    line("# HELP blendserve_frontend_worker_failures_total Completions a worker failed.");
+    line("# TYPE blendserve_frontend_worker_failures_total counter");
+    for (const auto& [w, n] : failed)
+      line("blendserve_frontend_worker_failures_total{worker=\"" + w + "\"} " + std::to_string(n));
+    line("# TYPE blendserve_frontend_retries_total counter");
+    line("blendserve_frontend_retries_total " + std::to_string(retries));
+    line("# TYPE blendserve_frontend_no_worker_total counter");
+    line("blendserve_frontend_no_worker_total " + std::to_string(refused_no_worker));
+    line("# TYPE blendserve_frontend_mid_stream_failures_total counter");
+    line("blendserve_frontend_mid_stream_failures_total " + std::to_string(mid_stream_failures));
+    line("# HELP blendserve_frontend_routed_held_tokens_total Document tokens the chosen worker held when routed.");
+    line("# TYPE blendserve_frontend_routed_held_tokens_total counter");
+    line("blendserve_frontend_routed_held_tokens_total " + std::to_string(held_tokens));
+    line("# TYPE blendserve_frontend_routed_document_tokens_total counter");
+    line("blendserve_frontend_routed_document_tokens_total " + std::to_string(request_tokens));
+    return out;
+  }
+
+  void routes() {
+    svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      return authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                                  : httplib::Server::HandlerResponse::Handled;
+    });
+    svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      if (res.status == 404)
+        send_error(res, ApiError(404, "unknown request URL: " + req.method + " " + req.path, "invalid_request_error",
+                                 "", "unknown_url"));
+      else
+        send_error(res, ApiError(res.status, "the request could not be processed (HTTP " + std::to_string(res.status) + ")",
+                                 res.status >= 500 ? "server_error" : "invalid_request_error"));
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "internal error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      send_error(res, ApiError(500, what, "server_error"));
+    });
+    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      const auto view = monitor.view();
+      const int up = workers_up(*view);
+      res.status = up > 0 ? 200 : 503;
+      res.set_content(json{{"status", up > 0 ? "ok" : "no_worker"}, {"role", "frontend"}, {"workers_up", up},
+                           {"workers", opt.workers.size()}}
+                          .dump(),
+                      "application/json");
+    });
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { chat(req, res); });
+    svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      forward_whole(req, res, "/v1/models");
+    });
+    svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      forward_whole(req, res, req.path);
+    });
+    svr.Post("/v1/documents", [this](const httplib::Request& req, httplib::Response& res) {
+      forward_whole(req, res, "/v1/documents");
+    });
+    svr.Get("/v1/inspect/cluster", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(json{{"node", opt.node}, {"members", members_json(*monitor.view())}}.dump(), "application/json");
+    });
+    svr.Get("/v1/inspect/snapshot", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(snapshot(), "application/json");
+    });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_text(), "text/plain; version=0.0.4");
+    });
+  }
+};
+
+FrontendServer::FrontendServer(FrontendOptions opt, ClusterMonitor& monitor)
+    : impl_(std::make_unique<Impl>(std::move(opt), monitor)) {}
+
+FrontendServer::~FrontendServer() { stop(); }
+
+int FrontendServer::bind(const std::string& host, int port) {
+  const int bound = port == 0 ? impl_->svr.bind_to_any_port(host) : (impl_->svr.bind_to_port(host, port) ? port : -1);
+  if (bound < 0) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
+  return bound;
+}
+
+bool FrontendServer::serve() { return impl_->svr.listen_after_bind(); }
+
+void FrontendServer::stop() {
+  if (impl_->svr.is_running()) impl_->svr.stop();
+}
+
+}  // namespace bs::http
