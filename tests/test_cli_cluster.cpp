@@ -105,8 +105,8 @@ class ClusterCli : public ::testing::Test {
       << "  limits: {max_requests: 2, max_queue: 2}\n"
       << "  tiers: {ram: {budget: 64MiB}, ssd: {budget: 64MiB}}\n"
       << "nodes:\n"
-      << "  - {name: frontend, role: frontend, host: 127.0.0.1, port: " << port() << ", http_port: " << port()
-      << "}\n";
+      << "  - {name: frontend, role: frontend, host: 127.0.0.1, port: " << port() << ", http_port: "
+      << (http_ports_["frontend"] = port()) << "}\n";
     for (size_t i = 0; i < worker_extra.size(); ++i) {
       const int http = port();
       http_ports_["worker-" + std::to_string(i + 1)] = http;
@@ -409,6 +409,59 @@ TEST_F(ClusterCli, UpStartsEveryMemberAndDownStopsThem) {
   EXPECT_EQ(r.code, 0) << r.err;
   for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << pid;
   EXPECT_TRUE(fs::is_empty(data() / "pids"));
+}
+
+// The whole path through real processes: the frontend sends a request with
+// documents to a worker, which computes them and pushes its chunks to the storage
+// node; the same documents again go to that worker (it holds them: RAM); with that
+// worker killed, the frontend notices (or retries) and the other worker answers
+// with the chunks from the storage node's remote tier.
+TEST_F(ClusterCli, TheFrontendRoutesByHeldKvAndTheOtherWorkerLoadsTheStorageNodesChunks) {
+  const std::string remote = ", tiers: {remote: {enabled: true, write_back: true}}";
+  const fs::path config = write_config({remote, remote}, /*storage=*/true);
+  Result r = run("blendctl cluster up " + config.string(), dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::map<std::string, pid_t> pids;
+  for (const auto& line : json_lines(r.out)) pids[line["name"]] = line["pid"].get<pid_t>();
+  httplib::Client c("127.0.0.1", http_ports_["frontend"]);
+  c.set_read_timeout(120, 0);
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200) << (models ? models->body : "no answer");
+  const std::string model = nlohmann::json::parse(models->body)["data"][0]["id"];
+  const nlohmann::json req{{"model", model},
+                           {"messages", {{{"role", "user"}, {"content", "Who wrote the report?"}}}},
+                           {"documents", {"The 2019 water report was written by Ana Lopez of the city council.",
+                                          "The council meets every Tuesday in the old library building."}},
+                           {"max_tokens", 6},
+                           {"temperature", 0}};
+  auto ask = [&] {
+    auto res = c.Post("/v1/chat/completions", req.dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (!res) return std::make_pair(std::string(), nlohmann::json());
+    EXPECT_EQ(res->status, 200) << res->body;
+    return std::make_pair(res->get_header_value("X-Blendserve-Worker"), nlohmann::json::parse(res->body, nullptr, false));
+  };
+  const auto [first_worker, first] = ask();
+  ASSERT_FALSE(first_worker.empty());
+  EXPECT_FALSE(first["choices"][0]["message"]["content"].get<std::string>().empty());
+  // The worker's write-back reaches its RAM and the storage node in the background.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const auto [again_worker, again] = ask();
+  EXPECT_EQ(again_worker, first_worker) << "the documents' KV is there";
+  EXPECT_EQ(again["usage"]["blendserve"].value("chunks_ram", 0), 2) << again.dump();
+  // Blended from stored KV: what the other worker answers from the node's copy.
+  const std::string answer = again["choices"][0]["message"]["content"];
+  // That worker dies: the other one answers, its chunks from the storage node.
+  ASSERT_EQ(::kill(pids.at(first_worker), SIGKILL), 0);
+  const auto [other_worker, other] = ask();
+  EXPECT_NE(other_worker, first_worker);
+  EXPECT_EQ(other["usage"]["blendserve"].value("chunks_remote", 0), 2) << other.dump();
+  EXPECT_EQ(other["choices"][0]["message"]["content"], answer);
+  const auto cluster = c.Get("/v1/inspect/cluster");
+  ASSERT_TRUE(cluster && cluster->status == 200);
+  r = run("blendctl cluster down " + config.string(), dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
+  for (const auto& [name, pid] : pids) EXPECT_FALSE(process_exists(pid)) << name;
 }
 
 TEST_F(ClusterCli, ConfigErrorsExit2) {
