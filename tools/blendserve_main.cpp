@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -137,7 +138,7 @@ int run_serve(bs::RuntimeConfig config, const std::string& host, int port, doubl
                config.api_keys.empty() ? "" : " (API keys required)");
   std::fflush(stderr);
 
-  std::atomic<bool> stopping{false};
+  std::atomic<bool> stopping{false}, serve_returned{false};
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
@@ -150,9 +151,15 @@ int run_serve(bs::RuntimeConfig config, const std::string& host, int port, doubl
     });
     second.detach();
     server.drain(drain_seconds);
-    server.stop();
+    // A signal that came before serve() started listening (while the model loaded):
+    // a stop() then is lost, so stop until serve() has returned.
+    while (!serve_returned.load()) {
+      server.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   });
   const bool ok = server.serve();
+  serve_returned = true;
   if (!stopping.exchange(true)) {
     // The listener failed on its own: wake the waiter so it can be joined.
     pthread_kill(waiter.native_handle(), SIGTERM);

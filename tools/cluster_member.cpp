@@ -3,6 +3,8 @@
 // any starts and taken by sigwait here, which then stops the role's servers.
 #include "tools/cluster_member.h"
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -99,13 +101,20 @@ int run_frontend_member(const ClusterConfig& cluster, const std::string& name) {
                  name.c_str(), cluster.name.c_str(), fopt.workers.size(), cluster.routing.c_str(), me.host.c_str(),
                  bound, fopt.api_keys.empty() ? "" : " (API keys required)");
     std::fflush(stderr);
+    std::atomic<bool> serve_returned{false};
     std::thread waiter([&] {
       int sig = 0;
       sigwait(&signals, &sig);
+      if (serve_returned.load()) return;  // the listener failed by itself
       std::fprintf(stderr, "blendserve: signal %d: frontend stopping\n", sig);
-      server.stop();
+      // A stop() before serve() listens is lost: stop until serve() has returned.
+      while (!serve_returned.load()) {
+        server.stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
     });
     const bool ok = server.serve();
+    serve_returned = true;
     if (!ok) pthread_kill(waiter.native_handle(), SIGTERM);
     waiter.join();
     std::fprintf(stderr, "blendserve: stopped\n");
