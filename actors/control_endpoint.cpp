@@ -25,6 +25,26 @@ struct ControlSystemConfig : caf::actor_system_config {
   }
 };
 
+struct AgentState {
+  std::string secret, node;
+  std::function<NodeReport()> report;
+  std::shared_ptr<std::atomic<int64_t>> refused;
+};
+
+caf::behavior control_agent(caf::event_based_actor*, AgentState st) {
+  return {
+      [st](node_report_atom, const std::string& from, int64_t unix_ms, const std::string& proof) -> caf::result<NodeReport> {
+        if (!control_proof_valid(st.secret, from, unix_ms, proof)) {
+          if (st.refused->fetch_add(1) < 10)  // a stranger knocking: say so, but do not flood the log
+            std::fprintf(stderr, "blendserve %s: control request from \"%s\" refused: wrong cluster secret or stale\n",
+                         st.node.c_str(), from.c_str());
+          return caf::make_error(caf::sec::invalid_argument, "control request refused: wrong cluster secret");
+        }
+        return st.report();
+      },
+  };
+}
+
 }  // namespace
 
 struct ControlEndpoint::Impl {
@@ -45,21 +65,10 @@ ControlEndpoint::ControlEndpoint(ControlEndpointOptions opt, std::function<NodeR
   // the tiers' key-index locks briefly, never I/O. Not detached: a detached actor
   // that a remote node still references can keep ~actor_system waiting for its
   // thread: with a detached agent, about one run in six of test_cluster_control
-  // hung in ~actor_system waiting for that thread (CAF 0.17.6).
-  impl_->agent = impl_->system.spawn([=](caf::event_based_actor*) -> caf::behavior {
-    return {
-        [=](node_report_atom, const std::string& from, int64_t unix_ms,
-            const std::string& proof) -> caf::result<NodeReport> {
-          if (!control_proof_valid(secret, from, unix_ms, proof)) {
-            if (refused->fetch_add(1) < 10)  // a stranger knocking: say so, but do not flood the log
-              std::fprintf(stderr, "blendserve %s: control request from \"%s\" refused: wrong cluster secret or stale\n",
-                           node.c_str(), from.c_str());
-            return caf::make_error(caf::sec::invalid_argument, "control request refused: wrong cluster secret");
-          }
-          return report();
-        },
-    };
-  });
+  // hung in ~actor_system waiting for that thread (CAF 0.17.6). Spawned with its
+  // state as an argument, not a capturing lambda without arguments: CAF 0.17's
+  // init_fun_factory dereferences a null tuple pointer for those (UBSan reports it).
+  impl_->agent = impl_->system.spawn(control_agent, AgentState{secret, node, std::move(report), refused});
   auto published = impl_->system.middleman().publish(impl_->agent, static_cast<uint16_t>(opt.port), opt.host.c_str(),
                                                      true);
   if (!published) {
