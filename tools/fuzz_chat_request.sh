@@ -4,35 +4,15 @@
 #
 #   tools/fuzz_chat_request.sh [SECONDS] [extra libFuzzer flags...]
 #
-# Same build directory and flags as tools/fuzz_gguf.sh (build-asan: clang, ASan+UBSan,
+# Builds and runs through tools/fuzz_lib.sh (build-asan: clang, ASan+UBSan,
 # coverage hooks); seeds a corpus with valid and near-valid request bodies and a JSON
 # dictionary. Exits non-zero when the fuzzer finds a crash, leak or timeout; the
 # reproducer is in build-asan/fuzz_chat_request_artifacts/.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SECONDS_TO_RUN="${1:-60}"
-shift || true
-BUILD="${BUILD_DIR:-$ROOT/build-asan}"
-JOBS="${JOBS:-2}"
+source "$(dirname "${BASH_SOURCE[0]}")/fuzz_lib.sh"
+fuzz_build fuzz_chat_request "$@"
 
-log() { printf '[fuzz_chat_request] %s\n' "$*"; }
-case "$SECONDS_TO_RUN" in
-  ''|*[!0-9]*) echo "usage: $0 [SECONDS] [libFuzzer flags...]" >&2; exit 2 ;;
-esac
-
-mkdir -p "$BUILD"
-# shellcheck disable=SC2086
-CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_FUZZ=ON -DBLENDSERVE_SANITIZE=ON \
-  ${BLENDSERVE_CMAKE_ARGS:-} >"$BUILD/configure.log" 2>&1 ||
-  { cat "$BUILD/configure.log" >&2; log "cmake configure failed"; exit 1; }
-log "building fuzz_chat_request in $BUILD"
-cmake --build "$BUILD" --target fuzz_chat_request -j "$JOBS"
-
-CORPUS="$BUILD/fuzz_chat_request_corpus"
-ARTIFACTS="$BUILD/fuzz_chat_request_artifacts"
-mkdir -p "$CORPUS" "$ARTIFACTS"
 i=0
 while IFS= read -r seed; do
   printf '%s' "$seed" >"$CORPUS/seed_$i.json"
@@ -74,15 +54,4 @@ cat >"$DICT" <<'DICT_END'
 "\"\\ud800\""
 DICT_END
 
-log "fuzzing for ${SECONDS_TO_RUN}s (corpus $CORPUS)"
-set +e
-"$BUILD/fuzz_chat_request" -max_total_time="$SECONDS_TO_RUN" -artifact_prefix="$ARTIFACTS/" -dict="$DICT" \
-  -max_len=8192 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "$@" "$CORPUS"
-rc=$?
-set -e
-if [ "$rc" -ne 0 ]; then
-  log "FAILED (exit $rc); reproducers in $ARTIFACTS:"
-  ls -l "$ARTIFACTS" >&2 || true
-  exit "$rc"
-fi
-log "no crashes in ${SECONDS_TO_RUN}s"
+fuzz_run -dict="$DICT" -max_len=8192 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1

@@ -14,39 +14,11 @@
 # word-split), FUZZ_FORKS (run N parallel jobs with -fork=N; default: one process).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SECONDS_TO_RUN="${1:-60}"
-shift || true
-BUILD="${BUILD_DIR:-$ROOT/build-asan}"
-JOBS="${JOBS:-2}"
+source "$(dirname "${BASH_SOURCE[0]}")/fuzz_lib.sh"
+fuzz_build fuzz_gguf "$@"
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-log() { printf '[fuzz_gguf] %s\n' "$*"; }
-
-case "$SECONDS_TO_RUN" in
-  ''|*[!0-9]*) echo "usage: $0 [SECONDS] [libFuzzer flags...]" >&2; exit 2 ;;
-esac
-
-# ---- build ------------------------------------------------------------------------------
-# The sanitizer build of tools/test.sh (build-asan): BLENDSERVE_SANITIZE=ON puts ASan+UBSan
-# on every target and BLENDSERVE_FUZZ=ON the coverage hooks (-fsanitize=fuzzer-no-link), so
-# the fuzzer sees inside the code under test (bs_model, bs_kernels); the same flags here
-# as there, so the objects the unit tests were built from are reused.
-mkdir -p "$BUILD"
-# shellcheck disable=SC2086
-CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DBLENDSERVE_FUZZ=ON \
-  -DBLENDSERVE_SANITIZE=ON \
-  ${BLENDSERVE_CMAKE_ARGS:-} >"$BUILD/configure.log" 2>&1 ||
-  { cat "$BUILD/configure.log" >&2; log "cmake configure failed"; exit 1; }
-log "building fuzz_gguf in $BUILD"
-cmake --build "$BUILD" --target fuzz_gguf -j "$JOBS"
-
 # ---- seed corpus ------------------------------------------------------------------------
-CORPUS="$BUILD/fuzz_gguf_corpus"
-ARTIFACTS="$BUILD/fuzz_gguf_artifacts"
-mkdir -p "$CORPUS" "$ARTIFACTS"
 python3 - "$CORPUS" <<'PY'
 import struct, sys, os
 
@@ -137,27 +109,8 @@ cat >"$DICT" <<'EOF'
 EOF
 
 # ---- run --------------------------------------------------------------------------------
-log "fuzzing for ${SECONDS_TO_RUN}s (corpus $CORPUS)"
-FLAGS=(
-  -max_total_time="$SECONDS_TO_RUN"
-  -artifact_prefix="$ARTIFACTS/"
-  -dict="$DICT"
-  -max_len=131072
-  -rss_limit_mb=2048
-  -malloc_limit_mb=1024
-  -timeout=10
-  -print_final_stats=1
-)
+FLAGS=(-dict="$DICT" -max_len=131072 -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1)
 if [ -n "${FUZZ_FORKS:-}" ]; then
   FLAGS+=(-fork="$FUZZ_FORKS")
 fi
-set +e
-"$BUILD/fuzz_gguf" "${FLAGS[@]}" "$@" "$CORPUS"
-rc=$?
-set -e
-if [ "$rc" -ne 0 ]; then
-  log "FAILED (exit $rc); reproducers in $ARTIFACTS:"
-  ls -l "$ARTIFACTS" >&2 || true
-  exit "$rc"
-fi
-log "no crashes in ${SECONDS_TO_RUN}s"
+fuzz_run "${FLAGS[@]}"

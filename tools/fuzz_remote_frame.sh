@@ -4,35 +4,15 @@
 #
 #   tools/fuzz_remote_frame.sh [SECONDS] [extra libFuzzer flags...]
 #
-# Same build directory and flags as tools/fuzz_gguf.sh (build-asan: clang, ASan+UBSan,
+# Builds and runs through tools/fuzz_lib.sh (build-asan: clang, ASan+UBSan,
 # coverage hooks); seeds a corpus with valid frames of several types. Exits non-zero
 # when the fuzzer finds a crash, leak or timeout; the reproducer is in
 # build-asan/fuzz_remote_frame_artifacts/.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SECONDS_TO_RUN="${1:-60}"
-shift || true
-BUILD="${BUILD_DIR:-$ROOT/build-asan}"
-JOBS="${JOBS:-2}"
+source "$(dirname "${BASH_SOURCE[0]}")/fuzz_lib.sh"
+fuzz_build fuzz_remote_frame "$@"
 
-log() { printf '[fuzz_remote_frame] %s\n' "$*"; }
-case "$SECONDS_TO_RUN" in
-  ''|*[!0-9]*) echo "usage: $0 [SECONDS] [libFuzzer flags...]" >&2; exit 2 ;;
-esac
-
-mkdir -p "$BUILD"
-# shellcheck disable=SC2086
-CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_FUZZ=ON -DBLENDSERVE_SANITIZE=ON \
-  ${BLENDSERVE_CMAKE_ARGS:-} >"$BUILD/configure.log" 2>&1 ||
-  { cat "$BUILD/configure.log" >&2; log "cmake configure failed"; exit 1; }
-log "building fuzz_remote_frame in $BUILD"
-cmake --build "$BUILD" --target fuzz_remote_frame -j "$JOBS"
-
-CORPUS="$BUILD/fuzz_remote_frame_corpus"
-ARTIFACTS="$BUILD/fuzz_remote_frame_artifacts"
-mkdir -p "$CORPUS" "$ARTIFACTS"
 # Frames: u32 little-endian payload length, u8 type, payload (storage/remote_protocol.h).
 # PING; RESULT 1; READ(handle 1, layer 2); CLOSE(7); OPEN(key); ERROR "x";
 # ENTRY(handle 1, f16, 1 layer, 1 head, head dim 1, 1 token, 1 sum); STATS_REPLY zeros.
@@ -46,15 +26,4 @@ printf '\050\000\000\000\005\001\000\000\000\001\000\000\000\001\000\000\000\001
 { printf '\100\000\000\000\017'; head -c 64 /dev/zero; } >"$CORPUS/stats"
 cat "$CORPUS/read" "$CORPUS/entry" "$CORPUS/ping" >"$CORPUS/stream"
 
-log "fuzzing for ${SECONDS_TO_RUN}s (corpus $CORPUS)"
-set +e
-"$BUILD/fuzz_remote_frame" -max_total_time="$SECONDS_TO_RUN" -artifact_prefix="$ARTIFACTS/" \
-  -max_len=65536 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "$@" "$CORPUS"
-rc=$?
-set -e
-if [ "$rc" -ne 0 ]; then
-  log "FAILED (exit $rc); reproducers in $ARTIFACTS:"
-  ls -l "$ARTIFACTS" >&2 || true
-  exit "$rc"
-fi
-log "no crashes in ${SECONDS_TO_RUN}s"
+fuzz_run -max_len=65536 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
