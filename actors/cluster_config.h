@@ -91,7 +91,9 @@ bool is_cluster_config(const std::string& yaml_text);
 //  - worker: the embedded default, overlaid with `defaults`, overlaid with the node's
 //    own runtime keys (model, device, tiers, blend, limits, server); port = its
 //    http_port; tiers.remote's host, port and secret = the storage node's host, its
-//    data_port and the cluster secret (where there is a storage node).
+//    data_port and the cluster secret (where there is a storage node); api_keys
+//    also hold worker_api_key(secret) (actors/cluster_secret.h), the key its
+//    frontend presents.
 //  - frontend: the embedded default overlaid with `defaults` and the node's `server`
 //    keys (api_keys, max_body, threads, model_name); port = its http_port. Its
 //    workers are ClusterConfig::workers(), the timeouts the cluster's.

@@ -387,9 +387,9 @@ TEST_F(ClusterCli, StatusAndDownFollowThePidFiles) {
   EXPECT_EQ(r.out, "");
 }
 
-// The whole cluster up, serving through its frontend, then down. Disabled until the
-// storage and frontend roles exist (tools/cluster_member.cpp's TODO(lead)): enable it
-// with them.
+// The whole cluster up (storage node, a worker, the frontend, each ready: the
+// frontend's /health answers 200 only once a worker reports over the control plane),
+// status, then down leaving no process.
 TEST_F(ClusterCli, UpStartsEveryMemberAndDownStopsThem) {
   const fs::path config = write_config({", tiers: {remote: {enabled: true}}"}, /*storage=*/true);
   Result r = run("blendctl cluster up " + config.string(), dir_);

@@ -277,6 +277,14 @@ TEST(ClusterConfig, DurationsAndTheSecretFromTheEnvironment) {
   EXPECT_EQ(member_runtime_config(c, "w1").remote.secret, kSecret);
 }
 
+TEST(ClusterConfig, RoutingPolicyDefaultsToKvAwareAndTakesRoundRobin) {
+  EXPECT_EQ(parse_cluster_config(kCluster).routing, "kv_aware");
+  EXPECT_EQ(parse_cluster_config(with_line("data_dir:", "  routing: round_robin")).routing, "round_robin");
+  EXPECT_THAT(error_of(with_line("data_dir:", "  routing: fastest")),
+              AllOf(HasSubstr("cluster.routing: unknown policy 'fastest' (kv_aware | round_robin)"),
+                    HasSubstr("(line 4, column")));
+}
+
 // ---- errors: each names the dotted key and its line -----------------------------
 
 TEST(ClusterConfigErrors, SecretUnsetEmptyOrShort) {

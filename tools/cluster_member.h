@@ -1,6 +1,7 @@
 // The cluster roles that are not the runtime's serve path (`blendserve --config F
 // --node NAME` with role storage or frontend; a worker runs `serve` with its member
-// runtime config). Each runs in the foreground until SIGINT/SIGTERM.
+// runtime config and answers the frontend's heartbeat on its control port). Each
+// runs in the foreground until SIGINT/SIGTERM.
 #pragma once
 
 #include <string>
