@@ -7,6 +7,8 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include "actors/control_system_config.h"
+
 namespace bs {
 namespace {
 
@@ -14,21 +16,6 @@ using clock_type = std::chrono::steady_clock;
 using refresh_atom = caf::atom_constant<caf::atom("ctlrefr")>;
 
 double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
-
-caf::timespan seconds_span(double s) {
-  return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(s));
-}
-
-struct MonitorSystemConfig : caf::actor_system_config {
-  MonitorSystemConfig(double heartbeat_s, double timeout_s) {
-    load<caf::io::middleman>();
-    set("scheduler.max-threads", size_t{1});
-    set("logger.verbosity", caf::atom("quiet"));
-    set("middleman.heartbeat-interval", seconds_span(heartbeat_s));
-    set("middleman.connection-timeout", seconds_span(timeout_s));
-    add_cluster_message_types(*this);
-  }
-};
 
 // Where the actor publishes its snapshots for the readers.
 struct Published {
@@ -163,7 +150,7 @@ const MemberView* ClusterView::find(const std::string& name) const {
 }
 
 struct ClusterMonitor::Impl {
-  MonitorSystemConfig cfg;
+  ControlSystemConfig cfg;
   caf::actor_system system;
   std::shared_ptr<Published> out = std::make_shared<Published>();
   caf::actor actor;

@@ -7,23 +7,10 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include "actors/control_system_config.h"
+
 namespace bs {
 namespace {
-
-caf::timespan seconds_span(double s) {
-  return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(s));
-}
-
-struct ControlSystemConfig : caf::actor_system_config {
-  ControlSystemConfig(double heartbeat_s, double timeout_s) {
-    load<caf::io::middleman>();
-    set("scheduler.max-threads", size_t{1});
-    set("logger.verbosity", caf::atom("quiet"));
-    set("middleman.heartbeat-interval", seconds_span(heartbeat_s));
-    set("middleman.connection-timeout", seconds_span(timeout_s));
-    add_cluster_message_types(*this);
-  }
-};
 
 struct AgentState {
   std::string secret, node;
