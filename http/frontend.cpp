@@ -143,19 +143,10 @@ struct FrontendServer::Impl {
   }
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (opt.api_keys.empty() || req.path == "/health" || req.path == "/console") return true;
-    const std::string auth = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (auth.empty()) {
-      send_error(res, ApiError(401, "You didn't provide an API key: send 'Authorization: Bearer <key>'.",
-                               "invalid_request_error", "", "missing_api_key"));
-      return false;
-    }
-    const std::string key = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : std::string();
-    bool ok = false;
-    for (const auto& k : opt.api_keys) ok |= constant_time_equal(key, k);
-    if (!ok) send_error(res, ApiError(401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key"));
-    return ok;
+    if (req.path == "/health") return true;
+    const auto refusal = api_key_refusal(opt.api_keys, req.get_header_value("Authorization"));
+    if (refusal) send_error(res, *refusal);
+    return !refusal;
   }
 
   int workers_up(const ClusterView& v) const {
@@ -274,7 +265,7 @@ struct FrontendServer::Impl {
         [this, u, worker, idle](size_t, httplib::DataSink& sink) {
           for (;;) {
             std::string out;
-            bool done = false, failed = false;
+            bool done = false, upstream_failed = false;
             std::string why;
             {
               std::unique_lock<std::mutex> lock(u->mu);
@@ -285,7 +276,7 @@ struct FrontendServer::Impl {
               }
               out.swap(u->pending);
               done = u->done;
-              failed = u->failed;
+              upstream_failed = u->failed;
               why = u->error;
             }
             if (!out.empty() && !sink.write(out.data(), out.size())) {
@@ -293,11 +284,11 @@ struct FrontendServer::Impl {
               return false;
             }
             if (done) {
-              if (failed) {
+              if (upstream_failed) {
                 {
                   std::lock_guard<std::mutex> lock(metrics_mu);
                   ++mid_stream_failures;
-                  ++failed_counts(worker);
+                  ++failed[worker];
                 }
                 const json err = {{"error",
                                    {{"message", "worker " + worker + " failed after the first token: " + why},
@@ -317,8 +308,6 @@ struct FrontendServer::Impl {
           router.finished(worker);
         });
   }
-
-  int64_t& failed_counts(const std::string& worker) { return failed[worker]; }
 
   // A request without documents to route by: the least loaded worker up.
   std::optional<FrontendWorker> any_worker(const std::set<std::string>& exclude = {}) {

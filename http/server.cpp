@@ -126,6 +126,19 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+std::optional<ApiError> api_key_refusal(const std::vector<std::string>& keys, const std::string& authorization) {
+  if (keys.empty()) return std::nullopt;
+  if (authorization.empty())
+    return ApiError(401, "You didn't provide an API key: send 'Authorization: Bearer <key>'.", "invalid_request_error",
+                    "", "missing_api_key");
+  const std::string prefix = "Bearer ";
+  const std::string key = authorization.rfind(prefix, 0) == 0 ? authorization.substr(prefix.size()) : std::string();
+  bool ok = false;
+  for (const auto& k : keys) ok |= constant_time_equal(key, k);  // no early exit
+  if (ok) return std::nullopt;
+  return ApiError(401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key");
+}
+
 struct Server::Impl {
   Impl(Runtime& rt, const RuntimeConfig& cfg) : runtime(rt), config(cfg) {
     const auto& ctx = runtime.context();
@@ -152,20 +165,10 @@ struct Server::Impl {
   // ---- helpers --------------------------------------------------------------
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (config.api_keys.empty() || req.path == "/health" || req.path == "/console") return true;
-    const std::string auth = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (auth.empty()) {
-      send_error(res, ApiError(401, "You didn't provide an API key: send 'Authorization: Bearer <key>'.",
-                               "invalid_request_error", "", "missing_api_key"));
-      return false;
-    }
-    const std::string key = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : std::string();
-    bool ok = false;
-    for (const auto& k : config.api_keys) ok |= constant_time_equal(key, k);  // no early exit
-    if (!ok)
-      send_error(res, ApiError(401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key"));
-    return ok;
+    if (req.path == "/health" || req.path == "/console") return true;
+    const auto refusal = api_key_refusal(config.api_keys, req.get_header_value("Authorization"));
+    if (refusal) send_error(res, *refusal);
+    return !refusal;
   }
 
   int retry_after_seconds() const {
