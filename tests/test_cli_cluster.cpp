@@ -95,7 +95,8 @@ class ClusterCli : public ::testing::Test {
   // A cluster config in the test's directory: a frontend, the workers (each `extra`
   // its own keys, e.g. a model path) and, with `storage`, a storage node; free
   // loopback ports. Returns its path.
-  fs::path write_config(const std::vector<std::string>& worker_extra, bool storage = false) {
+  fs::path write_config(const std::vector<std::string>& worker_extra, bool storage = false,
+                        const std::string& frontend_extra = "") {
     std::ostringstream y;
     y << "cluster: {name: t, secret: " << kSecret << ", data_dir: " << (dir_ / "data").string()
       << ", startup_timeout: 120s}\n"
@@ -106,7 +107,7 @@ class ClusterCli : public ::testing::Test {
       << "  tiers: {ram: {budget: 64MiB}, ssd: {budget: 64MiB}}\n"
       << "nodes:\n"
       << "  - {name: frontend, role: frontend, host: 127.0.0.1, port: " << port() << ", http_port: "
-      << (http_ports_["frontend"] = port()) << "}\n";
+      << (http_ports_["frontend"] = port()) << frontend_extra << "}\n";
     for (size_t i = 0; i < worker_extra.size(); ++i) {
       const int http = port();
       http_ports_["worker-" + std::to_string(i + 1)] = http;
@@ -418,13 +419,26 @@ TEST_F(ClusterCli, UpStartsEveryMemberAndDownStopsThem) {
 // with the chunks from the storage node's remote tier.
 TEST_F(ClusterCli, TheFrontendRoutesByHeldKvAndTheOtherWorkerLoadsTheStorageNodesChunks) {
   const std::string remote = ", tiers: {remote: {enabled: true, write_back: true}}";
-  const fs::path config = write_config({remote, remote}, /*storage=*/true);
+  const fs::path config =
+      write_config({remote, remote}, /*storage=*/true, ", server: {api_keys: [users-key-0123456789]}");
   Result r = run("blendctl cluster up " + config.string(), dir_);
   ASSERT_EQ(r.code, 0) << r.err;
   std::map<std::string, pid_t> pids;
   for (const auto& line : json_lines(r.out)) pids[line["name"]] = line["pid"].get<pid_t>();
   httplib::Client c("127.0.0.1", http_ports_["frontend"]);
   c.set_read_timeout(120, 0);
+  // The frontend checks the users' keys: none, or a wrong one (the workers' key
+  // included), is refused before anything reaches a worker.
+  auto refused = c.Get("/v1/models");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  EXPECT_THAT(refused->body, HasSubstr("missing_api_key"));
+  c.set_bearer_token_auth(bs::worker_api_key(kSecret));
+  refused = c.Get("/v1/models");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  EXPECT_THAT(refused->body, HasSubstr("invalid_api_key"));
+  c.set_bearer_token_auth("users-key-0123456789");
   const auto models = c.Get("/v1/models");
   ASSERT_TRUE(models && models->status == 200) << (models ? models->body : "no answer");
   const std::string model = nlohmann::json::parse(models->body)["data"][0]["id"];
