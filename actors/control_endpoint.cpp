@@ -27,7 +27,13 @@ caf::behavior control_agent(caf::event_based_actor*, AgentState st) {
                          st.node.c_str(), from.c_str());
           return caf::make_error(caf::sec::invalid_argument, "control request refused: wrong cluster secret");
         }
-        return st.report();
+        // Nobody supervises the agent: a report that fails is an error answer (the
+        // frontend counts the member down until a report succeeds), never its death.
+        try {
+          return st.report();
+        } catch (const std::exception& e) {
+          return caf::make_error(caf::sec::runtime_error, std::string("report failed: ") + e.what());
+        }
       },
   };
 }

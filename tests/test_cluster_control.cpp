@@ -105,6 +105,23 @@ TEST(ClusterControl, MemberGoneIsDownWithinThreeHeartbeatsAndComesBackByItself) 
   EXPECT_TRUE(eventually(monitor, 10, [](const ClusterView& cv) { return cv.find("worker-1")->up; }));
 }
 
+TEST(ClusterControl, AReportThatThrowsIsAnErrorAnswerAndTheEndpointGoesOn) {
+  std::atomic<int64_t> queued{0};
+  std::atomic<bool> failing{true};
+  const int port = testing::free_port();
+  ControlEndpoint endpoint(endpoint_options(port), [&] {
+    if (failing.load()) throw std::runtime_error("the tiers are gone");
+    return worker_report(queued);
+  });
+  ClusterMonitor monitor(monitor_options(port));
+  EXPECT_TRUE(eventually(monitor, 5, [](const ClusterView& cv) {
+    return cv.find("worker-1")->last_error.find("report failed: the tiers are gone") != std::string::npos;
+  })) << monitor.view()->find("worker-1")->last_error;
+  EXPECT_FALSE(monitor.view()->find("worker-1")->up);
+  failing = false;
+  EXPECT_TRUE(monitor.wait_all_up(10)) << "the agent survived the failing reports";
+}
+
 TEST(ClusterControl, UnreachableMemberIsDownNotAHang) {
   const int port = testing::free_port();  // nothing listens there
   const auto start = clock_type::now();
