@@ -52,19 +52,6 @@ int line_of(const YAML::Node& n) {
   return m.is_null() || m.line < 0 ? 0 : m.line + 1;
 }
 
-// The node at a path of map keys, or an undefined node where the path stops.
-YAML::Node find_node(const YAML::Node& root, std::initializer_list<const char*> path) {
-  // Copies only: assigning to a YAML::Node overwrites the node it refers to, and a
-  // non-const lookup adds the key.
-  std::vector<YAML::Node> chain{root};
-  for (const char* k : path) {
-    const YAML::Node& at = chain.back();
-    if (!at.IsDefined() || !at.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
-    chain.push_back(at[k]);
-  }
-  return chain.back().IsDefined() ? chain.back() : YAML::Node(YAML::NodeType::Undefined);
-}
-
 // Keys the cluster sets itself, refused in `defaults` and in a node's runtime keys
 // (`where`: "defaults" or "nodes[i]"): a member's data dir, a worker's HTTP address,
 // the storage node's address and the secret.

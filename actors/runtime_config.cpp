@@ -566,6 +566,9 @@ std::string get_string(const YAML::Node& node, const std::string& key) { return 
 int get_int(const YAML::Node& node, const std::string& key) { return bs::get_int(node, key); }
 bool get_bool(const YAML::Node& node, const std::string& key) { return bs::get_bool(node, key); }
 double get_duration(const YAML::Node& node, const std::string& key) { return bs::get_duration(node, key); }
+YAML::Node find_node(const YAML::Node& root, std::initializer_list<const char*> path) {
+  return bs::find_node(root, path);
+}
 
 }  // namespace config_yaml
 

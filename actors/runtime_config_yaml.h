@@ -47,6 +47,9 @@ std::string get_string(const YAML::Node& node, const std::string& key);
 int get_int(const YAML::Node& node, const std::string& key);
 bool get_bool(const YAML::Node& node, const std::string& key);
 double get_duration(const YAML::Node& node, const std::string& key);
+// The node at a path of map keys, or an undefined node where the path stops (never
+// adds a key to `root`).
+YAML::Node find_node(const YAML::Node& root, std::initializer_list<const char*> path);
 
 }  // namespace config_yaml
 
