@@ -34,14 +34,13 @@ std::optional<RouteChoice> RequestRouter::choose(const ClusterView& view,
   struct Candidate {
     RouteChoice c;
     bool full = false;
-    size_t index = 0;
+    size_t index = 0;  // among the candidates, in the view's order
   };
   std::vector<Candidate> cands;
   for (size_t i = 0; i < view.members.size(); ++i) {
     const MemberView& m = view.members[i];
     if (m.member.role != "worker" || !m.up || exclude.count(m.member.name)) continue;
     Candidate cand;
-    cand.index = i;
     cand.c.worker = m.member.name;
     const int64_t here = in_flight_.count(m.member.name) ? in_flight_.at(m.member.name) : 0;
     cand.c.load = std::max(here, m.report.in_flight + m.report.queued);
@@ -62,9 +61,12 @@ std::optional<RouteChoice> RequestRouter::choose(const ClusterView& view,
   }
   if (cands.empty()) return std::nullopt;
   const bool all_full = std::all_of(cands.begin(), cands.end(), [](const Candidate& c) { return c.full; });
-  // In turn: the rotation decides among equals, starting after the last choice.
+  // In turn: the rotation decides among equals, starting after the last choice. It
+  // runs over the candidates, not the view's members: a frontend or storage node
+  // listed between the workers must not give one worker two turns in a row.
   const uint64_t turn = turn_++;
-  auto rotation = [&](const Candidate& c) { return (c.index + view.members.size() - turn % view.members.size()) % view.members.size(); };
+  for (size_t i = 0; i < cands.size(); ++i) cands[i].index = i;
+  auto rotation = [&](const Candidate& c) { return (c.index + cands.size() - turn % cands.size()) % cands.size(); };
   auto better = [&](const Candidate& a, const Candidate& b) {
     if (!all_full && a.full != b.full) return !a.full;
     if (policy_ == RoutingPolicy::kv_aware) {

@@ -91,6 +91,25 @@ TEST(RequestRouter, RoundRobinTakesTurnsWhateverIsHeld) {
   EXPECT_EQ(n["w3"], 3);
 }
 
+// A cluster view lists the frontend and the storage node too: the turns go over
+// the workers alone, strictly alternating (a turn counted over every member gave
+// one worker three requests of four).
+TEST(RequestRouter, RoundRobinAlternatesWithOtherRolesInTheView) {
+  ClusterView v;
+  MemberView frontend, storage;
+  frontend.member = {"frontend", "frontend", "127.0.0.1", 1};
+  storage.member = {"storage", "storage", "127.0.0.1", 2};
+  frontend.up = storage.up = true;
+  v.members = {frontend, worker("w1", {}), worker("w2", {}), storage};
+  RequestRouter r(RoutingPolicy::round_robin);
+  std::string last;
+  for (int i = 0; i < 8; ++i) {
+    const std::string w = r.choose(v, {})->worker;
+    EXPECT_NE(w, last) << "turn " << i;
+    last = w;
+  }
+}
+
 TEST(RequestRouter, RoutedChunksCountAsHeldUntilReportsCatchUp) {
   ClusterView v;
   v.members = {worker("w1", {}), worker("w2", {})};
