@@ -1,22 +1,35 @@
-// blendctl bench ttft --tier ram|ssd: blend TTFT through the actor runtime, with
-// the chunks stored in one tier, against a direct BlendEngine call on the same
+// blendctl bench ttft --tier ram|ssd|remote: blend TTFT through the actor runtime,
+// with the chunks stored in one tier, against a direct BlendEngine call on the same
 // request over the same stores (which reads whole entries first, then computes),
 // plus `full` through the runtime for reference. Each tier runs in its own
-// runtime (RAM-only or SSD-only), so a chunk comes from exactly that tier. The
-// trace of every runtime request gives the load span and the fraction of it
-// hidden behind compute.
+// runtime (RAM-only, SSD-only or remote-only), so a chunk comes from exactly that
+// tier. The trace of every runtime request gives the load span and the fraction of
+// it hidden behind compute.
+//
+// The remote tier: a storage node (StorageServer over its own DiskKvStore in the
+// data dir) in this process on 127.0.0.1, reached over TCP as a worker reaches it;
+// the runtime has RAM and SSD off, so every chunk crosses the loopback. Its store
+// is filled as the other tiers' are: the first pass misses, computes and writes
+// back (tiers.remote.write_back pushes to the node). --direct-io and --throttle-mbps
+// apply to the node's disk as to the local SSD's, so remote_vs_ssd compares the
+// same reads with the network added.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
+#include "blend/store_backed_blend.h"
 #include "model/generate.h"
+#include "storage/disk_store.h"
+#include "storage/storage_server.h"
 #include "tools/bench.h"
 #include "tools/progress.h"
 
@@ -25,6 +38,8 @@ namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
+
+constexpr const char* kNodeSecret = "blendctl bench ttft: a loopback storage node's secret";
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -35,6 +50,20 @@ double median(std::vector<double> v) {
 struct Samples {
   std::vector<double> ttft, hidden, load_span, wait, ratio, predicted;
 };
+
+// Waits (at most 120 s) until the background jobs queued on the compute thread so
+// far have run (a marker job queued behind them, FIFO) and the remote writer's
+// queue is empty.
+void drain_background(RuntimeContext& ctx) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto ran = done->get_future();
+  if (!ctx.compute->submit([done] { done->set_value(); }, ComputeThread::Priority::Background)) return;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  if (ran.wait_until(deadline) != std::future_status::ready)
+    throw std::runtime_error("the runtime's background work did not finish within 120 s");
+  while (ctx.remote_write_queue.bytes.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
 
 }  // namespace
 
@@ -52,7 +81,8 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
                   {"throttle_bytes_per_s", opt.throttle_bytes_per_s}};
   Progress progress("bench ttft --tier", static_cast<int>(opt.tiers.size()) * t.requests * (2 + t.repeats));
   for (const auto& tier : opt.tiers) {
-    if (tier != "ram" && tier != "ssd") throw std::invalid_argument("unknown tier '" + tier + "' (ram, ssd)");
+    if (tier != "ram" && tier != "ssd" && tier != "remote")
+      throw std::invalid_argument("unknown tier '" + tier + "' (ram, ssd, remote)");
     RuntimeConfig cfg = default_runtime_config();
     cfg.model_path = t.model_path;
     cfg.precision = t.precision;
@@ -68,8 +98,35 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
     cfg.blend.ratio = t.ratio;
     cfg.blend.check_layers = t.check_layers;
     cfg.adaptive_ratio = opt.adaptive;
+    // remote: the storage node, declared before the runtime so it outlives the
+    // runtime's connections to it. A cold store, like the SSD tier's above.
+    std::unique_ptr<DiskKvStore> node_store;
+    std::unique_ptr<StorageServer> node;
+    if (tier == "remote") {
+      const std::string node_dir = (fs::path(data_dir) / "kv_remote_node").string();
+      fs::remove_all(node_dir);
+      node_store = std::make_unique<DiskKvStore>(node_dir, int64_t{16} << 30, opt.direct_io);
+      if (opt.throttle_bytes_per_s > 0) node_store->set_read_throttle(opt.throttle_bytes_per_s);
+      node = std::make_unique<StorageServer>(
+          *node_store, StorageServerOptions{.bind_host = "127.0.0.1", .port = 0, .secret = kNodeSecret});
+      cfg.remote.enabled = true;
+      cfg.remote.host = "127.0.0.1";
+      cfg.remote.port = node->port();
+      cfg.remote.secret = kNodeSecret;
+      cfg.remote.write_back = true;
+      std::fprintf(stderr, "bench ttft --tier remote: storage node on 127.0.0.1:%d over %s (%s)\n", node->port(),
+                   node_dir.c_str(), opt.direct_io ? "O_DIRECT reads" : "page cache");
+    }
     Runtime rt(cfg);
     auto& ctx = rt.context();
+    // Where the tier keeps its chunks, and the engine over that store (the remote
+    // tier is not in ctx.tiered: its engine path reads whole entries over TCP).
+    std::unique_ptr<StoreBackedBlend> remote_blend;
+    if (tier == "remote") remote_blend = std::make_unique<StoreBackedBlend>(*ctx.engine, *ctx.remote);
+    const StoreBackedBlend& engine_path = remote_blend ? *remote_blend : *ctx.from_store;
+    auto tier_holds = [&](const ChunkKey& key) {
+      return node_store ? node_store->contains(key) : ctx.tiered->contains(key);
+    };
     const auto& tok = ctx.model->tokenizer();
 
     std::vector<RuntimeRequest> reqs;
@@ -90,8 +147,8 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
       auto stored = [&] {
         for (const auto& c : r.prompt->chunks)
-          if (!ctx.tiered->contains(ctx.engine->chunk_key(c))) return false;
-        return ctx.tiered->contains(ctx.engine->prefix_key(r.prompt->prefix));
+          if (!tier_holds(ctx.engine->chunk_key(c))) return false;
+        return tier_holds(ctx.engine->prefix_key(r.prompt->prefix));
       };
       while (!stored() && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -111,6 +168,8 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
         const auto res = rt.run(r);
         if (res.finish_reason == "error") throw std::runtime_error(res.error);
         if (res.chunks_missed > 0) throw std::runtime_error("a chunk missed in the measured run");
+        if (res.chunks_from(tier) != static_cast<int>(r.prompt->chunks.size()))
+          throw std::runtime_error("a chunk of the measured run did not come from the " + tier + " tier");
         const auto trace = json::parse(rt.traces_json(1)).at(0);
         runtime_blend.ttft.push_back(res.ttft_seconds);
         runtime_blend.ratio.push_back(res.ratio);
@@ -125,12 +184,16 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
         BlendOptions o = ctx.config.blend;
         o.ratio = res.ratio;
         const auto t0 = std::chrono::steady_clock::now();
-        auto pre = ctx.from_store->prefill(*r.prompt, o, 1);
+        auto pre = engine_path.prefill(*r.prompt, o, 1);
         (void)argmax(pre.logits.data(), ctx.model->config().vocab);
         engine_blend.ttft.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         RuntimeRequest full = r;
         full.mode = BlendMode::Full;
         runtime_full.ttft.push_back(rt.run(full).ttft_seconds);
+        // A full run queues its parts' write-back computes; with RAM and SSD off (the
+        // remote tier) the "stored already?" check cannot see the node, so they
+        // compute again: drain them before the next measured run.
+        drain_background(ctx);
         progress.tick();
       }
     const double rb = median(runtime_blend.ttft), eb = median(engine_blend.ttft), rf = median(runtime_full.ttft);
@@ -177,6 +240,13 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
     summary[tier + "_ratio"] = median(runtime_blend.ratio);
     summary[tier + "_predicted_ttft_s"] = median(runtime_blend.predicted);
     blend_ttft_by_tier[tier] = rb;
+    if (node) {
+      const auto st = node->stats();
+      summary["remote_node_layers_served"] = st.layers_served;
+      summary["remote_node_bytes_served"] = st.bytes_served;
+      summary["remote_node_puts"] = st.puts;
+      summary["remote_direct_io"] = opt.direct_io;
+    }
   }
   if (blend_ttft_by_tier.count("ram") && blend_ttft_by_tier.count("ssd")) {
     summary["ssd_vs_ram"] = blend_ttft_by_tier["ssd"] / blend_ttft_by_tier["ram"];
@@ -186,6 +256,10 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
     summary["ssd_bound_s"] = bound;
     summary["ssd_vs_bound"] = blend_ttft_by_tier["ssd"] / bound;
   }
+  if (blend_ttft_by_tier.count("ssd") && blend_ttft_by_tier.count("remote"))
+    summary["remote_vs_ssd"] = blend_ttft_by_tier["remote"] / blend_ttft_by_tier["ssd"];
+  if (blend_ttft_by_tier.count("ram") && blend_ttft_by_tier.count("remote"))
+    summary["remote_vs_ram"] = blend_ttft_by_tier["remote"] / blend_ttft_by_tier["ram"];
   std::printf("%s\n", summary.dump().c_str());
   if (temp_dir) fs::remove_all(data_dir);
   return 0;

@@ -53,13 +53,20 @@ int main(int argc, char** argv) {
   std::vector<std::string> tiers;
   double throttle_mbps = 0;
   ttft->add_option("--tier", tiers,
-                   "Through the actor runtime with the chunks in this tier (ram, ssd; repeatable): blend vs a direct "
-                   "engine call, load overlap from the trace")
-      ->check(CLI::IsMember({"ram", "ssd"}));
-  ttft->add_flag("--direct-io", ropt.direct_io, "SSD tier: O_DIRECT reads (real reads, not the page cache)");
-  ttft->add_option("--throttle-mbps", throttle_mbps, "SSD tier: cap reads at this many MB/s")->check(CLI::NonNegativeNumber);
+                   "Through the actor runtime with the chunks in this tier (ram, ssd, remote; repeatable): blend vs a "
+                   "direct engine call, load overlap from the trace. remote: a storage node in this process on "
+                   "127.0.0.1 (its own SSD tier in the data dir), RAM and SSD off, every chunk over TCP; with ssd "
+                   "too the summary has remote_vs_ssd")
+      ->check(CLI::IsMember({"ram", "ssd", "remote"}));
+  ttft->add_flag("--direct-io", ropt.direct_io,
+                 "SSD tier, and the remote tier's storage node: O_DIRECT reads (real reads, not the page cache; "
+                 "without it both read from the page cache)");
+  ttft->add_option("--throttle-mbps", throttle_mbps,
+                   "SSD tier, and the remote tier's storage node's disk: cap reads at this many MB/s")
+      ->check(CLI::NonNegativeNumber);
   ttft->add_flag("--adaptive", ropt.adaptive, "Let the loading controller raise the ratio above --ratio");
-  ttft->add_option("--data-dir", ropt.data_dir, "Where the SSD tier lives (default: a temp dir, removed after)");
+  ttft->add_option("--data-dir", ropt.data_dir,
+                   "Where the SSD tier (and the remote tier's storage node) lives (default: a temp dir, removed after)");
 
   bs::tools::DecodeBenchOptions dopt;
   auto* decode = bench->add_subcommand(
