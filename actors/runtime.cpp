@@ -526,7 +526,7 @@ Runtime::TensorParallelStats Runtime::tensor_parallel_stats() const {
   return {ctx_->tp->size(), ctx_->tp->failures(), ctx_->tp->rebuilds()};
 }
 
-std::string Runtime::store_document(const std::string& text) {
+Runtime::StoredDocument Runtime::store_document(const std::string& text) {
   const auto tokens = document_chunk_tokens(ctx_->model->tokenizer(), text);
   if (tokens.empty()) throw RequestError(RequestErrc::invalid, "the document is empty");
   if (static_cast<int64_t>(tokens.size()) >= ctx_->model->config().context_length)
@@ -534,7 +534,21 @@ std::string Runtime::store_document(const std::string& text) {
                                                   " tokens; the model's context is " +
                                                   std::to_string(ctx_->model->config().context_length));
   const ChunkKey key = ctx_->engine->chunk_key(tokens);
-  if (!ctx_->tiered->contains(key)) {
+  StoredDocument out;
+  out.id = key.hex();
+  out.tokens = static_cast<int64_t>(tokens.size());
+  out.already_stored = ctx_->tiered->contains(key);
+  out.source = "local";
+  // The storage node's copy: checked once here, so a document already there is
+  // neither computed again nor pushed again. A node that is down answers false at
+  // once (RemoteKvStore's retry_after), which costs a compute, never a wrong answer.
+  const bool on_node = ctx_->remote && ctx_->remote->contains(key);
+  std::shared_ptr<const ChunkKv> kv;
+  if (!out.already_stored && on_node) {
+    kv = ctx_->remote->get(key);  // every layer checked against the node's checksums; nullptr on any failure
+    if (kv) out.source = "remote";
+  }
+  if (!out.already_stored && !kv) {
     // The layer worker computes it on the compute thread, like every other
     // compute, with the decoding streams' steps between its layers.
     auto& a = *actors_;
@@ -545,7 +559,6 @@ std::string Runtime::store_document(const std::string& text) {
       worker = a.h->worker();
       ++a.documents;  // the actor system outlives this call (shutdown waits)
     }
-    std::shared_ptr<const ChunkKv> kv;
     std::optional<RequestError> failure;  // shutting down (the worker or the compute thread stopped), internal
     {
       CallerActor self{*a.system};
@@ -569,11 +582,17 @@ std::string Runtime::store_document(const std::string& text) {
       --a.documents;
     }
     if (failure) throw *failure;
-    if (ctx_->remote && ctx_->config.remote.write_back)
-      enqueue_remote_write(*ctx_, actors_->h->remote_writer(), KeyedKv{key, kv});
-    ctx_->tiered->put(key, std::move(kv));
+    out.source = "computed";
   }
-  return key.hex();
+  out.on_storage_node = on_node;
+  if (ctx_->remote && ctx_->config.remote.write_back && !on_node) {
+    if (!kv) kv = ctx_->tiered->get(key);  // held here only: the node gets this node's copy
+    // Synchronous (bounded by the remote tier's I/O timeout): the caller learns
+    // whether the cluster has the document, unlike write-back's best-effort queue.
+    out.on_storage_node = kv && ctx_->remote->put(key, kv);
+  }
+  if (!out.already_stored && kv) ctx_->tiered->put(key, std::move(kv));
+  return out;
 }
 
 bool Runtime::erase_document(const std::string& key_hex) {
@@ -586,7 +605,9 @@ bool Runtime::erase_document(const std::string& key_hex) {
     return false;
   }
   if (key.hex() != key_hex) return false;
-  return ctx_->tiered->erase(key);
+  const bool here = ctx_->tiered->erase(key);
+  const bool on_node = ctx_->remote && ctx_->remote->erase(key);
+  return here || on_node;
 }
 
 std::string Runtime::traces_json(int n) {

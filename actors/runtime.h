@@ -69,11 +69,26 @@ class Runtime {
   };
   KvPages kv_pages() const;
 
-  // Computes and stores the KV of a document (as a chunk, as it would appear in a
-  // RAG request) unless stored; returns its key (hex). The layer worker computes it
-  // on the compute thread; decoding streams step between its layers, as during a
-  // prefill. Throws RequestError: invalid (empty), too_long, shutting_down, internal.
-  std::string store_document(const std::string& text);
+  // Stores the KV of a document (as a chunk, as it would appear in a RAG request)
+  // in this node's tiers unless they hold it: loaded whole from the storage node
+  // when the remote tier has it (a cluster's other workers warm up without
+  // computing), else computed by the layer worker on the compute thread (decoding
+  // streams step between its layers, as during a prefill). With a remote tier that
+  // writes back, the document is also pushed to the storage node, synchronously,
+  // unless it is there: a document the user stores is meant for every worker of the
+  // cluster, and the answer says whether the node has it. Throws
+  // RequestError: invalid (empty), too_long, shutting_down, internal.
+  struct StoredDocument {
+    std::string id;               // the chunk key (hex): DELETE /v1/documents/{id}
+    int64_t tokens = 0;
+    bool already_stored = false;  // this node's RAM/SSD held it before the call
+    std::string source;           // "local" (already_stored), "remote" (loaded from the node), "computed"
+    bool on_storage_node = false; // the storage node holds it after the call (false: no remote tier,
+                                  // no write-back, or the node refused or was unreachable: it stays here)
+  };
+  StoredDocument store_document(const std::string& text);
+  // Removes a stored document from every tier, the storage node's included; false
+  // when the id is malformed or no tier held it.
   bool erase_document(const std::string& key_hex);
 
   // Inspection, as JSON: the last n requests' traces, the actor table (every actor

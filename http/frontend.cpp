@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -309,41 +310,163 @@ struct FrontendServer::Impl {
         });
   }
 
-  // A request without documents to route by: the least loaded worker up.
-  std::optional<FrontendWorker> any_worker(const std::set<std::string>& exclude = {}) {
-    const auto view = monitor.view();
-    const auto c = router.choose(*view, {}, exclude);
-    if (!c) return std::nullopt;
-    return workers.at(c->worker);
+  // One whole (not streamed) answer from a worker.
+  struct WorkerAnswer {
+    std::string worker;
+    int status = 0;
+    std::string body, content_type;
+  };
+
+  // Sends a small request to the worker the router picks for `chunks` (none: the
+  // least loaded up), waits for the whole answer, and tries once more elsewhere if
+  // that worker fails. nullopt with `why` when no worker answered.
+  std::optional<WorkerAnswer> call_routed(const std::string& method, const std::string& path, const std::string& body,
+                                          const std::vector<std::vector<int32_t>>& chunks, std::string& why) {
+    std::set<std::string> exclude;
+    why = "no worker is up";
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const auto view = monitor.view();
+      const auto c = router.choose(*view, chunks, exclude);
+      if (!c) break;
+      const FrontendWorker& w = workers.at(c->worker);
+      auto a = call_whole(w, method, path, body);
+      if (!a.status) {
+        why = a.body;
+        exclude.insert(w.name);
+        continue;
+      }
+      return a;
+    }
+    return std::nullopt;
   }
 
-  // Forwards a small request whole (documents, models) with one retry elsewhere.
-  void forward_whole(const httplib::Request& req, httplib::Response& res, const std::string& path) {
-    std::set<std::string> exclude;
-    std::string why = "no worker is up";
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      const auto w = any_worker(exclude);
-      if (!w) break;
-      auto u = start(*w, req.method, path, req.body, false);
-      std::unique_lock<std::mutex> lock(u->mu);
-      if (!u->cv.wait_for(lock, std::chrono::duration<double>(opt.first_token_timeout_s), [&] { return u->done; })) {
-        u->cancel = true;
-        why = "worker " + w->name + " did not answer";
-        exclude.insert(w->name);
-        continue;
-      }
-      if (worker_failed(*u)) {
-        why = failure_text(w->name, *u);
-        exclude.insert(w->name);
-        continue;
-      }
-      res.status = u->status;
-      res.set_header("X-Blendserve-Worker", w->name);
-      res.set_content(u->pending, u->content_type.empty() ? "application/json" : u->content_type);
-      return;
+  // A whole answer from one worker; status 0 with the failure in `body` when it
+  // failed (no answer within first_token_timeout_s, transport error, 5xx).
+  WorkerAnswer call_whole(const FrontendWorker& w, const std::string& method, const std::string& path,
+                          const std::string& body) {
+    return wait_whole(w, start(w, method, path, body, false));
+  }
+  WorkerAnswer wait_whole(const FrontendWorker& w, const std::shared_ptr<Upstream>& u) {
+    std::unique_lock<std::mutex> lock(u->mu);
+    if (!u->cv.wait_for(lock, std::chrono::duration<double>(opt.first_token_timeout_s), [&] { return u->done; })) {
+      u->cancel = true;
+      return {w.name, 0, "worker " + w.name + " did not answer within " + std::to_string(opt.first_token_timeout_s) + " s", ""};
     }
-    res.set_header("Retry-After", "1");
-    send_error(res, no_worker(why));
+    if (worker_failed(*u)) return {w.name, 0, failure_text(w.name, *u), ""};
+    return {w.name, u->status, u->pending, u->content_type.empty() ? "application/json" : u->content_type};
+  }
+
+  // Forwards a small request whole (models) with one retry elsewhere.
+  void forward_whole(const httplib::Request& req, httplib::Response& res, const std::string& path) {
+    std::string why;
+    const auto a = call_routed(req.method, path, req.body, {}, why);
+    if (!a) {
+      res.set_header("Retry-After", "1");
+      return send_error(res, no_worker(why));
+    }
+    res.status = a->status;
+    res.set_header("X-Blendserve-Worker", a->worker);
+    res.set_content(a->body, a->content_type);
+  }
+
+  // The workers up now, by name.
+  std::vector<FrontendWorker> workers_up_now() {
+    std::vector<FrontendWorker> out;
+    const auto view = monitor.view();
+    for (const auto& m : view->members)
+      if (m.member.role == "worker" && m.up && workers.count(m.member.name)) out.push_back(workers.at(m.member.name));
+    return out;
+  }
+
+  // POST /v1/documents: to the worker that already holds the document, else the
+  // least loaded, which stores it (and with its remote tier's write-back pushes it
+  // to the storage node before answering). "warm": true then sends it to every
+  // other worker up, at once: each loads it from the storage node when the node has
+  // it, or computes it. The answer is the storing worker's, plus "worker" and, when
+  // warmed, "warmed": one entry per other worker (its source, or its error).
+  void store_document(const httplib::Request& req, httplib::Response& res) {
+    ClusterDocumentRequest d;
+    try {
+      d = parse_cluster_document_body(req.body);
+    } catch (const ApiError& e) {
+      return send_error(res, e);
+    }
+    const std::string body = json{{"text", d.text}}.dump();
+    std::string why;
+    const auto first = call_routed("POST", "/v1/documents", body, {document_chunk_tokens(tokenizer, d.text)}, why);
+    if (!first) {
+      res.set_header("Retry-After", "1");
+      return send_error(res, no_worker(why));
+    }
+    res.set_header("X-Blendserve-Worker", first->worker);
+    json out = json::parse(first->body, nullptr, false);
+    if (first->status != 200 || !out.is_object()) {  // the worker's refusal (400 too long, ...) as it said it
+      res.status = first->status;
+      return res.set_content(first->body, first->content_type);
+    }
+    out["worker"] = first->worker;
+    if (d.warm) {
+      std::vector<std::pair<FrontendWorker, std::shared_ptr<Upstream>>> calls;
+      for (const auto& w : workers_up_now())
+        if (w.name != first->worker) calls.emplace_back(w, start(w, "POST", "/v1/documents", body, false));
+      json warmed = json::array();
+      for (const auto& [w, u] : calls) {
+        const WorkerAnswer a = wait_whole(w, u);
+        const json j = json::parse(a.body, nullptr, false);
+        json entry = {{"worker", w.name}};
+        if (a.status == 200 && j.is_object()) {
+          entry["source"] = j.value("source", "");
+          entry["already_stored"] = j.value("already_stored", false);
+        } else {
+          entry["error"] = a.status ? "HTTP " + std::to_string(a.status) + ": " + a.body.substr(0, 300) : a.body;
+        }
+        warmed.push_back(std::move(entry));
+      }
+      out["warmed"] = std::move(warmed);
+    }
+    res.set_content(out.dump(), "application/json");
+  }
+
+  // DELETE /v1/documents/{id}: to every worker up, at once (each removes it from its
+  // tiers; the first with a remote tier from the storage node too). 200 when any
+  // held it, with "workers": those that did and, if any, "not_reached": workers that
+  // failed or are down (they may still hold it); 404 when every worker reached said
+  // so; 503 when none was reached.
+  void erase_document(const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    const auto up = workers_up_now();
+    std::vector<std::shared_ptr<Upstream>> calls;
+    for (const auto& w : up) calls.push_back(start(w, "DELETE", "/v1/documents/" + id, "", false));
+    json deleted = json::array();
+    std::set<std::string> reached, not_reached;
+    std::optional<WorkerAnswer> refusal;  // a 4xx other than 404 (a malformed id): every worker says the same
+    for (size_t i = 0; i < up.size(); ++i) {
+      const WorkerAnswer a = wait_whole(up[i], calls[i]);
+      if (!a.status) {
+        not_reached.insert(up[i].name);
+        continue;
+      }
+      reached.insert(up[i].name);
+      if (a.status == 200) deleted.push_back(up[i].name);
+      else if (a.status != 404 && !refusal) refusal = a;
+    }
+    for (const auto& entry : workers)  // down ones included
+      if (!reached.count(entry.first)) not_reached.insert(entry.first);
+    if (!deleted.empty()) {
+      json out{{"id", id}, {"object", "document"}, {"deleted", true}, {"workers", deleted}};
+      if (!not_reached.empty()) out["not_reached"] = not_reached;
+      return res.set_content(out.dump(), "application/json");
+    }
+    if (refusal) {
+      res.status = refusal->status;
+      return res.set_content(refusal->body, refusal->content_type);
+    }
+    if (reached.empty()) {
+      res.set_header("Retry-After", "1");
+      return send_error(res, no_worker("no worker is up to delete the document"));
+    }
+    send_error(res, ApiError(404, "no stored document with id '" + id + "'", "invalid_request_error", "id",
+                             "document_not_found"));
   }
 
   json members_json(const ClusterView& v) const {
@@ -488,9 +611,9 @@ struct FrontendServer::Impl {
     svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
       forward_whole(req, res, req.path);
     });
-    svr.Post("/v1/documents", [this](const httplib::Request& req, httplib::Response& res) {
-      forward_whole(req, res, "/v1/documents");
-    });
+    svr.Post("/v1/documents", [this](const httplib::Request& req, httplib::Response& res) { store_document(req, res); });
+    svr.Delete(R"(/v1/documents/([^/]+))",
+               [this](const httplib::Request& req, httplib::Response& res) { erase_document(req, res); });
     svr.Get("/v1/inspect/cluster", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(json{{"node", opt.node}, {"members", members_json(*monitor.view())}}.dump(), "application/json");
     });

@@ -12,8 +12,9 @@
 // worker up: 503 with Retry-After.
 //
 // Routes: POST /v1/chat/completions, GET /v1/models, POST /v1/documents (to the
-// least loaded worker, whose write-back pushes the chunk to the storage node),
-// GET /health (200 while a worker is up), GET /metrics, GET /v1/inspect/cluster
+// worker holding it, else the least loaded, whose write-back pushes it to the
+// storage node; "warm": true also to every other worker up, which load it from the
+// node), DELETE /v1/documents/{id} (every worker up), GET /health (200 while a worker is up), GET /metrics, GET /v1/inspect/cluster
 // (members, up/down, reports), GET /v1/inspect/snapshot (every node's snapshot:
 // the workers' own, fetched when asked, plus the frontend's and the storage
 // node's). Users' API keys are checked here; workers are called

@@ -1,6 +1,8 @@
 #include "http/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <set>
 
@@ -289,15 +291,31 @@ ChatCompletionRequest parse_chat_completion(std::string_view body, int default_m
   return out;
 }
 
-std::string parse_document_body(std::string_view body) {
-  const json j = parse_body(body);
+namespace {
+// The document's text from a parsed body whose keys are `text` and `allowed`.
+std::string document_text(const json& j, std::initializer_list<std::string_view> allowed) {
   for (const auto& [k, v] : j.items())
-    if (k != "text") throw bad_request("unrecognized request argument supplied: " + k, k, "unsupported_parameter");
+    if (k != "text" && std::find(allowed.begin(), allowed.end(), k) == allowed.end())
+      throw bad_request("unrecognized request argument supplied: " + k, k, "unsupported_parameter");
   const auto it = j.find("text");
   if (it == j.end()) throw bad_request("'text' is required", "text", "missing_required_parameter");
   const std::string& text = get_string(*it, "text");
   if (text.empty()) throw bad_request("'text' must not be empty", "text");
   return text;
+}
+}  // namespace
+
+std::string parse_document_body(std::string_view body) { return document_text(parse_body(body), {}); }
+
+ClusterDocumentRequest parse_cluster_document_body(std::string_view body) {
+  const json j = parse_body(body);
+  ClusterDocumentRequest out;
+  out.text = document_text(j, {"warm"});
+  if (const auto it = j.find("warm"); it != j.end()) {
+    if (!it->is_boolean()) throw bad_request("'warm' must be a boolean", "warm");
+    out.warm = it->get<bool>();
+  }
+  return out;
 }
 
 std::string error_body(const ApiError& e) {

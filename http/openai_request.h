@@ -42,4 +42,13 @@ ChatCompletionRequest parse_chat_completion(std::string_view body, int default_m
 // POST /v1/documents: {"text": "..."} -> the text. Throws ApiError (400).
 std::string parse_document_body(std::string_view body);
 
+// POST /v1/documents at a cluster's frontend: {"text": "...", "warm": bool}; warm
+// (default false) asks for the document on every worker, not only the one that
+// stores it. Throws ApiError (400).
+struct ClusterDocumentRequest {
+  std::string text;
+  bool warm = false;
+};
+ClusterDocumentRequest parse_cluster_document_body(std::string_view body);
+
 }  // namespace bs::http

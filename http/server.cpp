@@ -288,12 +288,11 @@ struct Server::Impl {
     svr.Post("/v1/documents", [this](const httplib::Request& req, httplib::Response& res) {
       try {
         const std::string text = parse_document_body(req.body);
-        const auto& ctx = runtime.context();
-        const auto tokens = document_chunk_tokens(ctx.model->tokenizer(), text);
-        const bool had = !tokens.empty() && ctx.tiered->contains(ctx.engine->chunk_key(tokens));
-        const std::string key = runtime.store_document(text);
-        send_json(res, 200,
-                  json{{"id", key}, {"object", "document"}, {"tokens", tokens.size()}, {"already_stored", had}}.dump());
+        const auto d = runtime.store_document(text);
+        json out{{"id", d.id}, {"object", "document"}, {"tokens", d.tokens}, {"already_stored", d.already_stored},
+                 {"source", d.source}};
+        if (runtime.context().remote) out["on_storage_node"] = d.on_storage_node;
+        send_json(res, 200, out.dump());
       } catch (const ApiError& e) {
         send_error(res, e);
       } catch (const RequestError& e) {

@@ -236,7 +236,7 @@ TEST(BlendLoaders, ARamOnlyRequestBehindASlowSsdLoadKeepsItsTtft) {
   const auto sets = documents(2);
   // The slow request's chunks only on the SSD, the other's in RAM (and on the SSD).
   std::vector<ChunkKey> slow_keys;
-  for (const auto& d : sets[0]) slow_keys.push_back(key_from_hex(rt.store_document(d)));
+  for (const auto& d : sets[0]) slow_keys.push_back(key_from_hex(rt.store_document(d).id));
   for (const auto& d : sets[1]) rt.store_document(d);
   const auto ram_request = rag_request(sets[1], 1);
 

@@ -348,7 +348,7 @@ TEST(Runtime, AnEntryEvictedFromRamIsDemotedToTheSsdWhenTheSsdLacksIt) {
   cfg.ram.budget_bytes = (int64_t{24} << 20) / 4 * kernels::kv_dtype_bytes(kv_dtype);
   Runtime rt(cfg);
   auto& ctx = rt.context();
-  const std::string a = rt.store_document(docs[0]);
+  const std::string a = rt.store_document(docs[0]).id;
   ChunkKey ka;
   ka.hi = std::stoull(a.substr(0, 16), nullptr, 16);
   ka.lo = std::stoull(a.substr(16), nullptr, 16);

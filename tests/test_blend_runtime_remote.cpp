@@ -3,7 +3,9 @@
 // worker computed and pushed (tiers.remote.write_back); a second worker with
 // nothing of its own loads them layer by layer from the node and answers with the
 // tokens the first one gives from RAM; a storage node that is gone, or that
-// breaks off a transfer mid-request, costs a recompute and never a wrong answer.
+// breaks off a transfer mid-request, costs a recompute and never a wrong answer;
+// a stored document (Runtime::store_document) goes to the node at once and other
+// workers load it from there instead of computing it.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -174,6 +176,69 @@ TEST(RuntimeRemoteTier, AStorageNodeThatIsGoneOrBreaksOffCostsARecomputeNeverAWr
     EXPECT_LT(seconds, 30.0);
     EXPECT_FALSE(rt.context().remote->last_error().empty());
   }
+}
+
+}  // namespace
+}  // namespace bs
+
+namespace bs {
+namespace {
+
+// A stored document (POST /v1/documents) in a cluster: the first worker computes it
+// and pushes it to the node before answering; a second worker with nothing of its
+// own loads it whole from the node instead of computing it, and both answer a
+// request over it from RAM with the same tokens; erasing removes the node's copy
+// too; a node that is gone leaves the document stored on the worker, said so.
+TEST(RuntimeRemoteTier, StoredDocumentsGoToTheNodeAndOtherWorkersLoadThemFromThere) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  DiskKvStore node((dir.path() / "node").string(), int64_t{1} << 30);
+  auto server = std::make_unique<StorageServer>(node, StorageServerOptions{.bind_host = "127.0.0.1", .port = 0,
+                                                                            .secret = kSecret});
+  const int port = server->port();
+  const auto c = testing::rag_cases(1)[0];
+  const auto req = request_for(c);
+  Runtime first(worker_config(dir.path() / "worker-1", port, true, true));
+  std::vector<std::string> ids;
+  for (const auto& d : c.documents) {
+    const auto s = first.store_document(d);
+    EXPECT_EQ(s.source, "computed");
+    EXPECT_FALSE(s.already_stored);
+    EXPECT_TRUE(s.on_storage_node);  // synchronous: on the node now, no waiting
+    ids.push_back(s.id);
+  }
+  for (const auto& k : chunk_keys(first, req)) EXPECT_TRUE(node.contains(k));
+  const auto again = first.store_document(c.documents[0]);
+  EXPECT_TRUE(again.already_stored);
+  EXPECT_EQ(again.source, "local");
+  const auto from_first = first.run(req);
+  ASSERT_NE(from_first.finish_reason, "error") << from_first.error;
+  EXPECT_EQ(from_first.chunks_from("ram"), 3);
+
+  Runtime second(worker_config(dir.path() / "worker-2", port, /*ram=*/true, /*ssd=*/false));
+  for (size_t i = 0; i < c.documents.size(); ++i) {
+    const auto s = second.store_document(c.documents[i]);
+    EXPECT_EQ(s.source, "remote");
+    EXPECT_TRUE(s.on_storage_node);
+    EXPECT_EQ(s.id, ids[i]);
+  }
+  const auto from_second = second.run(req);
+  EXPECT_EQ(from_second.chunks_from("ram"), 3);  // loaded whole into RAM by the store
+  EXPECT_EQ(from_second.tokens, from_first.tokens);
+
+  // Erasing on one worker removes the node's copy; the other worker keeps its own.
+  EXPECT_TRUE(second.erase_document(ids[0]));
+  EXPECT_FALSE(node.contains(chunk_keys(first, req)[0]));
+  EXPECT_TRUE(first.erase_document(ids[0]));   // its RAM and SSD
+  EXPECT_FALSE(first.erase_document(ids[0]));  // nowhere any more
+
+  // The node gone: the document is computed and stored here, not on the node.
+  server.reset();
+  Runtime third(worker_config(dir.path() / "worker-3", port, true, false));
+  const auto alone = third.store_document(c.documents[1]);
+  EXPECT_EQ(alone.source, "computed");
+  EXPECT_FALSE(alone.on_storage_node);
+  EXPECT_TRUE(third.store_document(c.documents[1]).already_stored);
 }
 
 }  // namespace
