@@ -1,12 +1,12 @@
 // The cluster commands as people run them, with real processes on loopback and the
 // real model: `blendserve check-config`, `blendserve --config F --node NAME`, and
-// `blendctl cluster up|status|down`.
-//
-// A whole cluster cannot come up in these tests while a role is missing, so `up` is
-// tested where it must fail (a worker that cannot load its model: the others it
-// started are stopped), and `status`/`down` on a worker started by hand with its pid
-// file where `up` writes it (the file layout is the documented contract), beside a
-// pid file that names a stranger process and one that names a dead pid.
+// `blendctl cluster up|status|down`; the whole cluster up (storage node, workers,
+// frontend), routing, a worker killed, and the storage node's faults (frozen by
+// SIGSTOP, killed, a worker with a wrong secret). `up` is also tested where it must
+// fail (a worker that cannot load its model: the others it started are stopped),
+// and `status`/`down` on a worker started by hand with its pid file where `up`
+// writes it (the file layout is the documented contract), beside a pid file that
+// names a stranger process and one that names a dead pid.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -47,6 +47,15 @@ std::vector<nlohmann::json> json_lines(const std::string& text) {
   for (std::string line; std::getline(in, line);)
     if (!line.empty() && line[0] == '{') out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+// A chat completion over `documents` (greedy, a few tokens).
+nlohmann::json rag_request(const std::string& model, const std::vector<std::string>& documents) {
+  return {{"model", model},
+          {"messages", {{{"role", "user"}, {"content", "Who wrote the report?"}}}},
+          {"documents", documents},
+          {"max_tokens", 6},
+          {"temperature", 0}};
 }
 
 // A command's exit code and its stdout (stderr apart, in `err`).
@@ -96,10 +105,10 @@ class ClusterCli : public ::testing::Test {
   // its own keys, e.g. a model path) and, with `storage`, a storage node; free
   // loopback ports. Returns its path.
   fs::path write_config(const std::vector<std::string>& worker_extra, bool storage = false,
-                        const std::string& frontend_extra = "") {
+                        const std::string& frontend_extra = "", const std::string& cluster_extra = "") {
     std::ostringstream y;
     y << "cluster: {name: t, secret: " << kSecret << ", data_dir: " << (dir_ / "data").string()
-      << ", startup_timeout: 120s}\n"
+      << ", startup_timeout: 120s" << cluster_extra << "}\n"
       << "defaults:\n"
       << "  model: {path: " << bs::testing::model_path() << "}\n"
       << "  device: {threads: 1}\n"
@@ -115,8 +124,8 @@ class ClusterCli : public ::testing::Test {
         << ", http_port: " << http << worker_extra[i] << "}\n";
     }
     if (storage)
-      y << "  - {name: storage, role: storage, host: 127.0.0.1, port: " << port() << ", data_port: " << port()
-        << "}\n";
+      y << "  - {name: storage, role: storage, host: 127.0.0.1, port: " << port()
+        << ", data_port: " << (storage_data_port_ = port()) << "}\n";
     const fs::path path = dir_ / "cluster.yaml";
     std::ofstream(path) << y.str();
     return path;
@@ -190,6 +199,7 @@ class ClusterCli : public ::testing::Test {
 
   fs::path dir_;
   std::map<std::string, int> http_ports_;
+  int storage_data_port_ = 0;
   std::vector<pid_t> children_;
   std::vector<int> used_;
 };
@@ -473,6 +483,141 @@ TEST_F(ClusterCli, TheFrontendRoutesByHeldKvAndTheOtherWorkerLoadsTheStorageNode
   EXPECT_EQ(other["choices"][0]["message"]["content"], answer);
   const auto cluster = c.Get("/v1/inspect/cluster");
   ASSERT_TRUE(cluster && cluster->status == 200);
+  r = run("blendctl cluster down " + config.string(), dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
+  for (const auto& [name, pid] : pids) EXPECT_FALSE(process_exists(pid)) << name;
+}
+
+// The storage node's faults, with real processes. Worker-1 answers each document
+// set cold first (its chunks computed: what a cold request answers), stores the set
+// on the node (POST /v1/documents pushes before answering) and answers again from
+// RAM (what a blend over the stored KV answers). Worker-2 holds nothing of its own:
+// - the node frozen (SIGSTOP): the frontend marks it down within three heartbeats;
+//   worker-2's request misses the remote tier within its timeouts and answers with
+//   the cold text, nothing from the node;
+// - SIGCONT: marked up again by itself; worker-2 loads a stored set from the node
+//   and answers with worker-1's stored-KV text;
+// - a server presenting a wrong secret: the node refuses it and logs it; that
+//   server answers cold;
+// - the node killed (SIGKILL): down again; worker-2 answers a stored set cold.
+TEST_F(ClusterCli, StorageNodeFrozenKilledOrRefusingAWrongSecretCostsARecomputeNeverAWrongAnswer) {
+  const std::string remote =
+      ", tiers: {remote: {enabled: true, write_back: true, connect_timeout: 1s, io_timeout: 1s, retry_after: 1s}}";
+  const fs::path config =
+      write_config({remote, remote}, /*storage=*/true, "", ", heartbeat_interval: 500ms, connection_timeout: 2s");
+  Result r = run("blendctl cluster up " + config.string(), dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::map<std::string, pid_t> pids;
+  for (const auto& line : json_lines(r.out)) pids[line["name"]] = line["pid"].get<pid_t>();
+  const pid_t storage = pids.at("storage");
+
+  auto client = [&](const std::string& node) {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", http_ports_[node]);
+    c->set_read_timeout(120, 0);
+    c->set_bearer_token_auth(bs::worker_api_key(kSecret));
+    return c;
+  };
+  auto w1 = client("worker-1"), w2 = client("worker-2"), front = client("frontend");
+  const auto models = w1->Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  const std::string model = nlohmann::json::parse(models->body)["data"][0]["id"];
+  auto ask = [&](httplib::Client& c, const std::vector<std::string>& docs) {
+    const auto res = c.Post("/v1/chat/completions", rag_request(model, docs).dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+    return res && res->status == 200 ? nlohmann::json::parse(res->body) : nlohmann::json::object();
+  };
+  auto text = [](const nlohmann::json& a) { return a.value("/choices/0/message/content"_json_pointer, std::string()); };
+  auto remote_chunks = [](const nlohmann::json& a) {
+    return a.value("/usage/blendserve/chunks_remote"_json_pointer, 0);
+  };
+  // Cold on worker-1, stored on the node, then from worker-1's RAM.
+  struct Set {
+    std::vector<std::string> docs;
+    std::string cold, stored;
+  };
+  auto prepare = [&](std::vector<std::string> docs) {
+    Set s{std::move(docs), "", ""};
+    const auto cold = ask(*w1, s.docs);
+    EXPECT_EQ(cold.value("/usage/blendserve/chunks_missed"_json_pointer, -1), 2) << cold.dump();
+    s.cold = text(cold);
+    for (const auto& d : s.docs) {
+      const auto res = w1->Post("/v1/documents", nlohmann::json{{"text", d}}.dump(), "application/json");
+      EXPECT_TRUE(res && res->status == 200);
+      if (res) {
+        EXPECT_TRUE(nlohmann::json::parse(res->body).value("on_storage_node", false)) << res->body;
+      }
+    }
+    const auto stored = ask(*w1, s.docs);
+    EXPECT_EQ(stored.value("/usage/blendserve/chunks_ram"_json_pointer, 0), 2) << stored.dump();
+    s.stored = text(stored);
+    return s;
+  };
+  const Set frozen = prepare({"The 2019 water report was written by Ana Lopez of the city council.",
+                              "The council meets every Tuesday in the old library building."});
+  const Set thawed = prepare({"The 2020 budget report was written by Tom Okafor, the city treasurer.",
+                              "The treasurer's office is on the second floor of the town hall."});
+  const Set killed = prepare({"The 2021 transit report was written by Mei Chen of the bus authority.",
+                              "The bus authority runs forty routes across the northern districts."});
+  // Whether the frontend's view has the storage node up, polled for up to `seconds`.
+  auto storage_up_becomes = [&](bool want, double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    do {
+      if (const auto res = front->Get("/v1/inspect/cluster"); res && res->status == 200) {
+        const auto view = nlohmann::json::parse(res->body);
+        for (const auto& m : view["members"])
+          if (m["name"] == "storage" && m["up"].get<bool>() == want) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    } while (std::chrono::steady_clock::now() < deadline);
+    return false;
+  };
+  ASSERT_TRUE(storage_up_becomes(true, 10));
+
+  // Frozen: noticed, and the request recomputes what the node would have sent.
+  ASSERT_EQ(::kill(storage, SIGSTOP), 0);
+  EXPECT_TRUE(storage_up_becomes(false, 1.5 * 3 + 2)) << "not marked down within 3 heartbeats";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto while_frozen = ask(*w2, frozen.docs);
+  const double frozen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(text(while_frozen), frozen.cold);
+  EXPECT_EQ(remote_chunks(while_frozen), 0) << while_frozen.dump();
+  EXPECT_LT(frozen_s, 60) << "a frozen node must cost its timeouts, not a hang";
+
+  // Thawed: up again by itself, and worker-2 loads from it again.
+  ASSERT_EQ(::kill(storage, SIGCONT), 0);
+  EXPECT_TRUE(storage_up_becomes(true, 10)) << "not marked up again after SIGCONT";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // worker-2's retry_after
+  const auto after = ask(*w2, thawed.docs);
+  EXPECT_EQ(remote_chunks(after), 2) << after.dump();
+  EXPECT_EQ(text(after), thawed.stored);
+
+  // A server with a wrong secret: refused by the node (and logged there); it
+  // answers as a cold request.
+  {
+    const int stranger_port = port();
+    const fs::path wrong = dir_ / "wrong-secret.yaml";
+    std::ofstream(wrong) << "model: {path: " << bs::testing::model_path() << "}\n"
+                         << "device: {threads: 1}\n"
+                         << "tiers: {ram: {enabled: false}, ssd: {enabled: false}, remote: {enabled: true, "
+                         << "host: 127.0.0.1, port: " << storage_data_port_
+                         << ", secret: not-the-cluster-secret-0123, write_back: false}}\n";
+    bs::testing::ServeProcess stranger(wrong, stranger_port, dir_ / "wrong-secret.log", dir_ / "wrong-secret-data");
+    ASSERT_TRUE(stranger.up());
+    httplib::Client c("127.0.0.1", stranger_port);
+    c.set_read_timeout(120, 0);
+    const auto a = ask(c, thawed.docs);
+    EXPECT_EQ(remote_chunks(a), 0) << a.dump();
+    EXPECT_EQ(text(a), thawed.cold);
+    EXPECT_THAT(log_of("storage"), HasSubstr("refused"));
+  }
+
+  // Killed: down, and the stored set recomputes.
+  ASSERT_EQ(::kill(storage, SIGKILL), 0);
+  EXPECT_TRUE(storage_up_becomes(false, 1.5 * 3 + 2));
+  const auto after_kill = ask(*w2, killed.docs);
+  EXPECT_EQ(remote_chunks(after_kill), 0) << after_kill.dump();
+  EXPECT_EQ(text(after_kill), killed.cold);
+
   r = run("blendctl cluster down " + config.string(), dir_);
   EXPECT_EQ(r.code, 0) << r.err;
   for (const auto& [name, pid] : pids) EXPECT_FALSE(process_exists(pid)) << name;
