@@ -6,6 +6,7 @@
 
 #include "model/random_model.h"
 #include "tools/bench.h"
+#include "tools/bench_control.h"
 #include "tools/bench_remote.h"
 #include "tools/bench_serve.h"
 #include "tools/cluster_ctl.h"
@@ -133,6 +134,64 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"layer", "chunk"}))
       ->capture_default_str();
   remote->add_option("--data-dir", remote_opt.data_dir, "Where the node's SSD tier lives (default: a temp dir, removed after)");
+
+  bs::tools::ControlBenchOptions control_opt;
+  auto* control = bench->add_subcommand(
+      "control",
+      "A storage node's control-plane round trip (the frontend's heartbeat request with its HMAC proof, over CAF's "
+      "middleman) idle and while one large KV entry is read from the same node over the data plane, whole, again "
+      "and again, layer by layer as the loaders read (issue 21: a 64 MB transfer delays a control message by <= "
+      "10 ms). The node is `blendserve --node storage` as a child process (unless --in-process) on 127.0.0.1; p50, "
+      "p99, max per phase, the delay (loaded p99 - idle p50, and max), the transfers' bytes/s, requests failed or "
+      "timed out (after two heartbeat intervals); exit 1 if any failed or the connection dropped");
+  control->add_option("--megabytes", control_opt.megabytes,
+                      "One transfer: MiB (2^20 bytes) of K+V in one entry (pushed in one PUT, read in --layers "
+                      "slices)")
+      ->check(CLI::Range(0.001, 240.0))
+      ->capture_default_str();
+  control->add_option("--layers", control_opt.layers, "Layers of the entry (SmolLM2-135M: 30), one slice each")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  control->add_option("--kv-heads", control_opt.kv_heads, "KV heads of the entry (SmolLM2-135M: 3)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  control->add_option("--head-dim", control_opt.head_dim, "Head dim of the entry (SmolLM2-135M: 64)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  control->add_option("--samples", control_opt.samples, "Control requests per phase")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  control->add_option("--interval-ms", control_opt.interval_ms, "Between the starts of consecutive control requests")
+      ->check(CLI::Range(0.0, 60000.0))
+      ->capture_default_str();
+  control->add_option("--repeats", control_opt.repeats, "Idle + loaded phase pairs")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  control->add_option("--layers-in-flight", control_opt.layers_in_flight, "The reader's pipelined layer requests")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  control->add_option("--heartbeat", control_opt.heartbeat_s,
+                      "cluster.heartbeat_interval in seconds (a request times out after two)")
+      ->check(CLI::Range(0.01, 3600.0))
+      ->capture_default_str();
+  control->add_option("--connection-timeout", control_opt.connection_timeout_s,
+                      "cluster.connection_timeout in seconds (CAF's silent-connection limit; >= --heartbeat)")
+      ->check(CLI::Range(0.01, 3600.0))
+      ->capture_default_str();
+  control->add_flag("--direct-io", control_opt.direct_io,
+                    "The node reads with O_DIRECT (the storage node's default; without it the node serves from the "
+                    "page cache: the fastest transfer, the most CPU beside the control plane)");
+  control->add_flag("--in-process", control_opt.in_process,
+                    "The node's data server and control endpoint in this process instead of a blendserve child");
+  control->add_option("--blendserve", control_opt.blendserve, "The blendserve binary (default: next to blendctl)");
+  control->add_option("--startup-timeout", control_opt.startup_timeout_s, "Seconds the child node gets to listen")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  control->add_option("--data-dir", control_opt.data_dir,
+                      "The node's files and its config (default: a temp dir, removed after)");
+  control->add_flag("--print-samples", control_opt.print_samples,
+                    "Also one JSON line per control request (its round trip, and how far into its transfer it was "
+                    "sent)");
 
   bs::tools::ServeBenchOptions sopt;
   sopt.dataset = std::string(BLENDSERVE_SOURCE_DIR) + "/tests/data/rag_qa.jsonl";
@@ -338,6 +397,7 @@ int main(int argc, char** argv) {
       return bs::tools::bench_tp(tpopt);
     }
     if (remote->parsed()) return bs::tools::bench_remote(remote_opt);
+    if (control->parsed()) return bs::tools::bench_control(control_opt);
     if (serve->parsed()) {
       sopt.model_path = opt.model_path;
       return bs::tools::bench_serve(sopt);
