@@ -15,6 +15,7 @@
 
 #include "blend/rag_prompt.h"
 #include "http/api_error.h"
+#include "http/console_page.h"
 #include "http/openai_request.h"
 #include "http/server.h"
 #include "model/gguf.h"
@@ -144,7 +145,7 @@ struct FrontendServer::Impl {
   }
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health") return true;
+    if (req.path == "/health" || req.path == "/console") return true;
     const auto refusal = api_key_refusal(opt.api_keys, req.get_header_value("Authorization"));
     if (refusal) send_error(res, *refusal);
     return !refusal;
@@ -619,6 +620,27 @@ struct FrontendServer::Impl {
     });
     svr.Get("/v1/inspect/snapshot", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(snapshot(), "application/json");
+    });
+    svr.Get("/console", [](const httplib::Request&, httplib::Response& res) { send_console_page(res); });
+    // A request's trace lives on the worker that ran it: ?node=<worker> says which
+    // (request ids are each worker's own).
+    svr.Get(R"(/v1/inspect/requests/(\d{1,19}))", [this](const httplib::Request& req, httplib::Response& res) {
+      const std::string node = req.get_param_value("node");
+      const auto it = workers.find(node);
+      if (it == workers.end()) {
+        std::string names;
+        for (const auto& entry : workers) names += (names.empty() ? "" : ", ") + entry.first;
+        return send_error(res, ApiError(400, "a cluster's requests are per worker: add ?node=<worker> (" + names + ")",
+                                        "invalid_request_error", "node", "unknown_node"));
+      }
+      const WorkerAnswer a = call_whole(it->second, "GET", "/v1/inspect/requests/" + std::string(req.matches[1]), "");
+      if (!a.status) {
+        res.set_header("Retry-After", "1");
+        return send_error(res, no_worker(a.body));
+      }
+      res.status = a.status;
+      res.set_header("X-Blendserve-Worker", a.worker);
+      res.set_content(a.body, a.content_type);
     });
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics_text(), "text/plain; version=0.0.4");

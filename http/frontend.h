@@ -17,7 +17,9 @@
 // node), DELETE /v1/documents/{id} (every worker up), GET /health (200 while a worker is up), GET /metrics, GET /v1/inspect/cluster
 // (members, up/down, reports), GET /v1/inspect/snapshot (every node's snapshot:
 // the workers' own, fetched when asked, plus the frontend's and the storage
-// node's). Users' API keys are checked here; workers are called
+// node's), GET /v1/inspect/requests/<id>?node=<worker> (that worker's trace), GET
+// /console (the inspection page over all of them). Users' API keys are checked
+// here; workers are called
 // with the key derived from the cluster secret (tools/cluster_member.h).
 #pragma once
 

@@ -20,16 +20,12 @@
 #include "blend/rag_prompt.h"
 #include "http/api_error.h"
 #include "http/connection_socket.h"
+#include "http/console_page.h"
 #include "http/metrics.h"
 #include "http/openai_request.h"
 #include "http/openai_response.h"
 #include "kernels/backend.h"
 #include "kernels/kv_view.h"
-
-namespace bs::generated {
-extern const char console_html[];  // http/console.html, compiled in (http/CMakeLists.txt)
-extern const std::size_t console_html_size;
-}  // namespace bs::generated
 
 namespace bs::http {
 namespace {
@@ -242,15 +238,7 @@ struct Server::Impl {
                                         "invalid_request_error", "model", "model_not_found"));
       send_json(res, 200, model_json(model, created));
     });
-    // The console: a static page (no data in it, so no key needed to load it); every
-    // number it shows comes from /v1/inspect/*, which the API keys guard.
-    svr.Get("/console", [](const httplib::Request&, httplib::Response& res) {
-      res.set_header("Cache-Control", "no-store");
-      res.set_header("Content-Security-Policy",
-                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
-                     "img-src 'self' data:");
-      res.set_content(bs::generated::console_html, bs::generated::console_html_size, "text/html; charset=utf-8");
-    });
+    svr.Get("/console", [](const httplib::Request&, httplib::Response& res) { send_console_page(res); });
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics.render(gauges()), "text/plain; version=0.0.4; charset=utf-8");
     });

@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
+#include <tuple>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -28,6 +30,7 @@
 #include <unistd.h>
 
 #include "actors/cluster_secret.h"
+#include "tests/console_fixture.h"
 #include "tests/model_fixture.h"
 #include "tests/process_fixture.h"
 
@@ -621,6 +624,78 @@ TEST_F(ClusterCli, StorageNodeFrozenKilledOrRefusingAWrongSecretCostsARecomputeN
   r = run("blendctl cluster down " + config.string(), dir_);
   EXPECT_EQ(r.code, 0) << r.err;
   for (const auto& [name, pid] : pids) EXPECT_FALSE(process_exists(pid)) << name;
+}
+
+// The console of a cluster, served by its frontend with the users' key, loaded in
+// headless Chromium: every worker's actors, the requests each ran, and a chosen
+// request's layer timeline fetched from its worker through the frontend (exactly
+// that trace's per-layer events); without the key the page gets no data.
+TEST_F(ClusterCli, TheFrontendsConsoleShowsEveryWorkersActorsAndARequestsTimeline) {
+  const std::string chromium = bs::testing::find_chromium();
+  if (chromium.empty()) GTEST_SKIP() << "no chromium (tools/setup.sh installs Debian's)";
+  const std::string key = "users-key-0123456789";
+  const fs::path config = write_config({"", ""}, false, ", server: {api_keys: [" + key + "]}");
+  Result r = run("blendctl cluster up " + config.string(), dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  httplib::Client c("127.0.0.1", http_ports_["frontend"]);
+  c.set_read_timeout(120, 0);
+  c.set_bearer_token_auth(key);
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  const std::string model = nlohmann::json::parse(models->body)["data"][0]["id"];
+  const std::vector<std::string> docs = {"The 2019 water report was written by Ana Lopez of the city council.",
+                                         "The council meets every Tuesday in the old library building."};
+  std::string worker;
+  for (int i = 0; i < 2; ++i) {  // the second from the RAM tier of the worker the first wrote back to
+    const auto res = c.Post("/v1/chat/completions", rag_request(model, docs).dump(), "application/json");
+    ASSERT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+    worker = res->get_header_value("X-Blendserve-Worker");
+    if (i == 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+  }
+  const auto snap = nlohmann::json::parse(c.Get("/v1/inspect/snapshot")->body);
+  uint64_t id = 0;
+  for (const auto& n : snap["nodes"])
+    if (n["name"] == worker && !n.value("recent", nlohmann::json::array()).empty())
+      id = n["recent"].back()["id"].get<uint64_t>();
+  ASSERT_NE(id, 0u) << snap.dump().substr(0, 2000);
+  const auto no_node = c.Get("/v1/inspect/requests/" + std::to_string(id));
+  ASSERT_TRUE(no_node);
+  EXPECT_EQ(no_node->status, 400);
+  EXPECT_THAT(no_node->body, HasSubstr("unknown_node"));
+  const auto trace_res = c.Get("/v1/inspect/requests/" + std::to_string(id) + "?node=" + worker);
+  ASSERT_TRUE(trace_res && trace_res->status == 200);
+  const auto trace = nlohmann::json::parse(trace_res->body);
+
+  const std::string dom = bs::testing::console_dom(
+      chromium, http_ports_["frontend"], "key=" + key + "&req=" + std::to_string(id) + "&node=" + worker,
+      dir_ / "chromium");
+  ASSERT_NE(dom.find("data-connected=\"true\""), std::string::npos) << dom.substr(0, 2000);
+  std::set<std::string> layer_workers;
+  for (auto& row : bs::testing::elements_with(dom, "tr", "data-actor="))
+    if (row["data-actor"] == "layer-worker") layer_workers.insert(row["data-node"]);
+  EXPECT_EQ(layer_workers, (std::set<std::string>{"worker-1", "worker-2"}));
+  bool chosen_row = false;
+  for (auto& row : bs::testing::elements_with(dom, "tr", "data-request="))
+    chosen_row |= row["data-request"] == std::to_string(id) && row["data-node"] == worker && row["class"] == "sel";
+  EXPECT_TRUE(chosen_row) << "the chosen request's row, on its worker";
+  std::multiset<std::tuple<int, std::string, std::string>> expected, shown;
+  for (const auto& e : trace.at("events"))
+    if (e.contains("layer")) expected.insert({e["layer"].get<int>(), e["actor"].get<std::string>(), e["what"].get<std::string>()});
+  int load_rects = 0;
+  for (auto& rect : bs::testing::elements_with(dom, "rect", "data-layer=")) {
+    shown.insert({std::stoi(rect["data-layer"]), bs::testing::unescape(rect["data-actor"]),
+                  bs::testing::unescape(rect["data-what"])});
+    load_rects += rect["data-lane"] == "load";
+  }
+  EXPECT_FALSE(expected.empty());
+  EXPECT_EQ(shown, expected);
+  EXPECT_GT(load_rects, 0) << "the second request's chunks came from the RAM tier, layer by layer";
+
+  const std::string refused = bs::testing::console_dom(chromium, http_ports_["frontend"], "req=1", dir_ / "chromium2");
+  EXPECT_NE(refused.find("data-connected=\"false\""), std::string::npos);
+  EXPECT_TRUE(bs::testing::elements_with(refused, "tr", "data-actor=").empty());
+  r = run("blendctl cluster down " + config.string(), dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 TEST_F(ClusterCli, ConfigErrorsExit2) {

@@ -1,7 +1,7 @@
 // The inspection views end to end: the real model behind a real Runtime and
 // server with an API key, a real HTTP client, and the console page loaded in a
 // real headless Chromium (Debian's `chromium`), whose DOM after its scripts ran is
-// checked: the actor table (one actor held busy with 100 messages queued shows its
+// checked: the actor table (one actor held busy with 100 (or 200) messages queued shows its
 // depth and a busy share near 1), and the chosen request's layer timeline, which
 // must hold exactly the trace's per-layer events. Without the key the page is
 // refused its data. Also: /v1/inspect/snapshot, /requests, /metrics per actor.
@@ -24,6 +24,7 @@
 
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
+#include "console_fixture.h"
 #include "model_fixture.h"
 #include "process_fixture.h"
 #include "served_fixture.h"
@@ -36,52 +37,16 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using testing::Served;
 using testing::TempDir;
+using testing::console_dom;
+using testing::elements_with;
+using testing::find_chromium;
+using testing::unescape;
 
 const char* kKey = "sk-console-test-4711";
 const std::vector<std::string> kDocs = {
     "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It was completed in 1889 and is 330 metres "
     "tall.",
     "Mount Kilimanjaro is a dormant volcano in Tanzania. Its highest peak is 5895 metres above sea level."};
-
-std::string find_chromium() {
-  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"})
-    if (fs::exists(p)) return p;
-  return "";
-}
-
-// The console's DOM once its scripts ran (a few seconds of the page's time),
-// without the script's own text (its templates look like elements).
-std::string console_dom(const std::string& chromium, int port, const std::string& fragment, const fs::path& profile) {
-  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/console#" + fragment;
-  const std::string dom = testing::run_command("timeout 90 " + chromium + " --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir=" +
-             profile.string() + " --virtual-time-budget=3000 --dump-dom '" + url + "' 2>/dev/null").out;
-  return dom.substr(0, dom.find("<script"));
-}
-
-// The attribute values of every element of the DOM with `marker` among its attributes.
-std::vector<std::map<std::string, std::string>> elements_with(const std::string& dom, const std::string& tag,
-                                                              const std::string& marker) {
-  std::vector<std::map<std::string, std::string>> out;
-  const std::regex element("<" + tag + "\\s([^>]*)>");
-  const std::regex attribute(R"re(([a-z-]+)="([^"]*)")re");
-  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), element); it != std::sregex_iterator(); ++it) {
-    const std::string attrs = (*it)[1];
-    if (attrs.find(marker) == std::string::npos) continue;
-    std::map<std::string, std::string> m;
-    for (auto a = std::sregex_iterator(attrs.begin(), attrs.end(), attribute); a != std::sregex_iterator(); ++a)
-      m[(*a)[1]] = (*a)[2];
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
-std::string unescape(std::string s) {
-  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
-           {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&#39;", "'"}, {"&amp;", "&"}}) {
-    for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size())) s.replace(p, from.size(), to);
-  }
-  return s;
-}
 
 class ConsoleTest : public ::testing::Test {
  protected:
@@ -208,7 +173,9 @@ TEST_F(ConsoleTest, ThePageShowsTheActorsAndTheRequestsLayersAndRefusesWithoutTh
   ASSERT_NE(id, 0u);
   auto post = runtime_->spawn_reporting_actor("held-busy", [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
   get("/v1/inspect/snapshot");
-  for (int i = 0; i < 100; ++i) post();
+  // 10 s of work queued: Chromium's start and the page's first snapshot take a few
+  // seconds on a slow 2-core machine, and the depth must still be >= 50 by then.
+  for (int i = 0; i < 200; ++i) post();
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
 
   // The page itself needs no key: it holds no data.
