@@ -46,13 +46,26 @@ std::vector<std::string> top_lines(const nlohmann::json& snapshot, const TopView
   const auto nodes = snapshot.value("nodes", nlohmann::json::array());
   std::vector<nlohmann::json> actors, requests;
   for (const auto& n : nodes) {
-    const auto q = n.value("queue", nlohmann::json::object());
-    const auto kv = n.value("kv_pages", nlohmann::json::object());
-    line(fmt("node %s %s tp %d  run %d/%d  queue %d/%d  KV pages %lld/%lld  restarts %lld",
-             n.value("name", "?").c_str(), n.value("backend", "?").c_str(), n.value("tp", 1), q.value("in_flight", 0),
-             q.value("max_requests", 0), q.value("queued", 0), q.value("max_queue", 0),
-             static_cast<long long>(kv.value("used", 0LL)), static_cast<long long>(kv.value("total", 0LL)),
-             static_cast<long long>(n.value("actor_restarts", 0LL))));
+    const std::string name = n.value("name", "?"), role = n.value("role", "");
+    const bool down = !n.value("up", true);
+    if (role == "frontend") {  // a cluster's frontend: its members, each listed below as a node
+      const auto members = n.value("members", nlohmann::json::array());
+      int up = 0;
+      for (const auto& m : members) up += m.value("up", false);
+      line(fmt("node %s (frontend)  members up %d/%zu", name.c_str(), up, members.size()));
+      continue;
+    }
+    if (down || !n.contains("queue")) {  // a storage node, or a member that is down
+      line(fmt("node %s%s%s%s", name.c_str(), role.empty() ? "" : (" (" + role + ")").c_str(), down ? "  DOWN" : "",
+               n.contains("error") ? ("  " + n.value("error", "")).c_str() : ""));
+    } else {
+      const auto q = n.value("queue", nlohmann::json::object());
+      const auto kv = n.value("kv_pages", nlohmann::json::object());
+      line(fmt("node %s %s tp %d  run %d/%d  queue %d/%d  KV pages %lld/%lld  restarts %lld", name.c_str(),
+               n.value("backend", "?").c_str(), n.value("tp", 1), q.value("in_flight", 0), q.value("max_requests", 0),
+               q.value("queued", 0), q.value("max_queue", 0), static_cast<long long>(kv.value("used", 0LL)),
+               static_cast<long long>(kv.value("total", 0LL)), static_cast<long long>(n.value("actor_restarts", 0LL))));
+    }
     const auto tiers = n.value("tiers", nlohmann::json::object());  // items() must not outlive it
     for (const auto& [tier, t] : tiers.items()) {
       const double hits = t.value("hits", 0.0), misses = t.value("misses", 0.0);
@@ -62,7 +75,10 @@ std::vector<std::string> top_lines(const nlohmann::json& snapshot, const TopView
                t.value("load_s", 0.0)));
     }
     for (const auto& a : n.value("actors", nlohmann::json::array())) actors.push_back(a);
-    for (const auto& r : n.value("requests", nlohmann::json::array())) requests.push_back(r);
+    for (auto r : n.value("requests", nlohmann::json::array())) {
+      r["node"] = name;  // ids are each node's own
+      requests.push_back(std::move(r));
+    }
   }
   if (!opt.filter.empty())
     std::erase_if(actors, [&](const nlohmann::json& a) {
@@ -94,14 +110,15 @@ std::vector<std::string> top_lines(const nlohmann::json& snapshot, const TopView
   }
   line("");
   line(fmt("REQUESTS IN FLIGHT (%zu)", requests.size()));
-  if (!requests.empty()) line(fmt("%8s %-12s %-6s %6s %7s %6s  %s", "id", "phase", "mode", "ratio", "age s", "tokens", "tiers"));
+  if (!requests.empty())
+    line(fmt("%-8s %8s %-12s %-6s %6s %7s %6s  %s", "node", "id", "phase", "mode", "ratio", "age s", "tokens", "tiers"));
   for (const auto& r : requests) {
     std::string phase = r.value("phase", "?");
     if (phase == "prefill") phase += fmt(" %d/%d", r.value("layer", 0), r.value("layers", 0));
     std::string tiers;
     for (const auto& t : r.value("chunk_tiers", nlohmann::json::array())) tiers += t.get<std::string>() + " ";
-    line(fmt("%8llu %-12s %-6s %6.3f %7.2f %6lld  %s", static_cast<unsigned long long>(r.value("id", 0ULL)),
-             phase.c_str(), r.value("mode", "").c_str(), r.value("ratio", 0.0), r.value("age_s", 0.0),
+    line(fmt("%-8s %8llu %-12s %-6s %6.3f %7.2f %6lld  %s", cut(r.value("node", "?"), 8).c_str(),
+             static_cast<unsigned long long>(r.value("id", 0ULL)), phase.c_str(), r.value("mode", "").c_str(), r.value("ratio", 0.0), r.value("age_s", 0.0),
              static_cast<long long>(r.value("tokens_out", 0LL)), tiers.c_str()));
   }
   line("");
