@@ -86,7 +86,7 @@ std::vector<std::vector<int32_t>> make_bench_chunks(const Tokenizer& tok, const 
 // stores, plus `full` for reference; the trace's load overlap per request.
 struct RuntimeBenchOptions {
   TtftOptions ttft;
-  std::vector<std::string> tiers{"ram"};  // ram | ssd (each run in its own runtime)
+  std::vector<std::string> tiers{"ram"};  // ram | ssd | remote (each run in its own runtime)
   bool direct_io = false;                 // SSD reads with O_DIRECT (real reads, not the page cache)
   double throttle_bytes_per_s = 0;        // SSD read bandwidth cap (0: none)
   bool adaptive = false;                  // let the loading controller pick the ratio (>= --ratio)
