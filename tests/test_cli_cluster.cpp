@@ -101,6 +101,15 @@ class ClusterCli : public ::testing::Test {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
+    // Members a failed test's `cluster up` started (its pid files; a frozen one is
+    // continued first so that SIGTERM reaches it, `down` SIGKILLs the late).
+    if (fs::exists(dir_ / "cluster.yaml") && fs::exists(data() / "pids")) {
+      for (const auto& f : fs::directory_iterator(data() / "pids")) {
+        pid_t pid = 0;
+        if (std::ifstream(f.path()) >> pid; pid > 0) ::kill(pid, SIGCONT);
+      }
+      run("blendctl cluster down --timeout 10 " + (dir_ / "cluster.yaml").string(), dir_);
+    }
     fs::remove_all(dir_);
   }
 
