@@ -1,6 +1,8 @@
 // blendctl bench control (tools/bench_control.h): a storage node's control-plane
 // round trip, idle and behind a stream of large data-plane transfers.
 #include "tools/bench_control.h"
+#include "tools/interrupt.h"
+#include "tools/tcp_probe.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -84,41 +86,6 @@ void print(const json& j) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// ------------------------------------------------------------ interruption
-
-std::atomic<bool> g_stop{false};
-std::atomic<pid_t> g_child{0};
-
-void on_signal(int sig) {
-  if (g_stop.exchange(true)) {  // second signal: stop now
-    const pid_t c = g_child.load();
-    if (c > 0) ::kill(c, SIGKILL);
-    ::_exit(128 + sig);
-  }
-}
-
-struct SignalGuard {
-  struct sigaction old_int {}, old_term {};
-  SignalGuard() {
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    std::signal(SIGPIPE, SIG_IGN);
-  }
-  ~SignalGuard() {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-  }
-  SignalGuard(const SignalGuard&) = delete;
-  SignalGuard& operator=(const SignalGuard&) = delete;
-};
-
-struct Interrupted : std::runtime_error {
-  Interrupted() : std::runtime_error("interrupted") {}
-};
-
 // ------------------------------------------------------------ the storage node
 
 std::string random_secret() {
@@ -143,26 +110,6 @@ int free_loopback_port() {
   }
   ::close(fd);
   return ntohs(a.sin_port);
-}
-
-// Whether 127.0.0.1:port accepts a TCP connection within timeout_s.
-bool tcp_accepts(int port, double timeout_s) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  if (!ok && errno == EINPROGRESS) {
-    pollfd p{fd, POLLOUT, 0};
-    int err = 0;
-    socklen_t len = sizeof err;
-    ok = ::poll(&p, 1, static_cast<int>(timeout_s * 1000)) == 1 &&
-         ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
-  }
-  ::close(fd);
-  return ok;
 }
 
 std::string log_tail(const std::string& path, size_t lines = 15) {
@@ -216,7 +163,7 @@ class NodeProcess {
       ::_exit(127);
     }
     ::close(log_fd);
-    g_child = pid_;
+    set_interrupt_child(pid_);
   }
   ~NodeProcess() { stop(); }
   NodeProcess(const NodeProcess&) = delete;
@@ -230,7 +177,7 @@ class NodeProcess {
     if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
     if (why) *why = describe_status(status);
     pid_ = 0;
-    g_child = 0;
+    set_interrupt_child(0);
     return true;
   }
   std::string log_tail() const { return tools::log_tail(log_); }
@@ -250,7 +197,7 @@ class NodeProcess {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     pid_ = 0;
-    g_child = 0;
+    set_interrupt_child(0);
   }
 
  private:
@@ -343,7 +290,7 @@ caf::behavior prober(caf::event_based_actor* self, caf::actor agent, ProbeSpec s
   self->send(self, probe_atom::value);
   return {
       [self, agent, spec, book, sent, finish](probe_atom) {
-        if (*sent >= spec.count || g_stop.load()) return finish(false, "");
+        if (*sent >= spec.count || stop_requested()) return finish(false, "");
         ++*sent;
         const auto t0 = Clock::now();
         const int64_t unix_ms = unix_ms_now();
@@ -385,7 +332,7 @@ ProbeRun probe(caf::actor_system& sys, const caf::actor& agent, const ProbeSpec&
   const auto deadline = Clock::now() + bound;
   std::unique_lock<std::mutex> lock(book->mu);
   while (!book->done && Clock::now() < deadline)
-    book->cv.wait_for(lock, std::chrono::milliseconds(100));  // wakes for g_stop too
+    book->cv.wait_for(lock, std::chrono::milliseconds(100));  // wakes for a stop request too
   ProbeRun run{book->samples, book->dropped, book->error};
   if (!book->done) {
     lock.unlock();
@@ -452,7 +399,7 @@ class TransferLoop {
 
  private:
   void run() {
-    while (!stop_.load() && !g_stop.load()) {
+    while (!stop_.load() && !stop_requested()) {
       const auto t0 = Clock::now();
       bool ok = false;
       if (auto r = store_.open_layers(key_); r && r->n_layers() == layers_) {
@@ -547,7 +494,7 @@ int bench_control(const ControlBenchOptions& opt) {
       opt.repeats < 1 || opt.layers_in_flight < 1 || !(opt.interval_ms >= 0) || !(opt.heartbeat_s > 0) ||
       opt.connection_timeout_s < opt.heartbeat_s)
     throw std::invalid_argument("bench control: sizes and counts must be positive, connection timeout >= heartbeat");
-  SignalGuard signals;
+  InterruptGuard signals;
   const auto epoch = Clock::now();
 
   // The entry: random K/V (the values do not matter to the data path).
@@ -614,13 +561,13 @@ int bench_control(const ControlBenchOptions& opt) {
                  config.c_str(), kNode, log.c_str());
     child = std::make_unique<NodeProcess>(bin, config.string(), log);
     const auto t0 = Clock::now();
-    while (!tcp_accepts(data_port, 0.5) || !tcp_accepts(control_port, 0.5)) {
+    while (!tcp_accepts("127.0.0.1", data_port, 0.5) || !tcp_accepts("127.0.0.1", control_port, 0.5)) {
       std::string why;
       if (child->exited(&why)) {
         std::fprintf(stderr, "bench control: the storage node %s:%s\n", why.c_str(), child->log_tail().c_str());
         return 2;
       }
-      if (g_stop.load()) throw Interrupted();
+      if (stop_requested()) throw Interrupted();
       if (seconds_since(t0) > opt.startup_timeout_s) {
         std::fprintf(stderr, "bench control: the storage node's ports did not answer within %.0f s:%s\n",
                      opt.startup_timeout_s, child->log_tail().c_str());
@@ -671,9 +618,9 @@ int bench_control(const ControlBenchOptions& opt) {
     spec.timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(2 * opt.heartbeat_s));
     spec.epoch = epoch;
     Progress progress("bench control", 2 * opt.repeats);
-    for (int rep = 0; rep < opt.repeats && !dropped && !g_stop.load(); ++rep) {
+    for (int rep = 0; rep < opt.repeats && !dropped && !stop_requested(); ++rep) {
       for (const bool loaded : {false, true}) {
-        if (g_stop.load()) break;  // the summary says "interrupted"
+        if (stop_requested()) break;  // the summary says "interrupted"
         std::unique_ptr<TransferLoop> loop;
         if (loaded) {
           loop = std::make_unique<TransferLoop>(remote, key, opt.layers, transfer_bytes / (2 * opt.layers), epoch);
@@ -764,7 +711,7 @@ int bench_control(const ControlBenchOptions& opt) {
                   {"within_target_p99", clean && delay_p99 <= target_ms},
                   {"within_target_max", clean && delay_max <= target_ms}};
   if (!first_error.empty()) summary["first_error"] = first_error;
-  if (g_stop.load()) summary["interrupted"] = true;  // the phases ended early
+  if (stop_requested()) summary["interrupted"] = true;  // the phases ended early
   print(summary);
   if (local) {
     const auto st = local->server.stats();
@@ -780,7 +727,7 @@ int bench_control(const ControlBenchOptions& opt) {
     }
     child->stop();
   }
-  if (g_stop.load()) return 130;
+  if (stop_requested()) return 130;
   return clean && transfers_failed == 0 ? 0 : 1;
 }
 

@@ -15,6 +15,7 @@
 // keeping up, and blend/full. A 429 counts as rejected and is never retried inside a
 // measurement. The default SLO is 2x full's median TTFT at its lowest load.
 #include "tools/bench_serve.h"
+#include "tools/interrupt.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -136,42 +137,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// ------------------------------------------------------------ interruption
-
-std::atomic<bool> g_stop{false};
-std::atomic<pid_t> g_child{0};
-
-void on_signal(int sig) {
-  if (g_stop.exchange(true)) {  // second signal: stop now
-    const pid_t c = g_child.load();
-    if (c > 0) kill(c, SIGKILL);
-    _exit(128 + sig);
-  }
-}
-
-struct SignalGuard {
-  struct sigaction old_int {}, old_term {};
-  SignalGuard() {
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    signal(SIGPIPE, SIG_IGN);
-  }
-  ~SignalGuard() {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-  }
-};
-
-struct Interrupted : std::runtime_error {
-  Interrupted() : std::runtime_error("interrupted") {}
-};
-void check_stop() {
-  if (g_stop.load()) throw Interrupted();
-}
 
 // ------------------------------------------------------------ statistics
 
@@ -515,7 +480,7 @@ class SpawnedServer {
       _exit(127);
     }
     close(logfd);
-    g_child = pid_;
+    set_interrupt_child(pid_);
     wait_healthy(timeout_s, api_key);
   }
 
@@ -545,7 +510,7 @@ class SpawnedServer {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     pid_ = 0;
-    g_child = 0;
+    set_interrupt_child(0);
   }
 
  private:
@@ -566,7 +531,7 @@ class SpawnedServer {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = 0;
-        g_child = 0;
+        set_interrupt_child(0);
         const std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                                                   : "was killed by signal " + std::to_string(WTERMSIG(status));
         throw std::runtime_error("--spawn: blendserve " + how + " before answering /health; its log:" + log_tail());
@@ -579,7 +544,7 @@ class SpawnedServer {
           return;
         }
       }
-      if (g_stop.load()) throw Interrupted();
+      if (stop_requested()) throw Interrupted();
       if (seconds_since(t0) > timeout_s) {
         stop();
         throw std::runtime_error("--spawn: blendserve did not answer GET /health within " +
@@ -891,7 +856,7 @@ struct Bench {
     std::vector<std::thread> threads;
     for (int c = 0; c < clients; ++c) {
       threads.emplace_back([&] {
-        while (!g_stop.load()) {
+        while (!stop_requested()) {
           const size_t i = next.fetch_add(1);
           if (i >= bodies.size()) break;
           out[i] = stream_request(ep, bodies[i], epoch, violations);
@@ -901,7 +866,7 @@ struct Bench {
     }
     for (auto& t : threads) t.join();
     wall_s = seconds_since(epoch);
-    check_stop();
+    throw_if_stop_requested();
     return out;
   }
 
@@ -912,11 +877,11 @@ struct Bench {
     std::vector<Outcome> out(reqs.size());
     const auto epoch = Clock::now();
     std::vector<std::thread> threads;
-    for (size_t i = 0; i < bodies.size() && !g_stop.load(); ++i) {
+    for (size_t i = 0; i < bodies.size() && !stop_requested(); ++i) {
       const auto due = epoch + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i]));
-      while (Clock::now() < due && !g_stop.load())
+      while (Clock::now() < due && !stop_requested())
         std::this_thread::sleep_until(std::min(due, Clock::now() + std::chrono::milliseconds(100)));
-      if (g_stop.load()) break;
+      if (stop_requested()) break;
       threads.emplace_back([&, i] {
         out[i] = stream_request(ep, bodies[i], epoch, violations);
         prog.tick();
@@ -924,7 +889,7 @@ struct Bench {
     }
     for (auto& t : threads) t.join();
     wall_s = seconds_since(epoch);
-    check_stop();
+    throw_if_stop_requested();
     return out;
   }
 };
@@ -1012,8 +977,8 @@ static int bench_serve_impl(const ServeBenchOptions& opt) {
   if (clients.empty() && (no_open || opt.rates.empty()))
     throw std::runtime_error("nothing to measure: --clients 0 needs explicit --rates");
   const auto t_start = Clock::now();
-  g_stop = false;
-  SignalGuard signals;
+  clear_stop_request();
+  InterruptGuard signals;
 
   Bench b{opt, {opt.url, opt.api_key, opt.request_timeout_s}, {}, {}, {}, {}};
   std::unique_ptr<SpawnedServer> server;
@@ -1068,7 +1033,7 @@ static int bench_serve_impl(const ServeBenchOptions& opt) {
     PointProgress prog("bench serve: storing documents", static_cast<int>(b.docs.size()));
     for (const auto& d : b.docs) {
       for (int attempt = 0;; ++attempt) {
-        check_stop();
+        throw_if_stop_requested();
         const HttpReply r = call(b.ep, "POST", "/v1/documents", json{{"text", d}}.dump(), opt.request_timeout_s);
         if (r.status == 429 && attempt < 30) {
           ++upload_retries;
@@ -1099,7 +1064,7 @@ static int bench_serve_impl(const ServeBenchOptions& opt) {
     PointProgress prog("bench serve: warm-up", opt.warmup * static_cast<int>(opt.modes.size()));
     for (const auto& mode : opt.modes) {
       for (const auto& r : reqs) {
-        check_stop();
+        throw_if_stop_requested();
         const Outcome o = stream_request(b.ep, b.body(r, mode), Clock::now(), b.violations);
         prog.tick();
         if (o.kind == Kind::Error) throw std::runtime_error("warm-up request (mode " + mode + ") failed: " + o.error);
