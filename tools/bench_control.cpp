@@ -2,6 +2,7 @@
 // round trip, idle and behind a stream of large data-plane transfers.
 #include "tools/bench_control.h"
 #include "tools/interrupt.h"
+#include "tools/scratch_dir.h"
 #include "tools/tcp_probe.h"
 
 #include <fcntl.h>
@@ -519,18 +520,8 @@ int bench_control(const ControlBenchOptions& opt) {
     throw std::invalid_argument("bench control: --megabytes too large: the entry is pushed in one PUT frame (" +
                                 std::to_string(max_frame >> 20) + " MiB at most)");
 
-  const bool temp = opt.data_dir.empty();
-  const fs::path dir = temp ? fs::temp_directory_path() / ("blendctl_bench_control_" + std::to_string(::getpid()))
-                            : fs::path(opt.data_dir);
-  struct Cleanup {
-    fs::path dir;
-    bool on;
-    ~Cleanup() {
-      std::error_code ec;
-      if (on) fs::remove_all(dir, ec);
-    }
-  } cleanup{dir, temp};
-  fs::create_directories(dir);
+  const ScratchDir scratch(opt.data_dir, "bench_control");
+  const fs::path& dir = scratch.path();
   const std::string secret = random_secret();
 
   // The node: a child process, or this process.

@@ -1,4 +1,5 @@
 #include "tools/bench_remote.h"
+#include "tools/scratch_dir.h"
 
 #include <unistd.h>
 
@@ -38,17 +39,8 @@ int bench_remote(const RemoteBenchOptions& opt) {
   if (opt.order != "layer" && opt.order != "chunk") throw std::invalid_argument("bench remote: --order layer|chunk");
   const kernels::TensorType dtype = kv_dtype_option(opt.kv_dtype);
 
-  const bool temp = opt.data_dir.empty();
-  const fs::path dir = temp ? fs::temp_directory_path() / ("blendctl_bench_remote_" + std::to_string(::getpid()))
-                            : fs::path(opt.data_dir);
-  struct Cleanup {
-    fs::path dir;
-    bool on;
-    ~Cleanup() {
-      std::error_code ec;
-      if (on) fs::remove_all(dir, ec);
-    }
-  } cleanup{dir, temp};
+  const ScratchDir scratch(opt.data_dir, "bench_remote");
+  const fs::path& dir = scratch.path();
 
   DiskKvStore disk(dir.string(), int64_t{1} << 40, /*direct_io=*/false);
   // The chunks: random bytes in the shape (the values do not matter to the data path).
