@@ -11,18 +11,14 @@ errors surfacing as the client's own exception classes.
 """
 import argparse
 import json
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 import unittest
 import urllib.request
 
 import openai
+
+from serve_process import ServeProcess
 
 SERVER = None  # set in main()
 MODEL = "SmolLM2-135M-Instruct"
@@ -34,49 +30,13 @@ DOCS = [
 ]
 
 
-class Server:
-    """blendserve serve on a free port; stderr is kept for failures."""
+class Server(ServeProcess):
+    """blendserve serve with an API key and one request slot; stderr is kept for failures."""
 
     def __init__(self, binary):
-        self.dir = tempfile.mkdtemp(prefix="bs_openai_")
-        config = os.path.join(self.dir, "config.yaml")
-        with open(config, "w") as f:
-            f.write(
-                "server:\n  api_keys: [%s]\n"
-                "limits:\n  max_requests: 1\n  max_queue: 0\n  max_prompt_tokens: 1024\n" % KEY
-            )
-        env = dict(os.environ, BLENDSERVE_DATA_DIR=os.path.join(self.dir, "data"))
-        self.log = open(os.path.join(self.dir, "stderr.log"), "w+")
-        self.proc = subprocess.Popen(
-            [binary, "--config", config, "serve", "--port", "0"], stderr=self.log, stdout=self.log, env=env
-        )
-        self.port = None
-        deadline = time.time() + 120
-        while time.time() < deadline and self.port is None:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + self.stderr())
-            m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", self.stderr())
-            if m:
-                self.port = int(m.group(1))
-            time.sleep(0.1)
-        if self.port is None:
-            raise RuntimeError("server did not start: " + self.stderr())
-        self.base = "http://127.0.0.1:%d" % self.port
-
-    def stderr(self):
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().__init__(binary, "server:\n  api_keys: [%s]\n"
+                                 "limits:\n  max_requests: 1\n  max_queue: 0\n  max_prompt_tokens: 1024\n" % KEY,
+                         prefix="bs_openai_")
 
     def post_json(self, path, body):
         req = urllib.request.Request(

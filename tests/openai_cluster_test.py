@@ -17,18 +17,18 @@ frontend's errors.
 import argparse
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import urllib.error
 import urllib.request
 
 import openai
+
+from serve_process import ServeProcess
 
 ARGS = None
 CLUSTER = None
@@ -117,44 +117,11 @@ class Cluster:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class SingleNode:
+def single_node():
     """`blendserve serve` with the same model: what one node answers."""
-
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="bs_openai_single_")
-        config = os.path.join(self.dir, "config.yaml")
-        with open(config, "w") as f:
-            f.write("model: {path: %s}\ndevice: {threads: 1}\nserver:\n  api_keys: [%s]\n" % (ARGS.model, KEY))
-        env = dict(os.environ, BLENDSERVE_DATA_DIR=os.path.join(self.dir, "data"))
-        self.log = open(os.path.join(self.dir, "stderr.log"), "w+")
-        self.proc = subprocess.Popen([os.path.join(ARGS.bin, "blendserve"), "--config", config, "serve", "--port", "0"],
-                                     stderr=self.log, stdout=self.log, env=env)
-        self.base = None
-        deadline = time.time() + 120
-        while time.time() < deadline and self.base is None:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + self.stderr())
-            m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", self.stderr())
-            if m:
-                self.base = "http://127.0.0.1:%s" % m.group(1)
-            time.sleep(0.1)
-        if self.base is None:
-            raise RuntimeError("server did not start: " + self.stderr())
-
-    def stderr(self):
-        self.log.flush()
-        with open(self.log.name, errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+    return ServeProcess(os.path.join(ARGS.bin, "blendserve"),
+                        "model: {path: %s}\ndevice: {threads: 1}\nserver:\n  api_keys: [%s]\n" % (ARGS.model, KEY),
+                        prefix="bs_openai_single_")
 
 
 def client(base, key=KEY):
@@ -270,7 +237,7 @@ def main():
     ARGS, rest = ap.parse_known_args()
     ok = False
     try:
-        SINGLE = SingleNode()
+        SINGLE = single_node()
         CLUSTER = Cluster()
         prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
         ok = prog.result.wasSuccessful()
