@@ -3,6 +3,7 @@
 #include "tools/bench_control.h"
 #include "tools/interrupt.h"
 #include "tools/scratch_dir.h"
+#include "tools/process_report.h"
 #include "tools/tcp_probe.h"
 
 #include <fcntl.h>
@@ -113,24 +114,6 @@ int free_loopback_port() {
   return ntohs(a.sin_port);
 }
 
-std::string log_tail(const std::string& path, size_t lines = 15) {
-  std::ifstream in(path);
-  std::deque<std::string> last;
-  for (std::string l; std::getline(in, l);) {
-    last.push_back(l);
-    if (last.size() > lines) last.pop_front();
-  }
-  std::string out;
-  for (const auto& l : last) out += "\n  | " + l;
-  return out.empty() ? " (empty log)" : out;
-}
-
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
-  return "stopped";
-}
-
 // `blendserve --config F --node storage` as a child of this process (its output in
 // `log`); it gets SIGTERM if this process dies (PR_SET_PDEATHSIG), and is stopped
 // (SIGTERM, SIGKILL after 10 s) and reaped when this goes out of scope.
@@ -181,7 +164,11 @@ class NodeProcess {
     set_interrupt_child(0);
     return true;
   }
-  std::string log_tail() const { return tools::log_tail(log_); }
+  std::string log_tail() const {
+    std::string out(1, '\n');
+    out += tools::log_tail(log_, 15);
+    return out;
+  }
   // SIGTERM, then SIGKILL after 10 s; reaped. Idempotent.
   void stop() {
     if (pid_ <= 0) return;

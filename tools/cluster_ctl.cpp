@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "actors/cluster_config.h"
+#include "tools/process_report.h"
 #include "tools/tcp_probe.h"
 
 namespace bs::tools {
@@ -126,25 +127,6 @@ bool ready(const ClusterNode& n, double timeout_s) {
   cli.set_read_timeout(usec / 1000000, usec % 1000000);
   const auto r = cli.Get("/health");
   return r && r->status == 200;
-}
-
-// The last `lines` lines of a file.
-std::string tail(const std::string& path, size_t lines) {
-  std::ifstream in(path);
-  std::deque<std::string> last;
-  for (std::string l; std::getline(in, l);) {
-    last.push_back(l);
-    if (last.size() > lines) last.pop_front();
-  }
-  std::string out;
-  for (const auto& l : last) out += "  | " + l + "\n";
-  return out.empty() ? "  (the log is empty)\n" : out;
-}
-
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
-  return "stopped";
 }
 
 // `blendserve --config <config> --node <name>` in a session of its own, stdout and
@@ -289,7 +271,7 @@ int up(const ClusterConfig& c, const ClusterCtlOptions& opt) {
           const std::string log = c.log_path(s.node->name);
           std::fprintf(stderr, "blendctl: cluster up failed: %s (%s, pid %d) %s; the end of %s:\n%s",
                        s.node->name.c_str(), role_name(s.node->role), static_cast<int>(s.pid), failure.c_str(),
-                       log.c_str(), tail(log, 20).c_str());
+                       log.c_str(), log_tail(log, 20).c_str());
           stop_started(c, started, opt.timeout_s);
           return 1;
         }
