@@ -270,6 +270,9 @@ void step_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
         }
         decide(RankDecision::Step);
         const int layer = t->run.next_layer();
+        // The loaders' copies of this layer (each on its copy stream) come before its
+        // compute: the device waits, this thread does not.
+        for (const auto& copied : t->target->copied.take(layer)) ctx->backend->wait(*copied);
         const double waited = ctx->tf->collective_stats().seconds;
         ctx->engine->step(t->run, t->waiting_since);
         t->trace->set("prefill_layer", layer + 1);  // progress, for the live view of requests in flight

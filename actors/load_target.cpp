@@ -4,6 +4,20 @@
 
 namespace bs {
 
+void LayerEvents::add(int layer, std::shared_ptr<kernels::Event> event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  by_layer_[layer].push_back(std::move(event));
+}
+
+std::vector<std::shared_ptr<kernels::Event>> LayerEvents::take(int layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_layer_.find(layer);
+  if (it == by_layer_.end()) return {};
+  auto out = std::move(it->second);
+  by_layer_.erase(it);
+  return out;
+}
+
 void LayerGate::reset(int n_layers, std::vector<uint64_t> loaders) {
   std::lock_guard<std::mutex> lock(mu_);
   arrived_.assign(static_cast<size_t>(n_layers), 0);

@@ -69,9 +69,26 @@ class LayerGate {
   bool recoverable_ = false;
 };
 
+// The device half of the gate. A loader copies a layer on its own copy stream and
+// records an event there before it reports the layer; the worker's compute stream
+// waits for those events (on the device, the host does not block) before it computes
+// the layer, so the copy of layer l+1 runs while layer l computes. On the CPU backends
+// copies are done when issued and events are complete when recorded: a no-op there.
+class LayerEvents {
+ public:
+  void add(int layer, std::shared_ptr<kernels::Event> event);
+  // The events of `layer` added so far, removed from here.
+  std::vector<std::shared_ptr<kernels::Event>> take(int layer);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<int, std::vector<std::shared_ptr<kernels::Event>>> by_layer_;
+};
+
 struct LoadTarget {
   KvCache cache;   // capacity: the prompt and max_tokens; loaders write their parts' rows
   LayerGate gate;  // which layers every loader delivered; a failure stops them
+  LayerEvents copied;  // per layer, the loaders' copy events (rank 0's backend)
   // Tensor parallel: the caches of ranks 1.. ([rank - 1]), each holding its KV heads
   // (`cache` is rank 0's); loaders write every rank's slice of a layer before they
   // report it delivered. Empty at tp 1.

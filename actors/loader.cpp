@@ -27,7 +27,7 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 void load_request(loader_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, TierId tier,
-                  const RequestPlan& r) {
+                  const RequestPlan& r, kernels::Stream& copy_stream) {
   const uint64_t me = self->id();
   // Stored chunks hold every KV head, whatever the tensor-parallel degree.
   const auto& cfg = ctx->model->full_config();
@@ -110,18 +110,31 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
         k = sk;
         v = sv;
       }
-      // Read once, each rank's heads (a contiguous run of the layer) into its cache.
-      copy_chunk_layer(k, v, reader.dtype(), p.length, l, p.offset, target->cache);
+      // Read once, each rank's heads (a contiguous run of the layer) into its cache;
+      // rank 0's on this loader's copy stream (tensor parallel runs on CPU backends only,
+      // whose copies are done when issued).
+      copy_chunk_layer(k, v, reader.dtype(), p.length, l, p.offset, target->cache, 0, &copy_stream);
       for (size_t r = 0; r < target->rank_caches.size(); ++r)
         copy_chunk_layer(k, v, reader.dtype(), p.length, l, p.offset, target->rank_caches[r],
                          static_cast<int>(r + 1) * rank_heads);
       layer_bytes += 2 * reader.layer_bytes();
     }
     if (failed) break;
+    // The worker's compute waits for this event before layer l (on the device).
+    auto copied = std::shared_ptr<kernels::Event>(ctx->backend->make_event());
+    ctx->backend->record(*copied, &copy_stream);
+    target->copied.add(l, copied);
     busy += std::chrono::duration<double>(clock_type::now() - t0).count();
     bytes += layer_bytes;
     trace->add_event({actor, "load", l, begin, trace->now_s(), layer_bytes});
     self->send(h->worker(), layer_atom::value, r.id, static_cast<int32_t>(l));
+  }
+  // The copies are done before the loader says so: once it has, the worker may give
+  // the cache's pages to another request.
+  {
+    const auto drained = ctx->backend->make_event();
+    ctx->backend->record(*drained, &copy_stream);
+    ctx->backend->synchronize(*drained);
   }
   // The KV is in the request's cache now: release the pinned RAM entries (an
   // evicted one is freed now, not when the request ends) and the opened files.
@@ -142,10 +155,12 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
 loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, TierId tier,
                                    CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
+  // This loader's copies into device memory go on its own stream (kernels/device_memory.h).
+  std::shared_ptr<kernels::Stream> copy_stream = ctx->backend->make_stream();
   return {
       [=](load_atom, const RequestPlan& r) {
         BusyScope busy(*c, self->mailbox().size());
-        load_request(self, ctx, h, tier, r);
+        load_request(self, ctx, h, tier, r, *copy_stream);
       },
   };
 }

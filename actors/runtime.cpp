@@ -23,6 +23,7 @@
 #include "actors/inspection.h"
 #include "blend/rag_prompt.h"
 
+#include "kernels/backend_choice.h"
 #include "kernels/kv_view.h"
 
 namespace bs {
@@ -275,8 +276,10 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
 
 // device.kv_cache_bytes = 0: room for limits.max_requests contexts of the model's
 // full length, at most half the machine's memory (pages are touched only when used,
-// so a large pool costs address space, not memory, until requests fill it).
-static int64_t kv_cache_default_bytes(const RuntimeConfig& config, const LlamaConfig& mc, kernels::TensorType dtype) {
+// so a large pool costs address space, not memory, until requests fill it), or on a
+// device backend at most 90% of its free memory.
+static int64_t kv_cache_default_bytes(const RuntimeConfig& config, const LlamaConfig& mc, kernels::TensorType dtype,
+                                      const kernels::Backend& backend) {
   const int64_t per_position =
       2 * static_cast<int64_t>(mc.n_layers) * mc.n_kv_heads * mc.head_dim * kernels::kv_dtype_bytes(dtype);
   const int64_t page = int64_t{1} << KvPagePool::kDefaultPageShift;
@@ -284,6 +287,10 @@ static int64_t kv_cache_default_bytes(const RuntimeConfig& config, const LlamaCo
   const int64_t want = static_cast<int64_t>(config.max_requests) * context_pages * page * per_position;
   const long phys = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGESIZE);
   const int64_t half_memory = phys > 0 && page_size > 0 ? static_cast<int64_t>(phys) * page_size / 2 : want;
+  // A device backend's pool is device memory, touched or not: 90% of what is free once
+  // the weights are there (activations and cuBLAS take the rest).
+  const int64_t device_free = backend.free_memory_bytes();
+  if (device_free >= 0) return std::min(want, device_free / 10 * 9);
   return std::min(want, half_memory);
 }
 
@@ -296,9 +303,23 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
       !kernels::decode_activations_from_name(ctx.config.decode_activations, decode))
     throw ConfigError("model.decode_activations: unknown value '" + ctx.config.decode_activations +
                       "' (auto, exact, int8)");
+  if (ctx.config.device_kind == "cuda" && ctx.config.tp > 1)
+    throw ConfigError("device.tp: tensor parallelism on cuda needs the NCCL ranks, which the runtime does not drive "
+                      "yet (tp 1 on one GPU, or device.kind: cpu)");
+  if (ctx.config.gpus.empty()) throw ConfigError("device.gpus: must name at least one device (e.g. [0])");
   // One backend per rank (each owns its buffers and workspace).
   auto make_backend = [&]() {
-    return ctx.config.decode_activations == "auto" ? kernels::make_cpu_backend() : kernels::make_cpu_backend(decode);
+    kernels::BackendChoice choice;
+    choice.kind = ctx.config.device_kind;
+    choice.gpu = ctx.config.gpus.front();
+    choice.decode_activations = ctx.config.decode_activations;
+    try {
+      return kernels::make_backend(choice);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(std::string("device.kind: ") + e.what());
+    } catch (const std::runtime_error& e) {
+      throw ConfigError(std::string("device.kind: ") + e.what());
+    }
   };
   ctx.backend = make_backend();
   ctx.precision = kernels::choose_precision(ctx.config.precision, *ctx.backend);
@@ -333,7 +354,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   // (a request needs as many on every rank), each of its own heads.
   const auto& full = ctx.model->full_config();
   const int64_t kv_bytes =
-      ctx.config.kv_cache_bytes > 0 ? ctx.config.kv_cache_bytes : kv_cache_default_bytes(ctx.config, full, kv_dtype);
+      ctx.config.kv_cache_bytes > 0 ? ctx.config.kv_cache_bytes : kv_cache_default_bytes(ctx.config, full, kv_dtype, *ctx.backend);
   constexpr int page_shift = KvPagePool::kDefaultPageShift;
   const int64_t kv_pages = KvPagePool::pages_in(kv_bytes, full.n_layers, full.n_kv_heads, full.head_dim, page_shift, kv_dtype);
   auto make_pool = [&](kernels::Backend& backend, const LlamaConfig& mc) {

@@ -24,6 +24,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "kernels/backend_choice.h"
 #include "kernels/kv_view.h"
 
 namespace bs {
@@ -213,15 +214,25 @@ void parse_model(const YAML::Node& sec, RuntimeConfig& c) {
 }
 
 void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "device", {"kind", "threads", "tp", "kv_cache_bytes", "kv_dtype"}, [&](std::string_view k,
-                                                                                   const YAML::Node& v) {
+  for_each_key(sec, "device", {"kind", "gpus", "threads", "tp", "kv_cache_bytes", "kv_dtype"},
+               [&](std::string_view k, const YAML::Node& v) {
     const std::string key = join_path("device", k);
     if (k == "kind") {
       const std::string d = get_string(v, key);
-      if (d == "cuda")
-        fail(key, v, "the CUDA backend is not available in this build (device kinds: cpu)");
-      if (d != "cpu") fail(key, v, "unknown device kind '" + d + "' (cpu)");
+      const auto built = kernels::device_kinds_built();
+      std::string names;
+      for (const auto& b : built) names += (names.empty() ? "" : ", ") + b;
+      if (!kernels::is_device_kind(d)) fail(key, v, "unknown device kind '" + d + "' (" + names + ")");
+      if (std::find(built.begin(), built.end(), d) == built.end())
+        fail(key, v, "the " + std::string(d == "cuda" ? "CUDA" : d) +
+                         " backend is not in this build (nvcc was not found when it was configured; device kinds: " +
+                         names + ")");
       c.device_kind = d;
+    } else if (k == "gpus") {
+      c.gpus = get_list<int>(v, key, "device indices", get_int);
+      if (c.gpus.empty()) fail(key, v, "must name at least one device (e.g. [0])");
+      for (int g : c.gpus)
+        if (g < 0) fail(key, v, "device indices are >= 0, got " + std::to_string(g));
     } else if (k == "threads") {
       c.threads = get_int(v, key);
       check_at_least(c.threads, 0, v, key, " (0 = all cores)");

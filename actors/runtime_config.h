@@ -69,7 +69,10 @@ struct RuntimeConfig {
   // exact | int8; auto = $BLENDSERVE_DECODE_ACTIVATIONS, else exact.
   std::string decode_activations = "auto";
   // device
-  std::string device_kind = "cpu"; // cpu (the only backend of this build)
+  // cpu | cuda (kernels/backend_choice.h; cuda only in a build configured with nvcc).
+  std::string device_kind = "cpu";
+  // cuda: the GPU of each tensor-parallel rank, by CUDA index ([0]: one GPU, device 0).
+  std::vector<int> gpus{0};
   int threads = 0;                 // compute threads; 0 = all cores (tensor parallel: split between the ranks)
   // Tensor-parallel ranks (actors/tp_ranks.h): each holds 1/tp of the heads and
   // feed-forward rows on threads / tp cores. Must divide the model's query heads, KV
@@ -77,7 +80,7 @@ struct RuntimeConfig {
   int tp = 1;
   // Bytes of the paged KV cache every request's context is allocated from (admission
   // counts its pages); 0 = room for max_requests full contexts, at most half the
-  // machine's memory (kv_cache_default_bytes).
+  // machine's memory, or 90% of a GPU's free memory (kv_cache_default_bytes).
   int64_t kv_cache_bytes = 0;
   // How the KV cache (and so every stored chunk) holds K and V: f32 | f16 | bf16.
   // Attention widens half-precision K/V to fp32 as it reads; part of every chunk key.

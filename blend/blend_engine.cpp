@@ -335,7 +335,7 @@ ChunkKey BlendEngine::prefix_key(std::span<const int32_t> tokens) const {
 }
 
 void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorType dtype, int64_t m, int layer,
-                      int64_t offset, KvCache& cache, int first_head) {
+                      int64_t offset, KvCache& cache, int first_head, kernels::Stream* stream) {
   if (offset < 0 || offset + m > cache.capacity) throw std::out_of_range("copy_chunk_layer: chunk outside the cache");
   if (first_head < 0) throw std::out_of_range("copy_chunk_layer: negative first head");
   const int64_t hd = cache.head_dim;
@@ -344,7 +344,7 @@ void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorTyp
   v += first_head * head_bytes;
   if (dtype == cache.dtype()) {
     for (int h = 0; h < cache.kv_heads; ++h)
-      cache.write_rows_raw(layer, h, offset, m, k + h * head_bytes, v + h * head_bytes);
+      cache.write_rows_raw(layer, h, offset, m, k + h * head_bytes, v + h * head_bytes, stream);
     return;
   }
   // Not reached through keys (the dtype is part of them); a chunk of another dtype is

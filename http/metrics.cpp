@@ -30,6 +30,20 @@ void sample(std::string& out, const std::string& name, const std::string& labels
 
 }  // namespace
 
+std::string label_escape(const std::string& v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
 void Histogram::observe(double v) {
   for (size_t i = 0; i < bounds_.size(); ++i)
     if (v <= bounds_[i]) {

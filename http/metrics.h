@@ -14,6 +14,9 @@
 
 namespace bs::http {
 
+// `v` as a Prometheus label value's text: backslash, double quote and newline escaped.
+std::string label_escape(const std::string& v);
+
 // Cumulative histogram with fixed upper bounds (the +Inf bucket is implied).
 class Histogram {
  public:

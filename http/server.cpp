@@ -25,6 +25,7 @@
 #include "http/openai_request.h"
 #include "http/openai_response.h"
 #include "kernels/backend.h"
+#include "model/random_model.h"
 #include "kernels/kv_view.h"
 
 namespace bs::http {
@@ -101,6 +102,7 @@ std::string route_of(const std::string& path) {
 // general.name is often a training-run label. The quantization suffix is dropped.
 std::string model_id_of(const RuntimeContext& ctx) {
   if (!ctx.config.model_name.empty()) return ctx.config.model_name;
+  if (ctx.model->path().rfind(kRandomModelPrefix, 0) == 0) return ctx.model->path();  // "random:llama-3.1-8b"
   std::string stem = std::filesystem::path(ctx.model->path()).stem().string();
   static const std::regex quant(R"(\.(Q\d+(_[A-Z0-9]+)*|F16|F32|BF16|IQ\d+\w*)$)", std::regex::icase);
   stem = std::regex_replace(stem, quant, "");
@@ -302,6 +304,13 @@ struct Server::Impl {
 
   std::vector<Gauge> gauges() {
     std::vector<Gauge> g;
+    {  // Which backend and hardware compute (Prometheus' info idiom: labels, value 1).
+      const auto& be = *runtime.context().backend;
+      g.push_back({"blendserve_backend_info", "The compute backend (device.kind), its kernels and device.",
+                   "backend=\"" + label_escape(be.name()) + "\",kernels=\"" + label_escape(be.kernel_id()) +
+                       "\",device=\"" + label_escape(be.device_name().empty() ? "cpu" : be.device_name()) + "\"",
+                   1.0});
+    }
     g.push_back({"blendserve_requests_in_flight", "Requests admitted and not finished.", "",
                  static_cast<double>(runtime.in_flight())});
     g.push_back({"blendserve_queue_depth", "Requests waiting for a slot (limits.max_queue bounds it).", "",

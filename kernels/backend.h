@@ -1,8 +1,8 @@
 // The compute backend interface. Every op the model needs is one virtual here;
 // the scalar reference (kernels/ref), the CPU backend (kernels/cpu: per-ISA kernel
-// variants chosen at start-up, oneDNN GEMMs) fill it today, and tests run every op
-// on every backend against the reference; a device backend (CUDA, not written yet)
-// is meant to fill the same interface.
+// variants chosen at start-up, oneDNN GEMMs) and the CUDA backend (kernels/cuda/
+// cuda_backend.h, built where nvcc is found) fill it, and tests run every op on every
+// backend against the reference.
 //
 // Memory belongs to the backend (kernels/device_memory.h): every pointer an op takes
 // is the backend's memory (alloc(), a workspace slot, a KV pool made on it) unless the
@@ -110,6 +110,12 @@ class Backend {
   // Whether this backend's memory is host memory that the host may read and write in
   // place (the CPU backends). A device backend returns false.
   virtual bool host_accessible() const { return true; }
+  // Bytes of this backend's memory free now, for sizing a KV pool; -1 when it is the
+  // host's memory (size it from the machine's).
+  virtual int64_t free_memory_bytes() const { return -1; }
+  // The hardware computing, for --stats, /metrics and benchmarks' JSON: the GPU's name
+  // and size for a device backend; empty for the CPU backends (kernel_id says enough).
+  virtual std::string device_name() const { return {}; }
   // `bytes` of this backend's memory, contents undefined, aligned to 64 bytes.
   // Throws std::bad_alloc when it cannot be had.
   DeviceBuffer alloc(int64_t bytes);

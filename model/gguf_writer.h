@@ -1,5 +1,7 @@
 // A small GGUF v3 writer (tests, random-weight models for benchmarks): typed metadata (set again to replace, erase to
-// drop) and tensors given as raw bytes, laid out at 32-byte-aligned offsets exactly as
+// drop) and tensors given as raw bytes or as a function that fills them (generated
+// while the file is written, one tensor in memory at a time: an 8B random model is
+// 16 GB), laid out at 32-byte-aligned offsets exactly as
 // the reader (model/gguf.cpp) and llama.cpp expect. Keys and tensors keep the order of
 // their first set, so a file changed in one key is otherwise byte-identical.
 #pragma once
@@ -7,7 +9,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -56,15 +62,65 @@ class GgufWriter {
   GgufWriter& tensor(std::string name, std::vector<uint64_t> dims, uint32_t type, std::vector<uint8_t> data) {
     for (auto& t : tensors_) {
       if (t.name == name) {
-        t = Tensor{std::move(name), std::move(dims), type, std::move(data)};
+        t = Tensor{std::move(name), std::move(dims), type, std::move(data), 0, {}};
         return *this;
       }
     }
-    tensors_.push_back(Tensor{std::move(name), std::move(dims), type, std::move(data)});
+    tensors_.push_back(Tensor{std::move(name), std::move(dims), type, std::move(data), 0, {}});
+    return *this;
+  }
+  // A tensor of `size` bytes that `fill` writes when the file is written.
+  GgufWriter& generated_tensor(std::string name, std::vector<uint64_t> dims, uint32_t type, uint64_t size,
+                               std::function<void(uint8_t*)> fill) {
+    tensors_.push_back(Tensor{std::move(name), std::move(dims), type, {}, size, std::move(fill)});
     return *this;
   }
 
   std::vector<uint8_t> bytes() const {
+    std::vector<uint8_t> out = header();
+    for (const auto& t : tensors_) {
+      const size_t at = out.size();
+      out.resize(at + t.bytes());
+      t.write_into(out.data() + at);
+      out.resize(align(out.size()), 0);
+    }
+    return out;
+  }
+
+  // The file to `fd` (a file or a memfd) from its current offset, tensor by tensor.
+  // Throws std::runtime_error naming `what` when a write fails.
+  void write_fd(int fd, const std::string& what) const {
+    put_all(fd, header(), what);
+    std::vector<uint8_t> data;
+    for (const auto& t : tensors_) {
+      data.assign(align(t.bytes()), 0);
+      t.write_into(data.data());
+      put_all(fd, data, what);
+    }
+  }
+
+  void write(const std::string& path) const {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+    try {
+      write_fd(fd, path);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    if (::close(fd) != 0) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+  }
+
+  // Raw bytes of n floats (F32 tensor data).
+  static std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
+    std::vector<uint8_t> out(v.size() * sizeof(float));
+    if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+    return out;
+  }
+
+ private:
+  // Magic, version, counts, metadata and tensor infos, padded to the alignment.
+  std::vector<uint8_t> header() const {
     Buf h;
     h.put<uint32_t>(0x46554747).put<uint32_t>(3);  // "GGUF", version 3
     h.put<uint64_t>(tensors_.size()).put<uint64_t>(kvs_.size());
@@ -77,32 +133,22 @@ class GgufWriter {
       h.str(t.name).put<uint32_t>(static_cast<uint32_t>(t.dims.size()));
       for (uint64_t d : t.dims) h.put<uint64_t>(d);
       h.put<uint32_t>(t.type).put<uint64_t>(offset);
-      offset = align(offset + t.data.size());
+      offset = align(offset + t.bytes());
     }
     std::vector<uint8_t> out = std::move(h.bytes);
     out.resize(align(out.size()), 0);
-    for (const auto& t : tensors_) {
-      out.insert(out.end(), t.data.begin(), t.data.end());
-      out.resize(align(out.size()), 0);
+    return out;
+  }
+
+  static void put_all(int fd, const std::vector<uint8_t>& b, const std::string& what) {
+    for (size_t done = 0; done < b.size();) {
+      const ssize_t n = ::write(fd, b.data() + done, b.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw std::runtime_error("cannot write " + what + ": " + std::strerror(errno));
+      done += static_cast<size_t>(n);
     }
-    return out;
   }
 
-  void write(const std::string& path) const {
-    const std::vector<uint8_t> b = bytes();
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-    if (!f) throw std::runtime_error("cannot write " + path);
-  }
-
-  // Raw bytes of n floats (F32 tensor data).
-  static std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
-    std::vector<uint8_t> out(v.size() * sizeof(float));
-    if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
-    return out;
-  }
-
- private:
   struct Buf {
     std::vector<uint8_t> bytes;
     template <typename T>
@@ -123,6 +169,13 @@ class GgufWriter {
     std::vector<uint64_t> dims;
     uint32_t type;
     std::vector<uint8_t> data;
+    uint64_t generated_size = 0;         // generated tensors: their size and filler
+    std::function<void(uint8_t*)> fill;
+    uint64_t bytes() const { return fill ? generated_size : data.size(); }
+    void write_into(uint8_t* dst) const {
+      if (fill) fill(dst);
+      else if (!data.empty()) std::memcpy(dst, data.data(), data.size());
+    }
   };
 
   static uint64_t align(uint64_t x) { return (x + kAlignment - 1) / kAlignment * kAlignment; }

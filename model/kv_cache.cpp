@@ -200,12 +200,13 @@ void KvCache::read_rows(int l, int h, int64_t pos, int64_t m, float* k, float* v
   });
 }
 
-void KvCache::write_rows_raw(int l, int h, int64_t pos, int64_t m, const void* k, const void* v) {
+void KvCache::write_rows_raw(int l, int h, int64_t pos, int64_t m, const void* k, const void* v,
+                             kernels::Stream* stream) {
   auto& be = pool_->backend();
   const int64_t row_bytes = head_dim * elem_bytes();
   each_head_run(l, h, pos, m, [&](std::byte* kd, std::byte* vd, int64_t row, int64_t count) {
-    be.copy_to_backend(kd, static_cast<const std::byte*>(k) + row * row_bytes, count * row_bytes);
-    be.copy_to_backend(vd, static_cast<const std::byte*>(v) + row * row_bytes, count * row_bytes);
+    be.copy_to_backend(kd, static_cast<const std::byte*>(k) + row * row_bytes, count * row_bytes, stream);
+    be.copy_to_backend(vd, static_cast<const std::byte*>(v) + row * row_bytes, count * row_bytes, stream);
   });
 }
 

@@ -176,8 +176,11 @@ class KvCache {
   void write_rows(int l, int h, int64_t pos, int64_t m, const float* k, const float* v);
   void read_rows(int l, int h, int64_t pos, int64_t m, float* k, float* v) const;
   // The same rows as stored elements of the cache's dtype, copied unchanged from / to
-  // host arrays.
-  void write_rows_raw(int l, int h, int64_t pos, int64_t m, const void* k, const void* v);
+  // host arrays. On `stream` (a loader's copy stream) the write is ordered on it, not
+  // before the compute that follows: the caller records an event there and the compute
+  // waits for it (actors/load_target.h's LayerEvents).
+  void write_rows_raw(int l, int h, int64_t pos, int64_t m, const void* k, const void* v,
+                      kernels::Stream* stream = nullptr);
   void read_rows_raw(int l, int h, int64_t pos, int64_t m, void* k, void* v) const;
   // Rows [0, rows) of every KV head of layer l from / to host [kv_heads, rows, head_dim]
   // arrays of stored elements (elem_bytes() each), unchanged.

@@ -11,6 +11,7 @@
 #include "kernels/dequant.h"
 #include "kernels/kv_view.h"
 #include "kernels/tensor_types.h"
+#include "model/random_model.h"
 
 namespace bs {
 namespace {
@@ -73,7 +74,7 @@ kernels::RopeTable make_rope_table(const LlamaConfig& cfg, const std::vector<flo
 LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, kernels::Precision precision,
                        kernels::TensorType kv_dtype, TpShard shard)
     : path_(gguf_path),
-      file_(gguf::GgufFile::open(gguf_path)),
+      file_(gguf::GgufFile::open(materialize_model_path(gguf_path))),  // "random:NAME" too
       backend_(&backend),
       precision_(precision),
       kv_dtype_(kv_dtype),

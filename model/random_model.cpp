@@ -1,9 +1,15 @@
 #include "model/random_model.h"
 
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
 #include <stdexcept>
+#include <string_view>
 
 #include "kernels/dequant.h"
 #include "kernels/tensor_types.h"
@@ -17,6 +23,7 @@ const std::vector<RandomLlamaShape>& known() {
   static const std::vector<RandomLlamaShape> shapes = {
       {"smollm2-135m", 30, 576, 1536, 9, 3, 49152, 100000.0f},
       {"llama-3.2-1b", 16, 2048, 8192, 32, 8, 128256, 500000.0f},
+      {"llama-3.1-8b", 32, 4096, 14336, 32, 8, 128256, 500000.0f},
   };
   return shapes;
 }
@@ -36,6 +43,24 @@ std::vector<uint8_t> random_q4_0(int64_t out, int64_t in, std::mt19937& rng) {
   return bytes;
 }
 
+// BF16 rows [out, in] of uniform values with standard deviation 1/sqrt(in), from a
+// counter hash (splitmix64) so rows fill in parallel and the file is the same every
+// time: 8B parameters take seconds, not minutes of mt19937.
+void fill_random_bf16(uint8_t* dst, int64_t out, int64_t in, uint64_t seed) {
+  const int64_t count = out * in;
+  const float half_width = static_cast<float>(std::sqrt(3.0 / static_cast<double>(in)));  // uniform: sd = w/sqrt(3)
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    const uint16_t bits = kernels::fp32_to_bf16((2.0f * u - 1.0f) * half_width);
+    std::memcpy(dst + 2 * i, &bits, 2);
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> random_llama_shape_names() {
@@ -53,14 +78,41 @@ RandomLlamaShape random_llama_shape(const std::string& name) {
   throw std::invalid_argument("unknown random model shape '" + name + "' (known: " + names + ")");
 }
 
-void write_random_llama(const RandomLlamaShape& s, const std::string& path, uint32_t seed) {
+// The GGUF of a random model of `s` (BF16 matrices generated as it is written).
+GgufWriter random_llama_gguf(const RandomLlamaShape& s, uint32_t seed, kernels::TensorType weights);
+
+void write_random_llama(const RandomLlamaShape& s, const std::string& path, uint32_t seed,
+                        kernels::TensorType weights) {
+  if (weights != kernels::TensorType::Q4_0 && weights != kernels::TensorType::BF16)
+    throw std::invalid_argument("random model weights must be Q4_0 or BF16");
+  const GgufWriter w = random_llama_gguf(s, seed, weights);
+  w.write(path);
+}
+
+std::string materialize_model_path(const std::string& path) {
+  if (path.rfind(kRandomModelPrefix, 0) != 0) return path;
+  const RandomLlamaShape shape = random_llama_shape(path.substr(std::string_view(kRandomModelPrefix).size()));
+  static std::mutex mu;
+  static std::map<std::string, std::string> built;  // name -> /proc/self/fd/N
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = built.find(shape.name); it != built.end()) return it->second;
+  const int fd = ::memfd_create(("blendserve-random-" + shape.name).c_str(), MFD_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("random model " + shape.name + ": memfd_create: " + std::strerror(errno));
+  // Never closed: the path below names the fd for the rest of the process.
+  random_llama_gguf(shape, 1, kernels::TensorType::BF16).write_fd(fd, "random model " + shape.name + " (memfd)");
+  const std::string fd_path = "/proc/self/fd/" + std::to_string(fd);
+  built.emplace(shape.name, fd_path);
+  return fd_path;
+}
+
+GgufWriter random_llama_gguf(const RandomLlamaShape& s, uint32_t seed, kernels::TensorType weights) {
   std::mt19937 rng(seed);
   GgufWriter w;
   const std::string a = "llama";
   w.str("general.architecture", a);
   w.str("general.name", "random " + s.name);
   w.u32(a + ".block_count", static_cast<uint32_t>(s.layers));
-  w.u32(a + ".context_length", 8192);
+  w.u32(a + ".context_length", 32768);  // 20 chunks of 512 tokens and more (the GPU blend benchmark)
   w.u32(a + ".embedding_length", static_cast<uint32_t>(s.dim));
   w.u32(a + ".feed_forward_length", static_cast<uint32_t>(s.ff));
   w.u32(a + ".attention.head_count", static_cast<uint32_t>(s.heads));
@@ -86,8 +138,16 @@ void write_random_llama(const RandomLlamaShape& s, const std::string& path, uint
   w.boolean("tokenizer.ggml.add_bos_token", false);
 
   const auto q4 = static_cast<uint32_t>(kernels::TensorType::Q4_0);
+  uint64_t tensor_seed = seed;
   auto matrix = [&](const std::string& name, int64_t out, int64_t in) {
-    w.tensor(name, {static_cast<uint64_t>(in), static_cast<uint64_t>(out)}, q4, random_q4_0(out, in, rng));
+    const std::vector<uint64_t> dims{static_cast<uint64_t>(in), static_cast<uint64_t>(out)};
+    if (weights == kernels::TensorType::Q4_0) {
+      w.tensor(name, dims, q4, random_q4_0(out, in, rng));
+      return;
+    }
+    const uint64_t ts = (tensor_seed += 0x632BE59BD9B4E019ull);
+    w.generated_tensor(name, dims, static_cast<uint32_t>(kernels::TensorType::BF16), static_cast<uint64_t>(out * in) * 2,
+                       [out, in, ts](uint8_t* dst) { fill_random_bf16(dst, out, in, ts); });
   };
   auto ones = [&](const std::string& name) {
     w.tensor(name, {static_cast<uint64_t>(s.dim)}, 0, GgufWriter::f32_bytes(std::vector<float>(s.dim, 1.0f)));
@@ -107,7 +167,7 @@ void write_random_llama(const RandomLlamaShape& s, const std::string& path, uint
     matrix(p + "ffn_down.weight", s.dim, s.ff);
   }
   ones("output_norm.weight");
-  w.write(path);
+  return w;
 }
 
 }  // namespace bs

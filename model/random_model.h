@@ -1,14 +1,20 @@
 // Llama models of a known shape with random weights, as GGUF files: benchmarks of
-// shapes we have no weights for (Llama-3.2-1B's 32 query / 8 KV heads, for tensor
-// parallelism) and of the shipped model's shape without its file. Weights are Q4_0
-// (as a served model would be) with scales that keep activations in range; the
-// tokenizer is a byte-level alphabet padded to the vocabulary. Speed only: the text
-// such a model writes means nothing.
+// shapes we have no weights for (Llama-3.2-1B's 32 query / 8 KV heads, Llama-3.1-8B on
+// a GPU) and of the shipped model's shape without its file. Weights are Q4_0 (as a
+// served CPU model would be) or BF16 (as a GPU serves them), scaled to keep activations
+// in range; the tokenizer is a byte-level alphabet padded to the vocabulary. Speed only:
+// the text such a model writes means nothing.
+//
+// `--model random:NAME` anywhere a model path is taken (LlamaModel, the runtime, every
+// benchmark) builds NAME's BF16 model in memory (a memfd: nothing on disk, nothing large
+// to carry to a GPU machine) the first time the process asks for it.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "kernels/tensor_types.h"
 
 namespace bs {
 
@@ -18,13 +24,22 @@ struct RandomLlamaShape {
   float rope_theta = 10000.0f;
 };
 
-// The shapes we know by name: "smollm2-135m", "llama-3.2-1b".
+// The shapes we know by name: "smollm2-135m", "llama-3.2-1b", "llama-3.1-8b".
 // std::invalid_argument naming the known ones for another name.
 RandomLlamaShape random_llama_shape(const std::string& name);
 std::vector<std::string> random_llama_shape_names();
 
 // Writes a random-weight model of `shape` to `path` (seeded: the same file every
-// time). Throws std::runtime_error when the file cannot be written.
-void write_random_llama(const RandomLlamaShape& shape, const std::string& path, uint32_t seed = 1);
+// time), its matrices in `weights` (Q4_0 or BF16). Throws std::runtime_error when the
+// file cannot be written, std::invalid_argument for another weight type.
+void write_random_llama(const RandomLlamaShape& shape, const std::string& path, uint32_t seed = 1,
+                        kernels::TensorType weights = kernels::TensorType::Q4_0);
+
+// The prefix that names a random model in a model path: "random:llama-3.1-8b".
+inline constexpr const char* kRandomModelPrefix = "random:";
+// `path` itself, or for "random:NAME" a path to NAME's BF16 random model built in memory
+// (once per process and name; /proc/self/fd/N of a memfd that lives as long as the
+// process). std::invalid_argument for an unknown NAME.
+std::string materialize_model_path(const std::string& path);
 
 }  // namespace bs

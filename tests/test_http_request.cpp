@@ -269,6 +269,11 @@ TEST(ApiKeys, ConstantTimeEqualIsEquality) {
   EXPECT_FALSE(constant_time_equal(std::string("a\0b", 3), std::string("a\0c", 3)));
 }
 
+TEST(Metrics, LabelValuesAreEscaped) {
+  EXPECT_EQ(label_escape("NVIDIA H100 80GB HBM3"), "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(label_escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+}
+
 TEST(Metrics, PrometheusTextWithCumulativeBuckets) {
   ServerMetrics m;
   m.count_response("/v1/chat/completions", 200);

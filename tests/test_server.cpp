@@ -656,6 +656,9 @@ TEST_F(ServerTest, MetricsCountWhatHappened) {
   EXPECT_EQ(metric(m1->body, "blendserve_time_to_first_token_seconds_count"), count0 + 1);
   EXPECT_THAT(m1->body, HasSubstr("blendserve_http_responses_total{route=\"/v1/chat/completions\",status=\"200\"}"));
   EXPECT_THAT(m1->body, HasSubstr("blendserve_requests_in_flight "));
+  // Which backend computes: the CPU here, its kernels as --stats names them.
+  EXPECT_THAT(m1->body, HasSubstr("blendserve_backend_info{backend=\"cpu\",kernels=\"cpu/"));
+  EXPECT_THAT(m1->body, HasSubstr(",device=\"cpu\"} 1\n"));
   EXPECT_THAT(m1->body, HasSubstr("blendserve_store_bytes{tier=\"ram\"}"));
   // The SSD writer's bounded queue and the supervisor's restarts (none here).
   EXPECT_EQ(metric(m1->body, "blendserve_store_writes_dropped{tier=\"ssd\"}"), 0);

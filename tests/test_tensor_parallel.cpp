@@ -22,6 +22,7 @@
 #include "blend/store_backed_blend.h"
 #include "storage/memory_store.h"
 #include "model/generate.h"
+#include "model/llama_model.h"
 #include "model/random_model.h"
 #include "model/tensor_parallel.h"
 #include "model/tp_group.h"
@@ -271,6 +272,43 @@ TEST(TensorParallel, RandomWeightModelsLoadAndSplit) {
   const Generated want = generate_on(one, prompt, 4);
   for (float x : want.logits[0]) ASSERT_TRUE(std::isfinite(x));
   EXPECT_EQ(generate_on(three, prompt, 4).tokens, want.tokens);
+}
+
+// `--model random:NAME` (the GPU benchmarks' models): BF16 weights built in memory once
+// per process (a memfd, nothing on disk), the same path the second time, the shape's
+// dimensions and finite logits; a written BF16 file is the same bytes; Llama-3.1-8B's
+// shape is known (not built here: 16 GB).
+TEST(TensorParallel, RandomModelsByNameAreBuiltInMemoryAsBf16) {
+  const std::string path = materialize_model_path("random:smollm2-135m");
+  EXPECT_EQ(path.rfind("/proc/self/fd/", 0), 0u) << path;
+  EXPECT_EQ(materialize_model_path("random:smollm2-135m"), path) << "built once";
+  EXPECT_EQ(materialize_model_path("/some/file.gguf"), "/some/file.gguf");
+  EXPECT_THROW(materialize_model_path("random:llama-9000"), std::invalid_argument);
+  const auto big = random_llama_shape("llama-3.1-8b");
+  EXPECT_EQ(big.dim, 4096);
+  EXPECT_EQ(big.ff, 14336);
+  EXPECT_EQ(big.layers, 32);
+  EXPECT_EQ(big.kv_heads, 8);
+
+  const auto backend = cpu();
+  LlamaModel model("random:smollm2-135m", *backend, kernels::Precision::F32, kernels::TensorType::F32);
+  EXPECT_EQ(model.path(), "random:smollm2-135m");
+  EXPECT_EQ(model.config().n_layers, 30);
+  EXPECT_EQ(model.config().dim, 576);
+  EXPECT_EQ(model.layer(0).wqkv->view.type, kernels::TensorType::BF16);
+  Transformer tf(model);
+  auto cache = tf.make_cache(16);
+  const std::vector<int32_t> prompt = {300, 4000, 17, 256, 9000};
+  const auto logits = tf.forward(prompt, cache);
+  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+
+  testing::TempDir dir("bs_random_bf16");
+  const std::string file = (dir.path() / "random.gguf").string();
+  write_random_llama(random_llama_shape("smollm2-135m"), file, 1, kernels::TensorType::BF16);
+  LlamaModel same(file, *backend, kernels::Precision::F32, kernels::TensorType::F32);
+  EXPECT_EQ(same.fingerprint(), model.fingerprint()) << "the file and the memfd hold the same model";
+  EXPECT_THROW(write_random_llama(random_llama_shape("smollm2-135m"), file, 1, kernels::TensorType::F16),
+               std::invalid_argument);
 }
 
 }  // namespace

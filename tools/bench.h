@@ -8,6 +8,7 @@
 #include "actors/runtime_config.h"
 #include "blend/blend_engine.h"
 #include "kernels/backend.h"
+#include "kernels/backend_choice.h"
 #include "model/tokenizer.h"
 
 namespace bs::tools {
@@ -17,6 +18,7 @@ kernels::TensorType kv_dtype_option(const std::string& name);
 
 struct BenchOptions {
   std::string model_path;
+  kernels::BackendChoice device;  // --device cpu | cuda, --gpu N
   std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
   std::string kv_dtype = kDefaultKvDtype;  // f32 | f16 | bf16: how the KV cache holds K and V
   std::vector<int64_t> prefill_lengths{512, 3072};
@@ -31,6 +33,7 @@ int bench_prefill(const BenchOptions& opt);
 
 struct TtftOptions {
   std::string model_path;
+  kernels::BackendChoice device;  // --device cpu | cuda, --gpu N
   std::string dataset;  // JSON lines with "documents": text the chunks are cut from
   std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
   std::string kv_dtype = kDefaultKvDtype;  // f32 | f16 | bf16: how the KV cache holds K and V
@@ -65,6 +68,7 @@ int bench_tp(const TpBenchOptions& opt);
 // ratio of the last stream count to the first.
 struct DecodeBenchOptions {
   std::string model_path;
+  kernels::BackendChoice device;  // --device cpu | cuda, --gpu N
   std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
   std::string kv_dtype = kDefaultKvDtype;  // f32 | f16 | bf16: how the KV cache holds K and V
   std::vector<int> streams{1, 8};

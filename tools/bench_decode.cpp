@@ -126,6 +126,8 @@ int bench_decode(const DecodeBenchOptions& opt) {
   const std::string data_dir = (fs::temp_directory_path() / ("blendctl_decode_" + std::to_string(::getpid()))).string();
   RuntimeConfig cfg = default_runtime_config();
   cfg.model_path = opt.model_path;
+  cfg.device_kind = opt.device.kind;
+  cfg.gpus = {opt.device.gpu};
   cfg.precision = opt.precision;
   cfg.kv_dtype = opt.kv_dtype;
   cfg.data_dir = data_dir;
@@ -166,6 +168,8 @@ int bench_decode(const DecodeBenchOptions& opt) {
               {"max_decode_batch", cfg.max_decode_batch},
               {"repeats", opt.repeats},
               {"kernel", ctx.backend->kernel_id()},
+              {"device", ctx.backend->device_name().empty() ? "cpu" : ctx.backend->device_name()},
+              {"model", opt.model_path},
               {"kv_dtype", cfg.kv_dtype},
               {"threads", kernels::cpu_compute_threads()}};
     std::cout << j.dump() << std::endl;
@@ -174,6 +178,9 @@ int bench_decode(const DecodeBenchOptions& opt) {
                   {"streams", opt.streams},
                   {"decode_tok_s", rate},
                   {"ratio_last_vs_first", rate.front() > 0 ? rate.back() / rate.front() : 0},
+                  {"kernel", ctx.backend->kernel_id()},
+                  {"device", ctx.backend->device_name().empty() ? "cpu" : ctx.backend->device_name()},
+                  {"model", opt.model_path},
                   {"target", 3.0}};
   std::cout << summary.dump() << std::endl;
   rt.shutdown();

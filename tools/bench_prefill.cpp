@@ -1,6 +1,9 @@
-// blendctl bench prefill: full-prefill and decode throughput of the CPU backend,
-// with the bf16 GEMM throughput of the model's own shapes measured in the same
-// run, so the distance to the device's limit is visible. One JSON object per line.
+// blendctl bench prefill: full-prefill and decode throughput of a backend (--device
+// cpu | cuda), with the bf16 GEMM throughput of the model's own shapes measured in the
+// same run, so the distance to the device's limit is visible (MFU: the prefill's GEMM
+// FLOP rate over that). One JSON object per line. On the CPU every op is also timed
+// (the breakdown); a device backend's ops return before the GPU ran them, so there
+// only whole forwards are timed (each ends in a copy of the logits to the host).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,44 +44,92 @@ double gemm_flops_per_token(const LlamaConfig& c) {
   return per_layer * c.n_layers;
 }
 
+// Attention FLOPs of a causal prefill of n tokens (QK^T and PV over the lower triangle).
+double attention_flops(const LlamaConfig& c, int64_t n) {
+  return 2.0 * 2.0 * (static_cast<double>(n) * (n + 1) / 2.0) * c.q_dim() * c.n_layers;
+}
+
+// The backend's bf16 GEMM peak: a square 8192^3 product (BF16 weights prepared as the
+// model's are), best of 5. Device backends only: it is a TFLOP of work.
+double square_gemm_gflops(kernels::Backend& be, kernels::Precision precision) {
+  constexpr int64_t n = 8192;
+  std::vector<uint16_t> w(static_cast<size_t>(n * n), 0x3c00);  // bf16 ~0.0078
+  kernels::WeightView view{kernels::TensorType::BF16, w.data(), n, n};
+  auto prepared = be.prepare(view, precision);
+  const std::vector<float> host_x(static_cast<size_t>(n * n), 0.5f);
+  kernels::DeviceBuffer x = be.upload(host_x.data(), n * n * static_cast<int64_t>(sizeof(float)));
+  kernels::DeviceBuffer y = be.alloc(n * n * static_cast<int64_t>(sizeof(float)));
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    be.synchronize();
+    const auto t0 = clock_type::now();
+    be.linear(*prepared, x.as<float>(), y.as<float>(), n, nullptr);
+    be.synchronize();
+    if (rep > 0) best = std::min(best, seconds_since(t0));
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
 }  // namespace
 
 int bench_prefill(const BenchOptions& opt) {
-  auto cpu = kernels::make_cpu_backend();
-  kernels::ProfilingBackend prof(*cpu);
-  const auto precision = kernels::choose_precision(opt.precision, *cpu);
-  LlamaModel model(opt.model_path, prof, precision, kv_dtype_option(opt.kv_dtype));
+  auto device = kernels::make_backend(opt.device);
+  // The profiler reads host memory: the CPU backends only.
+  std::unique_ptr<kernels::ProfilingBackend> profiler;
+  if (device->host_accessible()) profiler = std::make_unique<kernels::ProfilingBackend>(*device);
+  kernels::Backend& be = profiler ? static_cast<kernels::Backend&>(*profiler) : *device;
+  const auto precision = kernels::choose_precision(opt.precision, *device);
+  LlamaModel model(opt.model_path, be, precision, kv_dtype_option(opt.kv_dtype));
   Transformer tf(model);
   const auto& c = model.config();
   const char* prec = kernels::precision_name(precision);
-  const std::string isa = cpu->kernel_id();
+  const std::string isa = device->kernel_id();
+  const std::string device_name = device->device_name().empty() ? "cpu" : device->device_name();
+  auto reset_profile = [&] {
+    if (profiler) profiler->reset();
+  };
+  auto profile = [&](double total) { return profiler ? breakdown(*profiler, total) : nlohmann::json(nullptr); };
+  double peak_layer_gflops = 0, square_gflops = 0;
+  if (!device->host_accessible()) {
+    square_gflops = square_gemm_gflops(*device, precision);
+    std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"isa", isa}, {"device", device_name}, {"precision", prec},
+                                       {"shape", "square"}, {"m", 8192}, {"k", 8192}, {"n", 8192},
+                                       {"gflops", square_gflops}}.dump().c_str());
+    std::fflush(stdout);
+  }
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> pick(100, c.vocab - 1);
 
   // 1. GEMM throughput on the model's shapes at 3072 rows.
   {
     const int64_t n = 3072;
-    std::vector<float> x(static_cast<size_t>(n * std::max(c.dim, c.ff)), 0.5f);
-    std::vector<float> y(static_cast<size_t>(n * std::max(2 * c.ff, c.dim)));
+    // Buffers of the backend's memory (host memory on the CPU).
+    const std::vector<float> host_x(static_cast<size_t>(n * std::max(c.dim, c.ff)), 0.5f);
+    kernels::DeviceBuffer x = device->upload(host_x.data(), static_cast<int64_t>(host_x.size() * sizeof(float)));
+    kernels::DeviceBuffer y = device->alloc(n * std::max<int64_t>(2 * c.ff, c.dim) * static_cast<int64_t>(sizeof(float)));
     struct Shape { const char* name; const kernels::PreparedWeights* w; };
     const auto& L = model.layer(0);
     double flops = 0, secs = 0;
     for (Shape s : {Shape{"qkv", L.wqkv.get()}, Shape{"o", L.wo.get()}, Shape{"gate_up", L.w_gate_up.get()},
                     Shape{"down", L.w_down.get()}}) {
-      cpu->linear(*s.w, x.data(), y.data(), n, nullptr);  // warm-up: primitive creation
+      device->linear(*s.w, x.as<float>(), y.as<float>(), n, nullptr);  // warm-up: primitive creation
+      device->synchronize();
       const int reps = 5;
       const auto t0 = clock_type::now();
-      for (int i = 0; i < reps; ++i) cpu->linear(*s.w, x.data(), y.data(), n, nullptr);
+      for (int i = 0; i < reps; ++i) device->linear(*s.w, x.as<float>(), y.as<float>(), n, nullptr);
+      device->synchronize();
       const double t = seconds_since(t0) / reps;
       const double f = 2.0 * n * s.w->view.in_features * s.w->view.out_features;
       flops += f;
       secs += t;
-      std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"isa", isa}, {"precision", prec}, {"shape", s.name},
+      std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"isa", isa}, {"device", device_name},
+                                         {"precision", prec}, {"shape", s.name},
                                          {"m", n}, {"k", s.w->view.in_features}, {"n", s.w->view.out_features},
                                          {"gflops", f / t / 1e9}}.dump().c_str());
     }
-    std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"isa", isa}, {"precision", prec}, {"shape", "layer_mix"},
-                                       {"m", n}, {"gflops", flops / secs / 1e9}}.dump().c_str());
+    peak_layer_gflops = flops / secs / 1e9;
+    std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"isa", isa}, {"device", device_name}, {"precision", prec},
+                                       {"shape", "layer_mix"}, {"m", n}, {"gflops", peak_layer_gflops}}.dump().c_str());
     std::fflush(stdout);
   }
 
@@ -89,19 +140,28 @@ int bench_prefill(const BenchOptions& opt) {
     std::vector<double> times;
     for (int rep = 0; rep < opt.repeats + 1; ++rep) {
       auto cache = tf.make_cache(n);
-      prof.reset();
+      reset_profile();
       const auto t0 = clock_type::now();
       tf.forward(ids, cache);
       if (rep > 0) times.push_back(seconds_since(t0));
     }
     std::sort(times.begin(), times.end());
     const double t = times[times.size() / 2];
-    std::printf("%s\n", nlohmann::json{{"bench", "prefill"}, {"isa", isa}, {"precision", prec},
+    const double gemm_gflops = gemm_flops_per_token(c) * n / t / 1e9;
+    std::printf("%s\n", nlohmann::json{{"bench", "prefill"}, {"isa", isa}, {"device", device_name},
+                                       {"model", opt.model_path}, {"precision", prec},
                                        {"kv_dtype", opt.kv_dtype}, {"tokens", n},
                                        {"seconds", t}, {"tokens_per_s", n / t},
-                                       {"gemm_gflops_effective", gemm_flops_per_token(c) * n / t / 1e9},
+                                       {"gemm_gflops_effective", gemm_gflops},
+                                       // The prefill's GEMM rate over the model's own GEMMs at 3072 rows.
+                                       {"gemm_share_of_layer_mix", gemm_gflops / peak_layer_gflops},
+                                       // Model FLOPs utilization against the square GEMM's rate (device backends).
+                                       {"mfu", square_gflops > 0 ? nlohmann::json((gemm_flops_per_token(c) * n +
+                                                                                   attention_flops(c, n)) /
+                                                                                  t / 1e9 / square_gflops)
+                                                                 : nlohmann::json(nullptr)},
                                        {"threads", kernels::cpu_compute_threads()},
-                                       {"breakdown_last_run", breakdown(prof, times.back())}}.dump().c_str());
+                                       {"breakdown_last_run", profile(times.back())}}.dump().c_str());
     std::fflush(stdout);
   }
 
@@ -111,18 +171,19 @@ int bench_prefill(const BenchOptions& opt) {
     for (auto& t : ids) t = pick(rng);
     auto cache = tf.make_cache(opt.decode_context + opt.decode_tokens + 1);
     auto logits = tf.forward(ids, cache);
-    prof.reset();
+    reset_profile();
     const auto t0 = clock_type::now();
     for (int i = 0; i < opt.decode_tokens; ++i) {
       const int32_t next = argmax(logits.data(), c.vocab);
       logits = tf.forward(std::span<const int32_t>(&next, 1), cache);
     }
     const double t = seconds_since(t0);
-    std::printf("%s\n", nlohmann::json{{"bench", "decode"}, {"isa", isa}, {"precision", prec},
+    std::printf("%s\n", nlohmann::json{{"bench", "decode"}, {"isa", isa}, {"device", device_name},
+                                       {"model", opt.model_path}, {"precision", prec},
                                        {"kv_dtype", opt.kv_dtype}, {"context", opt.decode_context},
                                        {"tokens", opt.decode_tokens}, {"seconds", t},
                                        {"tokens_per_s", opt.decode_tokens / t},
-                                       {"breakdown", breakdown(prof, t)}}.dump().c_str());
+                                       {"breakdown", profile(t)}}.dump().c_str());
     std::fflush(stdout);
   }
 
@@ -141,7 +202,7 @@ int bench_prefill(const BenchOptions& opt) {
     }
     std::vector<KvCache*> ptrs;
     for (auto& cache : caches) ptrs.push_back(&cache);
-    prof.reset();
+    reset_profile();
     const auto t0 = clock_type::now();
     for (int i = 0; i < opt.decode_tokens; ++i) {
       const auto logits = tf.decode_step(next, ptrs);
@@ -149,14 +210,15 @@ int bench_prefill(const BenchOptions& opt) {
         next[static_cast<size_t>(b)] = argmax(logits.data() + b * c.vocab, c.vocab);
     }
     const double t = seconds_since(t0);
-    std::printf("%s\n", nlohmann::json{{"bench", "decode_batch"}, {"isa", isa}, {"precision", prec},
+    std::printf("%s\n", nlohmann::json{{"bench", "decode_batch"}, {"isa", isa}, {"device", device_name},
+                                       {"model", opt.model_path}, {"precision", prec},
                                        {"kv_dtype", opt.kv_dtype},
                                        {"batch", batch}, {"context", opt.decode_context},
                                        {"steps", opt.decode_tokens}, {"seconds", t},
                                        {"step_ms", 1e3 * t / opt.decode_tokens},
                                        {"tokens_per_s", static_cast<double>(batch) * opt.decode_tokens / t},
                                        {"threads", kernels::cpu_compute_threads()},
-                                       {"breakdown", breakdown(prof, t)}}.dump().c_str());
+                                       {"breakdown", profile(t)}}.dump().c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -85,6 +85,8 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
       throw std::invalid_argument("unknown tier '" + tier + "' (ram, ssd, remote)");
     RuntimeConfig cfg = default_runtime_config();
     cfg.model_path = t.model_path;
+    cfg.device_kind = t.device.kind;
+    cfg.gpus = {t.device.gpu};
     cfg.precision = t.precision;
     cfg.kv_dtype = t.kv_dtype;
     cfg.data_dir = data_dir;
@@ -200,6 +202,8 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
     auto row = [&](const char* path, const char* mode, const Samples& s) {
       json j = {{"bench", "ttft_runtime"},
                 {"isa", ctx.backend->kernel_id()},
+                {"device", ctx.backend->device_name().empty() ? "cpu" : ctx.backend->device_name()},
+                {"model", t.model_path},
                 {"precision", kernels::precision_name(ctx.precision)},
                 {"kv_dtype", t.kv_dtype},
                 {"tier", tier},

@@ -62,8 +62,9 @@ std::vector<std::vector<int32_t>> make_bench_chunks(const Tokenizer& tok, const 
 
 
 int bench_ttft(const TtftOptions& opt) {
-  auto backend = kernels::make_cpu_backend();
+  auto backend = kernels::make_backend(opt.device);
   const auto precision = kernels::choose_precision(opt.precision, *backend);
+  const std::string device = backend->device_name().empty() ? "cpu" : backend->device_name();
   LlamaModel model(opt.model_path, *backend, precision, kv_dtype_option(opt.kv_dtype));
   Transformer tf(model);
   MemoryKvStore store(int64_t{16} << 30);
@@ -105,7 +106,8 @@ int bench_ttft(const TtftOptions& opt) {
     return v[v.size() / 2];
   };
   const double full = median(ttft[BlendMode::Full]);
-  json summary = {{"bench", "ttft_summary"}, {"isa", backend->kernel_id()},
+  json summary = {{"bench", "ttft_summary"}, {"isa", backend->kernel_id()}, {"device", device},
+                  {"model", opt.model_path},
                   {"precision", kernels::precision_name(precision)}, {"kv_dtype", opt.kv_dtype},
                   {"chunks", opt.chunks}, {"chunk_tokens", opt.chunk_tokens},
                   {"prompt_tokens", prompt_tokens}, {"ratio", opt.ratio}};
@@ -114,6 +116,7 @@ int bench_ttft(const TtftOptions& opt) {
     const auto& s = last_stats[mode];
     json line = {{"bench", "ttft"},
                  {"isa", backend->kernel_id()},
+                 {"device", device},
                  {"precision", kernels::precision_name(precision)},
                  {"kv_dtype", opt.kv_dtype},
                  {"mode", mode_name(mode)},

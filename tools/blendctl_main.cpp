@@ -16,7 +16,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   bs::tools::BenchOptions opt;
   opt.model_path = std::getenv("BLENDSERVE_MODEL") ? std::getenv("BLENDSERVE_MODEL") : BLENDSERVE_DEFAULT_MODEL;
-  app.add_option("--model", opt.model_path, "GGUF model file");
+  app.add_option("--model", opt.model_path,
+                 "GGUF model file, or random:NAME for random BF16 weights of a known shape built in memory (speed "
+                 "only: smollm2-135m, llama-3.2-1b, llama-3.1-8b)");
+  app.add_option("--device", opt.device.kind, "Compute backend of the benchmarks: cpu or cuda (builds made with nvcc)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--gpu", opt.device.gpu, "With --device cuda: the GPU's CUDA index")->check(CLI::NonNegativeNumber);
 
   auto* bench = app.add_subcommand("bench", "Benchmarks (JSON lines on stdout)");
   bench->require_subcommand(1);
@@ -375,6 +380,11 @@ int main(int argc, char** argv) {
   opt.precision = topt.precision = eopt.precision = precision;
   opt.kv_dtype = topt.kv_dtype = eopt.kv_dtype = kv_dtype;
   topt.model_path = eopt.model_path = opt.model_path;
+  topt.device = opt.device;
+  if (opt.device.kind != "cpu" && !prefill->parsed() && !ttft->parsed() && !decode->parsed()) {
+    std::cerr << "error: --device " << opt.device.kind << " applies to bench prefill, ttft and decode\n";
+    return 2;
+  }
   try {
     if (prefill->parsed()) return bs::tools::bench_prefill(opt);
     if (ttft->parsed() && !tiers.empty()) {
@@ -386,6 +396,7 @@ int main(int argc, char** argv) {
     if (ttft->parsed()) return bs::tools::bench_ttft(topt);
     if (decode->parsed()) {
       dopt.model_path = opt.model_path;
+      dopt.device = opt.device;
       dopt.precision = precision;
       dopt.kv_dtype = kv_dtype;
       return bs::tools::bench_decode(dopt);

@@ -1,5 +1,5 @@
 // blendserve: the inference runtime's command line.
-//   blendserve [--config F] serve [--host H] [--port P]
+//   blendserve [--config F] [--device cpu|cuda [--gpu N]] serve [--host H] [--port P]
 //   blendserve [--config F] generate --prompt TEXT [--chat] [--document TEXT]... [--max-tokens N] [--tp N] ...
 //   blendserve check-config F          validate a cluster's or one node's config (exit 2 on an error)
 //   blendserve --config F --node NAME  start member NAME of cluster config F
@@ -95,10 +95,11 @@ int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
   for (const auto& tier : ctx.tiers) by_tier += std::to_string(r.chunks_from(tier.name)) + " " + tier.name + ", ";
   if (g.stats)
     std::fprintf(stderr,
-                 "kernels %s, precision %s, %d threads, tp %d; prompt %lld tokens (%lld cached, %lld recomputed; chunks: "
+                 "kernels %s%s%s, precision %s, %d threads, tp %d; prompt %lld tokens (%lld cached, %lld recomputed; chunks: "
                  "%s%d missed; ratio %.3f), first token %.3f s; %zu tokens in %.3f s (%.1f tok/s); "
                  "finish: %s\n",
-                 ctx.backend->kernel_id().c_str(), bs::kernels::precision_name(ctx.precision),
+                 ctx.backend->kernel_id().c_str(), ctx.backend->device_name().empty() ? "" : " on ",
+                 ctx.backend->device_name().c_str(), bs::kernels::precision_name(ctx.precision),
                  bs::kernels::cpu_compute_threads(), ctx.config.tp, static_cast<long long>(r.prompt_tokens),
                  static_cast<long long>(r.cached_tokens), static_cast<long long>(r.recomputed_tokens), by_tier.c_str(),
                  r.chunks_missed, r.ratio, r.ttft_seconds, r.tokens.size(), r.decode_seconds,
@@ -132,8 +133,10 @@ int run_serve(bs::RuntimeConfig config, const std::string& host, int port, doubl
   const int bound = server.bind(bind_host, bind_port);
   const std::shared_ptr<void> attached = attach ? attach(runtime) : nullptr;
   const auto& ctx = runtime.context();
-  std::fprintf(stderr, "blendserve: model %s (%s kernels, %s, %s KV), serving on http://%s:%d%s\n",
-               server.model_id().c_str(), ctx.backend->kernel_id().c_str(), bs::kernels::precision_name(ctx.precision),
+  std::fprintf(stderr, "blendserve: model %s (%s kernels%s%s, %s, %s KV), serving on http://%s:%d%s\n",
+               server.model_id().c_str(), ctx.backend->kernel_id().c_str(),
+               ctx.backend->device_name().empty() ? "" : " on ", ctx.backend->device_name().c_str(),
+               bs::kernels::precision_name(ctx.precision),
                bs::kernels::kv_dtype_name(ctx.model->kv_dtype()), bind_host.c_str(), bound,
                config.api_keys.empty() ? "" : " (API keys required)");
   std::fflush(stderr);
@@ -244,6 +247,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);  // none: --node
   std::string model_path, config_path, node;
   app.add_option("--model", model_path, "GGUF model file (default: the config's, else $BLENDSERVE_MODEL or the embedded default)");
+  std::string device_kind;
+  int gpu = -1;
+  app.add_option("--device", device_kind, "Compute backend: cpu or cuda (device.kind; cuda in builds made with nvcc)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--gpu", gpu, "With --device cuda: the GPU's CUDA index (device.gpus: [N])")->check(CLI::NonNegativeNumber);
   app.add_option("--config", config_path, "YAML config (default: the embedded configs/default.yaml)");
   app.add_option("--node", node,
                  "Start this member of the cluster config given with --config (worker: serves its OpenAI endpoint; "
@@ -310,6 +318,8 @@ int main(int argc, char** argv) {
   try {
     bs::RuntimeConfig config = config_path.empty() ? bs::default_runtime_config() : bs::load_runtime_config(config_path);
     if (!model_path.empty()) config.model_path = model_path;
+    if (!device_kind.empty()) config.device_kind = device_kind;
+    if (gpu >= 0) config.gpus = {gpu};
     if (gen->parsed()) return run_generate(std::move(config), g);
     if (serve->parsed()) return run_serve(std::move(config), host, port, drain_seconds);
   } catch (const std::exception& e) {

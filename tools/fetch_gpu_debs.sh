@@ -26,6 +26,7 @@ PACKAGES=(
   libxxhash-dev libxxhash0
   libicu-dev libicu72
   pkgconf-bin libpkgconf3   # CMake's FindPkgConfig needs a pkg-config binary
+  libncurses-dev libncurses6 libncursesw6 libtinfo6   # blendctl (top), built for the GPU benchmarks
 )
 
 mkdir -p "$DEST"

@@ -1,0 +1,50 @@
+#include "kernels/backend_choice.h"
+
+#include <stdexcept>
+
+#if defined(BLENDSERVE_HAVE_CUDA)
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_device.h"
+#endif
+
+namespace bs::kernels {
+
+std::vector<std::string> device_kinds_built() {
+#if defined(BLENDSERVE_HAVE_CUDA)
+  return {"cpu", "cuda"};
+#else
+  return {"cpu"};
+#endif
+}
+
+bool is_device_kind(std::string_view kind) { return kind == "cpu" || kind == "cuda"; }
+
+int cuda_devices_visible() {
+#if defined(BLENDSERVE_HAVE_CUDA)
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
+  if (choice.kind == "cpu") {
+    if (choice.decode_activations == "auto") return make_cpu_backend();
+    DecodeActivations decode{};
+    if (!decode_activations_from_name(choice.decode_activations, decode))
+      throw std::invalid_argument("unknown decode activations '" + choice.decode_activations + "' (auto, exact, int8)");
+    return make_cpu_backend(decode);
+  }
+  if (choice.kind == "cuda") {
+#if defined(BLENDSERVE_HAVE_CUDA)
+    return make_cuda_backend(choice.gpu);
+#else
+    throw std::runtime_error(
+        "cuda: this build has no CUDA backend (nvcc was not found when it was configured; "
+        "install the CUDA toolkit and rebuild)");
+#endif
+  }
+  throw std::invalid_argument("unknown device kind '" + choice.kind + "' (cpu, cuda)");
+}
+
+}  // namespace bs::kernels

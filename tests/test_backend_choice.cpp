@@ -1,0 +1,98 @@
+// Which backend computes (kernels/backend_choice.h) and what a user sees when the one
+// they asked for is not there: a build without nvcc, or a machine without a GPU (CI's
+// machines are one or the other), refuse cuda with a sentence, never a crash. Label
+// "unit" (no model: the runtime fails on the backend before it opens one).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "actors/runtime.h"
+#include "actors/runtime_config.h"
+#include "kernels/backend_choice.h"
+
+namespace bs::kernels {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+bool cuda_built() {
+  const auto kinds = device_kinds_built();
+  return std::find(kinds.begin(), kinds.end(), "cuda") != kinds.end();
+}
+
+TEST(BackendChoice, CpuIsAlwaysThere) {
+  const auto kinds = device_kinds_built();
+  ASSERT_FALSE(kinds.empty());
+  EXPECT_EQ(kinds.front(), "cpu");
+  EXPECT_TRUE(is_device_kind("cpu"));
+  EXPECT_TRUE(is_device_kind("cuda"));
+  EXPECT_FALSE(is_device_kind("tpu"));
+  auto be = make_backend(BackendChoice{});
+  EXPECT_EQ(be->kernel_id().rfind("cpu/", 0), 0u) << be->kernel_id();
+  EXPECT_TRUE(be->host_accessible());
+  EXPECT_EQ(be->free_memory_bytes(), -1);
+  EXPECT_TRUE(be->device_name().empty());
+  BackendChoice exact;
+  exact.decode_activations = "exact";
+  EXPECT_EQ(make_backend(exact)->kernel_id().find("+int8"), std::string::npos);
+}
+
+TEST(BackendChoice, UnknownWordsAreNamed) {
+  BackendChoice tpu;
+  tpu.kind = "tpu";
+  try {
+    make_backend(tpu);
+    ADD_FAILURE() << "tpu made a backend";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("unknown device kind 'tpu' (cpu, cuda)"));
+  }
+  BackendChoice odd;
+  odd.decode_activations = "int4";
+  EXPECT_THROW(make_backend(odd), std::invalid_argument);
+}
+
+// Without a GPU (every CI machine): cuda says why it cannot be had.
+TEST(BackendChoice, CudaWithoutAGpuIsRefusedWithAReason) {
+  if (cuda_devices_visible() > 0) GTEST_SKIP() << "this machine has a GPU: tests/cuda_test_backend.cpp covers it";
+  BackendChoice cuda;
+  cuda.kind = "cuda";
+  try {
+    make_backend(cuda);
+    ADD_FAILURE() << "a CUDA backend without a GPU";
+  } catch (const std::runtime_error& e) {
+    if (cuda_built())
+      EXPECT_THAT(e.what(), HasSubstr("cuda: no CUDA device 0 (0 visible: no GPU or no driver)"));
+    else
+      EXPECT_THAT(e.what(), HasSubstr("cuda: this build has no CUDA backend"));
+  }
+}
+
+// The runtime makes the backend first, so the refusal is a configuration error naming
+// the key, before any model is opened.
+TEST(BackendChoice, TheRuntimeRefusesCudaWithoutAGpuAsAConfigError) {
+  if (cuda_devices_visible() > 0) GTEST_SKIP() << "this machine has a GPU";
+  RuntimeConfig config = default_runtime_config();
+  config.device_kind = "cuda";
+  config.model_path = "/nonexistent/model.gguf";
+  try {
+    Runtime runtime(config);
+    ADD_FAILURE() << "a runtime on cuda without a GPU";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), AnyOf(HasSubstr("device.kind: cuda: no CUDA device 0"),
+                                HasSubstr("device.kind: cuda: this build has no CUDA backend")));
+  }
+  config.tp = 2;
+  try {
+    Runtime runtime(config);
+    ADD_FAILURE() << "tensor parallel on cuda";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("device.tp: tensor parallelism on cuda needs the NCCL ranks"));
+  }
+}
+
+}  // namespace
+}  // namespace bs::kernels
