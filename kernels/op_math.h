@@ -54,10 +54,31 @@ BS_HOST_DEVICE inline double add_row_deviation(double dev, const float* fresh_k,
                                                const float* fresh_v, const float* cached_v, int64_t head_dim,
                                                bool with_k, bool with_v) {
   for (int64_t i = 0; i < head_dim; ++i) {
+#if defined(__CUDA_ARCH__)
+    // No fused multiply-add on the device (nvcc contracts by default): the host's
+    // separate product and sum, so the sums are bit-identical.
+    if (with_k) {
+      const double d = static_cast<double>(__fsub_rn(fresh_k[i], cached_k[i]));
+      dev = __dadd_rn(dev, __dmul_rn(d, d));
+    }
+    if (with_v) {
+      const double d = static_cast<double>(__fsub_rn(fresh_v[i], cached_v[i]));
+      dev = __dadd_rn(dev, __dmul_rn(d, d));
+    }
+#else
     if (with_k) dev += static_cast<double>(fresh_k[i] - cached_k[i]) * (fresh_k[i] - cached_k[i]);
     if (with_v) dev += static_cast<double>(fresh_v[i] - cached_v[i]) * (fresh_v[i] - cached_v[i]);
+#endif
   }
   return dev;
+}
+
+// top_k's order: whether score a at index ia comes before score b at index ib. Larger
+// first, equal scores by lower index, NaN after every number (NaNs by lower index).
+BS_HOST_DEVICE inline bool ranks_before(double a, int64_t ia, double b, int64_t ib) {
+  const bool a_nan = a != a, b_nan = b != b;
+  if (a_nan || b_nan) return !a_nan || (b_nan && ia < ib);
+  return a > b || (a == b && ia < ib);
 }
 
 // ---- stored elements (ggml's formats, kernels/dequant.h), bit-exact to the CPU's ----

@@ -21,6 +21,7 @@
 #include "kernels/cuda/cuda_resources.h"
 #include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/gather_rows.cuh"
+#include "kernels/cuda/index_check.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/residual_add.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
@@ -147,11 +148,44 @@ TEST_F(CudaOps, EmbedIsBitExactToTheCpuDequantization) {
     DeviceAllocation dtable(table.size()), dids(ids.size() * sizeof(int32_t)), dout(want.size() * 4);
     BS_CUDA_CHECK(cudaMemcpyAsync(dtable.get(), table.data(), table.size(), cudaMemcpyHostToDevice, dev.stream.get()));
     BS_CUDA_CHECK(cudaMemcpyAsync(dids.get(), ids.data(), dids.bytes(), cudaMemcpyHostToDevice, dev.stream.get()));
-    embed(type, dtable.get(), dids.as<int32_t>(), dout.as<float>(), n, dim, dev.stream.get());
+    embed(type, dtable.get(), dids.as<int32_t>(), dout.as<float>(), n, dim, vocab, dev.stream.get());
     const auto got = dev.down(dout);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "type " << static_cast<int>(type);
   }
-  EXPECT_THROW(embed(TensorType::Q4_0, nullptr, nullptr, nullptr, 1, 48, dev.stream.get()), std::invalid_argument);
+  EXPECT_THROW(embed(TensorType::Q4_0, nullptr, nullptr, nullptr, 1, 48, vocab, dev.stream.get()),
+               std::invalid_argument);
+}
+
+// Ids out of range read nothing: their rows are NaN, the others right, and the check
+// kernel flags the first op that saw one (the backend's report at its next wait).
+TEST_F(CudaOps, OutOfRangeIdsReadNothingAndAreFlagged) {
+  const int64_t vocab = 10, dim = 64;
+  const auto table = random_vec(static_cast<size_t>(vocab * dim), 8);
+  const std::vector<int32_t> ids = {3, -1, 10, 9};
+  auto dtable = dev.up(table);
+  DeviceAllocation dids(ids.size() * sizeof(int32_t)), dout(ids.size() * dim * 4), flag(sizeof(int32_t));
+  BS_CUDA_CHECK(cudaMemcpyAsync(dids.get(), ids.data(), dids.bytes(), cudaMemcpyHostToDevice, dev.stream.get()));
+  BS_CUDA_CHECK(cudaMemsetAsync(flag.get(), 0, sizeof(int32_t), dev.stream.get()));
+  flag_out_of_range(dids.as<int32_t>(), 4, vocab, 5, flag.as<int32_t>(), dev.stream.get());
+  flag_out_of_range(dids.as<int32_t>(), 4, vocab, 6, flag.as<int32_t>(), dev.stream.get());  // the first stays
+  embed(TensorType::F32, dtable.get(), dids.as<int32_t>(), dout.as<float>(), 4, dim, vocab, dev.stream.get());
+  const auto got = dev.down(dout);
+  int32_t code = 0;
+  BS_CUDA_CHECK(cudaMemcpy(&code, flag.get(), sizeof code, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(code, 5);
+  for (int64_t c = 0; c < dim; ++c) {
+    EXPECT_EQ(got[static_cast<size_t>(c)], table[static_cast<size_t>(3 * dim + c)]);
+    EXPECT_TRUE(std::isnan(got[static_cast<size_t>(dim + c)]));
+    EXPECT_TRUE(std::isnan(got[static_cast<size_t>(2 * dim + c)]));
+    EXPECT_EQ(got[static_cast<size_t>(3 * dim + c)], table[static_cast<size_t>(9 * dim + c)]);
+  }
+  const std::vector<int32_t> fine = {0, 9};
+  BS_CUDA_CHECK(cudaMemcpyAsync(dids.get(), fine.data(), 8, cudaMemcpyHostToDevice, dev.stream.get()));
+  BS_CUDA_CHECK(cudaMemsetAsync(flag.get(), 0, sizeof(int32_t), dev.stream.get()));
+  flag_out_of_range(dids.as<int32_t>(), 2, vocab, 5, flag.as<int32_t>(), dev.stream.get());
+  dev.stream.synchronize();
+  BS_CUDA_CHECK(cudaMemcpy(&code, flag.get(), sizeof code, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(code, 0);
 }
 
 // Both pair layouts, negative and large positions (delta-RoPE moves chunks backwards;

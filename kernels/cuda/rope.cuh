@@ -17,4 +17,13 @@ void rope(float* x,              // device [n, heads, head_dim], rotated in plac
           bool interleaved,      // pairs (2i, 2i+1) (ggml NORM, Llama) or (i, i + head_dim/2) (NEOX)
           cudaStream_t stream);
 
+// The same rotation at positions held on the device (the model's: uploaded once per
+// forward): each (cos, sin) computed there in double from pos * inv_freq and rounded to
+// fp32, the CPU backend's RoPE cache arithmetic, so both rotate by the same fp32 values
+// (up to a rare last-bit difference of the two libraries' double cos/sin).
+void rope_at_positions(float* x,               // device [n, heads, head_dim], rotated in place
+                       const int32_t* pos,     // device [n], any position (negative: delta-RoPE)
+                       const float* inv_freq,  // device [head_dim / 2], scaling applied
+                       int64_t n, int64_t heads, int64_t head_dim, bool interleaved, cudaStream_t stream);
+
 }  // namespace bs::kernels::cuda

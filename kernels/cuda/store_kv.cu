@@ -9,6 +9,7 @@ namespace {
 __global__ void store_rows(DevicePagedKv kv, const int32_t* __restrict__ pos, const float* __restrict__ k,
                            const float* __restrict__ v) {
   const int64_t t = blockIdx.y, width = kv.kv_heads * kv.head_dim;
+  if (pos[t] < 0 || pos[t] >= kv.capacity) return;  // no memory touched (flagged by the caller)
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < width;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t h = e / kv.head_dim, i = e % kv.head_dim;

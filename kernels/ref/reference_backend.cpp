@@ -155,7 +155,7 @@ class ReferenceBackend final : public Backend {
     for (int64_t r = 0; r < k; ++r) {
       int64_t best = -1;
       for (int64_t i = 0; i < n; ++i)
-        if (!taken[i] && (best < 0 || ranks_above(score[i], score[best]))) best = i;
+        if (!taken[i] && (best < 0 || op_math::ranks_before(score[i], i, score[best], best))) best = i;
       taken[best] = 1;
       out[r] = static_cast<int32_t>(best);
     }
@@ -226,11 +226,6 @@ class ReferenceBackend final : public Backend {
       case TensorType::BF16: static_cast<uint16_t*>(base)[at] = fp32_to_bf16(x); return;
       default: static_cast<float*>(base)[at] = x;
     }
-  }
-  // top_k's order: larger first, NaN below every number.
-  static bool ranks_above(double a, double b) {
-    if (std::isnan(a)) return false;
-    return std::isnan(b) || a > b;
   }
 };
 

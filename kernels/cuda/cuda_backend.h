@@ -1,0 +1,46 @@
+// The CUDA backend: kernels/backend.h's interface over the device ops of kernels/cuda/
+// (one op per .cu/.cuh pair) and cuBLAS, on one GPU.
+//
+// Why a backend and not a second engine: the model, the transformer, the blend and
+// the runtime hold DeviceBuffers and call ops through Backend, so the GPU runs the
+// same code the CPU does and tests compare the two op by op (tests/cuda_test_ops.cpp,
+// tests/cuda_test_model.cpp).
+//
+// What it decides (the interface leaves room):
+// - Memory is device memory (cudaMalloc): host_accessible() is false. An allocation
+//   the GPU cannot give throws std::bad_alloc, as the interface asks.
+// - Ops run in issue order on one compute stream of the backend and return before the
+//   GPU finished; copy_to_host without a stream, synchronize() and synchronize(event)
+//   are where the host waits.
+// - Products are bf16 x bf16 -> fp32 (weights dequantized to bf16 once, at prepare):
+//   cuBLAS for prefill-size row counts, our own GEMV (gemv_bf16.cuh) up to
+//   linear_exact_rows() rows, whose rows are bit-identical whatever the row count (a
+//   batched decode step equals one-token forwards). Precision::F32 is not supported:
+//   choose_precision names bf16 as the alternative.
+// - Attention is fp32 over K/V widened from the cache dtype for either precision (at
+//   least as precise as the CPU's bf16 dot products).
+// - Token ids and KV positions live in device memory, so they cannot be checked on the
+//   host before the op runs without waiting for the GPU. The kernels never touch memory
+//   for an id or position out of range (embed writes a NaN row, store_kv skips the row,
+//   kv_deviation gives NaN), a check kernel flags the first such op, and the next host
+//   wait (copy_to_host, synchronize) throws std::out_of_range naming it. The reference
+//   and CPU backends throw at the call; callers validate before they upload anyway.
+// - copy_to_backend on a stream of make_stream() goes through pinned staging buffers
+//   of that stream (host memcpy into pinned memory, then an asynchronous DMA), so a
+//   loader thread's copies of layer l+1 overlap the compute of layer l; an event per
+//   layer (record / wait) is the gate. Without a stream the copy is issued on the
+//   compute stream and the host bytes are consumed before the call returns.
+#pragma once
+
+#include <memory>
+
+#include "kernels/backend.h"
+
+namespace bs::kernels {
+
+// The CUDA backend on device `device` (0-based, as CUDA_VISIBLE_DEVICES shows them).
+// Throws std::runtime_error naming the device count when there is no such device or no
+// driver, and for any CUDA/cuBLAS failure while setting up.
+std::unique_ptr<Backend> make_cuda_backend(int device);
+
+}  // namespace bs::kernels
