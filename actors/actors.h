@@ -81,6 +81,7 @@ write_back_actor::behavior_type write_back(write_back_actor::pointer self, Runti
 struct Decoding {
   PrefillOutcome prefill;  // the plan, and what the prefill did (its logits are consumed)
   std::unique_ptr<DecodeSession> session;
+  kernels::SampleRow next;  // the draw sent with the step in flight (picks its token here or on the backend)
   bool has_first_token = false;
   std::chrono::steady_clock::time_point first_token;
   int64_t steps = 0, batch_sum = 0, interleaved = 0;  // decode batching (trace)

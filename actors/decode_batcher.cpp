@@ -5,12 +5,12 @@
 
 namespace bs {
 
-bool DecodeBatcher::add(DecodeSlotPtr slot, int32_t token) {
+bool DecodeBatcher::add(DecodeSlotPtr slot, int32_t token, const kernels::SampleRow& next) {
   bool submit = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     out_.erase(slot->id);
-    pending_.push_back({std::move(slot), token});
+    pending_.push_back({std::move(slot), token, next});
     if (!job_queued_) submit = job_queued_ = true;
   }
   arrived_.notify_all();

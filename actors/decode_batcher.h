@@ -27,6 +27,7 @@
 
 #include <memory>
 
+#include "kernels/sampling.h"
 #include "model/kv_cache.h"
 
 namespace bs {
@@ -47,12 +48,13 @@ class DecodeBatcher {
   using clock = std::chrono::steady_clock;
   struct Entry {
     DecodeSlotPtr slot;
-    int32_t token = -1;  // the token to append to the request's cache
+    int32_t token = -1;        // the token to append to the request's cache
+    kernels::SampleRow next;   // how to pick the one after it, where the backend picks
   };
 
   // A request's next step. True when the caller must submit a drain job (none is
   // queued); that job calls take().
-  bool add(DecodeSlotPtr slot, int32_t token);
+  bool add(DecodeSlotPtr slot, int32_t token, const kernels::SampleRow& next = {});
   // For the drain job: waits (at most `gather`) for the requests still out with the
   // decoder, then takes up to max_batch entries, oldest first. `more` is set when
   // entries are left: the job is still due, and the caller submits it again.

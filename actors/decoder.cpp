@@ -82,16 +82,20 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
   if (rec->callbacks.on_done) rec->callbacks.on_done(res);
 }
 
-// Samples from `logits` (the prefill's or the last step's), streams the text, and
-// asks the worker for the next step unless the request ends here.
+// Takes the next token — sampled here from `logits` (the prefill's, or a step's when
+// the backend returns logits) with the draw made for it, or `picked` on the backend —
+// streams the text, and asks the worker for the next step, with the draw for the one
+// after, unless the request ends here. One draw per token either way, so a seeded
+// request gets the same tokens on every backend.
 void step(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& rec, Decoding& d,
-          const std::vector<float>& logits) {
-  if (rec->cancelled.load() || logits.empty()) return finish(self, ctx, h, rec, &d, "");
+          const std::vector<float>& logits, int32_t picked, bool first) {
+  if (rec->cancelled.load() || (logits.empty() && picked < 0)) return finish(self, ctx, h, rec, &d, "");
   const auto& plan = d.prefill.plan;
   const int64_t done_tokens = static_cast<int64_t>(d.session->tokens().size());
   // Room for the sampled token's KV: the cache holds prompt + max_tokens positions.
   const bool room = plan.prompt.size() + done_tokens + 1 <= plan.cache_capacity();
-  auto st = d.session->step(logits.data(), room);
+  if (first) d.next = d.session->next_row();
+  auto st = picked >= 0 ? d.session->step_token(picked, room) : d.session->step(logits.data(), d.next, room);
   if (!d.has_first_token) {
     d.has_first_token = true;
     d.first_token = std::chrono::steady_clock::now();
@@ -105,7 +109,8 @@ void step(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& 
     return finish(self, ctx, h, rec, &d, "");
   }
   if (st.done) return finish(self, ctx, h, rec, &d, "");
-  self->send(h->worker(), decode_atom::value, rec->id, st.token);
+  d.next = d.session->next_row();
+  self->send(h->worker(), decode_atom::value, rec->id, DecodeAsk{st.token, d.next});
 }
 
 }  // namespace
@@ -130,7 +135,7 @@ decoder_actor::behavior_type decoder(Self self, RuntimeContext* ctx, HandlesRef 
         if (!d.prefill.error.empty()) return finish(self, ctx, h, rec, &d, d.prefill.error);
         d.session = std::make_unique<DecodeSession>(ctx->model->tokenizer(), ctx->model->config().vocab,
                                                     d.prefill.plan.sampling);
-        step(self, ctx, h, rec, d, logits);
+        step(self, ctx, h, rec, d, logits, -1, /*first=*/true);
       },
       [=](logits_atom, uint64_t id, DecodeStep& s) {
         BusyScope busy(*c, self->mailbox().size());
@@ -144,7 +149,7 @@ decoder_actor::behavior_type decoder(Self self, RuntimeContext* ctx, HandlesRef 
           if (s.interleaved) ++d.interleaved;
         }
         if (!s.error.empty()) return finish(self, ctx, h, rec, &d, s.error);
-        step(self, ctx, h, rec, d, s.logits);
+        step(self, ctx, h, rec, d, s.logits, s.token, /*first=*/false);
       },
       [=](finish_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());

@@ -44,7 +44,7 @@ using worker_actor = caf::typed_actor<caf::reacts_to<prefill_atom, RequestPlan>,
                                       caf::reacts_to<load_fail_atom, uint64_t, std::string>,
                                       caf::reacts_to<stepped_atom, uint64_t>, caf::reacts_to<tick_atom>,
                                       caf::reacts_to<cancel_atom, uint64_t>,
-                                      caf::reacts_to<decode_atom, uint64_t, int32_t>,
+                                      caf::reacts_to<decode_atom, uint64_t, DecodeAsk>,
                                       caf::reacts_to<end_atom, uint64_t>,
                                       caf::replies_to<document_atom, std::vector<int32_t>>::with<KeyedKv>,
                                       caf::reacts_to<document_done_atom, DocumentKv>>;

@@ -89,9 +89,18 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, std::vector<Deco
       if (interleaved) tp->announce(RankDecision{RankDecision::Decode, ids, tokens});
       else tp->dispatch(RankJob{RankJob::Decode, 0, {}, false, ids, tokens, false});
     }
-    const std::vector<float> logits = ctx->tf->decode_step(tokens, caches);
-    for (int64_t b = 0; b < B; ++b)
-      out[b].logits.assign(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
+    if (!tp && !ctx->backend->host_accessible()) {
+      // A device backend picks the next tokens where the logits are (one id per request
+      // crosses to the host), with the draws the decoder made for them.
+      std::vector<kernels::SampleRow> rows;
+      for (const auto& e : live) rows.push_back(e.next);
+      const std::vector<int32_t> picked = ctx->tf->decode_step_sampled(tokens, caches, rows);
+      for (int64_t b = 0; b < B; ++b) out[b].token = picked[b];
+    } else {
+      const std::vector<float> logits = ctx->tf->decode_step(tokens, caches);
+      for (int64_t b = 0; b < B; ++b)
+        out[b].logits.assign(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
+    }
   } catch (const std::exception& e) {
     if (tp) {
       // A rank failed (or a collective): every request of the batch fails with it;
@@ -722,15 +731,16 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         if (auto it = w->decodes.find(id); it != w->decodes.end()) it->second->cancelled = true;
         schedule(self, ctx, h, w);
       },
-      [=](decode_atom, uint64_t id, int32_t token) {
+      [=](decode_atom, uint64_t id, const DecodeAsk& ask) {
         BusyScope busy(*c, self->mailbox().size());
         auto it = w->decodes.find(id);
         if (it == w->decodes.end()) {
-          self->send(h->decoder(), logits_atom::value, id, DecodeStep{{}, 0, false, "the request has no cache"});
+          self->send(h->decoder(), logits_atom::value, id, DecodeStep{{}, -1, 0, false, "the request has no cache"});
           return;
         }
         // One drain job at a time: requests that arrive while it is queued join it.
-        if (ctx->decode_batcher.add(it->second, token) && !ctx->compute->submit([ctx, h] { drain_decode(ctx, h); })) {
+        if (ctx->decode_batcher.add(it->second, ask.token, ask.next) &&
+            !ctx->compute->submit([ctx, h] { drain_decode(ctx, h); })) {
           // Shutting down: whatever waits goes back to the decoder uncomputed.
           for (auto& e : ctx->decode_batcher.take_all())
             self->send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});

@@ -63,7 +63,7 @@ using load_end_atom = caf::atom_constant<caf::atom("loadend")>;   // (request id
 using load_fail_atom = caf::atom_constant<caf::atom("loadfail")>; // (request id, why): a stored entry failed its read
 using stepped_atom = caf::atom_constant<caf::atom("stepped")>;    // (request id): a prefill's step job ended
 using tick_atom = caf::atom_constant<caf::atom("tick")>;          // (): look at parked and stopping prefills
-using decode_atom = caf::atom_constant<caf::atom("decode")>;      // (request id, token): one decode step
+using decode_atom = caf::atom_constant<caf::atom("decode")>;      // (request id, DecodeAsk): one decode step
 using end_atom = caf::atom_constant<caf::atom("end")>;            // (request id): the request ended, its cache is freed
 using document_atom = caf::atom_constant<caf::atom("document")>;  // (tokens) -> KeyedKv: a document's KV computed alone
 using document_done_atom = caf::atom_constant<caf::atom("docdone")>; // (DocumentKv): that compute ended
@@ -94,6 +94,7 @@ inline void add_runtime_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<RequestPlan>("bs::RequestPlan");
   cfg.add_message_type<PrefillOutcome>("bs::PrefillOutcome");
   cfg.add_message_type<DecodeStep>("bs::DecodeStep");
+  cfg.add_message_type<DecodeAsk>("bs::DecodeAsk");
   cfg.add_message_type<RankJob>("bs::RankJob");
 }
 

@@ -66,9 +66,19 @@ struct PrefillOutcome {
   bool fallback = false;           // a stored entry failed mid-load: redone from whole entries
 };
 
-// One decode step's result for one request, from the worker to the decoder.
+// A decode step asked of the worker: the token to append, and the settings and draw
+// (the request's sampler, kernels/sampling.h) that pick the next one where the backend
+// picks it (a device backend: only the id comes back).
+struct DecodeAsk {
+  int32_t token = -1;
+  kernels::SampleRow next;
+};
+
+// One decode step's result for one request, from the worker to the decoder: the next
+// token picked on the backend, or the logits to pick it from.
 struct DecodeStep {
-  std::vector<float> logits;  // [vocab]; empty when the step was not computed (cancelled, failed)
+  std::vector<float> logits;  // [vocab], or empty: picked on the backend, or not computed (cancelled, failed)
+  int32_t token = -1;         // picked on the backend with DecodeAsk::next; -1: from the logits
   int32_t batch = 0;          // requests in the step (continuous batching)
   bool interleaved = false;   // run between the layers of a prefill or write-back compute
   std::string error;          // the step failed for this request
@@ -113,7 +123,12 @@ typename Inspector::result_type inspect(Inspector& f, PrefillOutcome& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DecodeStep& x) {
-  return f(x.logits, x.batch, x.interleaved, x.error);
+  return f(x.logits, x.token, x.batch, x.interleaved, x.error);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DecodeAsk& x) {
+  return f(x.token, x.next.temperature, x.next.top_p, x.next.top_k, x.next.uniform);
 }
 
 }  // namespace bs

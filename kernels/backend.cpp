@@ -6,6 +6,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace bs::kernels {
 namespace {
@@ -78,6 +79,14 @@ void Backend::record(Event&, Stream*) {}
 void Backend::wait(const Event&, Stream*) {}
 void Backend::synchronize(const Event&) {}
 void Backend::synchronize() {}
+
+void Backend::sample_rows(const float* logits, int64_t n, int64_t vocab, const SampleRow* rows, int32_t* tokens) {
+  if (n <= 0) return;
+  thread_local std::vector<float> host;
+  host.resize(static_cast<size_t>(n * vocab));
+  copy_to_host(host.data(), logits, n * vocab * static_cast<int64_t>(sizeof(float)));
+  for (int64_t r = 0; r < n; ++r) tokens[r] = pick_token(host.data() + r * vocab, vocab, rows[r]);
+}
 
 std::unique_ptr<PreparedWeights> Backend::prepare_embedding(const WeightView& table) {
   auto out = std::make_unique<PreparedWeights>();

@@ -27,6 +27,7 @@
 
 #include "kernels/device_memory.h"
 #include "kernels/kv_view.h"
+#include "kernels/sampling.h"
 #include "kernels/tensor_types.h"
 #include "kernels/workspace.h"
 
@@ -247,6 +248,16 @@ class Backend {
                          int64_t n, int64_t q_heads, int64_t n_kv, float scale,
                          Precision precision  // BF16: bf16 dot products, fp32 softmax/accumulation
                          ) = 0;
+
+  // One token per row of logits, picked where the logits are, exactly as
+  // kernels/sampling.h's pick_token picks it from the same row and draw. The default
+  // copies the logits to the host and picks there; a device backend picks on the device
+  // and only the n ids come back.
+  virtual void sample_rows(const float* logits,    // [n, vocab]
+                           int64_t n, int64_t vocab,
+                           const SampleRow* rows,  // host [n]: settings and draw per row
+                           int32_t* tokens         // host [n]
+  );
 
   // One decode query per row, each row a different sequence with its own cache: row i
   // (q_heads heads) attends to rows [0, qpos[i]] of kv[i]. Every row equals

@@ -8,42 +8,15 @@
 
 namespace bs {
 
-int32_t argmax(const float* logits, int64_t vocab) {
-  return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+int32_t argmax(const float* logits, int64_t vocab) { return kernels::argmax_logit(logits, vocab); }
+
+kernels::SampleRow Sampler::next_row() {
+  kernels::SampleRow row{params_.temperature, params_.top_p, params_.top_k, 0.0};
+  if (params_.temperature > 0.0f) row.uniform = kernels::uniform_draw(rng_);  // greedy draws nothing
+  return row;
 }
 
-int32_t Sampler::sample(const float* logits, int64_t vocab) {
-  if (params_.temperature <= 0.0f) return argmax(logits, vocab);
-  std::vector<int32_t> idx(static_cast<size_t>(vocab));
-  std::iota(idx.begin(), idx.end(), 0);
-  int64_t keep = vocab;
-  if (params_.top_k > 0 && params_.top_k < vocab) keep = params_.top_k;
-  // Candidates sorted by logit; partial sort is enough when top_k or top_p limits them.
-  const int64_t sort_n = std::min<int64_t>(keep, 1024);
-  std::partial_sort(idx.begin(), idx.begin() + sort_n, idx.end(),
-                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  keep = std::min(keep, sort_n);
-  const float inv_t = 1.0f / params_.temperature;
-  std::vector<double> probs(static_cast<size_t>(keep));
-  const double mx = logits[idx[0]];
-  double sum = 0;
-  for (int64_t i = 0; i < keep; ++i) sum += probs[i] = std::exp((logits[idx[i]] - mx) * inv_t);
-  if (params_.top_p < 1.0f) {
-    double cum = 0;
-    int64_t cut = keep;
-    for (int64_t i = 0; i < keep; ++i) {
-      cum += probs[i] / sum;
-      if (cum >= params_.top_p) {
-        cut = i + 1;
-        break;
-      }
-    }
-    keep = cut;
-    probs.resize(static_cast<size_t>(keep));
-  }
-  std::discrete_distribution<int64_t> dist(probs.begin(), probs.end());
-  return idx[dist(rng_)];
-}
+int32_t Sampler::sample(const float* logits, int64_t vocab) { return kernels::pick_token(logits, vocab, next_row()); }
 
 namespace {
 
@@ -83,11 +56,22 @@ void DecodeSession::cancel() {
 }
 
 DecodeSession::Step DecodeSession::step(const float* logits, bool can_continue) {
+  if (done_) return Step{-1, {}, true};
+  return advance(sampler_.sample(logits, vocab_), can_continue);
+}
+
+DecodeSession::Step DecodeSession::step(const float* logits, const kernels::SampleRow& row, bool can_continue) {
+  if (done_) return Step{-1, {}, true};
+  return advance(kernels::pick_token(logits, vocab_, row), can_continue);
+}
+
+DecodeSession::Step DecodeSession::step_token(int32_t id, bool can_continue) {
+  if (done_) return Step{-1, {}, true};
+  return advance(id, can_continue);
+}
+
+DecodeSession::Step DecodeSession::advance(int32_t id, bool can_continue) {
   Step st;
-  if (done_) {
-    st.done = true;
-    return st;
-  }
   // The last step: everything still pending is released (after a stop-string cut,
   // the text ends at the cut and the decoder's tail is dropped with it).
   auto finish = [&](const char* reason, bool flush) {
@@ -98,7 +82,6 @@ DecodeSession::Step DecodeSession::step(const float* logits, bool can_continue) 
     st.done = true;
     return st;
   };
-  const int32_t id = sampler_.sample(logits, vocab_);
   if (id == tok_.eos_id() || tok_.is_control(id)) return finish("stop", true);
   tokens_.push_back(id);
   text_ += stream_.push(id);

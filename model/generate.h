@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/sampling.h"
 #include "model/transformer.h"
 
 namespace bs {
@@ -25,6 +26,11 @@ struct SamplingParams {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
+  // The next step's settings and draw (one draw per sampled step; greedy draws none):
+  // whoever picks the token with it (kernels::pick_token here, or a backend's
+  // sample_rows on the device) picks the same one.
+  kernels::SampleRow next_row();
+  // next_row() picked from host logits.
   int32_t sample(const float* logits, int64_t vocab);
 
  private:
@@ -59,6 +65,12 @@ class DecodeSession {
   // logits: [vocab] after the last token. can_continue: the cache has room for one
   // more token (false: this step is the last, finish "length").
   Step step(const float* logits, bool can_continue);
+  // The same with the row drawn earlier by next_row() (the runtime draws when it asks
+  // for the step, so a step sampled on the device and one sampled here use one draw).
+  Step step(const float* logits, const kernels::SampleRow& row, bool can_continue);
+  // The same with the token already picked (on the device, with a next_row() draw).
+  Step step_token(int32_t token, bool can_continue);
+  kernels::SampleRow next_row() { return sampler_.next_row(); }
   // Ends the session early (cancelled): nothing more is released, and text() is
   // what was released so far.
   void cancel();
@@ -70,6 +82,7 @@ class DecodeSession {
 
  private:
   std::string release(size_t upto);
+  Step advance(int32_t token, bool can_continue);
 
   const Tokenizer& tok_;
   int64_t vocab_;

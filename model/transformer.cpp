@@ -168,7 +168,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, KvCache
   return out;
 }
 
-std::vector<float> Transformer::decode_step(std::span<const int32_t> tokens, std::span<KvCache* const> caches) const {
+void Transformer::check_decode(std::span<const int32_t> tokens, std::span<KvCache* const> caches) const {
   const auto& c = model_.config();
   const int64_t B = static_cast<int64_t>(tokens.size());
   if (B == 0) throw std::invalid_argument("decode_step: no tokens");
@@ -188,7 +188,12 @@ std::vector<float> Transformer::decode_step(std::span<const int32_t> tokens, std
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
     throw std::invalid_argument("decode_step: a cache is given twice");
+}
 
+std::vector<float> Transformer::decode_step(std::span<const int32_t> tokens, std::span<KvCache* const> caches) const {
+  check_decode(tokens, caches);
+  const auto& c = model_.config();
+  const int64_t B = static_cast<int64_t>(tokens.size());
   std::vector<float> out(static_cast<size_t>(B * c.vocab));
   const int64_t part = std::max<int64_t>(1, model_.backend().linear_exact_rows());
   for (int64_t b0 = 0; b0 < B; b0 += part) {
@@ -198,8 +203,27 @@ std::vector<float> Transformer::decode_step(std::span<const int32_t> tokens, std
   return out;
 }
 
-void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache* const> caches,
-                              float* logits_out) const {
+std::vector<int32_t> Transformer::decode_step_sampled(std::span<const int32_t> tokens,
+                                                      std::span<KvCache* const> caches,
+                                                      std::span<const kernels::SampleRow> rows) const {
+  if (model_.output_rows() != model_.config().vocab)
+    throw std::logic_error("decode_step_sampled: the vocabulary is split across tensor-parallel ranks");
+  if (rows.size() != tokens.size())
+    throw std::invalid_argument("decode_step_sampled: " + std::to_string(rows.size()) + " sampling rows for " +
+                                std::to_string(tokens.size()) + " tokens");
+  check_decode(tokens, caches);
+  const int64_t B = static_cast<int64_t>(tokens.size());
+  std::vector<int32_t> out(static_cast<size_t>(B));
+  const int64_t part = std::max<int64_t>(1, model_.backend().linear_exact_rows());
+  for (int64_t b0 = 0; b0 < B; b0 += part) {
+    const int64_t m = std::min(part, B - b0);
+    decode_rows(tokens.subspan(b0, m), caches.subspan(b0, m), nullptr, rows.data() + b0, out.data() + b0);
+  }
+  return out;
+}
+
+void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache* const> caches, float* logits_out,
+                              const kernels::SampleRow* rows, int32_t* picked) const {
   const auto& c = model_.config();
   auto& be = model_.backend();
   auto& ws = be.workspace();
@@ -229,7 +253,16 @@ void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache
     project_and_mlp(l, hidden, attn, B);
   }
   for (int64_t b = 0; b < B; ++b) caches[b]->length = host_pos[b] + 1;
-  logits(hidden, B, logits_out);
+  if (!rows) {
+    logits(hidden, B, logits_out);
+    return;
+  }
+  // The logits stay on the backend; the pick happens there.
+  float* xn = ws.get<float>(kXn, B * c.dim);
+  float* device_logits = ws.get<float>(kLogits, B * c.vocab);
+  be.rmsnorm(hidden, model_.output_norm(), xn, B, c.dim, c.rms_eps);
+  be.linear(model_.output(), xn, device_logits, B, nullptr);
+  be.sample_rows(device_logits, B, c.vocab, rows, picked);
 }
 
 }  // namespace bs

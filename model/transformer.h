@@ -113,6 +113,15 @@ class Transformer {
   std::vector<float> decode_step(std::span<const int32_t> tokens,     // [B]
                                  std::span<KvCache* const> caches) const;  // [B]
 
+  // decode_step with each row's next token picked on the backend from its logits
+  // (Backend::sample_rows, with rows[b]'s settings and draw) instead of the logits
+  // coming back: on a device backend only the B ids cross to the host. Returns [B]
+  // tokens. Not with tensor parallelism (each rank holds a share of the vocabulary):
+  // std::logic_error.
+  std::vector<int32_t> decode_step_sampled(std::span<const int32_t> tokens,       // [B]
+                                           std::span<KvCache* const> caches,      // [B]
+                                           std::span<const kernels::SampleRow> rows) const;  // [B]
+
   const LlamaModel& model() const { return model_; }
 
  private:
@@ -122,8 +131,14 @@ class Transformer {
                        float* hidden,      // [n, dim]
                        const float* attn,  // [n, q_heads, head_dim]
                        int64_t n) const;
-  // decode_step for at most linear_exact_rows() sequences.
-  void decode_rows(std::span<const int32_t> tokens, std::span<KvCache* const> caches, float* logits) const;
+  // decode_step's checks: every cache fits, has room and is given once; every token is
+  // in the vocabulary. Throws before anything is touched.
+  void check_decode(std::span<const int32_t> tokens, std::span<KvCache* const> caches) const;
+  // decode_step for at most linear_exact_rows() sequences: their logits [B, vocab]
+  // into `logits` (host), or with `rows` their tokens picked on the backend into
+  // `picked` (host [B]).
+  void decode_rows(std::span<const int32_t> tokens, std::span<KvCache* const> caches, float* logits,
+                   const kernels::SampleRow* rows = nullptr, int32_t* picked = nullptr) const;
 
   const LlamaModel& model_;
   kernels::Communicator* comm_ = nullptr;

@@ -117,7 +117,7 @@ worker_actor::behavior_type worker_double(worker_actor::pointer, Log log) {
       [=](stepped_atom, uint64_t) { log->push_back("worker:stepped"); },
       [=](tick_atom) { log->push_back("worker:tick"); },
       [=](cancel_atom, uint64_t) { log->push_back("worker:cancel"); },
-      [=](decode_atom, uint64_t, int32_t) { log->push_back("worker:decode"); },
+      [=](decode_atom, uint64_t, const DecodeAsk&) { log->push_back("worker:decode"); },
       [=](end_atom, uint64_t) { log->push_back("worker:end"); },
       [=](document_atom, const std::vector<int32_t>&) -> caf::result<KeyedKv> {
         log->push_back("worker:document");
@@ -488,7 +488,7 @@ CAF_TEST(a_plan_and_an_outcome_survive_serialization_and_are_registered_by_name)
   CAF_CHECK_EQUAL(back.recomputed_tokens, 12);
   CAF_CHECK(back.fallback);
   // Registered under the names another node knows them by.
-  for (const char* name : {"bs::RequestPlan", "bs::PrefillOutcome", "bs::DecodeStep"})
+  for (const char* name : {"bs::RequestPlan", "bs::PrefillOutcome", "bs::DecodeStep", "bs::DecodeAsk"})
     CAF_CHECK(sys.types().make_value(name) != nullptr);
 }
 
@@ -1159,8 +1159,8 @@ CAF_TEST(worker_prefills_then_batches_decode_steps_and_a_request_that_fails_fail
   // The compute thread is busy, so both steps wait in the batcher for one job.
   std::promise<void> release = hold_compute();
   for (const auto& plan : {healthy, full}) {
-    self->send(h->worker(), decode_atom::value, plan.id, token);
-    expect((decode_atom, uint64_t, int32_t), from(self).to(h->worker()).with(_, plan.id, token));
+    self->send(h->worker(), decode_atom::value, plan.id, DecodeAsk{token, {}});
+    expect((decode_atom, uint64_t, DecodeAsk), from(self).to(h->worker()).with(_, plan.id, _));
   }
   CAF_CHECK_EQUAL(ctx->decode_batcher.pending(), 2u);
   CAF_CHECK_EQUAL(ctx->compute->queued(), 1);  // one drain job for both
@@ -1192,8 +1192,8 @@ CAF_TEST(worker_prefills_then_batches_decode_steps_and_a_request_that_fails_fail
   // A request that ended: its slot is gone, a late step is answered with an error.
   self->send(h->worker(), end_atom::value, full.id);
   expect((end_atom, uint64_t), from(self).to(h->worker()).with(_, full.id));
-  self->send(h->worker(), decode_atom::value, full.id, token);
-  expect((decode_atom, uint64_t, int32_t), from(self).to(h->worker()).with(_, full.id, token));
+  self->send(h->worker(), decode_atom::value, full.id, DecodeAsk{token, {}});
+  expect((decode_atom, uint64_t, DecodeAsk), from(self).to(h->worker()).with(_, full.id, _));
   const auto [a3, id3, step3] = extract<logits_atom, uint64_t, DecodeStep>(h->decoder());
   CAF_CHECK_EQUAL(mentions(step3.error, "no cache"), "no cache");
   expect((logits_atom, uint64_t, DecodeStep), from(h->worker()).to(h->decoder()).with(_, full.id, _));

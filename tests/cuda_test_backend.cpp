@@ -21,6 +21,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/dequant.h"
+#include "kernels/sampling.h"
 #include "tests/paged_kv.h"
 #include "tests/random_data.h"
 
@@ -334,6 +335,31 @@ TEST_F(CudaBackendOps, PagedKvOpsAndAttentionEqualTheCpu) {
     auto dk = zeros(std::max<size_t>(1, want.size()) * sizeof(int32_t));
     cuda->top_k(ds.as<double>(), 1000, kk, dk.as<int32_t>());
     EXPECT_EQ(down<int32_t>(dk, want.size()), want) << "k " << kk;
+  }
+}
+
+// Sampling on the device picks the host's token (kernels/sampling.h) from the same
+// logits and draw: greedy rows (ties to the lower index), temperature, top-k and top-p
+// rows in one call, a vocabulary the size of Llama 3's.
+TEST_F(CudaBackendOps, SamplingPicksTheHostsTokens) {
+  const int64_t vocab = 128256, n = 6;
+  auto logits = random_vec(static_cast<size_t>(n * vocab), 22, 3.0f);
+  logits[5] = logits[70000] = 100.0f;  // row 0: a tie for the maximum
+  const auto d = up(logits);
+  std::mt19937_64 rng(23);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<SampleRow> rows = {{0.0f, 1.0f, 0, 0.0},
+                                   {1.0f, 1.0f, 0, uniform_draw(rng)},
+                                   {0.6f, 0.9f, 0, uniform_draw(rng)},
+                                   {1.2f, 1.0f, 40, uniform_draw(rng)},
+                                   {0.8f, 0.5f, 7, uniform_draw(rng)},
+                                   {2.0f, 0.99f, 2000, uniform_draw(rng)}};
+    std::vector<int32_t> got(static_cast<size_t>(n), -1);
+    cuda->sample_rows(d.as<float>(), n, vocab, rows.data(), got.data());
+    for (int64_t r = 0; r < n; ++r)
+      EXPECT_EQ(got[r], pick_token(logits.data() + r * vocab, vocab, rows[static_cast<size_t>(r)]))
+          << "round " << round << " row " << r;
+    EXPECT_EQ(got[0], 5);
   }
 }
 

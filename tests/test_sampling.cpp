@@ -2,10 +2,14 @@
 // set, in proportion to their probabilities; the same seed gives the same draws.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
 #include <vector>
 
+#include "kernels/sampling.h"
 #include "model/generate.h"
 
 namespace bs {
@@ -71,6 +75,87 @@ TEST(Sampling, TemperatureSharpensAndSeedsRepeat) {
   EXPECT_EQ(draw(p, l, 300), draw(p, l, 300));
   p.seed = 4;
   EXPECT_NE(draw(p, l, 300), (draw(SamplingParams{0.25f, 1.0f, 0, 3, 256, {}}, l, 300)));
+}
+
+// The pick (kernels/sampling.h), which the device sampler must match, is the sampler's
+// former std::discrete_distribution arithmetic: for random logits, settings and
+// generator states, the same token as that code (kept here as the oracle) from the same
+// generator state — ties broken by lower index, which the oracle's partial_sort left
+// unspecified, do not occur in random floats.
+int32_t oracle_sample(const SamplingParams& p, const float* logits, int64_t vocab, std::mt19937_64& rng) {
+  if (p.temperature <= 0.0f) return argmax(logits, vocab);
+  std::vector<int32_t> idx(static_cast<size_t>(vocab));
+  std::iota(idx.begin(), idx.end(), 0);
+  int64_t keep = vocab;
+  if (p.top_k > 0 && p.top_k < vocab) keep = p.top_k;
+  const int64_t sort_n = std::min<int64_t>(keep, 1024);
+  std::partial_sort(idx.begin(), idx.begin() + sort_n, idx.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  keep = std::min(keep, sort_n);
+  const float inv_t = 1.0f / p.temperature;
+  std::vector<double> probs(static_cast<size_t>(keep));
+  const double mx = logits[idx[0]];
+  double sum = 0;
+  for (int64_t i = 0; i < keep; ++i) sum += probs[i] = std::exp((logits[idx[i]] - mx) * inv_t);
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    int64_t cut = keep;
+    for (int64_t i = 0; i < keep; ++i) {
+      cum += probs[i] / sum;
+      if (cum >= p.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    probs.resize(static_cast<size_t>(cut));
+  }
+  std::discrete_distribution<int64_t> dist(probs.begin(), probs.end());
+  return idx[dist(rng)];
+}
+
+TEST(Sampling, ThePickIsTheFormerDiscreteDistributionArithmetic) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> logit(0.0f, 3.0f);
+  int compared = 0;
+  for (int64_t vocab : {int64_t{2}, int64_t{7}, int64_t{300}, int64_t{5000}}) {
+    std::vector<float> l(static_cast<size_t>(vocab));
+    for (auto& x : l) x = logit(gen);
+    for (float temperature : {0.0f, 0.3f, 1.0f, 1.7f})
+      for (int top_k : {0, 1, 5, 2000})
+        for (float top_p : {1.0f, 0.9f, 0.5f}) {
+          SamplingParams p;
+          p.temperature = temperature;
+          p.top_k = top_k;
+          p.top_p = top_p;
+          std::mt19937_64 a(compared), b(compared);
+          for (int step = 0; step < 20; ++step) {
+            const int32_t want = oracle_sample(p, l.data(), vocab, a);
+            const kernels::SampleRow row{temperature, top_p, top_k,
+                                         temperature > 0 ? kernels::uniform_draw(b) : 0.0};
+            EXPECT_EQ(kernels::pick_token(l.data(), vocab, row), want)
+                << "vocab " << vocab << " T " << temperature << " top_k " << top_k << " top_p " << top_p;
+            a = b;  // the oracle skips its draw when one candidate is left; the pick always draws
+            ++compared;
+          }
+        }
+  }
+  EXPECT_EQ(compared, 4 * 4 * 4 * 3 * 20);
+}
+
+// The runtime's path: the draw made when the step is asked for, the pick later (on the
+// device or here) — the same tokens as sampling on the spot.
+TEST(Sampling, ADrawMadeAheadPicksTheSameTokens) {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_p = 0.95f;
+  p.seed = 9;
+  const auto l = logits_of(kProbs);
+  Sampler now(p), ahead(p);
+  for (int i = 0; i < 200; ++i) {
+    const kernels::SampleRow row = ahead.next_row();
+    EXPECT_EQ(kernels::pick_token(l.data(), static_cast<int64_t>(l.size()), row),
+              now.sample(l.data(), static_cast<int64_t>(l.size())));
+  }
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rope_kv_rows.cuh"
+#include "kernels/cuda/sample.cuh"
 #include "kernels/cuda/split_qkv.cuh"
 #include "kernels/cuda/store_kv.cuh"
 #include "kernels/cuda/swiglu.cuh"
@@ -389,6 +390,14 @@ class CudaBackend final : public Backend {
       cuda::attention(q, qpos, device_view(kv), out, n, q_heads, n_kv, scale, stream_.get());
   }
 
+  void sample_rows(const float* logits, int64_t n, int64_t vocab, const SampleRow* rows, int32_t* tokens) override {
+    if (n <= 0) return;
+    DeviceScope scope(device_);
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    cuda::sample_rows(logits, n, vocab, rows, tokens, sample_scratch_, stream_.get());
+    throw_if_flagged_after_sync();
+  }
+
   void attention_rows(const float* q, const int32_t* qpos, const KvView* kv, float* out, int64_t n, int64_t q_heads,
                       float scale, Precision) override {
     if (n <= 0) return;
@@ -469,6 +478,12 @@ class CudaBackend final : public Backend {
     return scratch.get();
   }
 
+  // sample_rows waited for the stream: the flag of the ops before it, read now.
+  void throw_if_flagged_after_sync() {
+    fetch_flag();
+    BS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    throw_if_flagged();
+  }
   // The flag's value into flag_host_, on the compute stream (read after the wait).
   void fetch_flag() {
     BS_CUDA_CHECK(cudaMemcpyAsync(flag_host_, flag_device_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_.get()));
@@ -491,6 +506,7 @@ class CudaBackend final : public Backend {
   std::mutex ops_mu_;  // the scratch below is shared by the threads that call ops
   DeviceAllocation linear_scratch_, pages_scratch_, rope_scratch_, rows_scratch_, decode_scratch_;
   cuda::AttentionGemmScratch attention_scratch_;
+  cuda::SampleScratch sample_scratch_;
   std::vector<int32_t> host_pages_;
   std::vector<cuda::DevicePagedKv> host_views_;
   std::vector<std::byte> host_rows_;

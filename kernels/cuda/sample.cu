@@ -1,0 +1,150 @@
+#include "kernels/cuda/sample.cuh"
+
+#include <cub/device/device_segmented_radix_sort.cuh>
+
+#include <cstdint>
+#include <stdexcept>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace bs::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// For each row: greedy rows get their argmax here; sampled rows are left to pick_sorted.
+__global__ void argmax_rows(const float* __restrict__ logits, int64_t vocab, const SampleRow* __restrict__ rows,
+                            int32_t* __restrict__ tokens) {
+  const int64_t r = blockIdx.x;
+  if (rows[r].temperature > 0.0f && vocab > 1) return;
+  const float* l = logits + r * vocab;
+  float best = -INFINITY;
+  int64_t at = INT64_MAX;  // no index yet
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
+    if (l[i] > best || (l[i] == best && i < at)) best = l[i], at = i;
+  __shared__ float vals[kThreads];
+  __shared__ int64_t idx[kThreads];
+  vals[threadIdx.x] = best;
+  idx[threadIdx.x] = at;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const float v = vals[threadIdx.x + stride];
+      const int64_t j = idx[threadIdx.x + stride];
+      if (v > vals[threadIdx.x] || (v == vals[threadIdx.x] && j < idx[threadIdx.x])) {
+        vals[threadIdx.x] = v;
+        idx[threadIdx.x] = j;
+      }
+    }
+    __syncthreads();
+  }
+  // std::max_element keeps a NaN first element (nothing compares above it): so does this.
+  if (threadIdx.x == 0) tokens[r] = static_cast<int32_t>(l[0] != l[0] || idx[0] >= vocab ? 0 : idx[0]);
+}
+
+__global__ void fill_iota(int32_t* __restrict__ iota, int32_t* __restrict__ offsets, int64_t n, int64_t vocab) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n * vocab;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    iota[e] = static_cast<int32_t>(e % vocab);
+    if (e % vocab == 0) offsets[e / vocab] = static_cast<int32_t>(e);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) offsets[n] = static_cast<int32_t>(n * vocab);
+}
+
+// One block per sampled row, over its logits sorted descending (ties: lower index first).
+__global__ void pick_sorted(const float* __restrict__ sorted, const int32_t* __restrict__ order, int64_t vocab,
+                            const SampleRow* __restrict__ rows, int32_t* __restrict__ tokens) {
+  const int64_t r = blockIdx.x;
+  const SampleRow row = rows[r];
+  if (row.temperature <= 0.0f || vocab <= 1) return;
+  int64_t keep = vocab;
+  if (row.top_k > 0 && row.top_k < vocab) keep = row.top_k;
+  keep = keep < kMaxCandidates ? keep : kMaxCandidates;
+  const float* l = sorted + r * vocab;
+  const int32_t* id = order + r * vocab;
+  __shared__ double probs[kMaxCandidates];
+  const float inv_t = 1.0f / row.temperature;
+  const double mx = l[0];
+  for (int64_t i = threadIdx.x; i < keep; i += blockDim.x) probs[i] = exp((static_cast<double>(l[i]) - mx) * inv_t);
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  // The host's order of every sum (kernels/sampling.cpp: pick_token).
+  double sum = 0;
+  for (int64_t i = 0; i < keep; ++i) sum += probs[i];
+  if (row.top_p < 1.0f) {
+    double cum = 0;
+    for (int64_t i = 0; i < keep; ++i) {
+      cum += probs[i] / sum;
+      if (cum >= row.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  if (keep < 2) {
+    tokens[r] = id[0];
+    return;
+  }
+  double kept_sum = 0.0;
+  for (int64_t i = 0; i < keep; ++i) kept_sum += probs[i];
+  double cum = 0.0;
+  for (int64_t i = 0; i < keep; ++i) {
+    cum = i + 1 == keep ? 1.0 : cum + probs[i] / kept_sum;
+    if (cum >= row.uniform) {
+      tokens[r] = id[i];
+      return;
+    }
+  }
+  tokens[r] = id[keep - 1];
+}
+
+void* grow(DeviceAllocation& a, size_t bytes) {
+  if (a.bytes() < bytes) a = DeviceAllocation(bytes);
+  return a.get();
+}
+
+}  // namespace
+
+void sample_rows(const float* logits, int64_t n, int64_t vocab, const SampleRow* rows, int32_t* tokens_out,
+                 SampleScratch& scratch, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (n * vocab >= (int64_t{1} << 31)) throw std::invalid_argument("cuda sample_rows: n * vocab must be < 2^31");
+  auto* d_rows = static_cast<SampleRow*>(grow(scratch.rows, static_cast<size_t>(n) * sizeof(SampleRow)));
+  auto* d_tokens = static_cast<int32_t*>(grow(scratch.tokens, static_cast<size_t>(n) * sizeof(int32_t)));
+  BS_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows, static_cast<size_t>(n) * sizeof(SampleRow), cudaMemcpyHostToDevice,
+                                stream));
+  bool sampled = false;
+  for (int64_t r = 0; r < n; ++r) sampled = sampled || (rows[r].temperature > 0.0f && vocab > 1);
+  argmax_rows<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, vocab, d_rows, d_tokens);
+  BS_CUDA_CHECK(cudaGetLastError());
+  if (sampled) {
+    const size_t cells = static_cast<size_t>(n * vocab);
+    auto* sorted = static_cast<float*>(grow(scratch.sorted, cells * sizeof(float)));
+    auto* order = static_cast<int32_t*>(grow(scratch.order, cells * sizeof(int32_t)));
+    auto* iota = static_cast<int32_t*>(grow(scratch.iota, cells * sizeof(int32_t)));
+    auto* offsets = static_cast<int32_t*>(grow(scratch.offsets, static_cast<size_t>(n + 1) * sizeof(int32_t)));
+    if (scratch.iota_rows != n || scratch.iota_vocab != vocab) {
+      const int64_t blocks = (n * vocab + kThreads - 1) / kThreads;
+      fill_iota<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kThreads, 0, stream>>>(iota, offsets, n,
+                                                                                                  vocab);
+      BS_CUDA_CHECK(cudaGetLastError());
+      scratch.iota_rows = n;
+      scratch.iota_vocab = vocab;
+    }
+    size_t temp_bytes = 0;
+    BS_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+        nullptr, temp_bytes, logits, sorted, iota, order, static_cast<int>(n * vocab), static_cast<int>(n), offsets,
+        offsets + 1, 0, 32, stream));
+    void* temp = grow(scratch.temp, temp_bytes);
+    BS_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+        temp, temp_bytes, logits, sorted, iota, order, static_cast<int>(n * vocab), static_cast<int>(n), offsets,
+        offsets + 1, 0, 32, stream));
+    pick_sorted<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(sorted, order, vocab, d_rows, d_tokens);
+    BS_CUDA_CHECK(cudaGetLastError());
+  }
+  BS_CUDA_CHECK(cudaMemcpyAsync(tokens_out, d_tokens, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                stream));
+  BS_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace bs::kernels::cuda
