@@ -5,7 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 
@@ -91,6 +95,29 @@ TEST(BackendChoice, TheRuntimeRefusesCudaWithoutAGpuAsAConfigError) {
     ADD_FAILURE() << "tensor parallel on cuda";
   } catch (const ConfigError& e) {
     EXPECT_THAT(e.what(), HasSubstr("device.tp: tensor parallelism on cuda needs the NCCL ranks"));
+  }
+}
+
+// The command lines: --device after the subcommand too (blendserve serve --device cuda,
+// blendctl bench prefill --device cuda), and without a GPU the refusal in words, exit 1.
+TEST(BackendChoice, TheCommandLinesRefuseCudaWithoutAGpuInWords) {
+  if (cuda_devices_visible() > 0) GTEST_SKIP() << "this machine has a GPU";
+  const std::string bin = BLENDSERVE_BINARY_DIR;
+  for (const std::string& command :
+       {bin + "/blendserve serve --device cuda --port 0", bin + "/blendserve --device cuda generate --prompt hi",
+        bin + "/blendctl bench prefill --device cuda --lengths 8"}) {
+    const std::string exe = command.substr(0, command.find(' '));
+    if (!std::filesystem::exists(exe)) GTEST_SKIP() << exe << " is not built in this build";
+    FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    const int status = ::pclose(p);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << command << ": " << out;
+    EXPECT_THAT(out, AnyOf(HasSubstr("cuda: no CUDA device 0"), HasSubstr("cuda: this build has no CUDA backend")))
+        << command;
+    EXPECT_THAT(out, ::testing::Not(HasSubstr("not expected"))) << command;
   }
 }
 

@@ -316,7 +316,7 @@ TEST(ClusterConfigErrors, UnknownKeys) {
                                     HasSubstr(at_line(text, "gpus"))));
   text = with_node("  - {name: w3, role: worker, host: 127.0.0.1, port: 7104, http_port: 8104,\n"
                    "     device: {kind: cpu, tpp: 1}}");
-  EXPECT_THAT(error_of(text), AllOf(HasSubstr("nodes[4].device.tpp: unknown key (valid keys in device: kind, threads"),
+  EXPECT_THAT(error_of(text), AllOf(HasSubstr("nodes[4].device.tpp: unknown key (valid keys in device: kind, gpus, threads"),
                                     HasSubstr("did you mean 'device.tp'"), HasSubstr(at_line(text, "tpp"))));
   text = with_node("  - {name: w3, role: worker, host: 127.0.0.1, port: 7104, http_port: 8104,\n"
                    "     tiers: {nvme: {}}}");
@@ -463,9 +463,13 @@ TEST(ClusterConfigErrors, RuntimeValuesKeepTheirMessagesUnderTheNodesPath) {
   EXPECT_THAT(error_of(text), AllOf(HasSubstr("defaults.blend.ratio: must be in [0, 1], got 1.5"),
                                     HasSubstr(at_line(text, "ratio: 1.5"))));
   text = with_line("name: w2", "  - {name: w2, role: worker, host: 127.0.0.1, port: 7102, http_port: 8102,\n"
-                               "     device: {kind: cuda}}");
-  EXPECT_THAT(error_of(text), AllOf(HasSubstr("nodes[2].device.kind: the CUDA backend is not available"),
-                                    HasSubstr(at_line(text, "kind: cuda"))));
+                               "     device: {kind: tpu}}");
+  EXPECT_THAT(error_of(text), AllOf(HasSubstr("nodes[2].device.kind: unknown device kind 'tpu'"),
+                                    HasSubstr(at_line(text, "kind: tpu"))));
+  text = with_line("name: w2", "  - {name: w2, role: worker, host: 127.0.0.1, port: 7102, http_port: 8102,\n"
+                               "     device: {gpus: [-2]}}");
+  EXPECT_THAT(error_of(text), AllOf(HasSubstr("nodes[2].device.gpus: device indices are >= 0, got -2"),
+                                    HasSubstr(at_line(text, "gpus: [-2]"))));
 }
 
 TEST(ClusterConfigErrors, PortsOutOfRange) {

@@ -13,6 +13,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"blendctl: blendserve benchmarks and tools"};
+  app.fallthrough();  // --model, --device, --gpu also after the subcommand (bench prefill --device cuda)
   app.require_subcommand(1);
   bs::tools::BenchOptions opt;
   opt.model_path = std::getenv("BLENDSERVE_MODEL") ? std::getenv("BLENDSERVE_MODEL") : BLENDSERVE_DEFAULT_MODEL;

@@ -244,6 +244,7 @@ int run_member(const std::string& config_path, const std::string& node, const st
 
 int main(int argc, char** argv) {
   CLI::App app{"blendserve: RAG inference runtime with CacheBlend KV reuse"};
+  app.fallthrough();  // --model, --device, --gpu also after the subcommand (serve --device cuda)
   app.require_subcommand(0, 1);  // none: --node
   std::string model_path, config_path, node;
   app.add_option("--model", model_path, "GGUF model file (default: the config's, else $BLENDSERVE_MODEL or the embedded default)");
