@@ -4,9 +4,10 @@
 // softmax (one pass over the keys), fp32 accumulation. The queries may be any subset of
 // the prompt's rows (the blend's selected tokens) or decode steps.
 //
-// This first version gives one warp to each (query, head) and walks the keys in order:
-// correct for every shape, not yet fast (a tiled prefill kernel and a split-K decode
-// kernel are issue 19's next steps). head_dim <= 256.
+// One warp per (query, head), walking the keys in order: correct for every shape and
+// cheap for a few rows. The backend sends 64 rows and more to attention_gemm.cuh
+// (cuBLAS) and batched decode rows to attention_rows.cuh (split over the keys); a fused
+// tiled prefill kernel is still to come. head_dim <= 256.
 #pragma once
 
 #include <cuda_runtime_api.h>
