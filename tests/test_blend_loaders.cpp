@@ -251,10 +251,13 @@ TEST(BlendLoaders, ARamOnlyRequestBehindASlowSsdLoadKeepsItsTtft) {
   std::sort(alone.begin(), alone.end());
   const double ttft_alone = alone[1];
 
-  // Behind a slow SSD load: 10 MB/s, seconds for the three chunks. Three rounds, the
+  // Behind a slow SSD load: 5 MB/s, ~5 s for the three chunks. Three rounds, the
   // median compared (a single TTFT on a 2-core VM varies by +-15% by itself); the
-  // slow request's chunks leave RAM before each round (its load promoted them).
-  ctx.ssd->set_read_throttle(10e6);
+  // slow request's chunks leave RAM before each round (its load promoted them). The
+  // load is made this slow so that the bound below holds with room on any CPU: behind
+  // a 2.7 s load (10 MB/s) a CI machine measured the RAM-only TTFT at 1.66 s (1.8x its
+  // 0.91 s alone: the slow request's recompute shares the 2 cores), over half of 2.7 s.
+  ctx.ssd->set_read_throttle(5e6);
   std::vector<double> behind_ttft, slow_ttft;
   for (int round = 0; round < 3; ++round) {
     for (const auto& k : slow_keys) ctx.ram->erase(k);
