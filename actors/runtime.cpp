@@ -313,6 +313,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
     choice.kind = ctx.config.device_kind;
     choice.gpu = ctx.config.gpus.front();
     choice.decode_activations = ctx.config.decode_activations;
+    choice.wait_timeout_s = ctx.config.device_wait_timeout;
     try {
       return kernels::make_backend(choice);
     } catch (const std::invalid_argument& e) {

@@ -214,7 +214,7 @@ void parse_model(const YAML::Node& sec, RuntimeConfig& c) {
 }
 
 void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "device", {"kind", "gpus", "threads", "tp", "kv_cache_bytes", "kv_dtype"},
+  for_each_key(sec, "device", {"kind", "gpus", "threads", "tp", "kv_cache_bytes", "kv_dtype", "wait_timeout"},
                [&](std::string_view k, const YAML::Node& v) {
     const std::string key = join_path("device", k);
     if (k == "kind") {
@@ -246,6 +246,10 @@ void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
       kernels::TensorType type;
       if (!kernels::kv_dtype_from_name(d, type)) fail(key, v, "unknown KV dtype '" + d + "' (f32, f16, bf16)");
       c.kv_dtype = d;
+    } else if (k == "wait_timeout") {
+      c.device_wait_timeout = get_number(v, key);
+      if (!std::isfinite(c.device_wait_timeout) || c.device_wait_timeout <= 0 || c.device_wait_timeout > 86400)
+        fail(key, v, "must be a number of seconds in (0, 86400], got " + v.Scalar());
     }
   });
 }

@@ -73,6 +73,10 @@ struct RuntimeConfig {
   std::string device_kind = "cpu";
   // cuda: the GPU of each tensor-parallel rank, by CUDA index ([0]: one GPU, device 0).
   std::vector<int> gpus{0};
+  // cuda: seconds the host waits at most for the GPU in one wait (a step's tokens, a
+  // copy back, a loader's copies); past them the device counts as lost and its
+  // requests fail with that sentence instead of hanging (kernels/cuda/device_waits.h).
+  double device_wait_timeout = 60;
   int threads = 0;                 // compute threads; 0 = all cores (tensor parallel: split between the ranks)
   // Tensor-parallel ranks (actors/tp_ranks.h): each holds 1/tp of the heads and
   // feed-forward rows on threads / tp cores. Must divide the model's query heads, KV

@@ -1,5 +1,6 @@
 #include "kernels/backend_choice.h"
 
+#include <chrono>
 #include <stdexcept>
 
 #if defined(BLENDSERVE_HAVE_CUDA)
@@ -37,7 +38,10 @@ std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
   }
   if (choice.kind == "cuda") {
 #if defined(BLENDSERVE_HAVE_CUDA)
-    return make_cuda_backend(choice.gpu);
+    if (!(choice.wait_timeout_s > 0) || choice.wait_timeout_s > 86400)
+      throw std::invalid_argument("wait timeout must be in (0, 86400] seconds");
+    return make_cuda_backend(choice.gpu, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::duration<double>(choice.wait_timeout_s)));
 #else
     throw std::runtime_error(
         "cuda: this build has no CUDA backend (nvcc was not found when it was configured; "

@@ -25,6 +25,9 @@ struct BackendChoice {
   int gpu = 0;               // cuda: the device index (device.gpus[rank])
   // cpu: "auto" (default_decode_activations()), "exact" or "int8".
   std::string decode_activations = "auto";
+  // cuda: seconds the host waits at most for the device (device.wait_timeout); past
+  // them the device is treated as lost (kernels/cuda/device_waits.h).
+  double wait_timeout_s = 60;
 };
 
 // The backend `choice` names. Throws std::invalid_argument for an unknown kind or

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -22,6 +24,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/cuda_resources.h"
+#include "kernels/cuda/device_waits.h"
 #include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/gather_rows.cuh"
 #include "kernels/cuda/gemv_bf16.cuh"
@@ -661,6 +664,33 @@ TEST(CudaResources, EventsOrderStreamsAndErrorsNameTheCall) {
     EXPECT_NE(std::string(e.what()).find("cudaMalloc"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("device 0"), std::string::npos) << e.what();
   }
+}
+
+// The backend's bounded host waits (device_waits.h): a stream kept busy past the limit
+// (a host function that sleeps, enqueued on it) is given up on with DeviceLost naming
+// the wait and the limit; every later wait then throws at once, even on finished work.
+TEST(CudaResources, AWaitPastTheLimitMarksTheDeviceLost) {
+  CudaStream busy, idle;
+  CudaEvent idle_done;
+  DeviceWaits waits(0, "test GPU", std::chrono::milliseconds(100));
+  idle_done.record(idle.get());
+  waits.for_event(idle_done.get(), "idle work");  // finished work: returns
+  EXPECT_FALSE(waits.lost());
+  BS_CUDA_CHECK(cudaLaunchHostFunc(
+      busy.get(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(1500)); }, nullptr));
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    waits.for_stream(busy.get(), "a stuck step");
+    FAIL() << "a wait on a stream busy for 1.5 s returned within a 100 ms limit";
+  } catch (const DeviceLost& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("a stuck step did not finish within 0.1 s"), std::string::npos) << what;
+    EXPECT_NE(what.find("device.wait_timeout"), std::string::npos) << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1400));
+  EXPECT_TRUE(waits.lost());
+  EXPECT_THROW(waits.for_event(idle_done.get(), "idle work"), DeviceLost);
+  busy.synchronize();  // the host function ends; nothing left running at teardown
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
@@ -72,6 +73,23 @@ TEST(BackendChoice, CudaWithoutAGpuIsRefusedWithAReason) {
       EXPECT_THAT(e.what(), HasSubstr("cuda: no CUDA device 0 (0 visible: no GPU or no driver)"));
     else
       EXPECT_THAT(e.what(), HasSubstr("cuda: this build has no CUDA backend"));
+  }
+}
+
+// A wait limit that is no limit is refused before any device is looked for (a CUDA
+// build; without CUDA the kind itself is refused).
+TEST(BackendChoice, ACudaWaitLimitOutsideItsRangeIsRefused) {
+  if (!cuda_built()) GTEST_SKIP() << "no CUDA backend in this build";
+  for (double limit : {0.0, -1.0, 1e9, std::nan("")}) {
+    BackendChoice cuda;
+    cuda.kind = "cuda";
+    cuda.wait_timeout_s = limit;
+    try {
+      make_backend(cuda);
+      ADD_FAILURE() << "wait limit " << limit << " made a backend";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("wait timeout must be in (0, 86400] seconds")) << limit;
+    }
   }
 }
 

@@ -61,6 +61,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.decode_activations, b.decode_activations);
   EXPECT_EQ(a.device_kind, b.device_kind);
   EXPECT_EQ(a.gpus, b.gpus);
+  EXPECT_EQ(a.device_wait_timeout, b.device_wait_timeout);
   EXPECT_EQ(a.threads, b.threads);
   EXPECT_EQ(a.tp, b.tp);
   EXPECT_EQ(a.kv_cache_bytes, b.kv_cache_bytes);
@@ -157,6 +158,7 @@ TEST(RuntimeConfigDefault, ValuesAreTheDocumentedOnes) {
   EXPECT_EQ(c.max_prompt_tokens, 0);
   EXPECT_EQ(c.trace_history, 64);
   EXPECT_DOUBLE_EQ(c.load_timeout, 60.0);
+  EXPECT_DOUBLE_EQ(c.device_wait_timeout, 60.0);
   EXPECT_EQ(c.host, "127.0.0.1");
   EXPECT_EQ(c.port, 8000);
 }
@@ -193,6 +195,7 @@ device:
   tp: 3
   kv_cache_bytes: 1.5GiB
   kv_dtype: bf16
+  wait_timeout: 2.5
 data_dir: /var/cache/bs
 tiers:
   ram: {enabled: false, budget: 512MiB}
@@ -229,6 +232,7 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.tp, 3);
   EXPECT_EQ(c.kv_cache_bytes, int64_t{3} << 29);
   EXPECT_EQ(c.kv_dtype, "bf16");
+  EXPECT_DOUBLE_EQ(c.device_wait_timeout, 2.5);
   EXPECT_EQ(c.data_dir, "/var/cache/bs");
   EXPECT_FALSE(c.ram.enabled);
   EXPECT_EQ(c.ram.budget_bytes, 512LL << 20);
@@ -369,6 +373,9 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
   EXPECT_THAT(error_of("tiers: {ram: {write_queue: 1MiB}}"), HasSubstr("tiers.ram.write_queue"));
   EXPECT_THAT(error_of("tiers: {ssd: {loaders: 0}}"), HasSubstr("tiers.ssd.loaders: must be >= 1"));
   EXPECT_THAT(error_of("tiers: {ram: {loaders: many}}"), HasSubstr("tiers.ram.loaders: expected an integer"));
+  EXPECT_THAT(error_of("device: {wait_timeout: 0}"),
+              HasSubstr("device.wait_timeout: must be a number of seconds in (0, 86400], got 0"));
+  EXPECT_THAT(error_of("device: {wait_timeout: 1e6}"), HasSubstr("device.wait_timeout: must be a number of seconds"));
   EXPECT_THAT(error_of("limits: {load_timeout: 0}"), HasSubstr("limits.load_timeout: must be a number of seconds > 0"));
   EXPECT_THAT(error_of("limits: {max_requests: }"), HasSubstr("limits.max_requests: expected an integer, got nothing"));
   // A section that is not a map.

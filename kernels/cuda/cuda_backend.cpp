@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_resources.h"
+#include "kernels/cuda/device_waits.h"
 #include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/gather_rows.cuh"
 #include "kernels/cuda/gemv_bf16.cuh"
@@ -83,15 +85,29 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
+// `buffer` holding at least `bytes` (made or grown: the old contents are dropped).
+void* pinned_at_least(std::unique_ptr<PinnedBuffer>& buffer, size_t bytes) {
+  if (!buffer || buffer->bytes() < bytes) {
+    const size_t grown = std::max(bytes, buffer ? 2 * buffer->bytes() : size_t{4096});
+    buffer.reset();  // freed before the larger one is pinned
+    buffer = std::make_unique<PinnedBuffer>(grown);
+  }
+  return buffer->get();
+}
+
 // A stream of make_stream() with its staging ring: host bytes are appended to the
 // current pinned buffer and sent from there by an asynchronous DMA, so the caller's
 // memory is free on return and the DMA runs while the caller goes on. A full buffer is
 // left with an event; it is written again only once that event completed (the ring
-// bounds the bytes in flight at kStagingBuffers * kStagingBytes).
+// bounds the bytes in flight at kStagingBuffers * kStagingBytes), a wait bounded by
+// device.wait_timeout like every host wait of the backend.
 struct CudaStreamHandle final : Stream {
   static constexpr size_t kStagingBytes = size_t{8} << 20;
   static constexpr int kStagingBuffers = 3;
 
+  explicit CudaStreamHandle(std::shared_ptr<cuda::DeviceWaits> w) : waits(std::move(w)) {}
+
+  std::shared_ptr<cuda::DeviceWaits> waits;
   CudaStream stream;
   std::vector<std::unique_ptr<PinnedBuffer>> staging;  // made on first use
   std::vector<std::unique_ptr<CudaEvent>> released;    // [i] completes when buffer i's DMAs have
@@ -113,7 +129,7 @@ struct CudaStreamHandle final : Stream {
       if (used == kStagingBytes) {  // next buffer, once its last DMAs are over
         released[current]->record(stream.get());
         current = (current + 1) % kStagingBuffers;
-        released[current]->synchronize();
+        waits->for_event(released[current]->get(), "a loader's staging buffer (its earlier copies to the device)");
         used = 0;
       }
       const size_t part = std::min(static_cast<size_t>(bytes) - done, kStagingBytes - used);
@@ -144,8 +160,10 @@ constexpr int64_t kGemmAttentionRows = 64;
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device), scope_(device), cublas_(stream_.get()) {
+  CudaBackend(int device, std::chrono::nanoseconds wait_limit)
+      : device_(device), scope_(device), cublas_(stream_.get()) {
     description_ = cuda::device_description(device);
+    waits_ = std::make_shared<cuda::DeviceWaits>(device, description_, wait_limit);
     cudaDeviceProp p{};
     BS_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
     kernel_id_ = std::string("cuda/sm_") + std::to_string(p.major) + std::to_string(p.minor) + "/" + p.name + "/bf16";
@@ -159,7 +177,8 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
-    cudaStreamSynchronize(stream_.get());
+    // A lost device is not waited for (its work may never end); the driver reclaims it.
+    if (!waits_->lost()) cudaStreamSynchronize(stream_.get());
     release_workspaces();  // before the members that free_bytes needs go
     if (flag_host_) cudaFreeHost(flag_host_);
   }
@@ -181,7 +200,7 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<Stream> make_stream() override {
     DeviceScope scope(device_);
-    return std::make_unique<CudaStreamHandle>();
+    return std::make_unique<CudaStreamHandle>(waits_);
   }
   std::unique_ptr<Event> make_event() override {
     DeviceScope scope(device_);
@@ -203,13 +222,20 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* host_dst, const void* src, int64_t bytes, Stream* stream) override {
     if (bytes <= 0) return;
     DeviceScope scope(device_);
-    const cudaStream_t s = stream ? static_cast<CudaStreamHandle*>(stream)->stream.get() : stream_.get();
-    BS_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, s));
-    if (!stream) {
-      fetch_flag();
-      BS_CUDA_CHECK(cudaStreamSynchronize(s));
-      throw_if_flagged();
+    if (stream) {
+      BS_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,
+                                    static_cast<CudaStreamHandle*>(stream)->stream.get()));
+      return;
     }
+    // Through pinned memory: a copy into pageable memory would block in the driver with
+    // no limit; this one is a DMA the bounded wait covers, then a host memcpy.
+    std::lock_guard<std::mutex> lock(readback_mu_);
+    void* staged = pinned_at_least(readback_, static_cast<size_t>(bytes));
+    BS_CUDA_CHECK(cudaMemcpyAsync(staged, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_.get()));
+    fetch_flag();
+    waits_->for_stream(stream_.get(), "a copy to the host");
+    std::memcpy(host_dst, staged, static_cast<size_t>(bytes));
+    throw_if_flagged();
   }
 
   void copy_within(void* dst, const void* src, int64_t bytes, Stream* stream) override {
@@ -230,11 +256,14 @@ class CudaBackend final : public Backend {
   // flag belongs to the thread that issued the ops.
   void synchronize(const Event& event) override {
     DeviceScope scope(device_);
-    static_cast<const CudaEventHandle&>(event).event.synchronize();
+    waits_->for_event(static_cast<const CudaEventHandle&>(event).event.get(), "the work before an event");
   }
+  // The compute stream under the bounded wait; the device-wide sync after it then waits
+  // only for other streams' work (loaders' copies, each bounded by its own drain).
   void synchronize() override {
     DeviceScope scope(device_);
     fetch_flag();
+    waits_->for_stream(stream_.get(), "the compute stream's work");
     BS_CUDA_CHECK(cudaDeviceSynchronize());
     throw_if_flagged();
   }
@@ -251,7 +280,7 @@ class CudaBackend final : public Backend {
     auto out = std::make_unique<CudaWeights>();
     out->view = w;
     out->w = cuda::weights_to_bf16(w.type, stored.get(), w.out_features, w.in_features, stream_.get());
-    stream_.synchronize();  // the stored copy is freed next
+    waits_->for_stream(stream_.get(), "a weight upload");  // the stored copy is freed next
     return out;
   }
 
@@ -261,7 +290,7 @@ class CudaBackend final : public Backend {
     auto out = std::make_unique<CudaEmbedding>();
     out->view = table;
     out->table = upload_stored(table);
-    stream_.synchronize();
+    waits_->for_stream(stream_.get(), "an embedding table upload");
     return out;
   }
 
@@ -394,8 +423,11 @@ class CudaBackend final : public Backend {
     if (n <= 0) return;
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
-    cuda::sample_rows(logits, n, vocab, rows, tokens, sample_scratch_, stream_.get());
+    const size_t bytes = static_cast<size_t>(n) * sizeof(int32_t);
+    auto* picked = static_cast<int32_t*>(pinned_at_least(picked_, bytes));
+    cuda::sample_rows(logits, n, vocab, rows, picked, sample_scratch_, stream_.get());
     throw_if_flagged_after_sync();
+    std::memcpy(tokens, picked, bytes);
   }
 
   void attention_rows(const float* q, const int32_t* qpos, const KvView* kv, float* out, int64_t n, int64_t q_heads,
@@ -478,10 +510,10 @@ class CudaBackend final : public Backend {
     return scratch.get();
   }
 
-  // sample_rows waited for the stream: the flag of the ops before it, read now.
+  // After sample_rows: its ids and the flag of the ops before it, waited for and read.
   void throw_if_flagged_after_sync() {
     fetch_flag();
-    BS_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    waits_->for_stream(stream_.get(), "a step's sampled tokens");
     throw_if_flagged();
   }
   // The flag's value into flag_host_, on the compute stream (read after the wait).
@@ -503,6 +535,10 @@ class CudaBackend final : public Backend {
   CudaStream stream_;  // every op and every copy without a stream
   cuda::CublasHandle cublas_;
   std::string description_, kernel_id_;
+  std::shared_ptr<cuda::DeviceWaits> waits_;  // every host wait, bounded (shared with the streams made)
+  std::mutex readback_mu_;                     // copy_to_host's pinned buffer
+  std::unique_ptr<PinnedBuffer> readback_;
+  std::unique_ptr<PinnedBuffer> picked_;  // sample_rows' ids (under ops_mu_)
   std::mutex ops_mu_;  // the scratch below is shared by the threads that call ops
   DeviceAllocation linear_scratch_, pages_scratch_, rope_scratch_, rows_scratch_, decode_scratch_;
   cuda::AttentionGemmScratch attention_scratch_;
@@ -517,12 +553,14 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+std::unique_ptr<Backend> make_cuda_backend(int device, std::chrono::nanoseconds wait_limit) {
   const int count = cuda::device_count();
   if (device < 0 || device >= count)
     throw std::runtime_error("cuda: no CUDA device " + std::to_string(device) + " (" +
                              std::to_string(count) + " visible" + (count == 0 ? ": no GPU or no driver" : "") + ")");
-  return std::make_unique<CudaBackend>(device);
+  if (wait_limit <= std::chrono::nanoseconds::zero())
+    throw std::invalid_argument("cuda: the wait limit must be > 0 (device.wait_timeout)");
+  return std::make_unique<CudaBackend>(device, wait_limit);
 }
 
 }  // namespace bs::kernels

@@ -10,8 +10,10 @@
 // - Memory is device memory (cudaMalloc): host_accessible() is false. An allocation
 //   the GPU cannot give throws std::bad_alloc, as the interface asks.
 // - Ops run in issue order on one compute stream of the backend and return before the
-//   GPU finished; copy_to_host without a stream, synchronize() and synchronize(event)
-//   are where the host waits.
+//   GPU finished; copy_to_host without a stream, sample_rows, synchronize() and
+//   synchronize(event) are where the host waits — each wait bounded by
+//   device.wait_timeout (cuda/device_waits.h: polled, never the driver's blocking
+//   call; a copy back goes through pinned memory for it).
 // - Products are bf16 x bf16 -> fp32 (weights dequantized to bf16 once, at prepare):
 //   cuBLAS for prefill-size row counts, our own GEMV (gemv_bf16.cuh) up to
 //   linear_exact_rows() rows, whose rows are bit-identical whatever the row count (a
@@ -32,6 +34,7 @@
 //   compute stream and the host bytes are consumed before the call returns.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "kernels/backend.h"
@@ -39,8 +42,12 @@
 namespace bs::kernels {
 
 // The CUDA backend on device `device` (0-based, as CUDA_VISIBLE_DEVICES shows them).
-// Throws std::runtime_error naming the device count when there is no such device or no
-// driver, and for any CUDA/cuBLAS failure while setting up.
-std::unique_ptr<Backend> make_cuda_backend(int device);
+// Every host wait (a copy back, sampled ids, an upload, a loader's staging buffer and
+// drain) gives up after `wait_limit` (device.wait_timeout) and marks the device lost
+// (cuda/device_waits.h). Throws std::runtime_error naming the device count when there
+// is no such device or no driver, and for any CUDA/cuBLAS failure while setting up;
+// std::invalid_argument for a limit <= 0.
+std::unique_ptr<Backend> make_cuda_backend(int device,
+                                           std::chrono::nanoseconds wait_limit = std::chrono::seconds(60));
 
 }  // namespace bs::kernels

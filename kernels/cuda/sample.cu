@@ -144,7 +144,6 @@ void sample_rows(const float* logits, int64_t n, int64_t vocab, const SampleRow*
   }
   BS_CUDA_CHECK(cudaMemcpyAsync(tokens_out, d_tokens, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                 stream));
-  BS_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace bs::kernels::cuda

@@ -34,12 +34,13 @@ struct SampleScratch {
   int64_t iota_rows = 0, iota_vocab = 0;  // what iota and offsets hold
 };
 
-// tokens_out is host memory: the call returns once the ids are there.
-// n * vocab < 2^31.
+// tokens_out is pinned host memory (cudaHostAlloc) the ids are copied into on
+// `stream`: they are there once the caller waited for the stream (the backend's
+// bounded wait; the call itself does not wait). n * vocab < 2^31.
 void sample_rows(const float* logits,     // device [n, vocab]
                  int64_t n, int64_t vocab,
                  const SampleRow* rows,   // host [n]
-                 int32_t* tokens_out,     // host [n]
+                 int32_t* tokens_out,     // pinned host [n]
                  SampleScratch& scratch, cudaStream_t stream);
 
 }  // namespace bs::kernels::cuda
