@@ -14,6 +14,8 @@
 #include <mutex>
 #include <string>
 
+#include "actors/inspection_cost.h"
+
 namespace bs {
 
 // Nanoseconds on the steady clock: the one time base of every counter here.
@@ -60,11 +62,13 @@ using CountersPtr = std::shared_ptr<ActorCounters>;
 class BusyScope {
  public:
   BusyScope(ActorCounters& c, size_t mailbox) : c_(c), t0_(steady_now_ns()) {
+    InspectionCostScope cost;
     c_.messages.fetch_add(1, std::memory_order_relaxed);
     c_.mailbox.store(static_cast<int64_t>(mailbox), std::memory_order_relaxed);
     c_.busy_since_ns.store(t0_, std::memory_order_release);
   }
   ~BusyScope() {
+    InspectionCostScope cost;
     // Added before `busy_since_ns` clears: a reader in between counts the message
     // twice (the share is clamped), never not at all.
     c_.busy_ns.fetch_add(steady_now_ns() - t0_, std::memory_order_release);

@@ -70,6 +70,7 @@ inspector_actor::behavior_type inspector(inspector_actor::stateful_pointer<Inspe
         self->state.actors.push_back(std::move(counters));
       },
       [=](trace_atom, const std::string& trace) {
+        InspectionCostScope cost;  // keeping and writing every finished request's trace
         BusyScope busy(*c, self->mailbox().size());
         auto& q = self->state.traces;
         q.push_back(trace);

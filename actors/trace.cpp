@@ -1,8 +1,11 @@
 #include "actors/trace.h"
 
+#include "actors/inspection_cost.h"
+
 namespace bs {
 
 void RequestTrace::add_event(TraceEvent e) {
+  InspectionCostScope cost;
   std::lock_guard<std::mutex> lock(mu_);
   if (events_.size() >= kMaxEvents) {
     ++events_dropped_;
@@ -17,6 +20,7 @@ std::vector<TraceEvent> RequestTrace::events() const {
 }
 
 void RequestTrace::set(const std::string& key, nlohmann::json value) {
+  InspectionCostScope cost;
   std::lock_guard<std::mutex> lock(mu_);
   fields_[key] = std::move(value);
 }
@@ -29,6 +33,7 @@ nlohmann::json RequestTrace::fields() const {
 }
 
 std::string RequestTrace::json() const {
+  InspectionCostScope cost;
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json j = fields_;
   j["id"] = id_;
@@ -52,6 +57,7 @@ TracePtr TraceBook::open(uint64_t id, RequestTrace::clock::time_point submitted)
 }
 
 TracePtr TraceBook::find(uint64_t id) const {
+  InspectionCostScope cost;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = open_.find(id);

@@ -77,6 +77,9 @@ struct DecodeBenchOptions {
   int repeats = 1;          // runs per stream count; the fastest is reported
   int max_batch = 0;        // limits.max_decode_batch; 0: the config's, at least the largest count
   double interleave = -1;   // limits.decode_interleave; < 0: off (the prefills run first)
+  // Also time the inspection data's collection (actors/inspection_cost.h) and report it
+  // as a fraction of each run's wall time.
+  bool inspection_cost = false;
 };
 int bench_decode(const DecodeBenchOptions& opt);
 

@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
   decode->add_option("--interleave", dopt.interleave,
                      "limits.decode_interleave in seconds (default: off, the prefills run before the decode phase)")
       ->check(CLI::NonNegativeNumber);
+  decode->add_flag("--inspection-cost", dopt.inspection_cost,
+                   "Also report the time spent collecting the inspection data as a fraction of each run");
   decode->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
   decode->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
 
