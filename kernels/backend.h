@@ -138,6 +138,8 @@ class Backend {
   // Work issued on `stream` after this call starts only once `event` completed.
   virtual void wait(const Event& event, Stream* stream = nullptr);
   // The host blocks until `event` completed / until all of this backend's work has.
+  // A device backend bounds the wait (the CUDA backend: device.wait_timeout) and
+  // throws past it.
   virtual void synchronize(const Event& event);
   virtual void synchronize();
 
