@@ -6,12 +6,14 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <csignal>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -42,12 +44,20 @@ const fs::path& data_dir() {
   }();
   return dir;
 }
-// Set before any test starts a process (static initialisation of this file).
-const bool data_dir_set = !data_dir().empty();
-struct RemoveDataDir : ::testing::Environment {
-  void TearDown() override { fs::remove_all(data_dir()); }
-};
-const auto* remove_data_dir = ::testing::AddGlobalTestEnvironment(new RemoveDataDir);
+// Set before any test starts a process (static initialisation of this file),
+// and removed at exit rather than in a gtest Environment's TearDown: ctest's
+// test discovery runs this binary with --gtest_list_tests, which never reaches
+// TearDown and left one directory behind per build. Registered after data_dir()
+// has returned, so it runs before the path's own destructor.
+void remove_data_dir() {
+  std::error_code ignored;
+  fs::remove_all(data_dir(), ignored);
+}
+const bool data_dir_set = [] {
+  const bool made = !data_dir().empty();
+  std::atexit(remove_data_dir);
+  return made;
+}();
 
 using Run = bs::testing::CommandResult;
 
