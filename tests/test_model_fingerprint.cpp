@@ -40,10 +40,10 @@ std::string write_temp(const std::vector<uint8_t>& bytes, const std::string& nam
 // Overwrites the float32 value of metadata key `key` (GGUF: u64 length, key bytes,
 // u32 type = 6, value).
 void patch_f32(std::vector<uint8_t>& bytes, const std::string& key, float value) {
-  std::vector<uint8_t> needle(8 + key.size());
   const uint64_t len = key.size();
+  std::vector<uint8_t> needle(8);
   std::memcpy(needle.data(), &len, 8);
-  std::memcpy(needle.data() + 8, key.data(), key.size());
+  needle.insert(needle.end(), key.begin(), key.end());
   auto it = std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end());
   ASSERT_NE(it, bytes.end()) << key;
   const size_t at = static_cast<size_t>(it - bytes.begin()) + needle.size();
