@@ -75,6 +75,24 @@ std::vector<nlohmann::json> json_lines(const std::string& text) {
   return out;
 }
 
+// The first `cases` cases of the shipped set with only their first `documents`
+// documents each, written under data_dir(): the eval tests check what eval prints, not
+// the answers' quality, and a case's full six documents (~2,300 tokens) made each full
+// prefill ~6 s on 2 AVX2 cores.
+std::string shortened_cases(const std::string& name, size_t cases, size_t documents) {
+  std::ifstream in(std::string(BLENDSERVE_FIXTURES) + "/../data/rag_qa_small.jsonl");
+  const auto path = data_dir() / name;
+  std::ofstream out(path);
+  std::string line;
+  for (size_t i = 0; i < cases && std::getline(in, line); ++i) {
+    auto c = nlohmann::json::parse(line);
+    auto& docs = c.at("documents");
+    docs.erase(docs.begin() + static_cast<std::ptrdiff_t>(std::min(documents, docs.size())), docs.end());
+    out << c.dump() << "\n";
+  }
+  return path.string();
+}
+
 TEST(Cli, GenerateAnswersAChatQuestion) {
   REQUIRE_MODEL();
   auto r = run("blendserve generate --chat --prompt 'What is the capital of France?' --max-tokens 32");
@@ -154,8 +172,8 @@ TEST(Cli, BadArgumentsAndBadModelsGiveClearErrors) {
 
 TEST(Cli, EvalPrintsCasesAndASummaryPerMode) {
   REQUIRE_MODEL();
-  auto r = run("blendctl eval --dataset " + std::string(BLENDSERVE_FIXTURES) +
-               "/../data/rag_qa_small.jsonl --mode full,reuse,blend --max-cases 1 --max-tokens 8 --kv-dtype f32");
+  auto r = run("blendctl eval --dataset " + shortened_cases("modes.jsonl", 1, 3) +
+               " --mode full,reuse,blend --max-tokens 8 --kv-dtype f32");
   ASSERT_EQ(r.code, 0) << r.out;
   auto lines = json_lines(r.out);
   ASSERT_EQ(lines.size(), 6u) << r.out;  // 3 cases lines + 3 summaries
@@ -275,13 +293,12 @@ TEST(Cli, EvalHandlesAnAnswerThatTokenizesToNothing) {
 
 // --sweep-ratio: full once per case, the blend at each ratio (sorted); a summary per
 // (mode, ratio), one sweep line, and --plot's chart naming both ratios. f32 K/V: full is
-// its own reference (one model, the quickest run: ~15 s on 2 cores).
+// its own reference (one model, the quickest run), on two shortened cases.
 TEST(Cli, EvalSweepsTheRatioAndPlotsTheTradeOff) {
   REQUIRE_MODEL();
   const auto svg_path = data_dir() / "sweep.svg";
-  auto r = run("blendctl eval --dataset " + std::string(BLENDSERVE_FIXTURES) +
-               "/../data/rag_qa.jsonl --max-cases 2 --max-tokens 4 --kv-dtype f32 --sweep-ratio 0.5,0.1 --plot " +
-               svg_path.string());
+  auto r = run("blendctl eval --dataset " + shortened_cases("sweep.jsonl", 2, 2) +
+               " --max-tokens 4 --kv-dtype f32 --sweep-ratio 0.5,0.1 --plot " + svg_path.string());
   ASSERT_EQ(r.code, 0) << r.out;
   const auto lines = json_lines(r.out);
   ASSERT_EQ(lines.size(), 2u * 3u + 3u + 1u) << r.out;  // case lines, summaries, the sweep
@@ -333,7 +350,7 @@ TEST(Cli, EvalSweepsTheRatioAndPlotsTheTradeOff) {
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
   EXPECT_NE(svg.find(">0.1</text>"), std::string::npos);
   EXPECT_NE(svg.find(">0.5</text>"), std::string::npos);
-  EXPECT_NE(svg.find("rag_qa.jsonl, 2 cases"), std::string::npos);
+  EXPECT_NE(svg.find("sweep.jsonl, 2 cases"), std::string::npos);
   EXPECT_NE(svg.find("SmolLM2"), std::string::npos);
 
   // Bad sweeps are clear CLI errors, before any work.
