@@ -6,7 +6,7 @@
 #      show as "Not Run"), the model tests on the best variant and again capped to AVX2
 #   3. ASan+UBSan build in build-asan/ (clang, -O1, with the fuzzers' coverage hooks, so
 #      the fuzz targets reuse its objects); the unit tests (label "unit") under it, and the
-#      actor runtime's protocol tests and quick runtime tests (label "asan_model")
+#      actor runtime's protocol tests and quick runtime tests (label "asan_model"), -j nproc
 #   4. the GGUF reader's, the request parser's and the remote frame codec's libFuzzer
 #      targets, built in build-asan/,
 #      for BLENDSERVE_FUZZ_SECONDS each (default 30)
@@ -46,8 +46,11 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   cmake --build "$ROOT/build-asan" -j"$JOBS" --target sanitizer_tests fuzz_gguf fuzz_chat_request fuzz_remote_frame
   echo "[test] unit tests and the actor runtime under ASan+UBSan"
   # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
+  # In parallel: most of these are single-threaded under the sanitizers; the unit tests
+  # that bound a time are RUN_SERIAL (tests/CMakeLists.txt). The Release run above stays
+  # -j1: the model tests measure TTFT and throughput against each other.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir "$ROOT/build-asan" --output-on-failure --no-tests=error -L 'unit|asan_model' -j1
+    ctest --test-dir "$ROOT/build-asan" --output-on-failure --no-tests=error -L 'unit|asan_model' -j"$JOBS"
   echo "[test] fuzzing the GGUF reader for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
   JOBS="$JOBS" "$ROOT/tools/fuzz_gguf.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
   echo "[test] fuzzing the chat-completion request parser for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
