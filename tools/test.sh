@@ -24,12 +24,18 @@ echo "[test] all tests (Release)"
 echo "[test] CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); flags: $(grep -o -w -E 'avx2|avx512f|avx512bf16|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 # The ".isa_avx2" copies of the model tests re-run them capped to AVX2; on a CPU whose
 # best variant already is AVX2 (no AVX-512) they would repeat the same runs, so skip them.
-EXCLUDE=()
+NOT_UNIT='^unit$'
 if ! grep -q -w avx512f /proc/cpuinfo; then
   echo "[test] no AVX-512 here: the best kernel variant is avx2 already; skipping the duplicate .isa_avx2 runs"
-  EXCLUDE=(-LE isa_avx2)
+  NOT_UNIT='^unit$|isa_avx2'
 fi
-ctest --test-dir "$ROOT/build" --output-on-failure --no-tests=error -j1 "${EXCLUDE[@]}"
+# The unit tests in parallel (those that bound a time are RUN_SERIAL: tests/CMakeLists.txt),
+# then everything else one at a time: the model tests measure TTFT and throughput against
+# each other and need the machine to themselves.
+echo "[test] unit tests (Release)"
+ctest --test-dir "$ROOT/build" --output-on-failure --no-tests=error -L '^unit$' -j"$JOBS"
+echo "[test] model, peer and GPU tests (Release)"
+ctest --test-dir "$ROOT/build" --output-on-failure --no-tests=error -LE "$NOT_UNIT" -j1
 
 if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "[test] ASan+UBSan build (clang; the fuzzers share it)"
@@ -47,8 +53,8 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "[test] unit tests and the actor runtime under ASan+UBSan"
   # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
   # In parallel: most of these are single-threaded under the sanitizers; the unit tests
-  # that bound a time are RUN_SERIAL (tests/CMakeLists.txt). The Release run above stays
-  # -j1: the model tests measure TTFT and throughput against each other.
+  # that bound a time are RUN_SERIAL (tests/CMakeLists.txt), and the few model tests here
+  # check behaviour, not speed.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$ROOT/build-asan" --output-on-failure --no-tests=error -L 'unit|asan_model' -j"$JOBS"
   echo "[test] fuzzing the GGUF reader for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
