@@ -16,7 +16,8 @@
 # non-zero, listing the reproducers, when the fuzzer finds a crash, leak or timeout.
 #
 # Environment: BUILD_DIR, JOBS (default 2), BLENDSERVE_CMAKE_ARGS (extra cmake
-# arguments, word-split).
+# arguments, word-split), FUZZ_PREBUILT=1 (skip the configure and build: the target is
+# built already).
 
 fuzz_build() {
   FUZZ_TARGET="$1"
@@ -31,13 +32,19 @@ fuzz_build() {
     ''|*[!0-9]*) echo "usage: tools/$FUZZ_TARGET.sh [SECONDS] [libFuzzer flags...]" >&2; exit 2 ;;
   esac
   mkdir -p "$BUILD"
-  # shellcheck disable=SC2086
-  CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_FUZZ=ON -DBLENDSERVE_SANITIZE=ON \
-    ${BLENDSERVE_CMAKE_ARGS:-} >"$BUILD/configure.log" 2>&1 ||
-    { cat "$BUILD/configure.log" >&2; log "cmake configure failed"; exit 1; }
-  log "building $FUZZ_TARGET in $BUILD"
-  cmake --build "$BUILD" --target "$FUZZ_TARGET" -j "$JOBS"
+  if [ "${FUZZ_PREBUILT:-0}" = "1" ]; then
+    # The caller built the target already (tools/test.sh, which then runs two fuzzers
+    # side by side: two configures of one build directory at once would race).
+    [ -x "$BUILD/$FUZZ_TARGET" ] || { log "FUZZ_PREBUILT=1 but $BUILD/$FUZZ_TARGET is not built"; exit 1; }
+  else
+    # shellcheck disable=SC2086
+    CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_FUZZ=ON -DBLENDSERVE_SANITIZE=ON \
+      ${BLENDSERVE_CMAKE_ARGS:-} >"$BUILD/configure.log" 2>&1 ||
+      { cat "$BUILD/configure.log" >&2; log "cmake configure failed"; exit 1; }
+    log "building $FUZZ_TARGET in $BUILD"
+    cmake --build "$BUILD" --target "$FUZZ_TARGET" -j "$JOBS"
+  fi
   CORPUS="$BUILD/${FUZZ_TARGET}_corpus"
   ARTIFACTS="$BUILD/${FUZZ_TARGET}_artifacts"
   mkdir -p "$CORPUS" "$ARTIFACTS"

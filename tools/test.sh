@@ -8,8 +8,8 @@
 #      the fuzz targets reuse its objects); the unit tests (label "unit") under it, and the
 #      actor runtime's protocol tests and quick runtime tests (label "asan_model"), -j nproc
 #   4. the GGUF reader's, the request parser's and the remote frame codec's libFuzzer
-#      targets, built in build-asan/,
-#      for BLENDSERVE_FUZZ_SECONDS each (default 30)
+#      targets, built in build-asan/, one process each, as many side by side as there
+#      are cores, for BLENDSERVE_FUZZ_SECONDS each (default 30)
 # Set BLENDSERVE_SKIP_SANITIZE=1 to skip steps 3 and 4 while iterating.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -57,10 +57,31 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   # check behaviour, not speed.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$ROOT/build-asan" --output-on-failure --no-tests=error -L 'unit|asan_model' -j"$JOBS"
-  echo "[test] fuzzing the GGUF reader for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
-  JOBS="$JOBS" "$ROOT/tools/fuzz_gguf.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
-  echo "[test] fuzzing the chat-completion request parser for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
-  JOBS="$JOBS" "$ROOT/tools/fuzz_chat_request.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
-  echo "[test] fuzzing the remote tier's frame codec for ${BLENDSERVE_FUZZ_SECONDS:-30} s"
-  JOBS="$JOBS" "$ROOT/tools/fuzz_remote_frame.sh" "${BLENDSERVE_FUZZ_SECONDS:-30}"
+  # Each fuzzer is one process: as many side by side as there are cores, each for the
+  # full time (built above, so FUZZ_PREBUILT). A fuzzer's whole output is printed when it
+  # fails, its last lines (final stats) when it does not.
+  FUZZ_SECONDS="${BLENDSERVE_FUZZ_SECONDS:-30}"
+  FUZZERS=(fuzz_gguf fuzz_chat_request fuzz_remote_frame)
+  FUZZ_FAILED=0
+  echo "[test] fuzzing the GGUF reader, the chat-completion request parser and the remote tier's frame codec"
+  for ((first = 0; first < ${#FUZZERS[@]}; first += JOBS)); do
+    PIDS=()
+    BATCH=("${FUZZERS[@]:first:JOBS}")
+    echo "[test] fuzzing for $FUZZ_SECONDS s, side by side: ${BATCH[*]}"
+    for f in "${BATCH[@]}"; do
+      FUZZ_PREBUILT=1 "$ROOT/tools/$f.sh" "$FUZZ_SECONDS" >"$ROOT/build-asan/$f.log" 2>&1 &
+      PIDS+=($!)
+    done
+    for i in "${!BATCH[@]}"; do
+      f="${BATCH[$i]}"
+      if wait "${PIDS[$i]}"; then
+        tail -n 12 "$ROOT/build-asan/$f.log"
+      else
+        cat "$ROOT/build-asan/$f.log"
+        echo "[test] $f FAILED (log: build-asan/$f.log)"
+        FUZZ_FAILED=1
+      fi
+    done
+  done
+  [ "$FUZZ_FAILED" = 0 ]
 fi
