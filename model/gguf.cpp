@@ -103,10 +103,12 @@ class Cursor {
   size_t pos() const { return pos_; }
   size_t remaining() const { return size_ - pos_; }
 
+  // `what` names the value in the error, after `prefix` ("length of "): joined only when
+  // the read fails, since a parse reads ~100k strings (the vocabulary and the merges).
   template <typename T>
-  T read(const std::string& what) {
+  T read(const std::string& what, std::string_view prefix = {}) {
     if (remaining() < sizeof(T)) {
-      fail("truncated file: " + what + " at offset " + std::to_string(pos_) + " needs " +
+      fail("truncated file: " + std::string(prefix) + what + " at offset " + std::to_string(pos_) + " needs " +
            std::to_string(sizeof(T)) + " bytes, " + std::to_string(remaining()) + " left");
     }
     T v;
@@ -117,7 +119,7 @@ class Cursor {
 
   std::string_view read_string(const std::string& what) {
     const size_t at = pos_;
-    const uint64_t len = read<uint64_t>("length of " + what);
+    const uint64_t len = read<uint64_t>(what, "length of ");
     if (len > remaining()) {
       fail("string length " + std::to_string(len) + " of " + what + " at offset " +
            std::to_string(at) + " exceeds the " + std::to_string(remaining()) +

@@ -324,6 +324,7 @@ TEST(GgufRealModel, TruncatedPrefixesThrow) {
   std::uniform_int_distribution<size_t> dist(0, head.size());
   for (int i = 0; i < 200; ++i) cuts.push_back(dist(rng));
   cuts.push_back(head.size());
+  int inside_a_length = 0;  // cuts inside a string's length field (the vocabulary is most of the head)
   for (size_t cut : cuts) {
     // Exactly-sized heap copy, so AddressSanitizer catches any read past the end.
     std::vector<uint8_t> prefix(head.begin(), head.begin() + static_cast<ptrdiff_t>(cut));
@@ -338,8 +339,11 @@ TEST(GgufRealModel, TruncatedPrefixesThrow) {
                               msg.find("cannot fit") != std::string::npos ||
                               msg.find("past end of file") != std::string::npos;
       EXPECT_TRUE(meaningful) << "cut " << cut << ": " << msg;
+      if (msg.find("truncated file: length of ") != std::string::npos) ++inside_a_length;
     }
   }
+  // The message names the string whose length was cut (built only on failure).
+  EXPECT_GT(inside_a_length, 0);
 }
 
 // ---- dequantization against gguf-py ---------------------------------------------------
