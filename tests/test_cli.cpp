@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <csignal>
@@ -80,7 +82,9 @@ std::vector<nlohmann::json> json_lines(const std::string& text) {
 // the answers' quality, and a case's full six documents (~2,300 tokens) made each full
 // prefill ~6 s on 2 AVX2 cores.
 std::string shortened_cases(const std::string& name, size_t cases, size_t documents) {
-  std::ifstream in(std::string(BLENDSERVE_FIXTURES) + "/../data/rag_qa_small.jsonl");
+  const std::string source = std::string(BLENDSERVE_FIXTURES) + "/../data/rag_qa_small.jsonl";
+  std::ifstream in(source);
+  if (!in) throw std::runtime_error("cannot read " + source);
   const auto path = data_dir() / name;
   std::ofstream out(path);
   std::string line;
