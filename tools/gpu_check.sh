@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
 # tools/gpu_check.sh — one command for a bare GPU machine (the device tool's): unpack
 # the carried packages into a prefix, build the CUDA tests and the tools, run the tests,
-# run the op tests again under compute-sanitizer (memcheck, racecheck), run the GPU
-# benchmarks against PyTorch on the same GPU, and leave logs, JSON lines and one JSON
-# summary in $OUT.
+# the op tests under compute-sanitizer memcheck, the GPU benchmarks against PyTorch on
+# the same GPU, then racecheck and the backend test under memcheck, and leave in $OUT
+# one JSON summary, the benchmarks' JSON lines and one archive of every log.
 #
 # Here, once:  tools/fetch_gpu_debs.sh         (into the git-ignored gpu-debs/)
-# Then:        device tool `run`, carry ["gpu-debs"], command "bash tools/gpu_check.sh"
+# Then:        device tool `run`, carry ["gpu-debs"],
+#              command "GPU_CHECK_BUDGET_S=540 bash tools/gpu_check.sh", timeout_s 600
 #              (README, "GPU"). Without $OUT it writes to gpu-check-out/.
 # Stages:      bash tools/gpu_check.sh [build] [tests] [sanitize] [bench]   (default: all;
-#              a later call on the same warm machine reuses build-gpu/, so the stages can
-#              be split over calls of the device tool's 600 s limit).
+#              a later call on the same warm machine reuses build-gpu/).
+# Budget:      GPU_CHECK_BUDGET_S=N ends the whole check within N seconds: every step
+#              runs under `timeout` with what is left (and its own cap), the steps run in
+#              the order of what matters most (build, tests, memcheck of the ops, the
+#              benchmarks with their PyTorch peer beside each, racecheck, memcheck of the
+#              backend), and a step that no longer fits is recorded "no_time". A device
+#              lease is ~15 minutes, machine start included: one call must do it all.
+#
+# What comes back: the device tool returns at most 8 files, so $OUT holds
+# gpu_check.json (the summary: each step's result and seconds), bench.jsonl (every
+# benchmark's JSON lines, ours and PyTorch's), machine.txt and gpu_check_logs.tgz (every
+# step's log); the archive is written on every exit, also when a step was cut short.
 #
 # That machine has nvcc, CMake and PyTorch but none of our Debian packages: they are
 # unpacked with `dpkg -x` (or ar + tar where dpkg is missing) into $PREFIX
@@ -23,17 +34,26 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-check-out}"
+LOGS="$OUT/logs"   # packed into $OUT/gpu_check_logs.tgz on exit
 PREFIX="${BLENDSERVE_DEPS_PREFIX:-/tmp/blendserve-deps}"
 BUILD="$ROOT/build-gpu"
+BUDGET="${GPU_CHECK_BUDGET_S:-0}"   # 0: no overall limit
 START=$(date +%s)
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$LOGS"
 log() { printf '[gpu-check %4ds] %s\n' "$(( $(date +%s) - START ))" "$*" >&2; }
-declare -A RESULT
+declare -A RESULT SECONDS_OF
+ORDER=()
 STAGES="${*:-build tests sanitize bench}"
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
-{ nvidia-smi; nvcc --version; cmake --version; g++ --version; ldd --version; cat /etc/os-release; } \
-  >"$OUT/machine.txt" 2>&1
+pack_logs() {
+  cat "$LOGS"/bench_*.jsonl >"$OUT/bench.jsonl" 2>/dev/null || true
+  tar -czf "$OUT/gpu_check_logs.tgz" -C "$LOGS" . 2>/dev/null && rm -rf "$LOGS"
+}
+trap pack_logs EXIT
+
+{ nvidia-smi; nvcc --version; cmake --version; g++ --version; ldd --version; cat /etc/os-release;
+  lscpu | grep -E 'Model name|^CPU\(s\)'; } >"$OUT/machine.txt" 2>&1
 log "machine: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 
 # 1. the carried packages, into the prefix
@@ -72,85 +92,105 @@ export PKG_CONFIG_SYSROOT_DIR="$PREFIX"
 export PKG_CONFIG_LIBDIR="$LIB/pkgconfig:$PREFIX/usr/share/pkgconfig"
 PKGCONF="$PREFIX/usr/bin/pkgconf"
 
-# 2. configure and build the CUDA tests (Hopper only: this machine's GPU)
-step() {  # name, command...: runs it with its log in $OUT/<name>.log, records pass/fail
-  local name=$1; shift
-  log "$name: $*"
-  if "$@" >"$OUT/$name.log" 2>&1; then RESULT[$name]=pass; else RESULT[$name]=fail; log "$name FAILED (tail of $OUT/$name.log):"; tail -20 "$OUT/$name.log" >&2; fi
+# step NAME CAP_S MIN_S COMMAND...: runs COMMAND with its output in $LOGS/NAME.log under
+# `timeout` of its cap or what is left of the budget (less 5 s for the summary), whichever
+# is less; with under MIN_S left it does not start ("no_time"). Records pass / fail /
+# timeout and the seconds it took.
+step() {
+  local name=$1 cap=$2 min=$3; shift 3
+  ORDER+=("$name")
+  local limit=$cap
+  if [ "$BUDGET" -gt 0 ]; then
+    local left=$(( BUDGET - ($(date +%s) - START) - 5 ))
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -lt "$min" ]; then RESULT[$name]=no_time; log "$name: skipped, ${left}s left of the budget"; return; fi
+  fi
+  log "$name (<= ${limit}s): $*"
+  local t0 rc
+  t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+  rc=$?
+  SECONDS_OF[$name]=$(( $(date +%s) - t0 ))
+  case $rc in
+    0) RESULT[$name]=pass ;;
+    124|137) RESULT[$name]=timeout; log "$name: cut at ${limit}s (tail of its log):"; tail -20 "$LOGS/$name.log" >&2 ;;
+    *) RESULT[$name]=fail; log "$name FAILED, exit $rc (tail of its log):"; tail -20 "$LOGS/$name.log" >&2 ;;
+  esac
 }
-step configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+
+# 2. configure and build the CUDA tests (Hopper only: this machine's GPU)
+step configure 120 20 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_LIBRARY_PATH="$LIB" -DCMAKE_INCLUDE_PATH="$PREFIX/usr/include/x86_64-linux-gnu" \
   -DPKG_CONFIG_EXECUTABLE="$PKGCONF"
 if want build; then
   [ "${RESULT[configure]}" = pass ] &&
-    step build cmake --build "$BUILD" -j"$(nproc)" --target cuda_tests blendctl blendserve
+    step build 600 60 cmake --build "$BUILD" -j"$(nproc)" --target cuda_tests blendctl blendserve
 else
   [ -x "$BUILD/cuda_test_ops" ] && RESULT[build]=pass  # an earlier call's build
 fi
-if [ "${RESULT[build]:-fail}" = pass ]; then
-  # 3. the CUDA tests, then the op tests under compute-sanitizer
-  if want tests; then
-    step cuda_tests ctest --test-dir "$BUILD" -L cuda --output-on-failure
-    # On the GPU machine a skipped CUDA test (exit 77: no device seen) is a failure.
-    if [ "${RESULT[cuda_tests]}" = pass ] && grep -q '(Skipped)' "$OUT/cuda_tests.log"; then
-      RESULT[cuda_tests]=skipped
-      log "cuda_tests: skipped (no CUDA device seen): see $OUT/cuda_tests.log and $OUT/machine.txt"
-    fi
+BUILT=false
+[ "${RESULT[build]:-}" = pass ] && BUILT=true
+SANITIZER=false
+command -v compute-sanitizer >/dev/null 2>&1 && SANITIZER=true
+want sanitize && ! $SANITIZER && log "compute-sanitizer not found: memcheck/racecheck not run"
+
+# 3. the CUDA tests; the op tests under memcheck
+if $BUILT && want tests; then
+  step cuda_tests 420 60 ctest --test-dir "$BUILD" -L cuda --output-on-failure
+  # On the GPU machine a skipped CUDA test (exit 77: no device seen) is a failure.
+  if [ "${RESULT[cuda_tests]}" = pass ] && grep -q '(Skipped)' "$LOGS/cuda_tests.log"; then
+    RESULT[cuda_tests]=skipped
+    log "cuda_tests: skipped (no CUDA device seen): see cuda_tests.log and machine.txt"
   fi
-  if want sanitize; then
-    if command -v compute-sanitizer >/dev/null 2>&1; then
-      step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/cuda_test_ops"
-      step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/cuda_test_ops"
-      step memcheck_backend compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/cuda_test_backend"
-    else
-      log "compute-sanitizer not found: memcheck/racecheck not run"
-    fi
-  fi
-  # 4. the benchmarks (issue 19's targets), ours and PyTorch's on the same GPU, JSON
-  # lines in $OUT/bench_*.jsonl. Random weights in the real shapes, built in memory.
-  if want bench; then
-    BLENDCTL="$BUILD/blendctl"
-    bench() {  # name, timeout seconds, command...: JSON lines to $OUT/bench_<name>.jsonl
-      local name=$1 limit=$2; shift 2
-      log "bench $name: $*"
-      if timeout "$limit" "$@" >"$OUT/bench_$name.jsonl" 2>"$OUT/bench_$name.log"; then
-        RESULT[bench_$name]=pass
-      else
-        RESULT[bench_$name]=fail
-        log "bench $name FAILED (tail of $OUT/bench_$name.log):"; tail -20 "$OUT/bench_$name.log" >&2
-      fi
-    }
-    bench prefill_8b 300 "$BLENDCTL" --device cuda --model random:llama-3.1-8b bench prefill \
-      --lengths 3072 8192 --repeats 3 --decode-context 512 --decode-tokens 32 --decode-batches 1 32
-    bench decode_1b 300 "$BLENDCTL" --device cuda --model random:llama-3.2-1b bench decode \
-      --streams 1 32 --tokens 64 --prompt-tokens 256 --repeats 2
-    bench ttft_8b_6 300 "$BLENDCTL" --device cuda --model random:llama-3.1-8b bench ttft --tier ram \
-      --chunks 6 --chunk-tokens 512 --requests 2
-    bench ttft_8b_20 300 "$BLENDCTL" --device cuda --model random:llama-3.1-8b bench ttft --tier ram \
-      --chunks 20 --chunk-tokens 512 --requests 2
-    if python3 -c 'import torch' 2>/dev/null; then
-      bench torch_check 120 python3 "$ROOT/tools/peer_torch.py" check --device cuda --dtype bf16
-      bench torch_gemm 120 python3 "$ROOT/tools/peer_torch.py" gemm-peak
-      bench torch_prefill_8b 300 python3 "$ROOT/tools/peer_torch.py" prefill --model random:llama-3.1-8b \
-        --tokens 3072 8192 --repeats 3
-      bench torch_decode_1b 300 python3 "$ROOT/tools/peer_torch.py" decode --model random:llama-3.2-1b \
-        --streams 1 32 --tokens 64 --prompt-tokens 256 --repeats 2
-    else
-      log "PyTorch not importable: the peer benchmarks not run"
-    fi
+fi
+if $BUILT && want sanitize && $SANITIZER; then
+  step memcheck 240 30 compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/cuda_test_ops"
+fi
+
+# 4. the benchmarks (issue 19's targets), ours and PyTorch's beside each on the same GPU.
+# Random weights in the real shapes, built in memory.
+if $BUILT && want bench; then
+  BLENDCTL="$BUILD/blendctl"
+  TORCH=false
+  python3 -c 'import torch' 2>/dev/null && TORCH=true || log "PyTorch not importable: the peer benchmarks not run"
+  bench() {  # name, cap seconds, command...: JSON lines to bench_<name>.jsonl
+    local name=$1 cap=$2; shift 2
+    step "bench_$name" "$cap" 45 sh -c '"$@" >"$0"' "$LOGS/bench_$name.jsonl" "$@"
+  }
+  bench prefill_8b 240 "$BLENDCTL" --device cuda --model random:llama-3.1-8b bench prefill \
+    --lengths 3072 8192 --repeats 3 --decode-context 512 --decode-tokens 32 --decode-batches 1 32
+  $TORCH && bench torch_prefill_8b 150 python3 "$ROOT/tools/peer_torch.py" prefill --model random:llama-3.1-8b \
+    --tokens 3072 8192 --repeats 3
+  bench decode_1b 150 "$BLENDCTL" --device cuda --model random:llama-3.2-1b bench decode \
+    --streams 1 32 --tokens 64 --prompt-tokens 256 --repeats 2
+  $TORCH && bench torch_decode_1b 120 python3 "$ROOT/tools/peer_torch.py" decode --model random:llama-3.2-1b \
+    --streams 1 32 --tokens 64 --prompt-tokens 256 --repeats 2
+  bench ttft_8b_6 180 "$BLENDCTL" --device cuda --model random:llama-3.1-8b bench ttft --tier ram \
+    --chunks 6 --chunk-tokens 512 --requests 2
+  bench ttft_8b_20 180 "$BLENDCTL" --device cuda --model random:llama-3.1-8b bench ttft --tier ram \
+    --chunks 20 --chunk-tokens 512 --requests 2
+  if $TORCH; then
+    bench torch_gemm 60 python3 "$ROOT/tools/peer_torch.py" gemm-peak
+    bench torch_check 60 python3 "$ROOT/tools/peer_torch.py" check --device cuda --dtype bf16
   fi
 fi
 
+# 5. the slower sanitizer runs last
+if $BUILT && want sanitize && $SANITIZER; then
+  step racecheck 300 60 compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/cuda_test_ops"
+  step memcheck_backend 300 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/cuda_test_backend"
+fi
+
 status=0
-json="{\"gpu_check\":\"done\",\"stages\":\"$STAGES\",\"seconds\":$(( $(date +%s) - START ))"
-for k in configure build cuda_tests memcheck racecheck memcheck_backend "${!RESULT[@]}"; do
+json="{\"gpu_check\":\"done\",\"stages\":\"$STAGES\",\"budget_s\":$BUDGET,\"seconds\":$(( $(date +%s) - START ))"
+for k in configure build "${ORDER[@]}"; do
   [[ $json == *"\"$k\":"* ]] && continue
   v=${RESULT[$k]:-not_run}
   json+=",\"$k\":\"$v\""
-  { [ "$v" = fail ] || [ "$v" = skipped ]; } && status=1
-  case $k in configure|build) [ "$v" = not_run ] && status=1 ;; esac
-  if [ "$k" = cuda_tests ] && want tests && [ "$v" = not_run ]; then status=1; fi
+  [ -n "${SECONDS_OF[$k]:-}" ] && json+=",\"${k}_s\":${SECONDS_OF[$k]}"
+  [ "$v" = pass ] || status=1
 done
+if want tests && ! $BUILT; then json+=",\"cuda_tests\":\"not_run\""; status=1; fi
 json+=",\"gpu\":\"$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)\"}"
 echo "$json" | tee "$OUT/gpu_check.json"
 exit $status
