@@ -2,20 +2,22 @@
 # tools/gpu_check.sh — one command for a bare GPU machine (the device tool's): unpack
 # the carried packages into a prefix, build the CUDA tests and the tools, run the tests,
 # the op tests under compute-sanitizer memcheck, the GPU benchmarks against PyTorch on
-# the same GPU, then racecheck and the backend test under memcheck, and leave in $OUT
+# the same GPU, a per-kernel profile of decode (Nsight Compute), then racecheck and the
+# backend test under memcheck, and leave in $OUT
 # one JSON summary, the benchmarks' JSON lines and one archive of every log.
 #
 # Here, once:  tools/fetch_gpu_debs.sh         (into the git-ignored gpu-debs/)
 # Then:        device tool `run`, carry ["gpu-debs"],
 #              command "GPU_CHECK_BUDGET_S=540 bash tools/gpu_check.sh", timeout_s 600
 #              (README, "GPU"). Without $OUT it writes to gpu-check-out/.
-# Stages:      bash tools/gpu_check.sh [build] [tests] [sanitize] [bench]   (default: all;
+# Stages:      bash tools/gpu_check.sh [build] [tests] [sanitize] [bench] [profile]   (default: all;
 #              a later call on the same warm machine reuses build-gpu/).
 # Budget:      GPU_CHECK_BUDGET_S=N ends the whole check within N seconds: every step
 #              runs under `timeout` with what is left (and its own cap), the steps run in
 #              the order of what matters most (build, tests, memcheck of the ops, the
-#              benchmarks with their PyTorch peer beside each, racecheck, memcheck of the
-#              backend), and a step that no longer fits is recorded "no_time". A device
+#              benchmarks with their PyTorch peer beside each, the decode profile,
+#              racecheck, memcheck of the backend), and a step that no longer fits is
+#              recorded "no_time". A device
 #              lease is ~15 minutes, machine start included: one call must do it all.
 #
 # What comes back: the device tool returns at most 8 files, so $OUT holds
@@ -43,7 +45,7 @@ mkdir -p "$OUT" "$LOGS"
 log() { printf '[gpu-check %4ds] %s\n' "$(( $(date +%s) - START ))" "$*" >&2; }
 declare -A RESULT SECONDS_OF
 ORDER=()
-STAGES="${*:-build tests sanitize bench}"
+STAGES="${*:-build tests sanitize bench profile}"
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
 pack_logs() {
@@ -84,10 +86,11 @@ if [ ! -f "$PREFIX/.unpacked" ]; then
   log "unpacked ${#debs[@]} packages into $PREFIX"
 fi
 LIB="$PREFIX/usr/lib/x86_64-linux-gnu"
+LIB2="$PREFIX/lib/x86_64-linux-gnu"   # where some packages (libncurses6, libtinfo6) put their .so.N
 export CMAKE_PREFIX_PATH="$PREFIX/usr"
 export CPATH="$PREFIX/usr/include:$PREFIX/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}"
-export LIBRARY_PATH="$LIB${LIBRARY_PATH:+:$LIBRARY_PATH}"
-export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LIBRARY_PATH="$LIB:$LIB2${LIBRARY_PATH:+:$LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$LIB:$LIB2${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PKG_CONFIG_SYSROOT_DIR="$PREFIX"
 export PKG_CONFIG_LIBDIR="$LIB/pkgconfig:$PREFIX/usr/share/pkgconfig"
 PKGCONF="$PREFIX/usr/bin/pkgconf"
@@ -143,8 +146,11 @@ if $BUILT && want tests; then
     log "cuda_tests: skipped (no CUDA device seen): see cuda_tests.log and machine.txt"
   fi
 fi
+# --report-api-errors no: the tests provoke out-of-memory on purpose (a device allocation
+# must throw bad_alloc), which compute-sanitizer would count as an error; every CUDA call's
+# status is checked by our code (BS_CUDA_CHECK), so an unexpected one fails the test itself.
 if $BUILT && want sanitize && $SANITIZER; then
-  step memcheck 240 30 compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/cuda_test_ops"
+  step memcheck 240 30 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$BUILD/cuda_test_ops"
 fi
 
 # 4. the benchmarks (issue 19's targets), ours and PyTorch's beside each on the same GPU.
@@ -175,10 +181,27 @@ if $BUILT && want bench; then
   fi
 fi
 
-# 5. the slower sanitizer runs last
+# 5. where decode time goes on the device: every kernel's time under Nsight Compute (one
+# metric, clocks left alone), summed per kernel name, for one stream and for 16 streams
+# (one exact-rows GEMV group) of random:llama-3.2-1b. Compare the sums with the wall time
+# per token of bench_decode_1b: the rest is launch and host time.
+if $BUILT && want profile; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU" ]; then
+    for streams in 1 16; do
+      step "profile_decode_1b_x$streams" 120 45 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
+        --print-summary per-kernel --csv "$BUILD/blendctl" --device cuda --model random:llama-3.2-1b bench decode \
+        --streams "$streams" --tokens 16 --prompt-tokens 16 --repeats 1
+    done
+  else
+    log "ncu not found: the decode profile not taken"
+  fi
+fi
+
+# 6. the slower sanitizer runs last
 if $BUILT && want sanitize && $SANITIZER; then
-  step racecheck 300 60 compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/cuda_test_ops"
-  step memcheck_backend 300 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/cuda_test_backend"
+  step racecheck 300 60 compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 1 "$BUILD/cuda_test_ops"
+  step memcheck_backend 300 60 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$BUILD/cuda_test_backend"
 fi
 
 status=0
