@@ -363,6 +363,30 @@ TEST_F(CudaBackendOps, SamplingPicksTheHostsTokens) {
   }
 }
 
+// Greedy rows whatever the vocabulary: a multiple of 4 (16-byte loads) or not (one
+// value at a time), the maximum first, last or tied (the lower index wins), a NaN at
+// the front (kept, as std::max_element keeps it) or inside (never picked).
+TEST_F(CudaBackendOps, GreedyPicksAreTheHostsForAnyVocabulary) {
+  for (int64_t vocab : {1000, 1001, 4099, 128256}) {
+    const int64_t n = 5;
+    auto logits = random_vec(static_cast<size_t>(n * vocab), 31, 3.0f);
+    logits[0] = 50.0f;                                              // row 0: the first
+    logits[2 * vocab - 1] = 50.0f;                                  // row 1: the last
+    logits[2 * vocab + 7] = logits[2 * vocab + vocab / 2] = 50.0f;  // row 2: a tie
+    logits[3 * vocab] = std::nanf("");                              // row 3: NaN first
+    logits[4 * vocab + 3] = std::nanf("");                          // row 4: NaN inside
+    logits[4 * vocab + 9] = 50.0f;
+    const auto d = up(logits);
+    const std::vector<SampleRow> rows(static_cast<size_t>(n), SampleRow{0.0f, 1.0f, 0, 0.0});
+    std::vector<int32_t> got(static_cast<size_t>(n), -1);
+    cuda->sample_rows(d.as<float>(), n, vocab, rows.data(), got.data());
+    for (int64_t r = 0; r < n; ++r)
+      EXPECT_EQ(got[r], pick_token(logits.data() + r * vocab, vocab, rows[static_cast<size_t>(r)]))
+          << "vocab " << vocab << " row " << r;
+    EXPECT_EQ(got, (std::vector<int32_t>{0, static_cast<int32_t>(vocab - 1), 7, 0, 9})) << "vocab " << vocab;
+  }
+}
+
 // A loader's copies: on its own stream through the pinned staging ring (more bytes than
 // the ring holds), gated by an event the compute stream waits for.
 TEST_F(CudaBackendOps, CopiesOnAStreamAreGatedByEvents) {

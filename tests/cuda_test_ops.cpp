@@ -597,6 +597,7 @@ TEST_F(CudaOps, AttentionRowsMatchesTheReferenceShortAndLongContexts) {
 // the reference's exact product.
 TEST_F(CudaOps, GemvRowsAreBitIdenticalWhateverTheRowCount) {
   const int64_t out = 70, rows = kGemvMaxRows;
+  DeviceAllocation scratch;  // x as bf16, shared by the calls as the backend shares it
   for (int64_t in : {96, 100, 1000}) {
     const auto wf = random_vec(static_cast<size_t>(out * in), 80);
     auto stored = dev.up(wf);
@@ -607,26 +608,28 @@ TEST_F(CudaOps, GemvRowsAreBitIdenticalWhateverTheRowCount) {
     for (bool with_bias : {false, true}) {
       const float* b = with_bias ? dbias.as<float>() : nullptr;
       DeviceAllocation dall(static_cast<size_t>(rows * out) * sizeof(float));
-      gemv_bf16(w, dx.as<float>(), dall.as<float>(), rows, b, dev.stream.get());
+      gemv_bf16(w, dx.as<float>(), dall.as<float>(), rows, b, scratch, dev.stream.get());
       const auto all = dev.down(dall);
       std::vector<float> want(all.size());
       ref->linear(*pr, x.data(), want.data(), rows, with_bias ? bias.data() : nullptr);
       EXPECT_LT(rel_max_err(all, want), 2e-2) << "in " << in;
       for (int64_t i = 0; i < rows; ++i) {
         DeviceAllocation done(static_cast<size_t>(out) * sizeof(float));
-        gemv_bf16(w, dx.as<float>() + i * in, done.as<float>(), 1, b, dev.stream.get());
+        gemv_bf16(w, dx.as<float>() + i * in, done.as<float>(), 1, b, scratch, dev.stream.get());
         const auto one = dev.down(done);
         EXPECT_EQ(std::memcmp(one.data(), all.data() + i * out, static_cast<size_t>(out) * sizeof(float)), 0)
             << "in " << in << " bias " << with_bias << " row " << i << " alone";
       }
       DeviceAllocation dfive(static_cast<size_t>(5 * out) * sizeof(float));
-      gemv_bf16(w, dx.as<float>() + 3 * in, dfive.as<float>(), 5, b, dev.stream.get());
+      gemv_bf16(w, dx.as<float>() + 3 * in, dfive.as<float>(), 5, b, scratch, dev.stream.get());
       const auto five = dev.down(dfive);
       EXPECT_EQ(std::memcmp(five.data(), all.data() + 3 * out, five.size() * sizeof(float)), 0)
           << "in " << in << " bias " << with_bias << ": rows 3..7 as 5 rows";
     }
-    EXPECT_THROW(gemv_bf16(w, dx.as<float>(), nullptr, 0, nullptr, dev.stream.get()), std::invalid_argument);
-    EXPECT_THROW(gemv_bf16(w, dx.as<float>(), nullptr, rows + 1, nullptr, dev.stream.get()), std::invalid_argument);
+    EXPECT_THROW(gemv_bf16(w, dx.as<float>(), nullptr, 0, nullptr, scratch, dev.stream.get()),
+                 std::invalid_argument);
+    EXPECT_THROW(gemv_bf16(w, dx.as<float>(), nullptr, rows + 1, nullptr, scratch, dev.stream.get()),
+                 std::invalid_argument);
   }
 }
 

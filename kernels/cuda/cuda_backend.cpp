@@ -312,7 +312,7 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
     if (n <= cuda::kGemvMaxRows)
-      cuda::gemv_bf16(w, x, y, n, bias, stream_.get());
+      cuda::gemv_bf16(w, x, y, n, bias, linear_scratch_, stream_.get());
     else
       cuda::linear(cublas_, w, x, y, n, bias, linear_scratch_, stream_.get());
   }

@@ -96,13 +96,20 @@ Bf16Weights weights_to_bf16(TensorType type, const void* stored, int64_t out_fea
   return w;
 }
 
+const void* activations_to_bf16(const float* x, int64_t count, DeviceAllocation& scratch, cudaStream_t stream) {
+  const size_t need = static_cast<size_t>(count) * 2;
+  if (scratch.bytes() < need) scratch = DeviceAllocation(need);
+  if (count > 0) {
+    to_bf16<<<grid_for(count), kThreads, 0, stream>>>(x, scratch.as<__nv_bfloat16>(), count);
+    BS_CUDA_CHECK(cudaGetLastError());
+  }
+  return scratch.get();
+}
+
 void linear(const CublasHandle& cublas, const Bf16Weights& w, const float* x, float* y, int64_t n, const float* bias,
             DeviceAllocation& scratch, cudaStream_t stream) {
   if (n <= 0) return;
-  const size_t need = static_cast<size_t>(n * w.in_features) * 2;
-  if (scratch.bytes() < need) scratch = DeviceAllocation(need);
-  to_bf16<<<grid_for(n * w.in_features), kThreads, 0, stream>>>(x, scratch.as<__nv_bfloat16>(), n * w.in_features);
-  BS_CUDA_CHECK(cudaGetLastError());
+  activations_to_bf16(x, n * w.in_features, scratch, stream);
   // Row-major y [n, out] = x [n, in] W^T, i.e. column-major y^T [out, n] = W [out, in] (as
   // the column-major [in, out] W^T transposed) times x^T [in, n].
   const float alpha = 1.0f, beta = 0.0f;

@@ -1,8 +1,8 @@
 // Products with the model's matrices on the device: weights dequantized once to bf16
 // at load (from any stored type, by the device decoders of kernels/op_math.h), then
 // y = x W^T through cuBLAS in bf16 with fp32 accumulation (activations rounded to bf16
-// per call). The decode-size GEMV of our own that the issue allows comes later, if
-// measured faster.
+// per call). Decode-size products (up to kGemvMaxRows rows) go through our own GEMV
+// instead (gemv_bf16.cuh: rows exact whatever the batch).
 #pragma once
 
 #include <cublas_api.h>
@@ -39,6 +39,12 @@ struct Bf16Weights {
 // in_features not a multiple of its block size.
 Bf16Weights weights_to_bf16(TensorType type, const void* stored, int64_t out_features, int64_t in_features,
                             cudaStream_t stream);
+
+// x [count] rounded to bf16 (nearest even) into `scratch` (grown as needed): the
+// activations every product multiplies, rounded once per call rather than once per
+// output feature. Returns scratch's memory as [count] bf16 (`__nv_bfloat16` in .cu files).
+const void* activations_to_bf16(const float* x,  // device [count]
+                                int64_t count, DeviceAllocation& scratch, cudaStream_t stream);
 
 // y[t, o] = sum_i W[o, i] x[t, i] (+ bias[o]); x rounded to bf16 into `scratch` first
 // (grown as needed), fp32 accumulation and output.
