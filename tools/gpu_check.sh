@@ -181,20 +181,29 @@ if $BUILT && want bench; then
   fi
 fi
 
-# 5. where decode time goes on the device: every kernel's time under Nsight Compute (one
-# metric, clocks left alone), summed per kernel name, for one stream and for 16 streams
-# (one exact-rows GEMV group) of random:llama-3.2-1b. Compare the sums with the wall time
-# per token of bench_decode_1b: the rest is launch and host time.
+# 5. where the time goes on the device: every kernel's time under Nsight Compute (one
+# metric, clocks left alone), summed per kernel name, of random:llama-3.2-1b: decode of
+# one stream and of 16 (one exact-rows GEMV group), and a prefill of 8,192 tokens.
+# Compare the decode sums with the wall time per token of bench_decode_1b: the rest is
+# launch and host time. ncu serializes and times every launch, so the runs are short
+# (16 streams x 16 tokens did not finish in 120 s on an H200).
 if $BUILT && want profile; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then
-    for streams in 1 16; do
-      step "profile_decode_1b_x$streams" 120 45 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
-        --print-summary per-kernel --csv "$BUILD/blendctl" --device cuda --model random:llama-3.2-1b bench decode \
-        --streams "$streams" --tokens 16 --prompt-tokens 16 --repeats 1
-    done
+    profile() {  # name, command...: the per-kernel summary (CSV) in <name>.log
+      local name=$1; shift
+      step "$name" 100 40 "$NCU" --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+        --csv "$BUILD/blendctl" --device cuda --model random:llama-3.2-1b "$@"
+      # The table on stderr (the device tool's output tail), its JSON lines in the logs.
+      [ -s "$LOGS/$name.log" ] && python3 "$ROOT/tools/ncu_summary.py" "$LOGS/$name.log" --top 12 \
+        >"$LOGS/${name}_summary.jsonl" || true
+    }
+    profile profile_decode_1b_x1 bench decode --streams 1 --tokens 16 --prompt-tokens 16 --repeats 1
+    profile profile_decode_1b_x16 bench decode --streams 16 --tokens 4 --prompt-tokens 8 --repeats 1
+    profile profile_prefill_1b_8192 bench prefill --lengths 8192 --repeats 1 --decode-context 1 --decode-tokens 1 \
+      --decode-batches 1
   else
-    log "ncu not found: the decode profile not taken"
+    log "ncu not found: the profile not taken"
   fi
 fi
 
