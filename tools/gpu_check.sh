@@ -2,8 +2,8 @@
 # tools/gpu_check.sh — one command for a bare GPU machine (the device tool's): unpack
 # the carried packages into a prefix, build the CUDA tests and the tools, run the tests,
 # the op tests under compute-sanitizer memcheck, the GPU benchmarks against PyTorch on
-# the same GPU, a per-kernel profile of decode (Nsight Compute), then racecheck and the
-# backend test under memcheck, and leave in $OUT
+# the same GPU, racecheck and the backend test under memcheck, then a per-kernel profile
+# (Nsight Compute) of decode and prefill, and leave in $OUT
 # one JSON summary, the benchmarks' JSON lines and one archive of every log.
 #
 # Here, once:  tools/fetch_gpu_debs.sh         (into the git-ignored gpu-debs/)
@@ -15,10 +15,10 @@
 # Budget:      GPU_CHECK_BUDGET_S=N ends the whole check within N seconds: every step
 #              runs under `timeout` with what is left (and its own cap), the steps run in
 #              the order of what matters most (build, tests, memcheck of the ops, the
-#              benchmarks with their PyTorch peer beside each, the decode profile,
-#              racecheck, memcheck of the backend), and a step that no longer fits is
-#              recorded "no_time". A device
-#              lease is ~15 minutes, machine start included: one call must do it all.
+#              benchmarks with their PyTorch peer beside each, racecheck, memcheck of
+#              the backend, the profile), and a step that no longer fits is recorded
+#              "no_time". A device lease is ~15 minutes, machine start included: one
+#              call must do it all.
 #
 # What comes back: the device tool returns at most 8 files, so $OUT holds
 # gpu_check.json (the summary: each step's result and seconds), bench.jsonl (every
@@ -181,7 +181,14 @@ if $BUILT && want bench; then
   fi
 fi
 
-# 5. where the time goes on the device: every kernel's time under Nsight Compute (one
+# 5. the other sanitizer runs (racecheck 9-12 s and the backend under memcheck 3 s on an
+# H200) before the profile: correctness first
+if $BUILT && want sanitize && $SANITIZER; then
+  step racecheck 300 60 compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 1 "$BUILD/cuda_test_ops"
+  step memcheck_backend 300 60 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$BUILD/cuda_test_backend"
+fi
+
+# 6. where the time goes on the device: every kernel's time under Nsight Compute (one
 # metric, clocks left alone), summed per kernel name, of random:llama-3.2-1b: decode of
 # one stream and of 16 (one exact-rows GEMV group), and a prefill of 8,192 tokens.
 # Compare the decode sums with the wall time per token of bench_decode_1b: the rest is
@@ -205,12 +212,6 @@ if $BUILT && want profile; then
   else
     log "ncu not found: the profile not taken"
   fi
-fi
-
-# 6. the slower sanitizer runs last
-if $BUILT && want sanitize && $SANITIZER; then
-  step racecheck 300 60 compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 1 "$BUILD/cuda_test_ops"
-  step memcheck_backend 300 60 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$BUILD/cuda_test_backend"
 fi
 
 status=0
