@@ -66,14 +66,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   idx[threadIdx.x] = at;
   __syncthreads();
   for (int stride = kArgmaxThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      const float v = vals[threadIdx.x + stride];
-      const int64_t j = idx[threadIdx.x + stride];
-      if (v > vals[threadIdx.x] || (v == vals[threadIdx.x] && j < idx[threadIdx.x])) {
-        vals[threadIdx.x] = v;
-        idx[threadIdx.x] = j;
-      }
-    }
+    if (threadIdx.x < stride)
+      consider(vals[threadIdx.x + stride], idx[threadIdx.x + stride], vals[threadIdx.x], idx[threadIdx.x]);
     __syncthreads();
   }
   // std::max_element keeps a NaN first element (nothing compares above it): so does this.
