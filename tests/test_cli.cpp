@@ -357,6 +357,42 @@ TEST(Cli, EvalSweepsTheRatioAndPlotsTheTradeOff) {
   EXPECT_NE(svg.find("sweep.jsonl, 2 cases"), std::string::npos);
   EXPECT_NE(svg.find("SmolLM2"), std::string::npos);
 
+  // --resume: a run stopped after the first case, resumed, prints the summaries of the
+  // uninterrupted run above (up to timing) and recomputes only the second case.
+  const auto log_path = (data_dir() / "sweep_log.jsonl").string();
+  const std::string resumable = "blendctl eval --dataset " + (data_dir() / "sweep.jsonl").string() +
+                                " --kv-dtype f32 --sweep-ratio 0.5,0.1 --resume " + log_path;
+  r = run(resumable + " --max-tokens 4 --max-cases 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("0 of these 3 runs read back, 3 to go"), std::string::npos) << r.out;
+  r = run(resumable + " --max-tokens 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("3 of these 6 runs read back, 3 to go"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("eval runs: 6/6"), std::string::npos) << r.out;
+  const auto resumed = json_lines(r.out);
+  ASSERT_EQ(resumed.size(), lines.size()) << r.out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    auto a = lines[i], b = resumed[i];
+    for (auto* j : {&a, &b})  // timing is measured again; everything else is the same
+      for (const char* k : {"ttft_s", "ttft_vs_full", "setup_s_excluded"}) j->erase(k);
+    for (auto* j : {&a, &b}) {
+      if (j->contains("points"))
+        for (auto& p : j->at("points"))
+          for (const char* k : {"ttft_s", "ttft_vs_full"}) p.erase(k);
+      if (j->contains("full")) j->at("full").erase("ttft_s");
+    }
+    EXPECT_EQ(a, b) << i;
+  }
+  std::ifstream log_in(log_path);
+  std::string log_line;
+  int log_lines = 0;
+  while (std::getline(log_in, log_line)) ++log_lines;
+  EXPECT_EQ(log_lines, 1 + 6);  // the settings, each (case, run) once
+  // Other settings are refused before any work, naming what differs.
+  r = run(resumable + " --max-tokens 5");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("\"max_tokens\" is 4 there and 5 here"), std::string::npos) << r.out;
+
   // Bad sweeps are clear CLI errors, before any work.
   r = run("blendctl eval --dataset x.jsonl --sweep-ratio 0.1,0");
   EXPECT_NE(r.code, 0);

@@ -140,6 +140,9 @@ struct EvalOptions {
   // all share; a final {"eval":"sweep"} line gathers the points. Empty: no sweep.
   std::vector<double> sweep_ratios;
   std::string plot_path;  // --plot: the trade-off chart as SVG (tools/eval/sweep_plot.h)
+  // --resume: the case log (tools/eval/case_log.h); finished runs are read back from it,
+  // new ones appended. Empty: none.
+  std::string resume_path;
   int skip_cases = 0;  // start after the first N cases (split a long run)
   int max_cases = 0;   // 0: all
   int max_tokens = 32;

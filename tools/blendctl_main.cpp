@@ -372,6 +372,8 @@ int main(int argc, char** argv) {
                    "Text every chunk is computed behind and dropped (special tokens parsed)");
   eval->add_option("--reference-dir", eopt.reference_dir,
                    "Keep full's teacher-forced reference per case here and read it in later runs");
+  eval->add_option("--resume", eopt.resume_path,
+                   "Case log: finished runs are read back from it (same settings only), new ones appended");
   eval->add_option("--max-cases", eopt.max_cases, "Evaluate at most N cases")->check(CLI::NonNegativeNumber);
   eval->add_option("--skip-cases", eopt.skip_cases, "Skip the first N cases")->check(CLI::NonNegativeNumber);
   eval->add_option("--max-tokens", eopt.max_tokens, "Answer length limit")->check(CLI::Range(1, 512));

@@ -18,6 +18,10 @@
 // once, or read from --reference-dir) and full's own run serve every ratio. A summary
 // line per (mode, ratio), then one {"eval":"sweep","points":[...],"full":{...}} line;
 // --plot F.svg draws the points (tools/eval/sweep_plot.h).
+//
+// --resume F.jsonl keeps every case line in F as it is made and, run again with the
+// same settings, reads the finished ones back instead of recomputing them
+// (tools/eval/case_log.h): the summaries come from the case lines either way.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,11 +34,13 @@
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "blend/blend_engine.h"
 #include "kernels/kv_view.h"
 #include "blend/store_backed_blend.h"
 #include "storage/memory_store.h"
+#include "tools/eval/case_log.h"
 #include "tools/eval/metrics.h"
 #include "tools/eval/sweep_plot.h"
 #include "model/generate.h"
@@ -129,6 +135,28 @@ struct RunSpec {
 
 json number_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
+// Adds one case line to its run's totals: the summaries are made of the lines, whether
+// computed now or read back by --resume.
+void add_case_line(Totals& t, const json& line) {
+  t.f1 += line.at("f1").get<double>();
+  if (!line.at("first_token_kl").is_null()) {  // an answer with tokens: teacher-forced
+    t.kl += line.at("first_token_kl").get<double>();
+    t.agree += line.at("top1_agreement").get<double>();
+    ++t.forced_cases;
+  }
+  t.ttft += line.at("ttft_s").get<double>();
+  t.recomputed += line.at("recomputed_tokens").get<double>();
+  t.cached += line.at("cached_tokens").get<double>();
+  ++t.cases;
+}
+
+// A 64-bit value as 16 hex digits (JSON numbers lose integers above 2^53).
+std::string hex64(uint64_t v) {
+  char s[17];
+  std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(v));
+  return s;
+}
+
 }  // namespace
 
 int eval_rag(const EvalOptions& opt) {
@@ -192,6 +220,36 @@ int eval_rag(const EvalOptions& opt) {
   const int first = std::min<int>(opt.skip_cases, static_cast<int>(lines.size()));
   const int last = opt.max_cases > 0 ? std::min<int>(first + opt.max_cases, static_cast<int>(lines.size()))
                                      : static_cast<int>(lines.size());
+  // What decides a case line's values: a --resume file written under other settings is
+  // refused (tools/eval/case_log.h).
+  std::unique_ptr<CaseLog> log;
+  if (!opt.resume_path.empty()) {
+    std::string all;
+    for (const auto& l : lines) all += l + '\n';
+    log = std::make_unique<CaseLog>(
+        opt.resume_path,
+        json{{"dataset_xxh3", hex64(XXH3_64bits(all.data(), all.size()))},
+             {"model_fingerprint", hex64(model.fingerprint())},
+             {"cpu", cpu_model_name()},
+             {"isa", backend->kernel_id()},
+             {"precision", kernels::precision_name(precision)},
+             {"kv_dtype", kernels::kv_dtype_name(kv_dtype)},
+             {"max_tokens", opt.max_tokens},
+             {"check_layers", opt.check_layers},
+             {"schedule", opt.schedule},
+             {"deviation", opt.deviation},
+             {"quota", opt.quota},
+             {"filtering", opt.filtering},
+             {"sink_tokens", opt.sink_tokens},
+             {"chunk_prelude", opt.chunk_prelude},
+             {"system_prompt", opt.system_prompt},
+             {"question_prefix", opt.question_prefix}});
+    int found = 0;
+    for (int case_no = first; case_no < last; ++case_no)
+      for (const auto& r : runs) found += log->find(case_no, mode_name(r.mode), r.ratio) != nullptr;
+    std::fprintf(stderr, "--resume: %s: %d of these %d runs read back, %d to go\n", opt.resume_path.c_str(), found,
+                 (last - first) * static_cast<int>(runs.size()), (last - first) * static_cast<int>(runs.size()) - found);
+  }
   // One tick per case and run (mode, and ratio for the blend).
   Progress progress("eval runs", (last - first) * static_cast<int>(runs.size()));
   BlendOptions blend_opt;
@@ -204,7 +262,28 @@ int eval_rag(const EvalOptions& opt) {
   blend_opt.sink_tokens = opt.sink_tokens;
   int reference_hits = 0;
 
+  // A finished run's line: into its totals, and printed.
+  const auto record = [&](size_t run_no, const json& line) {
+    add_case_line(totals[run_no], line);
+    if (opt.print_cases) {
+      std::printf("%s\n", line.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+      std::fflush(stdout);
+    }
+  };
+
   for (int case_no = first; case_no < last; ++case_no) {
+    // The runs of this case an earlier --resume run finished; none left: nothing to set up.
+    std::vector<const json*> done(runs.size(), nullptr);
+    bool all_done = log != nullptr;
+    for (size_t run_no = 0; log && run_no < runs.size(); ++run_no) {
+      done[run_no] = log->find(case_no, mode_name(runs[run_no].mode), runs[run_no].ratio);
+      all_done = all_done && done[run_no];
+    }
+    if (all_done) {
+      for (size_t run_no = 0; run_no < runs.size(); ++run_no) record(run_no, *done[run_no]);
+      progress.resumed(static_cast<int>(runs.size()));
+      continue;
+    }
     const std::string& line = lines[static_cast<size_t>(case_no)];
     json c = json::parse(line);
     const auto docs = c.at("documents").get<std::vector<std::string>>();
@@ -246,6 +325,11 @@ int eval_rag(const EvalOptions& opt) {
     }
 
     for (size_t run_no = 0; run_no < runs.size(); ++run_no) {
+      if (done[run_no]) {
+        record(run_no, *done[run_no]);
+        progress.resumed(1);
+        continue;
+      }
       const BlendMode mode = runs[run_no].mode;
       BlendOptions o = blend_opt;
       o.mode = mode;
@@ -273,33 +357,21 @@ int eval_rag(const EvalOptions& opt) {
       const auto out = decode_from(tf, gen.cache, gen.logits, sp);
       const double f1 = blend::max_f1(out.text, answers);
 
-      auto& t = totals[run_no];
-      t.f1 += f1;
-      if (A > 0) {
-        t.kl += kl;
-        t.agree += static_cast<double>(agree) / static_cast<double>(A);
-        ++t.forced_cases;
-      }
-      t.ttft += ttft;
-      t.recomputed += static_cast<double>(gen.stats.recomputed_tokens);
-      t.cached += static_cast<double>(gen.stats.cached_tokens);
-      ++t.cases;
-      if (opt.print_cases) {
-        json line = json{{"id", c.value("id", std::to_string(case_no))},
-                                 {"mode", mode_name(mode)},
-                                 {"f1", f1},
-                                 {"first_token_kl", A > 0 ? json(kl) : json(nullptr)},
-                                 {"top1_agreement", A > 0 ? json(static_cast<double>(agree) / A) : json(nullptr)},
-                                 {"ttft_s", ttft},
-                                 {"setup_s_excluded", setup},
-                                 {"prompt_tokens", gen.stats.prompt_tokens},
-                                 {"recomputed_tokens", gen.stats.recomputed_tokens},
-                                 {"cached_tokens", gen.stats.cached_tokens},
-                                 {"output", out.text}};
-        if (mode == BlendMode::Blend) line["ratio"] = runs[run_no].ratio;
-        std::printf("%s\n", line.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
-        std::fflush(stdout);
-      }
+      json case_line = {{"id", c.value("id", std::to_string(case_no))},
+                        {"case", case_no},
+                        {"mode", mode_name(mode)},
+                        {"f1", f1},
+                        {"first_token_kl", A > 0 ? json(kl) : json(nullptr)},
+                        {"top1_agreement", A > 0 ? json(static_cast<double>(agree) / static_cast<double>(A)) : json(nullptr)},
+                        {"ttft_s", ttft},
+                        {"setup_s_excluded", setup},
+                        {"prompt_tokens", gen.stats.prompt_tokens},
+                        {"recomputed_tokens", gen.stats.recomputed_tokens},
+                        {"cached_tokens", gen.stats.cached_tokens},
+                        {"output", out.text}};
+      if (mode == BlendMode::Blend) case_line["ratio"] = runs[run_no].ratio;
+      if (log) log->append(case_line);  // kept before it counts: a kill after this loses nothing
+      record(run_no, case_line);
       progress.tick();
     }
   }

@@ -14,14 +14,21 @@ class Progress {
   void tick(int n = 1) {
     done_ += n;
     const double elapsed = std::chrono::duration<double>(clock::now() - t0_).count();
-    const double eta = done_ > 0 ? elapsed / done_ * (total_ - done_) : 0.0;
+    const int worked = done_ - resumed_;
+    const double eta = worked > 0 ? elapsed / worked * (total_ - done_) : 0.0;
     std::fprintf(stderr, "%s: %d/%d, %.0f s elapsed, ETA %.0f s\n", label_.c_str(), done_, total_, elapsed, eta);
+  }
+  // Units done by an earlier run (read back, not worked now): counted as done, left out
+  // of the rate the ETA is estimated from.
+  void resumed(int n) {
+    resumed_ += n;
+    done_ += n;
   }
 
  private:
   using clock = std::chrono::steady_clock;
   std::string label_;
-  int total_, done_ = 0;
+  int total_, done_ = 0, resumed_ = 0;
   clock::time_point t0_;
 };
 
