@@ -15,9 +15,25 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 JOBS="$(nproc)"
 
+# Each step's wall time, printed when it ends and again all together at the end, so a
+# CI log shows where the time goes.
+STEP_NAME=""
+STEP_START=$SECONDS
+STEP_TIMES=()
+step() {
+  if [ -n "$STEP_NAME" ]; then
+    STEP_TIMES+=("$STEP_NAME $((SECONDS - STEP_START)) s")
+    echo "[test] ($STEP_NAME: $((SECONDS - STEP_START)) s)"
+  fi
+  STEP_NAME="$1"
+  STEP_START=$SECONDS
+  if [ -n "$1" ]; then echo "[test] $1"; fi
+}
+
+step "setup"
 "$ROOT/tools/setup.sh"
 
-echo "[test] Release build"
+step "Release build"
 cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$ROOT/build" -j"$JOBS"
 echo "[test] all tests (Release)"
@@ -32,13 +48,13 @@ fi
 # The unit tests in parallel (those that bound a time are RUN_SERIAL: tests/CMakeLists.txt),
 # then everything else one at a time: the model tests measure TTFT and throughput against
 # each other and need the machine to themselves.
-echo "[test] unit tests (Release)"
+step "unit tests (Release)"
 ctest --test-dir "$ROOT/build" --output-on-failure --no-tests=error -L '^unit$' -j"$JOBS"
-echo "[test] model, peer and GPU tests (Release)"
+step "model, peer and GPU tests (Release)"
 ctest --test-dir "$ROOT/build" --output-on-failure --no-tests=error -LE "$NOT_UNIT" -j1
 
 if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
-  echo "[test] ASan+UBSan build (clang; the fuzzers share it)"
+  step "ASan+UBSan build (clang; the fuzzers share it)"
   # A build-asan/ configured with another compiler (GCC, before the fuzzers shared it)
   # cannot switch in place: start it afresh.
   if [ -f "$ROOT/build-asan/CMakeCache.txt" ] &&
@@ -50,7 +66,7 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
     -DBLENDSERVE_SANITIZE=ON -DBLENDSERVE_FUZZ=ON >/dev/null
   # Only what runs under the sanitizers (tests/CMakeLists.txt: sanitizer_tests) and the fuzzers.
   cmake --build "$ROOT/build-asan" -j"$JOBS" --target sanitizer_tests fuzz_gguf fuzz_chat_request fuzz_remote_frame
-  echo "[test] unit tests and the actor runtime under ASan+UBSan"
+  step "unit tests and the actor runtime under ASan+UBSan"
   # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
   # In parallel: most of these are single-threaded under the sanitizers; the unit tests
   # that bound a time are RUN_SERIAL (tests/CMakeLists.txt), and the few model tests here
@@ -63,7 +79,7 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   FUZZ_SECONDS="${BLENDSERVE_FUZZ_SECONDS:-30}"
   FUZZERS=(fuzz_gguf fuzz_chat_request fuzz_remote_frame)
   FUZZ_FAILED=0
-  echo "[test] fuzzing the GGUF reader, the chat-completion request parser and the remote tier's frame codec"
+  step "fuzzing the GGUF reader, the chat-completion request parser and the remote tier's frame codec"
   for ((first = 0; first < ${#FUZZERS[@]}; first += JOBS)); do
     PIDS=()
     BATCH=("${FUZZERS[@]:first:JOBS}")
@@ -85,3 +101,7 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   done
   [ "$FUZZ_FAILED" = 0 ]
 fi
+step ""
+printf '[test] time per step:'
+printf ' %s;' "${STEP_TIMES[@]}"
+echo " total $SECONDS s"
