@@ -22,8 +22,9 @@ STEP_START=$SECONDS
 STEP_TIMES=()
 step() {
   if [ -n "$STEP_NAME" ]; then
-    STEP_TIMES+=("$STEP_NAME $((SECONDS - STEP_START)) s")
-    echo "[test] ($STEP_NAME: $((SECONDS - STEP_START)) s)"
+    local took=$((SECONDS - STEP_START))
+    STEP_TIMES+=("$STEP_NAME $took s")
+    echo "[test] ($STEP_NAME: $took s)"
   fi
   STEP_NAME="$1"
   STEP_START=$SECONDS
