@@ -23,13 +23,33 @@ double since(clock_type::time_point t0) { return std::chrono::duration<double>(c
 // Transformer's own. Used within one step; what a prefill carries between steps is
 // in its State's buffers.
 enum Slot {
-  kQ = Transformer::kWorkspaceSlots, kK, kV, kCandRows, kCandPos, kCandK, kCandV, kDeviation, kTopK, kKeepRows, kKeptQ
+  kQ = Transformer::kWorkspaceSlots,
+  kK,
+  kV,
+  kCandRows,
+  kCandPos,
+  kCandK,
+  kCandV,
+  kDeviation,
+  kTopK,
+  kKeepRows,
+  kKeptQ,
+  kKeptHidden
 };
+
+// `buf` with at least `bytes`: kept when it is large enough (no allocation, and no
+// free: on CUDA a free waits for the device), else replaced.
+void ensure_bytes(kernels::Backend& be, kernels::DeviceBuffer& buf, int64_t bytes) {
+  if (buf.bytes() < bytes || !buf) {
+    buf.reset();  // the old memory goes first (as the workspace's slots)
+    buf = be.alloc(bytes);
+  }
+}
 
 // Host positions (or row indices) into a buffer of the backend, grown as needed.
 void upload_ints(kernels::Backend& be, const std::vector<int32_t>& host, kernels::DeviceBuffer& dev) {
   const int64_t bytes = static_cast<int64_t>(host.size() * sizeof(int32_t));
-  if (dev.bytes() < bytes || !dev) dev = be.alloc(bytes);
+  ensure_bytes(be, dev, bytes);
   be.copy_to_backend(dev.data(), host.data(), bytes);
 }
 int32_t* upload_ints(kernels::Backend& be, const std::vector<int32_t>& host, int slot) {
@@ -38,22 +58,31 @@ int32_t* upload_ints(kernels::Backend& be, const std::vector<int32_t>& host, int
   return dev;
 }
 
-// The rows `keep` (host row indices) of a [*, width] backend array, as a new buffer.
-kernels::DeviceBuffer gather_kept(kernels::Backend& be, const float* src, int64_t width, const int32_t* keep_dev,
-                                  int64_t kept) {
-  kernels::DeviceBuffer out = be.alloc(kept * width * static_cast<int64_t>(sizeof(float)));
-  be.gather_rows(src, keep_dev, out.as<float>(), kept, width);
-  return out;
+// The rows `keep` (device row indices, ascending) of a [*, width] backend array, in
+// place: its first `kept` rows become them. No allocation (a check layer used to
+// allocate the kept rows' buffer and free the old one, a device-wide wait on CUDA):
+// gather_rows' destination must not overlap its source, so the rows go into a
+// workspace slot (grown only, shared by every request of this thread) and are copied
+// back over the front of `rows`, which has room (kept <= its rows). The copy is
+// device-to-device and ordered on the backend's stream like the gather.
+void gather_kept_in_place(kernels::Backend& be, kernels::DeviceBuffer& rows, int64_t width, const int32_t* keep_dev,
+                          int64_t kept) {
+  const int64_t bytes = kept * width * static_cast<int64_t>(sizeof(float));
+  if (bytes > rows.bytes()) throw std::logic_error("blend: more kept rows than rows");
+  if (kept == 0) return;
+  float* tmp = be.workspace().get<float>(kKeptHidden, kept * width);
+  be.gather_rows(rows.as<float>(), keep_dev, tmp, kept, width);
+  be.copy_within(rows.data(), tmp, bytes);
 }
 
-// A check layer narrows its rows to keep_rows (host indices into them): `hidden`
-// becomes the kept rows' hidden states, and the kept rows' queries are returned (a
-// workspace slot, valid for this step).
+// A check layer narrows its rows to keep_rows (host indices into them): the front of
+// `hidden` becomes the kept rows' hidden states (its buffer stays), and the kept rows'
+// queries are returned (a workspace slot, valid for this step).
 const float* narrow_to_kept(kernels::Backend& be, const std::vector<int32_t>& keep_rows, kernels::DeviceBuffer& hidden,
                             int64_t dim, const float* q, int64_t q_dim) {
   const int64_t kept = static_cast<int64_t>(keep_rows.size());
   const int32_t* keep_dev = upload_ints(be, keep_rows, kKeepRows);
-  hidden = gather_kept(be, hidden.as<float>(), dim, keep_dev, kept);
+  gather_kept_in_place(be, hidden, dim, keep_dev, kept);
   float* kept_q = be.workspace().get<float>(kKeptQ, kept * q_dim);
   be.gather_rows(q, keep_dev, kept_q, kept, q_dim);
   return kept_q;
@@ -342,9 +371,8 @@ void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorTyp
   const int64_t head_bytes = m * hd * kernels::kv_dtype_bytes(dtype);
   k += first_head * head_bytes;  // this rank's heads: a contiguous run of the layer
   v += first_head * head_bytes;
-  if (dtype == cache.dtype()) {
-    for (int h = 0; h < cache.kv_heads; ++h)
-      cache.write_rows_raw(layer, h, offset, m, k + h * head_bytes, v + h * head_bytes, stream);
+  if (dtype == cache.dtype()) {  // this rank's heads, [kv_heads, m, hd]: one block
+    cache.write_block_raw(layer, offset, m, k, v, stream);
     return;
   }
   // Not reached through keys (the dtype is part of them); a chunk of another dtype is
@@ -683,7 +711,7 @@ void BlendEngine::start_final_pass(PrefillRun::State& s, std::vector<int32_t> ca
   std::vector<int32_t> ids(s.rows.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.rows[i]];
   upload_ints(be, s.rows, s.rows_dev);
-  s.hidden = be.alloc(static_cast<int64_t>(ids.size()) * c.dim * static_cast<int64_t>(sizeof(float)));
+  ensure_bytes(be, s.hidden, static_cast<int64_t>(ids.size()) * c.dim * static_cast<int64_t>(sizeof(float)));
   tf_.embed(ids, s.hidden.as<float>());
   s.selecting = false;
   s.layer = 0;
@@ -763,8 +791,10 @@ void BlendEngine::step_selection(PrefillRun::State& s) const {
                           s.saved_v.as<std::byte>() + saved * layer_bytes);
     s.saved_k.reset();
     s.saved_v.reset();
-    s.sel_hidden.reset();
-    s.sel_pos_dev.reset();
+    // The selection pass's row buffers become the final pass's (kept where large
+    // enough: no free and allocation between the passes).
+    s.hidden = std::move(s.sel_hidden);
+    s.rows_dev = std::move(s.sel_pos_dev);
     s.active.insert(s.active.end(), chosen.begin(), chosen.end());
     auto& recomputed = s.r.recomputed_positions;
     recomputed.insert(recomputed.end(), chosen.begin(), chosen.end());

@@ -255,7 +255,8 @@ std::vector<double> planned_rows_per_layer(const BlendOptions& o, int n_layers, 
 // Tensor parallel: the cache holds a rank's KV heads, the chunk every head; the
 // cache's heads are the chunk's [first_head, first_head + cache.kv_heads)
 // (LlamaModel::first_kv_head). `stream`: the caller's copy stream for rows stored in the
-// cache's dtype (KvCache::write_rows_raw); rows of another dtype go the synchronous way.
+// cache's dtype (KvCache::write_block_raw: one block per layer); rows of another dtype go
+// the synchronous way.
 void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorType dtype, int64_t m, int layer,
                       int64_t offset, KvCache& cache, int first_head = 0, kernels::Stream* stream = nullptr);
 // Rotates K of cache rows offset..offset+m-1 in `layer` from positions 0..m-1 to

@@ -1,7 +1,9 @@
-// The backend's memory and ordering defaults (host memory, work done when issued),
-// DeviceBuffer and Workspace.
+// The backend's memory and ordering defaults (host memory, work done when issued), the
+// default block write into a paged cache, DeviceBuffer and Workspace.
 #include "kernels/backend.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -54,6 +56,23 @@ Workspace& Backend::workspace() {
   auto& ws = workspaces_[std::this_thread::get_id()];
   if (!ws) ws = std::make_unique<Workspace>(*this);
   return *ws;
+}
+
+void Backend::write_kv_block(const KvView& kv, int64_t first, int64_t m, const void* k, const void* v,
+                             Stream* stream) {
+  if (first < 0 || m < 0 || first + m > kv.capacity) throw std::out_of_range("write_kv_block: rows outside the cache");
+  const int64_t eb = kv_dtype_bytes(kv.dtype), row_bytes = kv.head_dim * eb;
+  const int64_t page = kv.page_positions();
+  for (int64_t h = 0; h < kv.kv_heads; ++h)
+    for (int64_t j = first; j < first + m;) {
+      const int64_t run = std::min(first + m, (j / page + 1) * page) - j;  // to the page's end
+      const int64_t src = ((h * m) + (j - first)) * row_bytes, dst = kv.row_offset(h, j) * eb;
+      copy_to_backend(static_cast<std::byte*>(kv.k) + dst, static_cast<const std::byte*>(k) + src, run * row_bytes,
+                      stream);
+      copy_to_backend(static_cast<std::byte*>(kv.v) + dst, static_cast<const std::byte*>(v) + src, run * row_bytes,
+                      stream);
+      j += run;
+    }
 }
 
 void Backend::release_workspaces() {

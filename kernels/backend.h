@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -213,6 +214,31 @@ class Backend {
                         const float* v,      // [n, kv.kv_heads, kv.head_dim], or nullptr: K only
                         int64_t n) = 0;
 
+  // One decode row per cache: row i's K (and V) written into kv[i] at pos[i], exactly
+  // as store_kv(kv[i], pos + i, k + i * width, v + i * width, 1) (width = kv_heads *
+  // head_dim; every kv[i] has the same kv_heads, head_dim and dtype). A batched decode
+  // step stores all its rows in one call; a device backend overrides it with one
+  // launch instead of one per row. Positions are checked as store_kv's.
+  virtual void store_kv_rows(const KvView* kv,    // [n]
+                             const int32_t* pos,  // [n]
+                             const float* k,      // [n, kv_heads, head_dim]
+                             const float* v,      // [n, kv_heads, head_dim], or nullptr: K only
+                             int64_t n) {
+    if (n <= 0) return;
+    const int64_t width = kv[0].kv_heads * kv[0].head_dim;
+    for (int64_t i = 0; i < n; ++i) store_kv(kv[i], pos + i, k + i * width, v ? v + i * width : nullptr, 1);
+  }
+
+  // Rows [first, first + m) of every KV head of `kv` from host bytes already in kv.dtype
+  // (a stored chunk's layer: no rounding), on `stream` as copy_to_backend orders its
+  // copies (nullptr: the compute stream). The default copies each page run of each
+  // head; a device backend sends the block in one DMA and scatters it into the pages
+  // on the device. Throws std::out_of_range for rows outside [0, kv.capacity).
+  virtual void write_kv_block(const KvView& kv, int64_t first, int64_t m,
+                              const void* k,  // host [kv.kv_heads, m, kv.head_dim] of kv.dtype
+                              const void* v,  // host, the same shape
+                              Stream* stream = nullptr);
+
   // The blend's per-token deviation: out[i] = sum over KV heads and elements of
   // (fresh - cached)^2 for K, V or both, the cached rows at pos[i] widened from
   // kv.dtype, in double. Positions are checked as store_kv's.
@@ -260,6 +286,24 @@ class Backend {
                            const SampleRow* rows,  // host [n]: settings and draw per row
                            int32_t* tokens         // host [n]
   );
+
+  // Runs one decode step's ops: `body` issues them (embedding through the output
+  // projection) for n rows whose KV views, every layer's, are views[l * n + i] (layer l,
+  // row i); the store_kv_rows and attention_rows calls of the body pass pointers into
+  // that array (views + l * n). The default runs body. A device backend may upload the
+  // views once and replay the body's ops from a captured graph (the CUDA backend: a
+  // CUDA graph per row count), so body must issue the same ops on the same memory for
+  // the same n and views' capacities and do no host work the ops depend on besides
+  // those arguments: the step's inputs (ids, positions) are copied before the call.
+  virtual void decode_step(const KvView* views,  // [layers * n]
+                           int layers, int64_t n, const std::function<void()>& body) {
+    (void)views;
+    (void)layers;
+    (void)n;
+    body();
+  }
+  // Decode steps replayed from a captured graph so far (0: a backend without them).
+  virtual int64_t graph_launches() const { return 0; }
 
   // One decode query per row, each row a different sequence with its own cache: row i
   // (q_heads heads) attends to rows [0, qpos[i]] of kv[i]. Every row equals

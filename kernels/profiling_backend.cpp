@@ -52,6 +52,10 @@ void ProfilingBackend::gather_rows(const float* src, const int32_t* rows, float*
 void ProfilingBackend::store_kv(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n) {
   timed(stats_, "store_kv", [&] { inner_.store_kv(kv, pos, k, v, n); });
 }
+void ProfilingBackend::store_kv_rows(const KvView* kv, const int32_t* pos, const float* k, const float* v,
+                                     int64_t n) {
+  timed(stats_, "store_kv", [&] { inner_.store_kv_rows(kv, pos, k, v, n); });
+}
 void ProfilingBackend::kv_deviation(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n,
                                     KvDeviation which, double* out) {
   timed(stats_, "kv_deviation", [&] { inner_.kv_deviation(kv, pos, k, v, n, which, out); });

@@ -40,6 +40,7 @@ class ProfilingBackend final : public Backend {
   void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t n, int64_t q_dim, int64_t kv_dim) override;
   void gather_rows(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t width) override;
   void store_kv(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n) override;
+  void store_kv_rows(const KvView* kv, const int32_t* pos, const float* k, const float* v, int64_t n) override;
   void kv_deviation(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n,
                     KvDeviation which, double* out) override;
   void top_k(const double* score, int64_t n, int64_t k, int32_t* out) override;

@@ -258,11 +258,15 @@ float* KvCache::f32_row(std::byte* row) const {
   return reinterpret_cast<float*>(row);
 }
 
+void KvCache::write_block_raw(int l, int64_t pos, int64_t m, const void* k, const void* v, kernels::Stream* stream) {
+  if (pos < 0 || m < 0 || pos + m > capacity) throw std::out_of_range("KV cache: rows outside the cache");
+  if (l < 0 || l >= n_layers) throw std::out_of_range("KV cache: no such layer or head");
+  if (m == 0) return;
+  pool_->backend().write_kv_block(view(l), pos, m, k, v, stream);
+}
+
 void KvCache::write_layer_raw(int l, int64_t rows, const void* k, const void* v) {
-  const int64_t head_bytes = rows * head_dim * elem_bytes();
-  for (int h = 0; h < kv_heads; ++h)
-    write_rows_raw(l, h, 0, rows, static_cast<const std::byte*>(k) + h * head_bytes,
-                   static_cast<const std::byte*>(v) + h * head_bytes);
+  write_block_raw(l, 0, rows, k, v);
 }
 
 void KvCache::read_layer_raw(int l, int64_t rows, void* k, void* v) const {

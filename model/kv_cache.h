@@ -182,6 +182,12 @@ class KvCache {
   void write_rows_raw(int l, int h, int64_t pos, int64_t m, const void* k, const void* v,
                       kernels::Stream* stream = nullptr);
   void read_rows_raw(int l, int h, int64_t pos, int64_t m, void* k, void* v) const;
+  // Rows [pos, pos + m) of every KV head of layer l from host [kv_heads, m, head_dim]
+  // arrays of stored elements, unchanged (a stored chunk's layer), through the backend's
+  // write_kv_block: one DMA and a scatter into the pages on a device. On `stream` as
+  // write_rows_raw.
+  void write_block_raw(int l, int64_t pos, int64_t m, const void* k, const void* v,
+                       kernels::Stream* stream = nullptr);
   // Rows [0, rows) of every KV head of layer l from / to host [kv_heads, rows, head_dim]
   // arrays of stored elements (elem_bytes() each), unchanged.
   void write_layer_raw(int l, int64_t rows, const void* k, const void* v);

@@ -229,39 +229,49 @@ void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache
   auto& ws = be.workspace();
   const int64_t B = static_cast<int64_t>(tokens.size());
   const int64_t qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
+  // The step's inputs first (positions, ids, every layer's views): a device backend may
+  // replay the ops below from a graph (Backend::decode_step), which copies nothing.
   std::vector<int32_t> host_pos(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) host_pos[b] = static_cast<int32_t>(caches[b]->length);
   int32_t* pos = ws.get<int32_t>(kPos, B);
   be.copy_to_backend(pos, host_pos.data(), B * static_cast<int64_t>(sizeof(int32_t)));
+  int32_t* ids = ws.get<int32_t>(kIds, B);
+  be.copy_to_backend(ids, tokens.data(), B * static_cast<int64_t>(sizeof(int32_t)));
+  std::vector<kernels::KvView> views(static_cast<size_t>(c.n_layers * B));
+  for (int l = 0; l < c.n_layers; ++l)
+    for (int64_t b = 0; b < B; ++b) views[static_cast<size_t>(l * B + b)] = caches[b]->view(l);
   float* hidden = ws.get<float>(kHidden, B * c.dim);
-  embed(tokens, hidden);
+  float* device_logits = rows ? ws.get<float>(kLogits, B * c.vocab) : nullptr;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<kernels::KvView> views(static_cast<size_t>(B));
-  for (int l = 0; l < c.n_layers; ++l) {
-    float* q = ws.get<float>(kQ, B * qd);
-    float* k = ws.get<float>(kK, B * kvd);
-    float* v = ws.get<float>(kV, B * kvd);
-    project_qkv(l, hidden, pos, B, q, k, v);  // RoPE per row at its own position
-    float* attn = ws.get<float>(kAttn, B * qd);
-    for (int64_t b = 0; b < B; ++b) {
-      KvCache& cache = *caches[b];
-      store_kv(l, pos + b, 1, k + b * kvd, v + b * kvd, cache);
-      views[b] = cache.view(l);
+  auto body = [&] {
+    be.embed(model_.token_embedding(), ids, hidden, B);
+    for (int l = 0; l < c.n_layers; ++l) {
+      float* q = ws.get<float>(kQ, B * qd);
+      float* k = ws.get<float>(kK, B * kvd);
+      float* v = ws.get<float>(kV, B * kvd);
+      project_qkv(l, hidden, pos, B, q, k, v);  // RoPE per row at its own position
+      float* attn = ws.get<float>(kAttn, B * qd);
+      const kernels::KvView* layer_views = views.data() + l * B;
+      be.store_kv_rows(layer_views, pos, k, v, B);  // each row into its own cache
+      // Each row over its own cache, all rows in one call (= attention() of each alone).
+      be.attention_rows(q, pos, layer_views, attn, B, c.n_heads, scale, model_.precision());
+      project_and_mlp(l, hidden, attn, B);
     }
-    // Each row over its own cache, all rows in one call (= attention() of each alone).
-    be.attention_rows(q, pos, views.data(), attn, B, c.n_heads, scale, model_.precision());
-    project_and_mlp(l, hidden, attn, B);
-  }
+    if (!rows) return;
+    // The logits stay on the backend; the pick happens there.
+    float* xn = ws.get<float>(kXn, B * c.dim);
+    be.rmsnorm(hidden, model_.output_norm(), xn, B, c.dim, c.rms_eps);
+    be.linear(model_.output(), xn, device_logits, B, nullptr);
+  };
+  if (comm_)
+    body();  // the ranks' collectives are host calls: nothing to replay
+  else
+    be.decode_step(views.data(), c.n_layers, B, body);
   for (int64_t b = 0; b < B; ++b) caches[b]->length = host_pos[b] + 1;
   if (!rows) {
     logits(hidden, B, logits_out);
     return;
   }
-  // The logits stay on the backend; the pick happens there.
-  float* xn = ws.get<float>(kXn, B * c.dim);
-  float* device_logits = ws.get<float>(kLogits, B * c.vocab);
-  be.rmsnorm(hidden, model_.output_norm(), xn, B, c.dim, c.rms_eps);
-  be.linear(model_.output(), xn, device_logits, B, nullptr);
   be.sample_rows(device_logits, B, c.vocab, rows, picked);
 }
 

@@ -341,6 +341,76 @@ TEST_F(CudaBackendOps, PagedKvOpsAndAttentionEqualTheCpu) {
 // Sampling on the device picks the host's token (kernels/sampling.h) from the same
 // logits and draw: greedy rows (ties to the lower index), temperature, top-k and top-p
 // rows in one call, a vocabulary the size of Llama 3's.
+// A batched decode step's store: each row into its own cache (separate pools, shuffled
+// page tables, every dtype) in one call, the same bytes as the CPU's store_kv of each
+// row alone; a row outside its cache writes nothing and is reported at the next wait.
+// Then the views the backend keeps on the device between a store and the attention
+// after it (uploaded once when they are the same): attention over caches A after a
+// store into caches B reads A, not B's views left from the store.
+TEST_F(CudaBackendOps, StoreKvRowsWritesEachRowIntoItsOwnCache) {
+  const int64_t kv_heads = 2, q_heads = 4, hd = 64, rows = 150, n = 3;
+  const float scale = 0.125f;
+  for (const TensorType dtype : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+    const std::string what = kv_dtype_name(dtype);
+    std::vector<test::PagedKv> hosts;
+    std::vector<DevicePaged> devs;
+    hosts.reserve(static_cast<size_t>(2 * n));  // the views point into each one's page table
+    for (int64_t i = 0; i < 2 * n; ++i) {  // caches A = [0, n), B = [n, 2n)
+      const auto k = random_vec(static_cast<size_t>(kv_heads * rows * hd), static_cast<uint32_t>(30 + i));
+      const auto v = random_vec(k.size(), static_cast<uint32_t>(40 + i));
+      hosts.push_back(test::make_paged(k, v, kv_heads, rows, hd, rows, 5, static_cast<uint32_t>(50 + i), 2, dtype));
+    }
+    for (auto& h : hosts) devs.push_back(on_device(h));
+    std::vector<KvView> host_a, dev_a, dev_b;
+    for (int64_t i = 0; i < n; ++i) {
+      host_a.push_back(hosts[static_cast<size_t>(i)].view);
+      dev_a.push_back(devs[static_cast<size_t>(i)].view);
+      dev_b.push_back(devs[static_cast<size_t>(n + i)].view);
+    }
+    const std::vector<int32_t> pos = {149, 0, 77};
+    const auto nk = random_vec(static_cast<size_t>(n * kv_heads * hd), 60), nv = random_vec(nk.size(), 61);
+    for (int64_t i = 0; i < n; ++i)
+      cpu->store_kv(host_a[static_cast<size_t>(i)], pos.data() + i, nk.data() + i * kv_heads * hd,
+                    nv.data() + i * kv_heads * hd, 1);
+    const auto dpos = up(pos), dnk = up(nk), dnv = up(nv);
+    cuda->store_kv_rows(dev_a.data(), dpos.as<int32_t>(), dnk.as<float>(), dnv.as<float>(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto& h = hosts[static_cast<size_t>(i)];
+      const auto& d = devs[static_cast<size_t>(i)];
+      EXPECT_EQ(down<std::byte>(d.k, h.k.size()), h.k) << what << " row " << i;
+      EXPECT_EQ(down<std::byte>(d.v, h.v.size()), h.v) << what << " row " << i;
+    }
+
+    // Store into B, then attend over A: A's views, not the ones the store left.
+    const std::vector<int32_t> pos_b = {10, 20, 30};
+    const auto dpos_b = up(pos_b);
+    cuda->store_kv_rows(dev_b.data(), dpos_b.as<int32_t>(), dnk.as<float>(), dnv.as<float>(), n);
+    const auto q = random_vec(static_cast<size_t>(n * q_heads * hd), 62);
+    std::vector<float> want(q.size());
+    cpu->attention_rows(q.data(), pos.data(), host_a.data(), want.data(), n, q_heads, scale, Precision::F32);
+    const auto dq = up(q);
+    auto dout = zeros(want.size() * sizeof(float));
+    cuda->attention_rows(dq.as<float>(), dpos.as<int32_t>(), dev_a.data(), dout.as<float>(), n, q_heads, scale,
+                         Precision::BF16);
+    EXPECT_LT(rel_max_err(down<float>(dout, want.size()), want), 1e-4) << what;
+
+    // Row 1 outside its cache: rows 0 and 2 written, row 1 not, the wait throws.
+    const std::vector<int32_t> bad = {5, static_cast<int32_t>(rows), 6};
+    const auto dbad = up(bad);
+    for (int64_t i = 0; i < n; ++i)
+      if (i != 1)
+        cpu->store_kv(host_a[static_cast<size_t>(i)], bad.data() + i, nk.data() + i * kv_heads * hd,
+                      nv.data() + i * kv_heads * hd, 1);
+    cuda->store_kv_rows(dev_a.data(), dbad.as<int32_t>(), dnk.as<float>(), dnv.as<float>(), n);
+    EXPECT_THROW(cuda->synchronize(), std::out_of_range) << what;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto& h = hosts[static_cast<size_t>(i)];
+      const auto& d = devs[static_cast<size_t>(i)];
+      EXPECT_EQ(down<std::byte>(d.k, h.k.size()), h.k) << what << " row " << i << " after the bad store";
+    }
+  }
+}
+
 TEST_F(CudaBackendOps, SamplingPicksTheHostsTokens) {
   const int64_t vocab = 128256, n = 6;
   auto logits = random_vec(static_cast<size_t>(n * vocab), 22, 3.0f);
@@ -413,6 +483,42 @@ TEST_F(CudaBackendOps, CopiesOnAStreamAreGatedByEvents) {
   const auto got = down<float>(doubled, count);
   for (size_t i = 0; i < count; i += 4099) ASSERT_EQ(got[i], 2.0f * host[i]) << i;
   ASSERT_EQ(got[count - 1], 2.0f * host[count - 1]);
+}
+
+// A stored chunk's layer written as one block on a loader's stream (one DMA, a scatter
+// into the pages): the same pool bytes as the CPU's page-run copies, every dtype, head
+// dims whose rows take 16-, 4- and 2-byte units, blocks that start and end inside
+// pages; the host block is reusable on return; blocks of growing size (the stream's
+// staging grows) one after another on the same stream.
+TEST_F(CudaBackendOps, WriteKvBlockOnAStreamPlacesTheBlockAsTheCpu) {
+  const int64_t kv_heads = 3, rows = 300;
+  auto copy_stream = cuda->make_stream();
+  const auto copied = cuda->make_event();
+  for (const int64_t hd : {64, 6, 5})
+    for (const TensorType dtype : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+      const std::string what = std::string(kv_dtype_name(dtype)) + " head_dim " + std::to_string(hd);
+      const auto k = random_vec(static_cast<size_t>(kv_heads * rows * hd), 70);
+      const auto v = random_vec(k.size(), 71);
+      auto host = test::make_paged(k, v, kv_heads, rows, hd, rows, 5, 72, 3, dtype);
+      auto dev = on_device(host);
+      const int64_t eb = kv_dtype_bytes(dtype);
+      for (const auto& [first, m] : std::vector<std::pair<int64_t, int64_t>>{{0, 32}, {7, 100}, {33, 267}}) {
+        std::vector<std::byte> bk(static_cast<size_t>(kv_heads * m * hd * eb)), bv(bk.size());
+        std::mt19937 rng(static_cast<uint32_t>(first + m));
+        for (auto& b : bk) b = static_cast<std::byte>(rng() & 0x3f);  // finite in every dtype
+        for (auto& b : bv) b = static_cast<std::byte>(rng() & 0x3f);
+        cpu->write_kv_block(host.view, first, m, bk.data(), bv.data());
+        cuda->write_kv_block(dev.view, first, m, bk.data(), bv.data(), copy_stream.get());
+        std::fill(bk.begin(), bk.end(), std::byte{0xff});  // the caller's memory is free on return
+        std::fill(bv.begin(), bv.end(), std::byte{0xff});
+      }
+      cuda->record(*copied, copy_stream.get());
+      cuda->wait(*copied);
+      EXPECT_EQ(down<std::byte>(dev.k, host.k.size()), host.k) << what;
+      EXPECT_EQ(down<std::byte>(dev.v, host.v.size()), host.v) << what;
+      EXPECT_THROW(cuda->write_kv_block(dev.view, rows - 1, 2, host.k.data(), host.v.data(), copy_stream.get()),
+                   std::out_of_range);
+    }
 }
 
 }  // namespace

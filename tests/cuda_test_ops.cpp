@@ -533,57 +533,63 @@ TEST_F(CudaOps, TopKIsTheReferencesOrderWithTiesAndNaNs) {
 
 // Batched decode rows, each over its own paged cache (its own rows, shuffled pages, a
 // partial last page, sometimes rows past the query's position that must be ignored):
-// contexts from 1 key to 8192 (the split-K path at its most splits), GQA 3:1 and 4:1,
+// contexts from 1 key to 8192 (the split-K path at its most splits), lengths around the
+// 32-key chunks and 64-key splits, capacities far past the length, GQA 3:1 and 4:1,
 // head_dim 64, 80 and 128, every dtype, against the reference in double. Tolerances:
 // 1e-5 of the largest output over the batch, and 1e-4 of each row's own largest (the
 // long rows' averages over thousands of keys are small).
 TEST_F(CudaOps, AttentionRowsMatchesTheReferenceShortAndLongContexts) {
   struct Shape { int64_t q_heads, kv_heads, head_dim; };
-  const std::vector<int32_t> qpos = {8191, 0, 300, 4100, 1};
-  const int64_t n = static_cast<int64_t>(qpos.size());
-  const auto dqpos = upload(dev, qpos);
+  // Short and long rows; then rows around the 32-key chunks and 64-key splits. Every
+  // third row's capacity is 700 beyond its length (its splits follow the length).
+  const std::vector<std::vector<int32_t>> batches = {{8191, 0, 300, 4100, 1}, {63, 64, 65, 255, 256, 257, 31, 32}};
   DeviceAllocation scratch;
-  for (const Shape sh : {Shape{9, 3, 64}, Shape{8, 2, 128}, Shape{6, 2, 80}})
-    for (TensorType dtype : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
-      std::vector<test::PagedKv> hosts;
-      std::vector<DevicePaged> devs;
-      hosts.reserve(static_cast<size_t>(n));
-      devs.reserve(static_cast<size_t>(n));
-      std::vector<KvView> views;
-      std::vector<DevicePagedKv> dviews;
-      int64_t max_keys = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t rows = qpos[i] + 1 + (i % 2 == 1 ? 5 : 0);
-        max_keys = std::max(max_keys, rows);
-        const auto k = random_vec(static_cast<size_t>(sh.kv_heads * rows * sh.head_dim), static_cast<uint32_t>(40 + i));
-        const auto v = random_vec(k.size(), static_cast<uint32_t>(50 + i));
-        hosts.push_back(test::make_paged(k, v, sh.kv_heads, rows, sh.head_dim, rows, 6, static_cast<uint32_t>(60 + i),
-                                         2, dtype));
-        devs.push_back(upload_paged(dev, hosts.back()));
-        views.push_back(hosts.back().view);
-        dviews.push_back(devs.back().view);
+  for (const std::vector<int32_t>& qpos : batches) {
+    const int64_t n = static_cast<int64_t>(qpos.size());
+    const auto dqpos = upload(dev, qpos);
+    for (const Shape sh : {Shape{9, 3, 64}, Shape{8, 2, 128}, Shape{6, 2, 80}})
+      for (TensorType dtype : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+        std::vector<test::PagedKv> hosts;
+        std::vector<DevicePaged> devs;
+        hosts.reserve(static_cast<size_t>(n));
+        devs.reserve(static_cast<size_t>(n));
+        std::vector<KvView> views;
+        std::vector<DevicePagedKv> dviews;
+        int64_t max_keys = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t rows = qpos[i] + 1 + (i % 2 == 1 ? 5 : 0) + (i % 3 == 2 ? 700 : 0);
+          max_keys = std::max(max_keys, rows);
+          const auto k =
+              random_vec(static_cast<size_t>(sh.kv_heads * rows * sh.head_dim), static_cast<uint32_t>(40 + i));
+          const auto v = random_vec(k.size(), static_cast<uint32_t>(50 + i));
+          hosts.push_back(test::make_paged(k, v, sh.kv_heads, rows, sh.head_dim, rows, 6, static_cast<uint32_t>(60 + i),
+                                           2, dtype));
+          devs.push_back(upload_paged(dev, hosts.back()));
+          views.push_back(hosts.back().view);
+          dviews.push_back(devs.back().view);
+        }
+        const auto q = random_vec(static_cast<size_t>(n * sh.q_heads * sh.head_dim), 70, 2.0f);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
+        std::vector<float> want(q.size());
+        ref->attention_rows(q.data(), qpos.data(), views.data(), want.data(), n, sh.q_heads, scale, Precision::F32);
+        auto dq = dev.up(q);
+        const auto dviews_dev = upload(dev, dviews);
+        DeviceAllocation dout(want.size() * sizeof(float));
+        attention_rows(dq.as<float>(), dqpos.as<int32_t>(), dviews_dev.as<DevicePagedKv>(), dout.as<float>(), n,
+                       sh.q_heads, sh.kv_heads, sh.head_dim, scale, max_keys, scratch, dev.stream.get());
+        const auto got = dev.down(dout);
+        const std::string what = std::string(dtype_label(dtype)) + " q_heads " + std::to_string(sh.q_heads) +
+                                 " kv_heads " + std::to_string(sh.kv_heads) + " head_dim " +
+                                 std::to_string(sh.head_dim);
+        EXPECT_LT(rel_max_err(got, want), 1e-5) << what;
+        const size_t per_row = static_cast<size_t>(sh.q_heads * sh.head_dim);
+        for (int64_t i = 0; i < n; ++i) {
+          const std::vector<float> g(got.begin() + i * per_row, got.begin() + (i + 1) * per_row);
+          const std::vector<float> w(want.begin() + i * per_row, want.begin() + (i + 1) * per_row);
+          EXPECT_LT(rel_max_err(g, w), 1e-4) << what << " row " << i << " (" << qpos[i] + 1 << " keys)";
+        }
       }
-      const auto q = random_vec(static_cast<size_t>(n * sh.q_heads * sh.head_dim), 70, 2.0f);
-      const float scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
-      std::vector<float> want(q.size());
-      ref->attention_rows(q.data(), qpos.data(), views.data(), want.data(), n, sh.q_heads, scale, Precision::F32);
-      auto dq = dev.up(q);
-      const auto dviews_dev = upload(dev, dviews);
-      DeviceAllocation dout(want.size() * sizeof(float));
-      attention_rows(dq.as<float>(), dqpos.as<int32_t>(), dviews_dev.as<DevicePagedKv>(), dout.as<float>(), n,
-                     sh.q_heads, sh.kv_heads, sh.head_dim, scale, max_keys, scratch, dev.stream.get());
-      const auto got = dev.down(dout);
-      const std::string what = std::string(dtype_label(dtype)) + " q_heads " + std::to_string(sh.q_heads) +
-                               " kv_heads " + std::to_string(sh.kv_heads) + " head_dim " +
-                               std::to_string(sh.head_dim);
-      EXPECT_LT(rel_max_err(got, want), 1e-5) << what;
-      const size_t per_row = static_cast<size_t>(sh.q_heads * sh.head_dim);
-      for (int64_t i = 0; i < n; ++i) {
-        const std::vector<float> g(got.begin() + i * per_row, got.begin() + (i + 1) * per_row);
-        const std::vector<float> w(want.begin() + i * per_row, want.begin() + (i + 1) * per_row);
-        EXPECT_LT(rel_max_err(g, w), 1e-4) << what << " row " << i << " (" << qpos[i] + 1 << " keys)";
-      }
-    }
+  }
   EXPECT_THROW(attention_rows(nullptr, nullptr, nullptr, nullptr, 1, 6, 4, 64, 1.0f, 1, scratch, dev.stream.get()),
                std::invalid_argument);  // 6 query heads over 4 KV heads
   EXPECT_THROW(attention_rows(nullptr, nullptr, nullptr, nullptr, 1, 4, 4, 288, 1.0f, 1, scratch, dev.stream.get()),
@@ -591,14 +597,17 @@ TEST_F(CudaOps, AttentionRowsMatchesTheReferenceShortAndLongContexts) {
 }
 
 // The decode GEMV: each row's sum in an order that does not depend on the row count, so
-// row i of a 16-row product is bit-identical to row i alone and to row i within 5 rows
-// (the Backend's linear_exact_rows contract); with and without bias; in_features a
-// multiple of 8 (16-byte loads) and not (the element path); within bf16's rounding of
-// the reference's exact product.
+// row i of a kGemvMaxRows (64)-row product is bit-identical to row i alone, to rows 3..7
+// as 5 rows, rows 0..32 as 33 (crossing the 32/64 row buckets) and rows 40..48 as 9 (the
+// Backend's linear_exact_rows contract); with and without bias; in_features a multiple
+// of 8 (16-byte loads) and not (the element path); 8200 features: enough blocks that
+// each bucket's kernel takes several features per warp, the last warp's partly past the
+// end; within bf16's rounding of the reference's exact product.
 TEST_F(CudaOps, GemvRowsAreBitIdenticalWhateverTheRowCount) {
-  const int64_t out = 70, rows = kGemvMaxRows;
+  const int64_t rows = kGemvMaxRows;
   DeviceAllocation scratch;  // x as bf16, shared by the calls as the backend shares it
-  for (int64_t in : {96, 100, 1000}) {
+  for (auto [out, in] : {std::pair<int64_t, int64_t>{70, 96}, {70, 100}, {70, 1000}, {8200, 96}}) {
+    SCOPED_TRACE("out " + std::to_string(out));
     const auto wf = random_vec(static_cast<size_t>(out * in), 80);
     auto stored = dev.up(wf);
     const Bf16Weights w = weights_to_bf16(TensorType::F32, stored.get(), out, in, dev.stream.get());
@@ -620,11 +629,14 @@ TEST_F(CudaOps, GemvRowsAreBitIdenticalWhateverTheRowCount) {
         EXPECT_EQ(std::memcmp(one.data(), all.data() + i * out, static_cast<size_t>(out) * sizeof(float)), 0)
             << "in " << in << " bias " << with_bias << " row " << i << " alone";
       }
-      DeviceAllocation dfive(static_cast<size_t>(5 * out) * sizeof(float));
-      gemv_bf16(w, dx.as<float>() + 3 * in, dfive.as<float>(), 5, b, scratch, dev.stream.get());
-      const auto five = dev.down(dfive);
-      EXPECT_EQ(std::memcmp(five.data(), all.data() + 3 * out, five.size() * sizeof(float)), 0)
-          << "in " << in << " bias " << with_bias << ": rows 3..7 as 5 rows";
+      for (auto [first, count] : {std::pair<int64_t, int64_t>{3, 5}, {0, 33}, {40, 9}}) {
+        DeviceAllocation dpart(static_cast<size_t>(count * out) * sizeof(float));
+        gemv_bf16(w, dx.as<float>() + first * in, dpart.as<float>(), count, b, scratch, dev.stream.get());
+        const auto part = dev.down(dpart);
+        EXPECT_EQ(std::memcmp(part.data(), all.data() + first * out, part.size() * sizeof(float)), 0)
+            << "in " << in << " bias " << with_bias << ": rows " << first << ".." << first + count - 1 << " as "
+            << count << " rows";
+      }
     }
     EXPECT_THROW(gemv_bf16(w, dx.as<float>(), nullptr, 0, nullptr, scratch, dev.stream.get()),
                  std::invalid_argument);

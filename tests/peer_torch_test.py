@@ -3,9 +3,11 @@
 shape: every mode runs and prints the JSON lines blendctl's benchmarks print (the
 field names of tools/bench_prefill.cpp and tools/bench_decode.cpp, plus the peer's
 "engine" and "torch_version"), progress on stderr; the shape table equals
-model/random_model.cpp's; `check` (prefill vs cached decode vs batched decode) passes.
-Where PyTorch sees a GPU, `check` runs there too, in bf16. Exit 77 (CTest: skipped)
-when torch is not importable by this interpreter.
+model/random_model.cpp's; `check` (prefill vs cached decode vs batched decode, and the
+static decode step of --cuda-graphs, run eagerly here) passes; `decode --cuda-graphs`
+on the CPU is refused with exit 2. Where PyTorch sees a GPU, `check` runs there too, in
+bf16 (the static step then replayed as a CUDA graph). Exit 77 (CTest: skipped) when
+torch is not importable by this interpreter.
 
     python3 tests/peer_torch_test.py
 """
@@ -75,12 +77,16 @@ class PeerTorch(unittest.TestCase):
         self.assertTrue(lines[0]["ok"], lines[0])
         self.assertTrue(lines[0]["logits_finite"])
         self.assertEqual(lines[0]["device"], "cpu")
+        # The static step (position and attention length from device tensors) against eager.
+        self.assertLessEqual(lines[0]["static_vs_eager_max_abs_diff"], lines[0]["tolerance"])
+        self.assertFalse(lines[0]["static_step_cuda_graph"])
 
     @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device visible to PyTorch")
     def test_check_passes_on_cuda_in_bf16(self):
         lines, _ = run("check", "--device", "cuda", "--dtype", "bf16")
         self.assertTrue(lines[0]["ok"], lines[0])
         self.assertEqual(lines[0]["device"], torch.cuda.get_device_name())
+        self.assertTrue(lines[0]["static_step_cuda_graph"])
 
     def test_prefill(self):
         lines, err = run("prefill", "--device", "cpu", "--model", "random:tiny", "--tokens", "16", "48",
@@ -133,12 +139,23 @@ class PeerTorch(unittest.TestCase):
             self.assertEqual(d["mean_batch"], n)
             self.assertEqual(d["max_decode_batch"], 3)
             self.assertLessEqual(d["decode_tok_s_median"], d["decode_tok_s"])
+            self.assertEqual((d["kernel"], d["cuda_graphs"]), ("torch-eager/sdpa", False))
         s = lines[2]
         self.assert_fields(s, SUMMARY_FIELDS)
+        self.assertFalse(s["cuda_graphs"])
         self.assertEqual(s["streams"], [1, 3])
         self.assertEqual(s["decode_tok_s"], [lines[0]["decode_tok_s"], lines[1]["decode_tok_s"]])
         self.assertAlmostEqual(s["ratio_last_vs_first"], s["decode_tok_s"][1] / s["decode_tok_s"][0])
         self.assertIn("peer_torch decode: 4/4,", err)
+
+    def test_decode_cuda_graphs_on_cpu_exits_2(self):
+        for device in (["--device", "cpu"], ["--device", "auto"]) if not torch.cuda.is_available() else (
+                ["--device", "cpu"],):
+            lines, err = run("decode", *device, "--model", "random:tiny", "--streams", "1", "--tokens", "3",
+                             "--prompt-tokens", "4", "--cuda-graphs", expect=2)
+            self.assertEqual(lines, [])
+            self.assertIn("--cuda-graphs needs a CUDA device", err)
+            self.assertNotIn("Traceback", err)
 
     def test_gemm_peak(self):
         lines, _ = run("gemm-peak", "--device", "cpu", "--gemm-size", "64", "--repeats", "2")

@@ -131,6 +131,27 @@ TEST(KvPagePool, RowsLandWhereThePageTableSaysAcrossPageBoundaries) {
       ASSERT_EQ(0, std::memcmp(copy.k_at(1, h, p), cache.k_at(1, h, p), kHeadDim * sizeof(float)));
   EXPECT_THROW(cache.write_rows(0, 0, 20, 10, lk.data(), lv.data()), std::out_of_range);
   EXPECT_THROW(cache.read_rows(0, 0, -1, 2, lk.data(), lv.data()), std::out_of_range);
+  // A block of rows of every head ([kv_heads, m, head_dim], a stored chunk's layer) that
+  // starts and ends inside pages lands where per-head writes put it, and only there.
+  const int64_t first = 5, m = 19;
+  std::vector<float> bk(kHeads * m * kHeadDim), bv(bk.size());
+  std::iota(bk.begin(), bk.end(), 5000.0f);
+  std::iota(bv.begin(), bv.end(), -5000.0f);
+  auto pool2 = KvPagePool::make(kLayers, kHeads, kHeadDim, 8, 3);
+  KvCache by_block = pool2->make_cache(29), by_head = pool2->make_cache(29);
+  for (KvCache* c : {&by_block, &by_head}) c->write_layer(2, 29, lk.data(), lv.data());
+  by_block.write_block_raw(2, first, m, bk.data(), bv.data());
+  for (int h = 0; h < kHeads; ++h)
+    by_head.write_rows_raw(2, h, first, m, bk.data() + h * m * kHeadDim, bv.data() + h * m * kHeadDim);
+  std::vector<float> gk(lk.size()), gv(lk.size()), wk(lk.size()), wv(lk.size());
+  by_block.read_layer(2, 29, gk.data(), gv.data());
+  by_head.read_layer(2, 29, wk.data(), wv.data());
+  EXPECT_EQ(gk, wk);
+  EXPECT_EQ(gv, wv);
+  EXPECT_EQ(gk[(1 * 29 + first) * kHeadDim], bk[1 * m * kHeadDim]) << "head 1's first row of the block";
+  EXPECT_EQ(gk[(1 * 29 + first - 1) * kHeadDim], lk[(1 * 29 + first - 1) * kHeadDim]) << "the row before: kept";
+  EXPECT_THROW(by_block.write_block_raw(2, 20, 10, bk.data(), bv.data()), std::out_of_range);
+  EXPECT_THROW(by_block.write_block_raw(3, 0, 1, bk.data(), bv.data()), std::out_of_range);
 }
 
 TEST(KvPagePool, ReservationsAreAllOrNothingAndCountedApartFromCaches) {

@@ -184,6 +184,8 @@ int bench_decode(const DecodeBenchOptions& opt) {
               {"repeats", opt.repeats},
               {"kernel", ctx.backend->kernel_id()},
               {"device", ctx.backend->device_name().empty() ? "cpu" : ctx.backend->device_name()},
+              // Decode steps replayed from CUDA graphs so far in this process (0 on the CPU).
+              {"graph_launches", ctx.backend->graph_launches()},
               {"model", opt.model_path},
               {"kv_dtype", cfg.kv_dtype},
               {"threads", kernels::cpu_compute_threads()}};

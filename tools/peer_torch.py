@@ -7,7 +7,7 @@ stdout, progress on stderr), plus "engine": "torch" and "torch_version".
     peer_torch.py gemm-peak [--gemm-size 8192]
     peer_torch.py prefill --model random:llama-3.1-8b --tokens 3072 8192 --repeats 3
     peer_torch.py decode --model random:llama-3.2-1b --streams 1 32 --tokens 64 \
-        --prompt-tokens 256 --repeats 2
+        --prompt-tokens 256 --repeats 2 [--cuda-graphs]
     peer_torch.py check                  # the tiny shape on the CPU: cache and batch paths agree
 
 The model: a Llama decoder in bf16 (default) with random weights (seeded; uniform with
@@ -34,6 +34,29 @@ What each mode prints (the fields of bench_prefill.cpp / bench_decode.cpp, "isa"
   repeat),"window_tokens" (streams x (tokens - 1): the decode steps after every first
   token),...} (+ "decode_tok_s_median", "host_sync_each_step"), then "decode_summary".
   The greedy tokens stay on the device between steps unless --sync-each-step.
+  "kernel" says torch-eager/sdpa, or torch-cudagraph/sdpa with --cuda-graphs; every
+  decode line carries "cuda_graphs" (false or true), so eager and graph lines pair.
+- check: prefill vs cached decode vs batched decode, and the static decode step (the
+  body --cuda-graphs captures; replayed as a CUDA graph where the device is a GPU)
+  against eager steps: {"bench":"check","ok",...}.
+
+--cuda-graphs (decode on a GPU only; on a CPU it exits 2): the strongest PyTorch decode,
+a step of all streams captured once per stream count as a torch.cuda.CUDAGraph and
+replayed, one graph launch per step with no host work between steps. Everything the
+graph touches is static: the token ids [streams, 1], the step's position (a device
+tensor [1]), the KV caches, the RoPE tables, the logits and the greedy argmax (written
+in place, then copied into the ids, and the position incremented, inside the graph: a
+replay is the whole step). The position is never a Python int in the graph: RoPE reads
+cos/sin rows by index_select at it, the new K/V go into the cache by index_copy_ at it,
+and attention runs over the whole static cache [.., max_len, ..] with a mask
+(key position <= the step's) built from it on the device, so a replay attends to
+exactly the tokens an eager step at that position would. The price of static shapes:
+each step reads max_len cached positions (prompt + tokens + 1, rounded up to 16),
+where eager reads the ones so far. Capture follows torch.cuda's docs: three warm-up
+steps on a side stream first (cuBLAS, SDPA's choice, the allocator), then the capture;
+the warm-up's cache writes are overwritten by the prompts' prefill and later steps
+(the mask never lets a step read a position not yet written). The prompts are
+prefilled eagerly into the graph's cache rows, as in eager mode.
 
 Only torch and the standard library. `--device cpu` runs anywhere (slowly: use
 `--model random:tiny`, a shape of this script's own for smoke tests); `--dtype f32`
@@ -66,6 +89,7 @@ RMS_EPS = 1e-5  # llama.attention.layer_norm_rms_epsilon of the random GGUF
 FIRST_TOKEN_ID = 100  # random prompts draw ids in [100, vocab), as bench_prefill.cpp does
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 KERNEL = "torch-eager/sdpa"  # what "isa" / "kernel" say for the peer
+KERNEL_GRAPHS = "torch-cudagraph/sdpa"  # decode --cuda-graphs
 
 
 def shape_of(model):
@@ -244,6 +268,43 @@ class Llama:
         out = F.scaled_dot_product_attention(qg, kc[:, :, :start + 1], vc[:, :, :start + 1])
         return F.linear(out.reshape(B, 1, self.q_dim), L["wo"])
 
+    def attention_at(self, L, x, cache, layer, pos, cos, sin, mask):
+        """attention's decode step with static shapes (what a CUDA graph captures): x
+        [B, 1, dim] of every cache row at the position `pos` (a device tensor [1]); the
+        new K/V written at it by index_copy_, attention over the whole cache masked to
+        the positions <= it (`mask` [1, 1, 1, max_len], True where attended)."""
+        s, hd = self.shape, self.head_dim
+        B = x.shape[0]
+        qkv = F.linear(x, L["wqkv"])
+        q, k, v = qkv.split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        q = self.rotate(q.view(B, 1, s["heads"], hd), cos, sin)
+        k = self.rotate(k.view(B, 1, s["kv_heads"], hd), cos, sin)
+        v = v.view(B, 1, s["kv_heads"], hd)
+        kc, vc = cache.k[layer], cache.v[layer]  # [B, kv_heads, max_len, hd]
+        kc.index_copy_(2, pos, k.transpose(1, 2))
+        vc.index_copy_(2, pos, v.transpose(1, 2))
+        qg = q.view(B, s["kv_heads"], self.group, hd)  # the GQA fold, as in attention()
+        out = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask)
+        return F.linear(out.reshape(B, 1, self.q_dim), L["wo"])
+
+    def decode_step(self, ids, pos, cache, key_pos, cos_table, sin_table):
+        """A decode step with no Python value of the position: ids [B, 1] (every row of
+        `cache`) at the position held by the device tensor `pos` [1]; key_pos =
+        arange(cache.max_len) on the device; cos/sin tables of at least max_len rows
+        (rope_tables, held by the caller so a graph's pointers stay valid). Logits
+        [B, vocab]. Nothing here syncs with the host or allocates by a data-dependent
+        size: capturable as a CUDA graph."""
+        cos = cos_table.index_select(0, pos)[:, None, :]  # [1, 1, hd]
+        sin = sin_table.index_select(0, pos)[:, None, :]
+        mask = (key_pos <= pos).view(1, 1, 1, -1)
+        x = F.embedding(ids, self.embed)
+        for i, L in enumerate(self.layers):
+            x = x + self.attention_at(L, self.rms_norm(x, L["attn_norm"]), cache, i, pos, cos, sin, mask)
+            h = F.linear(self.rms_norm(x, L["ffn_norm"]), L["w_gate_up"])
+            gate, up = h.chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, L["w_down"])
+        return F.linear(self.rms_norm(x[:, -1], self.output_norm), self.embed)
+
     def forward(self, ids, cache, start=0, rows=None, all_logits=False):
         """ids [B, n] at positions start..start+n-1 of the cache rows `rows` (a slice; default
         the first B). Logits [B, vocab] of the last position (or [B, n, vocab])."""
@@ -268,6 +329,65 @@ class Llama:
 def random_ids(shape, vocab, seed, device):
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(FIRST_TOKEN_ID, vocab, shape, generator=gen).to(device)
+
+
+class StaticDecoder:
+    """Greedy decode steps of `streams` streams in lockstep on static tensors: the cache
+    (prefill the prompts into its rows with Llama.forward), the ids [streams, 1], the
+    position [1], the logits and the argmax `out` [streams]. A step (Llama.decode_step)
+    writes the argmax into `out` and `ids` and advances `pos`, all on the device. With
+    graph=True (a CUDA device) the step is captured once as a CUDA graph and each step()
+    replays it; with graph=False it runs eagerly (the same tensors: check's CPU path)."""
+
+    WARMUP_STEPS = 3
+
+    def __init__(self, model, streams, max_len, graph):
+        dev = model.device
+        self.model = model
+        self.cache = KvCache(model, streams, max_len)
+        self.cos, self.sin = model.rope_tables(max_len)  # held: the graph reads them
+        self.key_pos = torch.arange(max_len, device=dev)
+        self.ids = torch.full((streams, 1), FIRST_TOKEN_ID, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.out = torch.zeros(streams, dtype=torch.long, device=dev)
+        self.logits = None
+        self.graph = None
+        self.steps_left = 0  # steps until the position would leave the cache
+        if graph:
+            # torch.cuda.graphs' recipe: warm up on a side stream, then capture. The
+            # warm-up writes K/V at positions 0..2 of every row: the prefill overwrites them.
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                for _ in range(self.WARMUP_STEPS):
+                    self._step()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self._step()  # self.logits: the graph's output tensor, rewritten by each replay
+
+    def _step(self):
+        self.logits = self.model.decode_step(self.ids, self.pos, self.cache, self.key_pos, self.cos, self.sin)
+        torch.argmax(self.logits, dim=-1, out=self.out)
+        self.ids.copy_(self.out[:, None])
+        self.pos.add_(1)
+
+    def begin(self, tokens, position):
+        """The next step reads `tokens` [streams] (device) at `position` of every row."""
+        self.ids.copy_(tokens.view(-1, 1))
+        self.pos.fill_(position)
+        self.steps_left = self.cache.max_len - position
+
+    def step(self):
+        """One step of every stream; its tokens are in `out` (and its logits in `logits`)."""
+        if self.steps_left <= 0:
+            raise ValueError(f"decode step past the cache's {self.cache.max_len} positions")
+        self.steps_left -= 1
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._step()
+        return self.out
 
 
 # ---------------------------------------------------------------------------------------
@@ -391,14 +511,21 @@ def cmd_prefill(args):
 # decode
 
 
-def run_streams(env, model, streams, tokens, prompt_tokens, seed, sync_each_step):
+def run_streams(env, model, streams, tokens, prompt_tokens, seed, sync_each_step, decoder=None):
     """bench_decode.cpp's run_streams: `streams` greedy sequences, each after its own
     prompt of `prompt_tokens` random ids. The prompts are prefilled one after another
     (each token brought to the host: its first token), then all streams step together,
-    `tokens` - 1 decode steps; the window is from the last first token to the end."""
+    `tokens` - 1 decode steps; the window is from the last first token to the end.
+    With `decoder` (a StaticDecoder of `streams` rows, a CUDA graph) the prompts go into
+    its cache and each decode step is one replay; else eager Llama.forward steps."""
     shape = model.shape
     ids = random_ids((streams, prompt_tokens), shape["vocab"], seed, env.device)
-    cache = KvCache(model, streams, prompt_tokens + tokens + 1)
+    if decoder is not None:
+        cache = decoder.cache
+        if cache.k[0].shape[0] != streams or cache.max_len < prompt_tokens + tokens:
+            raise ValueError("the graph decoder's cache does not fit this run")
+    else:
+        cache = KvCache(model, streams, prompt_tokens + tokens + 1)
     model.rope_tables(cache.max_len)  # built here, not inside the timed window
     first = []
     t_submit = env.now()
@@ -412,11 +539,18 @@ def run_streams(env, model, streams, tokens, prompt_tokens, seed, sync_each_step
     t_start = time.perf_counter()
     ttft_max = t_start - t_submit
     nxt = torch.cat(first)
-    for i in range(tokens - 1):
-        logits = model.forward(nxt[:, None], cache, start=prompt_tokens + i)
-        nxt = logits.argmax(-1)
-        if sync_each_step:
-            nxt.tolist()
+    if decoder is not None:
+        decoder.begin(nxt, prompt_tokens)
+        for i in range(tokens - 1):
+            nxt = decoder.step()
+            if sync_each_step:
+                nxt.tolist()
+    else:
+        for i in range(tokens - 1):
+            logits = model.forward(nxt[:, None], cache, start=prompt_tokens + i)
+            nxt = logits.argmax(-1)
+            if sync_each_step:
+                nxt.tolist()
     t_end = env.now()
     window_s = t_end - t_start
     window_tokens = streams * (tokens - 1)
@@ -426,26 +560,42 @@ def run_streams(env, model, streams, tokens, prompt_tokens, seed, sync_each_step
             "mean_batch": float(streams), "ttft_max_s": ttft_max}
 
 
+def graph_cache_len(prompt_tokens, tokens):
+    """A graph decoder's cache: the eager run's length rounded up to 16 (SDPA's
+    memory-efficient kernel wants the mask's last dimension aligned)."""
+    return (prompt_tokens + tokens + 1 + 15) // 16 * 16
+
+
 def cmd_decode(args):
     env = Env(args)
+    if args.cuda_graphs and not env.is_cuda():
+        print(f"peer_torch.py: decode --cuda-graphs needs a CUDA device (torch.cuda.CUDAGraph); the device is "
+              f"{env.device_name} (--device {args.device})", file=sys.stderr)
+        return 2
     shape = shape_of(args.model)
     if args.tokens < 2:
         raise SystemExit("peer_torch.py: --tokens: at least 2")
-    print(f"peer_torch decode: {args.model} {env.dtype_name} on {env.device_name}, torch {torch.__version__}",
-          file=sys.stderr, flush=True)
+    kernel = KERNEL_GRAPHS if args.cuda_graphs else KERNEL
+    print(f"peer_torch decode: {args.model} {env.dtype_name} on {env.device_name}, torch {torch.__version__}"
+          f"{', CUDA graphs' if args.cuda_graphs else ''}", file=sys.stderr, flush=True)
     most = max(args.streams)
     rates = []
     with torch.inference_mode():
         model = Llama(shape, env.device, env.dtype, seed=args.seed)
         progress = Progress("peer_torch decode", len(args.streams) * args.repeats)
         for n in args.streams:
+            # The graph of this stream count (warm-up and capture, outside every window).
+            decoder = None
+            if args.cuda_graphs:
+                decoder = StaticDecoder(model, n, graph_cache_len(args.prompt_tokens, args.tokens), graph=True)
             # Warm-up at this stream count: cuBLAS heuristics, the allocator's pools.
-            run_streams(env, model, n, min(args.tokens, 8), args.prompt_tokens, 99, args.sync_each_step)
+            run_streams(env, model, n, min(args.tokens, 8), args.prompt_tokens, 99, args.sync_each_step, decoder)
             runs = []
             for rep in range(args.repeats):
                 runs.append(run_streams(env, model, n, args.tokens, args.prompt_tokens,
-                                        args.seed + 1 + rep * most, args.sync_each_step))
+                                        args.seed + 1 + rep * most, args.sync_each_step, decoder))
                 progress.tick()
+            del decoder
             best = max(runs, key=lambda r: r["decode_tok_s"])
             rates.append(best["decode_tok_s"])
             emit({"bench": "decode", "streams": n, "tokens": args.tokens, "prompt_tokens": args.prompt_tokens,
@@ -453,14 +603,16 @@ def cmd_decode(args):
                   "window_s": best["window_s"], "window_tokens": best["window_tokens"],
                   "span_tok_s": best["span_tok_s"], "mean_batch": best["mean_batch"], "interleaved_steps": 0,
                   "ttft_max_s": best["ttft_max_s"], "early_stops": 0, "max_decode_batch": most,
-                  "repeats": args.repeats, "kernel": KERNEL, "device": env.device_name, "model": args.model,
+                  "repeats": args.repeats, "kernel": kernel, "device": env.device_name, "model": args.model,
                   "kv_dtype": env.dtype_name, "threads": torch.get_num_threads(),
-                  # The peer's own: the median over the repeats, precision, host syncs.
+                  # The peer's own: the median over the repeats, precision, host syncs, graphs.
                   "decode_tok_s_median": statistics.median(r["decode_tok_s"] for r in runs),
-                  "precision": env.dtype_name, "host_sync_each_step": args.sync_each_step, **env.common()})
+                  "precision": env.dtype_name, "host_sync_each_step": args.sync_each_step,
+                  "cuda_graphs": args.cuda_graphs, **env.common()})
     emit({"bench": "decode_summary", "streams": args.streams, "decode_tok_s": rates,
-          "ratio_last_vs_first": rates[-1] / rates[0] if rates[0] > 0 else 0, "kernel": KERNEL,
-          "device": env.device_name, "model": args.model, "target": None, **env.common()})
+          "ratio_last_vs_first": rates[-1] / rates[0] if rates[0] > 0 else 0, "kernel": kernel,
+          "device": env.device_name, "model": args.model, "target": None, "cuda_graphs": args.cuda_graphs,
+          **env.common()})
     return 0
 
 
@@ -469,9 +621,12 @@ def cmd_decode(args):
 
 
 def cmd_check(args):
-    """The three paths agree on one model: a prefill of n tokens against a prefill of n-1
-    and a decode step of the last (causal SDPA vs attention over the cache), and two
-    streams decoded together against each alone (the batched step)."""
+    """The paths agree on one model: a prefill of n tokens against a prefill of n-1 and a
+    decode step of the last (causal SDPA vs attention over the cache), two streams
+    decoded together against each alone (the batched step), and the static step of
+    decode --cuda-graphs (position and attention length from device tensors; replayed
+    as a CUDA graph on a GPU, run eagerly on a CPU) against eager steps over three
+    positions (a length frozen at capture would differ from the second on)."""
     env = Env(args)
     shape = shape_of(args.model)
     n = args.prompt_tokens
@@ -500,11 +655,29 @@ def cmd_check(args):
             d_batch = max(d_batch, (lb - la).abs().max().item())
             nxt = lb.argmax(-1)
             nxt_alone = [nxt[b:b + 1] for b in range(2)]  # the same tokens on both paths
+        # The static step against eager steps, fed the same tokens (the static path's
+        # argmax, so a near tie cannot make the two diverge).
+        dec = StaticDecoder(model, 2, graph_cache_len(n, 4), graph=env.is_cuda())
+        eager = KvCache(model, 2, n + 4)
+        first = []
+        for b in range(2):
+            model.forward(ids[b:b + 1], dec.cache, rows=slice(b, b + 1))
+            first.append(model.forward(ids[b:b + 1], eager, rows=slice(b, b + 1)).argmax(-1))
+        nxt = torch.cat(first)
+        dec.begin(nxt, n)
+        d_static = 0.0
+        for i in range(3):
+            le = model.forward(nxt[:, None], eager, start=n + i).float()
+            nxt = dec.step().clone()
+            d_static = max(d_static, (dec.logits.float() - le).abs().max().item())
+        static_pos = int(dec.pos.item())
         finite = bool(torch.isfinite(full).all())
-    ok = finite and scale > 0 and d_prefill <= tol * scale and d_batch <= tol * scale
+    ok = (finite and scale > 0 and d_prefill <= tol * scale and d_batch <= tol * scale and
+          d_static <= tol * scale and static_pos == n + 3)
     emit({"bench": "check", "model": args.model, "precision": env.dtype_name, "prompt_tokens": n,
           "logit_max_abs": scale, "prefill_vs_decode_max_abs_diff": d_prefill,
-          "batch_vs_single_max_abs_diff": d_batch, "tolerance": tol * scale, "logits_finite": finite,
+          "batch_vs_single_max_abs_diff": d_batch, "static_vs_eager_max_abs_diff": d_static,
+          "static_step_cuda_graph": env.is_cuda(), "tolerance": tol * scale, "logits_finite": finite,
           "ok": ok, **env.common()})
     return 0 if ok else 1
 
@@ -557,6 +730,8 @@ def main(argv=None):
     d.add_argument("--repeats", type=positive, default=1, help="runs per stream count (the fastest is reported)")
     d.add_argument("--sync-each-step", action="store_true",
                    help="bring each step's tokens to the host (as a server streaming text must)")
+    d.add_argument("--cuda-graphs", action="store_true",
+                   help="each decode step a replay of a CUDA graph captured per stream count (a GPU only)")
 
     c = add_common(sub.add_parser("check", help="prefill, cached decode and batched decode agree"),
                    device="cpu", dtype="f32")

@@ -10,9 +10,10 @@
 // head from global memory on the CUDA cores; a prefill of thousands of rows is tensor-
 // core work. What it costs: bf16 inputs to both products (the Backend's BF16 precision:
 // bf16 dot products, fp32 softmax and accumulation) and the full n_kv columns of S for
-// every row (the causal half is computed and masked, not skipped). A fused tiled kernel
-// (flash attention) is the next step; this one is built from parts that are each
-// checked (cuBLAS, and a softmax kernel tested against the reference through it).
+// every row (the causal half is computed and masked, not skipped). The fused kernel
+// (attention_flash.cuh) replaced it for head dims 64 and 128; this one stays for the
+// other head dims, built from parts that are each checked (cuBLAS, and a softmax kernel
+// tested against the reference through it).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,8 +1,15 @@
 // Batched decode attention on the device: one query row per sequence, each over its own
-// paged cache (continuous batching), row i attending to keys [0, qpos[i]] of views[i]
-// with grouped KV heads, fp32 online softmax as attention.cuh. The keys of each (row,
-// head) are split over several warps (flash-decoding: partial max, sum and output per
-// split, then a combine), so a few rows over thousands of keys still fill the GPU.
+// paged cache (continuous batching), row i attending to keys [0, min(qpos[i] + 1,
+// capacity)) of views[i] with grouped KV heads, fp32 online softmax (scores, sums and
+// products in fp32 over each stored element's exact fp32 value). Flash-decoding: a row's
+// keys are cut into splits by its own length (one per 64 keys, at most 64 splits, each a
+// multiple of 32 keys), one block per (row, KV head) and split, one warp per query head
+// of the group (the group's warps read the same K/V rows). A warp scores 32 keys at once
+// (a lane per key: the whole dot product from its row, 16-byte loads), then adds their
+// V rows with lanes across head_dim. A row of one split is written directly; the others
+// go through a combine of the splits' partial max, sum and output. A row's result does
+// not depend on the other rows, the capacities or max_keys (the same bits whatever the
+// batch); max_keys only sizes the launch and the scratch.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,7 +27,7 @@ void attention_rows(const float* q,                // device [n, q_heads, head_d
                     const DevicePagedKv* views,    // device [n]: row i's cache (same kv_heads, head_dim, dtype)
                     float* out,                    // device [n, q_heads, head_dim]
                     int64_t n, int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
-                    int64_t max_keys,              // host: no row has more keys (its view's capacity)
+                    int64_t max_keys,              // host: >= every row's view capacity
                     DeviceAllocation& scratch,     // the splits' partial results, grown as needed
                     cudaStream_t stream);
 

@@ -3,7 +3,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -13,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_gemm.cuh"
 #include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -31,6 +37,7 @@
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rope_kv_rows.cuh"
 #include "kernels/cuda/sample.cuh"
+#include "kernels/cuda/scatter_kv.cuh"
 #include "kernels/cuda/split_qkv.cuh"
 #include "kernels/cuda/store_kv.cuh"
 #include "kernels/cuda/swiglu.cuh"
@@ -95,50 +102,67 @@ void* pinned_at_least(std::unique_ptr<PinnedBuffer>& buffer, size_t bytes) {
   return buffer->get();
 }
 
-// A stream of make_stream() with its staging ring: host bytes are appended to the
-// current pinned buffer and sent from there by an asynchronous DMA, so the caller's
-// memory is free on return and the DMA runs while the caller goes on. A full buffer is
-// left with an event; it is written again only once that event completed (the ring
-// bounds the bytes in flight at kStagingBuffers * kStagingBytes), a wait bounded by
-// device.wait_timeout like every host wait of the backend.
-struct CudaStreamHandle final : Stream {
-  static constexpr size_t kStagingBytes = size_t{8} << 20;
-  static constexpr int kStagingBuffers = 3;
+// Host bytes sent to the device through pinned buffers: each copy is appended to the
+// current pinned buffer and sent from there by an asynchronous DMA on `stream`, so the
+// caller's memory is free on return and the DMA runs while the caller goes on (a copy
+// from pageable memory is staged by the driver, synchronously, at ~10 us per small
+// copy). A full buffer is left with an event; it is written again only once that event
+// completed (the ring bounds the bytes in flight at buffers * bytes), a wait bounded by
+// device.wait_timeout like every host wait of the backend. Not thread-safe: its owner
+// serialises the calls.
+class StagingRing {
+ public:
+  StagingRing(std::shared_ptr<cuda::DeviceWaits> waits, size_t buffer_bytes, int buffers)
+      : waits_(std::move(waits)), buffer_bytes_(buffer_bytes), buffers_(buffers) {}
 
-  explicit CudaStreamHandle(std::shared_ptr<cuda::DeviceWaits> w) : waits(std::move(w)) {}
-
-  std::shared_ptr<cuda::DeviceWaits> waits;
-  CudaStream stream;
-  std::vector<std::unique_ptr<PinnedBuffer>> staging;  // made on first use
-  std::vector<std::unique_ptr<CudaEvent>> released;    // [i] completes when buffer i's DMAs have
-  int current = 0;
-  size_t used = 0;  // bytes of staging[current] written
-  std::mutex mu;    // one copy at a time per stream (its ring)
-
-  void copy_in(void* dst, const void* src, int64_t bytes) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (staging.empty())
-      for (int i = 0; i < kStagingBuffers; ++i) {
-        staging.push_back(std::make_unique<PinnedBuffer>(kStagingBytes));
-        released.push_back(std::make_unique<CudaEvent>());
-        released.back()->record(stream.get());  // nothing in flight yet
+  void copy_in(void* dst, const void* src, int64_t bytes, cudaStream_t stream) {
+    if (staging_.empty())
+      for (int i = 0; i < buffers_; ++i) {
+        staging_.push_back(std::make_unique<PinnedBuffer>(buffer_bytes_));
+        released_.push_back(std::make_unique<CudaEvent>());
+        released_.back()->record(stream);  // nothing in flight yet
       }
     auto* d = static_cast<std::byte*>(dst);
     auto* s = static_cast<const std::byte*>(src);
     for (size_t done = 0; done < static_cast<size_t>(bytes);) {
-      if (used == kStagingBytes) {  // next buffer, once its last DMAs are over
-        released[current]->record(stream.get());
-        current = (current + 1) % kStagingBuffers;
-        waits->for_event(released[current]->get(), "a loader's staging buffer (its earlier copies to the device)");
-        used = 0;
+      if (used_ == buffer_bytes_) {  // next buffer, once its last DMAs are over
+        released_[current_]->record(stream);
+        current_ = (current_ + 1) % buffers_;
+        waits_->for_event(released_[current_]->get(), "a staging buffer (its earlier copies to the device)");
+        used_ = 0;
       }
-      const size_t part = std::min(static_cast<size_t>(bytes) - done, kStagingBytes - used);
-      std::byte* at = static_cast<std::byte*>(staging[current]->get()) + used;
+      const size_t part = std::min(static_cast<size_t>(bytes) - done, buffer_bytes_ - used_);
+      std::byte* at = static_cast<std::byte*>(staging_[current_]->get()) + used_;
       std::memcpy(at, s + done, part);
-      BS_CUDA_CHECK(cudaMemcpyAsync(d + done, at, part, cudaMemcpyHostToDevice, stream.get()));
-      used += part;
+      BS_CUDA_CHECK(cudaMemcpyAsync(d + done, at, part, cudaMemcpyHostToDevice, stream));
+      // The next copy starts 16-byte aligned in the buffer (DMA from aligned sources).
+      used_ = std::min(buffer_bytes_, (used_ + part + 15) & ~size_t{15});
       done += part;
     }
+  }
+
+ private:
+  std::shared_ptr<cuda::DeviceWaits> waits_;
+  const size_t buffer_bytes_;
+  const int buffers_;
+  std::vector<std::unique_ptr<PinnedBuffer>> staging_;  // made on first use
+  std::vector<std::unique_ptr<CudaEvent>> released_;    // [i] completes when buffer i's DMAs have
+  int current_ = 0;
+  size_t used_ = 0;  // bytes of staging_[current_] taken
+};
+
+// A stream of make_stream() with its staging ring (a loader's: chunk layers of MBs).
+struct CudaStreamHandle final : Stream {
+  explicit CudaStreamHandle(std::shared_ptr<cuda::DeviceWaits> w) : ring(std::move(w), size_t{8} << 20, 3) {}
+
+  CudaStream stream;
+  StagingRing ring;
+  DeviceAllocation block;  // write_kv_block's device staging: K, V, then the page table
+  std::mutex mu;           // one copy at a time per stream (its ring, its block)
+
+  void copy_in(void* dst, const void* src, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    ring.copy_in(dst, src, bytes, stream.get());
   }
 };
 
@@ -153,9 +177,20 @@ class DeviceScope {
   explicit DeviceScope(int device) { BS_CUDA_CHECK(cudaSetDevice(device)); }
 };
 
-// From this many query rows on, attention goes through cuBLAS (attention_gemm.cuh):
-// below it the warp kernel, whose fp32 dot products are the more precise and whose
-// cost is small for a few rows (decode, a blend check layer's narrowed rows).
+// Whether decode steps run as CUDA graphs: yes unless BLENDSERVE_CUDA_GRAPHS=0.
+bool graphs_from_env() {
+  const char* v = std::getenv("BLENDSERVE_CUDA_GRAPHS");
+  return !(v && std::string(v) == "0");
+}
+
+// copy_to_backend without a stream sends up to this many bytes through the compute
+// stream's pinned ring (StagingRing), more straight from the pageable source.
+constexpr int64_t kRingCopyMaxBytes = int64_t{256} << 10;
+
+// From this many query rows on, attention runs on the tensor cores with bf16 products:
+// the fused flash kernel (attention_flash.cuh) for the head dims it has, else cuBLAS
+// (attention_gemm.cuh). Below it the warp kernel, whose fp32 dot products are the more
+// precise and whose cost is small for a few rows (a short blend check of few rows).
 constexpr int64_t kGemmAttentionRows = 64;
 
 class CudaBackend final : public Backend {
@@ -164,6 +199,7 @@ class CudaBackend final : public Backend {
       : device_(device), scope_(device), cublas_(stream_.get()) {
     description_ = cuda::device_description(device);
     waits_ = std::make_shared<cuda::DeviceWaits>(device, description_, wait_limit);
+    upload_ring_ = std::make_unique<StagingRing>(waits_, size_t{1} << 20, 4);
     cudaDeviceProp p{};
     BS_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
     kernel_id_ = std::string("cuda/sm_") + std::to_string(p.major) + std::to_string(p.minor) + "/" + p.name + "/bf16";
@@ -179,6 +215,8 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     // A lost device is not waited for (its work may never end); the driver reclaims it.
     if (!waits_->lost()) cudaStreamSynchronize(stream_.get());
+    for (auto& [key, g] : step_graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
     release_workspaces();  // before the members that free_bytes needs go
     if (flag_host_) cudaFreeHost(flag_host_);
   }
@@ -195,6 +233,7 @@ class CudaBackend final : public Backend {
     return static_cast<int64_t>(free);
   }
   std::string device_name() const override { return description_; }
+  int64_t graph_launches() const override { return static_cast<int64_t>(graph_launches_.load()); }
 
   // ---- memory and ordering ----
 
@@ -214,8 +253,16 @@ class CudaBackend final : public Backend {
       static_cast<CudaStreamHandle*>(stream)->copy_in(dst, host_src, bytes);
       return;
     }
-    // Pageable source: CUDA stages it before returning, so the caller's memory is free
-    // on return (the DMA may still run, ordered before later ops on the stream).
+    // Small copies (token ids, positions, row indices: a few per step) through the
+    // compute stream's pinned ring; large ones (weights, whole tensors) from the
+    // pageable source, which CUDA stages before returning. Either way the caller's
+    // memory is free on return and the DMA is ordered before later ops on the stream.
+    not_while_capturing("a copy to the device");
+    if (bytes <= kRingCopyMaxBytes) {
+      std::lock_guard<std::mutex> lock(upload_mu_);
+      upload_ring_->copy_in(dst, host_src, bytes, stream_.get());
+      return;
+    }
     BS_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_.get()));
   }
 
@@ -311,59 +358,94 @@ class CudaBackend final : public Backend {
     const auto& w = static_cast<const CudaWeights&>(pw).w;
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
-    if (n <= cuda::kGemvMaxRows)
-      cuda::gemv_bf16(w, x, y, n, bias, linear_scratch_, stream_.get());
-    else
-      cuda::linear(cublas_, w, x, y, n, bias, linear_scratch_, stream_.get());
+    const void* scratch = linear_scratch_.get();
+    if (n <= cuda::kGemvMaxRows) {
+      cuda::gemv_bf16(w, x, y, n, bias, linear_scratch_, cs());
+    } else {
+      not_while_capturing("linear through cuBLAS");
+      cuda::linear(cublas_, w, x, y, n, bias, linear_scratch_, cs());
+    }
+    if (linear_scratch_.get() != scratch) ++generation_;  // grown: a captured step's pointer is gone
   }
 
   void embed(const PreparedWeights& prepared, const int32_t* ids, float* out, int64_t n) override {
     if (n <= 0) return;
     const auto& table = static_cast<const CudaEmbedding&>(prepared);
     DeviceScope scope(device_);
-    cuda::flag_out_of_range(ids, n, table.view.out_features, kFlagEmbed, flag_device_, stream_.get());
+    cuda::flag_out_of_range(ids, n, table.view.out_features, kFlagEmbed, flag_device_, cs());
     cuda::embed(table.view.type, table.table.get(), ids, out, n, table.view.in_features, table.view.out_features,
-                stream_.get());
+                cs());
   }
 
   void rmsnorm(const float* x, const float* weight, float* out, int64_t n, int64_t dim, float eps) override {
     DeviceScope scope(device_);
-    cuda::rmsnorm(x, weight, out, n, dim, eps, stream_.get());
+    cuda::rmsnorm(x, weight, out, n, dim, eps, cs());
   }
 
   void rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const PreparedRope& prepared) override {
     const auto& r = static_cast<const CudaRope&>(prepared);
     DeviceScope scope(device_);
     cuda::rope_at_positions(x, pos, r.inv_freq.as<float>(), n, heads, r.table.head_dim,
-                            r.table.style == RopeStyle::Interleaved, stream_.get());
+                            r.table.style == RopeStyle::Interleaved, cs());
   }
 
   void swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) override {
     DeviceScope scope(device_);
-    cuda::swiglu(gate_up, out, n, ff, stream_.get());
+    cuda::swiglu(gate_up, out, n, ff, cs());
   }
 
   void add(float* y, const float* x, int64_t count) override {
     DeviceScope scope(device_);
-    cuda::residual_add(y, x, count, stream_.get());
+    cuda::residual_add(y, x, count, cs());
   }
 
   void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t n, int64_t q_dim, int64_t kv_dim) override {
     DeviceScope scope(device_);
-    cuda::split_qkv(qkv, q, k, v, n, q_dim, kv_dim, stream_.get());
+    cuda::split_qkv(qkv, q, k, v, n, q_dim, kv_dim, cs());
   }
 
   void gather_rows(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t width) override {
     DeviceScope scope(device_);
-    cuda::gather_rows(src, rows, dst, n, width, stream_.get());
+    cuda::gather_rows(src, rows, dst, n, width, cs());
   }
 
   void store_kv(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n) override {
     if (n <= 0) return;
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
-    cuda::flag_out_of_range(pos, n, kv.capacity, kFlagStoreKv, flag_device_, stream_.get());
-    cuda::store_kv(device_view(kv), pos, k, v, n, stream_.get());
+    cuda::flag_out_of_range(pos, n, kv.capacity, kFlagStoreKv, flag_device_, cs());
+    cuda::store_kv(device_view(kv), pos, k, v, n, cs());
+  }
+
+  // A stored chunk's layer: K and V (and the view's page table) in one DMA through the
+  // stream's pinned ring into its device block, then one scatter kernel into the pages,
+  // both on that stream (the next call's DMA into the block is ordered after this
+  // scatter). Without a stream, the base class's copies on the compute stream.
+  void write_kv_block(const KvView& kv, int64_t first, int64_t m, const void* k, const void* v,
+                      Stream* stream) override {
+    if (first < 0 || m < 0 || first + m > kv.capacity) throw std::out_of_range("write_kv_block: rows outside the cache");
+    if (m == 0) return;
+    if (!stream) {
+      Backend::write_kv_block(kv, first, m, k, v, nullptr);
+      return;
+    }
+    DeviceScope scope(device_);
+    auto* s = static_cast<CudaStreamHandle*>(stream);
+    std::lock_guard<std::mutex> lock(s->mu);
+    const size_t bytes = static_cast<size_t>(kv.kv_heads * m * kv.head_dim * kv_dtype_bytes(kv.dtype));
+    const size_t table = static_cast<size_t>(kv.page_count) * sizeof(int32_t);
+    const size_t k_at = 0, v_at = (bytes + 255) & ~size_t{255}, table_at = v_at + ((bytes + 255) & ~size_t{255});
+    if (s->block.bytes() < table_at + table) {
+      // A larger block: the old one may still be read by this stream's last scatter.
+      waits_->for_stream(s->stream.get(), "a loader's stream before its staging block grows");
+      s->block = DeviceAllocation(std::max(table_at + table, 2 * s->block.bytes()));
+    }
+    auto* base = s->block.as<std::byte>();
+    s->ring.copy_in(base + k_at, k, static_cast<int64_t>(bytes), s->stream.get());
+    s->ring.copy_in(base + v_at, v, static_cast<int64_t>(bytes), s->stream.get());
+    s->ring.copy_in(base + table_at, kv.pages, static_cast<int64_t>(table), s->stream.get());
+    cuda::scatter_kv_block(cuda::device_view(kv, reinterpret_cast<const int32_t*>(base + table_at)), first, m,
+                           base + k_at, base + v_at, s->stream.get());
   }
 
   void kv_deviation(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n,
@@ -371,16 +453,16 @@ class CudaBackend final : public Backend {
     if (n <= 0) return;
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
-    cuda::flag_out_of_range(pos, n, kv.capacity, kFlagKvDeviation, flag_device_, stream_.get());
+    cuda::flag_out_of_range(pos, n, kv.capacity, kFlagKvDeviation, flag_device_, cs());
     cuda::kv_deviation(device_view(kv), pos, k, v, n, which != KvDeviation::V, which != KvDeviation::K, out,
-                       stream_.get());
+                       cs());
   }
 
   void top_k(const double* score, int64_t n, int64_t k, int32_t* out) override {
     if (k < 0 || k > n) throw std::invalid_argument("top_k: k must be in [0, n]");
     if (k == 0) return;
     DeviceScope scope(device_);
-    cuda::top_k(score, n, k, out, stream_.get());
+    cuda::top_k(score, n, k, out, cs());
   }
 
   void rope_kv_rows(const KvView& kv, int64_t first, int64_t m, int32_t delta, const PreparedRope& prepared) override {
@@ -402,7 +484,7 @@ class CudaBackend final : public Backend {
     float* dev = static_cast<float*>(grow(rope_scratch_, cos_sin.size() * sizeof(float)));
     BS_CUDA_CHECK(cudaMemcpyAsync(dev, cos_sin.data(), cos_sin.size() * sizeof(float), cudaMemcpyHostToDevice,
                                   stream_.get()));
-    cuda::rope_kv_rows(device_view(kv), first, m, dev, table.style == RopeStyle::Interleaved, stream_.get());
+    cuda::rope_kv_rows(device_view(kv), first, m, dev, table.style == RopeStyle::Interleaved, cs());
   }
 
   void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
@@ -412,11 +494,15 @@ class CudaBackend final : public Backend {
     if (n <= 0) return;
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
-    if (n >= kGemmAttentionRows)
+    if (n >= kGemmAttentionRows && cuda::attention_flash_supports(kv.head_dim)) {
+      cuda::attention_flash(q, qpos, device_view(kv), out, n, q_heads, n_kv, scale, cs());
+    } else if (n >= kGemmAttentionRows) {
+      not_while_capturing("attention through cuBLAS");
       cuda::attention_gemm(cublas_, q, qpos, device_view(kv), out, n, q_heads, n_kv, scale, attention_scratch_,
-                           stream_.get());
-    else
-      cuda::attention(q, qpos, device_view(kv), out, n, q_heads, n_kv, scale, stream_.get());
+                           cs());
+    } else {
+      cuda::attention(q, qpos, device_view(kv), out, n, q_heads, n_kv, scale, cs());
+    }
   }
 
   void sample_rows(const float* logits, int64_t n, int64_t vocab, const SampleRow* rows, int32_t* tokens) override {
@@ -425,9 +511,18 @@ class CudaBackend final : public Backend {
     std::lock_guard<std::mutex> lock(ops_mu_);
     const size_t bytes = static_cast<size_t>(n) * sizeof(int32_t);
     auto* picked = static_cast<int32_t*>(pinned_at_least(picked_, bytes));
-    cuda::sample_rows(logits, n, vocab, rows, picked, sample_scratch_, stream_.get());
+    cuda::sample_rows(logits, n, vocab, rows, picked, sample_scratch_, cs());
     throw_if_flagged_after_sync();
     std::memcpy(tokens, picked, bytes);
+  }
+
+  void store_kv_rows(const KvView* kv, const int32_t* pos, const float* k, const float* v, int64_t n) override {
+    if (n <= 0) return;
+    DeviceScope scope(device_);
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    const cuda::DevicePagedKv* dev_views = upload_rows(kv, n);
+    cuda::store_kv_rows(dev_views, pos, k, v, n, kv[0].kv_heads, kv[0].head_dim, flag_device_, kFlagStoreKv,
+                        cs());
   }
 
   void attention_rows(const float* q, const int32_t* qpos, const KvView* kv, float* out, int64_t n, int64_t q_heads,
@@ -435,41 +530,116 @@ class CudaBackend final : public Backend {
     if (n <= 0) return;
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
-    // Every row's page table in one upload, then the rows' views pointing into it.
-    int64_t pages = 0;
-    for (int64_t i = 0; i < n; ++i) pages += kv[i].page_count;
-    host_pages_.resize(static_cast<size_t>(pages));
-    int64_t at = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(kv[i].pages, kv[i].page_count, host_pages_.begin() + at);
-      at += kv[i].page_count;
-    }
-    const size_t views_bytes = static_cast<size_t>(n) * sizeof(cuda::DevicePagedKv);
-    const size_t pages_bytes = static_cast<size_t>(pages) * sizeof(int32_t);
-    // Views first (their alignment), then the page tables.
-    auto* base = static_cast<std::byte*>(grow(rows_scratch_, views_bytes + pages_bytes));
-    auto* dev_views = reinterpret_cast<cuda::DevicePagedKv*>(base);
-    auto* dev_pages = reinterpret_cast<int32_t*>(base + views_bytes);
-    host_views_.resize(static_cast<size_t>(n));
-    at = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      host_views_[static_cast<size_t>(i)] = cuda::device_view(kv[i], dev_pages + at);
-      at += kv[i].page_count;
-    }
-    host_rows_.resize(views_bytes + pages_bytes);
-    std::memcpy(host_rows_.data(), host_views_.data(), views_bytes);
-    std::memcpy(host_rows_.data() + views_bytes, host_pages_.data(), pages_bytes);
-    BS_CUDA_CHECK(cudaMemcpyAsync(base, host_rows_.data(), host_rows_.size(), cudaMemcpyHostToDevice, stream_.get()));
+    const cuda::DevicePagedKv* dev_views = upload_rows(kv, n);
     int64_t max_keys = 0;
     for (int64_t i = 0; i < n; ++i) max_keys = std::max(max_keys, kv[i].capacity);
-    cuda::attention_rows(q, qpos, dev_views, out, n, q_heads, kv[0].kv_heads, kv[0].head_dim, scale, max_keys,
-                         decode_scratch_, stream_.get());
+    const void* scratch = decode_scratch_.get();
+    // The grid from the capacity's power-of-two bucket (the kernel splits each row by its
+    // own length), so a captured step serves every batch whose caches fall in it.
+    cuda::attention_rows(q, qpos, dev_views, out, n, q_heads, kv[0].kv_heads, kv[0].head_dim, scale,
+                         keys_bucket(max_keys), decode_scratch_, cs());
+    if (decode_scratch_.get() != scratch) ++generation_;
+  }
+
+  // A decode step as a CUDA graph (kernels/backend.h decode_step): every layer's views
+  // and page tables go up once, then the step's ops are replayed from a graph captured
+  // for its (rows, capacity bucket) — one launch instead of ~20 per layer. The first
+  // step of a key runs eagerly (it grows the workspace and scratch the graph will
+  // point into); the next one of the same key with nothing grown since is captured and
+  // launched; later ones replay. Any allocation, free or scratch growth on this backend
+  // (generation_) makes the graphs stale: they are dropped and the key starts again.
+  // A body that issues something a graph cannot hold (a host copy, cuBLAS) throws while
+  // capturing; the capture is dropped, the body runs eagerly and the key is marked
+  // never to capture. BLENDSERVE_CUDA_GRAPHS=0 turns graphs off (eager, same results).
+  void decode_step(const KvView* views, int layers, int64_t n, const std::function<void()>& body) override {
+    if (n <= 0 || layers <= 0) {
+      body();
+      return;
+    }
+    DeviceScope scope(device_);
+    std::lock_guard<std::mutex> step_lock(step_mu_);
+    int64_t max_keys = 0;
+    for (int64_t i = 0; i < n * layers; ++i) max_keys = std::max(max_keys, views[i].capacity);
+    {
+      std::lock_guard<std::mutex> lock(ops_mu_);
+      upload_step(views, layers, n);
+    }
+    struct Unregister {
+      CudaBackend& be;
+      ~Unregister() { be.step_views_ = nullptr; }
+    } unregister{*this};
+    if (!graphs_enabled_) {
+      body();
+      return;
+    }
+    const StepKey key{n, keys_bucket(max_keys)};
+    StepGraph& g = step_graphs_[key];
+    if (g.never) {
+      body();
+      return;
+    }
+    if (g.exec) {
+      // Checked under ops_mu_, which every scratch growth holds: nothing the graph points
+      // into can be freed between the check and the launch (a free later waits for it).
+      std::lock_guard<std::mutex> lock(ops_mu_);
+      if (g.generation == generation_) {
+        BS_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_.get()));
+        ++graph_launches_;
+        return;
+      }
+    }
+    if (g.exec) drop_graphs();  // stale: something they point into was reallocated
+    StepGraph& h = step_graphs_[key];
+    if (h.eager_generation != generation_) {  // first sight of this key since a growth: eager
+      body();
+      h.eager_generation = generation_;
+      return;
+    }
+    const uint64_t before = generation_;
+    cudaGraph_t graph = nullptr;
+    BS_CUDA_CHECK(cudaStreamBeginCapture(capture_stream_.get(), cudaStreamCaptureModeThreadLocal));
+    capturing_ = std::this_thread::get_id();
+    try {
+      body();
+    } catch (...) {
+      capturing_ = std::thread::id();
+      (void)cudaStreamEndCapture(capture_stream_.get(), &graph);
+      if (graph) cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      h.never = true;  // not capturable: this key runs eagerly from now on
+      body();
+      return;
+    }
+    capturing_ = std::thread::id();
+    BS_CUDA_CHECK(cudaStreamEndCapture(capture_stream_.get(), &graph));
+    if (generation_ != before) {  // something grew while capturing: the graph may point at freed memory
+      cudaGraphDestroy(graph);
+      h.eager_generation = generation_;
+      body();
+      return;
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    BS_CUDA_CHECK(e);
+    h.exec = exec;
+    h.generation = before;
+    {
+      std::lock_guard<std::mutex> lock(ops_mu_);
+      if (generation_ == before) {
+        BS_CUDA_CHECK(cudaGraphLaunch(h.exec, stream_.get()));
+        ++graph_launches_;
+        return;
+      }
+    }
+    body();  // something was reallocated since the capture: this step eagerly, the graph stale
   }
 
  protected:
   void* allocate_bytes(int64_t bytes) override {
     DeviceScope scope(device_);
     void* p = nullptr;
+    ++generation_;
     const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
@@ -480,6 +650,7 @@ class CudaBackend final : public Backend {
   }
   void free_bytes(void* data, int64_t) override {
     cudaSetDevice(device_);
+    ++generation_;   // a captured step may point here
     cudaFree(data);  // waits for the device's work: nothing in flight reads freed memory
   }
 
@@ -500,14 +671,130 @@ class CudaBackend final : public Backend {
   // page scratch (stream order keeps the previous op's table until that op ran).
   cuda::DevicePagedKv device_view(const KvView& kv) {
     const size_t bytes = static_cast<size_t>(kv.page_count) * sizeof(int32_t);
+    not_while_capturing("an upload of a page table");
     auto* pages = static_cast<int32_t*>(grow(pages_scratch_, bytes));
-    BS_CUDA_CHECK(cudaMemcpyAsync(pages, kv.pages, bytes, cudaMemcpyHostToDevice, stream_.get()));
+    {
+      std::lock_guard<std::mutex> lock(upload_mu_);
+      upload_ring_->copy_in(pages, kv.pages, static_cast<int64_t>(bytes), stream_.get());
+    }
     return cuda::device_view(kv, pages);
   }
 
-  static void* grow(DeviceAllocation& scratch, size_t bytes) {
-    if (scratch.bytes() < bytes) scratch = DeviceAllocation(std::max(bytes, 2 * scratch.bytes()));
+  // The rows' views on the device (a batched decode step's caches of one layer): every
+  // row's page table and its view in one upload through the pinned ring. A decode layer
+  // stores its rows' K/V and then attends over the same views: the second call finds
+  // the bytes it would send equal to the last ones and reuses them (the scratch holds
+  // them until the next upload, which stream order puts after the ops that read them).
+  // Caller holds ops_mu_.
+  const cuda::DevicePagedKv* upload_rows(const KvView* kv, int64_t n) {
+    if (const cuda::DevicePagedKv* step = step_rows(kv, n)) return step;
+    not_while_capturing("an upload of views");
+    int64_t pages = 0;
+    for (int64_t i = 0; i < n; ++i) pages += kv[i].page_count;
+    const size_t views_bytes = static_cast<size_t>(n) * sizeof(cuda::DevicePagedKv);
+    const size_t pages_bytes = static_cast<size_t>(pages) * sizeof(int32_t);
+    // Views first (their alignment), then the page tables.
+    const size_t before = rows_scratch_.bytes();
+    auto* base = static_cast<std::byte*>(grow(rows_scratch_, views_bytes + pages_bytes));
+    if (rows_scratch_.bytes() != before) rows_sent_.clear();  // a new allocation holds nothing yet
+    auto* dev_pages = reinterpret_cast<int32_t*>(base + views_bytes);
+    host_rows_.resize(views_bytes + pages_bytes);
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const cuda::DevicePagedKv view = cuda::device_view(kv[i], dev_pages + at);
+      std::memcpy(host_rows_.data() + static_cast<size_t>(i) * sizeof(cuda::DevicePagedKv), &view, sizeof(view));
+      std::memcpy(host_rows_.data() + views_bytes + static_cast<size_t>(at) * sizeof(int32_t), kv[i].pages,
+                  static_cast<size_t>(kv[i].page_count) * sizeof(int32_t));
+      at += kv[i].page_count;
+    }
+    if (host_rows_ != rows_sent_) {
+      std::lock_guard<std::mutex> lock(upload_mu_);
+      upload_ring_->copy_in(base, host_rows_.data(), static_cast<int64_t>(host_rows_.size()), stream_.get());
+      rows_sent_ = host_rows_;
+    }
+    return reinterpret_cast<const cuda::DevicePagedKv*>(base);
+  }
+
+  void* grow(DeviceAllocation& scratch, size_t bytes) {
+    if (scratch.bytes() < bytes) {
+      scratch = DeviceAllocation(std::max(bytes, 2 * scratch.bytes()));
+      ++generation_;
+    }
     return scratch.get();
+  }
+
+  // The stream this thread's ops go to: the capture stream while it captures a step.
+  cudaStream_t cs() const {
+    return capturing_ == std::this_thread::get_id() ? capture_stream_.get() : stream_.get();
+  }
+  // Throws std::logic_error when this thread is capturing a step: `what` cannot be part
+  // of a graph (decode_step drops the capture and runs the step eagerly).
+  void not_while_capturing(const char* what) const {
+    if (capturing_ == std::this_thread::get_id())
+      throw std::logic_error(std::string("cuda decode_step: ") + what + " cannot be captured in a graph");
+  }
+  // Powers of two from 64: the key of a step's attention grid.
+  static int64_t keys_bucket(int64_t keys) {
+    int64_t b = 64;
+    while (b < keys) b *= 2;
+    return b;
+  }
+
+  // Every layer's views of a decode step (views[l * n + i]: layer l, row i) and their
+  // page tables in one upload into step_rows_ (a page table shared by a row's layers
+  // goes up once); the ops of the step find them with step_rows(). Caller holds ops_mu_.
+  void upload_step(const KvView* views, int layers, int64_t n) {
+    const int64_t count = n * layers;
+    std::vector<const int32_t*> tables;  // distinct host page tables, in first-use order
+    std::vector<int64_t> table_at;       // their offsets (int32 elements) after the views
+    std::vector<int64_t> view_table(static_cast<size_t>(count));
+    int64_t pages = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const auto it = std::find(tables.begin(), tables.end(), views[i].pages);
+      if (it != tables.end()) {  // a row's table again (its other layers)
+        view_table[static_cast<size_t>(i)] = table_at[static_cast<size_t>(it - tables.begin())];
+        continue;
+      }
+      tables.push_back(views[i].pages);
+      table_at.push_back(pages);
+      view_table[static_cast<size_t>(i)] = pages;
+      pages += views[i].page_count;
+    }
+    const size_t views_bytes = static_cast<size_t>(count) * sizeof(cuda::DevicePagedKv);
+    auto* base = static_cast<std::byte*>(grow(step_rows_, views_bytes + static_cast<size_t>(pages) * sizeof(int32_t)));
+    auto* dev_pages = reinterpret_cast<int32_t*>(base + views_bytes);
+    std::vector<std::byte>& host = step_host_;
+    host.resize(views_bytes + static_cast<size_t>(pages) * sizeof(int32_t));
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t at = view_table[static_cast<size_t>(i)];
+      const cuda::DevicePagedKv view = cuda::device_view(views[i], dev_pages + at);
+      std::memcpy(host.data() + static_cast<size_t>(i) * sizeof(cuda::DevicePagedKv), &view, sizeof(view));
+      std::memcpy(host.data() + views_bytes + static_cast<size_t>(at) * sizeof(int32_t), views[i].pages,
+                  static_cast<size_t>(views[i].page_count) * sizeof(int32_t));
+    }
+    {
+      std::lock_guard<std::mutex> lock(upload_mu_);
+      upload_ring_->copy_in(base, host.data(), static_cast<int64_t>(host.size()), stream_.get());
+    }
+    step_views_ = views;
+    step_layers_ = layers;
+    step_n_ = n;
+  }
+
+  // The device views of `kv` (n rows) when it is one layer of the step decode_step
+  // uploaded (the same array the caller gave it, at a layer's offset); else nullptr.
+  const cuda::DevicePagedKv* step_rows(const KvView* kv, int64_t n) const {
+    if (!step_views_ || n != step_n_ || kv < step_views_ || kv >= step_views_ + step_n_ * step_layers_) return nullptr;
+    const int64_t offset = kv - step_views_;
+    if (offset % step_n_ != 0) return nullptr;
+    return step_rows_.as<cuda::DevicePagedKv>() + offset;
+  }
+
+  void drop_graphs() {
+    waits_->for_stream(stream_.get(), "the launches of decode-step graphs before they are dropped");
+    for (auto& [key, g] : step_graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+    step_graphs_.clear();
   }
 
   // After sample_rows: its ids and the flag of the ops before it, waited for and read.
@@ -543,9 +830,38 @@ class CudaBackend final : public Backend {
   DeviceAllocation linear_scratch_, pages_scratch_, rope_scratch_, rows_scratch_, decode_scratch_;
   cuda::AttentionGemmScratch attention_scratch_;
   cuda::SampleScratch sample_scratch_;
-  std::vector<int32_t> host_pages_;
-  std::vector<cuda::DevicePagedKv> host_views_;
-  std::vector<std::byte> host_rows_;
+  std::vector<std::byte> host_rows_;  // upload_rows' bytes being built
+  std::vector<std::byte> rows_sent_;  // what rows_scratch_ holds (or is being sent), empty: unknown
+  // Small host-to-device copies on the compute stream (ids, positions, page tables,
+  // views): pinned, asynchronous; made on first use. Its own lock: copy_to_backend runs
+  // without ops_mu_, device_view and upload_rows with it (always ops_mu_ first).
+  std::mutex upload_mu_;
+  std::unique_ptr<StagingRing> upload_ring_;  // made in the constructor, after waits_
+
+  // decode_step's state (under step_mu_): the step's views on the device and the host
+  // array they came from, the graphs by key, and what makes them stale.
+  struct StepKey {
+    int64_t rows, keys;
+    bool operator<(const StepKey& o) const { return rows != o.rows ? rows < o.rows : keys < o.keys; }
+  };
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t generation = 0;            // generation_ when captured
+    uint64_t eager_generation = ~uint64_t{0};  // generation_ after the last eager run of the key
+    bool never = false;                 // its body cannot be captured: always eager
+  };
+  std::mutex step_mu_;
+  const bool graphs_enabled_ = graphs_from_env();
+  CudaStream capture_stream_;  // where a captured step's ops go (never run on it)
+  std::atomic<std::thread::id> capturing_{};
+  std::atomic<uint64_t> generation_{0};  // bumped by every allocation, free and scratch growth
+  DeviceAllocation step_rows_;           // [layers * n] DevicePagedKv, then the page tables
+  std::vector<std::byte> step_host_;
+  const KvView* step_views_ = nullptr;   // the caller's array while its step runs
+  int step_layers_ = 0;
+  int64_t step_n_ = 0;
+  std::map<StepKey, StepGraph> step_graphs_;
+  std::atomic<uint64_t> graph_launches_{0};
   DeviceAllocation flag_{sizeof(int32_t)};  // the index flag (FlagCode), device memory
   int32_t* flag_host_ = nullptr;            // pinned: where fetch_flag() puts it
   int32_t* flag_device_ = nullptr;

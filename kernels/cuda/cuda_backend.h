@@ -19,8 +19,13 @@
 //   linear_exact_rows() rows, whose rows are bit-identical whatever the row count (a
 //   batched decode step equals one-token forwards). Precision::F32 is not supported:
 //   choose_precision names bf16 as the alternative.
-// - Attention is fp32 over K/V widened from the cache dtype for either precision (at
-//   least as precise as the CPU's bf16 dot products).
+// - Attention: decode rows and prompts of under 64 rows in fp32 over K/V widened from
+//   the cache dtype (attention_rows.cuh: flash-decoding, split by each row's length);
+//   from 64 rows the fused flash kernel on the tensor cores (attention_flash.cuh: bf16
+//   products, fp32 softmax and accumulation, the Backend's BF16 precision).
+// - A decode step (decode_step) uploads every layer's views once and runs as a CUDA
+//   graph per (rows, capacity bucket), captured on its second sight and replayed after;
+//   BLENDSERVE_CUDA_GRAPHS=0 runs it op by op (the same results).
 // - Token ids and KV positions live in device memory, so they cannot be checked on the
 //   host before the op runs without waiting for the GPU. The kernels never touch memory
 //   for an id or position out of range (embed writes a NaN row, store_kv skips the row,
@@ -31,7 +36,12 @@
 //   of that stream (host memcpy into pinned memory, then an asynchronous DMA), so a
 //   loader thread's copies of layer l+1 overlap the compute of layer l; an event per
 //   layer (record / wait) is the gate. Without a stream the copy is issued on the
-//   compute stream and the host bytes are consumed before the call returns.
+//   compute stream and the host bytes are consumed before the call returns: small ones
+//   (ids, positions, page tables; up to 256 KiB) through the compute stream's own pinned
+//   ring, so a decode step's few uploads are asynchronous DMAs, not the driver's
+//   synchronous staging of pageable memory.
+// - A batched decode step stores its rows' K/V in one launch (store_kv_rows) and its
+//   layer's views and page tables go up once for that store and the attention after it.
 #pragma once
 
 #include <chrono>
