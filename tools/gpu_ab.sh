@@ -168,6 +168,8 @@ for line in open(path, errors="replace"):
             j = json.loads(line)
         except ValueError:
             continue
+        if "engine" in j:  # the peer's own field ("torch"): kept under another name
+            j["engine_own"] = j.pop("engine")
         print(json.dumps({"run": run, "engine": engine, **j}))
 EOF
 }

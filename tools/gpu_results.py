@@ -138,6 +138,8 @@ def render(results):
         before = fmt(r.get("before"), before_unit)
         if r["target"].startswith("blend_") and r.get("before") is not None:
             before += " of full"
+        elif r["target"] == "decode_1b_32_vs_1" and r.get("before") is not None:
+            before += "x"
         met = {True: "yes", False: "no", None: "not measured"}[r.get("met")]
         sign = "<=" if lower else ">="
         lines.append(f"| {what} | {fmt(r.get('ours'), ours_unit)} | {before} | {peer} | {fmt(r.get('ratio'))} | "
