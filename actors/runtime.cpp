@@ -369,7 +369,16 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
     }
   };
   ctx.kv_pool = make_pool(*ctx.backend, ctx.model->config());
-  if (ctx.config.ram.enabled) ctx.ram = std::make_unique<MemoryKvStore>(ctx.config.ram.budget_bytes);
+  if (ctx.config.ram.enabled) {
+    // On a device backend the RAM tier's entries are page-locked as they are stored, so
+    // a loader's DMA reads them in place (Backend::pin_host; the CPU backends pin nothing).
+    MemoryKvStore::Pinner pinner;
+    if (!ctx.backend->host_accessible()) {
+      kernels::Backend* be = ctx.backend.get();
+      pinner = [be](const void* p, int64_t bytes) { return be->pin_host(p, bytes); };
+    }
+    ctx.ram = std::make_unique<MemoryKvStore>(ctx.config.ram.budget_bytes, std::move(pinner));
+  }
   if (ctx.config.ssd.enabled) {
     ctx.ssd = std::make_unique<DiskKvStore>(resolve_ssd_path(ctx.config), ctx.config.ssd.budget_bytes,
                                             ctx.config.ssd.direct_io);

@@ -302,6 +302,16 @@ class Backend {
     (void)n;
     body();
   }
+  // Page-locks `bytes` of host memory at `p` for the device's DMA (the RAM tier's
+  // entries: a loader's copy then reads them in place instead of through staging) and
+  // returns what unlocks it when released; the memory must outlive that. nullptr: not
+  // pinned (the default: the CPU backends have nothing to pin; a device backend that
+  // cannot, e.g. memory already registered) — callers go on without.
+  virtual std::shared_ptr<void> pin_host(const void* p, int64_t bytes) {
+    (void)p;
+    (void)bytes;
+    return nullptr;
+  }
   // Decode steps replayed from a captured graph so far (0: a backend without them).
   virtual int64_t graph_launches() const { return 0; }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <memory>
 #include <vector>
 
 #include "kernels/tensor_types.h"
@@ -25,6 +26,11 @@ struct ChunkKv {
   // [n_layers, kv_heads, m, head_dim] elements of dtype: layer-major, so one layer is
   // one contiguous slice.
   std::vector<std::byte> k, v;
+  // Set by a RAM tier whose backend page-locks its entries (MemoryKvStore's pinner,
+  // kernels::Backend::pin_host), so a loader's DMA reads k and v in place; released with
+  // the entry, before k and v are freed (declared after them). Opaque: nothing else
+  // reads it.
+  mutable std::shared_ptr<void> host_pin;
 
   int64_t length() const { return static_cast<int64_t>(tokens.size()); }
   int64_t elem_bytes() const;

@@ -25,6 +25,16 @@ bool MemoryKvStore::contains(const ChunkKey& key) const {
 bool MemoryKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
   if (!kv) return false;
   const auto size = static_cast<int64_t>(kv->bytes());
+  if (pinner_ && size <= budget_) {
+    // Once per entry (an entry put twice, or by two threads, is pinned once); K and V
+    // both or neither: a loader reads them in place only when both are.
+    std::lock_guard<std::mutex> lock(pin_mu_);
+    if (!kv->host_pin && !kv->k.empty() && !kv->v.empty()) {
+      auto k = pinner_(kv->k.data(), static_cast<int64_t>(kv->k.size()));
+      auto v = k ? pinner_(kv->v.data(), static_cast<int64_t>(kv->v.size())) : nullptr;
+      if (k && v) kv->host_pin = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(k, v);
+    }
+  }
   std::vector<std::pair<ChunkKey, std::shared_ptr<const ChunkKv>>> evicted;
   std::shared_ptr<const EvictionListener> listener;
   std::shared_ptr<const ChunkKv> replaced;  // released after the lock, like the victims

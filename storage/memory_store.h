@@ -22,11 +22,17 @@ class MemoryKvStore : public KvStore {
   // next tier). Not called for erase() or for the old value of a key put again.
   using EvictionListener = std::function<void(const ChunkKey&, std::shared_ptr<const ChunkKv>)>;
 
-  explicit MemoryKvStore(int64_t byte_budget) : budget_(byte_budget) {}
+  // Page-locks `bytes` at `p` for the device's DMA and returns what undoes it when it is
+  // released (nullptr: not pinned; the loaders then copy through staging).
+  using Pinner = std::function<std::shared_ptr<void>(const void* p, int64_t bytes)>;
+
+  explicit MemoryKvStore(int64_t byte_budget, Pinner pinner = {})
+      : budget_(byte_budget), pinner_(std::move(pinner)) {}
 
   std::shared_ptr<const ChunkKv> get(const ChunkKey& key) override;
   bool contains(const ChunkKey& key) const override;
-  // Inserts (or replaces) an entry, evicting the least recently used ones to fit.
+  // Inserts (or replaces) an entry, evicting the least recently used ones to fit. With a
+  // pinner, the entry's K and V are page-locked first (once per entry; outside the lock).
   // An entry larger than the whole budget (or a null one) is not stored; returns
   // false then. The eviction listener runs after the store's lock is released, on
   // the thread of this put, once per victim, least recently used first; by then the
@@ -54,6 +60,8 @@ class MemoryKvStore : public KvStore {
   std::unordered_map<ChunkKey, Entry, ChunkKeyHash> map_;
   StoreStats stats_;
   std::shared_ptr<const EvictionListener> listener_;  // swapped whole under mu_
+  const Pinner pinner_;
+  std::mutex pin_mu_;  // one entry pinned at a time (whether it is pinned is decided under it)
 };
 
 }  // namespace bs

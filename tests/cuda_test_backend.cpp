@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -20,6 +21,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_resources.h"
 #include "kernels/dequant.h"
 #include "kernels/sampling.h"
 #include "tests/paged_kv.h"
@@ -519,6 +521,46 @@ TEST_F(CudaBackendOps, WriteKvBlockOnAStreamPlacesTheBlockAsTheCpu) {
       EXPECT_THROW(cuda->write_kv_block(dev.view, rows - 1, 2, host.k.data(), host.v.data(), copy_stream.get()),
                    std::out_of_range);
     }
+}
+
+// A RAM-tier entry page-locked by pin_host is read in place (one DMA each for K and V,
+// no staging copy): the same pool bytes as the CPU's; the pin is released after the
+// stream drained; memory pinned twice is refused (nullptr), not an error.
+TEST_F(CudaBackendOps, WriteKvBlockReadsPinnedMemoryInPlace) {
+  const int64_t kv_heads = 4, rows = 600, hd = 128, first = 40, m = 512;
+  const auto k = random_vec(static_cast<size_t>(kv_heads * rows * hd), 80);
+  auto host = test::make_paged(k, random_vec(k.size(), 81), kv_heads, rows, hd, rows, 6, 82, 2, TensorType::F16);
+  auto dev = on_device(host);
+  const size_t bytes = static_cast<size_t>(kv_heads * m * hd * 2), page = 4096;
+  const size_t alloc = (bytes + page - 1) / page * page;
+  std::unique_ptr<std::byte, decltype(&std::free)> bk(static_cast<std::byte*>(std::aligned_alloc(page, alloc)), &std::free);
+  std::unique_ptr<std::byte, decltype(&std::free)> bv(static_cast<std::byte*>(std::aligned_alloc(page, alloc)), &std::free);
+  std::mt19937 rng(83);
+  for (size_t i = 0; i < bytes; ++i) {
+    bk.get()[i] = static_cast<std::byte>(rng() & 0x3f);
+    bv.get()[i] = static_cast<std::byte>(rng() & 0x3f);
+  }
+  auto pin_k = cuda->pin_host(bk.get(), static_cast<int64_t>(alloc));
+  auto pin_v = cuda->pin_host(bv.get(), static_cast<int64_t>(alloc));
+  ASSERT_NE(pin_k, nullptr);
+  ASSERT_NE(pin_v, nullptr);
+  EXPECT_EQ(cuda->pin_host(bk.get(), static_cast<int64_t>(alloc)), nullptr) << "already registered";
+  // What write_kv_block asks to read in place: pinned yes, pageable no.
+  EXPECT_TRUE(cuda::is_page_locked(bk.get()));
+  EXPECT_TRUE(cuda::is_page_locked(bv.get() + bytes / 2));
+  const std::vector<std::byte> pageable(64);
+  EXPECT_FALSE(cuda::is_page_locked(pageable.data()));
+  auto copy_stream = cuda->make_stream();
+  cpu->write_kv_block(host.view, first, m, bk.get(), bv.get());
+  cuda->write_kv_block(dev.view, first, m, bk.get(), bv.get(), copy_stream.get());
+  const auto copied = cuda->make_event();
+  cuda->record(*copied, copy_stream.get());
+  cuda->synchronize(*copied);
+  pin_k.reset();
+  pin_v.reset();
+  EXPECT_FALSE(cuda::is_page_locked(bk.get())) << "unpinned with its handle";
+  EXPECT_EQ(down<std::byte>(dev.k, host.k.size()), host.k);
+  EXPECT_EQ(down<std::byte>(dev.v, host.v.size()), host.v);
 }
 
 }  // namespace

@@ -104,6 +104,33 @@ class GpuResults(unittest.TestCase):
         self.assertIsNone(b20["ratio"])
         self.assertIsNone(b20["met"])
 
+    def test_a_variants_run_and_a_named_block(self):
+        # The lines of a variant (engine after_gemm) as ours; no peer in that run: nulls.
+        variant = "\n".join([line("decode_1b", "after_gemm", bench="decode", streams=1, decode_tok_s=444.0),
+                               line("decode_1b", "after_gemm", bench="decode", streams=32, decode_tok_s=6943.0),
+                               line("decode_1b", "after", bench="decode", streams=1, decode_tok_s=505.0)])
+        with open(self.bench, "w") as f:
+            f.write(variant + "\n")
+        p = subprocess.run([sys.executable, SCRIPT, "collect", self.bench, "--summary", self.summary, "--date",
+                            "2026-11-27", "--name", "run2", "--ours", "after_gemm", "--out-dir", self.dir.name],
+                           capture_output=True, text=True, check=True)
+        t = {json.loads(l)["target"]: json.loads(l) for l in p.stdout.splitlines()}
+        self.assertEqual(t["decode_1b_32_vs_1"]["ours"], 6943.0)
+        self.assertAlmostEqual(t["decode_1b_32_vs_1"]["ratio"], 6943.0 / 444.0)
+        self.assertIsNone(t["decode_1b_1_vs_eager"]["peer"])
+        self.assertIsNone(t["decode_1b_1_vs_eager"]["met"])
+        path = os.path.join(self.dir.name, "2026-11-27_run2.jsonl")
+        readme = os.path.join(self.dir.name, "README.md")
+        with open(readme, "w") as f:
+            f.write("<!-- gpu-table:begin -->\nA\n<!-- gpu-table:end -->\n"
+                    "<!-- gpu-table:run2:begin -->\nB\n<!-- gpu-table:run2:end -->\n")
+        subprocess.run([sys.executable, SCRIPT, "render", path, "--readme", readme, "--block", "run2"], check=True,
+                       capture_output=True)
+        text = read(readme)
+        self.assertIn("<!-- gpu-table:begin -->\nA\n<!-- gpu-table:end -->", text)  # the other block untouched
+        self.assertNotIn("\nB\n", text)
+        self.assertIn("| decode 1B, 32 streams over our 1 stream | 6,943 |", text)
+
     def test_render_into_readme(self):
         path, _ = self.collect()
         readme = os.path.join(self.dir.name, "README.md")

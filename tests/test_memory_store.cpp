@@ -2,6 +2,7 @@
 // and consistent stats under concurrent use.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -46,6 +47,59 @@ struct Recorder {
     };
   }
 };
+
+// A pinner (a device backend's pin_host) page-locks each entry's K and V once when it
+// is stored — both or neither — and the lock goes with the last reference to the entry
+// (a reader's, after eviction), not with the eviction; a pinner that declines leaves the
+// entry stored and unpinned.
+TEST(MemoryStore, APinnerLocksEachEntryOnceUntilItsLastReaderLetsGo) {
+  struct Pins {
+    std::mutex mu;
+    std::vector<const void*> pinned, released;
+    bool decline_v = false;
+  } pins;
+  MemoryKvStore::Pinner pinner = [&pins](const void* p, int64_t bytes) -> std::shared_ptr<void> {
+    EXPECT_GT(bytes, 0);
+    std::lock_guard<std::mutex> lock(pins.mu);
+    if (pins.decline_v && pins.pinned.size() % 2 == 1) return nullptr;
+    pins.pinned.push_back(p);
+    return std::shared_ptr<void>(const_cast<void*>(p), [&pins](void* q) {
+      std::lock_guard<std::mutex> l(pins.mu);
+      pins.released.push_back(q);
+    });
+  };
+  MemoryKvStore store(2 * kEntry, pinner);
+  auto a = make_kv(1);
+  const void* ak = a->k.data();
+  const void* av = a->v.data();
+  ASSERT_TRUE(store.put(key_of(1), a));
+  ASSERT_TRUE(store.put(key_of(1), a));  // put again: pinned once
+  EXPECT_EQ(pins.pinned, (std::vector<const void*>{ak, av}));
+  EXPECT_NE(a->host_pin, nullptr);
+  std::shared_ptr<const ChunkKv> reader = store.get(key_of(1));
+  a.reset();
+  ASSERT_TRUE(store.put(key_of(2), make_kv(2)));
+  ASSERT_TRUE(store.put(key_of(3), make_kv(3)));  // evicts 1
+  EXPECT_FALSE(store.contains(key_of(1)));
+  EXPECT_TRUE(pins.released.empty()) << "the reader still holds entry 1";
+  reader.reset();
+  EXPECT_EQ(pins.released.size(), 2u);
+  EXPECT_TRUE(std::find(pins.released.begin(), pins.released.end(), ak) != pins.released.end());
+  EXPECT_TRUE(std::find(pins.released.begin(), pins.released.end(), av) != pins.released.end());
+
+  // Erased entries nobody reads: unlocked at once.
+  ASSERT_TRUE(store.erase(key_of(2)));
+  ASSERT_TRUE(store.erase(key_of(3)));
+  EXPECT_EQ(pins.released.size(), 6u);
+
+  // V declined: K's lock is let go at once, the entry is stored unpinned.
+  pins.decline_v = true;
+  auto d = make_kv(4);
+  ASSERT_TRUE(store.put(key_of(4), d));
+  EXPECT_EQ(d->host_pin, nullptr);
+  EXPECT_EQ(pins.released.size(), 7u);
+  EXPECT_TRUE(store.contains(key_of(4)));
+}
 
 TEST(MemoryStore, EvictsLeastRecentlyUsedAndGetRefreshes) {
   MemoryKvStore store(3 * kEntry);

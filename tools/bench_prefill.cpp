@@ -3,7 +3,8 @@
 // same run, so the distance to the device's limit is visible (MFU: the prefill's GEMM
 // FLOP rate over that). One JSON object per line. On the CPU every op is also timed
 // (the breakdown); a device backend's ops return before the GPU ran them, so there
-// only whole forwards are timed (each ends in a copy of the logits to the host).
+// only whole forwards and decode steps are timed (each ends in a copy of the logits,
+// or of the picked ids, to the host).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -165,22 +166,35 @@ int bench_prefill(const BenchOptions& opt) {
     std::fflush(stdout);
   }
 
-  // 3. Decode: greedy steps after a prompt of opt.decode_context tokens.
+  // 3. Decode: greedy steps after a prompt of opt.decode_context tokens — as the
+  // runtime steps a request: on a device backend a decode step that picks the token
+  // where the logits are (decode_step_sampled: a CUDA graph on the CUDA backend), on
+  // the CPU a one-token forward and the host's argmax.
+  const bool on_device = !device->host_accessible();
+  const kernels::SampleRow greedy{};  // temperature 0
   {
     std::vector<int32_t> ids(static_cast<size_t>(opt.decode_context));
     for (auto& t : ids) t = pick(rng);
     auto cache = tf.make_cache(opt.decode_context + opt.decode_tokens + 1);
     auto logits = tf.forward(ids, cache);
+    int32_t next = argmax(logits.data(), c.vocab);
+    KvCache* one = &cache;
     reset_profile();
     const auto t0 = clock_type::now();
     for (int i = 0; i < opt.decode_tokens; ++i) {
-      const int32_t next = argmax(logits.data(), c.vocab);
-      logits = tf.forward(std::span<const int32_t>(&next, 1), cache);
+      if (on_device) {
+        next = tf.decode_step_sampled(std::span<const int32_t>(&next, 1), std::span<KvCache* const>(&one, 1),
+                                      std::span<const kernels::SampleRow>(&greedy, 1))[0];
+      } else {
+        logits = tf.forward(std::span<const int32_t>(&next, 1), cache);
+        next = argmax(logits.data(), c.vocab);
+      }
     }
     const double t = seconds_since(t0);
     std::printf("%s\n", nlohmann::json{{"bench", "decode"}, {"isa", isa}, {"device", device_name},
                                        {"model", opt.model_path}, {"precision", prec},
                                        {"kv_dtype", opt.kv_dtype}, {"context", opt.decode_context},
+                                       {"path", on_device ? "decode_step_sampled" : "forward"},
                                        {"tokens", opt.decode_tokens}, {"seconds", t},
                                        {"tokens_per_s", opt.decode_tokens / t},
                                        {"breakdown", profile(t)}}.dump().c_str());
@@ -204,7 +218,12 @@ int bench_prefill(const BenchOptions& opt) {
     for (auto& cache : caches) ptrs.push_back(&cache);
     reset_profile();
     const auto t0 = clock_type::now();
+    const std::vector<kernels::SampleRow> rows(static_cast<size_t>(batch), greedy);
     for (int i = 0; i < opt.decode_tokens; ++i) {
+      if (on_device) {
+        next = tf.decode_step_sampled(next, ptrs, rows);
+        continue;
+      }
       const auto logits = tf.decode_step(next, ptrs);
       for (int64_t b = 0; b < batch; ++b)
         next[static_cast<size_t>(b)] = argmax(logits.data() + b * c.vocab, c.vocab);
@@ -214,6 +233,8 @@ int bench_prefill(const BenchOptions& opt) {
                                        {"model", opt.model_path}, {"precision", prec},
                                        {"kv_dtype", opt.kv_dtype},
                                        {"batch", batch}, {"context", opt.decode_context},
+                                       {"path", on_device ? "decode_step_sampled" : "decode_step"},
+                                       {"graph_launches", device->graph_launches()},
                                        {"steps", opt.decode_tokens}, {"seconds", t},
                                        {"step_ms", 1e3 * t / opt.decode_tokens},
                                        {"tokens_per_s", static_cast<double>(batch) * opt.decode_tokens / t},

@@ -26,6 +26,11 @@
 #      the PyTorch peers (eager; decode also captured as CUDA graphs), one after another
 #      on the same GPU: decode 1B (1 and 32 streams), prefill 8B (3072 and 8192
 #      tokens), blend TTFT 8B (6 and 20 x 512 tokens from RAM).
+#   4. diagnostics: the Transformer's decode step alone at 1..64 rows (bench prefill
+#      --decode-batches), and decode with the short products on the GEMV
+#      (BLENDSERVE_CUDA_DECODE_GEMM=gemv) beside the default (cuBLAS padded to 64 rows).
+# GPU_AB_STEPS picks steps (default all): tests sanitize decode prefill ttft batches
+# gemv; a later call on what changed since runs only those it names.
 # Every benchmark line goes to $OUT/bench.jsonl tagged {"run": NAME, "engine":
 # "after"|"before"|"torch"|"torch_graphs"}; tools/gpu_results.py turns that file into
 # tools/gpu_results/<date>_<gpu>.jsonl (one line per target) and the README's table.
@@ -57,6 +62,9 @@ if [ "$MODE" = pack ]; then
            libdnnl2 libxxhash0 libicu72 libncurses6 libncursesw6 libtinfo6; do
     cp "$ROOT"/gpu-debs/"${p}"_*.deb "$CARRY/debs/"
   done
+  # Where each build's source was: its binaries look for tests/data under that path.
+  echo "$ROOT" >"$CARRY/after_root.txt"
+  [ -n "$BASE" ] && (cd "$(dirname "$BASE")" && git rev-parse --show-toplevel) >"$CARRY/before_root.txt"
   git -C "$ROOT" rev-parse HEAD >"$CARRY/commit.txt"
   git -C "$ROOT" status --porcelain | grep -q . && echo "dirty" >>"$CARRY/commit.txt"
   du -sh "$CARRY" >&2
@@ -131,21 +139,38 @@ log "libcublas from $CUDA_LIB"
 mkdir -p /tmp/blendserve-bins
 tar -xJf "$CARRY/bins.tar.xz" -C /tmp/blendserve-bins || { log "unpacking the binaries failed"; exit 2; }
 AFTER=/tmp/blendserve-bins/after BEFORE=/tmp/blendserve-bins/before
+# The binaries find tests/data under the source path they were built from: that path
+# here too (a link to this checkout's tests/), where it is not this checkout.
+for f in after_root before_root; do
+  src=$(cat "$CARRY/$f.txt" 2>/dev/null) || continue
+  if [ -n "$src" ] && [ "$src" != "$ROOT" ] && [ ! -e "$src/tests" ]; then
+    mkdir -p "$src" && ln -s "$ROOT/tests" "$src/tests"
+  fi
+done
 if ! "$AFTER/blendctl" --help >"$LOGS/start.log" 2>&1; then
   log "the carried blendctl does not start here:"; tail -5 "$LOGS/start.log" >&2
   ldd "$AFTER/blendctl" | grep 'not found' >&2
   exit 3
 fi
 
+STEPS="${GPU_AB_STEPS:-tests sanitize decode prefill ttft batches gemv}"
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+
 # 2. tests, then the sanitizers on the kernels that changed
-for t in cuda_test_ops cuda_test_attention cuda_test_backend cuda_test_model; do
-  [ -x "$AFTER/$t" ] && step "$t" 240 20 "$AFTER/$t"
-done
+if want tests; then
+  for t in cuda_test_ops cuda_test_attention cuda_test_backend cuda_test_model; do
+    [ -x "$AFTER/$t" ] && step "$t" 240 20 "$AFTER/$t"
+  done
+  # The short products on the GEMV (the other choice): the backend's and the model's tests.
+  for t in cuda_test_backend cuda_test_model; do
+    [ -x "$AFTER/$t" ] && BLENDSERVE_CUDA_DECODE_GEMM=gemv step "${t}_gemv" 120 20 "$AFTER/$t"
+  done
+fi
 SAN=()
 command -v compute-sanitizer >/dev/null 2>&1 && SAN=(compute-sanitizer --report-api-errors no --error-exitcode 1)
 [ ${#SAN[@]} -gt 0 ] || log "compute-sanitizer not found"
 SMALL=--gtest_filter=-*AtLargeSizes*  # the timed large cases would crawl under the tools
-if [ ${#SAN[@]} -gt 0 ]; then  # the kernels with shared memory and barriers first
+if [ ${#SAN[@]} -gt 0 ] && want sanitize; then  # the kernels with shared memory and barriers first
   step racecheck_attention 60 20 "${SAN[@]}" --tool racecheck "$AFTER/cuda_test_attention" "$SMALL"
   step memcheck_attention 60 20 "${SAN[@]}" --tool memcheck "$AFTER/cuda_test_attention" "$SMALL"
   step racecheck_ops 60 20 "${SAN[@]}" --tool racecheck "$AFTER/cuda_test_ops" \
@@ -179,27 +204,44 @@ PRE=(--model random:llama-3.1-8b bench prefill --lengths 3072 8192 --repeats 2 -
 TT6=(--model random:llama-3.1-8b bench ttft --tier ram --chunks 6 --chunk-tokens 512 --requests 2)
 TT20=(--model random:llama-3.1-8b bench ttft --tier ram --chunks 20 --chunk-tokens 512 --requests 2)
 PEER="$ROOT/tools/peer_torch.py"
+BAT=(--model random:llama-3.2-1b bench prefill --lengths 16 --repeats 1 --decode-context 256 --decode-tokens 16
+     --decode-batches 1 8 16 32 64)
+if want batches; then  # the Transformer's decode step alone (no runtime), by rows
+  bench batches_1b after 60 "$AFTER/blendctl" --device cuda "${BAT[@]}"
+  want gemv && BLENDSERVE_CUDA_DECODE_GEMM=gemv bench batches_1b after_gemv 60 "$AFTER/blendctl" --device cuda \
+    "${BAT[@]}"
+fi
+if want gemv; then
+  BLENDSERVE_CUDA_DECODE_GEMM=gemv bench decode_1b after_gemv 120 "$AFTER/blendctl" --device cuda "${DEC[@]}"
+fi
+if want decode; then
 bench decode_1b after 120 "$AFTER/blendctl" --device cuda "${DEC[@]}"
 # What the decode-step CUDA graphs alone are worth: the after build with them off.
 BLENDSERVE_CUDA_GRAPHS=0 bench decode_1b after_nographs 120 "$AFTER/blendctl" --device cuda "${DEC[@]}"
 [ -x "$BEFORE/blendctl" ] && bench decode_1b before 120 "$BEFORE/blendctl" --device cuda "${DEC[@]}"
-if $TORCH; then
+fi
+if $TORCH && want decode; then
   bench decode_1b torch 120 python3 "$PEER" decode --model random:llama-3.2-1b --streams 1 32 --tokens 64 \
     --prompt-tokens 256 --repeats 2
   bench decode_1b torch_graphs 150 python3 "$PEER" decode --cuda-graphs --model random:llama-3.2-1b --streams 1 32 \
     --tokens 64 --prompt-tokens 256 --repeats 2
 fi
-bench prefill_8b after 150 "$AFTER/blendctl" --device cuda "${PRE[@]}"
-[ -x "$BEFORE/blendctl" ] && bench prefill_8b before 150 "$BEFORE/blendctl" --device cuda "${PRE[@]}"
-$TORCH && bench prefill_8b torch 150 python3 "$PEER" prefill --model random:llama-3.1-8b --tokens 3072 8192 --repeats 2
-if [ ${#SAN[@]} -gt 0 ]; then
+if want ttft; then  # before the prefill when a later call runs both: what changed for TTFT is newer
+  bench ttft_8b_6 after 120 "$AFTER/blendctl" --device cuda "${TT6[@]}"
+  bench ttft_8b_20 after 120 "$AFTER/blendctl" --device cuda "${TT20[@]}"
+fi
+if want prefill; then
+  bench prefill_8b after 150 "$AFTER/blendctl" --device cuda "${PRE[@]}"
+  [ -x "$BEFORE/blendctl" ] && bench prefill_8b before 150 "$BEFORE/blendctl" --device cuda "${PRE[@]}"
+  $TORCH && bench prefill_8b torch 150 python3 "$PEER" prefill --model random:llama-3.1-8b --tokens 3072 8192 \
+    --repeats 2
+fi
+if [ ${#SAN[@]} -gt 0 ] && want sanitize; then
   step memcheck_ops 60 20 "${SAN[@]}" --tool memcheck "$AFTER/cuda_test_ops"
   step memcheck_backend 60 20 "${SAN[@]}" --tool memcheck "$AFTER/cuda_test_backend"
 fi
-bench ttft_8b_6 after 120 "$AFTER/blendctl" --device cuda "${TT6[@]}"
-bench ttft_8b_20 after 120 "$AFTER/blendctl" --device cuda "${TT20[@]}"
-[ -x "$BEFORE/blendctl" ] && bench ttft_8b_6 before 120 "$BEFORE/blendctl" --device cuda "${TT6[@]}"
-[ -x "$BEFORE/blendctl" ] && bench ttft_8b_20 before 120 "$BEFORE/blendctl" --device cuda "${TT20[@]}"
+[ -x "$BEFORE/blendctl" ] && want ttft && bench ttft_8b_6 before 120 "$BEFORE/blendctl" --device cuda "${TT6[@]}"
+[ -x "$BEFORE/blendctl" ] && want ttft && bench ttft_8b_20 before 120 "$BEFORE/blendctl" --device cuda "${TT20[@]}"
 
 status=0
 for k in "${ORDER[@]}"; do [ "${RESULT[$k]}" = pass ] || status=1; done

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Issue 39's GPU targets from one tools/gpu_ab.sh run, and the README table from them.
 
-    gpu_results.py collect BENCH.jsonl --summary GPU_AB.json [--date 2026-11-27] [--out-dir tools/gpu_results]
-        one JSON line per target into <out-dir>/<date>_<gpu>.jsonl (printed too)
-    gpu_results.py render RESULTS.jsonl [--readme README.md]
+    gpu_results.py collect BENCH.jsonl --summary GPU_AB.json --date 2026-11-27 [--out-dir tools/gpu_results]
+                   [--commit C] [--ours ENGINE] [--name NAME]
+        one JSON line per target into <out-dir>/<date>_<NAME or gpu>.jsonl (printed too);
+        --ours: the engine tag whose lines are "ours" (a variant's, e.g. after_gemm)
+    gpu_results.py render RESULTS.jsonl [--readme README.md [--block NAME]]
         the markdown table (stdout), or written into README.md between the lines
-        <!-- gpu-table:begin --> and <!-- gpu-table:end -->
+        <!-- gpu-table:begin --> and <!-- gpu-table:end --> (with --block NAME:
+        <!-- gpu-table:NAME:begin --> and <!-- gpu-table:NAME:end -->)
 
 BENCH.jsonl holds gpu_ab.sh's lines: each benchmark line of `blendctl bench ...` and of
 tools/peer_torch.py with "run" (decode_1b, prefill_8b, ttft_8b_6, ttft_8b_20) and
@@ -82,8 +85,10 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def collect(lines, summary):
-    """The target lines of one run: (target, ours, peer, peer_name, ratio, before)."""
+def collect(lines, summary, ours="after"):
+    """The target lines of one run: (target, ours, peer, peer_name, ratio, before). `ours`:
+    the engine tag of the build measured (another than "after" for a variant's run)."""
+    lines = [dict(j, engine="after") if j.get("engine") == ours else j for j in lines] if ours != "after" else lines
     rows = []
     for n in (3072, 8192):
         ours = prefill_rate(lines, "after", n)
@@ -147,10 +152,13 @@ def render(results):
     return "\n".join(lines) + "\n"
 
 
-BEGIN, END = "<!-- gpu-table:begin -->", "<!-- gpu-table:end -->"
+def markers(block):
+    tag = f"gpu-table:{block}:" if block else "gpu-table:"
+    return f"<!-- {tag}begin -->", f"<!-- {tag}end -->"
 
 
-def write_readme(path, table):
+def write_readme(path, table, block=None):
+    BEGIN, END = markers(block)
     with open(path) as f:
         text = f.read()
     if BEGIN not in text or END not in text:
@@ -170,18 +178,22 @@ def main():
     c.add_argument("--date", required=True)
     c.add_argument("--out-dir", default="tools/gpu_results")
     c.add_argument("--commit", help="the commit measured (default: the summary's; a dirty tree's is the one after)")
+    c.add_argument("--ours", default="after", help="the engine tag of the build measured (default: after)")
+    c.add_argument("--name", help="the file's name after the date (default: the GPU's)")
     r = sub.add_parser("render")
     r.add_argument("results")
     r.add_argument("--readme")
+    r.add_argument("--block", help="which table of the README: the lines <!-- gpu-table:BLOCK:begin --> and "
+                                   "<!-- gpu-table:BLOCK:end --> (default: <!-- gpu-table:begin --> ...)")
     a = ap.parse_args()
     if a.cmd == "collect":
         with open(a.summary) as f:
             summary = json.load(f)
         if a.commit:
             summary["commit"] = a.commit
-        results = collect(load_lines(a.bench), summary)
+        results = collect(load_lines(a.bench), summary, a.ours)
         gpu = re.sub(r"[^A-Za-z0-9]+", "-", summary.get("gpu") or "unknown-gpu").strip("-").lower()
-        path = f"{a.out_dir}/{a.date}_{gpu}.jsonl"
+        path = f"{a.out_dir}/{a.date}_{a.name or gpu}.jsonl"
         with open(path, "w") as f:
             for row in results:
                 f.write(json.dumps(row) + "\n")
@@ -190,7 +202,7 @@ def main():
     else:
         table = render(load_lines(a.results))
         if a.readme:
-            write_readme(a.readme, table)
+            write_readme(a.readme, table, a.block)
             print(f"gpu_results: table written into {a.readme}", file=sys.stderr)
         else:
             sys.stdout.write(table)

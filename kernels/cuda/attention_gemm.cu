@@ -95,6 +95,7 @@ void attention_gemm(const CublasHandle& cublas, const float* q, const int32_t* q
     throw std::invalid_argument("cuda attention_gemm: " + std::to_string(q_heads) + " query heads over " +
                                 std::to_string(kv.kv_heads) + " KV heads");
   if (n <= 0 || n_kv <= 0) return;
+  cublas.use_stream(stream);
   const int64_t d = kv.head_dim, group = q_heads / kv.kv_heads;
   auto* kvc = static_cast<__nv_bfloat16*>(grow(scratch.kv, static_cast<size_t>(2 * kv.kv_heads * n_kv * d) * 2));
   auto* qb = static_cast<__nv_bfloat16*>(grow(scratch.q, static_cast<size_t>(n * q_heads * d) * 2));

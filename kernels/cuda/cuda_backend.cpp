@@ -177,6 +177,21 @@ class DeviceScope {
   explicit DeviceScope(int device) { BS_CUDA_CHECK(cudaSetDevice(device)); }
 };
 
+// Which kernel computes decode-size products (up to kGemvMaxRows rows): cuBLAS padded
+// to 64 rows on the tensor cores (linear.cuh's linear_padded; the default) or, with
+// BLENDSERVE_CUDA_DECODE_GEMM=gemv, our GEMV on the CUDA cores (gemv_bf16.cuh). Both keep
+// every row's result independent of the batch; they round differently from each other.
+// Measured on an H200 (2026-11-27, 1B, the Transformer's decode step alone): one row
+// 2.32 ms padded vs 1.98 ms GEMV, 32 rows 3.37 vs 14.9 ms, 64 rows 4.41 vs 35.8 ms — the
+// GEMV's n fp32 FMAs per weight make it compute-bound from ~8 rows. So the padded
+// product serves batches; the GEMV is the choice for one stream where its 15% matters.
+bool decode_gemm_from_env() {
+  const char* v = std::getenv("BLENDSERVE_CUDA_DECODE_GEMM");
+  if (!v || std::string(v).empty() || std::string(v) == "cublas") return true;
+  if (std::string(v) == "gemv") return false;
+  throw std::invalid_argument(std::string("BLENDSERVE_CUDA_DECODE_GEMM: '") + v + "' (cublas or gemv)");
+}
+
 // Whether decode steps run as CUDA graphs: yes unless BLENDSERVE_CUDA_GRAPHS=0.
 bool graphs_from_env() {
   const char* v = std::getenv("BLENDSERVE_CUDA_GRAPHS");
@@ -203,6 +218,7 @@ class CudaBackend final : public Backend {
     cudaDeviceProp p{};
     BS_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
     kernel_id_ = std::string("cuda/sm_") + std::to_string(p.major) + std::to_string(p.minor) + "/" + p.name + "/bf16";
+    if (!decode_gemm_) kernel_id_ += "+gemv";  // short products on the CUDA cores: other rounding
     // The index flag in device memory, read into pinned host memory with the copies that
     // end in a wait (one 4-byte copy more, no extra wait).
     BS_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flag_host_), sizeof(int32_t), cudaHostAllocDefault));
@@ -359,13 +375,18 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
     const void* scratch = linear_scratch_.get();
-    if (n <= cuda::kGemvMaxRows) {
+    const void* padded_x = padded_scratch_.x.get();
+    const void* padded_y = padded_scratch_.y.get();
+    if (n <= cuda::kGemvMaxRows && decode_gemm_) {
+      cuda::linear_padded(cublas_, w, x, y, n, bias, padded_scratch_, cs());
+    } else if (n <= cuda::kGemvMaxRows) {
       cuda::gemv_bf16(w, x, y, n, bias, linear_scratch_, cs());
     } else {
       not_while_capturing("linear through cuBLAS");
       cuda::linear(cublas_, w, x, y, n, bias, linear_scratch_, cs());
     }
-    if (linear_scratch_.get() != scratch) ++generation_;  // grown: a captured step's pointer is gone
+    if (linear_scratch_.get() != scratch || padded_scratch_.x.get() != padded_x || padded_scratch_.y.get() != padded_y)
+      ++generation_;  // grown: a captured step's pointer is gone
   }
 
   void embed(const PreparedWeights& prepared, const int32_t* ids, float* out, int64_t n) override {
@@ -417,10 +438,31 @@ class CudaBackend final : public Backend {
     cuda::store_kv(device_view(kv), pos, k, v, n, cs());
   }
 
-  // A stored chunk's layer: K and V (and the view's page table) in one DMA through the
-  // stream's pinned ring into its device block, then one scatter kernel into the pages,
-  // both on that stream (the next call's DMA into the block is ordered after this
-  // scatter). Without a stream, the base class's copies on the compute stream.
+  // cudaHostRegister; a failure (memory already registered, or the driver refusing) is
+  // not an error: nullptr, and the caller copies through staging as before.
+  std::shared_ptr<void> pin_host(const void* p, int64_t bytes) override {
+    if (!p || bytes <= 0) return nullptr;
+    DeviceScope scope(device_);
+    void* at = const_cast<void*>(p);
+    if (cudaHostRegister(at, static_cast<size_t>(bytes), cudaHostRegisterDefault) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    const int device = device_;
+    return std::shared_ptr<void>(at, [device](void* q) {
+      cudaSetDevice(device);
+      (void)cudaHostUnregister(q);  // at exit the context may be gone: nothing to do then
+    });
+  }
+
+  // A stored chunk's layer: K and V (and the view's page table) in one DMA each into
+  // the stream's device block, then one scatter kernel into the pages, all on that
+  // stream (the next call's DMA into the block is ordered after this scatter). K and V
+  // in page-locked memory (a pinned RAM-tier entry: pin_host) are read in place — the
+  // caller keeps them alive until an event recorded after this completes (a loader
+  // drains its stream before it lets its readers go); others go through the stream's
+  // pinned ring (a host memcpy first). Without a stream, the base class's copies on the
+  // compute stream.
   void write_kv_block(const KvView& kv, int64_t first, int64_t m, const void* k, const void* v,
                       Stream* stream) override {
     if (first < 0 || m < 0 || first + m > kv.capacity) throw std::out_of_range("write_kv_block: rows outside the cache");
@@ -441,8 +483,13 @@ class CudaBackend final : public Backend {
       s->block = DeviceAllocation(std::max(table_at + table, 2 * s->block.bytes()));
     }
     auto* base = s->block.as<std::byte>();
-    s->ring.copy_in(base + k_at, k, static_cast<int64_t>(bytes), s->stream.get());
-    s->ring.copy_in(base + v_at, v, static_cast<int64_t>(bytes), s->stream.get());
+    if (cuda::is_page_locked(k) && cuda::is_page_locked(v)) {
+      BS_CUDA_CHECK(cudaMemcpyAsync(base + k_at, k, bytes, cudaMemcpyHostToDevice, s->stream.get()));
+      BS_CUDA_CHECK(cudaMemcpyAsync(base + v_at, v, bytes, cudaMemcpyHostToDevice, s->stream.get()));
+    } else {
+      s->ring.copy_in(base + k_at, k, static_cast<int64_t>(bytes), s->stream.get());
+      s->ring.copy_in(base + v_at, v, static_cast<int64_t>(bytes), s->stream.get());
+    }
     s->ring.copy_in(base + table_at, kv.pages, static_cast<int64_t>(table), s->stream.get());
     cuda::scatter_kv_block(cuda::device_view(kv, reinterpret_cast<const int32_t*>(base + table_at)), first, m,
                            base + k_at, base + v_at, s->stream.get());
@@ -829,6 +876,10 @@ class CudaBackend final : public Backend {
   std::mutex ops_mu_;  // the scratch below is shared by the threads that call ops
   DeviceAllocation linear_scratch_, pages_scratch_, rope_scratch_, rows_scratch_, decode_scratch_;
   cuda::AttentionGemmScratch attention_scratch_;
+  cuda::PaddedScratch padded_scratch_;
+  // Decode-size products (up to kGemvMaxRows rows) through cuBLAS padded to 64 rows
+  // (cuda::linear_padded; default), else gemv_bf16 (BLENDSERVE_CUDA_DECODE_GEMM=gemv).
+  const bool decode_gemm_ = decode_gemm_from_env();
   cuda::SampleScratch sample_scratch_;
   std::vector<std::byte> host_rows_;  // upload_rows' bytes being built
   std::vector<std::byte> rows_sent_;  // what rows_scratch_ holds (or is being sent), empty: unknown

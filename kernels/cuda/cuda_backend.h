@@ -15,9 +15,10 @@
 //   device.wait_timeout (cuda/device_waits.h: polled, never the driver's blocking
 //   call; a copy back goes through pinned memory for it).
 // - Products are bf16 x bf16 -> fp32 (weights dequantized to bf16 once, at prepare):
-//   cuBLAS for prefill-size row counts, our own GEMV (gemv_bf16.cuh) up to
-//   linear_exact_rows() rows, whose rows are bit-identical whatever the row count (a
-//   batched decode step equals one-token forwards). Precision::F32 is not supported:
+//   cuBLAS for prefill-size row counts; up to linear_exact_rows() (64) rows cuBLAS at a
+//   fixed 64 rows, padded (linear.cuh's linear_padded; BLENDSERVE_CUDA_DECODE_GEMM=gemv:
+//   our GEMV, gemv_bf16.cuh, instead), either way every row bit-identical whatever the
+//   row count (a batched decode step equals one-token forwards). Precision::F32 is not supported:
 //   choose_precision names bf16 as the alternative.
 // - Attention: decode rows and prompts of under 64 rows in fp32 over K/V widened from
 //   the cache dtype (attention_rows.cuh: flash-decoding, split by each row's length);

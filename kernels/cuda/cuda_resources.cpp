@@ -81,4 +81,13 @@ std::string device_description(int device) {
          std::to_string(p.multiProcessorCount) + " SMs, " + mem + ")";
 }
 
+bool is_page_locked(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
 }  // namespace bs::kernels::cuda

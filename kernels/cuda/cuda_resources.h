@@ -69,4 +69,9 @@ class CudaEvent {
   cudaEvent_t e_ = nullptr;
 };
 
+// Whether host memory at p is page-locked (registered with cudaHostRegister or
+// allocated pinned): a DMA can read it in place. False for pageable memory and on any
+// error (cleared).
+bool is_page_locked(const void* p);
+
 }  // namespace bs::kernels::cuda

@@ -5,12 +5,19 @@
 // decode is weight-bandwidth-bound, and 64 rows in one pass read the weights once where
 // four 16-row passes read them four times.
 //
-// Why not cuBLAS for these: every row's sum is computed in an order that does not depend
-// on how many rows there are (gemv_bf16.cu: lane l of the warp owning a feature adds the
-// products of groups l, l + 32, ... into its own partial sum with fmaf, then a fixed xor-
-// shuffle tree adds the 32 partial sums), so row i of a batch equals row i alone, bit for
-// bit — the Backend's linear_exact_rows() contract that lets a batched decode step equal
-// one-token forwards (cuBLAS picks its algorithm by shape, which changes the order). The
+// The CUDA backend's default for these is now cuBLAS at a fixed 64 rows (linear.cuh's
+// linear_padded), which keeps the same contract by fixing the shape: measured on an H200
+// (2026-11-27) this GEMV is compute-bound from ~8 rows (n fp32 FMAs per weight; a 1B
+// decode step of 32 rows 14.9 ms against 3.4 ms), and 15% faster at one row (1.98 vs
+// 2.32 ms). BLENDSERVE_CUDA_DECODE_GEMM=gemv selects it.
+//
+// Why our own kernel and not plain cuBLAS: every row's sum is computed in an order that
+// does not depend on how many rows there are (gemv_bf16.cu: lane l of the warp owning a
+// feature adds the products of groups l, l + 32, ... into its own partial sum with fmaf,
+// then a fixed xor-shuffle tree adds the 32 partial sums), so row i of a batch equals row
+// i alone, bit for bit — the Backend's linear_exact_rows() contract that lets a batched
+// decode step equal one-token forwards (cuBLAS picks its algorithm by shape, which changes
+// the order, unless the shape is fixed as linear_padded fixes it). The
 // kernel is templated on a row bucket R (1, 2, 4, ..., 64: the smallest >= n) so one row
 // keeps few registers; the loop, the fmaf order and the tree are the same in every
 // bucket, so the buckets agree bit for bit. That order is also the first version's
@@ -32,8 +39,8 @@
 // 32 groups (256 values) of each row at a time, double-buffered with cp.async: x leaves
 // L2 once per block of 8 warps x F features, n / (8 F) bytes per byte of W (4 at 64 rows,
 // 1 at 32, 0.5 at 16: under the arithmetic's time below), and each warp's x reads hit
-// shared memory, 16 bytes per lane and row without bank conflicts. A product with fewer than 256 blocks of F features per warp
-// takes F = 1 instead (parallelism over sharing).
+// shared memory, 16 bytes per lane and row without bank conflicts. A product with fewer
+// than 256 blocks of F features per warp takes F = 1 instead (parallelism over sharing).
 //
 // Compute bound: a 64-row product is 64 fmaf per weight element; an H200's fp32 FMA rate
 // (~33 T/s) is ~14 rows' worth of its weight bandwidth (~2.4 G bf16 per ms), so from ~16

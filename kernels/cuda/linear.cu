@@ -59,9 +59,16 @@ void launch_dequant(const void* stored, void* out, int64_t rows, int64_t cols, i
 
 }  // namespace
 
-CublasHandle::CublasHandle(cudaStream_t stream) {
+CublasHandle::CublasHandle(cudaStream_t stream) : workspace_(size_t{32} << 20), stream_(stream) {
   BS_CUBLAS_CHECK(cublasCreate(&h_));
   BS_CUBLAS_CHECK(cublasSetStream(h_, stream));
+  BS_CUBLAS_CHECK(cublasSetWorkspace(h_, workspace_.get(), workspace_.bytes()));
+}
+
+void CublasHandle::use_stream(cudaStream_t stream) const {
+  if (stream == stream_) return;
+  BS_CUBLAS_CHECK(cublasSetStream(h_, stream));
+  stream_ = stream;
 }
 
 CublasHandle::~CublasHandle() {
@@ -106,9 +113,46 @@ const void* activations_to_bf16(const float* x, int64_t count, DeviceAllocation&
   return scratch.get();
 }
 
+void linear_padded(const CublasHandle& cublas, const Bf16Weights& w, const float* x, float* y, int64_t n,
+                   const float* bias, PaddedScratch& scratch, cudaStream_t stream) {
+  if (n < 1 || n > kPaddedRows)
+    throw std::invalid_argument("cuda linear_padded: " + std::to_string(n) + " rows (1.." +
+                                std::to_string(kPaddedRows) + ")");
+  const size_t x_bytes = static_cast<size_t>(kPaddedRows * w.in_features) * 2;
+  const size_t y_bytes = static_cast<size_t>(kPaddedRows * w.out_features) * 4;
+  if (scratch.x.bytes() < x_bytes) {
+    scratch.x = DeviceAllocation(x_bytes);
+    BS_CUDA_CHECK(cudaMemsetAsync(scratch.x.get(), 0, x_bytes, stream));  // padding rows: zero from now on
+  }
+  if (scratch.y.bytes() < y_bytes) scratch.y = DeviceAllocation(y_bytes);
+  auto* xb = scratch.x.as<__nv_bfloat16>();
+  const int64_t count = n * w.in_features;
+  to_bf16<<<grid_for(count), kThreads, 0, stream>>>(x, xb, count);
+  BS_CUDA_CHECK(cudaGetLastError());
+  // Rows past n: zero. Rows n..63 may hold an earlier call's values (a larger n, or
+  // another product's wider rows), and a row's result does not depend on them anyway;
+  // zeroing keeps the padding finite.
+  const size_t tail = static_cast<size_t>((kPaddedRows - n) * w.in_features) * 2;
+  if (tail > 0) BS_CUDA_CHECK(cudaMemsetAsync(xb + count, 0, tail, stream));
+  cublas.use_stream(stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  BS_CUBLAS_CHECK(cublasGemmEx(cublas.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.out_features),
+                               static_cast<int>(kPaddedRows), static_cast<int>(w.in_features), &alpha, w.data.get(),
+                               CUDA_R_16BF, static_cast<int>(w.in_features), xb, CUDA_R_16BF,
+                               static_cast<int>(w.in_features), &beta, scratch.y.get(), CUDA_R_32F,
+                               static_cast<int>(w.out_features), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  BS_CUDA_CHECK(cudaMemcpyAsync(y, scratch.y.get(), static_cast<size_t>(n * w.out_features) * 4,
+                                cudaMemcpyDeviceToDevice, stream));
+  if (bias) {
+    add_bias<<<grid_for(n * w.out_features), kThreads, 0, stream>>>(y, bias, n, w.out_features);
+    BS_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
 void linear(const CublasHandle& cublas, const Bf16Weights& w, const float* x, float* y, int64_t n, const float* bias,
             DeviceAllocation& scratch, cudaStream_t stream) {
   if (n <= 0) return;
+  cublas.use_stream(stream);
   activations_to_bf16(x, n * w.in_features, scratch, stream);
   // Row-major y [n, out] = x [n, in] W^T, i.e. column-major y^T [out, n] = W [out, in] (as
   // the column-major [in, out] W^T transposed) times x^T [in, n].
