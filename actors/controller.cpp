@@ -14,6 +14,7 @@
 
 #include "actors/actor_counters.h"
 #include "actors/actors.h"
+#include "kernels/kv_view.h"
 
 namespace bs {
 namespace {
@@ -54,7 +55,11 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         r.loaded.chunk_loaded.assign(nchunks, 0);
         int64_t cached_tokens = 0;
         std::vector<int64_t> bytes_by_tier(tiers.size(), 0);
-        const int64_t token_bytes = 2 * static_cast<int64_t>(cfg.n_layers) * cfg.kv_dim() * sizeof(float);
+        // Bytes a stored token's K and V take in its entry's dtype (f16 by default: the
+        // estimate once counted 4 bytes an element, twice the load). Loaders read every
+        // KV head of an entry whatever the tensor-parallel degree, so these are the bytes
+        // moved from the tier.
+        const int64_t token_elements = 2 * static_cast<int64_t>(cfg.n_layers) * cfg.kv_dim();
         // The first tier (in lookup order) that holds a usable entry. The entry is
         // opened to check it and closed again: the tier's loader opens it to read.
         auto locate = [&](const ChunkKey& key, const std::vector<int32_t>& tokens) -> TierId {
@@ -64,7 +69,8 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
             // A hash collision or a stale entry must never be used as this chunk's KV.
             if (reader && reader->tokens() == tokens && reader->n_layers() == cfg.n_layers &&
                 reader->kv_heads() == cfg.n_kv_heads && reader->head_dim() == cfg.head_dim) {
-              bytes_by_tier[t] += static_cast<int64_t>(tokens.size()) * token_bytes;
+              bytes_by_tier[t] +=
+                  static_cast<int64_t>(tokens.size()) * token_elements * kernels::kv_dtype_bytes(reader->dtype());
               return static_cast<TierId>(t);
             }
           }

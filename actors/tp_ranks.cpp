@@ -35,13 +35,25 @@ void RankFollower::execute(const RankJob& job) {
   group_.job_done(rank_);
 }
 
+void RankFollower::missing(const std::string& what) const {
+  // A job sent before the group failed reaches this rank after rank 0 dropped the
+  // request with the failure (its load target, its decode state): the failure was
+  // counted where it happened, and this stale job is not another one. The group's
+  // communicators are replaced only once every job sent before is done, so the failed
+  // one is still this rank's here.
+  if (group_.comm(rank_).failed())
+    throw kernels::CommError("rank " + std::to_string(rank_) + ": " + what + " (the group failed before)");
+  throw std::runtime_error(what);
+}
+
 void RankFollower::prefill(const RankJob& job) {
   Request& q = requests_[job.id];
   if (job.restart || !q.begun) {
     q.target = targets_.find(job.id);
-    if (!q.target || static_cast<int>(q.target->rank_caches.size()) < rank_)
-      throw std::runtime_error("request " + std::to_string(job.id) + " has no KV cache on rank " +
-                               std::to_string(rank_));
+    if (!q.target || static_cast<int>(q.target->rank_caches.size()) < rank_) {
+      requests_.erase(job.id);
+      missing("request " + std::to_string(job.id) + " has no KV cache on rank " + std::to_string(rank_));
+    }
     q.run = parts_.engine->begin(job.plan.prompt, job.plan.loaded, q.target->rank_caches[static_cast<size_t>(rank_ - 1)],
                                  job.plan.options, 1);
     q.begun = true;
@@ -84,8 +96,7 @@ void RankFollower::decode(const std::vector<uint64_t>& ids, const std::vector<in
   for (uint64_t id : ids) {
     auto it = requests_.find(id);
     if (it == requests_.end() || !it->second.decoding)
-      throw std::runtime_error("request " + std::to_string(id) + " has no decode cache on rank " +
-                               std::to_string(rank_));
+      missing("request " + std::to_string(id) + " has no decode cache on rank " + std::to_string(rank_));
     caches.push_back(&it->second.cache);
   }
   // The logits are rank 0's to sample from; here only the caches grow (and the

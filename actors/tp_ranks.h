@@ -94,6 +94,10 @@ class RankFollower {
     double collective_s = 0;  // the prefill's waits in collectives
   };
   void prefill(const RankJob& job);
+  // Throws for per-request state this rank lacks: a CommError (not counted as a rank
+  // failure) when the group already failed — a job sent before the failure, for a
+  // request rank 0 has dropped since — else a runtime_error.
+  [[noreturn]] void missing(const std::string& what) const;
   void decode(const std::vector<uint64_t>& ids, const std::vector<int32_t>& tokens);
   void chunk(const RankJob& job);
 

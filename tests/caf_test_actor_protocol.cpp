@@ -704,8 +704,14 @@ CAF_TEST(intake_admits_only_while_the_requests_kv_pages_fit) {
 CAF_TEST(controller_plans_ram_ssd_and_missed_chunks_and_hands_the_plan_to_the_worker) {
   put(&ActorSet::controller, sys.spawn(controller, ctx.get(), h, make_counters("controller")));
   sched.run();  // the spawned actors start
-  CAF_REQUIRE(ctx->ram->put(key_of(kDocs[0]), kv_of(kDocs[0])));
-  CAF_REQUIRE(ctx->ssd->put(key_of(kDocs[1]), kv_of(kDocs[1])));
+  const auto ram_kv = kv_of(kDocs[0]);
+  CAF_REQUIRE(ctx->ram->put(key_of(kDocs[0]), ram_kv));
+  // The SSD entry in the other 16-bit dtype: the estimate counts each entry's own bytes.
+  const auto computed = kv_of(kDocs[1]);
+  auto ssd_kv = std::make_shared<ChunkKv>(*computed);
+  ssd_kv->dtype = computed->dtype == kernels::TensorType::BF16 ? kernels::TensorType::F16 : kernels::TensorType::BF16;
+  ssd_kv->set_fp32(computed->k_fp32(), computed->v_fp32());
+  CAF_REQUIRE(ctx->ssd->put(key_of(kDocs[1]), ssd_kv));
   CAF_REQUIRE(!ctx->ram->contains(key_of(kDocs[1])));
 
   const auto in = intake_output(kDocs);
@@ -722,11 +728,13 @@ CAF_TEST(controller_plans_ram_ssd_and_missed_chunks_and_hands_the_plan_to_the_wo
   const auto decision = json::parse(r.decision);
   CAF_CHECK_EQUAL(decision.at("reason").get<std::string>(), "floor");
   CAF_CHECK_EQUAL(r.options.ratio, ctx->config.blend.ratio);
-  const int64_t token_bytes = 2 * int64_t{cfg().n_layers} * cfg().kv_dim() * 4;
+  // Each token's K and V of every layer, in the entry's dtype.
+  const int64_t token_elements = 2 * int64_t{cfg().n_layers} * cfg().kv_dim();
   CAF_CHECK_EQUAL(decision.at("inputs").at("bytes_ram").get<int64_t>(),
-                  static_cast<int64_t>(r.prompt.chunks[0].size()) * token_bytes);
+                  static_cast<int64_t>(r.prompt.chunks[0].size()) * token_elements * ram_kv->elem_bytes());
   CAF_CHECK_EQUAL(decision.at("inputs").at("bytes_ssd").get<int64_t>(),
-                  static_cast<int64_t>(r.prompt.chunks[1].size()) * token_bytes);
+                  static_cast<int64_t>(r.prompt.chunks[1].size()) * token_elements * 2);
+  CAF_CHECK_EQUAL(ram_kv->elem_bytes(), kernels::kv_dtype_bytes(ctx->model->kv_dtype()));
   // The trace has the decision and the tiers by name.
   const auto trace = json::parse(ctx->traces.find(r.id)->json());
   CAF_CHECK_EQUAL(trace.at("chunk_tiers"), json({"ram", "ssd", "miss"}));
