@@ -100,31 +100,7 @@ trap finish EXIT
   python3 -c 'import torch; print("torch", torch.__version__)'; } >"$OUT/machine.txt" 2>&1
 log "machine: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 
-# step NAME CAP_S MIN_S COMMAND...: COMMAND's output in $LOGS/NAME.log, under `timeout`
-# of its cap or what is left of the budget (less 8 s for the summary); "no_time" when
-# under MIN_S is left.
-step() {
-  local name=$1 cap=$2 min=$3; shift 3
-  ORDER+=("$name")
-  local limit=$cap
-  if [ "$BUDGET" -gt 0 ]; then
-    local left=$(( BUDGET - ($(date +%s) - START) - 8 ))
-    [ "$left" -lt "$limit" ] && limit=$left
-    if [ "$limit" -lt "$min" ]; then RESULT[$name]=no_time; log "$name: skipped, ${left}s left"; return 1; fi
-  fi
-  log "$name (<= ${limit}s)"
-  local t0 rc
-  t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" >"$LOGS/$name.log" 2>&1
-  rc=$?
-  SECS[$name]=$(( $(date +%s) - t0 ))
-  case $rc in
-    0) RESULT[$name]=pass ;;
-    124|137) RESULT[$name]=timeout; log "$name: cut at ${limit}s"; tail -5 "$LOGS/$name.log" >&2 ;;
-    *) RESULT[$name]=fail; log "$name FAILED (exit $rc):"; tail -25 "$LOGS/$name.log" >&2 ;;
-  esac
-  return 0
-}
+source "$ROOT/tools/gpu_step.sh"  # step NAME CAP_S MIN_S COMMAND...
 
 # 1. the runtime libraries, into the prefix; do the binaries start?
 mkdir -p "$PREFIX"

@@ -43,7 +43,7 @@ BUDGET="${GPU_CHECK_BUDGET_S:-0}"   # 0: no overall limit
 START=$(date +%s)
 mkdir -p "$OUT" "$LOGS"
 log() { printf '[gpu-check %4ds] %s\n' "$(( $(date +%s) - START ))" "$*" >&2; }
-declare -A RESULT SECONDS_OF
+declare -A RESULT SECS
 ORDER=()
 STAGES="${*:-build tests sanitize bench profile}"
 want() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -95,31 +95,8 @@ export PKG_CONFIG_SYSROOT_DIR="$PREFIX"
 export PKG_CONFIG_LIBDIR="$LIB/pkgconfig:$PREFIX/usr/share/pkgconfig"
 PKGCONF="$PREFIX/usr/bin/pkgconf"
 
-# step NAME CAP_S MIN_S COMMAND...: runs COMMAND with its output in $LOGS/NAME.log under
-# `timeout` of its cap or what is left of the budget (less 5 s for the summary), whichever
-# is less; with under MIN_S left it does not start ("no_time"). Records pass / fail /
-# timeout and the seconds it took.
-step() {
-  local name=$1 cap=$2 min=$3; shift 3
-  ORDER+=("$name")
-  local limit=$cap
-  if [ "$BUDGET" -gt 0 ]; then
-    local left=$(( BUDGET - ($(date +%s) - START) - 5 ))
-    [ "$left" -lt "$limit" ] && limit=$left
-    if [ "$limit" -lt "$min" ]; then RESULT[$name]=no_time; log "$name: skipped, ${left}s left of the budget"; return; fi
-  fi
-  log "$name (<= ${limit}s): $*"
-  local t0 rc
-  t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" >"$LOGS/$name.log" 2>&1
-  rc=$?
-  SECONDS_OF[$name]=$(( $(date +%s) - t0 ))
-  case $rc in
-    0) RESULT[$name]=pass ;;
-    124|137) RESULT[$name]=timeout; log "$name: cut at ${limit}s (tail of its log):"; tail -20 "$LOGS/$name.log" >&2 ;;
-    *) RESULT[$name]=fail; log "$name FAILED, exit $rc (tail of its log):"; tail -20 "$LOGS/$name.log" >&2 ;;
-  esac
-}
+STEP_RESERVE_S=5
+source "$ROOT/tools/gpu_step.sh"  # step NAME CAP_S MIN_S COMMAND...
 
 # 2. configure and build the CUDA tests (Hopper only: this machine's GPU)
 step configure 120 20 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -220,7 +197,7 @@ for k in configure build "${ORDER[@]}"; do
   [[ $json == *"\"$k\":"* ]] && continue
   v=${RESULT[$k]:-not_run}
   json+=",\"$k\":\"$v\""
-  [ -n "${SECONDS_OF[$k]:-}" ] && json+=",\"${k}_s\":${SECONDS_OF[$k]}"
+  [ -n "${SECS[$k]:-}" ] && json+=",\"${k}_s\":${SECS[$k]}"
   [ "$v" = pass ] || status=1
 done
 if want tests && ! $BUILT; then json+=",\"cuda_tests\":\"not_run\""; status=1; fi
