@@ -105,8 +105,8 @@ void* pinned_at_least(std::unique_ptr<PinnedBuffer>& buffer, size_t bytes) {
 // Host bytes sent to the device through pinned buffers: each copy is appended to the
 // current pinned buffer and sent from there by an asynchronous DMA on `stream`, so the
 // caller's memory is free on return and the DMA runs while the caller goes on (a copy
-// from pageable memory is staged by the driver, synchronously, at ~10 us per small
-// copy). A full buffer is left with an event; it is written again only once that event
+// from pageable memory is staged by the driver, synchronously with the host). A full
+// buffer is left with an event; it is written again only once that event
 // completed (the ring bounds the bytes in flight at buffers * bytes), a wait bounded by
 // device.wait_timeout like every host wait of the backend. Not thread-safe: its owner
 // serialises the calls.
