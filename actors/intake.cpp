@@ -47,6 +47,22 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
   if (q.ratio) check(*q.ratio >= 0.0f && *q.ratio <= 1.0f, RequestErrc::invalid, "ratio must be in [0, 1]");
 
   const auto& model = *ctx.model;
+  const int64_t context = model.config().context_length;
+  const int64_t limit = ctx.config.max_prompt_tokens > 0 ? std::min<int64_t>(ctx.config.max_prompt_tokens, context - 1)
+                                                         : context - 1;
+  if (!q.prompt) {
+    // Before tokenizing: a text of B bytes takes at least B / (the longest token's
+    // bytes) tokens, so a prompt far over the limit is refused without encoding it
+    // (a 5 MB prompt took seconds of CPU to tokenize only to be refused).
+    size_t bytes = q.raw_prompt.size();
+    for (const auto& m : q.messages) bytes += m.content.size();
+    for (const auto& d : q.documents) bytes += d.size();
+    const size_t per_token = model.tokenizer().max_token_bytes();
+    const int64_t at_least = static_cast<int64_t>((bytes + per_token - 1) / per_token);
+    check(at_least <= limit, RequestErrc::too_long,
+          "the prompt has at least " + std::to_string(at_least) + " tokens (" + std::to_string(bytes) +
+              " bytes of text); at most " + std::to_string(limit) + " fit");
+  }
   if (q.prompt) {
     r.prompt = *q.prompt;
     for (int32_t t : r.prompt.concatenated())
@@ -59,9 +75,6 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
   }
   const int64_t n = r.prompt.size();
   check(n > 0, RequestErrc::invalid, "the prompt is empty");
-  const int64_t context = model.config().context_length;
-  const int64_t limit = ctx.config.max_prompt_tokens > 0 ? std::min<int64_t>(ctx.config.max_prompt_tokens, context - 1)
-                                                         : context - 1;
   check(n <= limit, RequestErrc::too_long,
         "the prompt has " + std::to_string(n) + " tokens; at most " + std::to_string(limit) + " fit");
   // Generation stops with "length" where the context ends.

@@ -391,6 +391,7 @@ struct Tokenizer::Impl {
   std::array<int32_t, 256> byte_token{};                 // byte -> token of its byte-level char
   std::unordered_map<uint64_t, MergeInfo, PairHash> merges;
   std::vector<int32_t> specials;                         // control/user-defined/unknown, longest first
+  size_t max_bytes = 1;                                  // the longest entry of `bytes`
 
   bool parse_always(int32_t id) const { return types[id] == 4; }  // user-defined
 
@@ -485,6 +486,7 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     } else {
       m.bytes[i] = decode_token_text(t);
     }
+    m.max_bytes = std::max(m.max_bytes, m.bytes[i].size());
   }
 
   const ByteMap& bm = byte_map();
@@ -679,6 +681,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
   }
   return out;
 }
+
+size_t Tokenizer::max_token_bytes() const { return impl_->max_bytes; }
 
 const std::string& Tokenizer::token_bytes(int32_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->bytes.size()) {

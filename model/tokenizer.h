@@ -41,6 +41,10 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool parse_special) const;
   // Raw bytes of one token (control tokens render as their text).
   const std::string& token_bytes(int32_t id) const;
+  // The most bytes of text one token stands for (the longest token_bytes): a text of B
+  // bytes takes at least ceil(B / max_token_bytes()) tokens, a bound a caller can check
+  // before it pays for encode() (a prompt far over the context is refused at once).
+  size_t max_token_bytes() const;
   std::string decode(std::span<const int32_t> ids) const;
   int32_t vocab_size() const;
   bool is_control(int32_t id) const;

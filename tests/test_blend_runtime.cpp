@@ -254,6 +254,11 @@ TEST(Runtime, BadRequestsAreRefusedWithClearErrorsAndTheRuntimeGoesOn) {
   r = ok;
   r.documents = testing::rag_cases(1)[0].documents;  // ~1000 tokens > 200
   refused(r, RequestErrc::too_long, "at most 200");
+  // Far over the limit: refused on its bytes, before it is tokenized (the message says
+  // the bound, not a count).
+  r = ok;
+  r.documents = {std::string(size_t{5} << 20, 'x')};
+  refused(r, RequestErrc::too_long, "at least");
   r = ok;
   r.raw = true;
   refused(r, RequestErrc::invalid, "raw or pre-tokenized prompt takes no messages");

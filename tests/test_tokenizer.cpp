@@ -452,6 +452,37 @@ TEST(Tokenizer, RandomizedProperties) {
   }
 }
 
+// max_token_bytes is the longest token's bytes, and no text takes fewer tokens than its
+// bytes over it (the bound the intake checks before it tokenizes a prompt): random
+// texts of the pool above, long runs of one character (BPE's longest merges), and the
+// text a token stands for, repeated.
+TEST(Tokenizer, NoTextTakesFewerTokensThanItsBytesOverTheLongestToken) {
+  REQUIRE_MODEL();
+  const Tokenizer& tok = shared()->tok;
+  size_t longest = 0;
+  int32_t longest_id = -1;
+  for (int32_t id = 0; id < tok.vocab_size(); ++id)
+    if (tok.token_bytes(id).size() > longest) longest = tok.token_bytes(id).size(), longest_id = id;
+  EXPECT_EQ(tok.max_token_bytes(), longest);
+  EXPECT_GT(longest, 4u);
+  auto check = [&](const std::string& t, bool special) {
+    const size_t at_least = (t.size() + longest - 1) / longest;
+    EXPECT_GE(tok.encode(t, special).size(), at_least) << show(t.substr(0, 40));
+  };
+  for (char c : {' ', 'a', '\n', '=', '-', '0'}) check(std::string(5000, c), false);
+  std::string repeated;
+  for (int i = 0; i < 50; ++i) repeated += tok.token_bytes(longest_id);
+  check(repeated, false);
+  check(repeated, true);
+  std::mt19937 rng(7);
+  const std::vector<std::string> pool = {"the", " ", "<|im_start|>", "\n\n", "    ", "abc", "\xC3\xA9", "42"};
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string t;
+    for (int i = 0, n = static_cast<int>(rng() % 200); i < n; ++i) t += pool[rng() % pool.size()];
+    check(t, iter % 2 == 0);
+  }
+}
+
 // ---- chat template ----------------------------------------------------------------------
 
 const char* kSmolSystem = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
