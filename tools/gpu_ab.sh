@@ -6,22 +6,24 @@
 #
 # Here:   tools/gpu_ab.sh pack [BASE_BLENDCTL]
 #           builds build-sm90/ (sm_90 only: the lent machines are Hopper) with the CUDA
-#           tests and blendctl, strips them into gpu-carry/after/, copies BASE_BLENDCTL
-#           (a blendctl of the commit before the change, built the same way, e.g. in a
-#           `git worktree` of it) into gpu-carry/before/, and the runtime .deb files our
-#           binaries need (gpu-debs/, tools/fetch_gpu_debs.sh) into gpu-carry/debs/.
-#           The binaries travel stripped and xz-packed (bins.tar.xz, ~6 MiB); gpu-carry/ is
-#           git-ignored; ~33 MiB with the tree, under the tool's 64 MiB.
-# There:  device tool run(command="GPU_AB_BUDGET_S=540 bash tools/gpu_ab.sh run",
+#           tests and blendctl and packs them stripped as after/ beside BASE_BLENDCTL (a
+#           blendctl of the commit before the change, built the same way, e.g. in a
+#           `git worktree` of it) as before/ into gpu-carry/bins.tar.xz (xz: ~40 MiB of
+#           binaries in ~5 MiB), and the runtime .deb files they need (gpu-debs/,
+#           tools/fetch_gpu_debs.sh) into gpu-carry/debs/. gpu-carry/ is git-ignored;
+#           ~31 MiB with the tree, under the tool's 64 MiB.
+# There:  device tool run(command="GPU_AB_BUDGET_S=560 bash tools/gpu_ab.sh run",
 #                         carry=["gpu-carry"], timeout_s=600)
 #
 # `run` unpacks the .debs with `dpkg -x` into /tmp/blendserve-deps (never into /), checks
 # that the carried binaries start (a machine whose system libraries differ would show it
 # here: then fall back to tools/gpu_check.sh, which builds there), then in the order of
 # what matters, each step under `timeout` with what is left of GPU_AB_BUDGET_S:
-#   1. the CUDA tests of the after build (ops, attention, backend, model);
-#   2. compute-sanitizer memcheck of the op and attention tests, racecheck of the
-#      attention tests (the kernels with shared memory);
+#   1. the CUDA tests of the after build (ops, attention, backend, model; backend and
+#      model again with the other decode-product choice);
+#   2. compute-sanitizer racecheck and memcheck of the flash attention tests, racecheck
+#      of the GEMV, kv_deviation and decode-attention tests (the kernels with shared
+#      memory and barriers); memcheck of the op and backend tests after the benchmarks;
 #   3. each benchmark of issue 39's targets with the after build, the before build and
 #      the PyTorch peers (eager; decode also captured as CUDA graphs), one after another
 #      on the same GPU: decode 1B (1 and 32 streams), prefill 8B (3072 and 8192
