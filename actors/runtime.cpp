@@ -71,9 +71,10 @@ void fit_check_layers_to_model(BlendOptions& blend, int n_layers) {
 // idle, so they never compete with the compute thread for the cores. Every actor
 // whose handlers may block runs detached, on a thread of its own: the intake
 // (tokenizing), the controller (SSD lookups: open, header read), the loaders and
-// the SSD writer (I/O), the decoder (sampling, the caller's callbacks) and the
-// inspector (the trace file). The worker, the rank workers, write-back and
-// supervisor only pass messages.
+// the SSD writer (I/O), the decoder (sampling, the caller's callbacks), the
+// inspector (the trace file) and write-back (its RAM put page-locks the entry on a
+// device backend: a driver call of milliseconds for a large chunk). The worker, the
+// rank workers and the supervisor only pass messages.
 struct RuntimeSystemConfig : caf::actor_system_config {
   RuntimeSystemConfig() {
     set("scheduler.max-threads", size_t{2});
@@ -168,7 +169,7 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
   if (name == "remote-writer")
     return put(&ActorSet::remote_writer, sys.spawn<caf::detached>(remote_writer, ctx, c));
   if (name == "layer-worker") return put(&ActorSet::worker, sys.spawn(layer_worker, ctx, h, c));
-  if (name == "write-back") return put(&ActorSet::write_back, sys.spawn(write_back, ctx, h, c));
+  if (name == "write-back") return put(&ActorSet::write_back, sys.spawn<caf::detached>(write_back, ctx, h, c));
   if (name == "decoder") return put(&ActorSet::decoder, sys.spawn<caf::detached>(decoder, ctx, h, c));
   // "rank-worker-<r>": tensor-parallel follower rank r.
   for (int r = 1; ctx->tp && r < ctx->tp->size(); ++r)

@@ -2,9 +2,10 @@
 // missed them (in the compute thread's background, after the first token) — in
 // RAM, through the SSD writer so they survive a restart, and through the remote
 // writer to the storage node (tiers.remote.write_back) so other workers find
-// them; the next request with these documents loads them. It only passes
-// messages: a RAM put is a map insert, the writes are the writers' (their queues
-// are bounded: a full one drops the entry, counted).
+// them; the next request with these documents loads them. Detached: a RAM put is a
+// map insert on the CPU backends, but on a device backend it page-locks the entry
+// first (MemoryKvStore's pinner, a driver call); the writes are the writers' (their
+// queues are bounded: a full one drops the entry, counted).
 #include <caf/all.hpp>
 
 #include "actors/actor_counters.h"
