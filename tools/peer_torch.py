@@ -230,6 +230,11 @@ class Llama:
             self._rope_len = n
         return self._cos, self._sin
 
+    def feed_forward(self, L, x):
+        """Layer L's SwiGLU feed-forward of x (normed first), as the residual to add."""
+        gate, up = F.linear(self.rms_norm(x, L["ffn_norm"]), L["w_gate_up"]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, L["w_down"])
+
     def rms_norm(self, x, w):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_EPS)
@@ -300,9 +305,7 @@ class Llama:
         x = F.embedding(ids, self.embed)
         for i, L in enumerate(self.layers):
             x = x + self.attention_at(L, self.rms_norm(x, L["attn_norm"]), cache, i, pos, cos, sin, mask)
-            h = F.linear(self.rms_norm(x, L["ffn_norm"]), L["w_gate_up"])
-            gate, up = h.chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, L["w_down"])
+            x = x + self.feed_forward(L, x)
         return F.linear(self.rms_norm(x[:, -1], self.output_norm), self.embed)
 
     def forward(self, ids, cache, start=0, rows=None, all_logits=False):
@@ -318,9 +321,7 @@ class Llama:
         x = F.embedding(ids, self.embed)
         for i, L in enumerate(self.layers):
             x = x + self.attention(L, self.rms_norm(x, L["attn_norm"]), cache, i, rows, start, cos, sin)
-            h = F.linear(self.rms_norm(x, L["ffn_norm"]), L["w_gate_up"])
-            gate, up = h.chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, L["w_down"])
+            x = x + self.feed_forward(L, x)
         if not all_logits:
             x = x[:, -1]
         return F.linear(self.rms_norm(x, self.output_norm), self.embed)
