@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "blend/rag_prompt.h"
 #include "http/api_error.h"
 #include "http/console_page.h"
+#include "http/listen_backlog.h"
 #include "http/openai_request.h"
 #include "http/server.h"
 #include "model/gguf.h"
@@ -656,6 +658,9 @@ FrontendServer::~FrontendServer() { stop(); }
 int FrontendServer::bind(const std::string& host, int port) {
   const int bound = port == 0 ? impl_->svr.bind_to_any_port(host) : (impl_->svr.bind_to_port(host, port) ? port : -1);
   if (bound < 0) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
+  // httplib listens with a backlog of 5: a burst of clients would be reset (listen_backlog.h).
+  if (raise_listen_backlog(bound) == 0)
+    std::fprintf(stderr, "blendserve: could not raise the listen backlog of port %d (stays httplib's 5)\n", bound);
   return bound;
 }
 

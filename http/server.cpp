@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <filesystem>
 #include <mutex>
 #include <random>
@@ -20,6 +21,7 @@
 #include "blend/rag_prompt.h"
 #include "http/api_error.h"
 #include "http/connection_socket.h"
+#include "http/listen_backlog.h"
 #include "http/console_page.h"
 #include "http/metrics.h"
 #include "http/openai_request.h"
@@ -577,13 +579,15 @@ Server::~Server() { stop(); }
 
 int Server::bind(const std::string& host, int port) {
   if (port == 0) {
-    const int p = impl_->svr.bind_to_any_port(host);
-    if (p <= 0) throw std::runtime_error("cannot listen on " + host + " (any port)");
-    return p;
-  }
-  if (!impl_->svr.bind_to_port(host, port))
+    port = impl_->svr.bind_to_any_port(host);
+    if (port <= 0) throw std::runtime_error("cannot listen on " + host + " (any port)");
+  } else if (!impl_->svr.bind_to_port(host, port)) {
     throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) +
                              " (in use, or not an address of this machine)");
+  }
+  // httplib listens with a backlog of 5: a burst of clients would be reset (listen_backlog.h).
+  if (raise_listen_backlog(port) == 0)
+    std::fprintf(stderr, "blendserve: could not raise the listen backlog of port %d (stays httplib's 5)\n", port);
   return port;
 }
 

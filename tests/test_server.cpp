@@ -1054,8 +1054,10 @@ TEST(ServerKvPages, ABurstBeyondTheCacheWaitsForPagesAndEveryRequestCompletes) {
   for (int i = 0; i < 16; ++i)
     burst.push_back(std::async(std::launch::async, [&, i] {
       auto c = s->client();
+      const auto t0 = std::chrono::steady_clock::now();
       auto r = post(c, "/v1/chat/completions", chat_body(questions[i % 4], {}, kAnswer).dump());
-      if (!r) return std::make_pair(-1, std::string("no response"));
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!r) return std::make_pair(-1, "no response: " + httplib::to_string(r.error()) + " after " + std::to_string(dt) + " s");
       if (r->status != 200) return std::make_pair(r->status, r->body);
       return std::make_pair(200, json::parse(r->body)["choices"][0]["message"]["content"].get<std::string>());
     }));
