@@ -22,14 +22,19 @@ namespace bs {
 using HandlesRef = std::shared_ptr<Handles>;  // filled after spawning; the supervisor replaces an actor that died
 
 struct IntakeState {
+  // The slots and pages (the ledger): each admitted request's KV pages, by id, until
+  // its release. Its size is in_flight; the sum is what the pool has reserved.
+  std::unordered_map<uint64_t, int64_t> admitted;
   std::deque<RequestPlan> queue;  // prepared, waiting for a slot, in arrival order
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> queued_at;  // by id (trace)
   static constexpr const char* name = "intake";
 };
 // Validates, tokenizes and keys a request (its record is in the RequestBook) into
 // a RequestPlan; answers its id or a runtime error. Starts it (the plan to the
-// controller), queues it (limits.max_queue) or refuses it as overloaded. Spawned
-// detached: tokenizing a long prompt takes milliseconds.
+// controller), queues it (limits.max_queue) or refuses it as overloaded. Owns the
+// slots and KV page reservations: only it takes them and gives them back (release,
+// sent by whoever ends a request). Spawned detached: tokenizing a long prompt takes
+// milliseconds, and its thread is the pool ledger's one writer.
 intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx,
                                    HandlesRef h, CountersPtr c);
 // The loading controller's measured profiles.

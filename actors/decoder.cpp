@@ -70,13 +70,10 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
   self->state.requests.erase(id);
   ctx->traces.close(id);
   self->send(h->inspector(), trace_atom::value, trace.json());
-  if (rec->admitted.load()) {
+  if (rec->admitted.exchange(false)) {
     self->send(h->worker(), end_atom::value, id);  // its cache goes
-    // The slot first, then the pages: in_flight never counts more requests than hold
-    // pages (the intake may admit the next one as soon as the pages are back).
-    ctx->in_flight.fetch_sub(1);
-    ctx->kv_pool->unreserve(rec->kv_pages.exchange(0));
-    self->send(h->intake(), release_atom::value);
+    // Its slot and pages are the intake's to give back (and to the next in its queue).
+    self->send(h->intake(), release_atom::value, id);
   }
   ctx->requests.erase(id);
   if (rec->callbacks.on_done) rec->callbacks.on_done(res);

@@ -8,6 +8,12 @@
 // unbounded latency. A request larger than the whole pool is refused as too long.
 // A queued request that is cancelled (by id, or at shutdown) leaves the queue and
 // is finished as cancelled by the decoder.
+//
+// The slots and pages are this actor's state (IntakeState::admitted, and the
+// pool's reservations, which only its thread writes): whoever ends a request sends
+// release(id), and this actor gives the slot and pages back. When it dies, the
+// supervisor fails every request and sends the new intake reconcile: it rebuilds the
+// ledger from the records still admitted.
 #include <cmath>
 
 #include <caf/all.hpp>
@@ -109,19 +115,28 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
 
 namespace {
 
+using Self = intake_actor::stateful_pointer<IntakeState>;
+
+// What the ledger says, published for readers (Runtime::in_flight, metrics).
+void publish(Self self, RuntimeContext* ctx) {
+  ctx->in_flight.store(static_cast<int>(self->state.admitted.size()));
+}
+
 // Takes a slot and the request's KV pages if both are free (only this actor takes
 // them, so what it sees free stays free until it takes it).
-bool admit(RuntimeContext* ctx, const RequestPlan& plan) {
-  return ctx->in_flight.load() < ctx->config.max_requests &&
+bool admit(Self self, RuntimeContext* ctx, const RequestPlan& plan) {
+  return static_cast<int>(self->state.admitted.size()) < ctx->config.max_requests &&
          ctx->kv_pool->try_reserve(ctx->kv_pool->pages_for(plan.cache_capacity()));
 }
 
-// Starts an admitted request: it holds its slot and pages and goes to the controller.
-void start(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx, const HandlesRef& h,
-           RequestPlan plan) {
+// Starts an admitted request: it holds its slot and pages (in this actor's ledger)
+// and goes to the controller. Its record says it is admitted: whoever ends it sends
+// the release, once (it clears `admitted` first).
+void start(Self self, RuntimeContext* ctx, const HandlesRef& h, RequestPlan plan) {
   const int64_t pages = ctx->kv_pool->pages_for(plan.cache_capacity());
   if (auto rec = ctx->requests.find(plan.id)) {
-    ctx->in_flight.fetch_add(1);  // before `admitted`: whoever ends it gives the slot back
+    self->state.admitted[plan.id] = pages;
+    publish(self, ctx);
     rec->kv_pages = pages;
     rec->admitted = true;
   } else {
@@ -130,9 +145,26 @@ void start(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx
   self->send(h->controller(), plan_atom::value, std::move(plan));
 }
 
+// The ledger rebuilt from the requests' records (a restarted intake: its
+// predecessor's ledger died with it): every record still admitted holds its slot
+// and pages; nothing else does.
+void rebuild_ledger(Self self, RuntimeContext* ctx) {
+  auto& admitted = self->state.admitted;
+  admitted.clear();
+  int64_t pages = 0;
+  for (const auto& r : ctx->requests.all())
+    if (r->admitted.load()) {
+      admitted[r->id] = r->kv_pages.load();
+      pages += r->kv_pages.load();
+    }
+  ctx->kv_pool->set_reserved(pages);
+  publish(self, ctx);
+}
+
+
 // A request that leaves the queue without running: the decoder finishes it (as
 // cancelled), which calls on_done and records its trace.
-void finish_unstarted(intake_actor::stateful_pointer<IntakeState> self, const HandlesRef& h, uint64_t id) {
+void finish_unstarted(Self self, const HandlesRef& h, uint64_t id) {
   self->send(h->decoder(), finish_atom::value, id);
 }
 
@@ -147,11 +179,33 @@ bool cancelled(RuntimeContext* ctx, uint64_t id) {
   return !rec || rec->cancelled.load();
 }
 
+// Starts queued requests while the oldest fits (or drops it: cancelled, shutting down).
+void admit_queued(Self self, RuntimeContext* ctx, const HandlesRef& h) {
+  auto& queue = self->state.queue;
+  while (!queue.empty()) {
+    const bool drop = cancelled(ctx, queue.front().id) || ctx->shutting_down.load();
+    if (!drop && !admit(self, ctx, queue.front())) break;  // the oldest waits for its slot and pages
+    RequestPlan plan = std::move(queue.front());
+    queue.pop_front();
+    end_wait(ctx, plan.id, self->state.queued_at[plan.id]);
+    self->state.queued_at.erase(plan.id);
+    if (drop) finish_unstarted(self, h, plan.id);
+    else start(self, ctx, h, std::move(plan));
+  }
+}
+
 }  // namespace
 
 intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx, HandlesRef h,
                                    CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
+  // Detached: this runs on the actor's own thread, which from now on is the only one
+  // that writes the pool's reservations. A restarted intake starts with an empty
+  // queue and the ledger rebuilt (again on reconcile, once the supervisor failed what
+  // its predecessor held).
+  ctx->kv_pool->claim_reservations();
+  ctx->queued.store(0);
+  rebuild_ledger(self, ctx);
   return {
       [=](submit_atom, uint64_t id) -> caf::result<uint64_t> {
         BusyScope busy(*c, self->mailbox().size());
@@ -159,7 +213,7 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
         // The queue is full: refused before any work (tokenizing) is spent on it.
         if (!queue.empty() && static_cast<int>(queue.size()) >= ctx->config.max_queue)
           return make_runtime_error(RequestErrc::overloaded,
-                                    "too many requests: " + std::to_string(ctx->in_flight.load()) +
+                                    "too many requests: " + std::to_string(self->state.admitted.size()) +
                                         " in flight and " + std::to_string(queue.size()) + " waiting");
         const auto rec = ctx->requests.find(id);
         if (!rec) return make_runtime_error(RequestErrc::internal, "request " + std::to_string(id) + " is not known");
@@ -177,11 +231,11 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
         trace.set("chunks", plan.prompt.chunks.size());
         trace.set("mode", mode_name(plan.options.mode));
         // Queued requests go first: a free slot with a queue is about to be theirs.
-        if (queue.empty() && admit(ctx, plan)) {
+        if (queue.empty() && admit(self, ctx, plan)) {
           start(self, ctx, h, std::move(plan));
         } else if (static_cast<int>(queue.size()) >= ctx->config.max_queue) {
           return make_runtime_error(RequestErrc::overloaded,
-                                    "too many requests: " + std::to_string(ctx->in_flight.load()) + " in flight and " +
+                                    "too many requests: " + std::to_string(self->state.admitted.size()) + " in flight and " +
                                         std::to_string(queue.size()) + " waiting (KV cache pages promised: " +
                                         std::to_string(ctx->kv_pool->reserved_pages()) + " of " +
                                         std::to_string(ctx->kv_pool->total_pages()) + ")");
@@ -192,19 +246,24 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
         }
         return id;
       },
-      [=](release_atom) {
+      [=](release_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
-        auto& queue = self->state.queue;
-        while (!queue.empty()) {
-          const bool drop = cancelled(ctx, queue.front().id) || ctx->shutting_down.load();
-          if (!drop && !admit(ctx, queue.front())) break;  // the oldest waits for its slot and pages
-          RequestPlan plan = std::move(queue.front());
-          queue.pop_front();
-          end_wait(ctx, plan.id, self->state.queued_at[plan.id]);
-          self->state.queued_at.erase(plan.id);
-          if (drop) finish_unstarted(self, h, plan.id);
-          else start(self, ctx, h, std::move(plan));
+        // Unknown: not admitted by this actor (a predecessor's request, failed when it
+        // died and left out of the rebuilt ledger), or released already.
+        auto it = self->state.admitted.find(id);
+        if (it != self->state.admitted.end()) {
+          const int64_t pages = it->second;
+          self->state.admitted.erase(it);
+          publish(self, ctx);  // the slot before the pages: in_flight never counts more than hold pages
+          ctx->kv_pool->unreserve(pages);
         }
+        admit_queued(self, ctx, h);
+      },
+      [=](reconcile_atom) {
+        BusyScope busy(*c, self->mailbox().size());
+        ctx->kv_pool->claim_reservations();
+        rebuild_ledger(self, ctx);
+        admit_queued(self, ctx, h);
       },
       [=](cancel_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());

@@ -46,7 +46,8 @@ struct DocumentKv {
 
 // intake
 using submit_atom = caf::atom_constant<caf::atom("submit")>;      // (request id) -> request id: its record is in the RequestBook
-using release_atom = caf::atom_constant<caf::atom("release")>;    // (): a running request ended, its slot is free
+using release_atom = caf::atom_constant<caf::atom("release")>;    // (request id): it ended; its slot and pages go back (intake)
+using reconcile_atom = caf::atom_constant<caf::atom("reconcile")>;// (): a restarted intake rebuilds its slot and page ledger
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;      // (request id): intake: leaves the queue; worker: stops at a boundary
 // controller
 using plan_atom = caf::atom_constant<caf::atom("plan")>;          // (RequestPlan): where each part comes from, at which ratio

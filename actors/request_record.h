@@ -26,10 +26,12 @@ struct RequestRecord {
   RuntimeRequest request;      // as submitted; nobody writes it after submit
   RequestCallbacks callbacks;  // run by whoever finishes the request
   TracePtr trace;
-  std::atomic<bool> admitted{false};   // holds one of the max_requests slots: the intake sets it
-  // KV pool pages reserved for it while admitted: the intake sets it, whoever ends the
-  // request gives them back (with the slot).
-  std::atomic<int64_t> kv_pages{0};
+  // Holds one of the max_requests slots and its KV pages, in the intake's ledger: the
+  // intake sets it when it admits the request; whoever ends the request clears it
+  // (exchange: once) and sends the intake the release. A restarted intake rebuilds its
+  // ledger from the records still admitted.
+  std::atomic<bool> admitted{false};
+  std::atomic<int64_t> kv_pages{0};  // the KV pool pages promised to it (set by the intake with `admitted`)
   std::atomic<bool> cancelled{false};  // the caller (Runtime::cancel, on_text false), shutdown, a failure
   // Set by whoever finishes the request (the decoder, or the runtime when an actor
   // that held it died): on_done runs exactly once.

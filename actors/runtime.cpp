@@ -208,12 +208,11 @@ void Runtime::Actors::fail_request(RuntimeContext* ctx, const RecordPtr& r, cons
   r->trace->set("error", why);
   ctx->traces.close(r->id);
   caf::anon_send(h->inspector(), trace_atom::value, r->trace->json());
-  if (r->admitted.load()) {
-    // The worker drops its load target and cache (a prefill stops at its next layer).
+  if (r->admitted.exchange(false)) {
+    // The worker drops its load target and cache (a prefill stops at its next layer);
+    // the intake gives back its slot and pages.
     caf::anon_send(h->worker(), end_atom::value, r->id);
-    ctx->in_flight.fetch_sub(1);  // the slot before the pages, as the decoder's finish
-    ctx->kv_pool->unreserve(r->kv_pages.exchange(0));
-    caf::anon_send(h->intake(), release_atom::value);
+    caf::anon_send(h->intake(), release_atom::value, r->id);
   }
   ctx->requests.erase(r->id);
   if (r->callbacks.on_done) r->callbacks.on_done(res);
@@ -249,9 +248,12 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
   } else if (name == "write-back") {
     // Stores in its mailbox died with it (a cache: recomputed on a miss); no request waits for them.
   } else if (name == "intake") {
-    // Its queue died with it: every request it held, queued or running, fails.
+    // Its queue and its ledger of slots and pages died with it: every request it held,
+    // queued or running, fails; then the new intake rebuilds the ledger from the
+    // records still admitted (by it, meanwhile), now that the releases it may have
+    // missed (sent to the dead one) can no longer matter.
     for (const auto& r : ctx->requests.all()) fail_request(ctx, r, failure);
-    ctx->queued.store(0);
+    caf::anon_send(h->intake(), reconcile_atom::value);
   } else if (name != "inspector") {
     // Running requests pass through the controller, worker and decoder by message:
     // any of them may have been in the dead actor's mailbox.

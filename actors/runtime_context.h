@@ -65,8 +65,9 @@ struct RuntimeContext {
   std::shared_ptr<const LlamaModel> model;  // built on `backend`, which outlives it here
   std::unique_ptr<Transformer> tf;
   // The paged KV cache of the running requests: the intake reserves a request's pages
-  // when it admits it (and the request gives them back where it ends, with its slot),
-  // the layer worker allocates its cache from them.
+  // when it admits it and gives them back on the release sent where the request
+  // ends (the pool's reservations have that one writer); the layer worker allocates
+  // its cache from them.
   std::shared_ptr<KvPagePool> kv_pool;
   std::unique_ptr<MemoryKvStore> ram;  // null when the tier is off
   std::unique_ptr<DiskKvStore> ssd;    // null when the tier is off
@@ -87,6 +88,8 @@ struct RuntimeContext {
   TraceBook traces;              // requests' timelines, closed by whoever finishes the request
   RequestBook requests;          // the front end's records of the requests not finished
   std::atomic<uint64_t> next_id{1};
+  // Published by the intake, which owns the slots, the queue and the pool's page
+  // reservations (its ledger); everyone else only reads these.
   std::atomic<int> in_flight{0};  // admitted: prefilling or decoding (<= max_requests)
   std::atomic<int> queued{0};     // prepared, waiting in the intake for a slot (<= max_queue)
   std::atomic<bool> shutting_down{false};

@@ -43,9 +43,32 @@ int64_t KvPagePool::free_pages() const {
   return static_cast<int64_t>(free_.size());
 }
 
+void KvPagePool::check_ledger_writer_locked(const char* what) {
+  if (ledger_owner_ == std::thread::id() || ledger_owner_ == std::this_thread::get_id()) return;
+  ++foreign_ledger_writes_;
+  std::fprintf(stderr, "blendserve: KV page pool: %s from a thread that does not own the reservations\n", what);
+}
+
+void KvPagePool::claim_reservations() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ledger_owner_ = std::this_thread::get_id();
+}
+
+int64_t KvPagePool::foreign_reservation_writes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return foreign_ledger_writes_;
+}
+
+void KvPagePool::set_reserved(int64_t pages) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_ledger_writer_locked("set_reserved");
+  reserved_ = std::clamp<int64_t>(pages, 0, total_pages_);
+}
+
 bool KvPagePool::try_reserve(int64_t pages) {
   if (pages < 0) throw std::invalid_argument("KV page pool: negative reservation");
   std::lock_guard<std::mutex> lock(mu_);
+  check_ledger_writer_locked("try_reserve");
   if (reserved_ + pages > total_pages_) return false;
   reserved_ += pages;
   return true;
@@ -53,6 +76,7 @@ bool KvPagePool::try_reserve(int64_t pages) {
 
 void KvPagePool::unreserve(int64_t pages) {
   std::lock_guard<std::mutex> lock(mu_);
+  check_ledger_writer_locked("unreserve");
   // A caller's bug, reported, not thrown: this runs where a request ends, which must
   // not fail; the tests check the accounting ends at zero.
   if (pages < 0 || pages > reserved_)

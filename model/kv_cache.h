@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -75,6 +76,17 @@ class KvPagePool : public std::enable_shared_from_this<KvPagePool> {
   bool try_reserve(int64_t pages);
   void unreserve(int64_t pages);
   int64_t reserved_pages() const;
+  // The ledger of promises has one writer (a server's intake actor, which owns the
+  // slots and pages): claim_reservations() makes the calling thread that writer, and
+  // from then on a try_reserve, unreserve or set_reserved from any other thread is
+  // counted (foreign_reservation_writes) and reported on stderr, still done. The
+  // runtime's protocol tests assert none. Unclaimed (a CLI, the unit tests) nothing
+  // is checked.
+  void claim_reservations();
+  int64_t foreign_reservation_writes() const;
+  // The whole ledger at once: a restarted owner's, rebuilt from the requests that
+  // still hold pages.
+  void set_reserved(int64_t pages);
 
   int64_t pages_for(int64_t positions) const { return (positions + page_positions() - 1) >> page_shift_; }
   int64_t page_positions() const { return int64_t{1} << page_shift_; }
@@ -118,6 +130,9 @@ class KvPagePool : public std::enable_shared_from_this<KvPagePool> {
   mutable std::mutex mu_;
   std::vector<int32_t> free_;  // a stack: the most recently freed page is reused first
   int64_t reserved_ = 0;
+  std::thread::id ledger_owner_;       // default: unclaimed
+  int64_t foreign_ledger_writes_ = 0;
+  void check_ledger_writer_locked(const char* what);
 };
 
 // One sequence's cache, indexed by prompt position: a page table into a pool. Its

@@ -79,7 +79,8 @@ intake_actor::behavior_type intake_double(intake_actor::pointer, Log log) {
         log->push_back("intake:submit");
         return id;
       },
-      [=](release_atom) { log->push_back("intake:release"); },
+      [=](release_atom, uint64_t) { log->push_back("intake:release"); },
+      [=](reconcile_atom) { log->push_back("intake:reconcile"); },
       [=](cancel_atom, uint64_t) { log->push_back("intake:cancel"); },
   };
 }
@@ -584,15 +585,21 @@ CAF_TEST(intake_admits_at_most_max_requests_in_flight) {
   sched.run();  // the spawned actors start
   ctx->config.max_requests = 1;
   ctx->config.max_queue = 0;  // no queue: refused at once
-  ctx->in_flight = 1;
+  auto running = new_record({kDocs[1]});
+  CAF_CHECK_EQUAL(submit(running).id.value_or(0), running->id);
+  CAF_CHECK_EQUAL(planned_by_intake().id, running->id);
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
   auto r = new_record({kDocs[0]});
   auto a = submit(r);
   check_runtime_error(a, RequestErrc::overloaded, "too many requests: 1 in flight and 0 waiting");
   disallow((plan_atom, RequestPlan), from(_).to(h->controller()));
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
-  // Once the slot is free, the same request is admitted.
-  ctx->in_flight = 0;
+  // Once the slot is free (the running request's release), the same request is admitted.
+  CAF_CHECK(running->admitted.exchange(false));
+  self->send(h->intake(), release_atom::value, running->id);
+  expect((release_atom, uint64_t), from(self).to(h->intake()).with(_, running->id));
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
   a = submit(r);
   CAF_CHECK_EQUAL(a.id.value_or(0), r->id);
   CAF_CHECK_EQUAL(planned_by_intake().id, r->id);
@@ -627,10 +634,11 @@ CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue
   auto over = new_record({kDocs[0]});
   check_runtime_error(submit(over), RequestErrc::overloaded, "1 in flight and 2 waiting");
   CAF_CHECK(!sched.has_job());
-  // The running request ends: the first queued one starts, the second still waits.
-  ctx->in_flight = 0;
-  self->send(h->intake(), release_atom::value);
-  expect((release_atom), from(self).to(h->intake()));
+  // The running request ends (whoever ends it clears `admitted` and sends the
+  // release): the first queued one starts, the second still waits.
+  CAF_CHECK(running->admitted.exchange(false));
+  self->send(h->intake(), release_atom::value, running->id);
+  expect((release_atom, uint64_t), from(self).to(h->intake()).with(_, running->id));
   const RequestPlan started = planned_by_intake();
   CAF_CHECK_EQUAL(started.id, q1->id);
   CAF_CHECK_EQUAL(started.prompt.chunks.size(), 1u);
@@ -651,12 +659,76 @@ CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue
   self->send(h->intake(), cancel_atom::value, q1->id);
   expect((cancel_atom, uint64_t), from(self).to(h->intake()).with(_, q1->id));
   CAF_CHECK(!sched.has_job());
-  // A slot with nobody waiting: nothing to start.
-  ctx->in_flight = 0;
-  self->send(h->intake(), release_atom::value);
-  expect((release_atom), from(self).to(h->intake()));
-  CAF_CHECK(!sched.has_job());
+  // A slot with nobody waiting: nothing to start. A second release of the same
+  // request changes nothing.
+  CAF_CHECK(q1->admitted.exchange(false));
+  for (int i = 0; i < 2; ++i) {
+    self->send(h->intake(), release_atom::value, q1->id);
+    expect((release_atom, uint64_t), from(self).to(h->intake()).with(_, q1->id));
+    CAF_CHECK(!sched.has_job());
+    CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
+  }
+  CAF_CHECK_EQUAL(ctx->kv_pool->reserved_pages(), 0);
+  CAF_CHECK_EQUAL(ctx->kv_pool->foreign_reservation_writes(), 0);
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"controller:plan", "controller:plan", "decoder:finish"}));
+}
+
+// The slots and pages are the intake's state. One that dies takes its ledger with
+// it; its successor rebuilds the ledger from the records still admitted (when it
+// starts, and again on the supervisor's reconcile), so a release the dead one never
+// got cannot leak a slot or pages, and a release of a request it does not hold
+// changes nothing. Nobody but the intake wrote the pool's reservations.
+CAF_TEST(a_restarted_intake_rebuilds_its_slots_and_pages_from_the_records) {
+  put(&ActorSet::intake, sys.spawn(intake, ctx.get(), h, make_counters("intake")));
+  sched.run();
+  ctx->config.max_requests = 2;
+  ctx->config.max_queue = 2;
+  auto a = new_record({kDocs[0]});
+  auto b = new_record({kDocs[1]});
+  CAF_CHECK_EQUAL(submit(a).id.value_or(0), a->id);
+  planned_by_intake();
+  CAF_CHECK_EQUAL(submit(b).id.value_or(0), b->id);
+  planned_by_intake();
+  auto& pool = *ctx->kv_pool;
+  const int64_t pa = a->kv_pages.load(), pb = b->kv_pages.load();
+  CAF_REQUIRE(pa > 0 && pb > 0);
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 2);
+  CAF_CHECK_EQUAL(pool.reserved_pages(), pa + pb);
+  // The intake dies. Meanwhile b ends: its release goes to the dead actor and is lost.
+  caf::actor dead = caf::actor_cast<caf::actor>(h->intake());
+  anon_send_exit(dead, caf::exit_reason::kill);
+  sched.run();
+  CAF_CHECK(b->admitted.exchange(false));
+  anon_send(h->intake(), release_atom::value, b->id);
+  sched.run();
+  ctx->requests.erase(b->id);
+  // The new intake: its ledger holds a alone.
+  put(&ActorSet::intake, sys.spawn(intake, ctx.get(), h, make_counters("intake")));
+  sched.run();
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
+  CAF_CHECK_EQUAL(pool.reserved_pages(), pa);
+  // A late release of b (it never held a slot here) and the reconcile change nothing.
+  self->send(h->intake(), release_atom::value, b->id);
+  expect((release_atom, uint64_t), from(self).to(h->intake()).with(_, b->id));
+  self->send(h->intake(), reconcile_atom::value);
+  expect((reconcile_atom), from(self).to(h->intake()));
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
+  CAF_CHECK_EQUAL(pool.reserved_pages(), pa);
+  // There is room for one more: admitted by the new intake, counted beside a.
+  auto c = new_record({kDocs[2]});
+  CAF_CHECK_EQUAL(submit(c).id.value_or(0), c->id);
+  planned_by_intake();
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 2);
+  CAF_CHECK_EQUAL(pool.reserved_pages(), pa + c->kv_pages.load());
+  // a and c end: everything is back.
+  for (const auto& r : {a, c}) {
+    CAF_CHECK(r->admitted.exchange(false));
+    self->send(h->intake(), release_atom::value, r->id);
+    expect((release_atom, uint64_t), from(self).to(h->intake()).with(_, r->id));
+  }
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
+  CAF_CHECK_EQUAL(pool.reserved_pages(), 0);
+  CAF_CHECK_EQUAL(pool.foreign_reservation_writes(), 0);
 }
 
 // Admission counts KV cache pages too: with the pool's pages promised to running
@@ -680,10 +752,12 @@ CAF_TEST(intake_admits_only_while_the_requests_kv_pages_fit) {
   CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
   CAF_CHECK(!r->admitted.load());
   CAF_CHECK_EQUAL(pool.reserved_pages(), others);
-  // The running requests end (their pages go back with their slots): it starts.
+  // The running requests end (their pages go back with their slots): it starts. (They
+  // held their pages outside the intake's ledger here, so the release names a request
+  // it does not know: that changes no count, and the queue still gets its try.)
   pool.unreserve(others);
-  self->send(h->intake(), release_atom::value);
-  expect((release_atom), from(self).to(h->intake()));
+  self->send(h->intake(), release_atom::value, uint64_t{0});
+  expect((release_atom, uint64_t), from(self).to(h->intake()));
   const RequestPlan started = planned_by_intake();
   CAF_CHECK_EQUAL(started.id, r->id);
   const int64_t pages = pool.pages_for(started.cache_capacity());
@@ -1331,9 +1405,11 @@ CAF_TEST(decoder_ends_a_running_request_frees_its_cache_and_slot_and_finishes_a_
   expect((start_atom, PrefillOutcome), from(self).to(h->decoder()).with(_, _));
   expect((trace_atom, std::string), from(h->decoder()).to(h->inspector()).with(_, _));
   expect((end_atom, uint64_t), from(h->decoder()).to(h->worker()).with(_, running.id));
-  expect((release_atom), from(h->decoder()).to(h->intake()));
+  expect((release_atom, uint64_t), from(h->decoder()).to(h->intake()).with(_, running.id));
   CAF_CHECK(!sched.has_job());
-  CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
+  // The slot and pages are the intake's to give back: the decoder only told it.
+  CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
+  CAF_CHECK(!rec->admitted.load());
   CAF_REQUIRE_EQUAL(results->size(), 1u);
   const auto& r = results->back();
   CAF_CHECK_EQUAL(r.finish_reason, "stop");
@@ -1351,7 +1427,6 @@ CAF_TEST(decoder_ends_a_running_request_frees_its_cache_and_slot_and_finishes_a_
   expect((finish_atom, uint64_t), from(self).to(h->decoder()).with(_, queued->id));
   expect((trace_atom, std::string), from(h->decoder()).to(h->inspector()).with(_, _));
   CAF_CHECK(!sched.has_job());
-  CAF_CHECK_EQUAL(ctx->in_flight.load(), 0);
   CAF_REQUIRE_EQUAL(results->size(), 2u);
   CAF_CHECK_EQUAL(results->back().finish_reason, "cancelled");
   CAF_CHECK(results->back().tokens.empty());
@@ -1360,12 +1435,11 @@ CAF_TEST(decoder_ends_a_running_request_frees_its_cache_and_slot_and_finishes_a_
   auto failing = intake_output({kDocs[2]});
   ctx->requests.find(failing.id)->admitted = true;
   ctx->requests.find(failing.id)->callbacks.on_done = [results](const RequestResult& r) { results->push_back(r); };
-  ctx->in_flight = 1;
   self->send(h->decoder(), start_atom::value, PrefillOutcome{failing, "loading the stored KV failed: boom", {}, 0, 0, false});
   expect((start_atom, PrefillOutcome), from(self).to(h->decoder()).with(_, _));
   expect((trace_atom, std::string), from(h->decoder()).to(h->inspector()).with(_, _));
   expect((end_atom, uint64_t), from(h->decoder()).to(h->worker()).with(_, failing.id));
-  expect((release_atom), from(h->decoder()).to(h->intake()));
+  expect((release_atom, uint64_t), from(h->decoder()).to(h->intake()).with(_, failing.id));
   CAF_REQUIRE_EQUAL(results->size(), 3u);
   CAF_CHECK_EQUAL(results->back().finish_reason, "error");
   CAF_CHECK_EQUAL(results->back().error, "loading the stored KV failed: boom");

@@ -173,6 +173,35 @@ TEST(KvPagePool, ReservationsAreAllOrNothingAndCountedApartFromCaches) {
   EXPECT_THROW(pool->try_reserve(-1), std::invalid_argument);
 }
 
+// The reservations have one writer once claimed (the server's intake): a write from
+// any other thread is counted (and still done); unclaimed, nothing is checked.
+TEST(KvPagePool, ReservationsWrittenByAThreadThatDoesNotOwnThemAreCounted) {
+  auto pool = KvPagePool::make(kLayers, kHeads, kHeadDim, 8, 4);
+  std::thread([&] { EXPECT_TRUE(pool->try_reserve(1)); }).join();
+  EXPECT_EQ(pool->foreign_reservation_writes(), 0);  // unclaimed
+  pool->claim_reservations();
+  EXPECT_TRUE(pool->try_reserve(2));
+  pool->unreserve(1);
+  EXPECT_EQ(pool->foreign_reservation_writes(), 0);
+  std::thread([&] {
+    EXPECT_TRUE(pool->try_reserve(1));
+    pool->unreserve(1);
+    pool->set_reserved(2);
+  }).join();
+  EXPECT_EQ(pool->foreign_reservation_writes(), 3);
+  EXPECT_EQ(pool->reserved_pages(), 2);
+  // The owner rebuilds the whole ledger (clamped to the pool); a new owner claims it.
+  pool->set_reserved(100);
+  EXPECT_EQ(pool->reserved_pages(), 8);
+  std::thread([&] {
+    pool->claim_reservations();
+    pool->set_reserved(0);
+  }).join();
+  EXPECT_EQ(pool->foreign_reservation_writes(), 3);
+  pool->unreserve(0);  // the old owner's thread is a foreign one now
+  EXPECT_EQ(pool->foreign_reservation_writes(), 4);
+}
+
 TEST(KvPagePool, ManyThreadsMakingAndDroppingCachesLeakNothing) {
   auto pool = KvPagePool::make(kLayers, kHeads, kHeadDim, 64, 4);
   std::vector<std::thread> threads;
