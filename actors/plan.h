@@ -5,7 +5,8 @@
 // here points into another actor's state: execution state (the cache, the layer
 // gate, decode state) is the worker's, keyed by request id (actors/load_target.h).
 // Every type has an inspect overload and messages.h registers it
-// (add_runtime_message_types), so a plan can cross nodes. No CAF here: inspect is
+// (add_runtime_message_types), so a plan could cross a process or node boundary (a
+// protocol test serializes one and reads it back; today none crosses). No CAF here: inspect is
 // a template CAF's serializers instantiate. A field added to one of these structs
 // goes into its inspect overload in the same change.
 #pragma once

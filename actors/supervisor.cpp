@@ -1,9 +1,10 @@
-// supervisor: monitors every actor of the runtime (Erlang/OTP's one-for-one). When
-// one dies, the runtime's restart hook fails what it held with a clean error (a
-// loader's requests, the queued writes of a writer, or every request when a
-// request-carrying actor died), puts a successor in its place, and this actor
-// monitors the successor. Exits of user_shutdown are the runtime stopping: nothing
-// is restarted then.
+// supervisor: monitors every actor of the runtime and restarts only the one that
+// died (Erlang/OTP's one-for-one strategy, without OTP's restart intensity limit: an
+// actor that dies again at once is restarted again). When one dies, the runtime's
+// restart hook fails what it held with a clean error (a loader's requests, the queued
+// writes of a writer, or every request when a request-carrying actor died), puts a
+// successor in its place, and this actor monitors the successor. Exits of
+// user_shutdown are the runtime stopping: nothing is restarted then.
 #include <cstdio>
 
 #include <caf/all.hpp>
