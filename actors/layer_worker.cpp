@@ -18,7 +18,7 @@
 // writing it. The outcome (PrefillOutcome: the plan, the first logits) goes to the
 // decoder, which asks for each decode step by id. Decode steps are batched
 // (continuous batching, actors/decode_batcher.h): a request's next step waits in
-// the batcher and one job runs every waiting request in one
+// the worker's own batcher and one job runs every waiting request in one
 // Transformer::decode_step; between the layers of a prefill (and of a write-back
 // compute, and of a document stored through Runtime::store_document) a due decode
 // step runs inline, so streams slow down instead of freezing. The chunks a prefill
@@ -38,6 +38,7 @@
 
 #include "actors/actor_counters.h"
 #include "actors/actors.h"
+#include "actors/decode_batcher.h"
 
 namespace bs {
 namespace {
@@ -49,6 +50,10 @@ namespace {
 // the decoder is then what every stream waits for anyway.
 constexpr auto kGather = std::chrono::milliseconds(50);
 
+// The worker's decode batcher (WorkerState::batcher): its compute jobs hold a
+// reference, so one that runs after the worker died still finds it.
+using BatcherPtr = std::shared_ptr<DecodeBatcher>;
+
 // limits.decode_interleave as a clock duration (capped at a day: "never").
 std::chrono::steady_clock::duration interleave_interval(const RuntimeContext* ctx) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -58,8 +63,8 @@ std::chrono::steady_clock::duration interleave_interval(const RuntimeContext* ct
 // One decode step for the taken entries. A cancelled request is not computed, but
 // still goes back to the decoder, which finishes it. If the batched step throws,
 // each request is stepped alone, so only the one that fails gets the error.
-void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, std::vector<DecodeBatcher::Entry> entries,
-                      bool interleaved) {
+void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& batcher,
+                      std::vector<DecodeBatcher::Entry> entries, bool interleaved) {
   std::vector<DecodeBatcher::Entry> live;
   for (auto& e : entries) {
     if (e.slot->cancelled.load()) caf::anon_send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
@@ -71,7 +76,7 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, std::vector<Deco
     if (tp && interleaved) tp->announce(RankDecision{RankDecision::Continue, {}, {}});
     return;
   }
-  ctx->decode_batcher.step_began();
+  batcher.step_began();
   const int64_t B = static_cast<int64_t>(live.size());
   const int64_t vocab = ctx->model->full_config().vocab;
   std::vector<int32_t> tokens;
@@ -129,17 +134,17 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, std::vector<Deco
 }
 
 // The compute job behind decode_atom: one batched step of the waiting requests.
-void drain_decode(RuntimeContext* ctx, const HandlesRef& h) {
+void drain_decode(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher) {
   bool more = false;
-  auto entries = ctx->decode_batcher.take(ctx->config.max_decode_batch, kGather, more);
-  if (more && !ctx->compute->submit([ctx, h] { drain_decode(ctx, h); })) {
+  auto entries = batcher->take(ctx->config.max_decode_batch, kGather, more);
+  if (more && !ctx->compute->submit([ctx, h, batcher] { drain_decode(ctx, h, batcher); })) {
     // Shutting down: whatever waits goes back to the decoder uncomputed (cancelled).
-    for (auto& e : ctx->decode_batcher.take_all()) {
+    for (auto& e : batcher->take_all()) {
       e.slot->cancelled = true;
       entries.push_back(std::move(e));
     }
   }
-  run_decode_batch(ctx, h, std::move(entries), false);
+  run_decode_batch(ctx, h, *batcher, std::move(entries), false);
 }
 
 // Between the layers of a long compute on the compute thread: one decode step
@@ -150,13 +155,13 @@ void drain_decode(RuntimeContext* ctx, const HandlesRef& h) {
 //
 // Tensor parallel: the followers wait between the same two layers for rank 0's
 // decision, so exactly one is announced here, a step or none.
-double interleave_decode(RuntimeContext* ctx, const HandlesRef& h) {
-  if (!ctx->decode_batcher.due(interleave_interval(ctx))) {
+double interleave_decode(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& batcher) {
+  if (!batcher.due(interleave_interval(ctx))) {
     if (ctx->tp) ctx->tp->announce(RankDecision{RankDecision::Continue, {}, {}});
     return 0;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  run_decode_batch(ctx, h, ctx->decode_batcher.take_now(ctx->config.max_decode_batch), true);
+  run_decode_batch(ctx, h, batcher, batcher.take_now(ctx->config.max_decode_batch), true);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -188,6 +193,7 @@ struct PrefillTask {
   };
   RequestPlan plan;
   LoadTargetPtr target;  // the cache and the gate, shared with the loaders
+  BatcherPtr batcher;    // the worker's: the decode steps due between this prefill's layers
   TracePtr trace;
   std::vector<uint64_t> loaders;  // the loaders it was sent to
   uint64_t order = 0;  // arrival: ready prefills step oldest first
@@ -222,7 +228,7 @@ using TaskPtr = std::shared_ptr<PrefillTask>;
 // Between two layers of a prefill: a due decode step of the other requests, its
 // time counted in the prefill's pauses (and in its wait for the next layer).
 void pause_for_decode(RuntimeContext* ctx, const HandlesRef& h, PrefillTask& t) {
-  const double s = interleave_decode(ctx, h);
+  const double s = interleave_decode(ctx, h, *t.batcher);
   if (s > 0) {
     ++t.pauses;
     t.pause_seconds += s;
@@ -335,6 +341,9 @@ struct WorkerState {
   std::unordered_map<uint64_t, DecodeSlotPtr> decodes;
   std::unordered_map<uint64_t, int> loads_out;  // per loader (actor id): requests it was sent and has not ended
   uint64_t arrivals = 0;
+  // Requests waiting for their next decode step (continuous batching). The worker's
+  // handlers add and forget; its compute jobs take (they hold their own reference).
+  BatcherPtr batcher = std::make_shared<DecodeBatcher>();
   bool stepping = false;      // a prefill job is queued or running on the compute thread
   bool tick_pending = false;  // a tick is on its way (while a prefill is parked or stopping)
 };
@@ -344,11 +353,11 @@ using WorkerStatePtr = std::shared_ptr<WorkerState>;
 // due decode steps between its layers (a long document must not stall the
 // streams). Tensor parallel: on every rank (rank 0 gets the whole chunk); a
 // failure stops the other ranks too.
-std::shared_ptr<const ChunkKv> compute_alone(RuntimeContext* ctx, const HandlesRef& h, const std::vector<int32_t>& tokens,
-                                             bool prefix) {
+std::shared_ptr<const ChunkKv> compute_alone(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher,
+                                             const std::vector<int32_t>& tokens, bool prefix) {
   try {
     if (ctx->tp) ctx->tp->dispatch(RankJob{RankJob::Chunk, 0, {}, false, {}, tokens, prefix});
-    const LayerWait between = [ctx, h](int) { interleave_decode(ctx, h); };
+    const LayerWait between = [ctx, h, &batcher](int) { interleave_decode(ctx, h, *batcher); };
     return prefix ? ctx->engine->compute_prefix_kv(tokens, between) : ctx->engine->compute_chunk_kv(tokens, between);
   } catch (const std::exception& e) {
     if (ctx->tp) ctx->tp->fail(e.what());
@@ -360,15 +369,16 @@ std::shared_ptr<const ChunkKv> compute_alone(RuntimeContext* ctx, const HandlesR
 // or all of them after a fallback): each alone, to the write-back actor. Every
 // mode stores what it computed: a `full` request warms the cache for the blend
 // requests after it.
-void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const RequestPlan& plan, bool fell_back) {
+void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher, const RequestPlan& plan,
+                      bool fell_back) {
   // One background job per part, so a decode step waits for at most one chunk's compute.
   auto queue = [&](const std::vector<int32_t>& tokens, const ChunkKey& key, bool prefix) {
     if (tokens.empty()) return;
     ctx->compute->submit(
-        [ctx, h, tokens, key, prefix] {
+        [ctx, h, batcher, tokens, key, prefix] {
           if (ctx->tiered->contains(key)) return;
           try {
-            auto kv = compute_alone(ctx, h, tokens, prefix);
+            auto kv = compute_alone(ctx, h, batcher, tokens, prefix);
             caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv)});
           } catch (const std::exception& e) {
             // A cache: the chunk is computed again on its next miss.
@@ -457,7 +467,7 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
   // A loader that has not stopped keeps its own reference to the target.
   ctx->load_targets.erase(t->plan.id);
   const uint64_t id = t->plan.id;
-  if (t->finished && ctx->config.write_back && !t->cancelled.load()) queue_write_back(ctx, h, t->plan, t->fell_back);
+  if (t->finished && ctx->config.write_back && !t->cancelled.load()) queue_write_back(ctx, h, w.batcher, t->plan, t->fell_back);
   out.plan = std::move(t->plan);
   caf::anon_send(h->decoder(), start_atom::value, std::move(out));
   w.prefills.erase(id);
@@ -670,6 +680,7 @@ void take_prefill(worker_actor::pointer self, RuntimeContext* ctx, const Handles
   t->deadline = t->waiting_since + load_timeout(ctx);
   t->target = std::make_shared<LoadTarget>();
   t->target->gate.reset(ctx->model->config().n_layers, {});
+  t->batcher = w->batcher;
   t->plan = std::move(plan);
   t->phase = PrefillTask::Phase::Pages;
   w->prefills[t->plan.id] = t;
@@ -739,10 +750,11 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           return;
         }
         // One drain job at a time: requests that arrive while it is queued join it.
-        if (ctx->decode_batcher.add(it->second, ask.token, ask.next) &&
-            !ctx->compute->submit([ctx, h] { drain_decode(ctx, h); })) {
+        const BatcherPtr& batcher = w->batcher;
+        if (batcher->add(it->second, ask.token, ask.next) &&
+            !ctx->compute->submit([ctx, h, batcher] { drain_decode(ctx, h, batcher); })) {
           // Shutting down: whatever waits goes back to the decoder uncomputed.
-          for (auto& e : ctx->decode_batcher.take_all())
+          for (auto& e : batcher->take_all())
             self->send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
         }
       },
@@ -754,7 +766,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           it->second->cancelled = true;  // a step that runs after this skips it (before the followers' End)
           w->decodes.erase(it);
         }
-        ctx->decode_batcher.forget(id);
+        w->batcher->forget(id);
         if (auto it = w->prefills.find(id); it != w->prefills.end()) {
           it->second->cancelled = true;
           it->second->target->gate.fail("the request ended");
@@ -774,10 +786,10 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         // the decoding streams step between its layers instead of freezing them.
         // The answer goes back through this actor (document_done): the promise is
         // delivered in its context, not on the compute thread.
-        const bool queued = ctx->compute->submit([ctx, h, tokens, key, reply] {
+        const bool queued = ctx->compute->submit([ctx, h, batcher = w->batcher, tokens, key, reply] {
           DocumentKv done{reply, KeyedKv{key, nullptr}, ""};
           try {
-            done.kv.kv = compute_alone(ctx, h, tokens, false);
+            done.kv.kv = compute_alone(ctx, h, batcher, tokens, false);
           } catch (const std::exception& e) {
             done.error = e.what();
           } catch (...) {

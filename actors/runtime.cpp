@@ -266,10 +266,9 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
       ctx->tp->comm(rank).abort(failure);
     }
     if (name == "layer-worker") {
-      // Its prefills and caches died with it: the loaders stop, waiting decode steps are dropped.
+      // Its prefills, caches and decode batcher died with it: the loaders stop.
       ctx->load_targets.for_each([&](uint64_t, LoadTarget& t) { t.gate.fail(failure); });
       ctx->load_targets.clear();
-      ctx->decode_batcher.take_all();
     }
     for (const auto& r : ctx->requests.all())
       if (r->admitted.load()) fail_request(ctx, r, failure);

@@ -11,7 +11,6 @@
 #include <memory>
 
 #include "actors/compute_thread.h"
-#include "actors/decode_batcher.h"
 #include "actors/load_target.h"
 #include "actors/plan.h"
 #include "actors/request_record.h"
@@ -83,7 +82,6 @@ struct RuntimeContext {
   // layer worker begins the prefill again with every part computed on every rank.
   std::unique_ptr<StoreBackedBlend> from_store;
   std::unique_ptr<ComputeThread> compute;
-  DecodeBatcher decode_batcher;  // requests waiting for their next decode step
   LoadTargets load_targets;      // the worker's caches and gates, for the loaders
   TraceBook traces;              // requests' timelines, closed by whoever finishes the request
   RequestBook requests;          // the front end's records of the requests not finished
