@@ -62,28 +62,37 @@ inline bool endpoint_is(int fd, bool peer, const std::string& ip, int port) {
 
 }  // namespace connection_detail
 
-// The descriptor of this process's TCP connection whose local end is
-// local_addr:local_port and whose remote end is remote_addr:remote_port, or -1.
-inline int connection_socket(const std::string& local_addr, int local_port, const std::string& remote_addr,
-                             int remote_port) {
-  if (local_port <= 0 || remote_port <= 0) return -1;
+// Calls f(fd) for each socket this process has open (/proc/self/fd) until f returns
+// true. False when /proc/self/fd cannot be read.
+template <class F>
+bool for_each_socket(F f) {
   DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
+  if (!dir) return false;
   const int own = dirfd(dir);
-  int found = -1;
   while (const dirent* e = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
     if (end == e->d_name || *end != '\0' || fd == own) continue;
     struct stat st {};
     if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    if (connection_detail::endpoint_is(static_cast<int>(fd), false, local_addr, local_port) &&
-        connection_detail::endpoint_is(static_cast<int>(fd), true, remote_addr, remote_port)) {
-      found = static_cast<int>(fd);
-      break;
-    }
+    if (f(static_cast<int>(fd))) break;
   }
   closedir(dir);
+  return true;
+}
+
+// The descriptor of this process's TCP connection whose local end is
+// local_addr:local_port and whose remote end is remote_addr:remote_port, or -1.
+inline int connection_socket(const std::string& local_addr, int local_port, const std::string& remote_addr,
+                             int remote_port) {
+  if (local_port <= 0 || remote_port <= 0) return -1;
+  int found = -1;
+  for_each_socket([&](int fd) {
+    if (connection_detail::endpoint_is(fd, false, local_addr, local_port) &&
+        connection_detail::endpoint_is(fd, true, remote_addr, remote_port))
+      found = fd;
+    return found >= 0;
+  });
   return found;
 }
 

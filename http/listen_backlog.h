@@ -13,15 +13,12 @@
 // SOMAXCONN (the kernel caps it at net.core.somaxconn), what nginx and Go do too.
 //
 // How the socket is found: 0.11.4 gives no access to its listening descriptor, so
-// this process's descriptors are scanned (/proc/self/fd) for a listening TCP socket
-// (SO_ACCEPTCONN) bound to the port. POSIX + Linux's /proc only; no httplib here.
+// this process's sockets are scanned (for_each_socket, http/connection_socket.h) for
+// a listening one (SO_ACCEPTCONN) bound to the port. POSIX + Linux's /proc only; no
+// httplib here.
 #pragma once
 
-#include <dirent.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-
-#include <cstdlib>
 
 #include "http/connection_socket.h"
 
@@ -32,26 +29,17 @@ namespace bs::http {
 // e.g. no /proc; the server then keeps httplib's backlog and works as before).
 inline int raise_listen_backlog(int port, int backlog = SOMAXCONN) {
   if (port <= 0) return 0;
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return 0;
-  const int own = dirfd(dir);
   int changed = 0;
-  while (const dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == own) continue;
-    struct stat st {};
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+  for_each_socket([&](int fd) {
     int listening = 0;
     socklen_t len = sizeof(listening);
-    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) return false;
     sockaddr_storage a{};
     socklen_t alen = sizeof(a);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&a), &alen) != 0) continue;
-    if (connection_detail::port_of(a) != port) continue;
-    if (listen(static_cast<int>(fd), backlog) == 0) ++changed;
-  }
-  closedir(dir);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &alen) != 0) return false;
+    if (connection_detail::port_of(a) == port && listen(fd, backlog) == 0) ++changed;
+    return false;  // every listener on the port
+  });
   return changed;
 }
 
