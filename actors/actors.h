@@ -75,8 +75,9 @@ bool enqueue_remote_write(RuntimeContext& ctx, const writer_actor& writer, Keyed
 // decode caches, by request id) and decides each step of the compute thread:
 // prefill layers, decode steps, write-back and document computes.
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
-rank_worker_actor::behavior_type rank_worker(rank_worker_actor::pointer self, RuntimeContext* ctx, int rank,
-                                             CountersPtr c);
+// A tensor-parallel follower rank's load targets and the door to its compute thread.
+rank_worker_actor::behavior_type rank_worker(rank_worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
+                                             int rank, CountersPtr c);
 // Stores chunks the worker computed for write-back: RAM, the SSD writer, and the
 // remote writer where tiers.remote.write_back says so.
 write_back_actor::behavior_type write_back(write_back_actor::pointer self, RuntimeContext* ctx, HandlesRef h,

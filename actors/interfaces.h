@@ -2,7 +2,9 @@
 // header, so a wrong message is a compile error. Messages: actors/messages.h.
 //
 //   caller -> intake --plan(RequestPlan)--> controller --prefill(RequestPlan)--> layer worker
-//   layer worker --load(RequestPlan)--> loaders (per tier, a pool) --layer / loadend / loadfail (id)--> layer worker
+//   layer worker --load(RequestPlan, target)--> loaders (per tier, a pool) --layer / loadend / loadfail (id)--> layer worker
+//   tensor parallel: layer worker --rankopen--> rank workers --rankok--> layer worker (then the loaders are sent);
+//     loaders --rankkv(RankKv) / rankend--> rank workers (each its heads, as values) --layer / rankend--> layer worker
 //   layer worker --start(PrefillOutcome)--> decoder --decode(id, token)--> worker --logits(id, ...)--> decoder ...
 //   decoder --end(id)--> worker (the cache is freed); decoder --release--> intake (the next queued request starts)
 //   worker: missed chunks computed alone (background) --kvready--> write-back --store--> ssd writer
@@ -33,7 +35,7 @@ using controller_actor = caf::typed_actor<caf::reacts_to<plan_atom, RequestPlan>
 
 // load: stream the plan's parts of this loader's tier into the request's load
 // target, layer by layer.
-using loader_actor = caf::typed_actor<caf::reacts_to<load_atom, RequestPlan>>;
+using loader_actor = caf::typed_actor<caf::reacts_to<load_atom, RequestPlan, LoadTargetPtr>>;
 
 // One tier's writes, apart from its reads (a write never delays a load). store:
 // write one entry; flush: answers once every store before it is written.
@@ -43,6 +45,10 @@ using worker_actor = caf::typed_actor<caf::reacts_to<prefill_atom, RequestPlan>,
                                       caf::reacts_to<layer_atom, uint64_t, int32_t>,
                                       caf::reacts_to<load_end_atom, uint64_t, uint64_t>,
                                       caf::reacts_to<load_fail_atom, uint64_t, std::string>,
+                                      caf::reacts_to<rank_opened_atom, uint64_t, int32_t, bool>,
+                                      caf::reacts_to<rank_load_end_atom, uint64_t, uint64_t, int32_t>,
+                                      caf::reacts_to<loader_down_atom, uint64_t, std::string>,
+                                      caf::reacts_to<rank_down_atom, int32_t, std::string>,
                                       caf::reacts_to<stepped_atom, uint64_t>, caf::reacts_to<tick_atom>,
                                       caf::reacts_to<cancel_atom, uint64_t>,
                                       caf::reacts_to<decode_atom, uint64_t, DecodeAsk>,
@@ -50,8 +56,11 @@ using worker_actor = caf::typed_actor<caf::reacts_to<prefill_atom, RequestPlan>,
                                       caf::replies_to<document_atom, std::vector<int32_t>>::with<KeyedKv>,
                                       caf::reacts_to<document_done_atom, DocumentKv>>;
 
-// A tensor-parallel follower rank's jobs, from rank 0 (actors/tp_ranks.h).
-using rank_worker_actor = caf::typed_actor<caf::reacts_to<rank_job_atom, RankJob>>;
+// A tensor-parallel follower rank's jobs, from rank 0 (actors/tp_ranks.h), and its
+// load targets: opened by rank 0's worker, filled by the loaders' values.
+using rank_worker_actor =
+    caf::typed_actor<caf::reacts_to<rank_job_atom, RankJob>, caf::reacts_to<rank_open_atom, uint64_t, int64_t>,
+                     caf::reacts_to<rank_kv_atom, RankKv>, caf::reacts_to<rank_load_end_atom, uint64_t, uint64_t>>;
 
 // Stores chunks computed for write-back in the tiers (RAM now, the SSD through its
 // writer). flush: answers once every store it forwarded before is written.

@@ -1,12 +1,13 @@
 // layer worker (rank 0's; tensor-parallel followers have rank workers, actors/
 // tp_ranks.h, which run what this one decides): owns the execution state of
 // the requests it runs, keyed by request id — each prefill's load target (the
-// cache and the layer gate, published for the loaders in ctx->load_targets) and
-// engine run, each decoding request's cache — and decides, one step at a time,
+// cache and the layer gate, handed to the loaders it picked in their load message)
+// and engine run, each decoding request's cache — and decides, one step at a time,
 // what the compute thread runs next. It takes a plan (RequestPlan), allocates the
 // cache from the KV page pool (the intake reserved its pages at admission; while the
-// caches of ended requests still hold them it waits, bounded by limits.load_timeout),
-// sends each tier's parts to the least busy loader of that tier's pool and
+// caches of ended requests still hold them it waits, bounded by limits.load_timeout;
+// tensor parallel, each follower's rank worker opens the request's cache on its rank
+// first), sends each tier's parts to the least busy loader of that tier's pool and
 // runs the prefill as the blend engine's steps (BlendEngine::begin / step /
 // finish): a step job computes the layers whose stored KV the loaders have
 // delivered, then hands the prefill back; one that waits for a slow tier is parked
@@ -192,7 +193,14 @@ struct PrefillTask {
     Done,       // prefilled, or failed: answered to the decoder
   };
   RequestPlan plan;
-  LoadTargetPtr target;  // the cache and the gate, shared with the loaders
+  LoadTargetPtr target;  // rank 0's cache and the gate, shared with the loaders
+  bool has_cache = false;  // target->cache came from the pool
+  // Tensor parallel, per follower rank ([rank - 1]): its cache for this request asked
+  // of its rank worker, and given (the loaders are sent once every rank has one).
+  enum class RankOpen : char { No, Asked, Open };
+  std::vector<RankOpen> rank_open;
+  // A rank that had no pages free is asked again after this (the next look), not at once.
+  std::chrono::steady_clock::time_point ask_ranks_after{};
   BatcherPtr batcher;    // the worker's: the decode steps due between this prefill's layers
   TracePtr trace;
   std::vector<uint64_t> loaders;  // the loaders it was sent to
@@ -465,7 +473,6 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
   trace_prefill(*t);
   t->trace->add_event({"worker", "prefill", -1, t->begin_s, t->trace->now_s(), 0});
   // A loader that has not stopped keeps its own reference to the target.
-  ctx->load_targets.erase(t->plan.id);
   const uint64_t id = t->plan.id;
   if (t->finished && ctx->config.write_back && !t->cancelled.load()) queue_write_back(ctx, h, w.batcher, t->plan, t->fell_back);
   out.plan = std::move(t->plan);
@@ -625,22 +632,34 @@ void on_stepped(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRe
   schedule(self, ctx, h, w);
 }
 
-// A prefill gets its cache from the KV page pool, its load target (the cache, the
-// gate) is published for the loaders, and each tier's parts go to the least busy
-// loader of the tier. False when the pool has too few free pages now (the task
-// stays in Phase::Pages).
+// A prefill gets its cache from the KV page pool (tensor parallel: every follower's
+// rank worker is asked for one from its rank's pool), then each tier's parts go to the
+// least busy loader of the tier with the load target (the cache, the gate). False
+// while a cache is missing (the task stays in Phase::Pages; asked again at the next
+// look, or when a rank answered).
 bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
             PrefillTask& t) {
-  auto cache = ctx->kv_pool->try_make_cache(t.plan.cache_capacity());
-  if (!cache) return false;
-  std::vector<KvCache> rank_caches;  // tensor parallel: every rank's, or none yet
-  for (int r = 1; ctx->tp && r < ctx->tp->size(); ++r) {
-    auto mine = ctx->tp->follower(r).kv_pool().try_make_cache(t.plan.cache_capacity());
-    if (!mine) return false;  // the pages of ended requests are still going back on that rank
-    rank_caches.push_back(std::move(*mine));
+  if (!t.has_cache) {
+    auto cache = ctx->kv_pool->try_make_cache(t.plan.cache_capacity());
+    if (!cache) return false;
+    t.target->cache = std::move(*cache);
+    t.has_cache = true;
   }
-  t.target->cache = std::move(*cache);
-  t.target->rank_caches = std::move(rank_caches);
+  using RankOpen = PrefillTask::RankOpen;
+  const int ranks = ctx->tp ? ctx->tp->size() : 1;
+  t.rank_open.resize(static_cast<size_t>(ranks - 1), RankOpen::No);
+  bool all_open = true;
+  const bool may_ask = std::chrono::steady_clock::now() >= t.ask_ranks_after;
+  for (int r = 1; r < ranks; ++r) {
+    auto& state = t.rank_open[static_cast<size_t>(r - 1)];
+    if (state == RankOpen::No && may_ask) {
+      self->send(h->rank_worker(r), rank_open_atom::value, t.plan.id, t.plan.cache_capacity());
+      state = RankOpen::Asked;
+    }
+    all_open = all_open && state == RankOpen::Open;
+  }
+  if (!all_open) return false;
+  t.target->ranks = ranks;
   t.phase = PrefillTask::Phase::Ready;
   t.waiting_since = std::chrono::steady_clock::now();
   t.deadline = t.waiting_since + load_timeout(ctx);
@@ -661,10 +680,9 @@ bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h
     t.loaders.push_back(best.id());
     ++w->loads_out[best.id()];
   }
-  t.target->gate.reset(ctx->model->config().n_layers, t.loaders);
+  t.target->gate.reset(ctx->model->config().n_layers, t.loaders, ranks);
   if (!t.error.empty()) t.target->gate.fail(t.error);
-  ctx->load_targets.put(t.plan.id, t.target);
-  for (const auto& l : picked) self->send(l, load_atom::value, t.plan);
+  for (const auto& l : picked) self->send(l, load_atom::value, t.plan, t.target);
   return true;
 }
 
@@ -694,6 +712,10 @@ void take_prefill(worker_actor::pointer self, RuntimeContext* ctx, const Handles
 worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   auto w = std::make_shared<WorkerState>();
+  // The worker's load targets die with it: their loaders stop at their next layer.
+  self->attach_functor([w](const caf::error&) {
+    for (auto& [id, t] : w->prefills) t->target->gate.fail("the layer worker stopped");
+  });
   // The load target of a prefill in flight (null when it ended): where the loaders' messages land.
   auto target_of = [w](uint64_t id) -> LoadTarget* {
     auto it = w->prefills.find(id);
@@ -714,6 +736,50 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         auto out = w->loads_out.find(loader);
         if (out != w->loads_out.end() && --out->second <= 0) w->loads_out.erase(out);
         if (auto* t = target_of(id)) t->gate.loader_done(loader);
+        schedule(self, ctx, h, w);
+      },
+      [=](rank_opened_atom, uint64_t id, int32_t rank, bool ok) {
+        BusyScope busy(*c, self->mailbox().size());
+        auto it = w->prefills.find(id);
+        const size_t r = static_cast<size_t>(rank - 1);
+        if (it == w->prefills.end() || rank < 1 || r >= it->second->rank_open.size()) return;
+        // Not yet: that rank's pages of ended requests are still going back; asked
+        // again at the next look (poll_interval), not in a loop of messages.
+        it->second->rank_open[r] = ok ? PrefillTask::RankOpen::Open : PrefillTask::RankOpen::No;
+        if (!ok) it->second->ask_ranks_after = std::chrono::steady_clock::now() + poll_interval(ctx);
+        schedule(self, ctx, h, w);
+      },
+      [=](rank_load_end_atom, uint64_t id, uint64_t loader, int32_t rank) {
+        BusyScope busy(*c, self->mailbox().size());
+        if (auto* t = target_of(id)) t->gate.loader_done(loader, rank);
+        schedule(self, ctx, h, w);
+      },
+      [=](loader_down_atom, uint64_t loader, const std::string& why) {
+        BusyScope busy(*c, self->mailbox().size());
+        // The layers its requests wait for will not come, and nothing writes their
+        // caches for it any more (a value it sent a follower before it died still
+        // lands there, in a cache nobody computes from: the request fails).
+        w->loads_out.erase(loader);
+        for (auto& [id, t] : w->prefills)
+          if (t->target->gate.holds(loader)) {
+            t->target->gate.fail(why);
+            t->target->gate.loader_gone(loader);
+          }
+        schedule(self, ctx, h, w);
+      },
+      [=](rank_down_atom, int32_t rank, const std::string& why) {
+        BusyScope busy(*c, self->mailbox().size());
+        // Its targets died with it: the prefills loading there fail; one still
+        // waiting for its cache there asks the new rank worker.
+        const size_t r = static_cast<size_t>(rank - 1);
+        for (auto& [id, t] : w->prefills) {
+          if (t->phase == PrefillTask::Phase::Pages) {
+            if (r < t->rank_open.size()) t->rank_open[r] = PrefillTask::RankOpen::No;
+            continue;
+          }
+          t->target->gate.fail(why);
+          t->target->gate.rank_gone(rank);
+        }
         schedule(self, ctx, h, w);
       },
       [=](load_fail_atom, uint64_t id, const std::string& why) {

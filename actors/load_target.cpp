@@ -18,11 +18,15 @@ std::vector<std::shared_ptr<kernels::Event>> LayerEvents::take(int layer) {
   return out;
 }
 
-void LayerGate::reset(int n_layers, std::vector<uint64_t> loaders) {
+void LayerGate::reset(int n_layers, std::vector<uint64_t> loaders, int ranks) {
   std::lock_guard<std::mutex> lock(mu_);
   arrived_.assign(static_cast<size_t>(n_layers), 0);
-  expected_ = static_cast<int>(loaders.size());
-  loaders_ = std::move(loaders);
+  loaders_ = static_cast<int>(loaders.size());
+  ranks_ = std::max(ranks, 1);
+  expected_ = loaders_ * ranks_;
+  pending_.clear();
+  for (uint64_t l : loaders)
+    for (int r = 0; r < ranks_; ++r) pending_.push_back({l, r});
   failure_.clear();
   recoverable_ = false;
 }
@@ -35,10 +39,26 @@ void LayerGate::arrive(int layer) {
   cv_.notify_all();
 }
 
-void LayerGate::loader_done(uint64_t loader) {
+void LayerGate::loader_done(uint64_t loader, int rank) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    std::erase(loaders_, loader);
+    std::erase(pending_, Pending{loader, rank});
+  }
+  cv_.notify_all();
+}
+
+void LayerGate::loader_gone(uint64_t loader) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(pending_, [&](const Pending& p) { return p.loader == loader; });
+  }
+  cv_.notify_all();
+}
+
+void LayerGate::rank_gone(int rank) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(pending_, [&](const Pending& p) { return p.rank == rank; });
   }
   cv_.notify_all();
 }
@@ -74,7 +94,7 @@ bool LayerGate::delivered(int layer) const {
 
 bool LayerGate::loaders_done() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return loaders_.empty();
+  return pending_.empty();
 }
 
 bool LayerGate::wait_for(int layer, std::chrono::steady_clock::duration timeout) {
@@ -87,48 +107,22 @@ bool LayerGate::wait_for(int layer, std::chrono::steady_clock::duration timeout)
 
 bool LayerGate::wait_loaders_done_for(std::chrono::steady_clock::duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return loaders_.empty(); });
+  return cv_.wait_for(lock, timeout, [&] { return pending_.empty(); });
 }
 
 bool LayerGate::holds(uint64_t loader) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return std::find(loaders_.begin(), loaders_.end(), loader) != loaders_.end();
+  return std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.loader == loader; });
 }
 
 int LayerGate::loaders() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return expected_;
+  return loaders_;
 }
 
-void LoadTargets::put(uint64_t id, LoadTargetPtr t) {
+int LayerGate::ranks() const {
   std::lock_guard<std::mutex> lock(mu_);
-  targets_[id] = std::move(t);
-}
-
-LoadTargetPtr LoadTargets::find(uint64_t id) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = targets_.find(id);
-  return it == targets_.end() ? nullptr : it->second;
-}
-
-void LoadTargets::erase(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  targets_.erase(id);
-}
-
-void LoadTargets::clear() {
-  std::lock_guard<std::mutex> lock(mu_);
-  targets_.clear();
-}
-
-void LoadTargets::for_each(const std::function<void(uint64_t, LoadTarget&)>& f) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [id, t] : targets_) f(id, *t);
-}
-
-size_t LoadTargets::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return targets_.size();
+  return ranks_;
 }
 
 }  // namespace bs

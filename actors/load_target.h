@@ -1,17 +1,23 @@
-// What loaders write and the worker computes over, for one request: the cache
-// (one per rank, tensor parallel) and the layer gate between them. The layer worker owns both (it allocates the
-// cache from the KV page pool when it launches the prefill and drops it, its pages
-// back to the pool, when the request ends); it
-// publishes the pair in the runtime's LoadTargets under the request id, where the
-// request's loaders (told the id by message) find it. A loader holds its own
-// reference while it writes, so memory stays valid for a loader that has not
-// stopped yet when the worker drops the request. Plain C++ (no CAF).
+// What a request's loaders deliver into and the worker computes over, on one rank:
+// the cache and the layer gate between them.
+//
+// Rank 0 (the only rank at tp 1): the layer worker owns the target. It allocates the
+// cache from the KV page pool when it launches the prefill, hands the loaders it
+// picked a reference in their load message (no table to find it in), and drops it,
+// its pages back to the pool, when the request ends. A loader holds its reference
+// while it writes, so the memory stays valid for a loader that has not stopped yet.
+//
+// Tensor parallel, ranks 1..: each follower's rank worker owns that rank's targets
+// (RankTarget: a cache from the rank's own pool, the rank's copy events). Loaders
+// send it the rank's KV heads of each layer as values (RankKv) and it copies them on
+// the rank's copy stream; nothing outside the rank writes its caches. The gate on
+// rank 0 counts every rank's delivery: a layer may be computed once every loader
+// delivered it to every rank. Plain C++ (no CAF).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -38,33 +44,47 @@ class LayerGate {
     // the load itself broke (a loader died, a timeout): the request fails.
     bool recoverable;
   };
-  // n_layers to deliver, by each of `loaders` (their actor ids).
-  void reset(int n_layers, std::vector<uint64_t> loaders);
-  void arrive(int layer);              // one loader delivered `layer`
-  void loader_done(uint64_t loader);   // that loader ended its work on this request (idempotent)
+  // n_layers to deliver, by each of `loaders` (their actor ids) to each of `ranks`
+  // (tensor parallel: rank 0 and every follower; 1 at tp 1).
+  void reset(int n_layers, std::vector<uint64_t> loaders, int ranks = 1);
+  void arrive(int layer);  // one loader delivered `layer` to one rank
+  // That loader ended its work on this request on `rank` (idempotent): no more writes
+  // from it there.
+  void loader_done(uint64_t loader, int rank = 0);
+  // The loader is gone (it died): done on every rank.
+  void loader_gone(uint64_t loader);
+  // The rank's deliveries will not come (its rank worker died): done for every loader.
+  void rank_gone(int rank);
   void fail(const std::string& why, bool recoverable = false);  // the first failure wins
   bool failed() const;                 // loaders look before each layer and stop
   // Without waiting: the failure (why, and whether it is recoverable), if any.
   bool failure(std::string& why, bool& recoverable) const;
   // Without waiting: every loader delivered `layer`.
   bool delivered(int layer) const;
-  // Without waiting: no loader writes the cache any more.
+  // Without waiting: no loader writes the cache any more (on any rank).
   bool loaders_done() const;
   // Waits at most `timeout` for `layer`: true when it is there; throws LoadFailed.
   bool wait_for(int layer, std::chrono::steady_clock::duration timeout);
   // Waits at most `timeout` until every loader is done (no loader writes the cache
   // any more): true when they are.
   bool wait_loaders_done_for(std::chrono::steady_clock::duration timeout);
-  // The loader was sent this request and has not ended its work on it.
+  // The loader was sent this request and has not ended its work on it (on some rank).
   bool holds(uint64_t loader) const;
-  int loaders() const;
+  int loaders() const;  // loaders the request was sent to
+  int ranks() const;
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  struct Pending {
+    uint64_t loader;
+    int rank;
+    bool operator==(const Pending&) const = default;
+  };
   std::vector<int> arrived_;
-  std::vector<uint64_t> loaders_;  // not done yet
-  int expected_ = 0;
+  std::vector<Pending> pending_;  // (loader, rank) not done yet
+  int loaders_ = 0, ranks_ = 1;
+  int expected_ = 0;  // deliveries per layer: loaders_ * ranks_
   std::string failure_;
   bool recoverable_ = false;
 };
@@ -87,30 +107,22 @@ class LayerEvents {
 
 struct LoadTarget {
   KvCache cache;   // capacity: the prompt and max_tokens; loaders write their parts' rows
-  LayerGate gate;  // which layers every loader delivered; a failure stops them
+  LayerGate gate;  // which layers every loader delivered to every rank; a failure stops them
   LayerEvents copied;  // per layer, the loaders' copy events (rank 0's backend)
-  // Tensor parallel: the caches of ranks 1.. ([rank - 1]), each holding its KV heads
-  // (`cache` is rank 0's); loaders write every rank's slice of a layer before they
-  // report it delivered. Empty at tp 1.
-  std::vector<KvCache> rank_caches;
+  // Tensor parallel: the ranks the loaders deliver to (rank 0 here, ranks 1.. through
+  // their rank workers as values); 1 at tp 1.
+  int ranks = 1;
 };
 using LoadTargetPtr = std::shared_ptr<LoadTarget>;
 
-// The worker's load targets by request id (thread-safe): the worker puts and
-// erases, loaders find, the supervisor fails the gates a dead loader held.
-class LoadTargets {
- public:
-  void put(uint64_t id, LoadTargetPtr t);
-  LoadTargetPtr find(uint64_t id) const;  // null when the worker dropped the request
-  void erase(uint64_t id);
-  void clear();
-  // Calls f on every target (under the lock: f must not call back into this).
-  void for_each(const std::function<void(uint64_t, LoadTarget&)>& f) const;
-  size_t size() const;
-
- private:
-  mutable std::mutex mu_;
-  std::unordered_map<uint64_t, LoadTargetPtr> targets_;
+// A follower rank's half of a load target, owned by that rank's worker actor
+// (actors/rank_worker.cpp): its cache (the rank's KV heads, from the rank's pool) and
+// the copy events of what it wrote there. The rank's compute thread holds a reference
+// while a prefill job runs over it and waits for a layer's events before computing it.
+struct RankTarget {
+  KvCache cache;
+  LayerEvents copied;
 };
+using RankTargetPtr = std::shared_ptr<RankTarget>;
 
 }  // namespace bs

@@ -1,9 +1,11 @@
 // loader (a pool per stored tier): streams the KV of a plan's parts that come
 // from its tier into the request's load target (actors/load_target.h: the cache
-// the worker allocated, found by request id; tensor parallel, each rank's cache
-// gets its heads of the layer read once) one layer at a time, all parts of
+// the worker allocated and sent with the plan) one layer at a time, all parts of
 // layer l before layer l+1, and tells the worker after each layer, so the worker
-// computes layer l while this reads l+1. Each part is opened here (the controller
+// computes layer l while this reads l+1. Tensor parallel, each layer is read once:
+// rank 0's heads go into the target here, each follower's heads go to that rank's
+// worker as a value (RankKv), which copies them into the rank's own cache and tells
+// the worker; this loader never writes a follower's memory. Each part is opened here (the controller
 // only looked); one that is gone or changed since, or a slice that fails its read
 // or checksum (the SSD loader reads each layer slice with one pread, O_DIRECT when
 // configured), fails the request's load as recoverable (the worker then redoes the
@@ -27,17 +29,25 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 void load_request(loader_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, TierId tier,
-                  const RequestPlan& r, kernels::Stream& copy_stream) {
+                  const RequestPlan& r, const LoadTargetPtr& target, kernels::Stream& copy_stream) {
   const uint64_t me = self->id();
-  // Stored chunks hold every KV head, whatever the tensor-parallel degree.
+  // Stored chunks hold every KV head, whatever the tensor-parallel degree; each of
+  // the target's ranks gets rank_heads of them (a contiguous run of the layer).
   const auto& cfg = ctx->model->full_config();
-  const int rank_heads = ctx->model->config().n_kv_heads;
+  const int ranks = std::max(target->ranks, 1);
+  const int rank_heads = cfg.n_kv_heads / ranks;
   const StoredTier& stored = ctx->tiers[static_cast<size_t>(tier)];
   const std::string actor = "loader-" + stored.name;
   const auto trace = ctx->traces.find(r.id);
-  const LoadTargetPtr target = ctx->load_targets.find(r.id);
-  auto end = [&] { self->send(h->worker(), load_end_atom::value, r.id, me); };
-  if (!target) return end();  // the worker dropped the request already
+  // The followers' workers, told when this loader is done with the request: nothing
+  // more of it comes to them (they tell the worker, after what they were sent).
+  std::vector<rank_worker_actor> followers;
+  for (int k = 1; k < ranks; ++k) followers.push_back(h->rank_worker(k));
+  auto end = [&] {
+    for (const auto& f : followers)
+      if (f) self->send(f, rank_load_end_atom::value, r.id, me);
+    self->send(h->worker(), load_end_atom::value, r.id, me);
+  };
   const bool promote = ctx->ram && stored.store != ctx->ram.get();
   struct Part {
     int64_t offset, length;
@@ -75,6 +85,7 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   int64_t bytes = 0;
   double busy = 0;
   bool failed = false, stopped = false;
+  std::vector<RankKv> to_ranks(followers.size());
   for (int l = 0; l < cfg.n_layers && !failed; ++l) {
     if (target->gate.failed()) {
       // Nobody will compute this request's layers: stop reading.
@@ -86,6 +97,7 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
     const auto t0 = clock_type::now();
     const double begin = trace->now_s();
     int64_t layer_bytes = 0;
+    for (auto& out : to_ranks) out = RankKv{r.id, l, me, {}};
     for (auto& p : parts) {
       auto& reader = *p.reader;
       const std::byte* k = reader.k_view(l);
@@ -110,16 +122,23 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
         k = sk;
         v = sv;
       }
-      // Read once, each rank's heads (a contiguous run of the layer) into its cache;
-      // rank 0's on this loader's copy stream (tensor parallel runs on CPU backends only,
-      // whose copies are done when issued).
+      // Read once: rank 0's heads into its cache on this loader's copy stream, each
+      // follower's heads (the next runs of the layer) copied out as a value.
       copy_chunk_layer(k, v, reader.dtype(), p.length, l, p.offset, target->cache, 0, &copy_stream);
-      for (size_t r = 0; r < target->rank_caches.size(); ++r)
-        copy_chunk_layer(k, v, reader.dtype(), p.length, l, p.offset, target->rank_caches[r],
-                         static_cast<int>(r + 1) * rank_heads);
+      const size_t head_bytes = static_cast<size_t>(reader.layer_bytes()) / static_cast<size_t>(cfg.n_kv_heads);
+      const size_t run = head_bytes * static_cast<size_t>(rank_heads);
+      for (size_t f = 0; f < to_ranks.size(); ++f) {
+        const size_t from = (f + 1) * run;
+        const auto* kc = reinterpret_cast<const char*>(k) + from;
+        const auto* vc = reinterpret_cast<const char*>(v) + from;
+        to_ranks[f].parts.push_back(RankKvPart{p.offset, p.length, static_cast<int32_t>(reader.dtype()),
+                                               std::vector<char>(kc, kc + run), std::vector<char>(vc, vc + run)});
+      }
       layer_bytes += 2 * reader.layer_bytes();
     }
     if (failed) break;
+    for (size_t f = 0; f < to_ranks.size(); ++f)
+      if (followers[f]) self->send(followers[f], rank_kv_atom::value, std::move(to_ranks[f]));
     // The worker's compute waits for this event before layer l (on the device).
     auto copied = std::shared_ptr<kernels::Event>(ctx->backend->make_event());
     ctx->backend->record(*copied, &copy_stream);
@@ -158,9 +177,9 @@ loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* c
   // This loader's copies into device memory go on its own stream (kernels/device_memory.h).
   std::shared_ptr<kernels::Stream> copy_stream = ctx->backend->make_stream();
   return {
-      [=](load_atom, const RequestPlan& r) {
+      [=](load_atom, const RequestPlan& r, const LoadTargetPtr& target) {
         BusyScope busy(*c, self->mailbox().size());
-        load_request(self, ctx, h, tier, r, *copy_stream);
+        load_request(self, ctx, h, tier, r, target, *copy_stream);
       },
   };
 }

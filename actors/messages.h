@@ -1,11 +1,12 @@
 // Every message the runtime's actors exchange, in one place: atoms name the
 // messages, and the payload types are declared here. Requests travel as values:
-// ids, RequestPlan, PrefillOutcome and DecodeStep (actors/plan.h), RankJob
-// (actors/rank_job.h) — each
+// ids, RequestPlan, PrefillOutcome and DecodeStep (actors/plan.h), RankJob and
+// RankKv (actors/rank_job.h) — each
 // serializable through its inspect overload and registered with the actor system
-// by add_runtime_message_types(), so a plan can cross nodes. Two payloads never
-// leave the process and are declared allowed-unsafe instead: KV buffers (KeyedKv,
-// shared chunk KV on its way to a tier) and the inspector's counters. Typed
+// by add_runtime_message_types(), so a plan (and what a follower rank is sent) can
+// cross nodes. Payloads that never leave rank 0's process are declared
+// allowed-unsafe instead: KV buffers (KeyedKv, shared chunk KV on its way to a tier;
+// the load target the worker hands its loaders) and the inspector's counters. Typed
 // interfaces: actors/interfaces.h.
 #pragma once
 
@@ -22,6 +23,7 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_counters.h"
+#include "actors/load_target.h"
 #include "actors/plan.h"
 #include "actors/rank_job.h"
 #include "actors/request.h"
@@ -54,7 +56,7 @@ using plan_atom = caf::atom_constant<caf::atom("plan")>;          // (RequestPla
 using profile_atom = caf::atom_constant<caf::atom("profile")>;    // (source, units, seconds): bytes for a tier, row-layers for "compute"
 using get_profile_atom = caf::atom_constant<caf::atom("getprof")>;// () -> profile JSON
 // loaders and writers
-using load_atom = caf::atom_constant<caf::atom("load")>;          // (RequestPlan): stream this tier's parts into the request's load target
+using load_atom = caf::atom_constant<caf::atom("load")>;          // (RequestPlan, LoadTargetPtr): stream this tier's parts into the target
 using store_atom = caf::atom_constant<caf::atom("store")>;        // (KeyedKv): write to this tier
 using flush_atom = caf::atom_constant<caf::atom("flush")>;        // () -> true once earlier stores are done
 // layer worker
@@ -62,6 +64,8 @@ using prefill_atom = caf::atom_constant<caf::atom("prefill")>;    // (RequestPla
 using layer_atom = caf::atom_constant<caf::atom("layer")>;        // (request id, layer): one loader delivered a layer
 using load_end_atom = caf::atom_constant<caf::atom("loadend")>;   // (request id, loader id): that loader is done with the request
 using load_fail_atom = caf::atom_constant<caf::atom("loadfail")>; // (request id, why): a stored entry failed its read
+using loader_down_atom = caf::atom_constant<caf::atom("loaderdn")>;// (loader id, why): it died; its loads will not come (supervisor -> worker)
+using rank_down_atom = caf::atom_constant<caf::atom("rankdn")>;   // (rank, why): its rank worker died with its loads (supervisor -> worker)
 using stepped_atom = caf::atom_constant<caf::atom("stepped")>;    // (request id): a prefill's step job ended
 using tick_atom = caf::atom_constant<caf::atom("tick")>;          // (): look at parked and stopping prefills
 using decode_atom = caf::atom_constant<caf::atom("decode")>;      // (request id, DecodeAsk): one decode step
@@ -70,6 +74,10 @@ using document_atom = caf::atom_constant<caf::atom("document")>;  // (tokens) ->
 using document_done_atom = caf::atom_constant<caf::atom("docdone")>; // (DocumentKv): that compute ended
 // rank worker (tensor parallel)
 using rank_job_atom = caf::atom_constant<caf::atom("rankjob")>; // (RankJob): run it on this rank, in the order sent
+using rank_open_atom = caf::atom_constant<caf::atom("rankopen")>; // (request id, capacity): a cache for its loads on this rank
+using rank_opened_atom = caf::atom_constant<caf::atom("rankok")>; // (request id, rank, ok): it has one (false: no pages free yet)
+using rank_kv_atom = caf::atom_constant<caf::atom("rankkv")>;     // (RankKv): one layer of this rank's heads, from a loader
+using rank_load_end_atom = caf::atom_constant<caf::atom("rankend")>; // loader -> rank: (request id, loader id); rank -> worker: (.., rank)
 // write-back
 using kv_ready_atom = caf::atom_constant<caf::atom("kvready")>;   // (KeyedKv): a chunk computed for write-back
 // decoder
@@ -97,6 +105,7 @@ inline void add_runtime_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<DecodeStep>("bs::DecodeStep");
   cfg.add_message_type<DecodeAsk>("bs::DecodeAsk");
   cfg.add_message_type<RankJob>("bs::RankJob");
+  cfg.add_message_type<RankKv>("bs::RankKv");
 }
 
 }  // namespace bs
@@ -104,3 +113,4 @@ inline void add_runtime_message_types(caf::actor_system_config& cfg) {
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::KeyedKv)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::DocumentKv)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::CountersPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::LoadTargetPtr)

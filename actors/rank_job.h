@@ -6,6 +6,11 @@
 // same order (one sender, one mailbox: CAF keeps the order). It has an inspect
 // overload and messages.h registers it, like the plans it carries.
 //
+// RankKv: one layer of a request's stored KV for one follower rank, its KV heads
+// only, sent by a loader to that rank's worker, which copies it into the rank's
+// cache (the loader never writes a follower's memory). A value with an inspect
+// overload, registered like RankJob.
+//
 // RankDecision: inside a job, each choice rank 0 makes from its own clock or from
 // what it was told (the next layer is delivered, a decode step is due, the request
 // was cancelled), broadcast through the communicator before it acts on it; the
@@ -38,6 +43,30 @@ struct RankJob {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RankJob& x) {
   return f(x.kind, x.id, x.plan, x.restart, x.ids, x.tokens, x.prefix);
+}
+
+struct RankKvPart {
+  int64_t offset = 0;         // the part's first row in the request's cache
+  int64_t length = 0;         // its rows (tokens)
+  int32_t dtype = 0;          // kernels::TensorType of k and v (as stored)
+  std::vector<char> k, v;     // [rank's kv_heads, length, head_dim] each, as stored (K unrotated)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RankKvPart& x) {
+  return f(x.offset, x.length, x.dtype, x.k, x.v);
+}
+
+struct RankKv {
+  uint64_t id = 0;      // the request
+  int32_t layer = 0;
+  uint64_t loader = 0;  // the loader's actor id (the gate counts each loader's delivery per rank)
+  std::vector<RankKvPart> parts;  // this loader's parts of the layer, all of them
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RankKv& x) {
+  return f(x.id, x.layer, x.loader, x.parts);
 }
 
 struct RankDecision {

@@ -24,6 +24,7 @@
 #include "blend/rag_prompt.h"
 
 #include "kernels/backend_choice.h"
+#include "kernels/communicator_choice.h"
 #include "kernels/kv_view.h"
 
 namespace bs {
@@ -174,7 +175,7 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
   // "rank-worker-<r>": tensor-parallel follower rank r.
   for (int r = 1; ctx->tp && r < ctx->tp->size(); ++r)
     if (name == "rank-worker-" + std::to_string(r)) {
-      auto x = sys.spawn(rank_worker, ctx, r, c);
+      auto x = sys.spawn<caf::detached>(rank_worker, ctx, h, r, c);
       h->update([&](ActorSet& s) {
         s.rank_workers.resize(static_cast<size_t>(ctx->tp->size() - 1));
         s.rank_workers[static_cast<size_t>(r - 1)] = x;
@@ -232,14 +233,9 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
   const caf::actor next = spawn(ctx, name);
   const std::string failure = name + " stopped (" + why + ")";
   if (name.rfind("loader-", 0) == 0) {
-    // Its requests: the layers they wait for will not come. Nothing writes their
-    // caches for it any more, so the wait for the loaders ends too.
-    ctx->load_targets.for_each([&](uint64_t, LoadTarget& t) {
-      if (t.gate.holds(id)) {
-        t.gate.fail(failure);
-        t.gate.loader_done(id);
-      }
-    });
+    // Its requests' layers will not come: the worker, which owns their load targets,
+    // fails them (and counts the loader done with them).
+    caf::anon_send(h->worker(), loader_down_atom::value, id, failure);
   } else if (name == "ssd-writer") {
     // The writes queued in its mailbox died with it (a cache: recomputed on a miss).
     ctx->ssd_write_queue.bytes.store(0);
@@ -264,12 +260,11 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
       const int rank = std::stoi(name.substr(std::string("rank-worker-").size()));
       ctx->tp->forget_jobs(rank);
       ctx->tp->comm(rank).abort(failure);
+      // Its load targets died with it: the worker fails the prefills loading there.
+      caf::anon_send(h->worker(), rank_down_atom::value, static_cast<int32_t>(rank), failure);
     }
-    if (name == "layer-worker") {
-      // Its prefills, caches and decode batcher died with it: the loaders stop.
-      ctx->load_targets.for_each([&](uint64_t, LoadTarget& t) { t.gate.fail(failure); });
-      ctx->load_targets.clear();
-    }
+    // A layer worker that died failed its own prefills' gates as it went (the loaders
+    // stop at their next layer); its caches and decode batcher went with it.
     for (const auto& r : ctx->requests.all())
       if (r->admitted.load()) fail_request(ctx, r, failure);
   }
@@ -305,15 +300,43 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
       !kernels::decode_activations_from_name(ctx.config.decode_activations, decode))
     throw ConfigError("model.decode_activations: unknown value '" + ctx.config.decode_activations +
                       "' (auto, exact, int8)");
-  if (ctx.config.device_kind == "cuda" && ctx.config.tp > 1)
-    throw ConfigError("device.tp: tensor parallelism on cuda needs the NCCL ranks, which the runtime does not drive "
-                      "yet (tp 1 on one GPU, or device.kind: cpu)");
   if (ctx.config.gpus.empty()) throw ConfigError("device.gpus: must name at least one device (e.g. [0])");
-  // One backend per rank (each owns its buffers and workspace).
-  auto make_backend = [&]() {
+  // The ranks' devices and what joins them (before any backend: a wrong combination is
+  // refused on any machine, with or without a GPU).
+  const bool on_cuda = ctx.config.device_kind == "cuda";
+  if (!kernels::is_communicator_kind(ctx.config.communicator))
+    throw ConfigError("device.communicator: unknown communicator '" + ctx.config.communicator +
+                      "' (auto, inprocess, nccl)");
+  const std::string comm_kind = kernels::resolve_communicator_kind(ctx.config.communicator, ctx.config.device_kind);
+  if (comm_kind == "nccl" && !on_cuda)
+    throw ConfigError("device.communicator: nccl joins GPU ranks, and device.kind is " + ctx.config.device_kind +
+                      " (inprocess or auto joins CPU ranks)");
+  if (comm_kind == "inprocess" && on_cuda && ctx.config.tp > 1)
+    throw ConfigError("device.communicator: inprocess joins CPU ranks through host memory; GPU ranks need nccl "
+                      "(or auto)");
+  if (on_cuda && ctx.config.tp > 1) {
+    const size_t tp_ranks = static_cast<size_t>(ctx.config.tp);
+    if (ctx.config.gpus.size() < tp_ranks)
+      throw ConfigError("device.gpus: tp " + std::to_string(ctx.config.tp) +
+                        " on cuda puts each rank on a GPU of its own: list " + std::to_string(ctx.config.tp) +
+                        " devices (e.g. [0, 1]); " + std::to_string(ctx.config.gpus.size()) + " listed");
+    for (size_t a = 0; a < tp_ranks; ++a)
+      for (size_t b = a + 1; b < tp_ranks; ++b)
+        if (ctx.config.gpus[a] == ctx.config.gpus[b])
+          throw ConfigError("device.gpus: GPU " + std::to_string(ctx.config.gpus[a]) + " is listed for ranks " +
+                            std::to_string(a) + " and " + std::to_string(b) +
+                            "; NCCL 2.28 refuses two ranks on one GPU");
+  }
+  // Rank r's device: gpus[r] on cuda.
+  auto device_of = [&](int rank) {
+    return on_cuda && static_cast<size_t>(rank) < ctx.config.gpus.size() ? ctx.config.gpus[static_cast<size_t>(rank)]
+                                                                         : ctx.config.gpus.front();
+  };
+  // One backend per rank (each owns its buffers and workspace), on the rank's device.
+  auto make_backend = [&](int rank) {
     kernels::BackendChoice choice;
     choice.kind = ctx.config.device_kind;
-    choice.gpu = ctx.config.gpus.front();
+    choice.gpu = device_of(rank);
     choice.decode_activations = ctx.config.decode_activations;
     choice.wait_timeout_s = ctx.config.device_wait_timeout;
     try {
@@ -324,7 +347,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
       throw ConfigError(std::string("device.kind: ") + e.what());
     }
   };
-  ctx.backend = make_backend();
+  ctx.backend = make_backend(0);
   ctx.precision = kernels::choose_precision(ctx.config.precision, *ctx.backend);
   kernels::TensorType kv_dtype = kernels::TensorType::F32;
   if (!kernels::kv_dtype_from_name(ctx.config.kv_dtype, kv_dtype))
@@ -346,10 +369,30 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   const int all_threads = ctx.config.threads > 0 ? ctx.config.threads
                                                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int rank_threads = tp > 1 ? std::max(1, all_threads / tp) : ctx.config.threads;
+  // The group: device.communicator's kind over the ranks' devices; a rebuild after a
+  // failure makes the same kind again (TpRanks).
+  std::vector<int> rank_devices;
+  for (int r = 0; r < tp; ++r) rank_devices.push_back(device_of(r));
+  const auto timeout = Transformer::kDefaultCollectiveTimeout;
+  auto make_comms = [comm_kind, rank_devices, timeout] {
+    return kernels::make_group(comm_kind, rank_devices, timeout);
+  };
+  auto first_group = [&] {
+    try {
+      return make_comms();
+    } catch (const std::exception& e) {
+      throw std::runtime_error("device.communicator: the " + comm_kind + " group of " + std::to_string(tp) +
+                               " ranks did not form: " + e.what());
+    }
+  };
   std::vector<std::unique_ptr<kernels::Communicator>> comms;
   if (tp > 1) {
-    comms = kernels::make_inprocess_group(tp);
-    ctx.tf = std::make_unique<Transformer>(*ctx.model, comms[0].get());
+    comms = first_group();
+    ctx.tf = std::make_unique<Transformer>(*ctx.model, comms[0].get(), timeout);
+  } else if (ctx.config.communicator == "nccl") {
+    // tp 1 over NCCL, asked for by name: the model's all-reduces through a group of one.
+    ctx.solo_comm = std::move(first_group().front());
+    ctx.tf = std::make_unique<Transformer>(*ctx.model, ctx.solo_comm.get(), timeout, Transformer::Solo::Run);
   } else {
     ctx.tf = std::make_unique<Transformer>(*ctx.model);
   }
@@ -420,17 +463,17 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   ctx.compute = std::make_unique<ComputeThread>(rank_threads, std::chrono::seconds(2),
                                                 make_counters(tp > 1 ? "compute-thread-rank-0" : "compute-thread"));
   if (tp > 1) {
-    ctx.tp = std::make_unique<TpRanks>(std::move(comms), *ctx.tf, Transformer::kDefaultCollectiveTimeout);
+    ctx.tp = std::make_unique<TpRanks>(std::move(comms), std::move(make_comms), *ctx.tf, timeout);
     for (int r = 1; r < tp; ++r) {
       RankFollower::Parts p;
-      p.backend = make_backend();
+      p.backend = make_backend(r);
       p.model = load_shard(*p.backend, r);
-      p.tf = std::make_unique<Transformer>(*p.model, &ctx.tp->comm(r));
+      p.tf = std::make_unique<Transformer>(*p.model, &ctx.tp->comm(r), timeout);
       p.kv_pool = make_pool(*p.backend, p.model->config());
       p.engine = std::make_unique<BlendEngine>(*p.tf, prelude);
       p.compute = std::make_unique<ComputeThread>(rank_threads, std::chrono::seconds(2),
                                                   make_counters("compute-thread-rank-" + std::to_string(r)));
-      ctx.tp->add_follower(std::make_unique<RankFollower>(r, std::move(p), *ctx.tp, ctx.load_targets, ctx.traces));
+      ctx.tp->add_follower(std::make_unique<RankFollower>(r, std::move(p), *ctx.tp, ctx.traces));
     }
   }
 

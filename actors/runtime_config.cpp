@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "kernels/backend_choice.h"
+#include "kernels/communicator_choice.h"
 #include "kernels/kv_view.h"
 
 namespace bs {
@@ -214,7 +215,8 @@ void parse_model(const YAML::Node& sec, RuntimeConfig& c) {
 }
 
 void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "device", {"kind", "gpus", "threads", "tp", "kv_cache_bytes", "kv_dtype", "wait_timeout"},
+  for_each_key(sec, "device",
+               {"kind", "gpus", "threads", "tp", "communicator", "kv_cache_bytes", "kv_dtype", "wait_timeout"},
                [&](std::string_view k, const YAML::Node& v) {
     const std::string key = join_path("device", k);
     if (k == "kind") {
@@ -239,6 +241,16 @@ void parse_device(const YAML::Node& sec, RuntimeConfig& c) {
     } else if (k == "tp") {
       c.tp = get_int(v, key);
       check_at_least(c.tp, 1, v, key, " (1 = no tensor parallelism)");
+    } else if (k == "communicator") {
+      const std::string d = get_string(v, key);
+      const auto built = kernels::communicator_kinds_built();
+      std::string names;
+      for (const auto& b : built) names += ", " + b;
+      if (!kernels::is_communicator_kind(d)) fail(key, v, "unknown communicator '" + d + "' (auto" + names + ")");
+      if (d != "auto" && std::find(built.begin(), built.end(), d) == built.end())
+        fail(key, v, "the " + d + " communicator is not in this build (the CUDA toolkit's NCCL was not found when it "
+                     "was configured; communicators: auto" + names + ")");
+      c.communicator = d;
     } else if (k == "kv_cache_bytes") {
       c.kv_cache_bytes = get_size(v, key);
     } else if (k == "kv_dtype") {

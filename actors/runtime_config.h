@@ -82,6 +82,10 @@ struct RuntimeConfig {
   // feed-forward rows on threads / tp cores. Must divide the model's query heads, KV
   // heads and feed-forward width (checked at start-up, naming the degrees that fit).
   int tp = 1;
+  // What joins the ranks (kernels/communicator_choice.h): auto (nccl on cuda,
+  // inprocess on cpu), inprocess (CPU ranks) or nccl (one GPU per rank; at tp 1 the
+  // model's all-reduces still go through NCCL: the single-GPU path over NCCL).
+  std::string communicator = "auto";
   // Bytes of the paged KV cache every request's context is allocated from (admission
   // counts its pages); 0 = room for max_requests full contexts, at most half the
   // machine's memory, or 90% of a GPU's free memory (kv_cache_default_bytes).

@@ -1,6 +1,6 @@
 // What every actor of one runtime shares: the config, the model and its compute,
 // the store tiers, the compute thread, and the tables actors find each other's
-// published parts in by request id (load targets, traces, front-end records).
+// published parts in by request id (traces, front-end records).
 // Owned by Runtime; actors get a pointer that outlives them (the actor system is
 // shut down before the context dies).
 #pragma once
@@ -62,6 +62,9 @@ struct RuntimeContext {
   std::shared_ptr<kernels::Backend> backend;
   kernels::Precision precision = kernels::Precision::F32;
   std::shared_ptr<const LlamaModel> model;  // built on `backend`, which outlives it here
+  // device.communicator: nccl at tp 1: the group of one the model's all-reduces go
+  // through (declared before `tf`, which uses it); null otherwise.
+  std::unique_ptr<kernels::Communicator> solo_comm;
   std::unique_ptr<Transformer> tf;
   // The paged KV cache of the running requests: the intake reserves a request's pages
   // when it admits it and gives them back on the release sent where the request
@@ -82,7 +85,6 @@ struct RuntimeContext {
   // layer worker begins the prefill again with every part computed on every rank.
   std::unique_ptr<StoreBackedBlend> from_store;
   std::unique_ptr<ComputeThread> compute;
-  LoadTargets load_targets;      // the worker's caches and gates, for the loaders
   TraceBook traces;              // requests' timelines, closed by whoever finishes the request
   RequestBook requests;          // the front end's records of the requests not finished
   std::atomic<uint64_t> next_id{1};
@@ -106,7 +108,7 @@ struct RuntimeContext {
   // Tensor parallel (device.tp > 1): the other ranks and the communicators (rank 0 is
   // backend .. compute above, its Transformer joined to the group); null at tp 1.
   // Declared last, so destroyed first: the followers' compute threads stop before
-  // the tables their jobs read (load targets, traces) go.
+  // the tables their jobs read (traces) go.
   std::unique_ptr<TpRanks> tp;
 };
 

@@ -5,18 +5,18 @@
 #include <stdexcept>
 
 namespace bs {
-RankFollower::RankFollower(int rank, Parts parts, TpRanks& group, const LoadTargets& targets, const TraceBook& traces)
-    : rank_(rank), parts_(std::move(parts)), group_(group), targets_(targets), traces_(traces) {}
+RankFollower::RankFollower(int rank, Parts parts, TpRanks& group, const TraceBook& traces)
+    : rank_(rank), parts_(std::move(parts)), group_(group), traces_(traces) {}
 
 RankFollower::~RankFollower() {
   if (parts_.compute) parts_.compute->stop(false);
 }
 
-void RankFollower::execute(const RankJob& job) {
+void RankFollower::execute(const RankJob& job, const RankTargetPtr& target) {
   try {
     if (fault) fault(rank_, job);
     switch (job.kind) {
-      case RankJob::Prefill: prefill(job); break;
+      case RankJob::Prefill: prefill(job, target); break;
       case RankJob::Decode: decode(job.ids, job.tokens); break;
       case RankJob::Chunk: chunk(job); break;
       case RankJob::End:
@@ -46,16 +46,15 @@ void RankFollower::missing(const std::string& what) const {
   throw std::runtime_error(what);
 }
 
-void RankFollower::prefill(const RankJob& job) {
+void RankFollower::prefill(const RankJob& job, const RankTargetPtr& target) {
   Request& q = requests_[job.id];
   if (job.restart || !q.begun) {
-    q.target = targets_.find(job.id);
-    if (!q.target || static_cast<int>(q.target->rank_caches.size()) < rank_) {
+    q.target = target;
+    if (!q.target) {
       requests_.erase(job.id);
       missing("request " + std::to_string(job.id) + " has no KV cache on rank " + std::to_string(rank_));
     }
-    q.run = parts_.engine->begin(job.plan.prompt, job.plan.loaded, q.target->rank_caches[static_cast<size_t>(rank_ - 1)],
-                                 job.plan.options, 1);
+    q.run = parts_.engine->begin(job.plan.prompt, job.plan.loaded, q.target->cache, job.plan.options, 1);
     q.begun = true;
   }
   const TracePtr trace = traces_.find(job.id);
@@ -65,6 +64,9 @@ void RankFollower::prefill(const RankJob& job) {
     switch (d.kind) {
       case RankDecision::Step: {
         const int layer = q.run.next_layer();
+        // The rank worker's copies of this layer come first (on the device; a no-op on
+        // a host backend).
+        for (const auto& copied : q.target->copied.take(layer)) parts_.backend->wait(*copied);
         const double begin = trace->now_s();
         const double waited = parts_.tf->collective_stats().seconds;
         parts_.engine->step(q.run);
@@ -116,12 +118,12 @@ void RankFollower::chunk(const RankJob& job) {
   else parts_.engine->compute_chunk_kv(job.tokens, between);
 }
 
-TpRanks::TpRanks(std::vector<std::unique_ptr<kernels::Communicator>> comms, Transformer& leader,
-                 std::chrono::milliseconds timeout)
+TpRanks::TpRanks(Comms comms, MakeComms make, Transformer& leader, std::chrono::milliseconds timeout)
     : size_(static_cast<int>(comms.size())),
       timeout_(timeout),
       leader_(leader),
       comms_(std::move(comms)),
+      make_comms_(std::move(make)),
       sent_(static_cast<size_t>(size_), 0),
       done_(static_cast<size_t>(size_), 0) {
   if (size_ < 2) throw std::invalid_argument("TpRanks: a group of " + std::to_string(size_) + " ranks");
@@ -228,7 +230,11 @@ void TpRanks::rebuild() {
     throw kernels::CommError("tensor parallel: a rank did not finish its jobs within " +
                              std::to_string(std::chrono::duration_cast<std::chrono::seconds>(bound).count()) +
                              " s; the communicators are not rebuilt yet");
-  comms_ = kernels::make_inprocess_group(size_);
+  Comms fresh = make_comms_();  // throws (CommError, a CUDA error) when it cannot form: the next job tries again
+  if (static_cast<int>(fresh.size()) != size_)
+    throw kernels::CommError("tensor parallel: a rebuilt group of " + std::to_string(fresh.size()) + " ranks for " +
+                             std::to_string(size_));
+  comms_ = std::move(fresh);
   leader_.set_communicator(comms_[0].get());
   for (auto& f : followers_) f->transformer().set_communicator(comms_[static_cast<size_t>(f->rank())].get());
   rebuilds_.fetch_add(1);

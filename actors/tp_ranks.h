@@ -21,12 +21,17 @@
 // once rather than at their collectives' timeout; rank 0 fails the requests the
 // job was for with that error. Before the next job that needs the communicator,
 // dispatch() waits (bounded) until every follower has finished what it was sent,
-// then rebuilds the communicators of every rank. The next request succeeds.
+// then rebuilds the communicators of every rank, of the kind the group was made of
+// (in-process on CPU ranks, NCCL on GPU ranks: device.communicator). The next
+// request succeeds.
 //
-// KV: each rank's caches hold its KV heads. A prefill's caches are allocated by the
-// layer worker from every rank's pool (LoadTarget::rank_caches), so the loaders can
-// write each rank's slice of a stored chunk as it arrives; the follower takes its
-// cache over when its prefill finishes and frees it at the request's End.
+// KV: each rank's caches hold its KV heads. A prefill's cache on a follower is
+// opened by rank 0's worker at the follower's rank worker, from the follower's own
+// pool, before the loaders are told; the loaders send the rank its heads of each
+// layer as values and the rank worker writes them (RankTarget, actors/load_target.h).
+// A prefill job is handed that target; the follower takes its cache over when the
+// prefill finishes and frees it at the request's End. No follower reads rank 0's
+// tables: what it needs comes in its jobs and decisions.
 // Plain C++ (no CAF).
 #pragma once
 
@@ -66,34 +71,37 @@ class RankFollower {
     std::unique_ptr<BlendEngine> engine;
     std::unique_ptr<ComputeThread> compute;
   };
-  RankFollower(int rank, Parts parts, TpRanks& group, const LoadTargets& targets, const TraceBook& traces);
+  RankFollower(int rank, Parts parts, TpRanks& group, const TraceBook& traces);
   ~RankFollower();  // stops its compute thread first (queued jobs are dropped)
 
   int rank() const { return rank_; }
   ComputeThread& compute() { return *parts_.compute; }
   KvPagePool& kv_pool() { return *parts_.kv_pool; }
+  kernels::Backend& backend() { return *parts_.backend; }
   const LlamaModel& model() const { return *parts_.model; }
   Transformer& transformer() { return *parts_.tf; }
   // Requests holding a cache or a prefill on this rank (for tests and the actor table).
   int64_t requests() const { return requests_held_.load(); }
 
-  // Runs one job; on its compute thread only. An error aborts the communicator
-  // (rank 0 fails the job's requests) and is counted; it never escapes.
-  void execute(const RankJob& job);
+  // Runs one job; on its compute thread only. `target`: a prefill's load target on
+  // this rank (the rank worker's; null for other jobs or when it has none). An error
+  // aborts the communicator (rank 0 fails the job's requests) and is counted; it
+  // never escapes.
+  void execute(const RankJob& job, const RankTargetPtr& target = nullptr);
 
   // Tests: called before each job; may throw (a rank that fails).
   std::function<void(int rank, const RankJob& job)> fault;
 
  private:
   struct Request {
-    LoadTargetPtr target;  // while prefilling: the loaders write this rank's cache in it
+    RankTargetPtr target;  // while prefilling: the rank worker writes the loaded rows in it
     PrefillRun run;
     bool begun = false;
     KvCache cache;  // once prefilled: the request's cache on this rank
     bool decoding = false;
     double collective_s = 0;  // the prefill's waits in collectives
   };
-  void prefill(const RankJob& job);
+  void prefill(const RankJob& job, const RankTargetPtr& target);
   // Throws for per-request state this rank lacks: a CommError (not counted as a rank
   // failure) when the group already failed — a job sent before the failure, for a
   // request rank 0 has dropped since — else a runtime_error.
@@ -104,7 +112,6 @@ class RankFollower {
   const int rank_;
   Parts parts_;
   TpRanks& group_;
-  const LoadTargets& targets_;
   const TraceBook& traces_;
   std::unordered_map<uint64_t, Request> requests_;  // only the compute thread
   std::atomic<int64_t> requests_held_{0};
@@ -113,9 +120,12 @@ class RankFollower {
 class TpRanks {
  public:
   using Send = std::function<void(int rank, RankJob job)>;
-  // comms: one per rank, comms[0] rank 0's (already given to `leader`).
-  TpRanks(std::vector<std::unique_ptr<kernels::Communicator>> comms, Transformer& leader,
-          std::chrono::milliseconds timeout);
+  using Comms = std::vector<std::unique_ptr<kernels::Communicator>>;
+  // A new group of the same kind on the same devices (kernels/communicator_choice.h).
+  using MakeComms = std::function<Comms()>;
+  // comms: one per rank, comms[0] rank 0's (already given to `leader`); make: how a
+  // failed group is replaced.
+  TpRanks(Comms comms, MakeComms make, Transformer& leader, std::chrono::milliseconds timeout);
   ~TpRanks();
   TpRanks(const TpRanks&) = delete;
   TpRanks& operator=(const TpRanks&) = delete;
@@ -158,7 +168,8 @@ class TpRanks {
   Transformer& leader_;
   mutable std::mutex mu_;
   std::condition_variable done_cv_;
-  std::vector<std::unique_ptr<kernels::Communicator>> comms_;  // by rank; mu_
+  Comms comms_;  // by rank; mu_
+  const MakeComms make_comms_;
   std::vector<std::unique_ptr<RankFollower>> followers_;       // [rank - 1]
   std::vector<int64_t> sent_, done_;                           // jobs per follower rank; mu_
   Send send_;

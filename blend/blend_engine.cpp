@@ -158,7 +158,10 @@ std::pair<const double*, std::vector<int32_t>> score_candidates(const Transforme
   be.kv_deviation(cache.view(layer), pos_dev, ck, cv, m, which, dev);
   // Tensor parallel: each rank scored its own KV heads; the sum over ranks is the
   // deviation over every head (in rank order: the same doubles on every rank).
-  if (auto* comm = tf.comm()) comm->all_reduce_sum(dev, m, tf.collective_timeout());
+  if (auto* comm = tf.comm()) {
+    tf.sync_for_collective();
+    comm->all_reduce_sum(dev, m, tf.collective_timeout());
+  }
   return {dev, std::move(rows)};
 }
 
@@ -472,6 +475,7 @@ std::shared_ptr<const ChunkKv> BlendEngine::gather_chunk_heads(const ChunkKv& mi
     be.copy_to_backend(local.as<std::byte>() + (2 * l) * run, mine.k_layer(l), run);
     be.copy_to_backend(local.as<std::byte>() + (2 * l + 1) * run, mine.v_layer(l), run);
   }
+  tf_.sync_for_collective();
   comm.all_gather_bytes(local.as<std::byte>(), all.as<std::byte>(), per_rank, tf_.collective_timeout());
   auto kv = std::make_shared<ChunkKv>();
   kv->tokens = mine.tokens;

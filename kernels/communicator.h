@@ -3,9 +3,8 @@
 // summed across ranks after each layer's attention output and MLP down projection.
 //
 // Implementations: in-process for CPU ranks (one thread per rank, shared memory:
-// make_inprocess_group), which the runtime drives; NCCL for GPU ranks
-// (kernels/cuda/nccl_communicator.*), tested on its own (cuda_test_nccl) and not yet
-// driven by the runtime (device.tp > 1 on cuda is refused). Buffers of the
+// make_inprocess_group) and NCCL for GPU ranks (kernels/cuda/nccl_communicator.*); the
+// runtime picks one by device.communicator (kernels/communicator_choice.h). Buffers of the
 // all-reduces and gathers are the ranks' backend memory (host memory on CPU ranks);
 // broadcast takes host memory (the leader's decisions are host values). Every rank
 // must issue the same collectives in the same order (the leader decides each step and

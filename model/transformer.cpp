@@ -16,9 +16,14 @@ static_assert(kSlotCount <= Transformer::kWorkspaceSlots);
 }  // namespace
 
 Transformer::Transformer(const LlamaModel& model, kernels::Communicator* comm,
-                         std::chrono::milliseconds collective_timeout)
-    : model_(model), collective_timeout_(collective_timeout) {
+                         std::chrono::milliseconds collective_timeout, Solo solo)
+    : model_(model), solo_(solo), collective_timeout_(collective_timeout) {
   set_communicator(comm);
+}
+
+void Transformer::sync_for_collective() const {
+  auto& be = model_.backend();
+  if (!be.host_accessible()) be.synchronize();
 }
 
 void Transformer::set_communicator(kernels::Communicator* comm) {
@@ -29,12 +34,14 @@ void Transformer::set_communicator(kernels::Communicator* comm) {
                                 std::to_string(size) + " for the model shard of rank " + std::to_string(shard.rank) +
                                 " of " + std::to_string(shard.size));
   comm_ = size == 1 ? nullptr : comm;
+  reduce_ = size == 1 && solo_ == Solo::Skip ? nullptr : comm;
 }
 
 void Transformer::all_reduce(float* buf, int64_t count) const {
-  if (!comm_) return;
+  if (!reduce_) return;
   const auto t0 = std::chrono::steady_clock::now();
-  comm_->all_reduce_sum(buf, count, collective_timeout_);
+  sync_for_collective();
+  reduce_->all_reduce_sum(buf, count, collective_timeout_);
   ++collective_stats_.calls;
   collective_stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -136,6 +143,7 @@ void Transformer::logits(const float* hidden, int64_t n, float* out) const {
   const int size = comm_->size();
   float* gathered = ws.get<float>(kGathered, size * n * rows);
   const auto t0 = std::chrono::steady_clock::now();
+  sync_for_collective();
   comm_->all_gather(logits, gathered, n * rows, collective_timeout_);
   ++collective_stats_.calls;
   collective_stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -263,7 +271,7 @@ void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache
     be.rmsnorm(hidden, model_.output_norm(), xn, B, c.dim, c.rms_eps);
     be.linear(model_.output(), xn, device_logits, B, nullptr);
   };
-  if (comm_)
+  if (reduce_)
     body();  // the ranks' collectives are host calls: nothing to replay
   else
     be.decode_step(views.data(), c.n_layers, B, body);

@@ -32,14 +32,27 @@ class Transformer {
   // it returns at tp 1 (up to the order of the sums). Every rank must make the same
   // calls in the same order with the same arguments (token ids, positions, rows); a
   // collective that fails or times out throws kernels::CommError on every rank.
+  //
+  // A group of one (tp 1) is dropped unless `solo` is Run: then the model's
+  // all-reduces still go through it (device.communicator: nccl at tp 1 — the
+  // single-GPU path through NCCL, what a rank pays per layer apart from the traffic),
+  // while comm() stays null (nothing else is tensor parallel).
+  //
+  // On a device backend the buffers of a collective are the backend's: the collective
+  // runs on the communicator's own stream, so the backend is synchronized before it
+  // (sync_for_collective) and the communicator returns once the collective completed.
+  enum class Solo { Skip, Run };
   Transformer(const LlamaModel& model, kernels::Communicator* comm,
-              std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout);
+              std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout, Solo solo = Solo::Skip);
 
   // A new communicator for the same rank (the group was rebuilt after a failure);
   // checked as the constructor does. Not while a call runs.
   void set_communicator(kernels::Communicator* comm);
   // The tensor-parallel group (nullptr at tp 1) and its timeout.
   kernels::Communicator* comm() const { return comm_; }
+  // Before a collective over backend buffers: the backend's work on them is done (a
+  // device backend waits for its stream; a host backend's ops are done when they return).
+  void sync_for_collective() const;
   std::chrono::milliseconds collective_timeout() const { return collective_timeout_; }
   // Sums a rank's partial values over the group, in rank order (nothing at tp 1):
   // buf is backend memory.
@@ -141,7 +154,9 @@ class Transformer {
                    const kernels::SampleRow* rows = nullptr, int32_t* picked = nullptr) const;
 
   const LlamaModel& model_;
-  kernels::Communicator* comm_ = nullptr;
+  kernels::Communicator* comm_ = nullptr;    // the group, at tp > 1
+  kernels::Communicator* reduce_ = nullptr;  // the all-reduces' group: comm_, or a group of one (Solo::Run)
+  Solo solo_ = Solo::Skip;
   std::chrono::milliseconds collective_timeout_ = kDefaultCollectiveTimeout;
   mutable CollectiveStats collective_stats_;  // only this rank's calling thread adds to it
 };

@@ -1,6 +1,7 @@
 // What the runtime tests over the small RAG set share: its cases (a question and its
-// documents), the wait for a request's chunks to be written back, and an SSD chunk
-// file damaged inside one layer (its checksum then fails that layer's read).
+// documents), the wait for a request's chunks to be written back, requests run all at
+// once, and an SSD chunk file damaged inside one layer (its checksum then fails that
+// layer's read).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +56,29 @@ inline void wait_stored(Runtime& rt, const RuntimeRequest& req) {
   while (!stored() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_TRUE(stored()) << "write-back did not store the request's chunks";
+}
+
+// Submits every request at once and waits (each at most `bound`) for their results,
+// in the order given; a request that did not end in time fails the test.
+inline std::vector<RequestResult> run_together(Runtime& rt, const std::vector<RuntimeRequest>& reqs,
+                                               std::chrono::seconds bound = std::chrono::seconds(120)) {
+  std::vector<std::promise<RequestResult>> done(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    RequestCallbacks cb;
+    cb.on_done = [&done, i](const RequestResult& res) { done[i].set_value(res); };
+    rt.submit(reqs[i], std::move(cb));
+  }
+  std::vector<RequestResult> out;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto fut = done[i].get_future();
+    if (fut.wait_for(bound) != std::future_status::ready) {
+      ADD_FAILURE() << "request " << i << " did not end within " << bound.count() << " s";
+      // on_done would still write into `done`: wait for it rather than leave it dangling.
+      fut.wait();
+    }
+    out.push_back(fut.get());
+  }
+  return out;
 }
 
 // The largest .bskv file in `dir` (a document chunk: the prefix is short); empty if none.

@@ -8,15 +8,19 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "actors/runtime.h"
 #include "actors/runtime_config.h"
 #include "kernels/backend_choice.h"
+#include "kernels/communicator_choice.h"
 
 namespace bs::kernels {
 namespace {
@@ -107,12 +111,83 @@ TEST(BackendChoice, TheRuntimeRefusesCudaWithoutAGpuAsAConfigError) {
     EXPECT_THAT(e.what(), AnyOf(HasSubstr("device.kind: cuda: no CUDA device 0"),
                                 HasSubstr("device.kind: cuda: this build has no CUDA backend")));
   }
+  // Tensor parallel on cuda: a GPU per rank, joined by NCCL. The combinations that
+  // cannot work are refused before any device is touched; a right one reaches the
+  // backend (and finds no GPU here).
+  auto refusal = [&](const RuntimeConfig& c) -> std::string {
+    try {
+      Runtime runtime(c);
+    } catch (const ConfigError& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("not a ConfigError: ") + e.what();
+    }
+    return "accepted";
+  };
   config.tp = 2;
-  try {
-    Runtime runtime(config);
-    ADD_FAILURE() << "tensor parallel on cuda";
-  } catch (const ConfigError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("device.tp: tensor parallelism on cuda needs the NCCL ranks"));
+  EXPECT_THAT(refusal(config), HasSubstr("device.gpus: tp 2 on cuda puts each rank on a GPU of its own: list 2 "
+                                         "devices (e.g. [0, 1]); 1 listed"));
+  config.gpus = {1, 1};
+  EXPECT_THAT(refusal(config), HasSubstr("device.gpus: GPU 1 is listed for ranks 0 and 1; NCCL 2.28 refuses two "
+                                         "ranks on one GPU"));
+  config.gpus = {0, 1};
+  config.communicator = "inprocess";
+  EXPECT_THAT(refusal(config), HasSubstr("device.communicator: inprocess joins CPU ranks through host memory"));
+  config.communicator = "auto";
+  EXPECT_THAT(refusal(config), AnyOf(HasSubstr("device.kind: cuda: no CUDA device 0"),
+                                     HasSubstr("device.kind: cuda: this build has no CUDA backend")));
+  config.communicator = "mpi";
+  EXPECT_THAT(refusal(config), HasSubstr("device.communicator: unknown communicator 'mpi'"));
+  RuntimeConfig cpu = default_runtime_config();
+  cpu.model_path = "/nonexistent/model.gguf";
+  cpu.communicator = "nccl";
+  EXPECT_THAT(refusal(cpu), HasSubstr("device.communicator: nccl joins GPU ranks, and device.kind is cpu"));
+}
+
+bool nccl_built() {
+  const auto kinds = communicator_kinds_built();
+  return std::find(kinds.begin(), kinds.end(), "nccl") != kinds.end();
+}
+
+// The communicator by its word: auto follows the device; the in-process group is always
+// there and joins its ranks (an all-reduce across threads); an unknown word is named;
+// NCCL without a GPU (or not built) is an error in words, never a crash.
+TEST(CommunicatorChoice, KindsByNameAndGroupsThatFormOrSayWhyNot) {
+  EXPECT_EQ(resolve_communicator_kind("auto", "cpu"), "inprocess");
+  EXPECT_EQ(resolve_communicator_kind("auto", "cuda"), "nccl");
+  EXPECT_EQ(resolve_communicator_kind("inprocess", "cuda"), "inprocess");
+  EXPECT_TRUE(is_communicator_kind("nccl") && is_communicator_kind("auto") && !is_communicator_kind("mpi"));
+  const auto kinds = communicator_kinds_built();
+  EXPECT_NE(std::find(kinds.begin(), kinds.end(), "inprocess"), kinds.end());
+  EXPECT_EQ(nccl_built(), cuda_built() && kinds.size() == 2);
+
+  auto group = make_group("inprocess", {0, 0, 0}, std::chrono::seconds(10));
+  ASSERT_EQ(group.size(), 3u);
+  std::vector<std::thread> ranks;
+  std::vector<float> sums(3);
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] {
+      float x = static_cast<float>(r + 1);
+      group[static_cast<size_t>(r)]->all_reduce_sum(&x, 1, std::chrono::seconds(10));
+      sums[static_cast<size_t>(r)] = x;
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(sums, (std::vector<float>{6, 6, 6}));
+
+  EXPECT_THROW(make_group("mpi", {0}, std::chrono::seconds(1)), std::invalid_argument);
+  EXPECT_THROW(make_group("inprocess", {}, std::chrono::seconds(1)), std::invalid_argument);
+  if (cuda_devices_visible() == 0) {
+    try {
+      make_group("nccl", {0}, std::chrono::seconds(5));
+      ADD_FAILURE() << "an NCCL group without a GPU";
+    } catch (const std::invalid_argument& e) {
+      ADD_FAILURE() << "not a runtime error: " << e.what();
+    } catch (const std::exception& e) {
+      EXPECT_GT(std::string(e.what()).size(), 10u) << "a reason in words";
+      if (!nccl_built()) {
+        EXPECT_THAT(e.what(), HasSubstr("this build has no NCCL communicator"));
+      }
+    }
   }
 }
 
@@ -123,6 +198,7 @@ TEST(BackendChoice, TheCommandLinesRefuseCudaWithoutAGpuInWords) {
   const std::string bin = BLENDSERVE_BINARY_DIR;
   for (const std::string& command :
        {bin + "/blendserve serve --device cuda --port 0", bin + "/blendserve --device cuda generate --prompt hi",
+        bin + "/blendserve serve --device cuda --tp 2 --port 0",
         bin + "/blendctl bench prefill --device cuda --lengths 8"}) {
     const std::string exe = command.substr(0, command.find(' '));
     if (!std::filesystem::exists(exe)) GTEST_SKIP() << exe << " is not built in this build";

@@ -198,14 +198,9 @@ TEST(Runtime, RequestsInFlightTogetherGiveTheTokensTheyGiveAlone) {
   std::vector<RequestResult> alone;
   for (const auto& r : reqs) alone.push_back(rt.run(r));
   for (int round = 0; round < 2; ++round) {
-    std::vector<std::promise<RequestResult>> done(reqs.size());
+    const auto together = testing::run_together(rt, reqs);
     for (size_t i = 0; i < reqs.size(); ++i) {
-      RequestCallbacks cb;
-      cb.on_done = [&done, i](const RequestResult& res) { done[i].set_value(res); };
-      rt.submit(reqs[i], std::move(cb));
-    }
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const auto res = done[i].get_future().get();
+      const auto& res = together[i];
       ASSERT_NE(res.finish_reason, "error") << res.error;
       EXPECT_EQ(res.tokens, alone[i].tokens) << "request " << i << " round " << round;
       EXPECT_EQ(res.text, alone[i].text);

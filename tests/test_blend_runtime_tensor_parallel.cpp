@@ -1,7 +1,9 @@
 // The actor runtime at device.tp 3 on the real model (SmolLM2: 9 query / 3 KV
 // heads, one KV head per rank): requests through intake, controller, loaders,
 // rank 0's layer worker and the two rank workers give the tokens tp 1 gives, in
-// full and blend modes, from computed and from stored (RAM, SSD) chunks; a stored
+// full and blend modes, from computed and from stored (RAM, SSD) chunks (each follower
+// gets its heads of the loaded KV as values, into a cache its rank worker opened from
+// its own pool: more requests than the cache holds wait for every rank's pages); a stored
 // entry that fails mid-load falls back to computing every part on every rank; a
 // rank that fails fails its request with that rank's error and the next request
 // succeeds on rebuilt communicators; the trace shows every rank's layers and
@@ -25,6 +27,7 @@
 #include "blend/rag_prompt.h"
 #include "model_fixture.h"
 #include "rag_runtime_fixture.h"
+#include "settles.h"
 #include "temp_dir.h"
 
 namespace bs {
@@ -142,6 +145,68 @@ TEST(TensorParallelRuntime, ThreeRanksGiveTheTokensOfOneInFullAndBlendFromComput
   for (const auto& a : table) names.insert(a.at("actor").get<std::string>());
   for (const char* n : {"rank-worker-1", "rank-worker-2", "compute-thread-rank-1", "compute-thread-rank-2"})
     EXPECT_TRUE(names.count(n)) << n << " in " << table.dump();
+}
+
+// More requests at once than the KV cache holds, each served from RAM (its loads go to
+// every rank: rank 0's heads into its cache, the followers' as values to their rank
+// workers): each waits for its pages on every rank — a follower's come free only when
+// the End of an earlier request ran there, after rank 0's — and every one gives the
+// tokens it gives alone. Afterwards every rank's pool is whole again.
+TEST(TensorParallelRuntime, RequestsBeyondTheCacheWaitForEveryRanksPagesAndGiveTheirTokens) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  const auto cs = rag_cases(2);
+  std::vector<RuntimeRequest> reqs;
+  for (const auto& c : cs) {
+    reqs.push_back(request_for(c, BlendMode::Blend, 8));
+    reqs.push_back(request_for(c, BlendMode::Blend, 6));
+  }
+  // The page size of a rank at tp 3, and the requests' sizes, from a first runtime.
+  int64_t page_bytes = 0, page_positions = 0, most_pages = 0;
+  {
+    Runtime probe(config_in(dir.path(), 3, true, false));
+    page_bytes = probe.kv_pages().page_bytes;
+    page_positions = probe.kv_pages().page_positions;
+    for (const auto& r : reqs) {
+      const auto res = probe.run(r);
+      ASSERT_NE(res.finish_reason, "error") << res.error;
+      const int64_t capacity = res.prompt_tokens + r.sampling.max_tokens;
+      most_pages = std::max(most_pages, (capacity + page_positions - 1) / page_positions);
+    }
+  }
+  auto cfg = config_in(dir.path(), 3, true, false);
+  // device.kv_cache_bytes holds every rank's KV (a rank's page is a third of a whole one):
+  // two requests at a time, not three.
+  cfg.kv_cache_bytes = 3 * page_bytes * (2 * most_pages + 1);
+  cfg.max_requests = 4;
+  Runtime rt(cfg);
+  ASSERT_EQ(rt.kv_pages().total, 2 * most_pages + 1);
+  for (const auto& r : reqs) {
+    rt.run(r);
+    wait_stored(rt, r);
+  }
+  std::vector<RequestResult> alone;
+  for (const auto& r : reqs) {
+    alone.push_back(rt.run(r));
+    ASSERT_EQ(alone.back().chunks_from("ram"), 3) << alone.back().error;
+  }
+  for (int round = 0; round < 2; ++round) {
+    const auto together = testing::run_together(rt, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const auto& res = together[i];
+      ASSERT_NE(res.finish_reason, "error") << res.error;
+      EXPECT_EQ(res.chunks_from("ram"), 3);
+      EXPECT_EQ(res.tokens, alone[i].tokens) << "request " << i << " round " << round;
+    }
+  }
+  EXPECT_TRUE(testing::settles([&] { return rt.in_flight() == 0; }));
+  for (int r = 1; r < 3; ++r) {
+    auto& f = rt.context().tp->follower(r);
+    EXPECT_TRUE(testing::settles([&] { return f.requests() == 0 && f.kv_pool().free_pages() == f.kv_pool().total_pages(); }))
+        << "rank " << r << ": " << f.requests() << " requests, " << f.kv_pool().free_pages() << " of "
+        << f.kv_pool().total_pages() << " pages free";
+  }
+  EXPECT_EQ(rt.context().kv_pool->foreign_reservation_writes(), 0);
 }
 
 TEST(TensorParallelRuntime, ChunksStoredAtThreeRanksSurviveARestartOnTheSsd) {

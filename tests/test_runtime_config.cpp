@@ -64,6 +64,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.device_wait_timeout, b.device_wait_timeout);
   EXPECT_EQ(a.threads, b.threads);
   EXPECT_EQ(a.tp, b.tp);
+  EXPECT_EQ(a.communicator, b.communicator);
   EXPECT_EQ(a.kv_cache_bytes, b.kv_cache_bytes);
   EXPECT_EQ(a.kv_dtype, b.kv_dtype);
   EXPECT_EQ(a.data_dir, b.data_dir);
@@ -193,6 +194,7 @@ device:
   kind: cpu
   threads: 3
   tp: 3
+  communicator: inprocess
   kv_cache_bytes: 1.5GiB
   kv_dtype: bf16
   wait_timeout: 2.5
@@ -230,6 +232,7 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.device_kind, "cpu");
   EXPECT_EQ(c.threads, 3);
   EXPECT_EQ(c.tp, 3);
+  EXPECT_EQ(c.communicator, "inprocess");
   EXPECT_EQ(c.kv_cache_bytes, int64_t{3} << 29);
   EXPECT_EQ(c.kv_dtype, "bf16");
   EXPECT_DOUBLE_EQ(c.device_wait_timeout, 2.5);
@@ -353,6 +356,9 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
   EXPECT_THAT(error_of("device: {kv_cache_bytes: [1]}"), HasSubstr("device.kv_cache_bytes: expected a byte size"));
   EXPECT_THAT(error_of("device: {kv_dtype: f8}"), HasSubstr("device.kv_dtype: unknown KV dtype 'f8' (f32, f16, bf16)"));
   EXPECT_THAT(error_of("device: {kv_dtype: [f16]}"), HasSubstr("device.kv_dtype"));
+  EXPECT_THAT(error_of("device: {communicator: mpi}"),
+              HasSubstr("device.communicator: unknown communicator 'mpi' (auto, inprocess"));
+  EXPECT_THAT(error_of("device: {communicator: [nccl]}"), HasSubstr("device.communicator"));
   EXPECT_THAT(error_of("server: {port: 99999999999}"), HasSubstr("server.port: integer '99999999999' is out of range"));
   EXPECT_THAT(error_of("blend: {check_layers: 3}"), HasSubstr("blend.check_layers: expected a list of layers"));
   EXPECT_THAT(error_of("blend: {check_layers: [1, x]}"), HasSubstr("blend.check_layers[1]: expected an integer, got 'x'"));

@@ -1,5 +1,5 @@
 // blendserve: the inference runtime's command line.
-//   blendserve [--config F] [--device cpu|cuda [--gpu N]] serve [--host H] [--port P]
+//   blendserve [--config F] [--device cpu|cuda [--gpu N]] [--tp N] [--communicator K] serve [--host H] [--port P]
 //   blendserve [--config F] generate --prompt TEXT [--chat] [--document TEXT]... [--max-tokens N] [--tp N] ...
 //   blendserve check-config F          validate a cluster's or one node's config (exit 2 on an error)
 //   blendserve --config F --node NAME  start member NAME of cluster config F
@@ -50,14 +50,12 @@ struct GenerateArgs {
   std::vector<std::string> documents;
   bool chat = false, stats = false, trace = false;
   float ratio = -1;
-  int tp = 0;  // 0: the config's device.tp
   bs::SamplingParams params;
 };
 
 int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
   if (!g.precision.empty()) config.precision = g.precision;
   if (!g.kv_dtype.empty()) config.kv_dtype = g.kv_dtype;
-  if (g.tp > 0) config.tp = g.tp;
   bs::Runtime runtime(config);
   const auto& ctx = runtime.context();
   bs::RuntimeRequest req;
@@ -244,7 +242,7 @@ int run_member(const std::string& config_path, const std::string& node, const st
 
 int main(int argc, char** argv) {
   CLI::App app{"blendserve: RAG inference runtime with CacheBlend KV reuse"};
-  app.fallthrough();  // --model, --device, --gpu also after the subcommand (serve --device cuda)
+  app.fallthrough();  // --model, --device, --gpu, --tp also after the subcommand (serve --device cuda --tp 2)
   app.require_subcommand(0, 1);  // none: --node
   std::string model_path, config_path, node;
   app.add_option("--model", model_path, "GGUF model file (default: the config's, else $BLENDSERVE_MODEL or the embedded default)");
@@ -253,6 +251,16 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_kind, "Compute backend: cpu or cuda (device.kind; cuda in builds made with nvcc)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--gpu", gpu, "With --device cuda: the GPU's CUDA index (device.gpus: [N])")->check(CLI::NonNegativeNumber);
+  int tp = 0;  // 0: the config's device.tp
+  app.add_option("--tp", tp,
+                 "Tensor-parallel ranks (device.tp; must divide the heads): on cpu they split the cores, on cuda each "
+                 "rank has a GPU of its own (the first N unless the config's device.gpus lists N)")
+      ->check(CLI::Range(1, 64));
+  std::string communicator;
+  app.add_option("--communicator", communicator,
+                 "What joins the ranks: auto, inprocess (cpu) or nccl (cuda; at tp 1 the all-reduces through NCCL) "
+                 "(device.communicator)")
+      ->check(CLI::IsMember({"auto", "inprocess", "nccl"}));
   app.add_option("--config", config_path, "YAML config (default: the embedded configs/default.yaml)");
   app.add_option("--node", node,
                  "Start this member of the cluster config given with --config (worker: serves its OpenAI endpoint; "
@@ -294,8 +302,6 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   gen->add_option("--kv-dtype", g.kv_dtype, "How the KV cache holds K and V: f32, f16, bf16 (device.kv_dtype)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  gen->add_option("--tp", g.tp, "Tensor-parallel ranks on this machine's cores (device.tp; must divide the heads)")
-      ->check(CLI::Range(1, 64));
   gen->add_flag("--stats", g.stats, "Print timing and cache use to stderr");
   gen->add_flag("--trace", g.trace, "Print the request's trace (JSON) to stderr");
 
@@ -321,6 +327,13 @@ int main(int argc, char** argv) {
     if (!model_path.empty()) config.model_path = model_path;
     if (!device_kind.empty()) config.device_kind = device_kind;
     if (gpu >= 0) config.gpus = {gpu};
+    if (tp > 0) config.tp = tp;
+    if (!communicator.empty()) config.communicator = communicator;
+    // --tp N on cuda without as many GPUs listed: the first N, one per rank.
+    if (config.device_kind == "cuda" && gpu < 0 && static_cast<int>(config.gpus.size()) < config.tp) {
+      config.gpus.clear();
+      for (int r = 0; r < config.tp; ++r) config.gpus.push_back(r);
+    }
     if (gen->parsed()) return run_generate(std::move(config), g);
     if (serve->parsed()) return run_serve(std::move(config), host, port, drain_seconds);
   } catch (const std::exception& e) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 #include <thread>
 
@@ -188,6 +189,36 @@ std::unique_ptr<Communicator> make_nccl_communicator(const NcclId& id, int rank,
                                                      Communicator::Timeout timeout,
                                                      std::shared_ptr<GroupFailure> group) {
   return std::make_unique<NcclCommunicator>(id, rank, size, device, timeout, std::move(group));
+}
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int>& devices,
+                                                           Communicator::Timeout timeout) {
+  const int size = static_cast<int>(devices.size());
+  if (size < 1) throw std::invalid_argument("an NCCL group needs at least one rank");
+  const NcclId id = make_nccl_id();
+  auto failure = std::make_shared<GroupFailure>();
+  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(size));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  {
+    std::vector<std::thread> joins;
+    for (int r = 0; r < size; ++r)
+      joins.emplace_back([&, r] {
+        try {
+          comms[static_cast<size_t>(r)] =
+              make_nccl_communicator(id, r, size, devices[static_cast<size_t>(r)], timeout, failure);
+        } catch (...) {
+          errors[static_cast<size_t>(r)] = std::current_exception();
+          // The others stop waiting for this rank at once.
+          std::lock_guard<std::mutex> lock(failure->mu);
+          if (failure->why.empty()) failure->why = "rank " + std::to_string(r) + " could not join";
+          failure->failed = true;
+        }
+      });
+    for (auto& t : joins) t.join();
+  }
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return comms;
 }
 
 int nccl_version() {

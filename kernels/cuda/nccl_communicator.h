@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "kernels/communicator.h"
 
@@ -48,6 +49,13 @@ struct GroupFailure {
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclId& id, int rank, int size, int device,
                                                      Communicator::Timeout timeout,
                                                      std::shared_ptr<GroupFailure> group = nullptr);
+
+// A whole group in this process: rank r on CUDA device devices[r]. Rank 0's id is
+// made here and handed to each rank's join, which runs on a thread of its own (a join
+// blocks until every rank joined). The ranks share one GroupFailure. Throws the first
+// rank's error when the group could not form within `timeout`.
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int>& devices,
+                                                           Communicator::Timeout timeout);
 
 // The NCCL version linked (e.g. 22809 for 2.28.9), for diagnostics.
 int nccl_version();
