@@ -179,10 +179,48 @@ std::chrono::steady_clock::duration poll_interval(const RuntimeContext* ctx) {
                                                          std::chrono::milliseconds(50));
 }
 
-// One prefill in the worker. The worker's handlers and the compute thread take
-// turns: while a step job for it is queued or running (on_compute), only that job
-// touches it; otherwise only the worker does. The message that ends a job
-// (stepped_atom) orders the two; `cancelled` is the one field both touch at once.
+}  // namespace
+
+// What a prefill's step job works on: the engine run and what the job finds out. One
+// owner at a time: the worker's task holds it while no job runs; the worker moves it
+// into the job it submits, and the job hands it back in its stepped_atom message (as
+// OTP hands state between processes). The worker never touches it while it is away
+// (its task's `work` is empty then), the job never after it sent it.
+struct PrefillWork {
+  uint64_t id = 0;
+  // Immutable: the worker makes a new plan to change it (the tensor-parallel fallback).
+  std::shared_ptr<const RequestPlan> plan;
+  LoadTargetPtr target;  // the gate and copy events are thread-safe; the cache is the job's while it runs
+  BatcherPtr batcher;    // the worker's: the decode steps due between this prefill's layers
+  TracePtr trace;
+  // The worker's cancel (a cancel_atom, the request's end): the one flag both sides
+  // read while the job runs.
+  std::shared_ptr<const std::atomic<bool>> cancelled;
+  PrefillRun run;
+  bool begun = false;
+  // Tensor parallel: the next step job begins the prefill again on every rank (its
+  // fallback: every part computed, none loaded).
+  bool restart = false;
+  // When the wait for the next layer began (the step's per-layer wait).
+  std::chrono::steady_clock::time_point waiting_since;
+  // Set by a step job that ended it: finished (`result` holds the prefill), or
+  // failed with `error` (the gate is failed too, so the loaders stop). The worker
+  // sets `error` too, for failures it finds (a timeout, a missing loader).
+  bool finished = false;
+  BlendPrefill result;
+  std::string error;
+  // Decode steps of other requests run between this prefill's layers, and their time.
+  int64_t pauses = 0;
+  double pause_seconds = 0;
+  double collective_seconds = 0;  // tensor parallel: rank 0's waits in collectives
+};
+
+namespace {
+
+using WorkPtr = PrefillWorkPtr;
+
+// One prefill in the worker, touched only by the worker's handlers; its compute state
+// (PrefillWork) goes to the compute thread and back by message.
 struct PrefillTask {
   enum class Phase {
     Pages,      // waits for its KV pages: promised at admission, still held by the caches of ended requests
@@ -192,7 +230,7 @@ struct PrefillTask {
     Fallback,   // a stored entry failed: redone from whole entries (a job on the compute thread)
     Done,       // prefilled, or failed: answered to the decoder
   };
-  RequestPlan plan;
+  std::shared_ptr<const RequestPlan> plan;  // also the work's
   LoadTargetPtr target;  // rank 0's cache and the gate, shared with the loaders
   bool has_cache = false;  // target->cache came from the pool
   // Tensor parallel, per follower rank ([rank - 1]): its cache for this request asked
@@ -205,37 +243,24 @@ struct PrefillTask {
   TracePtr trace;
   std::vector<uint64_t> loaders;  // the loaders it was sent to
   uint64_t order = 0;  // arrival: ready prefills step oldest first
-  PrefillRun run;
-  bool begun = false;
+  WorkPtr work;        // empty while a job has it (on_compute)
   bool on_compute = false;
   Phase phase = Phase::Ready;
   double begin_s = 0;  // seconds since submit when the worker took it
-  // When the wait for the next layer began (the step's per-layer wait), and when
-  // that wait times out (limits.load_timeout) — also the bound on a stopping load.
-  std::chrono::steady_clock::time_point waiting_since, deadline;
-  std::atomic<bool> cancelled{false};  // the worker was told; the step job stops at its next layer
-  // Set by a step job that ended it: finished (`result` holds the prefill), or
-  // failed with `error` (the gate is failed too, so the loaders stop).
-  bool finished = false;
-  BlendPrefill result;
-  std::string error;
+  // When the wait for the next layer times out (limits.load_timeout) — also the
+  // bound on a stopping load.
+  std::chrono::steady_clock::time_point deadline;
+  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
   // The failure was a stored entry that failed its read (recoverable): once the
   // loaders stopped, the prefill is redone from whole entries.
   bool fall_back = false;
   bool fell_back = false;  // it was
-  // Tensor parallel: the next step job begins the prefill again on every rank (its
-  // fallback: every part computed, none loaded).
-  bool restart = false;
-  // Decode steps of other requests run between this prefill's layers, and their time.
-  int64_t pauses = 0;
-  double pause_seconds = 0;
-  double collective_seconds = 0;  // tensor parallel: rank 0's waits in collectives
 };
 using TaskPtr = std::shared_ptr<PrefillTask>;
 
 // Between two layers of a prefill: a due decode step of the other requests, its
 // time counted in the prefill's pauses (and in its wait for the next layer).
-void pause_for_decode(RuntimeContext* ctx, const HandlesRef& h, PrefillTask& t) {
+void pause_for_decode(RuntimeContext* ctx, const HandlesRef& h, PrefillWork& t) {
   const double s = interleave_decode(ctx, h, *t.batcher);
   if (s > 0) {
     ++t.pauses;
@@ -243,7 +268,7 @@ void pause_for_decode(RuntimeContext* ctx, const HandlesRef& h, PrefillTask& t) 
   }
 }
 
-std::string cancelled_before(const PrefillTask& t) {
+std::string cancelled_before(const PrefillWork& t) {
   return "cancelled before layer " + std::to_string(t.run.next_layer());
 }
 
@@ -251,23 +276,23 @@ std::string cancelled_before(const PrefillTask& t) {
 // first job begins it), runs a due decode step between layers, and ends the
 // prefill after its last layer. Stops at a cancel, a failed gate or an undelivered
 // layer; the worker decides what comes next (stepped_atom).
-void step_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
+void step_prefill(RuntimeContext* ctx, const HandlesRef& h, WorkPtr t) {
   auto& gate = t->target->gate;
   TpRanks* tp = ctx->tp.get();
   try {
-    if (t->cancelled.load()) {
+    if (t->cancelled->load()) {
       // Before any rank is told: a request that ended is never begun again on a follower.
       t->error = cancelled_before(*t);
     } else {
       if (tp) {
         // Every rank runs this job; a follower begins with the plan it is sent.
-        RankJob job{RankJob::Prefill, t->plan.id, {}, t->restart, {}, {}, false};
-        if (!t->begun || t->restart) job.plan = t->plan;
+        RankJob job{RankJob::Prefill, t->id, {}, t->restart, {}, {}, false};
+        if (!t->begun || t->restart) job.plan = *t->plan;
         tp->dispatch(job);
         t->restart = false;
       }
       if (!t->begun) {
-        t->run = ctx->engine->begin(t->plan.prompt, t->plan.loaded, t->target->cache, t->plan.options, 1,
+        t->run = ctx->engine->begin(t->plan->prompt, t->plan->loaded, t->target->cache, t->plan->options, 1,
                                     t->trace->submitted());
         t->begun = true;
       }
@@ -282,7 +307,7 @@ void step_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
           last = decide(gate.failed() ? RankDecision::Stop : RankDecision::Finish);
           break;
         }
-        if (t->cancelled.load()) {
+        if (t->cancelled->load()) {
           t->error = cancelled_before(*t);
           last = decide(RankDecision::Stop);
           break;
@@ -320,27 +345,29 @@ void step_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
   }
   // The loaders stop at their next layer.
   if (!t->error.empty()) gate.fail(t->error);
-  caf::anon_send(h->worker(), stepped_atom::value, t->plan.id);
+  const uint64_t id = t->id;
+  caf::anon_send(h->worker(), stepped_atom::value, id, std::move(t));  // back to the worker: not touched here after
 }
 
 // The compute job of a prefill whose stored entry failed mid-load, once its
 // loaders stopped: the whole prefill again from whole entries, where the failed
 // entry (already removed by its store) is a miss and its chunk is computed.
-void fallback_prefill(RuntimeContext* ctx, const HandlesRef& h, const TaskPtr& t) {
+void fallback_prefill(RuntimeContext* ctx, const HandlesRef& h, WorkPtr t) {
   try {
     // Into the request's own cache (from the page pool): its loaders stopped.
     t->result = ctx->from_store->prefill(
-        t->plan.prompt, t->plan.options, t->plan.sampling.max_tokens, 1,
+        t->plan->prompt, t->plan->options, t->plan->sampling.max_tokens, 1,
         [ctx, h, &t](int layer) {
           pause_for_decode(ctx, h, *t);
-          if (t->cancelled.load()) throw std::runtime_error("cancelled before layer " + std::to_string(layer));
+          if (t->cancelled->load()) throw std::runtime_error("cancelled before layer " + std::to_string(layer));
         },
         &t->target->cache);
     t->finished = true;
   } catch (const std::exception& e) {
     t->error = e.what();
   }
-  caf::anon_send(h->worker(), stepped_atom::value, t->plan.id);
+  const uint64_t id = t->id;
+  caf::anon_send(h->worker(), stepped_atom::value, id, std::move(t));  // back to the worker: not touched here after
 }
 
 // The requests of one worker, owned by its handlers.
@@ -405,7 +432,7 @@ void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr
 // prefill's own timings), how much of the load was hidden behind compute.
 void trace_prefill(const PrefillTask& t) {
   auto& trace = *t.trace;
-  const auto& st = t.result.stats;
+  const auto& st = t.work->result.stats;
   for (size_t l = 0; l < st.layers.size(); ++l) {
     const auto& lt = st.layers[l];
     if (lt.wait_begin >= 0)
@@ -433,10 +460,10 @@ void trace_prefill(const PrefillTask& t) {
     // Load time the worker did not spend waiting was hidden behind compute.
     trace.set("load_hidden_fraction", span > 0 ? std::clamp(1.0 - st.wait_seconds / span, 0.0, 1.0) : 1.0);
   }
-  if (t.pauses > 0) {
+  if (t.work->pauses > 0) {
     // Decode steps of other requests ran between this prefill's layers (counted in wait_s).
-    trace.set("prefill_pauses", t.pauses);
-    trace.set("prefill_pause_s", t.pause_seconds);
+    trace.set("prefill_pauses", t.work->pauses);
+    trace.set("prefill_pause_s", t.work->pause_seconds);
   }
 }
 
@@ -446,10 +473,10 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
   t->phase = PrefillTask::Phase::Done;
   PrefillOutcome out;
   out.fallback = t->fell_back;
-  if (!t->finished) {
-    out.error = t->error.empty() ? "the prefill failed" : t->error;
+  if (!t->work->finished) {
+    out.error = t->work->error.empty() ? "the prefill failed" : t->work->error;
   } else {
-    const auto& st = t->result.stats;
+    const auto& st = t->work->result.stats;
     if (!t->fell_back) {
       // Compute time only: the final pass's layers, without the waits for loads.
       double seconds = 0;
@@ -464,18 +491,18 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
     }
     out.cached_tokens = st.cached_tokens + (st.prefix_hit ? st.prefix_tokens : 0);
     out.recomputed_tokens = st.recomputed_tokens;
-    out.logits = std::move(t->result.logits);
+    out.logits = std::move(t->work->result.logits);
     auto slot = std::make_shared<DecodeSlot>();
-    slot->id = t->plan.id;
-    slot->cache = std::move(t->result.cache);
+    slot->id = t->plan->id;
+    slot->cache = std::move(t->work->result.cache);
     w.decodes[slot->id] = std::move(slot);
   }
   trace_prefill(*t);
   t->trace->add_event({"worker", "prefill", -1, t->begin_s, t->trace->now_s(), 0});
   // A loader that has not stopped keeps its own reference to the target.
-  const uint64_t id = t->plan.id;
-  if (t->finished && ctx->config.write_back && !t->cancelled.load()) queue_write_back(ctx, h, w.batcher, t->plan, t->fell_back);
-  out.plan = std::move(t->plan);
+  const uint64_t id = t->plan->id;
+  if (t->work->finished && ctx->config.write_back && !t->cancelled->load()) queue_write_back(ctx, h, w.batcher, *t->plan, t->fell_back);
+  out.plan = *t->plan;
   caf::anon_send(h->decoder(), start_atom::value, std::move(out));
   w.prefills.erase(id);
 }
@@ -484,10 +511,10 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
 void take_failure(PrefillTask& t) {
   std::string why;
   bool recoverable = false;
-  if (t.cancelled.load()) {
-    t.error = cancelled_before(t);
-  } else if (t.error.empty() && t.target->gate.failure(why, recoverable)) {
-    t.error = recoverable ? why : "loading the stored KV failed: " + why;
+  if (t.cancelled->load()) {
+    t.work->error = cancelled_before(*t.work);
+  } else if (t.work->error.empty() && t.target->gate.failure(why, recoverable)) {
+    t.work->error = recoverable ? why : "loading the stored KV failed: " + why;
     t.fall_back = recoverable;
   }
 }
@@ -510,27 +537,27 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
   std::sort(waiting_pages.begin(), waiting_pages.end(),
             [](const TaskPtr& a, const TaskPtr& b) { return a->order < b->order; });
   for (auto& t : waiting_pages) {
-    if (t->cancelled.load()) {
-      t->error = "cancelled before its KV cache was allocated";
+    if (t->cancelled->load()) {
+      t->work->error = "cancelled before its KV cache was allocated";
     } else if (now >= t->deadline) {
-      t->error = "no KV cache pages came free within " + std::to_string(ctx->config.load_timeout) +
+      t->work->error = "no KV cache pages came free within " + std::to_string(ctx->config.load_timeout) +
                  " s (limits.load_timeout)";
     } else if (!launch(self, ctx, h, w, *t)) {
       continue;
     }
-    if (!t->error.empty()) concluded.push_back(t);
+    if (!t->work->error.empty()) concluded.push_back(t);
   }
   for (auto& [id, t] : w->prefills) {
     if (t->on_compute || t->phase == Phase::Pages || t->phase == Phase::Done) continue;
     auto& gate = t->target->gate;
     if (t->phase == Phase::Parked) {
-      if (t->cancelled.load() || gate.failed()) {
+      if (t->cancelled->load() || gate.failed()) {
         take_failure(*t);
       } else if (now >= t->deadline) {
-        t->error = "loading the stored KV failed: layer " + std::to_string(t->run.next_layer()) +
+        t->work->error = "loading the stored KV failed: layer " + std::to_string(t->work->run.next_layer()) +
                    " did not arrive within " + std::to_string(ctx->config.load_timeout) + " s (limits.load_timeout)";
-        gate.fail(t->error);
-      } else if (gate.delivered(t->run.next_layer())) {
+        gate.fail(t->work->error);
+      } else if (gate.delivered(t->work->run.next_layer())) {
         t->phase = Phase::Ready;
         continue;
       } else {
@@ -538,31 +565,33 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
       }
       t->phase = Phase::Stopping;
       t->deadline = now + load_timeout(ctx);
-      t->trace->add_event({"worker", "prefill " + t->error, t->run.next_layer(), t->begin_s, t->trace->now_s(), 0});
+      t->trace->add_event({"worker", "prefill " + t->work->error, t->work->run.next_layer(), t->begin_s, t->trace->now_s(), 0});
     }
     if (t->phase == Phase::Stopping) {
       // The cache is the loaders' until they stopped (or did not within the bound:
       // then the request fails; they hold their own reference to it).
       const bool stopped = gate.loaders_done();
       if (!stopped && now < t->deadline) continue;
-      if (stopped && t->fall_back && !t->cancelled.load()) {
+      if (stopped && t->fall_back && !t->cancelled->load()) {
         t->fell_back = true;
-        t->trace->add_event({"worker", "fallback: " + t->error, -1, t->begin_s, t->trace->now_s(), 0});
-        t->error.clear();
+        t->trace->add_event({"worker", "fallback: " + t->work->error, -1, t->begin_s, t->trace->now_s(), 0});
+        t->work->error.clear();
         if (ctx->tp) {
           // Tensor parallel (no single-call prefill over the store): begun again on
           // every rank with every part computed — the failed entry and the good ones.
-          t->plan.loaded = PrefillPlan{false, std::vector<char>(t->plan.prompt.chunks.size(), 0)};
+          auto plan = std::make_shared<RequestPlan>(*t->plan);
+          plan->loaded = PrefillPlan{false, std::vector<char>(plan->prompt.chunks.size(), 0)};
+          t->plan = t->work->plan = std::move(plan);
           t->target->gate.reset(ctx->model->config().n_layers, {});
-          t->begun = false;
-          t->restart = true;
+          t->work->begun = false;
+          t->work->restart = true;
           t->phase = Phase::Ready;
         } else {
           t->phase = Phase::Fallback;
         }
         continue;
       }
-      if (!stopped) t->error += " (the loaders did not stop within limits.load_timeout)";
+      if (!stopped) t->work->error += " (the loaders did not stop within limits.load_timeout)";
       concluded.push_back(t);
     }
   }
@@ -578,15 +607,20 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
       next->on_compute = true;
       w->stepping = true;
       const bool fallback = next->phase == Phase::Fallback;
-      const bool queued = ctx->compute->submit([ctx, h, next, fallback] {
-        if (fallback) fallback_prefill(ctx, h, next);
-        else step_prefill(ctx, h, next);
+      // The work goes with the job (and comes back in its stepped_atom).
+      WorkPtr work = std::move(next->work);
+      const bool queued = ctx->compute->submit([ctx, h, work, fallback]() mutable {
+        if (fallback) fallback_prefill(ctx, h, std::move(work));
+        else step_prefill(ctx, h, std::move(work));
       });
-      if (!queued) {
+      if (queued) {
+        work.reset();
+      } else {
+        next->work = std::move(work);
         next->on_compute = false;
         w->stepping = false;
-        next->error = "the runtime is shutting down";
-        next->target->gate.fail(next->error);
+        next->work->error = "the runtime is shutting down";
+        next->target->gate.fail(next->work->error);
         next->phase = Phase::Stopping;
         next->deadline = now + load_timeout(ctx);
       }
@@ -605,28 +639,29 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
 
 // A step job ended: the prefill is done, failed, or waits for its next layer.
 void on_stepped(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
-                uint64_t id) {
+                uint64_t id, WorkPtr work) {
   using Phase = PrefillTask::Phase;
   w->stepping = false;
   auto it = w->prefills.find(id);
-  if (it != w->prefills.end()) {
+  if (it != w->prefills.end() && work) {
     TaskPtr t = it->second;
+    t->work = std::move(work);  // home again
     t->on_compute = false;
     const auto now = std::chrono::steady_clock::now();
-    if (t->finished) {
+    if (t->work->finished) {
       conclude(ctx, h, *w, t);
     } else if (t->phase == Phase::Fallback) {
-      conclude(ctx, h, *w, t);  // the fallback failed: t->error says why
-    } else if (!t->error.empty() || t->target->gate.failed() || t->cancelled.load()) {
+      conclude(ctx, h, *w, t);  // the fallback failed: t->work->error says why
+    } else if (!t->work->error.empty() || t->target->gate.failed() || t->cancelled->load()) {
       take_failure(*t);
-      t->target->gate.fail(t->error);
+      t->target->gate.fail(t->work->error);
       t->phase = Phase::Stopping;
       t->deadline = now + load_timeout(ctx);
-      t->trace->add_event({"worker", "prefill " + t->error, t->run.next_layer(), t->begin_s, t->trace->now_s(), 0});
+      t->trace->add_event({"worker", "prefill " + t->work->error, t->work->run.next_layer(), t->begin_s, t->trace->now_s(), 0});
     } else {
       // Its next layer is not there yet: the compute thread goes to other work.
       t->phase = Phase::Parked;
-      t->deadline = t->waiting_since + load_timeout(ctx);
+      t->deadline = t->work->waiting_since + load_timeout(ctx);
     }
   }
   schedule(self, ctx, h, w);
@@ -640,7 +675,7 @@ void on_stepped(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRe
 bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
             PrefillTask& t) {
   if (!t.has_cache) {
-    auto cache = ctx->kv_pool->try_make_cache(t.plan.cache_capacity());
+    auto cache = ctx->kv_pool->try_make_cache(t.plan->cache_capacity());
     if (!cache) return false;
     t.target->cache = std::move(*cache);
     t.has_cache = true;
@@ -653,7 +688,7 @@ bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h
   for (int r = 1; r < ranks; ++r) {
     auto& state = t.rank_open[static_cast<size_t>(r - 1)];
     if (state == RankOpen::No && may_ask) {
-      self->send(h->rank_worker(r), rank_open_atom::value, t.plan.id, t.plan.cache_capacity());
+      self->send(h->rank_worker(r), rank_open_atom::value, t.plan->id, t.plan->cache_capacity());
       state = RankOpen::Asked;
     }
     all_open = all_open && state == RankOpen::Open;
@@ -661,19 +696,19 @@ bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h
   if (!all_open) return false;
   t.target->ranks = ranks;
   t.phase = PrefillTask::Phase::Ready;
-  t.waiting_since = std::chrono::steady_clock::now();
-  t.deadline = t.waiting_since + load_timeout(ctx);
+  t.work->waiting_since = std::chrono::steady_clock::now();
+  t.deadline = t.work->waiting_since + load_timeout(ctx);
   std::vector<loader_actor> picked;
   for (size_t tier = 0; tier < ctx->tiers.size(); ++tier) {
     bool used = false;
-    for (size_t i = 0; i < t.plan.parts() && !used; ++i) used = t.plan.part_tier(i) == static_cast<TierId>(tier);
+    for (size_t i = 0; i < t.plan->parts() && !used; ++i) used = t.plan->part_tier(i) == static_cast<TierId>(tier);
     if (!used) continue;
     loader_actor best;
     for (const auto& l : h->loaders(static_cast<TierId>(tier)))
       if (l && (!best || w->loads_out[l.id()] < w->loads_out[best.id()])) best = l;
     if (!best) {
       // No loader for a tier the plan uses: its parts never arrive.
-      t.error = "no loader for the " + ctx->tiers[tier].name + " tier";
+      t.work->error = "no loader for the " + ctx->tiers[tier].name + " tier";
       continue;
     }
     picked.push_back(best);
@@ -681,8 +716,8 @@ bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h
     ++w->loads_out[best.id()];
   }
   t.target->gate.reset(ctx->model->config().n_layers, t.loaders, ranks);
-  if (!t.error.empty()) t.target->gate.fail(t.error);
-  for (const auto& l : picked) self->send(l, load_atom::value, t.plan, t.target);
+  if (!t.work->error.empty()) t.target->gate.fail(t.work->error);
+  for (const auto& l : picked) self->send(l, load_atom::value, *t.plan, t.target);
   return true;
 }
 
@@ -694,14 +729,21 @@ void take_prefill(worker_actor::pointer self, RuntimeContext* ctx, const Handles
   t->order = ++w->arrivals;
   t->trace = ctx->traces.find(plan.id);
   t->begin_s = t->trace->now_s();
-  t->waiting_since = std::chrono::steady_clock::now();
-  t->deadline = t->waiting_since + load_timeout(ctx);
   t->target = std::make_shared<LoadTarget>();
   t->target->gate.reset(ctx->model->config().n_layers, {});
   t->batcher = w->batcher;
-  t->plan = std::move(plan);
+  t->plan = std::make_shared<const RequestPlan>(std::move(plan));
+  t->work = std::make_shared<PrefillWork>();
+  t->work->id = t->plan->id;
+  t->work->plan = t->plan;
+  t->work->target = t->target;
+  t->work->batcher = t->batcher;
+  t->work->trace = t->trace;
+  t->work->cancelled = t->cancelled;
+  t->work->waiting_since = std::chrono::steady_clock::now();
+  t->deadline = t->work->waiting_since + load_timeout(ctx);
   t->phase = PrefillTask::Phase::Pages;
-  w->prefills[t->plan.id] = t;
+  w->prefills[t->plan->id] = t;
   if (!launch(self, ctx, h, w, *t))
     t->trace->add_event({"worker", "waiting for KV pages", -1, t->begin_s, t->trace->now_s(), 0});
   schedule(self, ctx, h, w);
@@ -788,9 +830,9 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         if (auto* t = target_of(id)) t->gate.fail(why, /*recoverable=*/true);
         schedule(self, ctx, h, w);
       },
-      [=](stepped_atom, uint64_t id) {
+      [=](stepped_atom, uint64_t id, PrefillWorkPtr& work) {
         BusyScope busy(*c, self->mailbox().size());
-        on_stepped(self, ctx, h, w, id);
+        on_stepped(self, ctx, h, w, id, std::move(work));
       },
       [=](tick_atom) {
         BusyScope busy(*c, self->mailbox().size());
@@ -802,7 +844,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         // A prefill stops at its next layer boundary (its loaders at their next
         // layer); a decode step waiting in the batcher goes back uncomputed.
         if (auto it = w->prefills.find(id); it != w->prefills.end()) {
-          it->second->cancelled = true;
+          it->second->cancelled->store(true);
           it->second->target->gate.fail("cancelled");
         }
         if (auto it = w->decodes.find(id); it != w->decodes.end()) it->second->cancelled = true;
@@ -834,7 +876,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         }
         w->batcher->forget(id);
         if (auto it = w->prefills.find(id); it != w->prefills.end()) {
-          it->second->cancelled = true;
+          it->second->cancelled->store(true);
           it->second->target->gate.fail("the request ended");
         }
         // The followers free its caches after every job already sent for it: the End

@@ -6,7 +6,8 @@
 // by add_runtime_message_types(), so a plan (and what a follower rank is sent) can
 // cross nodes. Payloads that never leave rank 0's process are declared
 // allowed-unsafe instead: KV buffers (KeyedKv, shared chunk KV on its way to a tier;
-// the load target the worker hands its loaders) and the inspector's counters. Typed
+// the load target the worker hands its loaders), a prefill's compute state between the
+// worker and its compute job (PrefillWorkPtr) and the inspector's counters. Typed
 // interfaces: actors/interfaces.h.
 #pragma once
 
@@ -30,6 +31,11 @@
 #include "storage/chunk_kv.h"
 
 namespace bs {
+
+// A prefill's compute state on its way between the layer worker and its step job on
+// the compute thread (actors/layer_worker.cpp): one owner at a time.
+struct PrefillWork;
+using PrefillWorkPtr = std::shared_ptr<PrefillWork>;
 
 // A chunk's KV with its key, for write-back and demotion.
 struct KeyedKv {
@@ -66,7 +72,7 @@ using load_end_atom = caf::atom_constant<caf::atom("loadend")>;   // (request id
 using load_fail_atom = caf::atom_constant<caf::atom("loadfail")>; // (request id, why): a stored entry failed its read
 using loader_down_atom = caf::atom_constant<caf::atom("loaderdn")>;// (loader id, why): it died; its loads will not come (supervisor -> worker)
 using rank_down_atom = caf::atom_constant<caf::atom("rankdn")>;   // (rank, why): its rank worker died with its loads (supervisor -> worker)
-using stepped_atom = caf::atom_constant<caf::atom("stepped")>;    // (request id): a prefill's step job ended
+using stepped_atom = caf::atom_constant<caf::atom("stepped")>;    // (request id, PrefillWorkPtr): a prefill's step job ended; its work back
 using tick_atom = caf::atom_constant<caf::atom("tick")>;          // (): look at parked and stopping prefills
 using decode_atom = caf::atom_constant<caf::atom("decode")>;      // (request id, DecodeAsk): one decode step
 using end_atom = caf::atom_constant<caf::atom("end")>;            // (request id): the request ended, its cache is freed
@@ -114,3 +120,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::KeyedKv)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::DocumentKv)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::CountersPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::LoadTargetPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::PrefillWorkPtr)

@@ -133,7 +133,7 @@ worker_actor::behavior_type worker_double(worker_actor::pointer, Log log) {
       [=](rank_load_end_atom, uint64_t, uint64_t, int32_t r) { log->push_back("worker:rankend:" + std::to_string(r)); },
       [=](loader_down_atom, uint64_t, const std::string&) { log->push_back("worker:loaderdown"); },
       [=](rank_down_atom, int32_t r, const std::string&) { log->push_back("worker:rankdown:" + std::to_string(r)); },
-      [=](stepped_atom, uint64_t) { log->push_back("worker:stepped"); },
+      [=](stepped_atom, uint64_t, const PrefillWorkPtr&) { log->push_back("worker:stepped"); },
       [=](tick_atom) { log->push_back("worker:tick"); },
       [=](cancel_atom, uint64_t) { log->push_back("worker:cancel"); },
       [=](decode_atom, uint64_t, const DecodeAsk&) { log->push_back("worker:decode"); },
@@ -1273,9 +1273,9 @@ CAF_TEST(worker_publishes_the_load_target_sends_each_tier_to_its_least_busy_load
   // loaders stopped: then the decoder gets A's outcome, an error, and the target is gone.
   release.set_value();
   wait_compute(jobs_before + 2);  // the held job and A's
-  expect((stepped_atom, uint64_t), to(h->worker()).with(_, a.id));
+  expect((stepped_atom, uint64_t, PrefillWorkPtr), to(h->worker()).with(_, a.id, _));
   wait_compute(jobs_before + 3);  // B's
-  expect((stepped_atom, uint64_t), to(h->worker()).with(_, b.id));
+  expect((stepped_atom, uint64_t, PrefillWorkPtr), to(h->worker()).with(_, b.id, _));
   CAF_CHECK_GREATER(target.use_count(), 1);  // the worker keeps it: its loaders have not stopped
   for (const auto& l : {loader_of(kRam, 0), loader_of(kSsd, 0)}) {
     self->send(h->worker(), load_end_atom::value, a.id, l.id());
@@ -1318,7 +1318,7 @@ CAF_TEST(worker_prefills_then_batches_decode_steps_and_a_request_that_fails_fail
     self->send(h->worker(), prefill_atom::value, plan);
     expect((prefill_atom, RequestPlan), from(self).to(h->worker()).with(_, _));
     wait_compute(before + 1);
-    expect((stepped_atom, uint64_t), to(h->worker()).with(_, plan.id));
+    expect((stepped_atom, uint64_t, PrefillWorkPtr), to(h->worker()).with(_, plan.id, _));
     const auto [atom, out] = extract<start_atom, PrefillOutcome>(h->decoder());
     expect((start_atom, PrefillOutcome), to(h->decoder()).with(_, _));
     CAF_CHECK(out.error.empty());

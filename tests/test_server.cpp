@@ -34,6 +34,7 @@
 #include "http/server.h"
 #include "kernels/kv_view.h"
 #include "model_fixture.h"
+#include "rag_runtime_fixture.h"
 #include "served_fixture.h"
 #include "temp_dir.h"
 
@@ -1153,6 +1154,58 @@ TEST(ServerTensorParallel, ThreeRanksAnswerWhatOneRankAnswers) {
   EXPECT_EQ(metric(m->body, "blendserve_tp_ranks"), 3);
   EXPECT_EQ(metric(m->body, "blendserve_tp_failures"), 0);
   EXPECT_EQ(metric(m->body, "blendserve_tp_rebuilds"), 0);
+}
+
+// The second shape: random:llama-3.2-1b (32 query / 8 KV heads, 16 layers, random
+// weights built in memory, fp32 GEMMs) at tp 2 answers what tp 1 answers — through the
+// runtime (every chunk computed) and through the server (the chunks from RAM: each
+// follower gets its heads of the loaded KV as values).
+TEST(ServerTensorParallel, TwoRanksOfARandom1BAnswerWhatOneRankAnswers) {
+  TempDir dir;
+  const std::string q = "Which road goes to the inn?";
+  const std::vector<std::string> docs = {"The old road winds over the hill and down to the inn by the river.",
+                                         "A second road, newer, runs straight to the town and its market."};
+  auto config_at = [&](const std::string& name, int tp) {
+    RuntimeConfig c = config_in(dir.path() / name);
+    c.model_path = "random:llama-3.2-1b";
+    c.precision = "f32";
+    c.tp = tp;
+    c.ssd.enabled = false;
+    c.kv_cache_bytes = int64_t{512} << 20;
+    return c;
+  };
+  RuntimeRequest req = runtime_request(q, docs, 8, BlendMode::Blend);
+  req.ratio = 0.15f;
+  RequestResult computed_one, stored_one;
+  {
+    Runtime one(config_at("one", 1));
+    computed_one = one.run(req);
+    ASSERT_NE(computed_one.finish_reason, "error") << computed_one.error;
+    testing::wait_stored(one, req);
+    stored_one = one.run(req);
+    ASSERT_EQ(stored_one.chunks_from("ram"), 2) << stored_one.error;
+    ASSERT_FALSE(stored_one.tokens.empty());
+  }
+  RuntimeConfig config = config_at("two", 2);
+  Runtime two(config);
+  ASSERT_NE(two.context().tp, nullptr);
+  EXPECT_EQ(two.context().model->config().n_kv_heads, 4);
+  const RequestResult computed_two = two.run(req);
+  ASSERT_NE(computed_two.finish_reason, "error") << computed_two.error;
+  EXPECT_EQ(computed_two.tokens, computed_one.tokens);
+  testing::wait_stored(two, req);
+  Served s(two, config);
+  auto c = s.client();
+  json body = chat_body(q, docs, 8, "blend");
+  body["model"] = "random:llama-3.2-1b";  // the served model's name
+  body["ratio"] = 0.15;
+  auto r = post(c, "/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["usage"]["blendserve"]["chunks_ram"], 2);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], stored_one.text);
+  EXPECT_EQ(j["usage"]["completion_tokens"], static_cast<int64_t>(stored_one.tokens.size()));
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ TESTS=(
   "prefill_cancel|test_blend_prefill_cancel"
   "batching|test_blend_batching"
   "server|test_server --gtest_filter=ServerTest.Health*:ServerTest.StreamWithout*:ServerTest.BadInput*:ServerTest.AClientThatLeaves*:ServerTest.ApiKeys*:ServerTest.Draining*"
-  "tensor_parallel|test_blend_runtime_tensor_parallel --gtest_filter=TensorParallelRuntime.ARankThatFails*:TensorParallelRuntime.AStoredEntry*:TensorParallelRuntime.ChunksStoredAtThree*"
+  "tensor_parallel|test_blend_runtime_tensor_parallel --gtest_filter=TensorParallelRuntime.ARankThatFails*:TensorParallelRuntime.AStoredEntry*:TensorParallelRuntime.ChunksStoredAtThree*:TensorParallelRuntime.RequestsBeyond*"
 )
 LOGS="$BUILD/tsan-logs"
 rm -rf "$LOGS" && mkdir -p "$LOGS"
