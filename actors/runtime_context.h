@@ -1,6 +1,11 @@
 // What every actor of one runtime shares: the config, the model and its compute,
-// the store tiers, the compute thread, and the tables actors find each other's
-// published parts in by request id (traces, front-end records).
+// the store tiers, the compute thread, the tensor-parallel ranks, and two
+// append-only books found by request id (traces, the front end's records).
+// Per-request execution state is not here: a prefill's load target and compute state
+// are the layer worker's (a follower rank's, its rank worker's), slots and page
+// reservations the intake's (in_flight / queued are its published gauges). What else
+// is mutable here is statistics and the writers' queue gauges (atomics that actors
+// add to), and the test hooks (set before the first request).
 // Owned by Runtime; actors get a pointer that outlives them (the actor system is
 // shut down before the context dies).
 #pragma once
