@@ -159,6 +159,15 @@ TEST(Cli, BadArgumentsAndBadModelsGiveClearErrors) {
   r = run("blendserve --model /nonexistent/model.gguf generate --prompt hi");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("/nonexistent/model.gguf"), std::string::npos) << r.out;
+  // NCCL joins GPU ranks: on cpu, the runtime behind a command says so (the benchmark's
+  // --communicator too), before a model is read.
+  for (const std::string cmd : {"blendserve --communicator nccl generate --prompt hi",
+                                "blendctl bench ttft --tier ram --communicator nccl --requests 1 --chunks 2"}) {
+    r = run(cmd);
+    EXPECT_NE(r.code, 0) << cmd;
+    EXPECT_NE(r.out.find("device.communicator: nccl joins GPU ranks, and device.kind is cpu"), std::string::npos)
+        << cmd << ": " << r.out;
+  }
   // a truncated model file: a clear error, no crash
   REQUIRE_MODEL();
   const auto tmp = std::filesystem::temp_directory_path() / "blendserve_truncated.gguf";

@@ -98,6 +98,9 @@ struct RuntimeBenchOptions {
   double throttle_bytes_per_s = 0;        // SSD read bandwidth cap (0: none)
   bool adaptive = false;                  // let the loading controller pick the ratio (>= --ratio)
   std::string data_dir;                   // where the SSD tier lives (default: a fresh temp dir)
+  // device.communicator of the runtime: auto, or nccl at tp 1 (the single-GPU path
+  // with its all-reduces through NCCL, against auto's plain path).
+  std::string communicator = "auto";
 };
 int bench_ttft_runtime(const RuntimeBenchOptions& opt);
 

@@ -78,7 +78,7 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
   std::map<std::string, double> blend_ttft_by_tier, load_by_tier;
   json summary = {{"bench", "ttft_runtime_summary"}, {"chunks", t.chunks}, {"chunk_tokens", t.chunk_tokens},
                   {"ratio_floor", t.ratio}, {"adaptive", opt.adaptive}, {"direct_io", opt.direct_io},
-                  {"throttle_bytes_per_s", opt.throttle_bytes_per_s}};
+                  {"throttle_bytes_per_s", opt.throttle_bytes_per_s}, {"communicator", opt.communicator}};
   Progress progress("bench ttft --tier", static_cast<int>(opt.tiers.size()) * t.requests * (2 + t.repeats));
   for (const auto& tier : opt.tiers) {
     if (tier != "ram" && tier != "ssd" && tier != "remote")
@@ -87,6 +87,7 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
     cfg.model_path = t.model_path;
     cfg.device_kind = t.device.kind;
     cfg.gpus = {t.device.gpu};
+    cfg.communicator = opt.communicator;
     cfg.precision = t.precision;
     cfg.kv_dtype = t.kv_dtype;
     cfg.data_dir = data_dir;
@@ -206,6 +207,7 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
                 {"model", t.model_path},
                 {"precision", kernels::precision_name(ctx.precision)},
                 {"kv_dtype", t.kv_dtype},
+                {"communicator", opt.communicator},
                 {"tier", tier},
                 {"path", path},
                 {"mode", mode},

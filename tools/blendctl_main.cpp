@@ -72,6 +72,11 @@ int main(int argc, char** argv) {
                    "SSD tier, and the remote tier's storage node's disk: cap reads at this many MB/s")
       ->check(CLI::NonNegativeNumber);
   ttft->add_flag("--adaptive", ropt.adaptive, "Let the loading controller raise the ratio above --ratio");
+  ttft->add_option("--communicator", ropt.communicator,
+                   "With --tier: the runtime's device.communicator (auto; nccl with --device cuda: tp 1 with the "
+                   "all-reduces through NCCL, to compare with auto's plain path)")
+      ->check(CLI::IsMember({"auto", "inprocess", "nccl"}))
+      ->capture_default_str();
   ttft->add_option("--data-dir", ropt.data_dir,
                    "Where the SSD tier (and the remote tier's storage node) lives (default: a temp dir, removed after)");
 
