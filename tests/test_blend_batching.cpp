@@ -25,6 +25,7 @@
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
 #include "model_fixture.h"
+#include "rag_runtime_fixture.h"
 #include "settles.h"
 #include "temp_dir.h"
 
@@ -69,18 +70,6 @@ RuntimeRequest counting(int from, int max_tokens) {
   return raw(text, max_tokens);
 }
 
-// Submits every request at once; their results in order.
-std::vector<RequestResult> run_together(Runtime& rt, const std::vector<RuntimeRequest>& reqs) {
-  std::vector<std::promise<RequestResult>> done(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    RequestCallbacks cb;
-    cb.on_done = [&done, i](const RequestResult& res) { done[i].set_value(res); };
-    rt.submit(reqs[i], std::move(cb));
-  }
-  std::vector<RequestResult> out;
-  for (auto& d : done) out.push_back(d.get_future().get());
-  return out;
-}
 
 // The trace of request `id` among the inspector's last traces.
 json trace_of(Runtime& rt, uint64_t id) {
@@ -134,7 +123,7 @@ TEST(Batching, ConcurrentRequestsShareDecodeStepsAndGiveTheTokensTheyGiveAlone) 
     EXPECT_GT(alone.back().tokens.size(), 1u);
   }
   const auto before = rt.decode_stats();
-  const auto together = run_together(rt, reqs);
+  const auto together = testing::run_together(rt, reqs);
   const auto after = rt.decode_stats();
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_NE(together[i].finish_reason, "error") << together[i].error;
