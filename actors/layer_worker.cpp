@@ -452,6 +452,9 @@ void trace_prefill(const PrefillTask& t) {
   trace.set("wait_s", st.wait_seconds);
   trace.set("select_s", st.select_seconds);
   trace.set("recomputed_tokens", st.recomputed_tokens);
+  // Which rule chose the recomputed tokens, and how many came from each chunk.
+  trace.set("selection", st.selection);
+  trace.set("recomputed_per_chunk", st.recomputed_per_chunk);
   trace.set("computed_tokens", st.computed_tokens);
   if (load_begin >= 0) {
     const double span = load_end - load_begin;

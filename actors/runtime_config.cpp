@@ -396,10 +396,10 @@ auto get_named(const YAML::Node& v, const std::string& key, Parse parse) {
 
 void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
   BlendOptions& b = c.blend;
-  std::optional<YAML::Node> checks_node, schedule_node;  // for the positions of the cross-key checks
+  std::optional<YAML::Node> checks_node, schedule_node, selection_node;  // for the positions of the cross-key checks
   for_each_key(sec, "blend",
                {"mode", "ratio", "adaptive_ratio", "check_layers", "schedule", "min_tokens", "deviation", "quota",
-                "filtering", "sink_tokens", "chunk_prelude", "write_back"},
+                "filtering", "selection", "sink_tokens", "chunk_prelude", "write_back"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path("blend", k);
                  if (k == "mode") {
@@ -427,6 +427,9 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
                    b.quota = get_named(v, key, parse_quota);
                  } else if (k == "filtering") {
                    b.filtering = get_named(v, key, parse_filtering);
+                 } else if (k == "selection") {
+                   b.selection = get_named(v, key, parse_selection);
+                   selection_node = v;
                  } else if (k == "chunk_prelude") {
                    c.chunk_prelude = get_string(v, key);
                  } else if (k == "sink_tokens") {
@@ -442,6 +445,10 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
   };
   if (b.check_layers.empty())
     fail("blend.check_layers", checks_node.value_or(YAML::Node()), "needs at least one layer");
+  if (b.selection != Selection::Deviation && b.filtering == Filtering::TwoPass)
+    fail("blend.selection", selection_node.value_or(YAML::Node()),
+         std::string(selection_name(b.selection)) + " reads the question's rows, which only single-pass filtering "
+         "computes at the check layers (blend.filtering is two-pass)");
   for (size_t i = 0; i < b.check_layers.size(); ++i) {
     const std::string key = "blend.check_layers[" + std::to_string(i) + "]";
     const YAML::Node item = item_of(checks_node, i);

@@ -34,7 +34,9 @@ enum Slot {
   kTopK,
   kKeepRows,
   kKeptQ,
-  kKeptHidden
+  kKeptHidden,
+  kMass,
+  kScore
 };
 
 // `buf` with at least `bytes`: kept when it is large enough (no allocation, and no
@@ -163,6 +165,47 @@ std::pair<const double*, std::vector<int32_t>> score_candidates(const Transforme
     comm->all_reduce_sum(dev, m, tf.collective_timeout());
   }
   return {dev, std::move(rows)};
+}
+
+// The query-aware rules read at most this many of the suffix's last rows (the
+// question and the turn's template; a longer suffix's earlier rows add cost, not
+// signal about what the answer reads).
+constexpr int64_t kQueryRows = 128;
+
+// The candidates' scores under a query-aware rule (Selection), replacing the
+// deviations: the attention the question's rows — the last rows of `rows_dev`, whose
+// K/V and every computed row's must already be in the cache at `layer` — pay each of
+// the n_kv keys, summed over heads and rows (all-reduced over tensor-parallel ranks,
+// each of which holds its heads), then per candidate: Attention, that weight; Impact,
+// it times the deviation's norm. Combined on the host (a few thousand doubles) and
+// returned in backend memory, in candidate order, for top_k.
+const double* query_aware_scores(const Transformer& tf, int layer, Selection rule, const float* q,
+                                 const int32_t* rows_dev, int64_t n, int64_t suffix_rows, int64_t n_kv,
+                                 const std::vector<int32_t>& pos, const std::vector<int32_t>& cand_rows,
+                                 const double* deviation, const KvCache& cache) {
+  auto& be = tf.model().backend();
+  auto& ws = be.workspace();
+  const auto& c = tf.model().config();
+  const int64_t m = static_cast<int64_t>(cand_rows.size());
+  const int64_t qr = std::min(suffix_rows, kQueryRows);
+  double* mass = ws.get<double>(kMass, n_kv);
+  be.attention_mass(q + (n - qr) * c.q_dim(), rows_dev + (n - qr), cache.view(layer), qr, c.n_heads, n_kv,
+                    1.0f / std::sqrt(static_cast<float>(c.head_dim)), mass);
+  if (auto* comm = tf.comm()) {
+    tf.sync_for_collective();
+    comm->all_reduce_sum(mass, n_kv, tf.collective_timeout());
+  }
+  std::vector<double> weight(static_cast<size_t>(n_kv)), score(static_cast<size_t>(m));
+  be.copy_to_host(weight.data(), mass, n_kv * static_cast<int64_t>(sizeof(double)));
+  if (rule == Selection::Impact)
+    be.copy_to_host(score.data(), deviation, m * static_cast<int64_t>(sizeof(double)));
+  for (int64_t i = 0; i < m; ++i) {
+    const double w = weight[static_cast<size_t>(pos[static_cast<size_t>(cand_rows[static_cast<size_t>(i)])])];
+    score[static_cast<size_t>(i)] = rule == Selection::Impact ? w * std::sqrt(score[static_cast<size_t>(i)]) : w;
+  }
+  double* out = ws.get<double>(kScore, m);
+  be.copy_to_backend(out, score.data(), m * static_cast<int64_t>(sizeof(double)));
+  return out;
 }
 
 }  // namespace
@@ -321,6 +364,20 @@ Quota parse_quota(const std::string& s) {
   if (s == "global") return Quota::Global;
   if (s == "per-chunk") return Quota::PerChunk;
   throw std::invalid_argument("unknown quota '" + s + "' (global, per-chunk)");
+}
+const char* selection_name(Selection s) {
+  switch (s) {
+    case Selection::Deviation: return "deviation";
+    case Selection::Attention: return "attention";
+    case Selection::Impact: return "impact";
+  }
+  return "?";
+}
+Selection parse_selection(const std::string& s) {
+  if (s == "deviation") return Selection::Deviation;
+  if (s == "attention") return Selection::Attention;
+  if (s == "impact") return Selection::Impact;
+  throw std::invalid_argument("unknown selection '" + s + "' (deviation, attention, impact)");
 }
 const char* filtering_name(Filtering f) { return f == Filtering::SinglePass ? "single-pass" : "two-pass"; }
 Filtering parse_filtering(const std::string& s) {
@@ -581,6 +638,9 @@ void BlendEngine::validate(const RagPrompt& prompt, const BlendOptions& opt, int
     sorted.check_layers.erase(std::unique(sorted.check_layers.begin(), sorted.check_layers.end()),
                               sorted.check_layers.end());
     keep_fractions(sorted);  // throws on a bad schedule
+    if (opt.selection != Selection::Deviation && opt.filtering == Filtering::TwoPass)
+      throw std::invalid_argument(std::string("blend: selection ") + selection_name(opt.selection) +
+                                  " needs single-pass filtering (two-pass's selection pass has no question rows)");
   }
 }
 
@@ -659,6 +719,7 @@ PrefillRun BlendEngine::begin(const RagPrompt& prompt, const PrefillPlan& plan, 
     if (opt.ratio >= 1.0f) {
       selected = cached;
     } else if (opt.ratio > 0.0f) {
+      st.selection = selection_name(opt.selection);
       sel.checks = sorted_check_layers(opt, c.n_layers);
       BlendOptions sorted = opt;
       sorted.check_layers = sel.checks;
@@ -838,13 +899,19 @@ void BlendEngine::step_final(PrefillRun::State& s) const {
     float* v = ws.get<float>(kV, n * kvd);
     tf_.project_qkv(l, s.hidden.as<float>(), s.rows_dev.as<int32_t>(), n, q, k, v);
     auto [dev, cand_rows] = score_candidates(tf_, l, s.rows, s.candidate, k, v, cache, s.opt.deviation);
+    // Fresh K/V of every row computed here stay: the dropped candidates' loaded KV
+    // is replaced by the better value at this layer. Stored once the deviation has
+    // read the loaded rows, and before a query-aware rule reads the question's
+    // attention over the layer's keys.
+    tf_.store_kv(l, s.rows_dev.as<int32_t>(), n, k, v, cache);
+    const double* score = dev;
+    if (s.opt.selection != Selection::Deviation)
+      score = query_aware_scores(tf_, l, s.opt.selection, q, s.rows_dev.as<int32_t>(), n, s.S, s.N, s.rows,
+                                 cand_rows, dev, cache);
     auto [keep_rows, taken] =
-        keep_on_every_rank(tf_, sel, s.opt, sel.keep[s.check_index], s.rows, s.candidate, dev, cand_rows);
+        keep_on_every_rank(tf_, sel, s.opt, sel.keep[s.check_index], s.rows, s.candidate, score, cand_rows);
     st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
     st.check_digests.push_back(digest_of(keep_rows, s.rows));
-    // Fresh K/V of every row computed here stay: the dropped candidates' loaded KV
-    // is replaced by the better value at this layer.
-    tf_.store_kv(l, s.rows_dev.as<int32_t>(), n, k, v, cache);
     const int64_t kept_n = static_cast<int64_t>(keep_rows.size());
     const float* kept_q = narrow_to_kept(be, keep_rows, s.hidden, c.dim, q, qd);
     std::vector<int32_t> kept(keep_rows.size());
@@ -881,6 +948,11 @@ BlendPrefill BlendEngine::finish(PrefillRun&& run) const {
   auto& st = r.stats;
   const int64_t n = static_cast<int64_t>(s->rows.size());
   st.recomputed_tokens = static_cast<int64_t>(r.recomputed_positions.size());
+  st.recomputed_per_chunk.assign(static_cast<size_t>(st.chunks), 0);
+  for (int32_t p : r.recomputed_positions) {
+    const size_t at = static_cast<size_t>(p);
+    if (at < s->sel.chunk_of.size() && s->sel.chunk_of[at] >= 0) ++st.recomputed_per_chunk[s->sel.chunk_of[at]];
+  }
   r.logits.resize(static_cast<size_t>(s->logit_rows * c.vocab));
   tf_.logits(s->hidden.as<float>() + (n - s->logit_rows) * c.dim, s->logit_rows, r.logits.data());
   s->cache->length = s->N;

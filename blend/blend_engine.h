@@ -51,6 +51,17 @@ enum class Quota { Global, PerChunk };
 const char* quota_name(Quota q);
 Quota parse_quota(const std::string& s);  // throws std::invalid_argument
 
+// What ranks the candidates at a check layer. Deviation: how far a token's loaded KV
+// is from its fresh KV (CacheBlend). Attention: how much the question reads the token
+// (the weight the suffix's query rows pay its key at that layer, summed over heads
+// and rows; ProphetKV's criterion). Impact: the product of the two, the deviation's
+// norm times that weight — to first order, how far the token's stale KV moves the
+// question's attention output. The query-aware rules read the suffix's rows, which
+// single-pass filtering computes at every check layer.
+enum class Selection { Deviation, Attention, Impact };
+const char* selection_name(Selection s);
+Selection parse_selection(const std::string& s);  // throws std::invalid_argument
+
 enum class Filtering { SinglePass, TwoPass };
 const char* filtering_name(Filtering f);
 Filtering parse_filtering(const std::string& s);  // throws std::invalid_argument
@@ -72,6 +83,9 @@ struct BlendOptions {
   Deviation deviation = Deviation::KV;
   Quota quota = Quota::Global;
   Filtering filtering = Filtering::SinglePass;
+  // Query-aware rules (attention, impact) need single-pass filtering; validate()
+  // refuses them with two-pass.
+  Selection selection = Selection::Deviation;
   // The first sink_tokens tokens of every cached chunk are always recomputed (they
   // were the attention sink of the chunk computed alone; in place they are not).
   // They count towards the budget: the deviation picks the rest. Ratio 0 still
@@ -91,6 +105,11 @@ struct BlendStats {
   // loading controller's compute profile (planned_rows_per_layer predicts it).
   int64_t row_layers = 0;
   std::vector<int64_t> candidates_per_check; // selection narrowing, one per check layer
+  // The rule that ranked the candidates (selection_name; "none" when nothing was
+  // selected: full, reuse, prefix mode, ratio 0 or 1, or no cached chunk), and the
+  // recomputed tokens per chunk of the prompt (0 for a chunk that missed).
+  std::string selection = "none";
+  std::vector<int64_t> recomputed_per_chunk;
   // Per check layer: XXH3 of the positions that went on. Tensor-parallel ranks take
   // the leader's set; comparing the ranks' digests shows they did.
   std::vector<uint64_t> check_digests;

@@ -250,6 +250,22 @@ class Backend {
                             double* out          // [n]
                             ) = 0;
 
+  // The attention n query rows pay each key (the blend's query-aware selection: how
+  // much the question reads a cached token). out[j] = sum over query heads h (outer)
+  // and rows i (inner) of softmax_j(scale * q[i, h] . K[h / group, j]) over the keys
+  // j < n_kv with j <= qpos[i], as in attention(); 0 for a key no row sees. The
+  // reference's arithmetic is the definition: each score an fp32 dot product summed
+  // over head_dim in order, times scale; the row's max, exp(s - max) and their fp32
+  // sum in key order; each weight (fp32 e / sum) added to out[j] in double, heads then
+  // rows. The CPU gives the same doubles; a device backend may add in another order.
+  // Rows with qpos < 0 see no key. K elements are kv.dtype, read as their fp32 value.
+  virtual void attention_mass(const float* q,       // [n, q_heads, kv.head_dim]
+                              const int32_t* qpos,  // [n]
+                              const KvView& kv,     // n_kv <= kv.capacity rows per KV head
+                              int64_t n, int64_t q_heads, int64_t n_kv, float scale,
+                              double* out           // [n_kv]
+                              ) = 0;
+
   // The indices of the k largest scores, largest first; equal scores by lower index;
   // NaN below every number. 0 <= k <= n.
   virtual void top_k(const double* score,  // [n]

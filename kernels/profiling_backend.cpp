@@ -60,6 +60,10 @@ void ProfilingBackend::kv_deviation(const KvView& kv, const int32_t* pos, const 
                                     KvDeviation which, double* out) {
   timed(stats_, "kv_deviation", [&] { inner_.kv_deviation(kv, pos, k, v, n, which, out); });
 }
+void ProfilingBackend::attention_mass(const float* q, const int32_t* qpos, const KvView& kv, int64_t n,
+                                      int64_t q_heads, int64_t n_kv, float scale, double* out) {
+  timed(stats_, "attention_mass", [&] { inner_.attention_mass(q, qpos, kv, n, q_heads, n_kv, scale, out); });
+}
 void ProfilingBackend::top_k(const double* score, int64_t n, int64_t k, int32_t* out) {
   timed(stats_, "top_k", [&] { inner_.top_k(score, n, k, out); });
 }

@@ -43,6 +43,8 @@ class ProfilingBackend final : public Backend {
   void store_kv_rows(const KvView* kv, const int32_t* pos, const float* k, const float* v, int64_t n) override;
   void kv_deviation(const KvView& kv, const int32_t* pos, const float* k, const float* v, int64_t n,
                     KvDeviation which, double* out) override;
+  void attention_mass(const float* q, const int32_t* qpos, const KvView& kv, int64_t n, int64_t q_heads,
+                      int64_t n_kv, float scale, double* out) override;
   void top_k(const double* score, int64_t n, int64_t k, int32_t* out) override;
   void rope_kv_rows(const KvView& kv, int64_t first, int64_t m, int32_t delta, const PreparedRope& rope) override;
   void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,

@@ -299,6 +299,18 @@ TEST_F(CudaBackendOps, PagedKvOpsAndAttentionEqualTheCpu) {
       EXPECT_EQ(0, std::memcmp(got.data(), want_dev.data(), got.size() * sizeof(double))) << what;
     }
 
+    // The attention the query rows pay each key (the blend's query-aware selection):
+    // double atomics add in the scheduler's order, so within rounding of the CPU's.
+    {
+      std::vector<double> want_mass(static_cast<size_t>(rows));
+      cpu->attention_mass(q.data(), qpos.data(), host.view, nq, q_heads, rows, scale, want_mass.data());
+      auto d_mass = zeros(want_mass.size() * sizeof(double));
+      cuda->attention_mass(dq.as<float>(), dqpos.as<int32_t>(), dev.view, nq, q_heads, rows, scale,
+                           d_mass.as<double>());
+      const auto got = down<double>(d_mass, want_mass.size());
+      for (size_t j = 0; j < got.size(); ++j) EXPECT_NEAR(got[j], want_mass[j], 1e-5) << what << " key " << j;
+    }
+
     // Delta-RoPE of a chunk's rows in place, both pools.
     RopeTable t;
     t.head_dim = hd;

@@ -122,6 +122,14 @@ TEST(Runtime, SsdTierSurvivesARestartAndGivesTheTokensRamGives) {
     EXPECT_GE(t.at("load_hidden_fraction").get<double>(), 0.0);
     EXPECT_LE(t.at("load_hidden_fraction").get<double>(), 1.0);
     EXPECT_TRUE(t.contains("controller"));
+    // Which rule chose the recomputed tokens (the config's default) and how many came
+    // from each chunk: they add up to the request's count.
+    ASSERT_GT(t.at("recomputed_tokens").get<int64_t>(), 0);
+    EXPECT_EQ(t.at("selection"), "deviation");
+    ASSERT_EQ(t.at("recomputed_per_chunk").size(), 3u);
+    int64_t per_chunk = 0;
+    for (const auto& c : t.at("recomputed_per_chunk")) per_chunk += c.get<int64_t>();
+    EXPECT_EQ(per_chunk, t.at("recomputed_tokens").get<int64_t>());
   }
   {
     // With RAM on, an SSD hit is promoted: the next request finds the chunks in RAM.

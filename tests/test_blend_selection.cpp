@@ -344,6 +344,80 @@ TEST_F(BlendSelection, SelectedTokensAreTheTopKOfTheLayerOneDeviation) {
   }
 }
 
+// The query-aware scores at check layer 1, recomputed from the public pieces as the
+// engine's single pass defines them: every cached chunk placed, layer 0 over every
+// chunk and suffix token, Q/K/V of layer 1; the deviation read against the placed
+// rows, then every computed row's K/V stored; the attention the suffix's query rows
+// pay each position at layer 1 (the backend's attention_mass, tested against its
+// definition in test_kernels); per cached token: that weight (attention) or the
+// weight times the deviation's norm (impact).
+OracleScores oracle_layer1_query_aware(BlendSetup& s, const RagPrompt& prompt, Selection rule) {
+  const auto& c = s.m.config();
+  const int64_t N = prompt.size(), P = static_cast<int64_t>(prompt.prefix.size());
+  const int64_t S = static_cast<int64_t>(prompt.suffix.size());
+  auto cache = s.tf.make_cache(N);
+  auto prefix = s.store.get(s.engine.prefix_key(prompt.prefix));
+  EXPECT_TRUE(prefix);
+  for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(prefix->k_layer(l), prefix->v_layer(l), prefix->dtype, P, l, 0, cache);
+  for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+    auto kv = s.store.get(s.engine.chunk_key(prompt.chunks[i]));
+    EXPECT_TRUE(kv);
+    place_chunk_kv(*kv, prompt.chunk_offset(i), cache, s.m.backend(), s.m.rope());
+  }
+  const auto rows = iota_positions(P, N);  // every chunk token, then the suffix
+  const auto all = prompt.concatenated();
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[i] = all[rows[i]];
+  std::vector<float> hidden(static_cast<size_t>(n * c.dim));
+  s.tf.embed(ids, hidden.data());
+  s.tf.run_layer(0, hidden.data(), rows.data(), n, cache, N);
+  const int64_t kvd = c.kv_dim(), qd = c.q_dim();
+  std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)), v(k.size());
+  s.tf.project_qkv(1, hidden.data(), rows.data(), n, q.data(), k.data(), v.data());
+  std::vector<double> dev(static_cast<size_t>(n - S));
+  s.m.backend().kv_deviation(cache.view(1), rows.data(), k.data(), v.data(), n - S, Deviation::KV, dev.data());
+  s.tf.store_kv(1, rows.data(), n, k.data(), v.data(), cache);
+  std::vector<double> mass(static_cast<size_t>(N));
+  s.m.backend().attention_mass(q.data() + (n - S) * qd, rows.data() + (n - S), cache.view(1), S, c.n_heads, N,
+                               1.0f / std::sqrt(static_cast<float>(c.head_dim)), mass.data());
+  OracleScores out;
+  for (int64_t i = 0; i < n - S; ++i) {
+    const double w = mass[static_cast<size_t>(rows[i])];
+    out.positions.push_back(rows[i]);
+    out.deviation.push_back(rule == Selection::Impact ? w * std::sqrt(dev[static_cast<size_t>(i)]) : w);
+  }
+  return out;
+}
+
+// The query-aware rules at one check (layer 1, ratio 0.15, every chunk cached) pick
+// exactly the oracle's top-k, a set other than the deviation's; the question's rows
+// attend unevenly (the scores discriminate), and the trace names the rule.
+TEST_F(BlendSelection, QueryAwareRulesPickTheTopKOfTheQuestionsAttentionAtLayerOne) {
+  BlendSetup s;
+  const auto prompt = make_prompt(s.m, kDocs, kQuestion);
+  s.from_store.warm(prompt);
+  BlendOptions o = one_check_options();
+  const auto by_deviation = s.run(prompt, o);
+  EXPECT_EQ(by_deviation.stats.selection, "deviation");
+  for (Selection rule : {Selection::Attention, Selection::Impact}) {
+    SCOPED_TRACE(selection_name(rule));
+    o.selection = rule;
+    const auto r = s.run(prompt, o);
+    EXPECT_EQ(r.stats.selection, selection_name(rule));
+    const auto oracle = oracle_layer1_query_aware(s, prompt, rule);
+    const int64_t H = static_cast<int64_t>(oracle.positions.size());
+    ASSERT_EQ(H, r.stats.cached_tokens);
+    const int64_t count = std::llround(0.15 * H);
+    const auto top = extreme_k(oracle, count, true);
+    EXPECT_EQ(r.recomputed_positions, top);
+    EXPECT_NE(r.recomputed_positions, by_deviation.recomputed_positions);
+    EXPECT_NE(extreme_k(oracle, count, false), top);
+    std::set<double> distinct(oracle.deviation.begin(), oracle.deviation.end());
+    EXPECT_GT(distinct.size(), oracle.deviation.size() / 2);
+  }
+}
+
 // place_chunk_kv at an offset p > 0, checked in every layer:
 //  (1) rows outside [p, p+m) are not touched (no spill, right offset);
 //  (2) V is the stored V bit for bit in every layer (V carries no position);

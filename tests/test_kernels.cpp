@@ -734,6 +734,83 @@ TEST_P(BackendOps, KvDeviationEqualsTheReference) {
   }
 }
 
+// The attention query rows pay each key: the CPU backend's doubles are the
+// reference's bit for bit (every dtype, a paged cache, rows that see all, part or none
+// of the keys), and both are the softmax weights computed here in double: each row's
+// weights over the keys it sees sum to one per query head.
+TEST_P(BackendOps, AttentionMassEqualsTheReferenceAndIsTheSoftmaxWeights) {
+  const int64_t kv_heads = 3, q_heads = 9, group = q_heads / kv_heads, hd = 64, rows = 130, n_kv = 120;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const std::vector<int32_t> qpos = {129, 40, -1, 0, 119};
+  const int64_t n = static_cast<int64_t>(qpos.size());
+  const auto ck = random_vec(static_cast<size_t>(kv_heads * rows * hd), 61), cv = random_vec(ck.size(), 62);
+  auto q = random_vec(static_cast<size_t>(n * q_heads * hd), 63);
+  for (auto& x : q) x *= 4.0f;  // peaked rows, not near-uniform ones
+  for (const TensorType dtype : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+    const std::string what = kv_dtype_name(dtype);
+    auto paged = test::make_paged(ck, cv, kv_heads, rows, hd, rows, 4, 64, 2, dtype);
+    const auto cks = test::as_stored(ck, dtype);
+    std::vector<double> a(static_cast<size_t>(n_kv), NAN), b(a.size(), NAN);
+    cpu->attention_mass(q.data(), qpos.data(), paged.view, n, q_heads, n_kv, scale, a.data());
+    ref->attention_mass(q.data(), qpos.data(), paged.view, n, q_heads, n_kv, scale, b.data());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double))) << what;
+    std::vector<double> want(static_cast<size_t>(n_kv), 0.0);
+    double rows_seen = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t count = std::min<int64_t>(n_kv, qpos[i] + 1);
+      if (count <= 0) continue;
+      rows_seen += q_heads;
+      for (int64_t h = 0; h < q_heads; ++h) {
+        std::vector<double> s(static_cast<size_t>(count));
+        for (int64_t j = 0; j < count; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < hd; ++d)
+            dot += static_cast<double>(q[static_cast<size_t>((i * q_heads + h) * hd + d)]) *
+                   cks[static_cast<size_t>(((h / group) * rows + j) * hd + d)];
+          s[static_cast<size_t>(j)] = dot * scale;
+        }
+        const double mx = *std::max_element(s.begin(), s.end());
+        double sum = 0;
+        for (auto& x : s) sum += (x = std::exp(x - mx));
+        for (int64_t j = 0; j < count; ++j) want[static_cast<size_t>(j)] += s[static_cast<size_t>(j)] / sum;
+      }
+    }
+    double total = 0;
+    for (int64_t j = 0; j < n_kv; ++j) {
+      total += a[static_cast<size_t>(j)];
+      EXPECT_NEAR(a[static_cast<size_t>(j)], want[static_cast<size_t>(j)], 1e-5 * rows_seen) << what << " key " << j;
+    }
+    EXPECT_NEAR(total, rows_seen, 1e-4 * rows_seen) << what << ": each (row, head) spreads a weight of one";
+    // Key 1 is seen by the rows at 129, 40 and 119 only; key 0 also by the row at 0,
+    // whose only key it is (weight one per head).
+    EXPECT_GE(a[0], static_cast<double>(q_heads) - 1e-6) << what;
+  }
+  std::vector<double> out(static_cast<size_t>(rows + 1));
+  auto paged = test::make_paged(ck, cv, kv_heads, rows, hd, rows, 4, 64);
+  for (Backend* be : {cpu.get(), ref.get()}) {
+    EXPECT_THROW(be->attention_mass(q.data(), qpos.data(), paged.view, n, q_heads, rows + 1, scale, out.data()),
+                 std::out_of_range) << be->name();
+    EXPECT_THROW(be->attention_mass(q.data(), qpos.data(), paged.view, n, 8, rows, scale, out.data()),
+                 std::invalid_argument) << be->name();
+  }
+}
+
+// A long prompt: the CPU backend takes its (head, row) pairs in blocks whose exps fit
+// its scratch bound; the sums stay the reference's.
+TEST_P(BackendOps, AttentionMassOverManyKeysEqualsTheReference) {
+  const int64_t kv_heads = 1, q_heads = 2, hd = 16, rows = 70000, n = 40;
+  const auto ck = random_vec(static_cast<size_t>(kv_heads * rows * hd), 71), cv = random_vec(ck.size(), 72);
+  const auto q = random_vec(static_cast<size_t>(n * q_heads * hd), 73);
+  std::vector<int32_t> qpos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) qpos[static_cast<size_t>(i)] = static_cast<int32_t>(rows - 1 - 1000 * i);
+  auto paged = test::make_paged(ck, cv, kv_heads, rows, hd, rows, 10, 74, 1, TensorType::F16);
+  std::vector<double> a(static_cast<size_t>(rows)), b(a.size());
+  cpu->attention_mass(q.data(), qpos.data(), paged.view, n, q_heads, rows, 0.25f, a.data());
+  ref->attention_mass(q.data(), qpos.data(), paged.view, n, q_heads, rows, 0.25f, b.data());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double)));
+  EXPECT_NEAR(std::accumulate(a.begin(), a.end(), 0.0), static_cast<double>(n * q_heads), 1e-6 * n * q_heads);
+}
+
 // top_k: the k largest, largest first, equal scores by lower index, NaN last; the CPU
 // backend's order is the reference's, for every k from none to all.
 TEST_P(BackendOps, TopKOrdersByScoreThenIndex) {

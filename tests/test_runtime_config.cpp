@@ -79,6 +79,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.blend.deviation, b.blend.deviation);
   EXPECT_EQ(a.blend.quota, b.blend.quota);
   EXPECT_EQ(a.blend.filtering, b.blend.filtering);
+  EXPECT_EQ(a.blend.selection, b.blend.selection);
   EXPECT_EQ(a.blend.sink_tokens, b.blend.sink_tokens);
   EXPECT_EQ(a.chunk_prelude, b.chunk_prelude);
   EXPECT_EQ(a.adaptive_ratio, b.adaptive_ratio);
@@ -291,6 +292,10 @@ TEST(RuntimeConfigParse, ModesDeviationsPrecisions) {
   EXPECT_EQ(parse_runtime_config("blend: {deviation: kv}").blend.deviation, Deviation::KV);
   EXPECT_EQ(parse_runtime_config("blend: {quota: global}").blend.quota, Quota::Global);
   EXPECT_EQ(parse_runtime_config("blend: {filtering: single-pass}").blend.filtering, Filtering::SinglePass);
+  EXPECT_EQ(parse_runtime_config("blend: {selection: impact}").blend.selection, Selection::Impact);
+  EXPECT_EQ(parse_runtime_config("blend: {selection: attention}").blend.selection, Selection::Attention);
+  EXPECT_EQ(parse_runtime_config("blend: {selection: deviation, filtering: two-pass}").blend.selection,
+            Selection::Deviation);
   EXPECT_EQ(parse_runtime_config("model: {precision: f32}").precision, "f32");
 }
 
@@ -334,7 +339,7 @@ TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
   e = error_of("blend: {zzzzzzzz: 1}");
   EXPECT_THAT(e, AllOf(HasSubstr("blend.zzzzzzzz: unknown key"),
                        HasSubstr("mode, ratio, adaptive_ratio, check_layers, schedule, min_tokens, deviation, quota, "
-                                 "filtering, sink_tokens, chunk_prelude, write_back"),
+                                 "filtering, selection, sink_tokens, chunk_prelude, write_back"),
                        Not(HasSubstr("did you mean"))));
   EXPECT_THAT(error_of("limits: {max_request: 4}"), HasSubstr("limits.max_request: unknown key"));
   EXPECT_THAT(error_of("device: {gpu: 1}"), AllOf(HasSubstr("device.gpu: unknown key"), HasSubstr("kind, gpus, threads")));
@@ -467,6 +472,10 @@ TEST(RuntimeConfigErrors, UnknownNames) {
   EXPECT_THAT(error_of("blend: {filtering: gradual}"),
               HasSubstr("blend.filtering: unknown filtering 'gradual' (single-pass, two-pass)"));
   EXPECT_THAT(error_of("blend: {sink_tokens: -1}"), HasSubstr("blend.sink_tokens"));
+  EXPECT_THAT(error_of("blend: {selection: relevance}"),
+              HasSubstr("blend.selection: unknown selection 'relevance' (deviation, attention, impact)"));
+  EXPECT_THAT(error_of("blend: {filtering: two-pass, selection: attention}"),
+              AllOf(HasSubstr("blend.selection"), HasSubstr("only single-pass filtering")));
   // cuda is a kind in a build configured with nvcc (CI's), an error naming why elsewhere.
   const bool cuda_built = kernels::device_kinds_built().size() == 2;
   EXPECT_THAT(error_of("device: {kind: tpu}"),

@@ -203,7 +203,7 @@ TEST(TensorParallel, ARankThatFailsAbortsTheOthersAtOnceAndTheGroupIsRebuilt) {
   EXPECT_EQ(std::memcmp(after.logits[0].data(), before.logits[0].data(), before.logits[0].size() * sizeof(float)), 0);
 }
 
-// The blend at tp 2 and 4 on 8 query / 4 KV heads: every rank recomputes the same
+// The blend at tp 2 and 4 on 8 query / 4 KV heads (by deviation and by impact): every rank recomputes the same
 // tokens at every check layer (their digests compared, not assumed), the ranks'
 // logits are bit-identical, and the selection, logits and continuation are tp 1's;
 // a chunk's stored KV assembled from the ranks' heads is tp 1's within fp32 rounding.
@@ -211,18 +211,24 @@ TEST(TensorParallel, TheBlendSelectsOneSetOnEveryRankAndAnswersAsOneRankDoes) {
   TinyFile file({128, 8, 4, 3});
   TpGroup one(file.path, 1, cpu, kernels::Precision::F32, kernels::TensorType::F32);
   const RagPrompt prompt = testing::tiny_rag_prompt(one.model(0).tokenizer());
-  for (auto filtering : {Filtering::SinglePass, Filtering::TwoPass}) {
+  // Single pass and two passes by deviation; single pass by impact (the question's
+  // attention, each rank's heads, all-reduced like the deviation).
+  for (auto [filtering, selection] : {std::pair{Filtering::SinglePass, Selection::Deviation},
+                                      std::pair{Filtering::TwoPass, Selection::Deviation},
+                                      std::pair{Filtering::SinglePass, Selection::Impact}}) {
     BlendOptions opt;
     opt.ratio = 0.3f;
     opt.check_layers = {1, 2};
     opt.filtering = filtering;
+    opt.selection = selection;
     const BlendRun want = blend_on(one, prompt, opt, 6);
     ASSERT_EQ(want.digests[0].size(), 2u);
     ASSERT_FALSE(want.recomputed[0].empty());
     for (int tp : {2, 4}) {
       TpGroup group(file.path, tp, cpu, kernels::Precision::F32, kernels::TensorType::F32);
       const BlendRun got = blend_on(group, prompt, opt, 6);
-      const std::string what = std::string("tp ") + std::to_string(tp) + ", " + filtering_name(filtering);
+      const std::string what =
+          std::string("tp ") + std::to_string(tp) + ", " + filtering_name(filtering) + ", " + selection_name(selection);
       for (int r = 0; r < tp; ++r) {
         EXPECT_EQ(got.digests[r], got.digests[0]) << what << ": rank " << r << " selected other tokens";
         EXPECT_EQ(got.recomputed[r], got.recomputed[0]) << what << ", rank " << r;

@@ -97,6 +97,83 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
     o.mode = BlendMode::Full;
     EXPECT_EQ(planned(o, N, 0), static_cast<double>(full.stats.row_layers));
 
+    // The invariants every option set keeps (ratio 0 is reuse, 1 is full, the budget,
+    // the narrowing, the sinks, the per-chunk counts).
+    auto check = [&](const BlendOptions& b) {
+      const auto& layers = b.check_layers;
+      const Filtering filtering = b.filtering;
+      const Quota quota = b.quota;
+      const int sinks = b.sink_tokens;
+      const float ratio = b.ratio;
+      const auto r = from_store.prefill(prompt, b, 4);
+      ASSERT_TRUE(all_finite(r.logits));
+      if (quota == Quota::Global && sinks == 0) {
+        // Each check rounds its kept count and keeps at least min_tokens: at
+        // most a row or two per layer apart from the plan.
+        EXPECT_NEAR(static_cast<double>(r.stats.row_layers), planned(b, N - H - P, H), 2.0 * kTinyLayers);
+      }
+      const auto& pos = r.recomputed_positions;
+      ASSERT_EQ(static_cast<int64_t>(pos.size()), r.stats.recomputed_tokens);
+      ASSERT_TRUE(std::is_sorted(pos.begin(), pos.end()));
+      ASSERT_EQ(std::adjacent_find(pos.begin(), pos.end()), pos.end());
+      for (int32_t p : pos) {
+        bool inside = false;
+        for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+          const int64_t off = prompt.chunk_offset(i);
+          inside |= stored[i] && p >= off && p < off + static_cast<int64_t>(prompt.chunks[i].size());
+        }
+        ASSERT_TRUE(inside) << "position " << p;
+      }
+      // The trace's per-request facts: the rule that chose, and the count per chunk.
+      ASSERT_EQ(r.stats.recomputed_per_chunk.size(), prompt.chunks.size());
+      int64_t per_chunk_sum = 0;
+      for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+        int64_t inside = 0;
+        const int64_t off = prompt.chunk_offset(i), m = static_cast<int64_t>(prompt.chunks[i].size());
+        for (int32_t p : pos) inside += p >= off && p < off + m;
+        EXPECT_EQ(r.stats.recomputed_per_chunk[i], inside) << "chunk " << i;
+        per_chunk_sum += r.stats.recomputed_per_chunk[i];
+      }
+      EXPECT_EQ(per_chunk_sum, r.stats.recomputed_tokens);
+      EXPECT_EQ(r.stats.selection, ratio > 0.0f && ratio < 1.0f ? selection_name(b.selection) : "none");
+      if (ratio == 0.0f) {
+        EXPECT_TRUE(pos.empty());
+        EXPECT_EQ(max_abs_diff(r.logits, reuse.logits), 0.0);
+        return;
+      }
+      if (ratio == 1.0f) {
+        EXPECT_EQ(static_cast<int64_t>(pos.size()), H);
+        EXPECT_LT(max_abs_diff(r.logits, full.logits), 1e-3);
+        return;
+      }
+      // Budget: round(ratio * H), at least min_tokens; the sinks (2 per cached
+      // chunk) are recomputed whatever the budget.
+      const int64_t budget = std::max<int64_t>(std::llround(static_cast<double>(ratio) * H), b.min_tokens);
+      const int64_t forced = sinks > 0 ? 3 * sinks : 0;
+      if (quota == Quota::Global) {
+        EXPECT_EQ(static_cast<int64_t>(pos.size()), std::max(budget, forced));
+      } else {
+        // Each chunk takes max(its share, its sinks); the shares add up to the budget.
+        EXPECT_LE(static_cast<int64_t>(pos.size()), budget + forced);
+        EXPECT_GE(static_cast<int64_t>(pos.size()), std::min(budget, H));
+      }
+      ASSERT_EQ(r.stats.candidates_per_check.size(), layers.size());
+      for (size_t i = 1; i < layers.size(); ++i)
+        EXPECT_LE(r.stats.candidates_per_check[i], r.stats.candidates_per_check[i - 1]);
+      EXPECT_EQ(r.stats.candidates_per_check.back(), static_cast<int64_t>(pos.size()));
+      for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+        if (!stored[i]) continue;
+        for (int j = 0; j < sinks; ++j) {
+          EXPECT_TRUE(std::binary_search(pos.begin(), pos.end(),
+                                         static_cast<int32_t>(prompt.chunk_offset(i) + j)));
+        }
+      }
+      if (layers.size() == 1 && filtering == Filtering::SinglePass && b.selection == Selection::Deviation) {
+        BlendOptions two = b;
+        two.filtering = Filtering::TwoPass;
+        EXPECT_EQ(from_store.prefill(prompt, two, 4).recomputed_positions, pos);
+      }
+    };
     const std::vector<std::vector<int>> checks = {{1}, {2}, {1, 2, 3}, {1, 2, 3, 4, 5}};
     for (Filtering filtering : {Filtering::SinglePass, Filtering::TwoPass})
       for (const auto& layers : checks)
@@ -115,68 +192,30 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
                 b.deviation = deviation;
                 b.sink_tokens = sinks;
                 b.ratio = ratio;
-                const auto r = from_store.prefill(prompt, b, 4);
-                ASSERT_TRUE(all_finite(r.logits));
-                if (quota == Quota::Global && sinks == 0) {
-                  // Each check rounds its kept count and keeps at least min_tokens: at
-                  // most a row or two per layer apart from the plan.
-                  EXPECT_NEAR(static_cast<double>(r.stats.row_layers), planned(b, N - H - P, H), 2.0 * kTinyLayers);
-                }
-                const auto& pos = r.recomputed_positions;
-                ASSERT_EQ(static_cast<int64_t>(pos.size()), r.stats.recomputed_tokens);
-                ASSERT_TRUE(std::is_sorted(pos.begin(), pos.end()));
-                ASSERT_EQ(std::adjacent_find(pos.begin(), pos.end()), pos.end());
-                for (int32_t p : pos) {
-                  bool inside = false;
-                  for (size_t i = 0; i < prompt.chunks.size(); ++i) {
-                    const int64_t off = prompt.chunk_offset(i);
-                    inside |= stored[i] && p >= off && p < off + static_cast<int64_t>(prompt.chunks[i].size());
-                  }
-                  ASSERT_TRUE(inside) << "position " << p;
-                }
-                if (ratio == 0.0f) {
-                  EXPECT_TRUE(pos.empty());
-                  EXPECT_EQ(max_abs_diff(r.logits, reuse.logits), 0.0);
-                  continue;
-                }
-                if (ratio == 1.0f) {
-                  EXPECT_EQ(static_cast<int64_t>(pos.size()), H);
-                  EXPECT_LT(max_abs_diff(r.logits, full.logits), 1e-3);
-                  continue;
-                }
-                // Budget: round(ratio * H), at least min_tokens; the sinks (2 per cached
-                // chunk) are recomputed whatever the budget.
-                const int64_t budget = std::max<int64_t>(std::llround(static_cast<double>(ratio) * H), b.min_tokens);
-                const int64_t forced = sinks > 0 ? 3 * sinks : 0;
-                if (quota == Quota::Global) {
-                  EXPECT_EQ(static_cast<int64_t>(pos.size()), std::max(budget, forced));
-                } else {
-                  // Each chunk takes max(its share, its sinks); the shares add up to the budget.
-                  EXPECT_LE(static_cast<int64_t>(pos.size()), budget + forced);
-                  EXPECT_GE(static_cast<int64_t>(pos.size()), std::min(budget, H));
-                }
-                ASSERT_EQ(r.stats.candidates_per_check.size(), layers.size());
-                for (size_t i = 1; i < layers.size(); ++i)
-                  EXPECT_LE(r.stats.candidates_per_check[i], r.stats.candidates_per_check[i - 1]);
-                EXPECT_EQ(r.stats.candidates_per_check.back(), static_cast<int64_t>(pos.size()));
-                for (size_t i = 0; i < prompt.chunks.size(); ++i) {
-                  if (!stored[i]) continue;
-                  for (int j = 0; j < sinks; ++j) {
-                    EXPECT_TRUE(std::binary_search(pos.begin(), pos.end(),
-                                                   static_cast<int32_t>(prompt.chunk_offset(i) + j)));
-                  }
-                }
-                if (layers.size() == 1 && filtering == Filtering::SinglePass) {
-                  BlendOptions two = b;
-                  two.filtering = Filtering::TwoPass;
-                  EXPECT_EQ(from_store.prefill(prompt, two, 4).recomputed_positions, pos);
-                }
+                check(b);
               }
+    // The query-aware rules (single pass only: two-pass is refused, BadOptionsAreRefused).
+    for (Selection selection : {Selection::Attention, Selection::Impact})
+      for (const auto& layers : checks)
+        for (Quota quota : {Quota::Global, Quota::PerChunk})
+          for (int sinks : {0, 2})
+            for (float ratio : {0.0f, 0.01f, 0.15f, 0.5f, 0.99f, 1.0f}) {
+              SCOPED_TRACE(std::string(selection_name(selection)) + " checks " + std::to_string(layers.size()) +
+                           " first " + std::to_string(layers.front()) + " " + quota_name(quota) + " sinks " +
+                           std::to_string(sinks) + " ratio " + std::to_string(ratio) + (with_prelude ? " prelude" : ""));
+              BlendOptions b;
+              b.selection = selection;
+              b.check_layers = layers;
+              b.quota = quota;
+              b.sink_tokens = sinks;
+              b.ratio = ratio;
+              check(b);
+            }
   }
 }
 
-// Check layers outside the model, a bad schedule and negative sinks are refused
-// before any work.
+// Check layers outside the model, a bad schedule, negative sinks and a query-aware
+// rule with two-pass filtering are refused before any work.
 TEST(TinyBlend, BadOptionsAreRefused) {
   Tiny& t = tiny();
   MemoryKvStore store(int64_t{1} << 28);
@@ -195,6 +234,16 @@ TEST(TinyBlend, BadOptionsAreRefused) {
   o.schedule = {};
   o.sink_tokens = -1;
   EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument);
+  o.sink_tokens = 0;
+  // The query-aware rules read the question's rows, which two-pass's selection pass
+  // does not compute.
+  o.filtering = Filtering::TwoPass;
+  for (Selection rule : {Selection::Attention, Selection::Impact}) {
+    o.selection = rule;
+    EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument) << selection_name(rule);
+  }
+  o.selection = Selection::Deviation;
+  EXPECT_NO_THROW(from_store.prefill(prompt, o));
 }
 
 }  // namespace

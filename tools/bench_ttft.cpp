@@ -90,6 +90,7 @@ int bench_ttft(const TtftOptions& opt) {
         o.check_layers = opt.check_layers;
         o.schedule = opt.schedule;
         o.filtering = parse_filtering(opt.filtering);
+        o.selection = parse_selection(opt.selection);
         const auto t0 = std::chrono::steady_clock::now();
         auto r = from_store.prefill(prompt, o, 1);
         const int32_t first = argmax(r.logits.data(), model.config().vocab);  // the first token is out
@@ -135,6 +136,7 @@ int bench_ttft(const TtftOptions& opt) {
       line["blend_ratio"] = opt.ratio;
       line["check_layers"] = opt.check_layers;
       line["filtering"] = opt.filtering;
+      line["selection"] = opt.selection;
     }
     std::printf("%s\n", line.dump().c_str());
     summary[std::string(mode_name(mode)) + "_ttft_s"] = t;

@@ -51,6 +51,9 @@ int main(int argc, char** argv) {
   ttft->add_option("--filtering", topt.filtering, "single-pass or two-pass")
       ->check(CLI::IsMember({"single-pass", "two-pass"}))
       ->capture_default_str();
+  ttft->add_option("--selection", topt.selection, "deviation, attention or impact")
+      ->check(CLI::IsMember({"deviation", "attention", "impact"}))
+      ->capture_default_str();
   ttft->add_option("--requests", topt.requests, "Distinct requests")->check(CLI::Range(1, 100));
   ttft->add_option("--repeats", topt.repeats, "Runs per request and mode")->check(CLI::Range(1, 100));
   ttft->add_option("--dataset", topt.dataset, "JSON lines whose documents provide the chunk text");
@@ -369,6 +372,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   eval->add_option("--filtering", eopt.filtering, "single-pass (fresh KV kept while scoring) or two-pass")
       ->check(CLI::IsMember({"single-pass", "two-pass"}))
+      ->capture_default_str();
+  eval->add_option("--selection", eopt.selection,
+                   "What ranks the candidates: deviation (loaded vs fresh KV), attention (the question's), impact (both)")
+      ->check(CLI::IsMember({"deviation", "attention", "impact"}))
       ->capture_default_str();
   eval->add_option("--sink-tokens", eopt.sink_tokens, "First tokens of each cached chunk always recomputed")
       ->check(CLI::Range(0, 1 << 20))

@@ -226,9 +226,7 @@ int eval_rag(const EvalOptions& opt) {
   if (!opt.resume_path.empty()) {
     std::string all;
     for (const auto& l : lines) all += l + '\n';
-    log = std::make_unique<CaseLog>(
-        opt.resume_path,
-        json{{"dataset_xxh3", hex64(XXH3_64bits(all.data(), all.size()))},
+    json settings{{"dataset_xxh3", hex64(XXH3_64bits(all.data(), all.size()))},
              {"model_fingerprint", hex64(model.fingerprint())},
              {"cpu", cpu_model_name()},
              {"isa", backend->kernel_id()},
@@ -243,7 +241,10 @@ int eval_rag(const EvalOptions& opt) {
              {"sink_tokens", opt.sink_tokens},
              {"chunk_prelude", opt.chunk_prelude},
              {"system_prompt", opt.system_prompt},
-             {"question_prefix", opt.question_prefix}});
+             {"question_prefix", opt.question_prefix}};
+    // Only when not the default: the logs of runs from before the rule existed resume.
+    if (opt.selection != "deviation") settings["selection"] = opt.selection;
+    log = std::make_unique<CaseLog>(opt.resume_path, settings);
     int found = 0;
     for (int case_no = first; case_no < last; ++case_no)
       for (const auto& r : runs) found += log->find(case_no, mode_name(r.mode), r.ratio) != nullptr;
@@ -259,6 +260,7 @@ int eval_rag(const EvalOptions& opt) {
   blend_opt.deviation = parse_deviation(opt.deviation);
   blend_opt.quota = parse_quota(opt.quota);
   blend_opt.filtering = parse_filtering(opt.filtering);
+  blend_opt.selection = parse_selection(opt.selection);
   blend_opt.sink_tokens = opt.sink_tokens;
   int reference_hits = 0;
 
@@ -418,6 +420,7 @@ int eval_rag(const EvalOptions& opt) {
       s["check_layers"] = opt.check_layers;
       if (!opt.schedule.empty()) s["schedule"] = opt.schedule;
       s["filtering"] = filtering_name(blend_opt.filtering);
+      s["selection"] = selection_name(blend_opt.selection);
       s["quota"] = quota_name(blend_opt.quota);
       s["deviation"] = deviation_name(blend_opt.deviation);
       s["sink_tokens"] = blend_opt.sink_tokens;

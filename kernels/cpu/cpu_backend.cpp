@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -216,6 +217,76 @@ class CpuBackend final : public Backend {
                                            which != KvDeviation::K);
         }
         out[t] = dev;
+      }
+    }
+  }
+
+  // The reference's arithmetic (backend.h) in three vectorizable, parallel phases per
+  // KV head: its K widened and transposed once ([head_dim, n_kv], so a row's scores
+  // are summed over head_dim in order while the loop runs across keys); each
+  // (head, row)'s exps and sum; then the weights added per key, in the reference's
+  // (head, row) order, by threads that own runs of keys. Rows go in blocks whose exps
+  // fit kMassBlockBytes, so a long question does not hold n * q_heads * n_kv floats.
+  void attention_mass(const float* q, const int32_t* qpos, const KvView& kv, int64_t n, int64_t q_heads,
+                      int64_t n_kv, float scale, double* out) override {
+    if (n_kv < 0 || n_kv > kv.capacity) throw std::out_of_range("attention_mass: n_kv beyond the cache");
+    if (kv.kv_heads <= 0 || q_heads % kv.kv_heads != 0)
+      throw std::invalid_argument("attention_mass: query heads not a multiple of KV heads");
+    std::fill(out, out + n_kv, 0.0);
+    if (n <= 0 || n_kv == 0) return;
+    constexpr int64_t kMassBlockBytes = int64_t{16} << 20;
+    const int64_t hd = kv.head_dim, group = q_heads / kv.kv_heads, eb = kv_dtype_bytes(kv.dtype);
+    const int64_t block = std::max<int64_t>(1, kMassBlockBytes / (n_kv * static_cast<int64_t>(sizeof(float))));
+    std::vector<float> kt(static_cast<size_t>(hd * n_kv));
+    std::vector<float> e;
+    std::vector<float> sums;
+    std::vector<int64_t> counts;
+    for (int64_t g = 0; g < kv.kv_heads; ++g) {
+#pragma omp parallel if (n_kv >= 256)
+      {
+        std::vector<float> row(static_cast<size_t>(hd));
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < n_kv; ++j) {
+          kv_to_fp32(kv.dtype, static_cast<const std::byte*>(kv.k) + kv.row_offset(g, j) * eb, row.data(), hd);
+          for (int64_t d = 0; d < hd; ++d) kt[static_cast<size_t>(d * n_kv + j)] = row[static_cast<size_t>(d)];
+        }
+      }
+      // This KV head's (query head, row) pairs in the reference's order: heads
+      // g * group .. (g + 1) * group - 1 outer, rows inner.
+      const int64_t pairs = group * n;
+      for (int64_t first = 0; first < pairs; first += block) {
+        const int64_t m = std::min(block, pairs - first);
+        e.resize(static_cast<size_t>(m * n_kv));
+        sums.assign(static_cast<size_t>(m), 0.0f);
+        counts.assign(static_cast<size_t>(m), 0);
+#pragma omp parallel for schedule(dynamic, 1) if (m * n_kv >= (1 << 14))
+        for (int64_t b = 0; b < m; ++b) {
+          const int64_t h = g * group + (first + b) / n, i = (first + b) % n;
+          const int64_t count = std::min<int64_t>(n_kv, int64_t{qpos[i]} + 1);
+          counts[static_cast<size_t>(b)] = count;
+          if (count <= 0) continue;
+          const float* qv = q + (i * q_heads + h) * hd;
+          float* s = e.data() + b * n_kv;
+          std::fill(s, s + count, 0.0f);
+          for (int64_t d = 0; d < hd; ++d) {
+            const float qd = qv[d];
+            const float* kd = kt.data() + d * n_kv;
+            for (int64_t j = 0; j < count; ++j) s[j] += qd * kd[j];
+          }
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < count; ++j) mx = std::max(mx, s[j] *= scale);
+          float sum = 0.0f;
+          for (int64_t j = 0; j < count; ++j) sum += (s[j] = std::exp(s[j] - mx));
+          sums[static_cast<size_t>(b)] = sum;
+        }
+#pragma omp parallel for schedule(static) if (m * n_kv >= (1 << 14))
+        for (int64_t j = 0; j < n_kv; ++j) {
+          double acc = out[j];
+          for (int64_t b = 0; b < m; ++b)
+            if (j < counts[static_cast<size_t>(b)])
+              acc += static_cast<double>(e[static_cast<size_t>(b * n_kv + j)] / sums[static_cast<size_t>(b)]);
+          out[j] = acc;
+        }
       }
     }
   }

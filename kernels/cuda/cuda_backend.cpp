@@ -20,6 +20,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_gemm.cuh"
+#include "kernels/cuda/attention_mass.cuh"
 #include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_device.h"
@@ -503,6 +504,17 @@ class CudaBackend final : public Backend {
     cuda::flag_out_of_range(pos, n, kv.capacity, kFlagKvDeviation, flag_device_, cs());
     cuda::kv_deviation(device_view(kv), pos, k, v, n, which != KvDeviation::V, which != KvDeviation::K, out,
                        cs());
+  }
+
+  void attention_mass(const float* q, const int32_t* qpos, const KvView& kv, int64_t n, int64_t q_heads,
+                      int64_t n_kv, float scale, double* out) override {
+    if (n_kv < 0 || n_kv > kv.capacity) throw std::out_of_range("attention_mass: n_kv beyond the cache");
+    if (kv.kv_heads <= 0 || q_heads % kv.kv_heads != 0)
+      throw std::invalid_argument("attention_mass: query heads not a multiple of KV heads");
+    if (n_kv == 0) return;
+    DeviceScope scope(device_);
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    cuda::attention_mass(q, qpos, device_view(kv), n, q_heads, n_kv, scale, out, cs());
   }
 
   void top_k(const double* score, int64_t n, int64_t k, int32_t* out) override {

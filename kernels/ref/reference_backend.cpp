@@ -175,6 +175,34 @@ class ReferenceBackend final : public Backend {
       }
   }
 
+  // The definition (backend.h): per query head, then per row, the plain loops.
+  void attention_mass(const float* q, const int32_t* qpos, const KvView& kv, int64_t n, int64_t q_heads,
+                      int64_t n_kv, float scale, double* out) override {
+    if (n_kv < 0 || n_kv > kv.capacity) throw std::out_of_range("reference attention_mass: n_kv beyond the cache");
+    if (kv.kv_heads <= 0 || q_heads % kv.kv_heads != 0)
+      throw std::invalid_argument("reference attention_mass: query heads not a multiple of KV heads");
+    const int64_t hd = kv.head_dim, group = q_heads / kv.kv_heads;
+    std::fill(out, out + n_kv, 0.0);
+    std::vector<float> kr(static_cast<size_t>(hd)), e(static_cast<size_t>(n_kv));
+    for (int64_t h = 0; h < q_heads; ++h)
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t count = std::min<int64_t>(n_kv, int64_t{qpos[i]} + 1);
+        if (count <= 0) continue;
+        const float* qv = q + (i * q_heads + h) * hd;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < count; ++j) {
+          kv.read_k_row(h / group, j, kr.data());
+          float s = 0.0f;
+          for (int64_t d = 0; d < hd; ++d) s += qv[d] * kr[d];
+          e[j] = s * scale;
+          mx = std::max(mx, e[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < count; ++j) sum += (e[j] = std::exp(e[j] - mx));
+        for (int64_t j = 0; j < count; ++j) out[j] += static_cast<double>(e[j] / sum);
+      }
+  }
+
   void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
                  int64_t n_kv, float scale, Precision) override {
     if (n_kv > kv.capacity) throw std::out_of_range("reference attention: n_kv beyond the cache");
