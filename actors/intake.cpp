@@ -20,6 +20,7 @@
 
 #include "actors/actor_counters.h"
 #include "actors/actors.h"
+#include "blend/pasted_chunks.h"
 #include "blend/rag_prompt.h"
 
 namespace bs {
@@ -76,6 +77,12 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
   } else if (q.raw) {
     r.prompt = RagPrompt{};
     r.prompt.suffix = model.tokenizer().encode(q.raw_prompt, false);
+  } else if (q.documents.empty() && ctx.pasted) {
+    // No documents: the stored chunks pasted into the message, if any, become its parts.
+    PastedMatch m;
+    r.prompt = assemble_pasted_prompt(model.tokenizer(), model.chat_template(), q.messages, *ctx.pasted, &m);
+    rec.trace->set("pasted_chunks", m.chunks_found);
+    rec.trace->set("pasted_chunk_tokens", m.chunk_tokens);
   } else {
     r.prompt = assemble_rag_prompt(model.tokenizer(), model.chat_template(), q.messages, q.documents);
   }

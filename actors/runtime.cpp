@@ -457,6 +457,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   ctx.tiered = std::make_unique<TieredKvStore>(stores);
   const std::vector<int32_t> prelude = ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true);
   ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, prelude);
+  if (ctx.config.find_pasted) ctx.pasted = std::make_unique<PastedChunkIndex>();
   // Tensor parallel, a failed stored entry is handled by the layer worker (every part
   // computed on every rank): StoreBackedBlend decides hits on one rank alone.
   if (tp == 1) ctx.from_store = std::make_unique<StoreBackedBlend>(*ctx.engine, *ctx.tiered);
@@ -668,6 +669,7 @@ Runtime::StoredDocument Runtime::store_document(const std::string& text) {
     out.on_storage_node = kv && ctx_->remote->put(key, kv);
   }
   if (!out.already_stored && kv) ctx_->tiered->put(key, std::move(kv));
+  if (ctx_->pasted) ctx_->pasted->add(tokens);
   return out;
 }
 

@@ -399,7 +399,7 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
   std::optional<YAML::Node> checks_node, schedule_node, selection_node;  // for the positions of the cross-key checks
   for_each_key(sec, "blend",
                {"mode", "ratio", "adaptive_ratio", "check_layers", "schedule", "min_tokens", "deviation", "quota",
-                "filtering", "selection", "sink_tokens", "chunk_prelude", "write_back"},
+                "filtering", "selection", "sink_tokens", "chunk_prelude", "write_back", "find_pasted"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path("blend", k);
                  if (k == "mode") {
@@ -437,6 +437,8 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
                    check_at_least(b.sink_tokens, 0, v, key);
                  } else if (k == "write_back") {
                    c.write_back = get_bool(v, key);
+                 } else if (k == "find_pasted") {
+                   c.find_pasted = get_bool(v, key);
                  }
                });
   // The checks below tie keys together, so they run once every key is read.

@@ -106,10 +106,13 @@ struct RuntimeConfig {
                  .throttle_bytes_per_s = 0, .write_queue_bytes = int64_t{256} << 20, .loaders = 2};
   RemoteTierConfig remote;
   // blend: mode, ratio (the floor the loading controller never goes below),
-  // check layers, schedule, min_tokens, deviation, quota, filtering, sink_tokens
+  // check layers, schedule, min_tokens, deviation, quota, filtering, selection, sink_tokens
   BlendOptions blend;
   bool adaptive_ratio = true;      // the loading controller may raise the ratio above the floor
   bool write_back = true;          // store missed chunks after the first token
+  // A plain request (no documents) is searched for stored chunks pasted into its
+  // message (blend/pasted_chunks.h); found ones are blended like documents.
+  bool find_pasted = true;
   // Text every chunk is computed behind and dropped (special tokens parsed; empty:
   // chunks computed alone). Part of every chunk key.
   std::string chunk_prelude;

@@ -23,6 +23,7 @@
 #include "actors/runtime_config.h"
 #include "actors/tp_ranks.h"
 #include "blend/blend_engine.h"
+#include "blend/pasted_chunks.h"
 #include "blend/store_backed_blend.h"
 #include "storage/disk_store.h"
 #include "storage/memory_store.h"
@@ -85,6 +86,11 @@ struct RuntimeContext {
   std::vector<StoredTier> tiers;        // lookup order
   std::unique_ptr<TieredKvStore> tiered;
   std::unique_ptr<BlendEngine> engine;
+  // The token sequences of chunks stored by this runtime (write-back, documents),
+  // where plain requests look for pasted passages (blend.find_pasted); null when off.
+  // A locked index, as the stores are: written by the write-back actor and
+  // store_document, read by the intake.
+  std::unique_ptr<PastedChunkIndex> pasted;
   // The engine over `tiered` in one call: the fallback when a stored entry failed
   // mid-load (the prefill is redone from whole entries). Null at tp > 1, where the
   // layer worker begins the prefill again with every part computed on every rank.

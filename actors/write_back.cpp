@@ -2,10 +2,11 @@
 // missed them (in the compute thread's background, after the first token) — in
 // RAM, through the SSD writer so they survive a restart, and through the remote
 // writer to the storage node (tiers.remote.write_back) so other workers find
-// them; the next request with these documents loads them. Detached: a RAM put is a
-// map insert on the CPU backends, but on a device backend it page-locks the entry
-// first (MemoryKvStore's pinner, a driver call); the writes are the writers' (their
-// queues are bounded: a full one drops the entry, counted).
+// them; the next request with these documents loads them, and so does a plain
+// request that pastes their text (the pasted-chunk index learns them). Detached: a
+// RAM put is a map insert on the CPU backends, but on a device backend it
+// page-locks the entry first (MemoryKvStore's pinner, a driver call); the writes
+// are the writers' (their queues are bounded: a full one drops the entry, counted).
 #include <caf/all.hpp>
 
 #include "actors/actor_counters.h"
@@ -20,6 +21,9 @@ write_back_actor::behavior_type write_back(write_back_actor::pointer self, Runti
       [=](kv_ready_atom, KeyedKv kk) {
         BusyScope busy(*c, self->mailbox().size());
         if (ctx->ram) ctx->ram->put(kk.key, kk.kv);
+        // Plain requests that paste this chunk's text find it (a prefix's tokens are
+        // indexed too: harmless, a prefix is rarely pasted).
+        if (ctx->pasted && kk.kv) ctx->pasted->add(kk.kv->tokens);
         if (ctx->remote && ctx->config.remote.write_back) enqueue_remote_write(*ctx, h->remote_writer(), kk);
         if (ctx->ssd) enqueue_write(*ctx, h->ssd_writer(), std::move(kk));
       },

@@ -84,6 +84,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.chunk_prelude, b.chunk_prelude);
   EXPECT_EQ(a.adaptive_ratio, b.adaptive_ratio);
   EXPECT_EQ(a.write_back, b.write_back);
+  EXPECT_EQ(a.find_pasted, b.find_pasted);
   EXPECT_EQ(a.max_requests, b.max_requests);
   EXPECT_EQ(a.max_queue, b.max_queue);
   EXPECT_EQ(a.max_decode_batch, b.max_decode_batch);
@@ -293,6 +294,8 @@ TEST(RuntimeConfigParse, ModesDeviationsPrecisions) {
   EXPECT_EQ(parse_runtime_config("blend: {quota: global}").blend.quota, Quota::Global);
   EXPECT_EQ(parse_runtime_config("blend: {filtering: single-pass}").blend.filtering, Filtering::SinglePass);
   EXPECT_EQ(parse_runtime_config("blend: {selection: impact}").blend.selection, Selection::Impact);
+  EXPECT_FALSE(parse_runtime_config("blend: {find_pasted: false}").find_pasted);
+  EXPECT_TRUE(parse_runtime_config("").find_pasted);
   EXPECT_EQ(parse_runtime_config("blend: {selection: attention}").blend.selection, Selection::Attention);
   EXPECT_EQ(parse_runtime_config("blend: {selection: deviation, filtering: two-pass}").blend.selection,
             Selection::Deviation);
@@ -339,7 +342,7 @@ TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
   e = error_of("blend: {zzzzzzzz: 1}");
   EXPECT_THAT(e, AllOf(HasSubstr("blend.zzzzzzzz: unknown key"),
                        HasSubstr("mode, ratio, adaptive_ratio, check_layers, schedule, min_tokens, deviation, quota, "
-                                 "filtering, selection, sink_tokens, chunk_prelude, write_back"),
+                                 "filtering, selection, sink_tokens, chunk_prelude, write_back, find_pasted"),
                        Not(HasSubstr("did you mean"))));
   EXPECT_THAT(error_of("limits: {max_request: 4}"), HasSubstr("limits.max_request: unknown key"));
   EXPECT_THAT(error_of("device: {gpu: 1}"), AllOf(HasSubstr("device.gpu: unknown key"), HasSubstr("kind, gpus, threads")));

@@ -408,6 +408,26 @@ TEST_F(ServerTest, DocumentsAreStoredAndHitWhicheverWayTheyArrive) {
   EXPECT_EQ(j2["usage"]["blendserve"]["chunks_ram"], 3);
   EXPECT_EQ(j2["choices"][0]["message"]["content"], j["choices"][0]["message"]["content"]);
 
+  // Pasted into one plain message, joined by blank lines as RAG frameworks paste
+  // them (no documents field): found by their tokens, cut out on their text, the
+  // same prompt and answer; the trace says how many were found.
+  std::string pasted;
+  for (const auto& d : kDocs) pasted += d + "\n\n";
+  json body3 = {{"model", kModel}, {"messages", {{{"role", "user"}, {"content", pasted + q}}}}, {"max_tokens", 16},
+                {"ratio", 0.15}};
+  auto res_pasted = post(c, "/v1/chat/completions", body3.dump());
+  ASSERT_TRUE(res_pasted);
+  ASSERT_EQ(res_pasted->status, 200) << res_pasted->body;
+  const json j3 = json::parse(res_pasted->body);
+  EXPECT_EQ(j3["usage"]["prompt_tokens"], u["prompt_tokens"]);
+  EXPECT_EQ(j3["usage"]["blendserve"]["chunks"], 3);
+  EXPECT_EQ(j3["usage"]["blendserve"]["chunks_ram"], 3);
+  EXPECT_EQ(j3["usage"]["prompt_tokens_details"]["cached_tokens"], j2["usage"]["prompt_tokens_details"]["cached_tokens"]);
+  EXPECT_EQ(j3["choices"][0]["message"]["content"], j["choices"][0]["message"]["content"]);
+  const json traces = json::parse(runtime_->traces_json(1));
+  ASSERT_EQ(traces.size(), 1u);
+  EXPECT_EQ(traces[0].value("pasted_chunks", -1), 3) << traces[0].dump();
+
   // DELETE removes it: the next request misses that chunk.
   auto del = c.Delete(("/v1/documents/" + ids[1]).c_str());
   ASSERT_TRUE(del);
