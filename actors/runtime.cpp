@@ -424,9 +424,13 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
     }
     ctx.ram = std::make_unique<MemoryKvStore>(ctx.config.ram.budget_bytes, std::move(pinner));
   }
+  if (ctx.config.find_pasted) ctx.pasted = std::make_unique<PastedChunkIndex>();
   if (ctx.config.ssd.enabled) {
+    // The chunks already on the SSD are findable pasted from the first request on.
+    DiskKvStore::EntryVisitor learn;
+    if (ctx.pasted) learn = [index = ctx.pasted.get()](const ChunkKey&, std::span<const int32_t> t) { index->add(t); };
     ctx.ssd = std::make_unique<DiskKvStore>(resolve_ssd_path(ctx.config), ctx.config.ssd.budget_bytes,
-                                            ctx.config.ssd.direct_io);
+                                            ctx.config.ssd.direct_io, learn);
     if (ctx.config.ssd.throttle_bytes_per_s > 0) ctx.ssd->set_read_throttle(ctx.config.ssd.throttle_bytes_per_s);
   }
   if (ctx.config.remote.enabled) {
@@ -457,7 +461,6 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   ctx.tiered = std::make_unique<TieredKvStore>(stores);
   const std::vector<int32_t> prelude = ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true);
   ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, prelude);
-  if (ctx.config.find_pasted) ctx.pasted = std::make_unique<PastedChunkIndex>();
   // Tensor parallel, a failed stored entry is handled by the layer worker (every part
   // computed on every rank): StoreBackedBlend decides hits on one rank alone.
   if (tp == 1) ctx.from_store = std::make_unique<StoreBackedBlend>(*ctx.engine, *ctx.tiered);

@@ -17,9 +17,9 @@ uint64_t whole_hash(std::span<const int32_t> tokens) {
 
 }  // namespace
 
-PastedChunkIndex::PastedChunkIndex(int window, size_t max_chunks) : window_(window), max_chunks_(max_chunks) {
+PastedChunkIndex::PastedChunkIndex(int window, int64_t max_tokens) : window_(window), max_tokens_(max_tokens) {
   if (window < 1) throw std::invalid_argument("pasted chunk index: window must be >= 1");
-  if (max_chunks < 1) throw std::invalid_argument("pasted chunk index: max_chunks must be >= 1");
+  if (max_tokens < window) throw std::invalid_argument("pasted chunk index: max_tokens must be >= the window");
   for (int k = 1; k < window; ++k) power_ *= kBase;
 }
 
@@ -30,17 +30,19 @@ uint64_t PastedChunkIndex::window_hash(const int32_t* t) const {
 }
 
 void PastedChunkIndex::add(std::span<const int32_t> tokens) {
-  if (static_cast<int64_t>(tokens.size()) < window_) return;  // never findable
+  const int64_t m = static_cast<int64_t>(tokens.size());
+  if (m < window_ || m > max_tokens_) return;  // never findable, or never fits
   const uint64_t whole = whole_hash(tokens);
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = whole_.find(whole); it != whole_.end() && it->second >= first_serial_) {
     const auto& known = chunks_[it->second - first_serial_];
     if (std::equal(known.begin(), known.end(), tokens.begin(), tokens.end())) return;
   }
-  if (chunks_.size() == max_chunks_) {
-    // Forget the oldest: its windows and its whole-hash entry point at a serial below
-    // first_serial_ from now on; they are dropped here so the maps stay bounded.
+  while (held_ + m > max_tokens_) {
+    // Forget the oldest: its windows and its whole-hash entry are dropped with it,
+    // so the maps stay bounded too.
     const auto& old = chunks_.front();
+    held_ -= static_cast<int64_t>(old.size());
     for (size_t o = 0; o + window_ <= old.size(); o += static_cast<size_t>(window_)) {
       auto [b, e] = windows_.equal_range(window_hash(old.data() + o));
       for (auto it = b; it != e;) it = it->second.chunk == first_serial_ ? windows_.erase(it) : std::next(it);
@@ -51,6 +53,7 @@ void PastedChunkIndex::add(std::span<const int32_t> tokens) {
   }
   const uint32_t serial = first_serial_ + static_cast<uint32_t>(chunks_.size());
   chunks_.emplace_back(tokens.begin(), tokens.end());
+  held_ += m;
   const auto& c = chunks_.back();
   for (size_t o = 0; o + window_ <= c.size(); o += static_cast<size_t>(window_))
     windows_.emplace(window_hash(c.data() + o), Place{serial, static_cast<uint32_t>(o)});
@@ -60,6 +63,10 @@ void PastedChunkIndex::add(std::span<const int32_t> tokens) {
 size_t PastedChunkIndex::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return chunks_.size();
+}
+int64_t PastedChunkIndex::tokens_held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_;
 }
 
 std::vector<PastedChunkIndex::Found> PastedChunkIndex::find(const Tokenizer& tok, std::string_view text,

@@ -17,9 +17,11 @@
 // sent with `documents` would give, which is what the blend was measured on.
 //
 // The index holds the token sequences of chunks known to be stored (write-back, the
-// documents endpoint); it is a hint: a chunk found here whose KV is no longer in any
-// tier is computed like any missed chunk. Bounded: past `max_chunks` the oldest are
-// forgotten. Thread-safe (one lock; a lookup is microseconds for a 6k-token prompt).
+// documents endpoint, the SSD tier's entries at start); it is a hint: a chunk found
+// here whose KV is no longer in any tier is computed like any missed chunk. Bounded
+// by the tokens it holds: past `max_tokens` the oldest chunks are forgotten.
+// Thread-safe (one lock; a lookup costs well under a millisecond for a 6k-token
+// prompt).
 #pragma once
 
 #include <cstdint>
@@ -38,13 +40,15 @@ namespace bs {
 class PastedChunkIndex {
  public:
   // window: tokens per hashed window (a chunk shorter than it is never found);
-  // max_chunks: how many chunks it remembers.
-  explicit PastedChunkIndex(int window = 16, size_t max_chunks = 100000);
+  // max_tokens: the chunks' tokens it holds at most (4 Mi tokens: 16 MiB of ids,
+  // about 8k chunks of 512 tokens, plus a quarter-million window entries).
+  explicit PastedChunkIndex(int window = 16, int64_t max_tokens = int64_t{4} << 20);
 
   // A chunk whose KV is stored (its tokens as the engine keys them). Adding the same
   // tokens again refreshes nothing and costs one lookup.
   void add(std::span<const int32_t> tokens);
-  size_t size() const;
+  size_t size() const;          // chunks held
+  int64_t tokens_held() const;  // their tokens
   int window() const { return window_; }
 
   // A stored chunk's tokens found in `text` (its tokens `ids`, tok.encode(text)):
@@ -65,7 +69,8 @@ class PastedChunkIndex {
   };
 
   int window_;
-  size_t max_chunks_;
+  int64_t max_tokens_;
+  int64_t held_ = 0;  // tokens of chunks_
   uint64_t power_ = 1;  // base^(window - 1), for rolling
   mutable std::mutex mu_;
   std::deque<std::vector<int32_t>> chunks_;  // oldest first

@@ -251,21 +251,22 @@ DiskKvStore::Entry::~Entry() {
 
 // ---- start-up ----
 
-DiskKvStore::DiskKvStore(std::string dir, int64_t byte_budget, bool direct_io)
+DiskKvStore::DiskKvStore(std::string dir, int64_t byte_budget, bool direct_io, const EntryVisitor& on_entry)
     : dir_(std::move(dir)), budget_(byte_budget), direct_(direct_io) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) throw std::system_error(ec, "DiskKvStore: cannot create " + dir_);
-  scan();
+  scan(on_entry);
 }
 
 std::string DiskKvStore::path_of(const ChunkKey& key) const { return dir_ + "/" + key.hex() + kSuffix; }
 
-void DiskKvStore::scan() {
+void DiskKvStore::scan(const EntryVisitor& on_entry) {
   struct Found {
     ChunkKey key;
     int64_t bytes;
     struct timespec mtime;
+    std::vector<int32_t> tokens;  // kept only for on_entry
   };
   std::vector<Found> found;
   std::error_code ec;
@@ -286,7 +287,7 @@ void DiskKvStore::scan() {
       if (::fstat(fd, &st) == 0) {
         auto h = read_header(fd, st.st_size);
         if (h && name == h->key.hex() + kSuffix) {
-          found.push_back({h->key, st.st_size, st.st_mtim});
+          found.push_back({h->key, st.st_size, st.st_mtim, on_entry ? std::move(h->tokens) : std::vector<int32_t>{}});
           ok = true;
         }
       }
@@ -298,6 +299,8 @@ void DiskKvStore::scan() {
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
     return a.mtime.tv_sec != b.mtime.tv_sec ? a.mtime.tv_sec < b.mtime.tv_sec : a.mtime.tv_nsec < b.mtime.tv_nsec;
   });
+  if (on_entry)
+    for (const Found& f : found) on_entry(f.key, f.tokens);
   std::lock_guard<std::mutex> lock(mu_);
   for (const Found& f : found) {
     lru_.push_front(f.key);

@@ -27,10 +27,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -45,10 +47,15 @@ class DiskKvStore final : public KvStore {
   static constexpr int64_t kAlign = 4096;  // header and layer alignment in the file
   static constexpr uint32_t kVersion = 1;
 
+  // Called at start for each valid entry found, oldest first, with its key and
+  // tokens: what another index of the stored chunks (the pasted-chunk index) learns
+  // from the headers the scan reads anyway.
+  using EntryVisitor = std::function<void(const ChunkKey&, std::span<const int32_t> tokens)>;
+
   // Creates `dir` if needed (throws std::system_error if it cannot) and indexes the
   // valid entries in it. byte_budget counts file sizes. direct_io: read with O_DIRECT
   // (falls back to buffered reads, with a warning, where the filesystem refuses).
-  DiskKvStore(std::string dir, int64_t byte_budget, bool direct_io = false);
+  DiskKvStore(std::string dir, int64_t byte_budget, bool direct_io = false, const EntryVisitor& on_entry = {});
 
   std::shared_ptr<const ChunkKv> get(const ChunkKey& key) override;
   bool contains(const ChunkKey& key) const override;
@@ -122,7 +129,7 @@ class DiskKvStore final : public KvStore {
     std::list<ChunkKey>::iterator lru_pos;
   };
 
-  void scan();
+  void scan(const EntryVisitor& on_entry);
   std::optional<Entry> open_entry(const ChunkKey& key);
   bool read_layer_raw(const Entry& e, int layer, std::byte* k, std::byte* v);
   // Charges `bytes` read since `started` to the throttle, sleeping as it says.

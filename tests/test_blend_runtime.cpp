@@ -130,6 +130,20 @@ TEST(Runtime, SsdTierSurvivesARestartAndGivesTheTokensRamGives) {
     int64_t per_chunk = 0;
     for (const auto& c : t.at("recomputed_per_chunk")) per_chunk += c.get<int64_t>();
     EXPECT_EQ(per_chunk, t.at("recomputed_tokens").get<int64_t>());
+    // The SSD's entries were learnt by the pasted-chunk index at start: the same
+    // documents pasted into a plain message (blank lines between) are found there,
+    // and the answer is the documents request's.
+    ASSERT_TRUE(rt.context().pasted);
+    EXPECT_GE(rt.context().pasted->size(), 3u);
+    RuntimeRequest plain = req;
+    std::string message;
+    for (const auto& d : req.documents) message += d + "\n\n";
+    plain.messages.back().content = message + plain.messages.back().content;
+    plain.documents.clear();
+    const auto pasted = rt.run(plain);
+    ASSERT_NE(pasted.finish_reason, "error") << pasted.error;
+    EXPECT_EQ(pasted.chunks_from("ssd"), 3);
+    EXPECT_EQ(pasted.tokens, from_ram.tokens);
   }
   {
     // With RAM on, an SSD hit is promoted: the next request finds the chunks in RAM.

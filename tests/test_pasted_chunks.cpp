@@ -156,10 +156,14 @@ TEST(PastedChunks, TheIndexIsBoundedAndForgetsTheOldestOnce) {
   REQUIRE_MODEL();
   const auto& tok = shared()->tok;
   const auto& tmpl = shared()->tmpl;
-  PastedChunkIndex index(16, 2);
+  // Room for the last two documents' tokens, not for all three.
+  const int64_t two = static_cast<int64_t>(document_chunk_tokens(tok, kDocs[1]).size() +
+                                           document_chunk_tokens(tok, kDocs[2]).size());
+  PastedChunkIndex index(16, two);
   for (const auto& d : kDocs) index.add(document_chunk_tokens(tok, d));
   index.add(document_chunk_tokens(tok, kDocs[2]));  // again: no second entry
   EXPECT_EQ(index.size(), 2u);
+  EXPECT_EQ(index.tokens_held(), two);
   PastedMatch match;
   const RagPrompt p = assemble_pasted_prompt(tok, tmpl, {{"user", pasted("", kDocs, kQuestion)}}, index, &match);
   EXPECT_EQ(match.chunks_found, 2);  // the first was forgotten
@@ -167,7 +171,7 @@ TEST(PastedChunks, TheIndexIsBoundedAndForgetsTheOldestOnce) {
   EXPECT_EQ(p.chunks[1], document_chunk_tokens(tok, kDocs[1]));
   EXPECT_EQ(p.chunks[2], document_chunk_tokens(tok, kDocs[2]));
   EXPECT_THROW(PastedChunkIndex(0), std::invalid_argument);
-  EXPECT_THROW(PastedChunkIndex(16, 0), std::invalid_argument);
+  EXPECT_THROW(PastedChunkIndex(16, 15), std::invalid_argument);
 }
 
 // The same passage twice in a message, and a message that is only passages: each
