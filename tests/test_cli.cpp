@@ -201,6 +201,43 @@ TEST(Cli, EvalPrintsCasesAndASummaryPerMode) {
   EXPECT_NE(r.out.find("/nonexistent.jsonl"), std::string::npos) << r.out;
 }
 
+// --pasted: each case's documents pasted into the message (no documents field) are
+// all found by the pasted-chunk index; with no lead-in the prompt is the documents
+// request's token for token, with one the lead-in is a part of its own. --match-only
+// runs no model pass. With the model's runs, the case lines carry what was found and
+// the blend cached every passage.
+TEST(Cli, EvalPastedFindsEveryStoredPassageInThePlainMessage) {
+  REQUIRE_MODEL();
+  const std::string data = shortened_cases("pasted.jsonl", 4, 3);
+  for (const std::string& lead : {std::string(""), std::string("Context: ")}) {
+    SCOPED_TRACE("lead '" + lead + "'");
+    auto r = run("blendctl eval --dataset " + data + " --pasted --match-only --paste-lead '" + lead + "'");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto lines = json_lines(r.out);
+    ASSERT_EQ(lines.size(), 5u) << r.out;  // 4 cases + the summary
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(lines[i].at("pasted_found").get<double>(), 1.0) << lines[i].dump();
+      EXPECT_EQ(lines[i].at("pasted_chunks_found"), 3);
+      EXPECT_EQ(lines[i].at("pasted_as_documents").get<bool>(), lead.empty());
+    }
+    const auto& s = lines[4];
+    EXPECT_EQ(s.at("eval"), "pasted");
+    EXPECT_EQ(s.at("found_fraction").get<double>(), 1.0);
+    EXPECT_EQ(s.at("as_documents_cases"), lead.empty() ? 4 : 0);
+    EXPECT_GT(s.at("stored_tokens").get<int64_t>(), 100);
+  }
+  auto r = run("blendctl eval --dataset " + shortened_cases("pasted1.jsonl", 1, 3) +
+               " --pasted --paste-lead 'Context: ' --mode reuse --max-tokens 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto lines = json_lines(r.out);
+  ASSERT_GE(lines.size(), 2u) << r.out;
+  EXPECT_EQ(lines[0].at("mode"), "reuse");
+  EXPECT_EQ(lines[0].at("pasted_found").get<double>(), 1.0);
+  EXPECT_GT(lines[0].at("cached_tokens").get<int64_t>(), 100) << "the passages and the lead-in come from the store";
+  r = run("blendctl eval --dataset " + data + " --match-only");
+  EXPECT_NE(r.code, 0) << "--match-only needs --pasted";
+}
+
 TEST(Cli, TtftBenchRunsAllFourModes) {
   REQUIRE_MODEL();
   auto r = run("blendctl bench ttft --chunks 2 --chunk-tokens 64 --requests 1");

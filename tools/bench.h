@@ -152,6 +152,13 @@ struct EvalOptions {
   int max_cases = 0;   // 0: all
   int max_tokens = 32;
   bool print_cases = true;
+  // --pasted: each case's documents are stored, then sent pasted into the user's
+  // message (paste_lead, the passages joined by blank lines, the question) with no
+  // documents field; the runs use the prompt the pasted-chunk index makes of it
+  // (blend/pasted_chunks.h). Case lines say how much of the stored passages was found.
+  bool pasted = false;
+  std::string paste_lead;
+  bool match_only = false;  // --pasted without the model's runs: only what was found
   std::string system_prompt =
       "You will be asked a question after reading several passages. Please directly answer the question based on "
       "the given passages. Do NOT repeat the question. The answer should be within 5 words.";

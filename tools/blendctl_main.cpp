@@ -390,6 +390,13 @@ int main(int argc, char** argv) {
   eval->add_option("--skip-cases", eopt.skip_cases, "Skip the first N cases")->check(CLI::NonNegativeNumber);
   eval->add_option("--max-tokens", eopt.max_tokens, "Answer length limit")->check(CLI::Range(1, 512));
   eval->add_flag("!--no-cases", eopt.print_cases, "Print only the summary lines");
+  auto* pasted_flag = eval->add_flag(
+      "--pasted", eopt.pasted,
+      "Send each case's stored documents pasted into the message (no documents field): the runs use the chunks "
+      "the pasted-chunk index finds; case lines say how much was found");
+  eval->add_option("--paste-lead", eopt.paste_lead, "Text before the pasted passages (with --pasted)")->needs(pasted_flag);
+  eval->add_flag("--match-only", eopt.match_only, "With --pasted: only report what was found, run no model pass")
+      ->needs(pasted_flag);
   eval->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
   eval->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
 

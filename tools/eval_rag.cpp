@@ -37,6 +37,7 @@
 #include <xxhash.h>
 
 #include "blend/blend_engine.h"
+#include "blend/pasted_chunks.h"
 #include "kernels/kv_view.h"
 #include "blend/store_backed_blend.h"
 #include "storage/memory_store.h"
@@ -263,6 +264,12 @@ int eval_rag(const EvalOptions& opt) {
   blend_opt.selection = parse_selection(opt.selection);
   blend_opt.sink_tokens = opt.sink_tokens;
   int reference_hits = 0;
+  // --pasted: what the index found, over the cases (token-weighted).
+  struct {
+    int cases = 0, same = 0;
+    int64_t stored = 0, found = 0;
+    double match_s = 0, plain_s = 0;  // assemble_pasted_prompt, and assemble_rag_prompt of the same message
+  } pasted_sum;
 
   // A finished run's line: into its totals, and printed.
   const auto record = [&](size_t run_no, const json& line) {
@@ -294,10 +301,54 @@ int eval_rag(const EvalOptions& opt) {
     if (answers.empty()) throw std::runtime_error("case " + c.value("id", "?") + " has no answers");
     // The CacheBlend evaluation's instructions (blend_musique.py): a fixed system
     // prompt (reused as the exact prefix) and the question after the passages.
-    const RagPrompt prompt = assemble_rag_prompt(
+    RagPrompt prompt = assemble_rag_prompt(
         tok, model.chat_template(),
         {{"system", opt.system_prompt}, {"user", opt.question_prefix + question}}, docs);
-    from_store.warm(prompt);  // cached modes find every chunk in RAM
+    if (!opt.match_only) from_store.warm(prompt);  // cached modes find every chunk in RAM
+    json pasted_facts;
+    if (opt.pasted) {
+      // The same request as a framework pastes it: the stored passages found in the
+      // message by the index (as a server's write-back left them) become its chunks.
+      PastedChunkIndex index;
+      int64_t stored = 0;
+      for (const auto& chunk : prompt.chunks) {
+        index.add(chunk);
+        stored += static_cast<int64_t>(chunk.size());
+      }
+      std::string message = opt.paste_lead;
+      for (const auto& d : docs) message += d + "\n\n";
+      message += opt.question_prefix + question;
+      PastedMatch m;
+      const std::vector<ChatMessage> pasted_chat = {{"system", opt.system_prompt}, {"user", message}};
+      // What the search costs beside the plain assembly of the same message (a hit
+      // checks the text too, so a miss costs less).
+      const auto m0 = std::chrono::steady_clock::now();
+      RagPrompt as_pasted = assemble_pasted_prompt(tok, model.chat_template(), pasted_chat, index, &m);
+      const auto m1 = std::chrono::steady_clock::now();
+      const RagPrompt plain = assemble_rag_prompt(tok, model.chat_template(), pasted_chat, {});
+      const auto m2 = std::chrono::steady_clock::now();
+      pasted_sum.match_s += std::chrono::duration<double>(m1 - m0).count();
+      pasted_sum.plain_s += std::chrono::duration<double>(m2 - m1).count();
+      static_cast<void>(plain);  // timed only
+      const bool same = as_pasted.concatenated() == prompt.concatenated();
+      pasted_facts = {{"pasted_found", stored > 0 ? static_cast<double>(m.chunk_tokens) / stored : 0.0},
+                      {"pasted_chunks_found", m.chunks_found},
+                      {"documents", static_cast<int>(prompt.chunks.size())},
+                      {"pasted_as_documents", same}};
+      pasted_sum.cases += 1;
+      pasted_sum.stored += stored;
+      pasted_sum.found += m.chunk_tokens;
+      pasted_sum.same += same ? 1 : 0;
+      if (opt.match_only) {
+        json line = {{"id", c.value("id", std::to_string(case_no))}, {"case", case_no}};
+        line.update(pasted_facts);
+        if (opt.print_cases) std::printf("%s\n", line.dump().c_str());
+        progress.resumed(static_cast<int>(runs.size()));
+        continue;
+      }
+      prompt = std::move(as_pasted);
+      from_store.warm(prompt);  // a lead-in of its own is a part too, stored as write-back would
+    }
 
     // Teacher forcing: the first gold answer (all tokens but its last) appended to
     // the suffix; the last A rows' logits predict the answer's A tokens. An answer
@@ -372,6 +423,7 @@ int eval_rag(const EvalOptions& opt) {
                         {"cached_tokens", gen.stats.cached_tokens},
                         {"output", out.text}};
       if (mode == BlendMode::Blend) case_line["ratio"] = runs[run_no].ratio;
+      if (!pasted_facts.is_null()) case_line.update(pasted_facts);
       if (log) log->append(case_line);  // kept before it counts: a kill after this loses nothing
       record(run_no, case_line);
       progress.tick();
@@ -429,6 +481,22 @@ int eval_rag(const EvalOptions& opt) {
     if (!opt.reference_dir.empty()) s["reference_cases_read"] = reference_hits;
     std::printf("%s\n", s.dump().c_str());
   }
+  if (opt.pasted) {
+    // The stored passages' tokens found, over all cases; cases whose pasted prompt is
+    // token for token the documents request's.
+    const json p = {{"eval", "pasted"},
+                    {"cases", pasted_sum.cases},
+                    {"paste_lead", opt.paste_lead},
+                    {"found_fraction", pasted_sum.stored > 0 ? static_cast<double>(pasted_sum.found) /
+                                                                   static_cast<double>(pasted_sum.stored)
+                                                             : 0.0},
+                    {"stored_tokens", pasted_sum.stored},
+                    {"found_tokens", pasted_sum.found},
+                    {"as_documents_cases", pasted_sum.same},
+                    {"assemble_pasted_ms", pasted_sum.cases ? 1e3 * pasted_sum.match_s / pasted_sum.cases : 0.0},
+                    {"assemble_plain_ms", pasted_sum.cases ? 1e3 * pasted_sum.plain_s / pasted_sum.cases : 0.0}};
+    std::printf("%s\n", p.dump().c_str());
+  }
   if (!sweep) return 0;
 
   const int cases = last - first;
@@ -469,7 +537,7 @@ int eval_rag(const EvalOptions& opt) {
     }
     chart.subtitle = "blend: check layers " + layers + ", " + filtering_name(blend_opt.filtering) + " filtering, " +
                      quota_name(blend_opt.quota) + " quota, " + deviation_name(blend_opt.deviation) +
-                     " deviation\nkernels " + backend->kernel_id() + ", precision " + kernels::precision_name(precision) +
+                     " deviation, selection " + selection_name(blend_opt.selection) + "\nkernels " + backend->kernel_id() + ", precision " + kernels::precision_name(precision) +
                      ", KV " + kernels::kv_dtype_name(kv_dtype) + "; greedy, up to " +
                      std::to_string(opt.max_tokens) + " tokens; means over cases";
     chart.points = points;
