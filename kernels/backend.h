@@ -257,7 +257,8 @@ class Backend {
   // reference's arithmetic is the definition: each score an fp32 dot product summed
   // over head_dim in order, times scale; the row's max, exp(s - max) and their fp32
   // sum in key order; each weight (fp32 e / sum) added to out[j] in double, heads then
-  // rows. The CPU gives the same doubles; a device backend may add in another order.
+  // rows. Other backends agree within fp32 rounding (vector FMAs and exps on the CPU,
+  // atomics in the scheduler's order on a device).
   // Rows with qpos < 0 see no key. K elements are kv.dtype, read as their fp32 value.
   virtual void attention_mass(const float* q,       // [n, q_heads, kv.head_dim]
                               const int32_t* qpos,  // [n]

@@ -734,10 +734,11 @@ TEST_P(BackendOps, KvDeviationEqualsTheReference) {
   }
 }
 
-// The attention query rows pay each key: the CPU backend's doubles are the
-// reference's bit for bit (every dtype, a paged cache, rows that see all, part or none
-// of the keys), and both are the softmax weights computed here in double: each row's
-// weights over the keys it sees sum to one per query head.
+// The attention query rows pay each key: the CPU backend's (the variant's vector
+// kernels) agree with the reference's within fp32 rounding (every dtype, a paged cache,
+// rows that see all, part or none of the keys), and both are the softmax weights
+// computed here in double: each row's weights over the keys it sees sum to one per
+// query head.
 TEST_P(BackendOps, AttentionMassEqualsTheReferenceAndIsTheSoftmaxWeights) {
   const int64_t kv_heads = 3, q_heads = 9, group = q_heads / kv_heads, hd = 64, rows = 130, n_kv = 120;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -753,7 +754,9 @@ TEST_P(BackendOps, AttentionMassEqualsTheReferenceAndIsTheSoftmaxWeights) {
     std::vector<double> a(static_cast<size_t>(n_kv), NAN), b(a.size(), NAN);
     cpu->attention_mass(q.data(), qpos.data(), paged.view, n, q_heads, n_kv, scale, a.data());
     ref->attention_mass(q.data(), qpos.data(), paged.view, n, q_heads, n_kv, scale, b.data());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double))) << what;
+    for (int64_t j = 0; j < n_kv; ++j)
+      EXPECT_NEAR(a[static_cast<size_t>(j)], b[static_cast<size_t>(j)], 1e-5 * (1.0 + b[static_cast<size_t>(j)]))
+          << what << " key " << j;
     std::vector<double> want(static_cast<size_t>(n_kv), 0.0);
     double rows_seen = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -796,7 +799,7 @@ TEST_P(BackendOps, AttentionMassEqualsTheReferenceAndIsTheSoftmaxWeights) {
 }
 
 // A long prompt: the CPU backend takes its (head, row) pairs in blocks whose exps fit
-// its scratch bound; the sums stay the reference's.
+// its scratch bound; the sums stay the reference's (within rounding).
 TEST_P(BackendOps, AttentionMassOverManyKeysEqualsTheReference) {
   const int64_t kv_heads = 1, q_heads = 2, hd = 16, rows = 70000, n = 40;
   const auto ck = random_vec(static_cast<size_t>(kv_heads * rows * hd), 71), cv = random_vec(ck.size(), 72);
@@ -807,8 +810,10 @@ TEST_P(BackendOps, AttentionMassOverManyKeysEqualsTheReference) {
   std::vector<double> a(static_cast<size_t>(rows)), b(a.size());
   cpu->attention_mass(q.data(), qpos.data(), paged.view, n, q_heads, rows, 0.25f, a.data());
   ref->attention_mass(q.data(), qpos.data(), paged.view, n, q_heads, rows, 0.25f, b.data());
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double)));
-  EXPECT_NEAR(std::accumulate(a.begin(), a.end(), 0.0), static_cast<double>(n * q_heads), 1e-6 * n * q_heads);
+  double worst = 0;
+  for (size_t j = 0; j < a.size(); ++j) worst = std::max(worst, std::fabs(a[j] - b[j]) / (1e-3 + b[j]));
+  EXPECT_LT(worst, 1e-4);
+  EXPECT_NEAR(std::accumulate(a.begin(), a.end(), 0.0), static_cast<double>(n * q_heads), 1e-5 * n * q_heads);
 }
 
 // top_k: the k largest, largest first, equal scores by lower index, NaN last; the CPU

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -221,12 +220,13 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // The reference's arithmetic (backend.h) in three vectorizable, parallel phases per
-  // KV head: its K widened and transposed once ([head_dim, n_kv], so a row's scores
-  // are summed over head_dim in order while the loop runs across keys); each
-  // (head, row)'s exps and sum; then the weights added per key, in the reference's
-  // (head, row) order, by threads that own runs of keys. Rows go in blocks whose exps
-  // fit kMassBlockBytes, so a long question does not hold n * q_heads * n_kv floats.
+  // Three parallel phases per KV head: its K widened and transposed once
+  // ([head_dim, n_kv]); each (head, row)'s exps and their sum by the variant's
+  // softmax_exps (vector FMAs across keys and a vector exp: within fp32 rounding of
+  // the reference, not its bits); then the weights added per key in double, in the
+  // reference's (head, row) order, by threads that own runs of keys. Rows go in blocks
+  // whose exps fit kMassBlockBytes, so a long question does not hold
+  // n * q_heads * n_kv floats.
   void attention_mass(const float* q, const int32_t* qpos, const KvView& kv, int64_t n, int64_t q_heads,
                       int64_t n_kv, float scale, double* out) override {
     if (n_kv < 0 || n_kv > kv.capacity) throw std::out_of_range("attention_mass: n_kv beyond the cache");
@@ -265,19 +265,8 @@ class CpuBackend final : public Backend {
           const int64_t count = std::min<int64_t>(n_kv, int64_t{qpos[i]} + 1);
           counts[static_cast<size_t>(b)] = count;
           if (count <= 0) continue;
-          const float* qv = q + (i * q_heads + h) * hd;
-          float* s = e.data() + b * n_kv;
-          std::fill(s, s + count, 0.0f);
-          for (int64_t d = 0; d < hd; ++d) {
-            const float qd = qv[d];
-            const float* kd = kt.data() + d * n_kv;
-            for (int64_t j = 0; j < count; ++j) s[j] += qd * kd[j];
-          }
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < count; ++j) mx = std::max(mx, s[j] *= scale);
-          float sum = 0.0f;
-          for (int64_t j = 0; j < count; ++j) sum += (s[j] = std::exp(s[j] - mx));
-          sums[static_cast<size_t>(b)] = sum;
+          sums[static_cast<size_t>(b)] =
+              k_.softmax_exps(q + (i * q_heads + h) * hd, kt.data(), n_kv, hd, count, scale, e.data() + b * n_kv);
         }
 #pragma omp parallel for schedule(static) if (m * n_kv >= (1 << 14))
         for (int64_t j = 0; j < n_kv; ++j) {

@@ -36,6 +36,14 @@ struct CpuKernels {
                  float* out,            // [n, ff]
                  int64_t n, int64_t ff);
 
+  // One query head's softmax numerators over `count` keys held transposed:
+  // e[j] = exp(scale * q . kt[:, j] - max over j), fp32 (vector FMAs: not the
+  // reference's order); returns their sum. Backend::attention_mass's inner loop.
+  float (*softmax_exps)(const float* q,   // [head_dim]
+                        const float* kt,  // [head_dim, stride]: key j in column j
+                        int64_t stride, int64_t head_dim, int64_t count, float scale,
+                        float* e);        // [count]
+
   // Causal-by-position attention, the contract of Backend::attention; tiled online
   // softmax, fp32 (prefill-size n).
   void (*attention)(const float* q,       // [n, q_heads, kv.head_dim]

@@ -10,6 +10,7 @@ const CpuKernels kKernels = {
     rmsnorm,
     rope,
     swiglu,
+    softmax_exps,
     attention,
     attention_decode,
     attention_decode_rows,
