@@ -254,10 +254,10 @@ std::vector<int64_t> apportion(int64_t total, const std::vector<int64_t>& sizes,
 }  // namespace
 
 // Rows that go on after a check layer: every row that is not a candidate, and the
-// candidates with the largest deviation within the budget (the forced tokens are
-// part of it). Largest deviation first, ties by position so the choice is
-// deterministic (the backend's top_k: by index, and candidates are in position
-// order). `deviation`: the candidates' scores (score_candidates), `cand_rows` their
+// candidates with the largest score within the budget (the forced tokens are part of
+// it). Largest score first, ties by position so the choice is deterministic (the
+// backend's top_k: by index, and candidates are in position order). `deviation`: the
+// candidates' scores (score_candidates' deviations, or query_aware_scores), `cand_rows` their
 // rows. Returns row indices ascending and how many candidates stayed.
 static std::pair<std::vector<int32_t>, int64_t> keep_after_check(kernels::Backend& be, const BlendSelection& sel,
                                                                   const BlendOptions& opt, float fraction,

@@ -7,7 +7,8 @@
 // every cached chunk token (the candidates) start at layer 0. At each check layer
 // the candidates' fresh K/V are compared with the loaded, repaired K/V; the fresh
 // K/V of every row computed there is kept in the cache, and only the candidates
-// with the largest deviation continue to the next layer, from their hidden states.
+// with the largest score (the deviation, or a query-aware rule: Selection) continue
+// to the next layer, from their hidden states.
 // After the last check layer the survivors are the recomputed tokens; everything
 // else keeps its loaded KV from there on. One check layer is the one-shot variant
 // of the open implementations; several with a narrowing schedule is gradual

@@ -7,9 +7,9 @@
 #   3. ASan+UBSan build in build-asan/ (clang, -O1, with the fuzzers' coverage hooks, so
 #      the fuzz targets reuse its objects); the unit tests (label "unit") under it, and the
 #      actor runtime's protocol tests and quick runtime tests (label "asan_model"), -j nproc
-#   4. the GGUF reader's, the request parser's and the remote frame codec's libFuzzer
-#      targets, built in build-asan/, one process each, as many side by side as there
-#      are cores, for BLENDSERVE_FUZZ_SECONDS each (default 30)
+#   4. the GGUF reader's, the request parser's, the remote frame codec's and the pasted-passage
+#      search's libFuzzer targets, built in build-asan/, one process each, as many side by side
+#      as there are cores, for BLENDSERVE_FUZZ_SECONDS each (default 30)
 # Set BLENDSERVE_SKIP_SANITIZE=1 to skip steps 3 and 4 while iterating.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,7 +66,7 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   CC=clang CXX=clang++ cmake -S "$ROOT" -B "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DBLENDSERVE_SANITIZE=ON -DBLENDSERVE_FUZZ=ON >/dev/null
   # Only what runs under the sanitizers (tests/CMakeLists.txt: sanitizer_tests) and the fuzzers.
-  cmake --build "$ROOT/build-asan" -j"$JOBS" --target sanitizer_tests fuzz_gguf fuzz_chat_request fuzz_remote_frame
+  cmake --build "$ROOT/build-asan" -j"$JOBS" --target sanitizer_tests fuzz_gguf fuzz_chat_request fuzz_remote_frame fuzz_pasted_prompt
   step "unit tests and the actor runtime under ASan+UBSan"
   # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
   # In parallel: most of these are single-threaded under the sanitizers; the unit tests
@@ -78,9 +78,9 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   # full time (built above, so FUZZ_PREBUILT). A fuzzer's whole output is printed when it
   # fails, its last lines (final stats) when it does not.
   FUZZ_SECONDS="${BLENDSERVE_FUZZ_SECONDS:-30}"
-  FUZZERS=(fuzz_gguf fuzz_chat_request fuzz_remote_frame)
+  FUZZERS=(fuzz_gguf fuzz_chat_request fuzz_remote_frame fuzz_pasted_prompt)
   FUZZ_FAILED=0
-  step "fuzzing the GGUF reader, the chat-completion request parser and the remote tier's frame codec"
+  step "fuzzing the GGUF reader, the chat-completion request parser, the remote tier's frame codec and the pasted-passage search"
   for ((first = 0; first < ${#FUZZERS[@]}; first += JOBS)); do
     PIDS=()
     BATCH=("${FUZZERS[@]:first:JOBS}")
