@@ -1,6 +1,7 @@
 // What every actor of one runtime shares: the config, the model and its compute,
-// the store tiers, the compute thread, the tensor-parallel ranks, and two
-// append-only books found by request id (traces, the front end's records).
+// the store tiers, the compute thread, the tensor-parallel ranks, two append-only
+// books found by request id (traces, the front end's records), and the locked index
+// of stored chunks that plain requests' pasted passages are looked up in.
 // Per-request execution state is not here: a prefill's load target and compute state
 // are the layer worker's (a follower rank's, its rank worker's), slots and page
 // reservations the intake's (in_flight / queued are its published gauges). What else

@@ -228,36 +228,53 @@ struct OracleScores {
   std::vector<double> deviation;   // one per position
 };
 
+// The cache as the loaders leave it: the stored prefix at 0 and every chunk with
+// hit[i] placed at its offset (K rotated there).
+KvCache loaded_cache(BlendSetup& s, const RagPrompt& prompt, const std::vector<char>& hit) {
+  const auto& c = s.m.config();
+  auto cache = s.tf.make_cache(prompt.size());
+  auto prefix = s.store.get(s.engine.prefix_key(prompt.prefix));
+  EXPECT_TRUE(prefix);
+  const int64_t P = static_cast<int64_t>(prompt.prefix.size());
+  for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(prefix->k_layer(l), prefix->v_layer(l), prefix->dtype, P, l, 0, cache);
+  for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+    if (!hit[i]) continue;
+    auto kv = s.store.get(s.engine.chunk_key(prompt.chunks[i]));
+    EXPECT_TRUE(kv);
+    place_chunk_kv(*kv, prompt.chunk_offset(i), cache, s.m.backend(), s.m.rope());
+  }
+  return cache;
+}
+
+// The hidden states [rows, dim] of the prompt's tokens at `rows` after layer 0, which
+// wrote their K/V into the cache and attended over its keys [0, n_kv).
+std::vector<float> after_layer0(BlendSetup& s, const RagPrompt& prompt, const std::vector<int32_t>& rows,
+                                KvCache& cache, int64_t n_kv) {
+  const auto all = prompt.concatenated();
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[i] = all[rows[i]];
+  std::vector<float> hidden(static_cast<size_t>(n * s.m.config().dim));
+  s.tf.embed(ids, hidden.data());
+  s.tf.run_layer(0, hidden.data(), rows.data(), n, cache, n_kv);
+  return hidden;
+}
+
 OracleScores oracle_layer1_deviation(BlendSetup& s, const RagPrompt& prompt, const std::vector<char>& hit,
                                      Deviation which) {
   const auto& c = s.m.config();
-  const int64_t N = prompt.size(), P = static_cast<int64_t>(prompt.prefix.size());
-  const int64_t chunks_end = prompt.suffix_offset();
-  auto cache = s.tf.make_cache(N);
-  auto prefix = s.store.get(s.engine.prefix_key(prompt.prefix));
-  EXPECT_TRUE(prefix);
-  for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(prefix->k_layer(l), prefix->v_layer(l), prefix->dtype, P, l, 0, cache);
+  auto cache = loaded_cache(s, prompt, hit);
   std::vector<int32_t> rows;  // every chunk token, in position order
   std::vector<char> cached_row;
   for (size_t i = 0; i < prompt.chunks.size(); ++i) {
     const int64_t off = prompt.chunk_offset(i), m = static_cast<int64_t>(prompt.chunks[i].size());
-    if (hit[i]) {
-      auto kv = s.store.get(s.engine.chunk_key(prompt.chunks[i]));
-      EXPECT_TRUE(kv);
-      place_chunk_kv(*kv, off, cache, s.m.backend(), s.m.rope());
-    }
     for (int64_t j = 0; j < m; ++j) {
       rows.push_back(static_cast<int32_t>(off + j));
       cached_row.push_back(hit[i]);
     }
   }
-  const auto all = prompt.concatenated();
   const int64_t n = static_cast<int64_t>(rows.size());
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[i] = all[rows[i]];
-  std::vector<float> hidden(static_cast<size_t>(n * c.dim));
-  s.tf.embed(ids, hidden.data());
-  s.tf.run_layer(0, hidden.data(), rows.data(), n, cache, chunks_end);
+  auto hidden = after_layer0(s, prompt, rows, cache, prompt.suffix_offset());
   const int64_t kvd = c.kv_dim(), hd = c.head_dim;
   std::vector<float> q(static_cast<size_t>(n * c.q_dim())), k(static_cast<size_t>(n * kvd)), v(k.size());
   s.tf.project_qkv(1, hidden.data(), rows.data(), n, q.data(), k.data(), v.data());
@@ -355,23 +372,10 @@ OracleScores oracle_layer1_query_aware(BlendSetup& s, const RagPrompt& prompt, S
   const auto& c = s.m.config();
   const int64_t N = prompt.size(), P = static_cast<int64_t>(prompt.prefix.size());
   const int64_t S = static_cast<int64_t>(prompt.suffix.size());
-  auto cache = s.tf.make_cache(N);
-  auto prefix = s.store.get(s.engine.prefix_key(prompt.prefix));
-  EXPECT_TRUE(prefix);
-  for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(prefix->k_layer(l), prefix->v_layer(l), prefix->dtype, P, l, 0, cache);
-  for (size_t i = 0; i < prompt.chunks.size(); ++i) {
-    auto kv = s.store.get(s.engine.chunk_key(prompt.chunks[i]));
-    EXPECT_TRUE(kv);
-    place_chunk_kv(*kv, prompt.chunk_offset(i), cache, s.m.backend(), s.m.rope());
-  }
+  auto cache = loaded_cache(s, prompt, std::vector<char>(prompt.chunks.size(), 1));
   const auto rows = iota_positions(P, N);  // every chunk token, then the suffix
-  const auto all = prompt.concatenated();
   const int64_t n = static_cast<int64_t>(rows.size());
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[i] = all[rows[i]];
-  std::vector<float> hidden(static_cast<size_t>(n * c.dim));
-  s.tf.embed(ids, hidden.data());
-  s.tf.run_layer(0, hidden.data(), rows.data(), n, cache, N);
+  auto hidden = after_layer0(s, prompt, rows, cache, N);
   const int64_t kvd = c.kv_dim(), qd = c.q_dim();
   std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kvd)), v(k.size());
   s.tf.project_qkv(1, hidden.data(), rows.data(), n, q.data(), k.data(), v.data());
