@@ -5,6 +5,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <exception>
 #include <functional>
 #include <string>
@@ -15,6 +16,7 @@
 #include <caf/scheduled_actor.hpp>
 
 #include "actors/interfaces.h"
+#include "actors/restart_intensity.h"
 #include "actors/runtime_context.h"
 
 namespace bs {
@@ -27,6 +29,8 @@ struct IntakeState {
   std::unordered_map<uint64_t, int64_t> admitted;
   std::deque<RequestPlan> queue;  // prepared, waiting for a slot, in arrival order
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> queued_at;  // by id (trace)
+  // A resume message is on its way (admission paused after a restart), due then.
+  std::optional<std::chrono::steady_clock::time_point> resume_due;
   static constexpr const char* name = "intake";
 };
 // Validates, tokenizes and keys a request (its record is in the RequestBook) into
@@ -112,15 +116,20 @@ struct InspectorState {
   std::deque<uint64_t> trace_files;  // ids of the <id>.json files written, oldest first
   static constexpr const char* name = "inspector";
 };
-// What the runtime does when a supervised actor died: `restart` gets its name,
-// its id and why it died, fails what it held, and returns its successor
-// (already in the Handles), or an invalid handle when it is not to be restarted
-// (the runtime is shutting down).
+// What the runtime does when a supervised actor died. `restart` gets its name, its
+// id, why it died and the backoff its restart intensity asks for (seconds admission
+// pauses; 0: none), fails what it held, and returns its successor (already in the
+// Handles), or an invalid handle when it is not to be restarted (the runtime is
+// shutting down). `give_up`: the role died more often than `limits` allow; it fails
+// what it held and every request, and marks the runtime failed (no successor).
 struct SupervisorHooks {
-  std::function<caf::actor(const std::string& name, uint64_t id, const caf::error& reason)> restart;
+  std::function<caf::actor(const std::string& name, uint64_t id, const caf::error& reason, double backoff_s)> restart;
+  std::function<void(const std::string& name, uint64_t id, const caf::error& reason, int deaths)> give_up;
+  RestartLimits limits;
 };
 struct SupervisorState {
   std::unordered_map<caf::actor_addr, std::string> children;  // monitored: name
+  std::unordered_map<std::string, RestartIntensity> intensity;  // by role name: its recent deaths
   static constexpr const char* name = "supervisor";
 };
 supervisor_actor::behavior_type supervisor(supervisor_actor::stateful_pointer<SupervisorState> self,

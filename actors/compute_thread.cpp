@@ -10,8 +10,9 @@
 namespace bs {
 
 ComputeThread::ComputeThread(int threads, std::chrono::steady_clock::duration background_max_wait,
-                             CountersPtr counters)
+                             CountersPtr counters, size_t max_background)
     : background_max_wait_(background_max_wait),
+      max_background_(max_background),
       counters_(std::move(counters)),
       thread_([this, threads] { loop(threads); }) {}
 
@@ -21,8 +22,14 @@ bool ComputeThread::submit(std::function<void()> job, Priority p) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return false;
-    if (p == Priority::Urgent) urgent_.push_back(std::move(job));
-    else background_.push_back({std::move(job), std::chrono::steady_clock::now()});
+    if (p == Priority::Urgent) {
+      urgent_.push_back(std::move(job));
+    } else if (background_.size() >= max_background_) {
+      ++background_refused_;
+      return false;
+    } else {
+      background_.push_back({std::move(job), std::chrono::steady_clock::now()});
+    }
   }
   cv_.notify_one();
   return true;
@@ -42,6 +49,11 @@ void ComputeThread::stop(bool finish_background) {
 int64_t ComputeThread::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(urgent_.size() + background_.size());
+}
+
+int64_t ComputeThread::background_refused() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return background_refused_;
 }
 
 double ComputeThread::busy_seconds() const {

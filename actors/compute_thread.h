@@ -7,6 +7,11 @@
 // work (write-back), one job at a time — except that a background job that has
 // waited `background_max_wait` runs next even when urgent work is queued, so steady
 // urgent work (many streams decoding) cannot starve the write-back for ever.
+// Both queues are bounded: the background queue by `max_background` jobs (a submit
+// beyond it is refused and counted: background work is write-back, a cache that is
+// recomputed on the next miss), the urgent one by what submits to it — each admitted
+// request has at most one prefill step or document compute queued, and the decoding
+// streams one step between them (limits.max_requests bounds it).
 #pragma once
 
 #include <chrono>
@@ -27,15 +32,19 @@ class ComputeThread {
   // threads: OpenMP threads for the jobs (0 = all cores). counters: where it
   // reports to the inspector as an actor would (jobs as messages, the queue as
   // its mailbox); may be null.
+  // max_background: background jobs queued at most.
   explicit ComputeThread(int threads,
                          std::chrono::steady_clock::duration background_max_wait = std::chrono::seconds(2),
-                         CountersPtr counters = nullptr);
+                         CountersPtr counters = nullptr, size_t max_background = kDefaultMaxBackground);
+  static constexpr size_t kDefaultMaxBackground = 256;
   ~ComputeThread();  // stop(false)
   ComputeThread(const ComputeThread&) = delete;
   ComputeThread& operator=(const ComputeThread&) = delete;
 
-  // False after stop(). Urgent jobs queued before stop() still run.
+  // False after stop(), and for a background job when max_background are queued
+  // (counted in background_refused()). Urgent jobs queued before stop() still run.
   bool submit(std::function<void()> job, Priority p = Priority::Urgent);
+  int64_t background_refused() const;
   // Joins the thread after the queued urgent jobs; queued background jobs run
   // too with finish_background, else they are dropped.
   void stop(bool finish_background = false);
@@ -56,6 +65,8 @@ class ComputeThread {
   std::deque<std::function<void()>> urgent_;
   std::deque<Background> background_;
   std::chrono::steady_clock::duration background_max_wait_;
+  size_t max_background_;
+  int64_t background_refused_ = 0;
   bool stopping_ = false;
   int64_t done_ = 0;
   double busy_ = 0;

@@ -48,7 +48,16 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
       trace.set("first_token_s", res.ttft_seconds);
     }
   }
-  if (!error.empty()) {
+  if (rec->expired.load()) {
+    // Past limits.max_request_seconds: the intake cancelled it.
+    res.finish_reason = "error";
+    res.error = rec->expiry_error;
+    res.deadline_exceeded = true;
+    if (d && d->session) {
+      res.text = d->session->text();  // what it had said so far
+      res.tokens = d->session->tokens();
+    }
+  } else if (!error.empty()) {
     res.finish_reason = "error";
     res.error = error;
   } else if (d && d->session && !rec->cancelled.load()) {
@@ -66,6 +75,7 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
   res.total_seconds = trace.now_s();
   if (d && d->has_first_token) res.decode_seconds = res.total_seconds - res.ttft_seconds;
   trace.set("finish_reason", res.finish_reason);
+  if (!res.error.empty()) trace.set("error", res.error);
   trace.set("total_s", res.total_seconds);
   self->state.requests.erase(id);
   ctx->traces.close(id);

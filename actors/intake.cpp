@@ -7,14 +7,24 @@
 // is refused as overloaded, so a burst gets a quick "retry later" instead of
 // unbounded latency. A request larger than the whole pool is refused as too long.
 // A queued request that is cancelled (by id, or at shutdown) leaves the queue and
-// is finished as cancelled by the decoder.
+// is finished as cancelled by the decoder. After an actor's repeated death the
+// supervisor pauses admission (RuntimeContext::admit_after_ns): requests queue
+// meanwhile and start when it ends.
+//
+// Deadlines: every accepted request is due limits.max_request_seconds after its
+// submit. Then this actor cancels it (queued: it leaves the queue; running: it stops
+// at its next step) and marks it expired, so it ends as an error that says so; if it
+// has still not ended kExpiryGrace later, it is failed where it stands
+// (RuntimeContext::fail_request: on_done now, its slot and cache given back).
 //
 // The slots and pages are this actor's state (IntakeState::admitted, and the
 // pool's reservations, which only its thread writes): whoever ends a request sends
 // release(id), and this actor gives the slot and pages back. When it dies, the
 // supervisor fails every request and sends the new intake reconcile: it rebuilds the
 // ledger from the records still admitted.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include <caf/all.hpp>
 
@@ -129,11 +139,35 @@ void publish(Self self, RuntimeContext* ctx) {
   ctx->in_flight.store(static_cast<int>(self->state.admitted.size()));
 }
 
+// How long a request that ran past its deadline may take to stop before it is
+// failed where it stands (a prefill stops at its next layer boundary: milliseconds
+// on the models here, seconds for a large model's long prompt on a CPU).
+constexpr std::chrono::seconds kExpiryGrace{10};
+
+// True while a restart's admission pause lasts; then a resume message is on its way.
+bool paused(Self self, RuntimeContext* ctx) {
+  const auto until = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ctx->admit_after_ns.load()));
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= until) return false;
+  if (!self->state.resume_due || *self->state.resume_due < until) {
+    self->state.resume_due = until;
+    self->delayed_send(self, until - now, resume_atom::value);
+  }
+  return true;
+}
+
 // Takes a slot and the request's KV pages if both are free (only this actor takes
-// them, so what it sees free stays free until it takes it).
+// them, so what it sees free stays free until it takes it) and admission is not paused.
 bool admit(Self self, RuntimeContext* ctx, const RequestPlan& plan) {
-  return static_cast<int>(self->state.admitted.size()) < ctx->config.max_requests &&
+  return !paused(self, ctx) && static_cast<int>(self->state.admitted.size()) < ctx->config.max_requests &&
          ctx->kv_pool->try_reserve(ctx->kv_pool->pages_for(plan.cache_capacity()));
+}
+
+// The sentence a request that ran past limits.max_request_seconds ends with.
+std::string deadline_error(const RuntimeContext& ctx) {
+  char limit[32];
+  std::snprintf(limit, sizeof limit, "%g", ctx.config.max_request_seconds);
+  return std::string("the request ran longer than limits.max_request_seconds (") + limit + " s)";
 }
 
 // Starts an admitted request: it holds its slot and pages (in this actor's ledger)
@@ -251,7 +285,45 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
           queue.push_back(std::move(plan));
           ctx->queued.fetch_add(1);
         }
+        // Due limits.max_request_seconds after its submit (the time tokenizing took counts).
+        const double limit = ctx->config.max_request_seconds;
+        if (limit > 0) {
+          const auto due = rec->submitted + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                std::chrono::duration<double>(limit));
+          self->delayed_send(self, std::max(due - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{0}),
+                             expire_atom::value, id, int32_t{0});
+        }
         return id;
+      },
+      [=](expire_atom, uint64_t id, int32_t stage) {
+        BusyScope busy(*c, self->mailbox().size());
+        const auto rec = ctx->requests.find(id);
+        if (!rec || rec->finished.load()) return;  // it ended in time
+        if (stage == 0) {
+          rec->expiry_error = deadline_error(*ctx);
+          rec->expired = true;  // after its sentence, before cancelled: whoever sees the cancel sees why
+          rec->cancelled = true;
+          auto& queue = self->state.queue;
+          for (auto it = queue.begin(); it != queue.end(); ++it)
+            if (it->id == id) {
+              queue.erase(it);
+              end_wait(ctx, id, self->state.queued_at[id]);
+              self->state.queued_at.erase(id);
+              finish_unstarted(self, h, id);
+              break;
+            }
+          self->send(h->worker(), cancel_atom::value, id);  // running: stops at its next step
+          self->delayed_send(self, kExpiryGrace, expire_atom::value, id, int32_t{1});
+          return;
+        }
+        if (ctx->fail_request)
+          ctx->fail_request(rec, deadline_error(*ctx) + " and had not stopped " +
+                                     std::to_string(kExpiryGrace.count()) + " s later");
+      },
+      [=](resume_atom) {
+        BusyScope busy(*c, self->mailbox().size());
+        self->state.resume_due.reset();
+        admit_queued(self, ctx, h);
       },
       [=](release_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());

@@ -27,7 +27,8 @@ namespace bs {
 
 using intake_actor = caf::typed_actor<caf::replies_to<submit_atom, uint64_t>::with<uint64_t>,
                                       caf::reacts_to<release_atom, uint64_t>, caf::reacts_to<reconcile_atom>,
-                                      caf::reacts_to<cancel_atom, uint64_t>>;
+                                      caf::reacts_to<cancel_atom, uint64_t>,
+                                      caf::reacts_to<expire_atom, uint64_t, int32_t>, caf::reacts_to<resume_atom>>;
 
 using controller_actor = caf::typed_actor<caf::reacts_to<plan_atom, RequestPlan>,
                                           caf::reacts_to<profile_atom, std::string, int64_t, double>,

@@ -406,10 +406,12 @@ std::shared_ptr<const ChunkKv> compute_alone(RuntimeContext* ctx, const HandlesR
 // requests after it.
 void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher, const RequestPlan& plan,
                       bool fell_back) {
-  // One background job per part, so a decode step waits for at most one chunk's compute.
+  // One background job per part, so a decode step waits for at most one chunk's
+  // compute. The background queue is bounded (ComputeThread): a part refused there is
+  // not stored now (counted; computed again at its next miss).
   auto queue = [&](const std::vector<int32_t>& tokens, const ChunkKey& key, bool prefix) {
     if (tokens.empty()) return;
-    ctx->compute->submit(
+    const bool queued = ctx->compute->submit(
         [ctx, h, batcher, tokens, key, prefix] {
           if (ctx->tiered->contains(key)) return;
           try {
@@ -422,6 +424,7 @@ void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr
           }
         },
         ComputeThread::Priority::Background);
+    if (!queued) ctx->write_backs_refused.fetch_add(1);
   };
   if (!plan.prompt.prefix.empty() && !plan.loaded.prefix_loaded) queue(plan.prompt.prefix, plan.prefix_key, true);
   for (size_t i = 0; i < plan.prompt.chunks.size(); ++i)

@@ -57,6 +57,8 @@ using submit_atom = caf::atom_constant<caf::atom("submit")>;      // (request id
 using release_atom = caf::atom_constant<caf::atom("release")>;    // (request id): it ended; its slot and pages go back (intake)
 using reconcile_atom = caf::atom_constant<caf::atom("reconcile")>;// (): a restarted intake rebuilds its slot and page ledger
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;      // (request id): intake: leaves the queue; worker: stops at a boundary
+using expire_atom = caf::atom_constant<caf::atom("expire")>;      // (request id, stage): limits.max_request_seconds passed (intake to itself)
+using resume_atom = caf::atom_constant<caf::atom("resume")>;      // (): a restart's admission pause is over (intake to itself)
 // controller
 using plan_atom = caf::atom_constant<caf::atom("plan")>;          // (RequestPlan): where each part comes from, at which ratio
 using profile_atom = caf::atom_constant<caf::atom("profile")>;    // (source, units, seconds): bytes for a tier, row-layers for "compute"

@@ -9,6 +9,7 @@ const char* errc_name(RequestErrc c) {
     case RequestErrc::overloaded: return "overloaded";
     case RequestErrc::shutting_down: return "shutting_down";
     case RequestErrc::internal: return "internal_error";
+    case RequestErrc::unavailable: return "unavailable";
   }
   return "?";
 }

@@ -42,6 +42,7 @@ struct RequestResult {
   std::vector<int32_t> tokens;
   std::string finish_reason;           // stop | length | cancelled | error
   std::string error;                   // set when finish_reason == "error"
+  bool deadline_exceeded = false;      // the error is limits.max_request_seconds (HTTP 504)
   int64_t prompt_tokens = 0, cached_tokens = 0, recomputed_tokens = 0;
   int chunks = 0, chunks_missed = 0;
   std::map<std::string, int> chunks_by_tier;  // chunks whose KV came from each stored tier ("ram", "ssd")
@@ -56,7 +57,16 @@ struct RequestResult {
 };
 
 // Errors a request can fail with before it runs (intake), with the HTTP-ish class.
-enum class RequestErrc : uint8_t { invalid = 1, too_long = 2, overloaded = 3, shutting_down = 4, internal = 5 };
+// unavailable: a role of the runtime failed for good (limits.max_restarts); the
+// message names it.
+enum class RequestErrc : uint8_t {
+  invalid = 1,
+  too_long = 2,
+  overloaded = 3,
+  shutting_down = 4,
+  internal = 5,
+  unavailable = 6
+};
 struct RequestError : std::runtime_error {
   RequestError(RequestErrc c, const std::string& m) : std::runtime_error(m), code(c) {}
   RequestErrc code;

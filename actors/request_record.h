@@ -33,6 +33,11 @@ struct RequestRecord {
   std::atomic<bool> admitted{false};
   std::atomic<int64_t> kv_pages{0};  // the KV pool pages promised to it (set by the intake with `admitted`)
   std::atomic<bool> cancelled{false};  // the caller (Runtime::cancel, on_text false), shutdown, a failure
+  // Ran past limits.max_request_seconds (set by the intake with `cancelled`): it ends
+  // as the error `expiry_error`, not as cancelled. The intake writes expiry_error
+  // once, before it sets `expired`; others read it only after they saw `expired`.
+  std::atomic<bool> expired{false};
+  std::string expiry_error;
   // Set by whoever finishes the request (the decoder, or the runtime when an actor
   // that held it died): on_done runs exactly once.
   std::atomic<bool> finished{false};

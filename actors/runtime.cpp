@@ -113,6 +113,13 @@ std::string describe_exit(caf::actor_system& sys, const caf::error& reason) {
   return sys.render(reason);
 }
 
+// "60 s", "0.5 s": a config duration in a sentence.
+std::string fmt_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", s);
+  return buf;
+}
+
 }  // namespace
 
 std::string resolve_model_path(const RuntimeConfig& config) {
@@ -136,8 +143,13 @@ struct Runtime::Actors {
   // Spawns the actor called `name` (a fresh one: at start and after it died), puts
   // it in the Handles and returns it.
   caf::actor spawn(RuntimeContext* ctx, const std::string& name);
-  // The supervisor's hook: fail what the dead actor held, start its successor.
-  caf::actor restart(RuntimeContext* ctx, const std::string& name, uint64_t id, const caf::error& reason);
+  // The supervisor's hooks: fail what the dead actor held and start its successor
+  // (admission paused for backoff_s), or fail the runtime for good (give_up).
+  caf::actor restart(RuntimeContext* ctx, const std::string& name, uint64_t id, const caf::error& reason,
+                     double backoff_s);
+  void give_up(RuntimeContext* ctx, const std::string& name, uint64_t id, const caf::error& reason, int deaths);
+  // What the dead actor `name` held, failed with `failure` (both hooks).
+  void fail_held(RuntimeContext* ctx, const std::string& name, uint64_t id, const std::string& failure);
   // Ends a request with an error now (on_done once; its slot back; the worker
   // drops what it holds for it), however far it got.
   void fail_request(RuntimeContext* ctx, const RecordPtr& r, const std::string& why);
@@ -204,6 +216,7 @@ void Runtime::Actors::fail_request(RuntimeContext* ctx, const RecordPtr& r, cons
   res.id = r->id;
   res.finish_reason = "error";
   res.error = why;
+  res.deadline_exceeded = r->expired.load();
   res.total_seconds = r->trace->now_s();
   r->trace->set("finish_reason", res.finish_reason);
   r->trace->set("error", why);
@@ -220,18 +233,60 @@ void Runtime::Actors::fail_request(RuntimeContext* ctx, const RecordPtr& r, cons
 }
 
 caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name, uint64_t id,
-                                    const caf::error& reason) {
+                                    const caf::error& reason, double backoff_s) {
   {
     std::lock_guard<std::mutex> lock(mu);
     if (stopped) return {};
   }
   const std::string why = describe_exit(*system, reason);
-  std::fprintf(stderr, "blendserve: %s; starting a new %s actor\n", why.c_str(), name.c_str());
+  if (backoff_s > 0) {
+    // Before the successor exists: a new intake reads the pause when it starts.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(backoff_s);
+    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(until.time_since_epoch()).count();
+    int64_t prev = ctx->admit_after_ns.load();
+    while (prev < ns && !ctx->admit_after_ns.compare_exchange_weak(prev, ns)) {
+    }
+    std::fprintf(stderr, "blendserve: %s; starting a new %s actor (died again within %g s: admission paused %g s)\n",
+                 why.c_str(), name.c_str(), ctx->config.restart_window, backoff_s);
+  } else {
+    std::fprintf(stderr, "blendserve: %s; starting a new %s actor\n", why.c_str(), name.c_str());
+  }
   ctx->restarts.fetch_add(1);
   counters[name]->restarts.fetch_add(1);
   counters[name]->set_error(why);
   const caf::actor next = spawn(ctx, name);
-  const std::string failure = name + " stopped (" + why + ")";
+  fail_held(ctx, name, id, name + " stopped (" + why + ")");
+  if (name == "intake") caf::anon_send(h->intake(), reconcile_atom::value);
+  return next;
+}
+
+void Runtime::Actors::give_up(RuntimeContext* ctx, const std::string& name, uint64_t id, const caf::error& reason,
+                              int deaths) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopped) return;
+  }
+  const std::string why = describe_exit(*system, reason);
+  const std::string failure = "the " + name + " actor died " + std::to_string(deaths) + " times within " +
+                              fmt_seconds(ctx->config.restart_window) + " (limits.max_restarts " +
+                              std::to_string(ctx->config.max_restarts) + "); the last time: " + why +
+                              ". This server no longer serves requests; restart it";
+  std::fprintf(stderr, "blendserve: %s\n", failure.c_str());
+  // First the failure (submit refuses from now on), then what is in flight.
+  ctx->failure.set(failure);
+  counters[name]->set_error(why);
+  fail_held(ctx, name, id, failure);
+  // Queued and running requests of every kind end now: no successor will take them.
+  for (const auto& r : ctx->requests.all()) fail_request(ctx, r, failure);
+  if (name == "intake") {
+    // Its gauges have no writer any more: nothing runs or waits.
+    ctx->in_flight.store(0);
+    ctx->queued.store(0);
+  }
+}
+
+void Runtime::Actors::fail_held(RuntimeContext* ctx, const std::string& name, uint64_t id,
+                                const std::string& failure) {
   if (name.rfind("loader-", 0) == 0) {
     // Its requests' layers will not come: the worker, which owns their load targets,
     // fails them (and counts the loader done with them).
@@ -245,11 +300,10 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
     // Stores in its mailbox died with it (a cache: recomputed on a miss); no request waits for them.
   } else if (name == "intake") {
     // Its queue and its ledger of slots and pages died with it: every request it held,
-    // queued or running, fails; then the new intake rebuilds the ledger from the
-    // records still admitted (by it, meanwhile), now that the releases it may have
-    // missed (sent to the dead one) can no longer matter.
+    // queued or running, fails; then a new intake rebuilds the ledger from the records
+    // still admitted (by it, meanwhile; restart sends it reconcile), now that the
+    // releases it may have missed (sent to the dead one) can no longer matter.
     for (const auto& r : ctx->requests.all()) fail_request(ctx, r, failure);
-    caf::anon_send(h->intake(), reconcile_atom::value);
   } else if (name != "inspector") {
     // Running requests pass through the controller, worker and decoder by message:
     // any of them may have been in the dead actor's mailbox.
@@ -268,7 +322,6 @@ caf::actor Runtime::Actors::restart(RuntimeContext* ctx, const std::string& name
     for (const auto& r : ctx->requests.all())
       if (r->admitted.load()) fail_request(ctx, r, failure);
   }
-  return next;
 }
 
 // device.kv_cache_bytes = 0: room for limits.max_requests contexts of the model's
@@ -487,6 +540,8 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   auto& sys = *a.system;
   auto h = a.h;
   RuntimeContext* c = ctx_.get();
+  // Before any actor exists: the intake calls it from its own thread.
+  ctx.fail_request = [&a, c](const RecordPtr& r, const std::string& why) { a.fail_request(c, r, why); };
   // The compute threads report as actors do; the inspector registers every counter
   // of this table when it starts.
   a.counters[ctx.compute->counters()->name] = ctx.compute->counters();
@@ -508,11 +563,16 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
       caf::anon_send(h->rank_worker(rank), rank_job_atom::value, std::move(job));
     });
   Actors* actors = &a;
-  a.supervisor = sys.spawn(supervisor,
-                           SupervisorHooks{[actors, c](const std::string& name, uint64_t id, const caf::error& why) {
-                             return actors->restart(c, name, id, why);
-                           }},
-                           a.counters["supervisor"] = make_counters("supervisor"));
+  SupervisorHooks hooks;
+  hooks.restart = [actors, c](const std::string& name, uint64_t id, const caf::error& why, double backoff_s) {
+    return actors->restart(c, name, id, why, backoff_s);
+  };
+  hooks.give_up = [actors, c](const std::string& name, uint64_t id, const caf::error& why, int deaths) {
+    actors->give_up(c, name, id, why, deaths);
+  };
+  hooks.limits = RestartLimits{ctx.config.max_restarts, ctx.config.restart_window, ctx.config.restart_backoff,
+                               ctx.config.restart_backoff_max};
+  a.supervisor = sys.spawn(supervisor, std::move(hooks), a.counters["supervisor"] = make_counters("supervisor"));
   caf::anon_send(h->inspector(), register_atom::value, a.counters["supervisor"]);
   for (size_t i = 0; i < names.size(); ++i) caf::anon_send(a.supervisor, supervise_atom::value, spawned[i], names[i]);
   // Demotion: an entry evicted from RAM goes to the SSD unless it is there already.
@@ -537,6 +597,7 @@ uint64_t Runtime::submit(RuntimeRequest request, RequestCallbacks callbacks) {
     std::lock_guard<std::mutex> lock(a.mu);
     if (a.stopped) throw RequestError(RequestErrc::shutting_down, "the runtime is shut down");
   }
+  if (ctx_->failure.failed()) throw RequestError(RequestErrc::unavailable, ctx_->failure.why());
   auto r = std::make_shared<RequestRecord>();
   r->id = ctx_->next_id.fetch_add(1);
   r->submitted = std::chrono::steady_clock::now();
@@ -568,9 +629,19 @@ RequestResult Runtime::run(RuntimeRequest request, std::function<bool(std::strin
   RequestCallbacks cb;
   cb.on_text = std::move(on_text);
   cb.on_done = [done](const RequestResult& res) { done->set_value(res); };
-  submit(std::move(request), std::move(cb));
+  const uint64_t id = submit(std::move(request), std::move(cb));
+  // The intake ends the request at limits.max_request_seconds (and fails it where it
+  // stands 10 s later); this wait's own bound only matters if that did not happen.
+  const double limit = ctx_->config.max_request_seconds;
+  if (limit > 0 && fut.wait_for(std::chrono::duration<double>(limit + 60)) != std::future_status::ready) {
+    cancel(id);
+    throw RequestError(RequestErrc::internal, "request " + std::to_string(id) + " had no answer " +
+                                                  fmt_seconds(limit + 60) + " after it was submitted");
+  }
   return fut.get();
 }
+
+std::string Runtime::failure() const { return ctx_->failure.why(); }
 
 bool Runtime::cancel(uint64_t id) {
   std::lock_guard<std::mutex> lock(actors_->mu);

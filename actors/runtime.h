@@ -34,14 +34,20 @@ class Runtime {
   // Queues a request; returns its id. Callbacks run on the runtime's threads,
   // on_done exactly once. Up to limits.max_requests run at once; up to
   // limits.max_queue more wait (in arrival order) for a slot. Throws RequestError
-  // (invalid, too_long, overloaded: running and queue full, shutting_down) when
-  // refused; then no callback runs.
+  // (invalid, too_long, overloaded: running and queue full, shutting_down,
+  // unavailable: failure() says why) when refused; then no callback runs. A request
+  // still running limits.max_request_seconds after submit ends with an error
+  // (RequestResult::deadline_exceeded).
   uint64_t submit(RuntimeRequest request, RequestCallbacks callbacks);
   // submit() and wait for the result.
   RequestResult run(RuntimeRequest request, std::function<bool(std::string_view)> on_text = {});
   // Cancels a request in flight (its KV is freed at its next step) or waiting in
   // the queue (it ends at once); it finishes "cancelled". False if unknown.
   bool cancel(uint64_t id);
+  // Empty while the runtime serves; else why it no longer does: a role of its actors
+  // died more often than limits.max_restarts allows within limits.restart_window.
+  // Every request is then refused (RequestErrc::unavailable) with this sentence.
+  std::string failure() const;
   int in_flight() const;  // running (prefilling or decoding)
   int64_t actor_restarts() const;  // actors the supervisor started again after they died
   int queued() const;     // waiting for a slot

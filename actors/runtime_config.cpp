@@ -4,6 +4,7 @@
 // dotted path ("tiers.ram.budget: ...") and, where yaml-cpp knows it, the line.
 #include "actors/runtime_config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "actors/runtime_config_yaml.h"
@@ -482,7 +483,8 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
 void parse_limits(const YAML::Node& sec, RuntimeConfig& c) {
   for_each_key(sec, "limits",
                {"max_requests", "max_queue", "max_decode_batch", "decode_interleave", "max_prompt_tokens",
-                "trace_history", "load_timeout"},
+                "trace_history", "load_timeout", "max_request_seconds", "max_restarts", "restart_window",
+                "restart_backoff", "restart_backoff_max"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path("limits", k);
                  if (k == "max_requests") {
@@ -508,6 +510,19 @@ void parse_limits(const YAML::Node& sec, RuntimeConfig& c) {
                    c.load_timeout = get_number(v, key);
                    if (!std::isfinite(c.load_timeout) || c.load_timeout <= 0)
                      fail(key, v, "must be a number of seconds > 0, got " + v.Scalar());
+                 } else if (k == "max_request_seconds") {
+                   c.max_request_seconds = get_number(v, key);
+                   if (!std::isfinite(c.max_request_seconds) || c.max_request_seconds < 0)
+                     fail(key, v, "must be a number of seconds >= 0 (0 = no limit), got " + v.Scalar());
+                 } else if (k == "max_restarts") {
+                   c.max_restarts = get_int(v, key);
+                   check_at_least(c.max_restarts, 0, v, key, " (0 = a role fails at its first death)");
+                 } else if (k == "restart_window") {
+                   c.restart_window = get_duration(v, key);
+                 } else if (k == "restart_backoff") {
+                   c.restart_backoff = get_duration(v, key);
+                 } else if (k == "restart_backoff_max") {
+                   c.restart_backoff_max = get_duration(v, key);
                  }
                });
 }
@@ -577,20 +592,69 @@ void apply_runtime_config(const YAML::Node& root, RuntimeConfig& c) {
 
 namespace config_yaml {
 
-YAML::Node load_document(const std::string& yaml_text) {
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(yaml_text);
-  } catch (const YAML::Exception& e) {
-    std::string where = e.mark.is_null() ? std::string()
-                                         : " at line " + std::to_string(e.mark.line + 1) + ", column " +
-                                               std::to_string(e.mark.column + 1);
-    throw ConfigError("invalid YAML" + where + ": " + e.msg);
+namespace {
+
+// Where each document of a YAML stream starts and whether the parser stalled. yaml-cpp
+// 0.7 (Debian's) loops for ever in YAML::LoadAll on a stray top-level ',' (",", ",a: 1":
+// its parser reports an empty document at the same token again and again, allocating
+// as it goes; jbeder/yaml-cpp#1040, fixed upstream by #1319 in 0.8.0), and YAML::Load
+// then returns a null node, which would read as an empty config. So the stream is
+// walked here first: a document that makes no progress past the previous one is an
+// error naming its place. Found by tests/fuzz/fuzz_config.cpp.
+struct DocumentWalk final : YAML::EventHandler {
+  std::vector<YAML::Mark> starts;  // each document's start
+  std::vector<YAML::Mark> firsts;  // each document's first node event
+  std::vector<int> events;         // node events per document
+  void OnDocumentStart(const YAML::Mark& m) override {
+    starts.push_back(m);
+    firsts.push_back(YAML::Mark::null_mark());
+    events.push_back(0);
   }
-  if (docs.size() > 1)
-    throw ConfigError("config: expected one YAML document, got " + std::to_string(docs.size()) +
-                      bs::position(docs[1]));
-  return docs.empty() ? YAML::Node(YAML::NodeType::Null) : docs.front();
+  void OnDocumentEnd() override {}
+  void node(const YAML::Mark& m) {
+    if (events.back()++ == 0) firsts.back() = m;
+  }
+  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { node(m); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { node(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t, const std::string&) override { node(m); }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    node(m);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    node(m);
+  }
+  void OnMapEnd() override {}
+};
+
+std::string at_mark(const YAML::Mark& m) {
+  return m.is_null() ? std::string() : " at line " + std::to_string(m.line + 1) + ", column " + std::to_string(m.column + 1);
+}
+
+}  // namespace
+
+YAML::Node load_document(const std::string& yaml_text) {
+  try {
+    std::istringstream in(yaml_text);
+    YAML::Parser parser(in);
+    DocumentWalk walk;
+    while (parser.HandleNextDocument(walk)) {
+      const size_t n = walk.starts.size();
+      if (n >= 2 && walk.events[n - 1] <= 1 && walk.events[n - 2] <= 1 && walk.starts[n - 1].pos == walk.starts[n - 2].pos &&
+          walk.firsts[n - 1].pos == walk.firsts[n - 2].pos) {
+        const YAML::Mark m = walk.firsts[n - 1];
+        const char c = m.pos >= 0 && static_cast<size_t>(m.pos) < yaml_text.size() ? yaml_text[static_cast<size_t>(m.pos)] : ' ';
+        throw ConfigError("invalid YAML" + at_mark(m) + ": unexpected '" + std::string(1, c) +
+                          "' (not the start of a key, a value or a document)");
+      }
+    }
+    if (walk.starts.size() > 1)
+      throw ConfigError("config: expected one YAML document, got " + std::to_string(walk.starts.size()) + " (line " +
+                        std::to_string(walk.starts[1].line + 1) + ", column " + std::to_string(walk.starts[1].column + 1) + ")");
+    return walk.starts.empty() ? YAML::Node(YAML::NodeType::Null) : YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("invalid YAML" + at_mark(e.mark) + ": " + e.msg);
+  }
 }
 std::string position(const YAML::Node& node) { return bs::position(node); }
 void fail(const std::string& key, const YAML::Node& node, const std::string& what) { bs::fail(key, node, what); }

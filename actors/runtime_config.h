@@ -126,6 +126,19 @@ struct RuntimeConfig {
   // Seconds a prefill waits at most for one layer of stored KV (and for the loaders
   // to stop after a failure or cancel); past it the request fails, never hangs.
   double load_timeout = 60;
+  // Seconds a request may take from submit to its last token (its queue wait
+  // included); past them it is cancelled and ends with an error saying so (HTTP
+  // 504), and if it has not stopped 10 s later it is failed where it stands. 0 = no limit.
+  double max_request_seconds = 600;
+  // Supervision (actors/supervisor.cpp): an actor that dies is restarted at once, but
+  // after its second death within restart_window seconds new requests wait
+  // restart_backoff seconds before they are admitted (doubling with each further
+  // death, at most restart_backoff_max), and at death max_restarts + 1 within the
+  // window its role is failed for good: /health and every request say which.
+  int max_restarts = 5;
+  double restart_window = 60;
+  double restart_backoff = 0.1;
+  double restart_backoff_max = 10;
   // server (used by `blendserve serve`)
   std::string host = "127.0.0.1";
   int port = 8000;

@@ -6,7 +6,8 @@
 // are the layer worker's (a follower rank's, its rank worker's), slots and page
 // reservations the intake's (in_flight / queued are its published gauges). What else
 // is mutable here is statistics and the writers' queue gauges (atomics that actors
-// add to), and the test hooks (set before the first request).
+// add to), the supervisor's admission pause and failure, and the test hooks (set
+// before the first request).
 // Owned by Runtime; actors get a pointer that outlives them (the actor system is
 // shut down before the context dies).
 #pragma once
@@ -15,6 +16,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "actors/compute_thread.h"
 #include "actors/load_target.h"
@@ -60,6 +63,26 @@ struct StoredTier {
   double start_bytes_per_s = 1e9;   // the controller's estimate until it measured the tier
   int loaders = 1;                  // loader actors: this many requests' loads at once
   std::shared_ptr<TierLoadCounters> load = std::make_shared<TierLoadCounters>();
+};
+
+// Why the runtime no longer serves (a role failed for good); set once, never cleared.
+class RuntimeFailure {
+ public:
+  void set(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (why_.empty()) why_ = why;
+    failed_ = true;
+  }
+  bool failed() const { return failed_.load(); }
+  std::string why() const {  // empty while the runtime serves
+    std::lock_guard<std::mutex> lock(mu_);
+    return why_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::string why_;
+  std::atomic<bool> failed_{false};
 };
 
 struct RuntimeContext {
@@ -108,10 +131,23 @@ struct RuntimeContext {
   // Decode batching (Runtime::decode_stats): steps run, tokens they produced, and
   // the steps run inside a prefill (between its layers) or a write-back compute.
   std::atomic<int64_t> decode_steps{0}, decode_tokens{0}, interleaved_steps{0};
+  // Write-back computes not queued because the compute thread's background queue was
+  // full (ComputeThread::kDefaultMaxBackground); those chunks are computed again at their next miss.
+  std::atomic<int64_t> write_backs_refused{0};
   WriteQueue ssd_write_queue;
   WriteQueue remote_write_queue;  // pushes to the storage node (tiers.remote.write_back)
   // Actors the supervisor started again after they died, since start.
   std::atomic<int64_t> restarts{0};
+  // Supervision (actors/restart_intensity.h): after a role's second death within
+  // limits.restart_window, requests are not admitted before this time (steady clock,
+  // ns since its epoch); written by the supervisor's restart hook, read by the intake.
+  std::atomic<int64_t> admit_after_ns{0};
+  // A role the supervisor gave up on: every request is refused with this, /health answers 503.
+  RuntimeFailure failure;
+  // Ends a request with an error now, however far it got (on_done once; its slot back;
+  // the worker drops what it holds for it): the intake's last resort for a request
+  // that did not stop at its deadline. Set by the Runtime before any actor starts.
+  std::function<void(const RecordPtr&, const std::string&)> fail_request;
   // Test hooks (set before the first request, never while one runs): called by a
   // loader before it reads each layer, and by the SSD writer before each write; a
   // hook may throw (an actor that dies) or sleep (a slow device).

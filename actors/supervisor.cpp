@@ -1,10 +1,13 @@
 // supervisor: monitors every actor of the runtime and restarts only the one that
-// died (Erlang/OTP's one-for-one strategy, without OTP's restart intensity limit: an
-// actor that dies again at once is restarted again). When one dies, the runtime's
-// restart hook fails what it held with a clean error (a loader's requests, the queued
-// writes of a writer, or every request when a request-carrying actor died), puts a
-// successor in its place, and this actor monitors the successor. Exits of
+// died (Erlang/OTP's one-for-one strategy), within a restart intensity per role
+// (actors/restart_intensity.h, limits.max_restarts within limits.restart_window):
+// when one dies, the runtime's restart hook fails what it held with a clean error (a
+// loader's requests, the queued writes of a writer, or every request when a
+// request-carrying actor died), puts a successor in its place (with the backoff the
+// intensity asks for), and this actor monitors the successor; a role that died more
+// often than allowed gets the give-up hook instead and no successor. Exits of
 // user_shutdown are the runtime stopping: nothing is restarted then.
+#include <chrono>
 #include <cstdio>
 
 #include <caf/all.hpp>
@@ -37,7 +40,15 @@ supervisor_actor::behavior_type supervisor(supervisor_actor::stateful_pointer<Su
     const std::string name = it->second;
     children.erase(it);
     if (dm.reason == caf::exit_reason::user_shutdown) return;  // the runtime stops it
-    const caf::actor next = hooks.restart(name, dm.source.id(), dm.reason);
+    auto& intensity = self->state.intensity.try_emplace(name, hooks.limits).first->second;
+    const double now_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    const RestartDecision d = intensity.on_death(now_s);
+    if (!d.restart) {
+      hooks.give_up(name, dm.source.id(), dm.reason, d.deaths_in_window);
+      return;
+    }
+    const caf::actor next = hooks.restart(name, dm.source.id(), dm.reason, d.backoff_s);
     if (!next) return;
     self->monitor(next);
     children.emplace(next.address(), name);

@@ -72,9 +72,17 @@ ApiError api_error_of(const RequestError& e) {
     case RequestErrc::too_long: return bad_request(e.what(), "messages", "context_length_exceeded");
     case RequestErrc::overloaded: return ApiError(429, e.what(), "rate_limit_error", "", "rate_limit_exceeded");
     case RequestErrc::shutting_down: return ApiError(503, e.what(), "server_error", "", "service_unavailable");
+    case RequestErrc::unavailable: return ApiError(503, e.what(), "server_error", "", "service_unavailable");
     case RequestErrc::internal: break;
   }
   return ApiError(500, e.what(), "server_error");
+}
+
+// A request that was accepted and then failed: 504 when it ran past
+// limits.max_request_seconds, else 500; the message says what happened.
+ApiError failed_request_error(const RequestResult& r) {
+  if (r.deadline_exceeded) return ApiError(504, "the request failed: " + r.error, "server_error", "", "timeout");
+  return ApiError(500, "the request failed: " + r.error, "server_error");
 }
 
 std::string random_hex(int chars) {
@@ -228,7 +236,11 @@ struct Server::Impl {
     });
 
     svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      if (draining.load())
+      // Failed (a role died more often than limits.max_restarts allows): not ready and
+      // not live, so an orchestrator replaces the process; the reason names the role.
+      if (const std::string failure = runtime.failure(); !failure.empty())
+        send_json(res, 503, nlohmann::json{{"status", "failed"}, {"reason", failure}}.dump());
+      else if (draining.load())
         send_json(res, 503, R"({"status":"draining"})");
       else
         send_json(res, 200, R"({"status":"ok"})");
@@ -334,6 +346,9 @@ struct Server::Impl {
                  "divided by blendserve_decode_steps: the mean batch.", "", static_cast<double>(ds.tokens)});
     g.push_back({"blendserve_actor_restarts", "Actors the supervisor started again after they died, since start "
                  "(monotonic).", "", static_cast<double>(runtime.actor_restarts())});
+    g.push_back({"blendserve_failed", "1 when a role of the runtime died more often than limits.max_restarts "
+                 "allows and the server refuses every request (/health says which), else 0.", "",
+                 runtime.failure().empty() ? 0.0 : 1.0});
     const auto tps = runtime.tensor_parallel_stats();
     g.push_back({"blendserve_tp_ranks", "Tensor-parallel ranks (device.tp).", "", static_cast<double>(tps.ranks)});
     g.push_back({"blendserve_tp_failures", "Jobs that failed on a tensor-parallel rank, each failing its requests "
@@ -342,6 +357,9 @@ struct Server::Impl {
                  "(monotonic).", "", static_cast<double>(tps.rebuilds)});
     g.push_back({"blendserve_decode_steps_interleaved", "Decode steps run between the layers of a long prefill "
                  "(monotonic).", "", static_cast<double>(ds.interleaved_steps)});
+    g.push_back({"blendserve_write_backs_refused", "Missed chunks not stored because the compute thread's "
+                 "background queue was full (computed again at their next miss; monotonic).", "",
+                 static_cast<double>(runtime.context().write_backs_refused.load())});
     try {
       const json stores = json::parse(runtime.stores_json());
       for (const char* field : {"bytes", "entries", "budget"})
@@ -463,8 +481,7 @@ struct Server::Impl {
                                           "invalid_request_error", "", "client_closed_request"));
         }
       }
-      if (ex->done && ex->result.finish_reason == "error")
-        return send_error(res, ApiError(500, "the request failed: " + ex->result.error, "server_error"));
+      if (ex->done && ex->result.finish_reason == "error") return send_error(res, failed_request_error(ex->result));
       if (ex->done && ex->result.finish_reason == "cancelled")
         return send_error(res, ApiError(503, "the request was cancelled: the server is shutting down", "server_error",
                                         "", "service_unavailable"));
@@ -531,8 +548,7 @@ struct Server::Impl {
     }
     const RequestResult& r = ex.result;  // written before done; read after
     if (r.finish_reason == "error") {
-      const ApiError e(500, "the request failed: " + r.error, "server_error");
-      if (!event(error_body(e))) return false;
+      if (!event(error_body(failed_request_error(r)))) return false;
     } else {
       if (!event(chunk_json(meta, "", false, client_finish_reason(r.finish_reason), include_usage))) return false;
       if (include_usage && !event(usage_chunk_json(meta, r))) return false;
@@ -554,9 +570,7 @@ struct Server::Impl {
       if (!sink.write(" ", 1)) return false;
     }
     const RequestResult& r = ex.result;
-    const std::string body = r.finish_reason == "error"
-                                 ? error_body(ApiError(500, "the request failed: " + r.error, "server_error"))
-                                 : completion_json(meta, r);
+    const std::string body = r.finish_reason == "error" ? error_body(failed_request_error(r)) : completion_json(meta, r);
     if (!sink.write(body.data(), body.size())) return false;
     sink.done();
     return true;

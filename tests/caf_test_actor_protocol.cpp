@@ -82,6 +82,8 @@ intake_actor::behavior_type intake_double(intake_actor::pointer, Log log) {
       [=](release_atom, uint64_t) { log->push_back("intake:release"); },
       [=](reconcile_atom) { log->push_back("intake:reconcile"); },
       [=](cancel_atom, uint64_t) { log->push_back("intake:cancel"); },
+      [=](expire_atom, uint64_t, int32_t) { log->push_back("intake:expire"); },
+      [=](resume_atom) { log->push_back("intake:resume"); },
   };
 }
 
@@ -245,6 +247,8 @@ struct fixture : context_base, test_coordinator_fixture<test_config> {
   // Every handle starts as a test double; a test replaces the ones it tests. Each
   // tier has a pool of two loaders.
   fixture() {
+    // No request deadline (its timers would fire in run()); the deadline's test sets one.
+    ctx->config.max_request_seconds = 0;
     put(&ActorSet::intake, sys.spawn(intake_double, log));
     put(&ActorSet::controller, sys.spawn(controller_double, log));
     for (int i = 0; i < 2; ++i) {
@@ -689,6 +693,80 @@ CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue
   CAF_CHECK_EQUAL(ctx->kv_pool->reserved_pages(), 0);
   CAF_CHECK_EQUAL(ctx->kv_pool->foreign_reservation_writes(), 0);
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"controller:plan", "controller:plan", "decoder:finish"}));
+}
+
+// limits.max_request_seconds, on the test clock: at the deadline the intake cancels
+// a running request (the worker is told; it ends as an error at its next step) and
+// finishes a queued one through the decoder (it leaves the queue, its wait traced);
+// both are marked expired with the sentence they end with. 10 s later a request that
+// has still not ended is failed where it stands; one that ended is left alone.
+CAF_TEST(intake_expires_requests_at_max_request_seconds_running_or_queued) {
+  put(&ActorSet::intake, sys.spawn(intake, ctx.get(), h, make_counters("intake")));
+  sched.run();
+  ctx->config.max_requests = 1;
+  ctx->config.max_queue = 1;
+  ctx->config.max_request_seconds = 5;
+  std::vector<std::pair<uint64_t, std::string>> failed;
+  ctx->fail_request = [&failed](const RecordPtr& r, const std::string& why) { failed.emplace_back(r->id, why); };
+  auto running = new_record({kDocs[0]});
+  CAF_CHECK_EQUAL(submit(running).id.value_or(0), running->id);
+  CAF_CHECK_EQUAL(planned_by_intake().id, running->id);
+  auto queued = new_record({kDocs[1]});
+  CAF_CHECK_EQUAL(submit(queued).id.value_or(0), queued->id);
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK_EQUAL(ctx->queued.load(), 1);
+  // Nothing before the deadline.
+  advance_time(std::chrono::seconds(4));
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK(!running->expired.load());
+  advance_time(std::chrono::seconds(1));
+  expect((expire_atom, uint64_t, int32_t), from(h->intake()).to(h->intake()).with(_, running->id, 0));
+  expect((cancel_atom, uint64_t), from(h->intake()).to(h->worker()).with(_, running->id));
+  CAF_CHECK(running->expired.load());
+  CAF_CHECK(running->cancelled.load());
+  CAF_CHECK_EQUAL(running->expiry_error, "the request ran longer than limits.max_request_seconds (5 s)");
+  expect((expire_atom, uint64_t, int32_t), from(h->intake()).to(h->intake()).with(_, queued->id, 0));
+  expect((finish_atom, uint64_t), from(h->intake()).to(h->decoder()).with(_, queued->id));
+  expect((cancel_atom, uint64_t), from(h->intake()).to(h->worker()).with(_, queued->id));
+  CAF_CHECK(queued->expired.load());
+  CAF_CHECK_EQUAL(ctx->queued.load(), 0);
+  CAF_CHECK_EQUAL(count_events(*queued->trace, "intake", "queued"), 1);
+  // The queued one ended (the decoder finished it); the running one did not stop.
+  queued->finished = true;
+  ctx->requests.erase(queued->id);
+  advance_time(std::chrono::seconds(10));
+  expect((expire_atom, uint64_t, int32_t), from(h->intake()).to(h->intake()).with(_, running->id, 1));
+  expect((expire_atom, uint64_t, int32_t), from(h->intake()).to(h->intake()).with(_, queued->id, 1));
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0].first, running->id);
+  CAF_CHECK_EQUAL(failed[0].second,
+                  "the request ran longer than limits.max_request_seconds (5 s) and had not stopped 10 s later");
+  ctx->fail_request = nullptr;
+  ctx->config.max_request_seconds = 0;
+}
+
+// After a role's repeated death the supervisor pauses admission (admit_after_ns): a
+// request that arrives meanwhile is queued, and starts when the pause ends (the
+// intake's resume on the test clock), not before.
+CAF_TEST(intake_holds_admission_while_a_restart_backoff_lasts) {
+  put(&ActorSet::intake, sys.spawn(intake, ctx.get(), h, make_counters("intake")));
+  sched.run();
+  ctx->config.max_requests = 4;
+  ctx->config.max_queue = 4;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  ctx->admit_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(until.time_since_epoch()).count();
+  auto r = new_record({kDocs[0]});
+  CAF_CHECK_EQUAL(submit(r).id.value_or(0), r->id);
+  CAF_CHECK(!r->admitted.load());
+  CAF_CHECK_EQUAL(ctx->queued.load(), 1);
+  CAF_CHECK(!sched.has_job());
+  // The pause ends (the supervisor's time passes); the resume message admits it.
+  ctx->admit_after_ns = 0;
+  advance_time(std::chrono::hours(1));
+  expect((resume_atom), from(h->intake()).to(h->intake()));
+  CAF_CHECK_EQUAL(planned_by_intake().id, r->id);
+  CAF_CHECK(r->admitted.load());
+  CAF_CHECK_EQUAL(ctx->queued.load(), 0);
 }
 
 // The slots and pages are the intake's state. One that dies takes its ledger with

@@ -1,7 +1,8 @@
 // The compute thread's two queues: urgent jobs (prefill, decode) run before
 // background jobs (write-back), but a background job that has waited its bound runs
 // even while urgent work keeps coming, so many decoding streams cannot starve the
-// write-back for ever; stop() finishes urgent work and runs or drops the background.
+// write-back for ever; stop() finishes urgent work and runs or drops the background;
+// the background queue is bounded.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -97,6 +98,34 @@ TEST(ComputeThread, StopDropsQueuedBackgroundJobsUnlessAskedToFinishThem) {
     EXPECT_EQ(urgent_ran.load(), 1);  // urgent work queued before stop() always runs
     EXPECT_EQ(background_ran.load(), finish ? 1 : 0);
   }
+}
+
+// The background queue holds at most max_background jobs: one more is refused and
+// counted (urgent jobs are not), and once the queue drains it takes jobs again.
+TEST(ComputeThread, TheBackgroundQueueIsBounded) {
+  ComputeThread ct(1, 2s, nullptr, 3);
+  std::promise<void> release, started;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> ran{0};
+  ASSERT_TRUE(ct.submit([&] {
+    started.set_value();
+    released.wait_for(30s);
+  }));
+  started.get_future().wait();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(ct.submit([&] { ran.fetch_add(1); }, ComputeThread::Priority::Background));
+  EXPECT_FALSE(ct.submit([&] { ran.fetch_add(100); }, ComputeThread::Priority::Background));
+  EXPECT_EQ(ct.background_refused(), 1);
+  EXPECT_TRUE(ct.submit([&] { ran.fetch_add(10); }));  // urgent: not bounded here
+  EXPECT_EQ(ct.queued(), 4);
+  release.set_value();
+  const auto deadline = clock_type::now() + 10s;
+  while (ran.load() < 13 && clock_type::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(ran.load(), 13);
+  EXPECT_TRUE(ct.submit([&] { ran.fetch_add(1); }, ComputeThread::Priority::Background));
+  ct.stop(true);
+  EXPECT_EQ(ran.load(), 14);
+  EXPECT_EQ(ct.background_refused(), 1);
 }
 
 }  // namespace

@@ -92,6 +92,11 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.max_prompt_tokens, b.max_prompt_tokens);
   EXPECT_EQ(a.trace_history, b.trace_history);
   EXPECT_EQ(a.load_timeout, b.load_timeout);
+  EXPECT_EQ(a.max_request_seconds, b.max_request_seconds);
+  EXPECT_EQ(a.max_restarts, b.max_restarts);
+  EXPECT_EQ(a.restart_window, b.restart_window);
+  EXPECT_EQ(a.restart_backoff, b.restart_backoff);
+  EXPECT_EQ(a.restart_backoff_max, b.restart_backoff_max);
   EXPECT_EQ(a.host, b.host);
   EXPECT_EQ(a.port, b.port);
   EXPECT_EQ(a.api_keys, b.api_keys);
@@ -161,6 +166,11 @@ TEST(RuntimeConfigDefault, ValuesAreTheDocumentedOnes) {
   EXPECT_EQ(c.max_prompt_tokens, 0);
   EXPECT_EQ(c.trace_history, 64);
   EXPECT_DOUBLE_EQ(c.load_timeout, 60.0);
+  EXPECT_DOUBLE_EQ(c.max_request_seconds, 600.0);
+  EXPECT_EQ(c.max_restarts, 5);
+  EXPECT_DOUBLE_EQ(c.restart_window, 60.0);
+  EXPECT_DOUBLE_EQ(c.restart_backoff, 0.1);
+  EXPECT_DOUBLE_EQ(c.restart_backoff_max, 10.0);
   EXPECT_DOUBLE_EQ(c.device_wait_timeout, 60.0);
   EXPECT_EQ(c.host, "127.0.0.1");
   EXPECT_EQ(c.port, 8000);
@@ -224,7 +234,8 @@ blend:
   chunk_prelude: "<|im_start|>system\n"
   write_back: no
 limits: {max_requests: 2, max_queue: 0, max_decode_batch: 4, decode_interleave: 0.2, max_prompt_tokens: 4096,
-         trace_history: 0, load_timeout: 5.5}
+         trace_history: 0, load_timeout: 5.5, max_request_seconds: 0, max_restarts: 2, restart_window: 1m,
+         restart_backoff: 250ms, restart_backoff_max: 3s}
 server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_body: 64KiB, threads: 5,
          model_name: my-model}
 )");
@@ -266,6 +277,11 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.max_prompt_tokens, 4096);
   EXPECT_EQ(c.trace_history, 0);
   EXPECT_DOUBLE_EQ(c.load_timeout, 5.5);
+  EXPECT_DOUBLE_EQ(c.max_request_seconds, 0.0);
+  EXPECT_EQ(c.max_restarts, 2);
+  EXPECT_DOUBLE_EQ(c.restart_window, 60.0);
+  EXPECT_DOUBLE_EQ(c.restart_backoff, 0.25);
+  EXPECT_DOUBLE_EQ(c.restart_backoff_max, 3.0);
   EXPECT_EQ(c.host, "0.0.0.0");
   EXPECT_EQ(c.port, 9001);
   EXPECT_EQ(c.api_keys, (std::vector<std::string>{"sk-test-0001", "sk-test-0002"}));
@@ -391,6 +407,11 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
               HasSubstr("device.wait_timeout: must be a number of seconds in (0, 86400], got 0"));
   EXPECT_THAT(error_of("device: {wait_timeout: 1e6}"), HasSubstr("device.wait_timeout: must be a number of seconds"));
   EXPECT_THAT(error_of("limits: {load_timeout: 0}"), HasSubstr("limits.load_timeout: must be a number of seconds > 0"));
+  EXPECT_THAT(error_of("limits: {max_request_seconds: -1}"),
+              HasSubstr("limits.max_request_seconds: must be a number of seconds >= 0 (0 = no limit), got -1"));
+  EXPECT_THAT(error_of("limits: {max_restarts: -1}"), HasSubstr("limits.max_restarts: must be >= 0"));
+  EXPECT_THAT(error_of("limits: {restart_window: 0}"), HasSubstr("limits.restart_window: must be a duration > 0"));
+  EXPECT_THAT(error_of("limits: {restart_backoff: soon}"), HasSubstr("limits.restart_backoff:"));
   EXPECT_THAT(error_of("limits: {max_requests: }"), HasSubstr("limits.max_requests: expected an integer, got nothing"));
   // A section that is not a map.
   EXPECT_THAT(error_of("model: 3"), HasSubstr("model: expected a map with keys (path, precision, decode_activations), got '3'"));
@@ -518,6 +539,22 @@ TEST(RuntimeConfigErrors, MalformedYamlGivesTheLineAndColumn) {
   EXPECT_THAT(e, AllOf(HasSubstr("invalid YAML at line 3, column"), Not(HasSubstr("yaml-cpp:"))));
   e = error_of("server: {port: 80");
   EXPECT_THAT(e, HasSubstr("invalid YAML at line 1"));
+}
+
+// yaml-cpp 0.7's LoadAll loops for ever on a stray top-level ',' and its Load reads
+// ",a: 1" as an empty (default) config; both are errors naming the place (found by
+// tests/fuzz/fuzz_config.cpp; the fuzzer's reproducer was ",imits: {...}").
+TEST(RuntimeConfigErrors, AStrayCommaIsAnErrorNotAHangOrAnEmptyConfig) {
+  for (const char* text : {",", ",a: 1", ",imits: {max_reqblenduestS: 2, restart_window: 5s}\n",
+                           "limits: {max_requests: 2}\n---\n,"}) {
+    const std::string e = error_of(text);
+    EXPECT_THAT(e, HasSubstr("invalid YAML at line")) << text;
+  }
+  EXPECT_THAT(error_of(",a: 1"), HasSubstr("invalid YAML at line 1, column 1: unexpected ','"));
+  // A document that is only a null, alone or after another, is still a document.
+  EXPECT_NO_THROW(parse_runtime_config("~"));
+  EXPECT_NO_THROW(parse_runtime_config("---\n"));
+  EXPECT_THAT(error_of("limits: {max_requests: 2}\n---\n~\n"), HasSubstr("expected one YAML document, got 2"));
 }
 
 TEST(RuntimeConfigErrors, SeveralDocuments) {
