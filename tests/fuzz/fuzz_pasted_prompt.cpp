@@ -2,8 +2,8 @@
 // SmolLM2's real tokenizer and chat template: any message text, with stored passages
 // spliced in where the input has a 0x01 byte, must give a prompt that spells the plain
 // request's prompt byte for byte (nothing lost, added or reordered; for valid UTF-8
-// that is the rendered conversation — the tokenizer replaces invalid sequences, and
-// then nothing is searched), whose found chunks are stored chunks, with the turn's
+// that is the rendered conversation — the tokenizer drops bytes it has no token for,
+// and then the tokens no longer spell the text and nothing is searched), whose found chunks are stored chunks, with the turn's
 // close at the end — never a crash or a throw.
 #include <cstddef>
 #include <cstdint>
