@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -190,7 +191,6 @@ TEST(Supervision, ALoaderThatDiesOnEveryRequestIsRestartedWithBackoffThenTheRunt
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_THAT(m->body, HasSubstr("\nblendserve_failed 1"));
-  rt.context().loader_fault = nullptr;
   EXPECT_EQ(rt.in_flight(), 0);
   EXPECT_EQ(rt.queued(), 0);
 }
@@ -244,9 +244,9 @@ TEST(Deadlines, OverHttpARequestPastItsDeadlineGets504StreamedOrNot) {
   for (const auto& d : docs) rt.store_document(d);
   // The one slot is held by a request whose loader sticks in the device for 5 s:
   // the HTTP requests wait in the queue and reach their deadline there.
-  std::atomic<bool> armed{true};
-  rt.context().loader_fault = [&armed](const std::string& tier, int layer) {
-    if (tier == "ssd" && layer == 1 && armed.exchange(false)) std::this_thread::sleep_for(5s);
+  auto armed = std::make_shared<std::atomic<bool>>(true);  // the hook may outlive this scope's locals
+  rt.context().loader_fault = [armed](const std::string& tier, int layer) {
+    if (tier == "ssd" && layer == 1 && armed->exchange(false)) std::this_thread::sleep_for(5s);
   };
   Pending blocker;
   rt.submit(rag_request(docs), blocker.callbacks());
@@ -268,7 +268,6 @@ TEST(Deadlines, OverHttpARequestPastItsDeadlineGets504StreamedOrNot) {
   }
   const RequestResult b = blocker.get();
   EXPECT_TRUE(b.deadline_exceeded);
-  rt.context().loader_fault = nullptr;
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_THAT(m->body, HasSubstr("blendserve_http_responses_total{route=\"/v1/chat/completions\",status=\"504\"} 2\n"));
@@ -284,9 +283,9 @@ TEST(Deadlines, ARequestThatCannotStopIsFailedWhereItStandsTenSecondsAfterItsDea
   for (const auto& d : docs) rt.store_document(d);
   // The loader sticks in the device for 16 s at layer 1: the prefill waits for it
   // and a cancel cannot stop it before the loader returns.
-  std::atomic<bool> armed{true};
-  rt.context().loader_fault = [&armed](const std::string& tier, int layer) {
-    if (tier == "ssd" && layer == 1 && armed.exchange(false)) std::this_thread::sleep_for(16s);
+  auto armed = std::make_shared<std::atomic<bool>>(true);  // the hook may outlive this scope's locals
+  rt.context().loader_fault = [armed](const std::string& tier, int layer) {
+    if (tier == "ssd" && layer == 1 && armed->exchange(false)) std::this_thread::sleep_for(16s);
   };
   Pending stuck;
   const auto t0 = std::chrono::steady_clock::now();
@@ -300,7 +299,6 @@ TEST(Deadlines, ARequestThatCannotStopIsFailedWhereItStandsTenSecondsAfterItsDea
   EXPECT_LT(took, 15.9) << "it waited for the stuck loader instead of failing it";
   // The runtime serves on (a short request well within the limit).
   EXPECT_TRUE(testing::settles([&] { return rt.in_flight() == 0; }, 30));
-  rt.context().loader_fault = nullptr;
   const RequestResult ok = rt.run(plain_request());
   EXPECT_NE(ok.finish_reason, "error") << ok.error;
 }

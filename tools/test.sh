@@ -7,9 +7,10 @@
 #   3. ASan+UBSan build in build-asan/ (clang, -O1, with the fuzzers' coverage hooks, so
 #      the fuzz targets reuse its objects); the unit tests (label "unit") under it, and the
 #      actor runtime's protocol tests and quick runtime tests (label "asan_model"), -j nproc
-#   4. the GGUF reader's, the request parser's, the remote frame codec's and the pasted-passage
-#      search's libFuzzer targets, built in build-asan/, one process each, as many side by side
-#      as there are cores, for BLENDSERVE_FUZZ_SECONDS each (default 30)
+#   4. the libFuzzer targets (GGUF reader, request parser, remote frame codec, pasted-passage
+#      search, YAML loaders, SSD file reader, tokenizer and chat template), built in
+#      build-asan/, one process each, as many side by side as there are cores, for
+#      BLENDSERVE_FUZZ_SECONDS each (default 30)
 # Set BLENDSERVE_SKIP_SANITIZE=1 to skip steps 3 and 4 while iterating.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
