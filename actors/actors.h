@@ -100,9 +100,10 @@ struct DecoderState {
   std::unordered_map<uint64_t, Decoding> requests;
   static constexpr const char* name = "decoder";
 };
-// Sampling, stop conditions, streaming text out (the caller's callbacks), one step
-// per message; the result and the trace at the end. Spawned detached: sampling
-// sorts the vocabulary and the caller's callbacks may block.
+// Sampling, stop conditions, streaming text out (to the caller's callbacks through
+// the runtime's per-stream delivery, which only queues: the caller's own code never
+// runs here), one step per message; the result and the trace at the end. Spawned
+// detached: sampling sorts the vocabulary.
 decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderState> self, RuntimeContext* ctx,
                                      HandlesRef h, CountersPtr c);
 struct InspectorState {

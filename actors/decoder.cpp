@@ -1,7 +1,8 @@
 // decoder (the front end's end of a request): one decode step per message. Takes
 // the worker's PrefillOutcome (the plan, the first logits), samples, applies end
 // of turn, stop strings and max_tokens (DecodeSession), streams the newly final
-// text to the caller and asks the worker for the next step by request id (the
+// text to the caller (its callbacks as Runtime::submit wrapped them: they only queue
+// for the delivery threads) and asks the worker for the next step by request id (the
 // worker batches the steps of all decoding requests and answers with the next
 // logits). At the end: the result to the caller, the trace to the inspector, the
 // request's cache freed in the worker (end) and its slot back to the intake (the

@@ -24,7 +24,7 @@ struct RequestRecord {
   uint64_t id = 0;
   std::chrono::steady_clock::time_point submitted;
   RuntimeRequest request;      // as submitted; nobody writes it after submit
-  RequestCallbacks callbacks;  // run by whoever finishes the request
+  RequestCallbacks callbacks;  // the caller's, wrapped (StreamDelivery): called by whoever streams or finishes the request
   TracePtr trace;
   // Holds one of the max_requests slots and its KV pages, in the intake's ledger: the
   // intake sets it when it admits the request; whoever ends the request clears it

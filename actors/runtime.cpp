@@ -21,6 +21,7 @@
 #include "actors/actor_counters.h"
 #include "actors/actors.h"
 #include "actors/inspection.h"
+#include "actors/stream_delivery.h"
 #include "blend/rag_prompt.h"
 
 #include "kernels/backend_choice.h"
@@ -113,6 +114,12 @@ std::string describe_exit(caf::actor_system& sys, const caf::error& reason) {
   return sys.render(reason);
 }
 
+// Text a caller may fall behind its stream by before the request is cancelled (far
+// above any answer: a context of 8k tokens is ~40 KB of text).
+constexpr size_t kMaxPendingStreamBytes = size_t{4} << 20;
+// How long shutdown waits for the callers' callbacks of ended requests to return.
+constexpr std::chrono::seconds kCallbackDrain{10};
+
 // "60 s", "0.5 s": a config duration in a sentence.
 std::string fmt_seconds(double s) {
   char buf[32];
@@ -129,6 +136,9 @@ std::string resolve_model_path(const RuntimeConfig& config) {
 }
 
 struct Runtime::Actors {
+  // The callers' callbacks run here, a stream at a time per thread (stuck or slow ones
+  // hold only their own stream); declared first, so it is destroyed last.
+  std::unique_ptr<StreamDelivery> delivery;
   RuntimeSystemConfig cfg;
   std::unique_ptr<caf::actor_system> system;
   std::shared_ptr<Handles> h = std::make_shared<Handles>();
@@ -483,7 +493,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
     DiskKvStore::EntryVisitor learn;
     if (ctx.pasted) learn = [index = ctx.pasted.get()](const ChunkKey&, std::span<const int32_t> t) { index->add(t); };
     ctx.ssd = std::make_unique<DiskKvStore>(resolve_ssd_path(ctx.config), ctx.config.ssd.budget_bytes,
-                                            ctx.config.ssd.direct_io, learn);
+                                            ctx.config.ssd.direct_io, learn, ctx.config.ssd.file_io);
     if (ctx.config.ssd.throttle_bytes_per_s > 0) ctx.ssd->set_read_throttle(ctx.config.ssd.throttle_bytes_per_s);
   }
   if (ctx.config.remote.enabled) {
@@ -536,6 +546,8 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
 
   actors_ = std::make_unique<Actors>();
   auto& a = *actors_;
+  // A thread per stream that may produce text at once, two for the ends of the others.
+  a.delivery = std::make_unique<StreamDelivery>(ctx.config.max_requests + 2, kMaxPendingStreamBytes);
   a.system = std::make_unique<caf::actor_system>(a.cfg);
   auto& sys = *a.system;
   auto h = a.h;
@@ -602,7 +614,7 @@ uint64_t Runtime::submit(RuntimeRequest request, RequestCallbacks callbacks) {
   r->id = ctx_->next_id.fetch_add(1);
   r->submitted = std::chrono::steady_clock::now();
   r->request = std::move(request);
-  r->callbacks = std::move(callbacks);
+  r->callbacks = a.delivery->wrap(std::move(callbacks));
   r->trace = ctx_->traces.open(r->id, r->submitted);
   const uint64_t id = r->id;
   // Registered before the intake answers: on_done may run before receive() returns.
@@ -743,6 +755,11 @@ Runtime::StoredDocument Runtime::store_document(const std::string& text) {
     out.on_storage_node = kv && ctx_->remote->put(key, kv);
   }
   if (!out.already_stored && kv) ctx_->tiered->put(key, std::move(kv));
+  for (const auto& t : ctx_->tiers)
+    if (t.store != ctx_->remote.get() && t.store->contains(key)) out.tiers.push_back(t.name);
+  if (out.tiers.empty() && !out.on_storage_node)
+    throw RequestError(RequestErrc::internal, "the document could not be stored: every tier of this node refused "
+                                              "it (GET /v1/inspect/stores shows the write errors)");
   if (ctx_->pasted) ctx_->pasted->add(tokens);
   return out;
 }
@@ -872,7 +889,7 @@ std::string Runtime::stores_json() const {
     const auto st = s->stats();
     j[tier.name] = {{"hits", st.hits},       {"misses", st.misses},   {"puts", st.puts},
                                  {"evictions", st.evictions}, {"bytes", st.bytes}, {"entries", st.entries},
-                                 {"corrupt", st.corrupt},  {"budget", s->budget()},
+                                 {"corrupt", st.corrupt},  {"write_errors", st.write_errors}, {"budget", s->budget()},
                                  {"load_bytes", tier.load->bytes.load()}, {"load_s", tier.load->ns.load() * 1e-9},
                                  {"loads", tier.load->loads.load()}};
   }
@@ -921,6 +938,9 @@ void Runtime::shutdown(bool finish_write_back) {
   };
   while (busy() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Every request has ended; their callbacks run out (a caller's callback that is stuck
+  // is left behind after kCallbackDrain: it cannot hold the shutdown).
+  a.delivery->shutdown(kCallbackDrain);
   // Background write-back computes are dropped (they are a cache, recomputed on
   // demand); the one running finishes. Then every store already handed to the
   // write-back actor or the tiers' writers is written before the actors stop.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "actors/request.h"
 #include "actors/runtime_config.h"
@@ -31,8 +32,10 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  // Queues a request; returns its id. Callbacks run on the runtime's threads,
-  // on_done exactly once. Up to limits.max_requests run at once; up to
+  // Queues a request; returns its id. Callbacks run on the runtime's delivery
+  // threads (actors/stream_delivery.h), one stream at a time per thread, in order,
+  // on_done exactly once and last: a slow or stuck callback holds only its own
+  // stream (and is left behind by shutdown after 10 s). Up to limits.max_requests run at once; up to
   // limits.max_queue more wait (in arrival order) for a slot. Throws RequestError
   // (invalid, too_long, overloaded: running and queue full, shutting_down,
   // unavailable: failure() says why) when refused; then no callback runs. A request
@@ -83,7 +86,8 @@ class Runtime {
   // writes back, the document is also pushed to the storage node, synchronously,
   // unless it is there: a document the user stores is meant for every worker of the
   // cluster, and the answer says whether the node has it. Throws
-  // RequestError: invalid (empty), too_long, shutting_down, internal.
+  // RequestError: invalid (empty), too_long, shutting_down, internal (also when no
+  // tier of this node could store it: every put refused, e.g. a full disk with RAM off).
   struct StoredDocument {
     std::string id;               // the chunk key (hex): DELETE /v1/documents/{id}
     int64_t tokens = 0;
@@ -91,6 +95,9 @@ class Runtime {
     std::string source;           // "local" (already_stored), "remote" (loaded from the node), "computed"
     bool on_storage_node = false; // the storage node holds it after the call (false: no remote tier,
                                   // no write-back, or the node refused or was unreachable: it stays here)
+    // This node's tiers that hold it after the call, in lookup order ("ram", "ssd"):
+    // "ssd" means it is on the disk, fsynced, and survives a crash of the process.
+    std::vector<std::string> tiers;
   };
   StoredDocument store_document(const std::string& text);
   // Removes a stored document from every tier, the storage node's included; false

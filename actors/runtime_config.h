@@ -5,11 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "blend/blend_engine.h"
+#include "storage/file_io.h"
 
 namespace bs {
 
@@ -28,6 +30,9 @@ struct TierConfig {
   int64_t write_queue_bytes = 0;
   // Loader actors of the tier: this many requests' loads from it proceed at once.
   int loaders = 2;
+  // ssd: the file system calls of the tier (storage/file_io.h); null: the real ones.
+  // Not a YAML key: tests and soaks put faults here (a full disk, EIO).
+  std::shared_ptr<FileIo> file_io;
   bool operator==(const TierConfig&) const = default;
 };
 
@@ -101,9 +106,10 @@ struct RuntimeConfig {
   std::string node_name = "local";
   // The member defaults equal configs/default.yaml (a test checks it).
   TierConfig ram{.enabled = true, .budget_bytes = int64_t{2} << 30, .path = "", .direct_io = false,
-                 .throttle_bytes_per_s = 0, .write_queue_bytes = 0, .loaders = 2};
+                 .throttle_bytes_per_s = 0, .write_queue_bytes = 0, .loaders = 2, .file_io = nullptr};
   TierConfig ssd{.enabled = true, .budget_bytes = int64_t{8} << 30, .path = "kv", .direct_io = true,
-                 .throttle_bytes_per_s = 0, .write_queue_bytes = int64_t{256} << 20, .loaders = 2};
+                 .throttle_bytes_per_s = 0, .write_queue_bytes = int64_t{256} << 20, .loaders = 2,
+                 .file_io = nullptr};
   RemoteTierConfig remote;
   // blend: mode, ratio (the floor the loading controller never goes below),
   // check layers, schedule, min_tokens, deviation, quota, filtering, selection, sink_tokens

@@ -420,6 +420,7 @@ struct FrontendServer::Impl {
         if (a.status == 200 && j.is_object()) {
           entry["source"] = j.value("source", "");
           entry["already_stored"] = j.value("already_stored", false);
+          entry["tiers"] = j.value("tiers", json::array());
         } else {
           entry["error"] = a.status ? "HTTP " + std::to_string(a.status) + ": " + a.body.substr(0, 300) : a.body;
         }

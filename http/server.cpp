@@ -293,8 +293,8 @@ struct Server::Impl {
       try {
         const std::string text = parse_document_body(req.body);
         const auto d = runtime.store_document(text);
-        json out{{"id", d.id}, {"object", "document"}, {"tokens", d.tokens}, {"already_stored", d.already_stored},
-                 {"source", d.source}};
+        json out{{"id", d.id},         {"object", "document"}, {"tokens", d.tokens}, {"already_stored", d.already_stored},
+                 {"source", d.source}, {"tiers", d.tiers}};
         if (runtime.context().remote) out["on_storage_node"] = d.on_storage_node;
         send_json(res, 200, out.dump());
       } catch (const ApiError& e) {
@@ -366,7 +366,7 @@ struct Server::Impl {
         for (const auto& [tier, st] : stores.items())
           g.push_back({std::string("blendserve_store_") + field, std::string("KV store tier ") + field + ".",
                        "tier=\"" + tier + "\"", st.value(field, 0.0)});
-      for (const char* field : {"hits", "misses", "evictions", "corrupt"})
+      for (const char* field : {"hits", "misses", "evictions", "corrupt", "write_errors"})
         for (const auto& [tier, st] : stores.items())
           g.push_back({std::string("blendserve_store_") + field, std::string("KV store tier ") + field +
                                                                      " since start (monotonic).",

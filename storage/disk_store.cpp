@@ -107,10 +107,10 @@ uint8_t* direct_read_scratch(int64_t n) {
 
 // pread until n bytes or EOF. 0: all read; 1: short (EOF); -1: error, errno set.
 // Adds the bytes it read to *got (for the read throttle).
-int read_exact(int fd, void* dst, int64_t n, int64_t off, int64_t* got = nullptr) {
+int read_exact(FileIo& io, int fd, void* dst, int64_t n, int64_t off, int64_t* got = nullptr) {
   auto* d = static_cast<uint8_t*>(dst);
   while (n > 0) {
-    const ssize_t r = ::pread(fd, d, static_cast<size_t>(n), off);
+    const ssize_t r = io.pread(fd, d, static_cast<size_t>(n), off);
     if (r < 0) {
       if (errno == EINTR) continue;
       return -1;
@@ -122,12 +122,16 @@ int read_exact(int fd, void* dst, int64_t n, int64_t off, int64_t* got = nullptr
   return 0;
 }
 
-bool write_all(int fd, const void* src, size_t n) {
+bool write_all(FileIo& io, int fd, const void* src, size_t n) {
   auto* s = static_cast<const uint8_t*>(src);
   while (n > 0) {
-    const ssize_t r = ::write(fd, s, n);
+    const ssize_t r = io.write(fd, s, n);
     if (r < 0) {
       if (errno == EINTR) continue;
+      return false;
+    }
+    if (r == 0) {  // no progress and no error: a device that takes nothing more
+      errno = ENOSPC;
       return false;
     }
     s += r, n -= static_cast<size_t>(r);
@@ -151,11 +155,11 @@ void store(std::vector<uint8_t>& out, const T& x) {
 // Reads and checks the header of an open file of `file_size` bytes (aligned reads,
 // so it works on O_DIRECT descriptors). nullopt if anything is off; errno is EINVAL
 // after a read the filesystem refused. Adds the bytes it read to *got.
-std::optional<Header> read_header(int fd, int64_t file_size, int64_t* got = nullptr) {
+std::optional<Header> read_header(FileIo& io, int fd, int64_t file_size, int64_t* got = nullptr) {
   if (file_size < DiskKvStore::kAlign) return std::nullopt;
   AlignedBuf first(DiskKvStore::kAlign);
   errno = 0;
-  if (read_exact(fd, first.p, DiskKvStore::kAlign, 0, got) != 0) return std::nullopt;
+  if (read_exact(io, fd, first.p, DiskKvStore::kAlign, 0, got) != 0) return std::nullopt;
   const uint8_t* p = first.p;
   if (std::memcmp(p, kMagic, 4) != 0) return std::nullopt;
   p += 4;
@@ -181,7 +185,7 @@ std::optional<Header> read_header(int fd, int64_t file_size, int64_t* got = null
   const uint8_t* base = first.p;
   if (h.header_bytes > DiskKvStore::kAlign) {
     whole.emplace(h.header_bytes);
-    if (read_exact(fd, whole->p, h.header_bytes, 0, got) != 0) return std::nullopt;
+    if (read_exact(io, fd, whole->p, h.header_bytes, 0, got) != 0) return std::nullopt;
     base = whole->p;
   }
   const size_t raw = kFixedBytes + 4 * m + 8 * n_layers;  // without the header sum
@@ -203,11 +207,11 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+void fsync_dir(FileIo& io, const std::string& dir) {
+  const int fd = io.open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
+  io.fsync(fd);
+  io.close(fd);
 }
 
 }  // namespace
@@ -251,8 +255,9 @@ DiskKvStore::Entry::~Entry() {
 
 // ---- start-up ----
 
-DiskKvStore::DiskKvStore(std::string dir, int64_t byte_budget, bool direct_io, const EntryVisitor& on_entry)
-    : dir_(std::move(dir)), budget_(byte_budget), direct_(direct_io) {
+DiskKvStore::DiskKvStore(std::string dir, int64_t byte_budget, bool direct_io, const EntryVisitor& on_entry,
+                         std::shared_ptr<FileIo> io)
+    : dir_(std::move(dir)), budget_(byte_budget), direct_(direct_io), io_(io ? std::move(io) : FileIo::system()) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) throw std::system_error(ec, "DiskKvStore: cannot create " + dir_);
@@ -269,6 +274,7 @@ void DiskKvStore::scan(const EntryVisitor& on_entry) {
     std::vector<int32_t> tokens;  // kept only for on_entry
   };
   std::vector<Found> found;
+  int64_t dropped = 0;
   std::error_code ec;
   for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code tec;
@@ -276,24 +282,28 @@ void DiskKvStore::scan(const EntryVisitor& on_entry) {
     const std::string name = it->path().filename().string();
     const std::string path = it->path().string();
     if (name.find(kTmpMarker) != std::string::npos) {  // a write that never finished
-      ::unlink(path.c_str());
+      io_->unlink(path.c_str());
       continue;
     }
     if (!ends_with(name, kSuffix)) continue;  // not ours
     bool ok = false;
     struct stat st{};
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = io_->open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
-      if (::fstat(fd, &st) == 0) {
-        auto h = read_header(fd, st.st_size);
+      if (io_->fstat(fd, &st) == 0) {
+        auto h = read_header(*io_, fd, st.st_size);
         if (h && name == h->key.hex() + kSuffix) {
           found.push_back({h->key, st.st_size, st.st_mtim, on_entry ? std::move(h->tokens) : std::vector<int32_t>{}});
           ok = true;
         }
       }
-      ::close(fd);
+      io_->close(fd);
     }
-    if (!ok) ::unlink(path.c_str());
+    if (!ok) {
+      // Torn, damaged, renamed or unreadable: a miss from now on, and counted.
+      io_->unlink(path.c_str());
+      ++dropped;
+    }
   }
   // Oldest first, so pushing each to the front leaves the newest most recent.
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
@@ -302,6 +312,7 @@ void DiskKvStore::scan(const EntryVisitor& on_entry) {
   if (on_entry)
     for (const Found& f : found) on_entry(f.key, f.tokens);
   std::lock_guard<std::mutex> lock(mu_);
+  stats_.corrupt += dropped;
   for (const Found& f : found) {
     lru_.push_front(f.key);
     map_[f.key] = Slot{f.bytes, lru_.begin()};
@@ -321,7 +332,7 @@ void DiskKvStore::unindex_locked(std::unordered_map<ChunkKey, Slot, ChunkKeyHash
 void DiskKvStore::evict_to_fit_locked(int64_t incoming) {
   while (stats_.bytes + incoming > budget_ && !lru_.empty()) {
     const ChunkKey victim = lru_.back();
-    ::unlink(path_of(victim).c_str());
+    io_->unlink(path_of(victim).c_str());
     unindex_locked(map_.find(victim));
     ++stats_.evictions;
   }
@@ -362,33 +373,55 @@ bool DiskKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
   store(hdr, XXH3_64bits(hdr.data(), hdr.size()));
   hdr.resize(static_cast<size_t>(header_bytes), 0);
 
-  // Temp file: written whole and fsynced before it can take the real name.
+  // A full device (ENOSPC) was seen and nothing of ours could be evicted to make room:
+  // writes wait out a cool-down instead of each writing a whole file to fail again.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::chrono::steady_clock::now() < full_until_) {
+      ++stats_.write_errors;
+      return false;
+    }
+  }
   const std::string final_path = path_of(key);
-  const std::string tmp = final_path + ".tmp." + std::to_string(::getpid()) + "." +
-                          std::to_string(tmp_counter_.fetch_add(1, std::memory_order_relaxed));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
-  const std::vector<uint8_t> pad(static_cast<size_t>(layer_span) - 2 * layer_bytes, 0);
-  bool ok = write_all(fd, hdr.data(), hdr.size());
-  for (int l = 0; ok && l < kv->n_layers; ++l)
-    ok = write_all(fd, kv->k_layer(l), layer_bytes) && write_all(fd, kv->v_layer(l), layer_bytes) &&
-         write_all(fd, pad.data(), pad.size());
-  ok = ok && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    return false;
+  std::string tmp;
+  for (int attempt = 0;; ++attempt) {
+    const int err = write_temp(*kv, hdr, layer_span, final_path, tmp);
+    if (err == 0) break;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.write_errors;
+    if ((err != ENOSPC && err != EDQUOT) || attempt > 0) return false;
+    // The device holds less than the budget says. Make room among our own entries (the
+    // least recently used, at least this file's size), then try once more; with
+    // nothing of ours to evict, stop writing for a while (a cache: a miss recomputes).
+    int64_t freed = 0;
+    while (freed < file_bytes && !lru_.empty()) {
+      const ChunkKey victim = lru_.back();
+      io_->unlink(path_of(victim).c_str());
+      auto it = map_.find(victim);
+      freed += it->second.bytes;
+      unindex_locked(it);
+      ++stats_.evictions;
+    }
+    if (freed == 0) {
+      full_until_ = std::chrono::steady_clock::now() + kFullCooldown;
+      if (!full_logged_.exchange(true))
+        std::fprintf(stderr, "blendserve: %s: the disk is full (%s) and holds none of our entries to evict; "
+                     "writes to this tier pause for %lld s at a time until it has room\n",
+                     dir_.c_str(), std::strerror(err), static_cast<long long>(kFullCooldown.count()));
+      return false;
+    }
   }
 
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = map_.find(key); it != map_.end()) unindex_locked(it);  // replaced by the rename
     evict_to_fit_locked(file_bytes);
-    if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
-      ::unlink(tmp.c_str());
+    if (io_->rename(tmp.c_str(), final_path.c_str()) != 0) {
+      io_->unlink(tmp.c_str());
       // The old file (if any) is still in place but no longer indexed: drop it so
       // the index and the directory agree.
-      ::unlink(final_path.c_str());
+      io_->unlink(final_path.c_str());
+      ++stats_.write_errors;
       return false;
     }
     lru_.push_front(key);
@@ -396,15 +429,43 @@ bool DiskKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
     stats_.bytes += file_bytes;
     ++stats_.puts;
   }
-  fsync_dir(dir_);  // makes the rename itself durable
+  fsync_dir(*io_, dir_);  // makes the rename itself durable
   return true;
+}
+
+int DiskKvStore::write_temp(const ChunkKv& kv, const std::vector<uint8_t>& hdr, int64_t layer_span,
+                            const std::string& final_path, std::string& tmp) {
+  tmp = final_path + ".tmp." + std::to_string(::getpid()) + "." +
+        std::to_string(tmp_counter_.fetch_add(1, std::memory_order_relaxed));
+  errno = 0;
+  const int fd = io_->open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return errno ? errno : EIO;
+  int err = 0;
+  auto check = [&err](bool ok) {
+    if (!ok && err == 0) err = errno ? errno : EIO;
+    return ok;
+  };
+  const size_t layer_bytes = static_cast<size_t>(kv.layer_bytes());
+  const std::vector<uint8_t> pad(static_cast<size_t>(layer_span) - 2 * layer_bytes, 0);
+  bool ok = check(write_all(*io_, fd, hdr.data(), hdr.size()));
+  for (int l = 0; ok && l < kv.n_layers; ++l)
+    ok = check(write_all(*io_, fd, kv.k_layer(l), layer_bytes)) && check(write_all(*io_, fd, kv.v_layer(l), layer_bytes)) &&
+         check(write_all(*io_, fd, pad.data(), pad.size()));
+  ok = ok && check(io_->fsync(fd) == 0);
+  const bool closed = io_->close(fd) == 0;
+  ok = check(closed) && ok;
+  if (!ok) {
+    io_->unlink(tmp.c_str());
+    return err ? err : EIO;
+  }
+  return 0;
 }
 
 bool DiskKvStore::erase(const ChunkKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = map_.find(key);
   if (it == map_.end()) return false;
-  ::unlink(path_of(key).c_str());
+  io_->unlink(path_of(key).c_str());
   unindex_locked(it);
   return true;
 }
@@ -434,13 +495,13 @@ StoreStats DiskKvStore::stats() const {
 int DiskKvStore::open_read(const std::string& path, bool& direct) {
   direct = direct_.load(std::memory_order_relaxed);
   if (direct) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    const int fd = io_->open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
     if (fd >= 0 || errno != EINVAL) return fd;
     if (direct_.exchange(false))
       std::fprintf(stderr, "blendserve: %s refuses O_DIRECT, using buffered reads\n", dir_.c_str());
     direct = false;
   }
-  return ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  return io_->open(path.c_str(), O_RDONLY | O_CLOEXEC);
 }
 
 std::optional<DiskKvStore::Entry> DiskKvStore::open_entry(const ChunkKey& key) {
@@ -456,20 +517,20 @@ std::optional<DiskKvStore::Entry> DiskKvStore::open_entry(const ChunkKey& key) {
     return std::nullopt;
   }
   struct stat st{};
-  if (::fstat(e.fd_, &st) != 0) return std::nullopt;
+  if (io_->fstat(e.fd_, &st) != 0) return std::nullopt;
   e.dev_ = st.st_dev, e.ino_ = st.st_ino;
   const auto started = std::chrono::steady_clock::now();
   int64_t got = 0;
-  auto h = read_header(e.fd_, st.st_size, &got);
+  auto h = read_header(*io_, e.fd_, st.st_size, &got);
   if (!h && e.direct_ && errno == EINVAL) {  // opened with O_DIRECT, but reads refused
     if (direct_.exchange(false))
       std::fprintf(stderr, "blendserve: %s refuses O_DIRECT reads, using buffered reads\n", dir_.c_str());
     ::close(e.fd_);
-    e.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    e.fd_ = io_->open(path.c_str(), O_RDONLY | O_CLOEXEC);
     e.direct_ = false;
-    if (e.fd_ < 0 || ::fstat(e.fd_, &st) != 0) return std::nullopt;
+    if (e.fd_ < 0 || io_->fstat(e.fd_, &st) != 0) return std::nullopt;
     e.dev_ = st.st_dev, e.ino_ = st.st_ino;
-    h = read_header(e.fd_, st.st_size, &got);
+    h = read_header(*io_, e.fd_, st.st_size, &got);
   }
   throttle(got, started);
   e.key = key;
@@ -493,7 +554,7 @@ bool DiskKvStore::read_layer_raw(const Entry& e, int layer, std::byte* k, std::b
   int64_t got = 0;
   if (e.direct_) {  // aligned offset, length and buffer, then copy out
     uint8_t* buf = direct_read_scratch(e.layer_span_);
-    const bool read_ok = e.layer_span_ <= 0 || read_exact(e.fd_, buf, e.layer_span_, off, &got) == 0;
+    const bool read_ok = e.layer_span_ <= 0 || read_exact(*io_, e.fd_, buf, e.layer_span_, off, &got) == 0;
     throttle(got, started);
     if (!read_ok) return false;
     if (layer_sum(buf, buf + bytes_each, static_cast<size_t>(bytes_each)) != e.layer_sums_[layer]) return false;
@@ -502,7 +563,8 @@ bool DiskKvStore::read_layer_raw(const Entry& e, int layer, std::byte* k, std::b
     return true;
   }
   const bool read_ok =
-      read_exact(e.fd_, k, bytes_each, off, &got) == 0 && read_exact(e.fd_, v, bytes_each, off + bytes_each, &got) == 0;
+      read_exact(*io_, e.fd_, k, bytes_each, off, &got) == 0 &&
+      read_exact(*io_, e.fd_, v, bytes_each, off + bytes_each, &got) == 0;
   throttle(got, started);
   if (!read_ok) return false;
   return layer_sum(k, v, static_cast<size_t>(bytes_each)) == e.layer_sums_[layer];
@@ -533,8 +595,8 @@ void DiskKvStore::drop_corrupt(const Entry& e) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.corrupt;
   struct stat st{};
-  if (::stat(path.c_str(), &st) == 0 && st.st_dev == e.dev_ && st.st_ino == e.ino_) {
-    ::unlink(path.c_str());
+  if (io_->stat(path.c_str(), &st) == 0 && st.st_dev == e.dev_ && st.st_ino == e.ino_) {
+    io_->unlink(path.c_str());
     if (auto it = map_.find(e.key); it != map_.end()) unindex_locked(it);
   }
 }

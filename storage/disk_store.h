@@ -20,6 +20,8 @@
 // - Atomic writes: a temp file `<name>.tmp.<pid>.<n>` in the same directory, fsync,
 //   rename, fsync the directory. A crash leaves the old entry or the new one, plus
 //   at most a temp file that the next start-up deletes.
+// Every file system call goes through a FileIo (storage/file_io.h), the real one by
+// default, so tests inject ENOSPC, EIO and short reads into this very code.
 // One store owns its directory: start-up deletes `.bskv` files that fail the
 // header checks and our leftover temp files; other files are left alone.
 #pragma once
@@ -38,6 +40,7 @@
 #include <vector>
 
 #include "storage/chunk_kv.h"
+#include "storage/file_io.h"
 #include "storage/kv_store.h"
 
 namespace bs {
@@ -46,6 +49,8 @@ class DiskKvStore final : public KvStore {
  public:
   static constexpr int64_t kAlign = 4096;  // header and layer alignment in the file
   static constexpr uint32_t kVersion = 1;
+  // After ENOSPC with nothing of ours to evict: how long writes are refused.
+  static constexpr std::chrono::seconds kFullCooldown{10};
 
   // Called at start for each valid entry found, oldest first, with its key and
   // tokens: what another index of the stored chunks (the pasted-chunk index) learns
@@ -55,12 +60,17 @@ class DiskKvStore final : public KvStore {
   // Creates `dir` if needed (throws std::system_error if it cannot) and indexes the
   // valid entries in it. byte_budget counts file sizes. direct_io: read with O_DIRECT
   // (falls back to buffered reads, with a warning, where the filesystem refuses).
-  DiskKvStore(std::string dir, int64_t byte_budget, bool direct_io = false, const EntryVisitor& on_entry = {});
+  // io: the file system calls it makes (storage/file_io.h; null: the real ones).
+  DiskKvStore(std::string dir, int64_t byte_budget, bool direct_io = false, const EntryVisitor& on_entry = {},
+              std::shared_ptr<FileIo> io = nullptr);
 
   std::shared_ptr<const ChunkKv> get(const ChunkKey& key) override;
   bool contains(const ChunkKey& key) const override;
-  // Never throws for I/O errors: a failed write (e.g. ENOSPC) returns false, removes
-  // its temp file and leaves existing entries intact.
+  // Never throws for I/O errors: a failed write returns false, removes its temp file,
+  // leaves existing entries intact and counts a write error. A full device (ENOSPC,
+  // EDQUOT: it holds less than the budget) makes room by evicting the least recently
+  // used entries (at least this file's size) and tries once more; with none of ours to
+  // evict, writes are refused for kFullCooldown before the next try.
   bool put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) override;
   bool erase(const ChunkKey& key) override;
   StoreStats stats() const override;
@@ -132,6 +142,11 @@ class DiskKvStore final : public KvStore {
   void scan(const EntryVisitor& on_entry);
   std::optional<Entry> open_entry(const ChunkKey& key);
   bool read_layer_raw(const Entry& e, int layer, std::byte* k, std::byte* v);
+  // Writes `kv` (header `hdr`, layers padded to layer_span) to a new temp file beside
+  // final_path and fsyncs it: 0 with its path in `tmp`, or the errno of the call that
+  // failed (the temp file removed).
+  int write_temp(const ChunkKv& kv, const std::vector<uint8_t>& hdr, int64_t layer_span,
+                 const std::string& final_path, std::string& tmp);
   // Charges `bytes` read since `started` to the throttle, sleeping as it says.
   void throttle(int64_t bytes, std::chrono::steady_clock::time_point started);
   int open_read(const std::string& path, bool& direct);
@@ -143,6 +158,9 @@ class DiskKvStore final : public KvStore {
   std::string dir_;
   int64_t budget_;
   std::atomic<bool> direct_;
+  std::shared_ptr<FileIo> io_;
+  std::chrono::steady_clock::time_point full_until_{};  // mu_: writes refused before then (a full device)
+  std::atomic<bool> full_logged_{false};
   std::atomic<uint64_t> tmp_counter_{0};
 
   std::atomic<double> read_bps_{0.0};

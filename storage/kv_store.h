@@ -16,7 +16,8 @@ namespace bs {
 struct StoreStats {
   int64_t hits = 0, misses = 0, puts = 0, evictions = 0;
   int64_t bytes = 0, entries = 0;  // bytes: what counts against the budget
-  int64_t corrupt = 0;             // entries dropped because they failed a check (SSD)
+  int64_t corrupt = 0;             // entries dropped because they failed a check or a read (SSD)
+  int64_t write_errors = 0;        // puts the device refused (SSD: ENOSPC, EIO, ...; the entry is not stored)
 };
 
 // One stored entry opened for reading layer by layer: what the runtime's loaders

@@ -711,7 +711,10 @@ CAF_TEST(intake_expires_requests_at_max_request_seconds_running_or_queued) {
   auto running = new_record({kDocs[0]});
   CAF_CHECK_EQUAL(submit(running).id.value_or(0), running->id);
   CAF_CHECK_EQUAL(planned_by_intake().id, running->id);
+  // Submitted a second after the first (its deadline a second later: the timers are
+  // set from the real clock's submit times, the test clock runs them in that order).
   auto queued = new_record({kDocs[1]});
+  queued->submitted += std::chrono::seconds(1);
   CAF_CHECK_EQUAL(submit(queued).id.value_or(0), queued->id);
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(ctx->queued.load(), 1);
@@ -725,6 +728,9 @@ CAF_TEST(intake_expires_requests_at_max_request_seconds_running_or_queued) {
   CAF_CHECK(running->expired.load());
   CAF_CHECK(running->cancelled.load());
   CAF_CHECK_EQUAL(running->expiry_error, "the request ran longer than limits.max_request_seconds (5 s)");
+  CAF_CHECK(!sched.has_job());
+  CAF_CHECK(!queued->expired.load());
+  advance_time(std::chrono::seconds(1));
   expect((expire_atom, uint64_t, int32_t), from(h->intake()).to(h->intake()).with(_, queued->id, 0));
   expect((finish_atom, uint64_t), from(h->intake()).to(h->decoder()).with(_, queued->id));
   expect((cancel_atom, uint64_t), from(h->intake()).to(h->worker()).with(_, queued->id));
@@ -734,8 +740,9 @@ CAF_TEST(intake_expires_requests_at_max_request_seconds_running_or_queued) {
   // The queued one ended (the decoder finished it); the running one did not stop.
   queued->finished = true;
   ctx->requests.erase(queued->id);
-  advance_time(std::chrono::seconds(10));
+  advance_time(std::chrono::seconds(9));  // the running one's stage 0 + 10 s
   expect((expire_atom, uint64_t, int32_t), from(h->intake()).to(h->intake()).with(_, running->id, 1));
+  advance_time(std::chrono::seconds(1));
   expect((expire_atom, uint64_t, int32_t), from(h->intake()).to(h->intake()).with(_, queued->id, 1));
   CAF_REQUIRE_EQUAL(failed.size(), 1u);
   CAF_CHECK_EQUAL(failed[0].first, running->id);

@@ -1,10 +1,12 @@
 // The SSD tier: bit-exact round trips, the per-layer reader, restart, LRU budget,
-// and every kind of damaged file being a miss (and removed), never a wrong answer.
+// and every kind of damaged file being a miss (and removed), never a wrong answer;
+// faults injected through its file layer (a full disk, EIO on reads, fsync, rename).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -18,6 +20,7 @@
 
 #include "storage/disk_store.h"
 #include "storage/memory_store.h"
+#include "faulty_file_io.h"
 
 namespace bs {
 namespace {
@@ -441,7 +444,7 @@ TEST(DiskStore, TruncatedFileIsRemoved) {
     fs::resize_file(path_b, 5000);
     EXPECT_EQ(store.get(key_of(*b)), nullptr);
     EXPECT_FALSE(fs::exists(path_b));
-    EXPECT_EQ(store.stats().corrupt, 1);
+    EXPECT_EQ(store.stats().corrupt, 2);  // a, dropped by the start-up scan, and b
   }
 }
 
@@ -674,6 +677,131 @@ TEST(KvStoreInterface, MemoryStoreThroughInterface) {
   EXPECT_EQ(s->budget(), int64_t{1} << 20);
   EXPECT_TRUE(s->erase(key));
   EXPECT_FALSE(s->contains(key));
+}
+
+
+// ---- faults injected through the store's file layer (tests/faulty_file_io.h) -------
+
+using testing::FaultyFileIo;
+
+// The .bskv files and any other files in `dir` (a temp file left behind shows here).
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+bool only_entries(const std::string& dir) {
+  for (const auto& f : files_in(dir))
+    if (f.size() < 5 || f.compare(f.size() - 5, 5, ".bskv") != 0) return false;
+  return true;
+}
+
+// A disk that holds less than the budget: the write that does not fit fails with
+// ENOSPC, the store evicts its least recently used entry and the retry stores the new
+// one; nothing half-written is left, the other entries read back bit for bit.
+TEST(DiskStoreFaults, AFullDiskEvictsTheLeastRecentlyUsedAndStoresTheNewEntry) {
+  TempDir dir;
+  auto io = std::make_shared<FaultyFileIo>();
+  DiskKvStore store(dir.str(), kBig, false, {}, io);
+  std::mt19937 rng(21);
+  std::vector<std::shared_ptr<ChunkKv>> kvs;
+  for (int i = 0; i < 4; ++i) kvs.push_back(random_kv(rng, 3, 2, 40, 16));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store.put(key_of(*kvs[i]), kvs[i]));
+  const int64_t entry = static_cast<int64_t>(fs::file_size(store.path_of(key_of(*kvs[0]))));
+  io->set_capacity(dir.str(), entry * 3 + entry / 2);  // room for three and a half
+  ASSERT_NE(store.get(key_of(*kvs[0])), nullptr);       // entry 0 used: entry 1 is now the oldest
+  ASSERT_TRUE(store.put(key_of(*kvs[3]), kvs[3]));
+  EXPECT_GE(io->failed(FaultyFileIo::Op::Write), 1);
+  const StoreStats st = store.stats();
+  EXPECT_EQ(st.write_errors, 1);
+  EXPECT_EQ(st.evictions, 1);
+  EXPECT_FALSE(store.contains(key_of(*kvs[1])));
+  for (int i : {0, 2, 3}) {
+    auto got = store.get(key_of(*kvs[i]));
+    ASSERT_NE(got, nullptr) << i;
+    expect_same(*got, *kvs[i]);
+  }
+  EXPECT_TRUE(only_entries(dir.str()));
+  EXPECT_EQ(files_in(dir.str()).size(), 3u);
+}
+
+// Full with nothing of ours on it: the write fails, and the next ones are refused
+// without touching the disk for kFullCooldown; what was stored before stays readable.
+TEST(DiskStoreFaults, AFullDiskWithNothingToEvictRefusesWritesForAWhile) {
+  TempDir dir;
+  auto io = std::make_shared<FaultyFileIo>();
+  DiskKvStore store(dir.str(), kBig, false, {}, io);
+  std::mt19937 rng(22);
+  auto kv = random_kv(rng, 2, 2, 40, 16), other = random_kv(rng, 2, 2, 40, 16);
+  io->set_capacity(dir.str(), 1024);  // less than any entry
+  EXPECT_FALSE(store.put(key_of(*kv), kv));
+  const int64_t write_failures = io->failed(FaultyFileIo::Op::Write);
+  EXPECT_GE(write_failures, 1);
+  EXPECT_FALSE(store.put(key_of(*other), other));  // refused at once: no write tried
+  EXPECT_EQ(io->failed(FaultyFileIo::Op::Write), write_failures);
+  EXPECT_EQ(store.stats().write_errors, 2);
+  EXPECT_FALSE(store.contains(key_of(*kv)));
+  EXPECT_TRUE(files_in(dir.str()).empty());
+}
+
+// EIO on one entry's reads: that entry is a miss (removed, counted corrupt), the
+// others read back; stored again, it reads back. The per-layer reader says false.
+TEST(DiskStoreFaults, EioOnReadsIsAMissThatRemovesOnlyThatEntry) {
+  TempDir dir;
+  auto io = std::make_shared<FaultyFileIo>();
+  DiskKvStore store(dir.str(), kBig, false, {}, io);
+  std::mt19937 rng(23);
+  auto a = random_kv(rng, 3, 2, 16, 16), b = random_kv(rng, 3, 2, 16, 16);
+  ASSERT_TRUE(store.put(key_of(*a), a));
+  ASSERT_TRUE(store.put(key_of(*b), b));
+  io->fail(FaultyFileIo::Op::Read, key_of(*a).hex(), EIO, 1);
+  EXPECT_EQ(store.get(key_of(*a)), nullptr);
+  EXPECT_FALSE(store.contains(key_of(*a)));
+  EXPECT_FALSE(fs::exists(store.path_of(key_of(*a))));
+  EXPECT_EQ(store.stats().corrupt, 1);
+  auto got_b = store.get(key_of(*b));
+  ASSERT_NE(got_b, nullptr);
+  expect_same(*got_b, *b);
+  ASSERT_TRUE(store.put(key_of(*a), a));
+  auto got_a = store.get(key_of(*a));
+  ASSERT_NE(got_a, nullptr);
+  expect_same(*got_a, *a);
+  // Layer by layer: the header reads, layer 1's read fails.
+  auto reader = store.open_layers(key_of(*b));
+  ASSERT_NE(reader, nullptr);
+  std::vector<std::byte> k(static_cast<size_t>(reader->layer_bytes())), v(k.size());
+  ASSERT_TRUE(reader->read_layer(0, k.data(), v.data()));
+  io->fail(FaultyFileIo::Op::Read, key_of(*b).hex(), EIO, 1);
+  EXPECT_FALSE(reader->read_layer(1, k.data(), v.data()));
+  EXPECT_FALSE(store.contains(key_of(*b)));
+}
+
+// EIO where the write is made durable (fsync) or takes its name (rename): nothing is
+// stored, no temp file is left, the store and its directory agree, the next put works.
+TEST(DiskStoreFaults, EioOnFsyncOrRenameStoresNothingAndLeavesNoTempFile) {
+  TempDir dir;
+  auto io = std::make_shared<FaultyFileIo>();
+  DiskKvStore store(dir.str(), kBig, false, {}, io);
+  std::mt19937 rng(24);
+  auto a = random_kv(rng, 2, 2, 16, 16), b = random_kv(rng, 2, 2, 16, 16);
+  io->fail(FaultyFileIo::Op::Fsync, ".tmp.", EIO, 1);
+  EXPECT_FALSE(store.put(key_of(*a), a));
+  EXPECT_FALSE(store.contains(key_of(*a)));
+  EXPECT_TRUE(files_in(dir.str()).empty());
+  ASSERT_TRUE(store.put(key_of(*a), a));
+  // A rename that fails while replacing an entry: the old file goes too (never an
+  // index that disagrees with the directory).
+  io->fail(FaultyFileIo::Op::Rename, key_of(*a).hex(), EIO, 1);
+  EXPECT_FALSE(store.put(key_of(*a), a));
+  EXPECT_FALSE(store.contains(key_of(*a)));
+  EXPECT_TRUE(files_in(dir.str()).empty());
+  EXPECT_EQ(store.stats().write_errors, 2);
+  ASSERT_TRUE(store.put(key_of(*b), b));
+  // A restart over this directory finds exactly what the store holds.
+  DiskKvStore again(dir.str(), kBig);
+  EXPECT_TRUE(again.contains(key_of(*b)));
+  EXPECT_FALSE(again.contains(key_of(*a)));
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ int run_storage_member(const ClusterConfig& cluster, const std::string& name) {
   const ClusterNode& me = cluster.member(name);
   const RuntimeConfig config = member_runtime_config(cluster, name);
   try {
-    DiskKvStore store(resolve_ssd_path(config), config.ssd.budget_bytes, config.ssd.direct_io);
+    DiskKvStore store(resolve_ssd_path(config), config.ssd.budget_bytes, config.ssd.direct_io, {}, config.ssd.file_io);
     StorageServerOptions opt;
     opt.bind_host = me.host;
     opt.port = me.data_port;

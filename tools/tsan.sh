@@ -60,7 +60,7 @@ fi
 # ---- 2. our runtime tests -----------------------------------------------------------------
 TARGETS=(caf_test_actor_protocol test_compute_thread test_blend_runtime test_blend_loaders
          test_blend_prefill_cancel test_blend_batching test_document_interleave test_server
-         test_blend_runtime_tensor_parallel test_server_supervision)
+         test_blend_runtime_tensor_parallel test_server_supervision test_blend_streams test_stream_delivery)
 log "building the runtime tests with -fsanitize=thread"
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_TSAN=ON \
   -DCAF_INCLUDE_DIR="$CAF_PREFIX/include" -DCAF_CORE_LIBRARY="$CAF_PREFIX/lib/libcaf_core.so" \
@@ -80,6 +80,8 @@ TESTS=(
   "server|test_server --gtest_filter=ServerTest.Health*:ServerTest.StreamWithout*:ServerTest.BadInput*:ServerTest.AClientThatLeaves*:ServerTest.ApiKeys*:ServerTest.Draining*"
   "tensor_parallel|test_blend_runtime_tensor_parallel --gtest_filter=TensorParallelRuntime.ARankThatFails*:TensorParallelRuntime.AStoredEntry*:TensorParallelRuntime.ChunksStoredAtThree*:TensorParallelRuntime.RequestsBeyond*"
   "supervision|test_server_supervision"
+  "streams|test_blend_streams"
+  "stream_delivery|test_stream_delivery"
 )
 LOGS="$BUILD/tsan-logs"
 rm -rf "$LOGS" && mkdir -p "$LOGS"
