@@ -391,10 +391,11 @@ bool DiskKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
     ++stats_.write_errors;
     if ((err != ENOSPC && err != EDQUOT) || attempt > 0) return false;
     // The device holds less than the budget says. Make room among our own entries (the
-    // least recently used, at least this file's size), then try once more; with
-    // nothing of ours to evict, stop writing for a while (a cache: a miss recomputes).
+    // least recently used, at least this file's size), then try once more; when all we
+    // hold is less than this file (evicting it could not make room), stop writing for a
+    // while instead (a cache: a miss recomputes).
     int64_t freed = 0;
-    while (freed < file_bytes && !lru_.empty()) {
+    while (stats_.bytes >= file_bytes && freed < file_bytes && !lru_.empty()) {
       const ChunkKey victim = lru_.back();
       io_->unlink(path_of(victim).c_str());
       auto it = map_.find(victim);
@@ -405,7 +406,7 @@ bool DiskKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
     if (freed == 0) {
       full_until_ = std::chrono::steady_clock::now() + kFullCooldown;
       if (!full_logged_.exchange(true))
-        std::fprintf(stderr, "blendserve: %s: the disk is full (%s) and holds none of our entries to evict; "
+        std::fprintf(stderr, "blendserve: %s: the disk is full (%s) and evicting our entries could not make room; "
                      "writes to this tier pause for %lld s at a time until it has room\n",
                      dir_.c_str(), std::strerror(err), static_cast<long long>(kFullCooldown.count()));
       return false;

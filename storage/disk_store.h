@@ -69,8 +69,9 @@ class DiskKvStore final : public KvStore {
   // Never throws for I/O errors: a failed write returns false, removes its temp file,
   // leaves existing entries intact and counts a write error. A full device (ENOSPC,
   // EDQUOT: it holds less than the budget) makes room by evicting the least recently
-  // used entries (at least this file's size) and tries once more; with none of ours to
-  // evict, writes are refused for kFullCooldown before the next try.
+  // used entries (at least this file's size) and tries once more; when all the store
+  // holds is less than this file, it evicts nothing and writes are refused for
+  // kFullCooldown before the next try.
   bool put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) override;
   bool erase(const ChunkKey& key) override;
   StoreStats stats() const override;

@@ -250,9 +250,13 @@ class Session : public std::enable_shared_from_this<Session> {
         if (!srv_.opt.accept_puts) return reply(remote::encode_error("this node does not accept puts"));
         auto put = remote::decode_put(in_);
         if (!put) return bad_frame("malformed PUT (shape, length or checksum)");
-        const bool ok = srv_.store.put(put->key, std::move(put->kv));
-        if (ok) ++srv_.puts;
-        return reply(remote::encode_result(ok));
+        if (!srv_.store.put(put->key, std::move(put->kv)))
+          // Said as an error, so the worker's last_error names it (its entry stays on the
+          // worker; the node stays up for reads).
+          return reply(remote::encode_error("the storage node could not store the entry: its disk refused the write "
+                                            "(full or failing; its SSD tier counts write errors)"));
+        ++srv_.puts;
+        return reply(remote::encode_result(true));
       }
       case MsgType::Erase: {
         const auto key = remote::decode_key_msg(in_);

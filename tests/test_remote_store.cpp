@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -32,6 +33,7 @@
 #include "storage/remote_protocol.h"
 #include "storage/remote_store.h"
 #include "storage/storage_server.h"
+#include "faulty_file_io.h"
 #include "temp_dir.h"
 
 namespace bs {
@@ -70,8 +72,9 @@ bool same(const ChunkKv& a, const ChunkKv& b) {
 
 // A storage node: an SSD tier in a temp dir served on a loopback port.
 struct Node {
-  explicit Node(StorageServerOptions o = {}, int port = 0) {
-    disk = std::make_unique<DiskKvStore>(dir.path().string(), int64_t{1} << 30);
+  explicit Node(StorageServerOptions o = {}, int port = 0, std::shared_ptr<FileIo> io = nullptr) {
+    disk = std::make_unique<DiskKvStore>(dir.path().string(), int64_t{1} << 30, false, DiskKvStore::EntryVisitor{},
+                                         std::move(io));
     o.secret = o.secret.empty() ? kSecret : o.secret;
     o.port = port;
     if (o.io_timeout_s == StorageServerOptions{}.io_timeout_s) o.io_timeout_s = 2;
@@ -484,6 +487,36 @@ TEST(RemoteStore, RefusedPutsAndOversizedPuts) {
   RemoteKvStore small(opt);
   auto big = random_kv(rng, 2, 2, 64, 64, kernels::TensorType::F32);
   EXPECT_FALSE(small.put(key_of(*big), big));  // refused before sending
+}
+
+// The storage node's disk fills up (tests/faulty_file_io.h: a disk of N bytes under
+// the node's SSD tier). Room for one and a half entries: a second put evicts the first
+// and is stored. An entry twice that size cannot be made room for (all the node holds
+// is smaller): the put is refused with an error that says so, nothing is evicted, the
+// node stays up and serves what it holds.
+TEST(RemoteStore, ANodeWhoseDiskIsFullMakesRoomOrRefusesThePutAndServesOn) {
+  auto io = std::make_shared<testing::FaultyFileIo>();
+  Node node({}, 0, io);
+  std::mt19937 rng(12);
+  auto a = random_kv(rng, 2, 2, 32, 16, kernels::TensorType::F16);
+  auto b = random_kv(rng, 2, 2, 32, 16, kernels::TensorType::F16);
+  auto c = random_kv(rng, 2, 2, 64, 16, kernels::TensorType::F16);
+  RemoteKvStore remote(node.client());
+  ASSERT_TRUE(remote.put(key_of(*a), a));
+  const int64_t entry = static_cast<int64_t>(std::filesystem::file_size(node.disk->path_of(key_of(*a))));
+  io->set_capacity(node.dir.path().string(), entry + entry / 2);
+  ASSERT_TRUE(remote.put(key_of(*b), b)) << remote.last_error();
+  EXPECT_FALSE(node.disk->contains(key_of(*a)));  // evicted to make room
+  EXPECT_EQ(node.disk->stats().write_errors, 1);
+  auto got = remote.get(key_of(*b));
+  ASSERT_NE(got, nullptr);
+  EXPECT_TRUE(same(*got, *b));
+  EXPECT_FALSE(remote.put(key_of(*c), c));
+  EXPECT_NE(remote.last_error().find("could not store the entry"), std::string::npos) << remote.last_error();
+  EXPECT_TRUE(remote.reachable());
+  got = remote.get(key_of(*b));  // what the node held before it is served on
+  ASSERT_NE(got, nullptr);
+  EXPECT_TRUE(same(*got, *b));
 }
 
 TEST(RemoteStore, ConcurrentReaders) {
