@@ -215,6 +215,21 @@ void end_wait(RuntimeContext* ctx, uint64_t id, std::chrono::steady_clock::time_
   trace->add_event({"intake", "queued", -1, trace->seconds_since_submit(queued_at), trace->now_s(), 0});
 }
 
+// A queued request leaves the queue and the decoder finishes it (a cancel, an
+// expiry); false when it is not queued.
+bool leave_queue(Self self, RuntimeContext* ctx, const HandlesRef& h, uint64_t id) {
+  auto& queue = self->state.queue;
+  for (auto it = queue.begin(); it != queue.end(); ++it)
+    if (it->id == id) {
+      queue.erase(it);
+      end_wait(ctx, id, self->state.queued_at[id]);
+      self->state.queued_at.erase(id);
+      finish_unstarted(self, h, id);
+      return true;
+    }
+  return false;
+}
+
 bool cancelled(RuntimeContext* ctx, uint64_t id) {
   auto rec = ctx->requests.find(id);
   return !rec || rec->cancelled.load();
@@ -303,15 +318,7 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
           rec->expiry_error = deadline_error(*ctx);
           rec->expired = true;  // after its sentence, before cancelled: whoever sees the cancel sees why
           rec->cancelled = true;
-          auto& queue = self->state.queue;
-          for (auto it = queue.begin(); it != queue.end(); ++it)
-            if (it->id == id) {
-              queue.erase(it);
-              end_wait(ctx, id, self->state.queued_at[id]);
-              self->state.queued_at.erase(id);
-              finish_unstarted(self, h, id);
-              break;
-            }
+          leave_queue(self, ctx, h, id);
           self->send(h->worker(), cancel_atom::value, id);  // running: stops at its next step
           self->delayed_send(self, kExpiryGrace, expire_atom::value, id, int32_t{1});
           return;
@@ -346,16 +353,8 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
       },
       [=](cancel_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
-        auto& queue = self->state.queue;
-        for (auto it = queue.begin(); it != queue.end(); ++it)
-          if (it->id == id) {
-            queue.erase(it);
-            end_wait(ctx, id, self->state.queued_at[id]);
-            self->state.queued_at.erase(id);
-            finish_unstarted(self, h, id);
-            return;
-          }
         // Not queued: a running request ends at its next step (the worker was told too).
+        leave_queue(self, ctx, h, id);
       },
   };
 }
