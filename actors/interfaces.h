@@ -45,7 +45,7 @@ using writer_actor = caf::typed_actor<caf::reacts_to<store_atom, KeyedKv>, caf::
 using worker_actor = caf::typed_actor<caf::reacts_to<prefill_atom, RequestPlan>,
                                       caf::reacts_to<layer_atom, uint64_t, int32_t>,
                                       caf::reacts_to<load_end_atom, uint64_t, uint64_t>,
-                                      caf::reacts_to<load_fail_atom, uint64_t, std::string>,
+                                      caf::reacts_to<load_fail_atom, uint64_t, int32_t, std::string>,
                                       caf::reacts_to<rank_opened_atom, uint64_t, int32_t, bool>,
                                       caf::reacts_to<rank_load_end_atom, uint64_t, uint64_t, int32_t>,
                                       caf::reacts_to<loader_down_atom, uint64_t, std::string>,

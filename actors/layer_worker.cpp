@@ -36,6 +36,7 @@
 #include <unordered_map>
 
 #include <caf/all.hpp>
+#include <nlohmann/json.hpp>
 
 #include "actors/actor_counters.h"
 #include "actors/actors.h"
@@ -188,7 +189,7 @@ std::chrono::steady_clock::duration poll_interval(const RuntimeContext* ctx) {
 // (its task's `work` is empty then), the job never after it sent it.
 struct PrefillWork {
   uint64_t id = 0;
-  // Immutable: the worker makes a new plan to change it (the tensor-parallel fallback).
+  // Immutable: the worker makes a new plan to change it (the fallback).
   std::shared_ptr<const RequestPlan> plan;
   LoadTargetPtr target;  // the gate and copy events are thread-safe; the cache is the job's while it runs
   BatcherPtr batcher;    // the worker's: the decode steps due between this prefill's layers
@@ -198,8 +199,8 @@ struct PrefillWork {
   std::shared_ptr<const std::atomic<bool>> cancelled;
   PrefillRun run;
   bool begun = false;
-  // Tensor parallel: the next step job begins the prefill again on every rank (its
-  // fallback: every part computed, none loaded).
+  // Tensor parallel: the next step job begins the prefill again on every rank, with
+  // the plan it carries (the fallback after a stored entry failed).
   bool restart = false;
   // When the wait for the next layer began (the step's per-layer wait).
   std::chrono::steady_clock::time_point waiting_since;
@@ -227,7 +228,6 @@ struct PrefillTask {
     Ready,      // may step: not begun, or its next layer is delivered
     Parked,     // waits for its next layer from the loaders
     Stopping,   // failed (a load, a cancel, a compute error): waits for its loaders to stop
-    Fallback,   // a stored entry failed: redone from whole entries (a job on the compute thread)
     Done,       // prefilled, or failed: answered to the decoder
   };
   std::shared_ptr<const RequestPlan> plan;  // also the work's
@@ -252,9 +252,11 @@ struct PrefillTask {
   std::chrono::steady_clock::time_point deadline;
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
   // The failure was a stored entry that failed its read (recoverable): once the
-  // loaders stopped, the prefill is redone from whole entries.
+  // loaders stopped, the prefill begins again with the parts in `failed_parts`
+  // computed and the others loaded again by loaders.
   bool fall_back = false;
   bool fell_back = false;  // it was
+  std::vector<int32_t> failed_parts;  // the plan's parts whose stored entries failed (load_fail_atom)
 };
 using TaskPtr = std::shared_ptr<PrefillTask>;
 
@@ -349,27 +351,6 @@ void step_prefill(RuntimeContext* ctx, const HandlesRef& h, WorkPtr t) {
   caf::anon_send(h->worker(), stepped_atom::value, id, std::move(t));  // back to the worker: not touched here after
 }
 
-// The compute job of a prefill whose stored entry failed mid-load, once its
-// loaders stopped: the whole prefill again from whole entries, where the failed
-// entry (already removed by its store) is a miss and its chunk is computed.
-void fallback_prefill(RuntimeContext* ctx, const HandlesRef& h, WorkPtr t) {
-  try {
-    // Into the request's own cache (from the page pool): its loaders stopped.
-    t->result = ctx->from_store->prefill(
-        t->plan->prompt, t->plan->options, t->plan->sampling.max_tokens, 1,
-        [ctx, h, &t](int layer) {
-          pause_for_decode(ctx, h, *t);
-          if (t->cancelled->load()) throw std::runtime_error("cancelled before layer " + std::to_string(layer));
-        },
-        &t->target->cache);
-    t->finished = true;
-  } catch (const std::exception& e) {
-    t->error = e.what();
-  }
-  const uint64_t id = t->id;
-  caf::anon_send(h->worker(), stepped_atom::value, id, std::move(t));  // back to the worker: not touched here after
-}
-
 // The requests of one worker, owned by its handlers.
 struct WorkerState {
   std::unordered_map<uint64_t, TaskPtr> prefills;
@@ -401,11 +382,11 @@ std::shared_ptr<const ChunkKv> compute_alone(RuntimeContext* ctx, const HandlesR
 }
 
 // Queues the background computes of the parts a prefill had to compute (missed,
-// or all of them after a fallback): each alone, to the write-back actor. Every
+// or failed when loaded: the plan after a fallback marks them computed): each
+// alone, to the write-back actor. Every
 // mode stores what it computed: a `full` request warms the cache for the blend
 // requests after it.
-void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher, const RequestPlan& plan,
-                      bool fell_back) {
+void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher, const RequestPlan& plan) {
   // One background job per part, so a decode step waits for at most one chunk's
   // compute. The background queue is bounded (ComputeThread): a part refused there is
   // not stored now (counted; computed again at its next miss).
@@ -428,7 +409,7 @@ void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr
   };
   if (!plan.prompt.prefix.empty() && !plan.loaded.prefix_loaded) queue(plan.prompt.prefix, plan.prefix_key, true);
   for (size_t i = 0; i < plan.prompt.chunks.size(); ++i)
-    if (!plan.loaded.chunk_loaded[i] || fell_back) queue(plan.prompt.chunks[i], plan.chunk_keys[i], false);
+    if (!plan.loaded.chunk_loaded[i]) queue(plan.prompt.chunks[i], plan.chunk_keys[i], false);
 }
 
 // The prefill's facts in its trace: per-layer waits and computes (from the
@@ -507,7 +488,7 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
   t->trace->add_event({"worker", "prefill", -1, t->begin_s, t->trace->now_s(), 0});
   // A loader that has not stopped keeps its own reference to the target.
   const uint64_t id = t->plan->id;
-  if (t->work->finished && ctx->config.write_back && !t->cancelled->load()) queue_write_back(ctx, h, w.batcher, *t->plan, t->fell_back);
+  if (t->work->finished && ctx->config.write_back && !t->cancelled->load()) queue_write_back(ctx, h, w.batcher, *t->plan);
   out.plan = *t->plan;
   caf::anon_send(h->decoder(), start_atom::value, std::move(out));
   w.prefills.erase(id);
@@ -527,6 +508,49 @@ void take_failure(PrefillTask& t) {
 
 bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
             PrefillTask& t);
+
+// A stored entry failed mid-load and the request's loaders stopped: the prefill
+// begins again (on every rank) from a new plan where the failed parts are computed
+// and the others are loaded again by loaders into the same cache — the stores are
+// read by loaders only, never on the compute thread. A failure that names no part
+// still loaded (it cannot come from a loader, but must not loop) computes every
+// part. Each fallback computes at least one more part, so they end.
+void fall_back(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
+               PrefillTask& t) {
+  auto plan = std::make_shared<RequestPlan>(*t.plan);
+  auto compute = [&](size_t part) {
+    if (plan->is_prefix(part)) {
+      plan->prefix_tier = kMissTier;
+      plan->loaded.prefix_loaded = false;
+    } else {
+      plan->chunk_tier[part] = kMissTier;
+      plan->loaded.chunk_loaded[part] = 0;
+    }
+  };
+  bool named = false;
+  for (int32_t p : t.failed_parts) {
+    const size_t part = static_cast<size_t>(p);
+    if (p < 0 || part >= plan->parts() || plan->part_tier(part) == kMissTier) continue;
+    compute(part);
+    named = true;
+  }
+  if (!named)
+    for (size_t part = 0; part < plan->parts(); ++part) compute(part);
+  // The trace says where each chunk came from in the end.
+  auto tier_names = nlohmann::json::array();
+  for (TierId x : plan->chunk_tier) tier_names.push_back(x == kMissTier ? "miss" : ctx->tiers[static_cast<size_t>(x)].name);
+  t.trace->set("chunk_tiers", std::move(tier_names));
+  t.failed_parts.clear();
+  t.fall_back = false;
+  t.fell_back = true;
+  t.plan = t.work->plan = std::move(plan);
+  t.loaders.clear();
+  t.work->begun = false;
+  t.work->restart = true;
+  // Its cache (and every follower's) is kept: launch sends the loaders at once.
+  t.phase = PrefillTask::Phase::Pages;
+  launch(self, ctx, h, w, t);
+}
 
 // The worker's decision: prefills waiting for pages get them (oldest first), parked
 // and stopping prefills move on (a delivered layer, a cancel, a failure, a timeout,
@@ -579,22 +603,9 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
       const bool stopped = gate.loaders_done();
       if (!stopped && now < t->deadline) continue;
       if (stopped && t->fall_back && !t->cancelled->load()) {
-        t->fell_back = true;
         t->trace->add_event({"worker", "fallback: " + t->work->error, -1, t->begin_s, t->trace->now_s(), 0});
         t->work->error.clear();
-        if (ctx->tp) {
-          // Tensor parallel (no single-call prefill over the store): begun again on
-          // every rank with every part computed — the failed entry and the good ones.
-          auto plan = std::make_shared<RequestPlan>(*t->plan);
-          plan->loaded = PrefillPlan{false, std::vector<char>(plan->prompt.chunks.size(), 0)};
-          t->plan = t->work->plan = std::move(plan);
-          t->target->gate.reset(ctx->model->config().n_layers, {});
-          t->work->begun = false;
-          t->work->restart = true;
-          t->phase = Phase::Ready;
-        } else {
-          t->phase = Phase::Fallback;
-        }
+        fall_back(self, ctx, h, w, *t);
         continue;
       }
       if (!stopped) t->work->error += " (the loaders did not stop within limits.load_timeout)";
@@ -606,19 +617,14 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
   if (!w->stepping) {
     TaskPtr next;
     for (auto& [id, t] : w->prefills)
-      if (!t->on_compute && (t->phase == Phase::Ready || t->phase == Phase::Fallback) &&
-          (!next || t->order < next->order))
+      if (!t->on_compute && t->phase == Phase::Ready && (!next || t->order < next->order))
         next = t;
     if (next) {
       next->on_compute = true;
       w->stepping = true;
-      const bool fallback = next->phase == Phase::Fallback;
       // The work goes with the job (and comes back in its stepped_atom).
       WorkPtr work = std::move(next->work);
-      const bool queued = ctx->compute->submit([ctx, h, work, fallback]() mutable {
-        if (fallback) fallback_prefill(ctx, h, std::move(work));
-        else step_prefill(ctx, h, std::move(work));
-      });
+      const bool queued = ctx->compute->submit([ctx, h, work]() mutable { step_prefill(ctx, h, std::move(work)); });
       if (queued) {
         work.reset();
       } else {
@@ -656,8 +662,6 @@ void on_stepped(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRe
     const auto now = std::chrono::steady_clock::now();
     if (t->work->finished) {
       conclude(ctx, h, *w, t);
-    } else if (t->phase == Phase::Fallback) {
-      conclude(ctx, h, *w, t);  // the fallback failed: t->work->error says why
     } else if (!t->work->error.empty() || t->target->gate.failed() || t->cancelled->load()) {
       take_failure(*t);
       t->target->gate.fail(t->work->error);
@@ -830,10 +834,13 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         }
         schedule(self, ctx, h, w);
       },
-      [=](load_fail_atom, uint64_t id, const std::string& why) {
+      [=](load_fail_atom, uint64_t id, int32_t part, const std::string& why) {
         BusyScope busy(*c, self->mailbox().size());
-        // One stored entry failed: the prefill falls back to whole entries.
-        if (auto* t = target_of(id)) t->gate.fail(why, /*recoverable=*/true);
+        // One stored entry failed: the prefill begins again with that part computed.
+        if (auto it = w->prefills.find(id); it != w->prefills.end()) {
+          it->second->failed_parts.push_back(part);
+          it->second->target->gate.fail(why, /*recoverable=*/true);
+        }
         schedule(self, ctx, h, w);
       },
       [=](stepped_atom, uint64_t id, PrefillWorkPtr& work) {

@@ -39,8 +39,8 @@ class LayerGate {
  public:
   struct LoadFailed : std::runtime_error {
     LoadFailed(const std::string& why, bool recoverable) : std::runtime_error(why), recoverable(recoverable) {}
-    // True when only a stored entry failed (its tier dropped it): a prefill from the
-    // whole entries still answers correctly, with that chunk as a miss. False when
+    // True when only a stored entry failed (its tier dropped it): the prefill begun
+    // again with that chunk computed still answers correctly. False when
     // the load itself broke (a loader died, a timeout): the request fails.
     bool recoverable;
   };

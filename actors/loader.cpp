@@ -8,8 +8,9 @@
 // the worker; this loader never writes a follower's memory. Each part is opened here (the controller
 // only looked); one that is gone or changed since, or a slice that fails its read
 // or checksum (the SSD loader reads each layer slice with one pread, O_DIRECT when
-// configured), fails the request's load as recoverable (the worker then redoes the
-// prefill from whole entries, where the bad entry is a miss). Before each layer it
+// configured), fails the request's load as recoverable, naming the part (the worker
+// then begins the prefill again with that part computed and the others loaded again
+// by loaders: no store is ever read on the compute thread). Before each layer it
 // looks at the gate: failed (a cancel, another loader's failure, a timeout) — then
 // it stops reading. What a loader of a tier below RAM read is promoted into RAM.
 // Writes go to the tier's writer (actors/writer.cpp), never here. Several loaders
@@ -50,6 +51,7 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   };
   const bool promote = ctx->ram && stored.store != ctx->ram.get();
   struct Part {
+    int32_t index;  // in the plan's parts
     int64_t offset, length;
     ChunkKey key;
     std::unique_ptr<LayerReader> reader;
@@ -62,11 +64,11 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
     auto reader = stored.store->open_layers(r.part_key(i));
     if (!reader || reader->tokens() != tokens || reader->n_layers() != cfg.n_layers ||
         reader->kv_heads() != cfg.n_kv_heads || reader->head_dim() != cfg.head_dim) {
-      self->send(h->worker(), load_fail_atom::value, r.id,
+      self->send(h->worker(), load_fail_atom::value, r.id, static_cast<int32_t>(i),
                  "chunk " + r.part_key(i).hex() + " is no longer in the " + stored.name + " tier");
       return end();
     }
-    Part p{r.part_offset(i), static_cast<int64_t>(tokens.size()), r.part_key(i), std::move(reader), nullptr};
+    Part p{static_cast<int32_t>(i), r.part_offset(i), static_cast<int64_t>(tokens.size()), r.part_key(i), std::move(reader), nullptr};
     if (promote) {  // staged whole
       auto kv = std::make_shared<ChunkKv>();
       kv->tokens = tokens;
@@ -115,7 +117,7 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
         }
         if (!reader.read_layer(l, sk, sv)) {
           failed = true;
-          self->send(h->worker(), load_fail_atom::value, r.id,
+          self->send(h->worker(), load_fail_atom::value, r.id, p.index,
                      "chunk " + p.key.hex() + " layer " + std::to_string(l) + " failed its read or checksum");
           break;
         }

@@ -64,7 +64,7 @@ struct PrefillOutcome {
   std::vector<float> logits;       // [vocab]
   int64_t cached_tokens = 0;       // prompt tokens whose KV came from a tier (chunks and prefix)
   int64_t recomputed_tokens = 0;   // of those, recomputed by the blend
-  bool fallback = false;           // a stored entry failed mid-load: redone from whole entries
+  bool fallback = false;           // a stored entry failed mid-load: begun again with it computed
 };
 
 // A decode step asked of the worker: the token to append, and the settings and draw

@@ -524,9 +524,6 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   ctx.tiered = std::make_unique<TieredKvStore>(stores);
   const std::vector<int32_t> prelude = ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true);
   ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, prelude);
-  // Tensor parallel, a failed stored entry is handled by the layer worker (every part
-  // computed on every rank): StoreBackedBlend decides hits on one rank alone.
-  if (tp == 1) ctx.from_store = std::make_unique<StoreBackedBlend>(*ctx.engine, *ctx.tiered);
   ctx.compute = std::make_unique<ComputeThread>(rank_threads, std::chrono::seconds(2),
                                                 make_counters(tp > 1 ? "compute-thread-rank-0" : "compute-thread"));
   if (tp > 1) {

@@ -28,7 +28,6 @@
 #include "actors/tp_ranks.h"
 #include "blend/blend_engine.h"
 #include "blend/pasted_chunks.h"
-#include "blend/store_backed_blend.h"
 #include "storage/disk_store.h"
 #include "storage/memory_store.h"
 #include "storage/remote_store.h"
@@ -115,10 +114,6 @@ struct RuntimeContext {
   // A locked index, as the stores are: written by the write-back actor and
   // store_document, read by the intake.
   std::unique_ptr<PastedChunkIndex> pasted;
-  // The engine over `tiered` in one call: the fallback when a stored entry failed
-  // mid-load (the prefill is redone from whole entries). Null at tp > 1, where the
-  // layer worker begins the prefill again with every part computed on every rank.
-  std::unique_ptr<StoreBackedBlend> from_store;
   std::unique_ptr<ComputeThread> compute;
   TraceBook traces;              // requests' timelines, closed by whoever finishes the request
   RequestBook requests;          // the front end's records of the requests not finished

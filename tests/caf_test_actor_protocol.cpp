@@ -130,7 +130,7 @@ worker_actor::behavior_type worker_double(worker_actor::pointer, Log log) {
       [=](prefill_atom, const RequestPlan&) { log->push_back("worker:prefill"); },
       [=](layer_atom, uint64_t, int32_t l) { log->push_back("worker:layer:" + std::to_string(l)); },
       [=](load_end_atom, uint64_t, uint64_t) { log->push_back("worker:loadend"); },
-      [=](load_fail_atom, uint64_t, const std::string&) { log->push_back("worker:loadfail"); },
+      [=](load_fail_atom, uint64_t, int32_t, const std::string&) { log->push_back("worker:loadfail"); },
       [=](rank_opened_atom, uint64_t, int32_t r, bool) { log->push_back("worker:rankok:" + std::to_string(r)); },
       [=](rank_load_end_atom, uint64_t, uint64_t, int32_t r) { log->push_back("worker:rankend:" + std::to_string(r)); },
       [=](loader_down_atom, uint64_t, const std::string&) { log->push_back("worker:loaderdown"); },
@@ -227,7 +227,6 @@ struct context_base {
     c.tiers = {{"ram", c.ram.get(), 8e9, 2}, {"ssd", c.ssd.get(), 1.5e9, 2}};
     c.tiered = std::make_unique<TieredKvStore>(std::vector<KvStore*>{c.ram.get(), c.ssd.get()});
     c.engine = std::make_unique<BlendEngine>(*c.tf);
-    c.from_store = std::make_unique<StoreBackedBlend>(*c.engine, *c.tiered);
     c.compute = std::make_unique<ComputeThread>(0);
   }
 
@@ -1062,14 +1061,15 @@ CAF_TEST(a_loader_stops_for_a_failed_gate_or_an_entry_that_is_gone) {
   CAF_CHECK_EQUAL(count_events(*ctx->traces.find(r.id), "loader-ram", "load stopped"), 1);
 
   // The entry was evicted between the plan and the load: a recoverable failure (the
-  // worker falls back to whole entries), then the end.
+  // worker begins the prefill again with that part computed), then the end.
   target = make_target(r, {ram.id()});
   CAF_REQUIRE(ctx->ram->erase(key_of(kDocs[0])));
   self->send(ram, load_atom::value, r, target);
   expect((load_atom, RequestPlan, LoadTargetPtr), from(self).to(ram).with(_, _, _));
-  const auto [atom, id, why] = extract<load_fail_atom, uint64_t, std::string>(h->worker());
+  const auto [atom, id, part, why] = extract<load_fail_atom, uint64_t, int32_t, std::string>(h->worker());
   CAF_CHECK_EQUAL(mentions(why, "no longer in the ram tier"), "no longer in the ram tier");
-  expect((load_fail_atom, uint64_t, std::string), from(ram).to(h->worker()).with(_, r.id, why));
+  CAF_CHECK_EQUAL(part, 0);  // the plan's part that failed: the one chunk
+  expect((load_fail_atom, uint64_t, int32_t, std::string), from(ram).to(h->worker()).with(_, r.id, 0, why));
   expect((load_end_atom, uint64_t, uint64_t), from(ram).to(h->worker()).with(_, r.id, ram.id()));
   CAF_CHECK(!sched.has_job());
 }
@@ -1233,10 +1233,11 @@ CAF_TEST(ssd_loader_fails_the_load_on_a_corrupt_layer_and_reports_no_profile) {
   expect((load_atom, RequestPlan, LoadTargetPtr), from(self).to(ssd).with(_, _, _));
   for (int32_t l = 0; l < 3; ++l)
     expect((layer_atom, uint64_t, int32_t), from(ssd).to(h->worker()).with(_, r.id, l));
-  const auto [atom, failed, why] = extract<load_fail_atom, uint64_t, std::string>(h->worker());
+  const auto [atom, failed, part, why] = extract<load_fail_atom, uint64_t, int32_t, std::string>(h->worker());
   CAF_CHECK_EQUAL(mentions(why, key.hex()), key.hex());
   CAF_CHECK_EQUAL(mentions(why, "layer 3"), "layer 3");
-  expect((load_fail_atom, uint64_t, std::string), from(ssd).to(h->worker()).with(_, r.id, why));
+  CAF_CHECK_EQUAL(part, 0);
+  expect((load_fail_atom, uint64_t, int32_t, std::string), from(ssd).to(h->worker()).with(_, r.id, 0, why));
   expect((load_end_atom, uint64_t, uint64_t), from(ssd).to(h->worker()).with(_, r.id, ssd.id()));
   disallow((profile_atom, std::string, int64_t, double), from(_).to(h->controller()));
   CAF_CHECK(!sched.has_job());

@@ -158,7 +158,7 @@ TEST(BlendFaults, EioOnAStoredChunksReadsMakesItAMissNeverWrongKv) {
   EXPECT_GE(io->failed(FaultyFileIo::Op::Read), 1);
   EXPECT_EQ(rt.context().ssd->stats().corrupt, 1);
   EXPECT_FALSE(fs::exists(victim));
-  // It failed mid-load (the prefill was redone from whole entries), not at planning.
+  // It failed mid-load (the prefill began again with that chunk computed), not at planning.
   EXPECT_TRUE(json::parse(rt.traces_json(1))[0].at("fallback").get<bool>());
   // The runtime goes on: the next request answers the same.
   const RequestResult next = rt.run(req);

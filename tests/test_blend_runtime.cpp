@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/runtime.h"
+#include "blend/store_backed_blend.h"
 #include "actors/runtime_context.h"
 #include "blend/rag_prompt.h"
 #include "kernels/kv_view.h"
@@ -81,7 +82,7 @@ TEST(Runtime, MatchesADirectEngineCallAndWritesMissedChunksBack) {
   const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, req.documents);
   BlendOptions opt = ctx.config.blend;
   opt.ratio = 0.15f;
-  auto pre = ctx.from_store->prefill(prompt, opt, req.sampling.max_tokens);
+  auto pre = StoreBackedBlend(*ctx.engine, *ctx.tiered).prefill(prompt, opt, req.sampling.max_tokens);
   EXPECT_EQ(pre.stats.chunks_hit, 3);
   EXPECT_EQ(pre.stats.recomputed_tokens, second.recomputed_tokens);
   SamplingParams sp = req.sampling;
@@ -198,6 +199,8 @@ TEST(Runtime, ACorruptSsdEntryIsAMissNeverWrongKv) {
   Runtime rt(cfg);
   const auto r = rt.run(req);
   ASSERT_NE(r.finish_reason, "error") << r.error;
+  // Begun again with the corrupt chunk computed and the others loaded again.
+  EXPECT_EQ(r.chunks_missed, 1);
   EXPECT_EQ(r.tokens, expected.tokens);
   EXPECT_EQ(rt.context().ssd->stats().corrupt, 1);
   EXPECT_FALSE(fs::exists(victim));

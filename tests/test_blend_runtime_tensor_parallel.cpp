@@ -12,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -246,30 +247,49 @@ TEST(TensorParallelRuntime, ChunksStoredAtOneDegreeAreNotServedAtAnother) {
   EXPECT_EQ(r.cached_tokens, 0);
 }
 
-TEST(TensorParallelRuntime, AStoredEntryThatFailsMidLoadIsRecomputedOnEveryRank) {
+TEST(TensorParallelRuntime, AStoredEntryThatFailsMidLoadIsComputedOnEveryRankAndTheOthersLoadedAgain) {
   REQUIRE_MODEL();
   TempDir dir;
   const auto req = request_for(rag_cases(1)[0], BlendMode::Blend);
-  RequestResult computed;
   {
     Runtime rt(config_in(dir.path(), 3));
-    computed = rt.run(req);
-    ASSERT_EQ(computed.chunks_missed, 3);
+    ASSERT_EQ(rt.run(req).chunks_missed, 3);
     wait_stored(rt, req);
   }
-  // The largest file (a document chunk): a byte of its layer-20 K data flipped.
+  // The largest file (a document chunk): a byte of its layer-20 K data flipped; in a
+  // copy of the store the same file is simply gone.
   const fs::path victim = largest_chunk_file(dir.path() / "kv");
   ASSERT_FALSE(victim.empty());
+  const fs::path gone = dir.path() / "kv_gone";
+  fs::copy(dir.path() / "kv", gone);
+  fs::remove(gone / victim.filename());
   flip_byte_in_layer(victim, 20, 30);
+  RequestResult expected;
+  {
+    auto cfg = config_in(dir.path(), 3, /*ram=*/false);
+    cfg.ssd.path = gone.string();
+    cfg.write_back = false;
+    Runtime rt(cfg);
+    expected = rt.run(req);
+    ASSERT_EQ(expected.chunks_missed, 1);
+  }
   auto cfg = config_in(dir.path(), 3, /*ram=*/false);
   cfg.write_back = false;
   Runtime rt(cfg);
   const auto r = rt.run(req);
   ASSERT_NE(r.finish_reason, "error") << r.error;
-  // Every part computed again, on every rank: the tokens of the first, all-missed run.
-  EXPECT_EQ(r.tokens, computed.tokens);
+  // Begun again on every rank with the failed chunk computed and the other two loaded
+  // again: the tokens of the store without that file.
+  EXPECT_EQ(r.chunks_missed, 1);
+  EXPECT_EQ(r.tokens, expected.tokens);
   EXPECT_EQ(rt.context().ssd->stats().corrupt, 1);
-  EXPECT_TRUE(json::parse(rt.traces_json(1))[0].at("fallback").get<bool>());
+  const auto trace = json::parse(rt.traces_json(1))[0];
+  EXPECT_TRUE(trace.at("fallback").get<bool>());
+  // The trace says where each chunk came from in the end: one computed, two from the SSD.
+  const auto tiers = trace.at("chunk_tiers").get<std::vector<std::string>>();
+  EXPECT_EQ(std::count(tiers.begin(), tiers.end(), "miss"), 1);
+  EXPECT_EQ(std::count(tiers.begin(), tiers.end(), "ssd"), 2);
+
 }
 
 TEST(TensorParallelRuntime, ARankThatFailsFailsItsRequestAndTheNextRequestSucceeds) {

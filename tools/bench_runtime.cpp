@@ -124,9 +124,8 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
     auto& ctx = rt.context();
     // Where the tier keeps its chunks, and the engine over that store (the remote
     // tier is not in ctx.tiered: its engine path reads whole entries over TCP).
-    std::unique_ptr<StoreBackedBlend> remote_blend;
-    if (tier == "remote") remote_blend = std::make_unique<StoreBackedBlend>(*ctx.engine, *ctx.remote);
-    const StoreBackedBlend& engine_path = remote_blend ? *remote_blend : *ctx.from_store;
+    const StoreBackedBlend engine_path(*ctx.engine, tier == "remote" ? static_cast<KvStore&>(*ctx.remote)
+                                                                     : static_cast<KvStore&>(*ctx.tiered));
     auto tier_holds = [&](const ChunkKey& key) {
       return node_store ? node_store->contains(key) : ctx.tiered->contains(key);
     };
