@@ -89,7 +89,8 @@ void parse_cluster_section(Parsed& p) {
   ClusterConfig& c = p.cluster;
   std::optional<YAML::Node> heartbeat, timeout;
   for_each_key(p.cluster_section, "cluster",
-               {"name", "secret", "heartbeat_interval", "connection_timeout", "startup_timeout", "data_dir", "routing"},
+               {"name", "secret", "heartbeat_interval", "connection_timeout", "startup_timeout", "data_dir", "routing",
+                "tls"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = "cluster." + std::string(k);
                  if (k == "name") {
@@ -114,6 +115,21 @@ void parse_cluster_section(Parsed& p) {
                    c.routing = get_string(v, key);
                    if (c.routing != "kv_aware" && c.routing != "round_robin")
                      fail(key, v, "unknown policy '" + c.routing + "' (kv_aware | round_robin)");
+                 } else if (k == "tls") {
+                   for_each_key(v, key, {"mode", "dir"}, [&](std::string_view tk, const YAML::Node& tv) {
+                     const std::string tkey = key + "." + std::string(tk);
+                     if (tk == "mode") {
+                       const std::string mode = get_string(tv, tkey);
+                       if (mode != "mutual" && mode != "plaintext")
+                         fail(tkey, tv,
+                              "unknown mode '" + mode +
+                                  "' (mutual: TLS 1.3 with the cluster's certificates; plaintext: unencrypted, "
+                                  "say so only on a trusted network)");
+                       c.tls = mode == "mutual";
+                     } else {
+                       c.tls_dir = get_string(tv, tkey);
+                     }
+                   });
                  }
                });
   if (c.name.empty())
@@ -330,6 +346,15 @@ std::string ClusterConfig::pid_path(const std::string& node_name) const {
   return (fs::path(data_dir) / "pids" / (node_name + ".pid")).string();
 }
 
+tls::Files ClusterConfig::member_tls(const std::string& node_name) const {
+  if (!tls) return {};
+  const fs::path d = tls_dir;
+  return {ca_cert_path(), (d / (node_name + ".pem")).string(), (d / (node_name + ".key")).string()};
+}
+
+std::string ClusterConfig::ca_cert_path() const { return (fs::path(tls_dir) / "ca.pem").string(); }
+std::string ClusterConfig::ca_key_path() const { return (fs::path(tls_dir) / "ca.key").string(); }
+
 ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::string& path) {
   Parsed p;
   p.cluster.path = path;
@@ -345,6 +370,12 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
   if (!root["nodes"].IsDefined()) fail("nodes", root, "missing: the list of the cluster's nodes");
   parse_cluster_section(p);
   p.cluster.data_dir = resolve_cluster_dir(p.cluster);
+  if (p.cluster.tls_dir.empty()) {
+    p.cluster.tls_dir = (fs::path(p.cluster.data_dir) / "tls").string();
+  } else if (fs::path(p.cluster.tls_dir).is_relative()) {
+    const fs::path base = p.cluster.path.empty() ? fs::current_path() : fs::absolute(p.cluster.path).parent_path();
+    p.cluster.tls_dir = (base / p.cluster.tls_dir).lexically_normal().string();
+  }
 
   RuntimeConfig with_defaults;  // the embedded default (the struct's defaults equal it)
   if (root["defaults"].IsDefined() && !p.defaults.IsNull()) {
@@ -369,6 +400,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
       n.runtime.remote.host = storage->host;
       n.runtime.remote.port = storage->data_port;
       n.runtime.remote.secret = p.cluster.secret;
+      n.runtime.remote.tls = p.cluster.member_tls(n.name);
+      if (p.cluster.tls) n.runtime.remote.tls_peer_name = storage->name;
     }
     // A worker answers its frontend, which presents the key derived from the secret.
     if (n.role == NodeRole::Worker) n.runtime.api_keys.push_back(worker_api_key(p.cluster.secret));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/runtime_config.h"
+#include "storage/tls.h"
 
 namespace bs {
 
@@ -56,6 +57,13 @@ struct ClusterConfig {
   // rule ($BLENDSERVE_DATA_DIR, XDG, ~/.cache/blendserve)>/<name>. A relative
   // cluster.data_dir is under the config file's directory.
   std::string data_dir;
+  // cluster.tls.mode: true (mutual, the default): TLS 1.3 with mutual authentication
+  // under the cluster's CA on the storage data path (storage/tls.h); false
+  // (plaintext): said explicitly, for tests on loopback.
+  bool tls = true;
+  // cluster.tls.dir resolved: where the CA's and the members' files are (a relative
+  // path is under the config file's directory); default <data_dir>/tls.
+  std::string tls_dir;
   std::vector<ClusterNode> nodes;  // in file order
 
   // The node named `node_name`; ConfigError "--node NAME: no such node in F (nodes:
@@ -72,6 +80,13 @@ struct ClusterConfig {
   // stdout and stderr) and <data_dir>/pids/<node_name>.pid (its process id, one line).
   std::string log_path(const std::string& node_name) const;
   std::string pid_path(const std::string& node_name) const;
+  // A member's TLS files: <tls_dir>/ca.pem, <tls_dir>/<node_name>.pem and .key (made
+  // by `blendctl cluster init`); all empty when tls is off.
+  tls::Files member_tls(const std::string& node_name) const;
+  // The CA's own files, <tls_dir>/ca.pem and ca.key (the key never leaves the host
+  // that runs `blendctl cluster init`; members need only ca.pem).
+  std::string ca_cert_path() const;
+  std::string ca_key_path() const;
 };
 
 // Parses a cluster config. `path` is the file the text came from: relative
@@ -91,7 +106,8 @@ bool is_cluster_config(const std::string& yaml_text);
 //  - worker: the embedded default, overlaid with `defaults`, overlaid with the node's
 //    own runtime keys (model, device, tiers, blend, limits, server); port = its
 //    http_port; tiers.remote's host, port and secret = the storage node's host, its
-//    data_port and the cluster secret (where there is a storage node); api_keys
+//    data_port and the cluster secret (where there is a storage node), and with TLS
+//    on its member_tls files and the storage node's name as the peer; api_keys
 //    also hold worker_api_key(secret) (actors/cluster_secret.h), the key its
 //    frontend presents.
 //  - frontend: the embedded default overlaid with `defaults` and the node's `server`

@@ -507,10 +507,15 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
     ro.retry_after_s = rc.retry_after_s;
     ro.layers_in_flight = rc.layers_in_flight;
     ro.max_connections = rc.max_connections;
+    ro.tls = rc.tls;
+    ro.tls_peer_name = rc.tls_peer_name;
     try {
       ctx.remote = std::make_unique<RemoteKvStore>(ro);
     } catch (const std::invalid_argument& e) {
       throw ConfigError(std::string("tiers.remote: ") + e.what());
+    } catch (const std::runtime_error& e) {  // TLS files missing or not the CA's
+      throw ConfigError(std::string("tiers.remote: ") + e.what() +
+                        " (a cluster's certificates are made by `blendctl cluster init F`)");
     }
   }
   // The stored tiers in lookup order, with the controller's start values (RAM

@@ -12,6 +12,7 @@
 
 #include "blend/blend_engine.h"
 #include "storage/file_io.h"
+#include "storage/tls.h"
 
 namespace bs {
 
@@ -59,6 +60,11 @@ struct RemoteTierConfig {
   // Seconds the tier counts as down (lookups miss at once) after a connection
   // failure, before it is tried again.
   double retry_after_s = 1;
+  // TLS to the storage node (storage/tls.h): this worker's files and the name the
+  // node's certificate must carry. Set by the cluster file (cluster.tls), not a
+  // runtime config key; all empty: plaintext.
+  tls::Files tls{};
+  std::string tls_peer_name{};
   bool operator==(const RemoteTierConfig&) const = default;
 };
 

@@ -9,6 +9,7 @@
 #include <utility>
 // clang-format off
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 // clang-format on
 #include <deque>
 #include <optional>
@@ -17,12 +18,14 @@
 
 #include "storage/hmac_auth.h"
 #include "storage/remote_protocol.h"
+#include "storage/tls_context.h"
 
 namespace bs {
 
 namespace remote {
 
 namespace asio = boost::asio;
+namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 using boost::system::error_code;
 using clock = std::chrono::steady_clock;
@@ -33,29 +36,36 @@ clock::duration seconds(double s) {
 }
 }  // namespace
 
-// One authenticated TCP connection to the node, with its own io_context: every
-// operation is an Asio async operation run with run_until(deadline), so nothing
-// waits past its deadline. On any failure the connection is `broken` (its socket
-// closed) and `error` says why; a broken connection is never reused.
+// One authenticated connection to the node (TLS when the store has a context), with
+// its own io_context: every operation is an Asio async operation run with
+// run_until(deadline), so nothing waits past its deadline. On any failure the
+// connection is `broken` (its socket closed) and `error` says why; a broken
+// connection is never reused.
 class Connection {
  public:
-  explicit Connection(const RemoteStoreOptions& opt) : opt_(opt) {}
+  // `tls`: the store's client context, or null for plaintext (then the stream's TLS
+  // layer is never used; it needs some context, so it gets a plain one).
+  Connection(const RemoteStoreOptions& opt, ssl::context* tls)
+      : opt_(opt), plain_(tls ? nullptr : std::make_unique<ssl::context>(ssl::context::tls_client)),
+        stream_(io_, tls ? *tls : *plain_), tls_(tls != nullptr) {}
 
   bool broken() const { return broken_; }
   void set_broken() {
     broken_ = true;
     error_code ec;
-    sock_.close(ec);
+    sock().close(ec);
   }
   const std::string& error() const { return error_; }
   int64_t budget() const { return budget_; }
+  void touch() { last_used_ = clock::now(); }
 
-  // An idle pooled connection is still usable if nothing is readable on it: the node
-  // never speaks unasked, so readable means it closed (restarted, timed out) or sent
-  // garbage.
+  // An idle pooled connection is still usable if it has not idled past
+  // idle_timeout_s and nothing is readable on it: the node never speaks unasked, so
+  // readable means it closed (restarted, timed out) or sent garbage.
   bool idle_alive() {
-    if (broken_ || !sock_.is_open()) return false;
-    pollfd p{sock_.native_handle(), POLLIN, 0};
+    if (broken_ || !sock().is_open()) return false;
+    if (clock::now() - last_used_ > seconds(opt_.idle_timeout_s)) return false;
+    pollfd p{sock().native_handle(), POLLIN, 0};
     return ::poll(&p, 1, 0) == 0;
   }
 
@@ -74,9 +84,16 @@ class Connection {
       ep = *eps.begin();
     }
     const std::string where = opt_.host + ":" + std::to_string(opt_.port);
-    if (!run([&](auto handler) { sock_.async_connect(ep, handler); }, deadline, "connecting to " + where))
+    if (!run([&](auto handler) { sock().async_connect(ep, handler); }, deadline, "connecting to " + where))
       return false;
-    sock_.set_option(tcp::no_delay(true), ec);
+    sock().set_option(tcp::no_delay(true), ec);
+    if (tls_) {
+      // The node must be the member the cluster file names; then ours is checked.
+      tls::set_peer_name(stream_, opt_.tls_peer_name.empty() ? opt_.host : opt_.tls_peer_name);
+      if (!run([&](auto handler) { stream_.async_handshake(ssl::stream_base::client, handler); }, deadline,
+               "the TLS handshake with " + where))
+        return false;
+    }
 
     std::vector<uint8_t> payload;
     auto h = read_frame(payload, deadline, kPreAuthMaxPayload, "HELLO");
@@ -108,14 +125,23 @@ class Connection {
   }
 
   bool write(const std::vector<uint8_t>& frame, clock::time_point deadline, const std::string& what) {
-    return run([&](auto handler) { asio::async_write(sock_, asio::buffer(frame), handler); }, deadline,
-               "sending " + what);
+    return run(
+        [&](auto handler) {
+          if (tls_) asio::async_write(stream_, asio::buffer(frame), handler);
+          else asio::async_write(sock(), asio::buffer(frame), handler);
+        },
+        deadline, "sending " + what);
   }
 
   // Reads exactly the bytes `buffers` (an Asio buffer sequence) holds.
   template <class Buffers>
   bool read(const Buffers& buffers, clock::time_point deadline, const std::string& what) {
-    return run([&](auto handler) { asio::async_read(sock_, buffers, handler); }, deadline, "reading " + what);
+    return run(
+        [&](auto handler) {
+          if (tls_) asio::async_read(stream_, buffers, handler);
+          else asio::async_read(sock(), buffers, handler);
+        },
+        deadline, "reading " + what);
   }
 
   // A frame header within `bound`, or nullopt (failure recorded).
@@ -161,7 +187,7 @@ class Connection {
     io_.run_until(deadline);
     if (!result) {
       error_code ignore;
-      sock_.close(ignore);
+      sock().close(ignore);
       io_.restart();
       io_.run();  // the aborted operation's handler
       return fail(what + ": timed out");
@@ -170,9 +196,14 @@ class Connection {
     return true;
   }
 
+  tcp::socket& sock() { return stream_.next_layer(); }
+
   const RemoteStoreOptions& opt_;
   asio::io_context io_{1};
-  tcp::socket sock_{io_};
+  std::unique_ptr<ssl::context> plain_;  // plaintext: the unused TLS layer's context
+  ssl::stream<tcp::socket> stream_;
+  bool tls_;
+  clock::time_point last_used_ = clock::now();
   bool broken_ = false;
   std::string error_;
   int64_t budget_ = 0;
@@ -306,8 +337,9 @@ RemoteKvStore::RemoteKvStore(RemoteStoreOptions opt) : opt_(std::move(opt)) {
   if (opt_.secret.empty()) throw std::invalid_argument("remote store: the cluster secret is required");
   if (opt_.port < 1 || opt_.port > 65535 || !(opt_.connect_timeout_s > 0) || !(opt_.io_timeout_s > 0) ||
       !(opt_.retry_after_s >= 0) || opt_.layers_in_flight < 1 || opt_.max_connections < 1 ||
-      opt_.max_frame_bytes < remote::kPreAuthMaxPayload)
+      opt_.max_frame_bytes < remote::kPreAuthMaxPayload || !(opt_.idle_timeout_s > 0))
     throw std::invalid_argument("remote store: options out of range");
+  if (opt_.tls.enabled()) tls_ = tls::client_context(opt_.tls);
 }
 
 RemoteKvStore::~RemoteKvStore() = default;
@@ -368,7 +400,7 @@ std::unique_ptr<remote::Connection> RemoteKvStore::acquire() const {
     ++open_;
   }
   dead.clear();
-  auto c = std::make_unique<remote::Connection>(opt_);
+  auto c = std::make_unique<remote::Connection>(opt_, tls_.get());
   if (!c->connect(deadline)) {
     {
       std::lock_guard<std::mutex> lock(pool_mu_);
@@ -390,6 +422,7 @@ void RemoteKvStore::release(std::unique_ptr<remote::Connection> c) const {
     if (c->broken()) {
       --open_;
     } else {
+      c->touch();
       idle_.push_back(std::move(c));
     }
   }

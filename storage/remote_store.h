@@ -27,6 +27,13 @@
 //   connection instead of draining it. The store must outlive its readers.
 // - Each slice's XXH3-64 is checked against the layer sum the ENTRY reply carried
 //   (the one in the node's file), so bytes are verified end to end from disk.
+// - TLS 1.3 with mutual authentication when `tls` is set (storage/tls.h): the node
+//   must present a certificate of the cluster's CA naming `tls_peer_name`, and this
+//   worker presents its own; the cluster secret's handshake then runs inside. A
+//   byte changed on the wire fails the record's MAC: a transport failure, a miss.
+//   Plaintext only when `tls` is empty (the config must say so).
+// - A pooled connection idle longer than idle_timeout_s is closed rather than
+//   reused (the node closes idle connections after its own, longer, timeout).
 // Thread-safe: any number of threads may call it; each reader is for one thread at
 // a time, as LayerReader is.
 #pragma once
@@ -42,6 +49,11 @@
 #include <vector>
 
 #include "storage/kv_store.h"
+#include "storage/tls.h"
+
+namespace boost::asio::ssl {
+class context;
+}  // namespace boost::asio::ssl
 
 namespace bs {
 
@@ -55,6 +67,9 @@ struct RemoteStoreOptions {
   int layers_in_flight = 4;         // a reader's pipelined layer requests (>= 1)
   int max_connections = 16;         // pooled; a reader holds one while it lives
   int64_t max_frame_bytes = int64_t{256} << 20;  // the longest reply payload accepted
+  double idle_timeout_s = 30;       // a pooled connection idle longer is closed, not reused
+  tls::Files tls{};                 // this worker's TLS files; all empty: plaintext
+  std::string tls_peer_name{};      // the name the node's certificate must carry; empty: `host`
 };
 
 namespace remote {
@@ -64,8 +79,9 @@ class RemoteLayerReader;  // remote_store.cpp
 
 class RemoteKvStore final : public KvStore {
  public:
-  // Does not connect yet. Throws std::invalid_argument for options out of range
-  // (an empty secret, port outside 1..65535, non-positive timeouts or counts).
+  // Does not connect yet; loads the TLS files (std::runtime_error naming the file
+  // and the cause). Throws std::invalid_argument for options out of range (an empty
+  // secret, port outside 1..65535, non-positive timeouts or counts).
   explicit RemoteKvStore(RemoteStoreOptions opt);
   ~RemoteKvStore() override;
 
@@ -115,6 +131,7 @@ class RemoteKvStore final : public KvStore {
   std::optional<Reply> call(const std::vector<uint8_t>& request) const;
 
   RemoteStoreOptions opt_;
+  std::shared_ptr<boost::asio::ssl::context> tls_;  // null: plaintext
   mutable std::mutex pool_mu_;
   mutable std::condition_variable pool_cv_;
   mutable std::vector<std::unique_ptr<remote::Connection>> idle_;

@@ -8,6 +8,7 @@
 #include <utility>
 // clang-format off
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 // clang-format on
 #include <chrono>
 #include <cstdio>
@@ -22,12 +23,14 @@
 
 #include "storage/hmac_auth.h"
 #include "storage/remote_protocol.h"
+#include "storage/tls_context.h"
 
 namespace bs {
 
 namespace {
 
 namespace asio = boost::asio;
+namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 using boost::system::error_code;
 using remote::MsgType;
@@ -92,6 +95,9 @@ struct StorageServer::Impl {
 
   DiskKvStore& store;
   const StorageServerOptions opt;
+  // The TLS context of every session; plaintext: an unused one (a stream needs one).
+  std::shared_ptr<ssl::context> tls_ctx;
+  bool tls = false;
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work{asio::make_work_guard(io)};
   tcp::acceptor acceptor{io};
@@ -101,7 +107,8 @@ struct StorageServer::Impl {
   std::mutex stop_mu;
   std::atomic<bool> stopped{false};
 
-  std::atomic<int64_t> connections{0}, auth_failures{0}, bad_frames{0}, layers_served{0}, bytes_served{0}, puts{0};
+  std::atomic<int64_t> connections{0}, auth_failures{0}, tls_failures{0}, bad_frames{0}, layers_served{0},
+      bytes_served{0}, puts{0};
 
   std::mutex hook_mu;
   std::function<Fault(const ChunkKey&, int)> hook;
@@ -112,44 +119,75 @@ struct StorageServer::Impl {
 
 namespace {
 
-// One connection. All its handlers run on its strand (the socket's and the timer's
-// executor), one at a time.
+// One connection (TLS when the node has a context). All its handlers run on its
+// strand (the socket's and the timer's executor), one at a time.
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(StorageServer::Impl& srv, tcp::socket sock)
-      : srv_(srv), sock_(std::move(sock)), timer_(sock_.get_executor()) {}
+      : srv_(srv), stream_(std::move(sock), *srv.tls_ctx), timer_(stream_.get_executor()) {}
 
-  tcp::socket::executor_type executor() { return sock_.get_executor(); }
+  tcp::socket::executor_type executor() { return stream_.get_executor(); }
 
   void start() {
     error_code ec;
-    const auto ep = sock_.remote_endpoint(ec);
+    const auto ep = sock().remote_endpoint(ec);
     peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
-    sock_.set_option(tcp::no_delay(true), ec);
-    try {
-      server_nonce_ = remote::random_nonce();
-    } catch (const std::exception&) {
-      return close();
-    }
-    arm_deadline();  // the whole handshake
-    out_ = remote::encode_hello({remote::kProtocolVersion, server_nonce_});
-    send(false);
+    sock().set_option(tcp::no_delay(true), ec);
+    arm_deadline(srv_.opt.io_timeout_s);  // the whole handshake, TLS and the secret's
+    if (!srv_.tls) return hello();
+    stream_.async_handshake(ssl::stream_base::server, [self = shared_from_this()](const error_code& e) {
+      if (e) {
+        ++self->srv_.tls_failures;
+        const std::string why = e == asio::error::operation_aborted
+                                    ? "no TLS handshake within " + std::to_string(self->srv_.opt.io_timeout_s) + " s"
+                                    : e.message();
+        std::fprintf(stderr, "blendserve storage: refused %s: TLS: %s\n", self->peer_.c_str(), why.c_str());
+        return self->close();
+      }
+      self->hello();
+    });
   }
 
   // Closes the socket (pending operations end with an error) and drops the entries.
+  // No TLS close_notify: the peer sees the connection end either way.
   void close() {
     error_code ec;
-    sock_.shutdown(tcp::socket::shutdown_both, ec);
-    sock_.close(ec);
+    sock().shutdown(tcp::socket::shutdown_both, ec);
+    sock().close(ec);
     deadline_armed_ = false;
     timer_.cancel();
     handles_.clear();
   }
 
  private:
-  void arm_deadline() {
+  tcp::socket& sock() { return stream_.next_layer(); }
+
+  // Reads or writes exactly `buffers`, through TLS when the node speaks it.
+  template <class Buffers, class Handler>
+  void read_exactly(const Buffers& buffers, Handler&& h) {
+    if (srv_.tls) asio::async_read(stream_, buffers, std::forward<Handler>(h));
+    else asio::async_read(sock(), buffers, std::forward<Handler>(h));
+  }
+  template <class Buffers, class Handler>
+  void write_all(const Buffers& buffers, Handler&& h) {
+    if (srv_.tls) asio::async_write(stream_, buffers, std::forward<Handler>(h));
+    else asio::async_write(sock(), buffers, std::forward<Handler>(h));
+  }
+
+  void hello() {
+    try {
+      server_nonce_ = remote::random_nonce();
+    } catch (const std::exception&) {
+      return close();
+    }
+    out_ = remote::encode_hello({remote::kProtocolVersion, server_nonce_});
+    send(false);
+  }
+
+  void arm_deadline() { arm_deadline(srv_.opt.io_timeout_s); }
+  void arm_deadline(double s) {
     deadline_armed_ = true;
-    timer_.expires_after(seconds(srv_.opt.io_timeout_s));
+    timer_.expires_after(seconds(s));
     timer_.async_wait([self = shared_from_this()](const error_code& ec) {
       if (ec == asio::error::operation_aborted) return;
       if (self->deadline_armed_ && self->timer_.expiry() <= std::chrono::steady_clock::now()) self->close();
@@ -160,21 +198,19 @@ class Session : public std::enable_shared_from_this<Session> {
     timer_.cancel();
   }
 
-  // The next request. Authenticated: waits without a deadline for it to start (an
-  // idle pooled connection), then reads it whole under one.
+  // The next request. Authenticated: its header may take idle_timeout_s to come (an
+  // idle pooled connection), then the rest comes under io_timeout_s. (Read through
+  // the TLS layer, which may already hold the next request: so no wait on the bare
+  // socket.) Before: the handshake's deadline runs.
   void read_next() {
-    if (!authed_) return read_header();
-    disarm_deadline();
-    sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](const error_code& ec) {
-      if (ec) return self->close();
-      self->arm_deadline();
-      self->read_header();
-    });
+    if (authed_) arm_deadline(srv_.opt.idle_timeout_s);
+    read_header();
   }
 
   void read_header() {
-    asio::async_read(sock_, asio::buffer(hdr_), [self = shared_from_this()](const error_code& ec, size_t) {
+    read_exactly(asio::buffer(hdr_), [self = shared_from_this()](const error_code& ec, size_t) {
       if (ec) return self->close();
+      if (self->authed_) self->arm_deadline();
       self->on_header();
     });
   }
@@ -190,7 +226,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return bad_frame("frame too large for this node's memory");
     }
     if (in_.empty()) return on_frame();
-    asio::async_read(sock_, asio::buffer(in_), [self = shared_from_this()](const error_code& ec, size_t) {
+    read_exactly(asio::buffer(in_), [self = shared_from_this()](const error_code& ec, size_t) {
       if (ec) return self->close();
       self->on_frame();
     });
@@ -333,8 +369,8 @@ class Session : public std::enable_shared_from_this<Session> {
         break;
       case StorageServer::Fault::truncate: {
         arm_deadline();
-        asio::async_write(sock_, asio::buffer(out_.data(), out_.size() / 2),
-                          [self = shared_from_this()](const error_code&, size_t) { self->close(); });
+        write_all(asio::buffer(out_.data(), out_.size() / 2),
+                  [self = shared_from_this()](const error_code&, size_t) { self->close(); });
         return;
       }
       case StorageServer::Fault::close: return close();
@@ -360,8 +396,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // Writes out_ under the armed deadline; then the next request, or closes.
   // slice_bytes >= 0: a SLICE of that many K+V bytes, counted once written.
   void send(bool close_after, int64_t slice_bytes = -1) {
-    asio::async_write(sock_, asio::buffer(out_),
-                      [self = shared_from_this(), close_after, slice_bytes](const error_code& ec, size_t) {
+    write_all(asio::buffer(out_),
+              [self = shared_from_this(), close_after, slice_bytes](const error_code& ec, size_t) {
                         if (ec || close_after) return self->close();
                         if (slice_bytes >= 0) {
                           ++self->srv_.layers_served;
@@ -372,7 +408,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   StorageServer::Impl& srv_;
-  tcp::socket sock_;
+  ssl::stream<tcp::socket> stream_;
   asio::steady_timer timer_;
   bool deadline_armed_ = false;
   std::string peer_;
@@ -426,10 +462,13 @@ StorageServer::StorageServer(DiskKvStore& store, StorageServerOptions opt) {
   if (opt.secret.empty()) throw std::invalid_argument("storage server: the cluster secret is required");
   if (opt.threads < 1 || opt.max_connections < 1 || !(opt.io_timeout_s > 0) ||
       opt.max_frame_bytes < remote::kPreAuthMaxPayload || opt.max_frame_bytes > UINT32_MAX || opt.port < 0 ||
-      opt.port > 65535)
+      opt.port > 65535 || !(opt.idle_timeout_s > 0))
     throw std::invalid_argument("storage server: options out of range");
   impl_ = std::make_unique<Impl>(store, std::move(opt));
   Impl& s = *impl_;
+  s.tls = s.opt.tls.enabled();
+  s.tls_ctx = s.tls ? tls::server_context(s.opt.tls, s.opt.tls_peers)
+                    : std::make_shared<ssl::context>(ssl::context::tls_server);
   auto fail = [&](const error_code& ec, const char* what) {
     throw std::system_error(std::error_code(ec.value(), std::system_category()),
                             "storage server: " + std::string(what) + " " + s.opt.bind_host + ":" +
@@ -496,6 +535,7 @@ StorageServer::Stats StorageServer::stats() const {
   Stats st;
   st.connections = s.connections.load();
   st.auth_failures = s.auth_failures.load();
+  st.tls_failures = s.tls_failures.load();
   st.bad_frames = s.bad_frames.load();
   st.layers_served = s.layers_served.load();
   st.bytes_served = s.bytes_served.load();

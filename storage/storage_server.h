@@ -14,8 +14,13 @@
 //   `threads` sets how many reads can be under way at once.
 // - Every frame has a deadline: a frame half-received or half-sent for longer than
 //   io_timeout_s closes the connection (a stalled or vanished peer costs nothing
-//   after that). An idle authenticated connection (a worker's pool) is kept; the
-//   handshake itself must finish within io_timeout_s.
+//   after that). An authenticated connection (a worker's pool) may idle between
+//   requests for idle_timeout_s, then it is closed; the handshakes (TLS, then the
+//   secret's) must finish within io_timeout_s.
+// - TLS 1.3 with mutual authentication when `tls` is set (storage/tls.h): a peer
+//   without a certificate of the cluster's CA (naming one of `tls_peers`, when
+//   given) gets nothing, not even HELLO; refused handshakes are counted in
+//   tls_failures. Plaintext only when `tls` is empty.
 // - Bounded everywhere: frames (kPreAuthMaxPayload before authentication,
 //   max_frame_bytes after), open entries per connection (kMaxHandles), connections
 //   (max_connections; more are accepted and closed at once).
@@ -25,9 +30,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "storage/chunk_kv.h"
 #include "storage/disk_store.h"
+#include "storage/tls.h"
 
 namespace bs {
 
@@ -40,6 +47,9 @@ struct StorageServerOptions {
   double io_timeout_s = 10;   // a frame half-received/half-sent longer than this: connection closed
   int max_connections = 64;   // beyond: accepted then closed at once
   bool accept_puts = true;    // write-back pushes from workers; false: PUT and ERASE get an ERROR
+  double idle_timeout_s = 120;  // an authenticated connection silent between requests this long is closed
+  tls::Files tls{};             // the node's TLS files; all empty: plaintext
+  std::vector<std::string> tls_peers{};  // names a worker's certificate must carry (one of); empty: any the CA signed
 };
 
 class StorageServer {
@@ -47,7 +57,8 @@ class StorageServer {
   static constexpr int kMaxHandles = 64;  // open entries per connection
 
   // Binds and starts serving `store` (which must outlive the server). Throws
-  // std::invalid_argument for bad options, std::system_error if it cannot bind.
+  // std::invalid_argument for bad options, std::runtime_error for TLS files that
+  // do not load (naming the file), std::system_error if it cannot bind.
   StorageServer(DiskKvStore& store, StorageServerOptions opt);
   ~StorageServer();  // stop()
   StorageServer(const StorageServer&) = delete;
@@ -61,6 +72,7 @@ class StorageServer {
   struct Stats {
     int64_t connections = 0;    // accepted (and not refused for max_connections)
     int64_t auth_failures = 0;  // wrong proof or protocol version
+    int64_t tls_failures = 0;   // TLS handshakes refused (no certificate, another CA's, not a member, not TLS)
     int64_t bad_frames = 0;     // malformed, oversized or unexpected frames (connection closed)
     int64_t layers_served = 0, bytes_served = 0;  // SLICE frames sent whole, their K+V bytes
     int64_t puts = 0;           // PUTs stored

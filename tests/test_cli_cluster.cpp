@@ -428,10 +428,53 @@ TEST_F(ClusterCli, UpStartsEveryMemberAndDownStopsThem) {
   }
   r = run("blendctl cluster status " + config.string(), dir_);
   EXPECT_EQ(r.code, 0) << r.out;
+  // `up` made the cluster's certificates (TLS is the default) and the storage node
+  // serves its data port over TLS.
+  for (const char* f : {"ca.pem", "ca.key", "storage.pem", "worker-1.key", "frontend.pem"})
+    EXPECT_TRUE(fs::exists(data() / "tls" / f)) << f;
+  EXPECT_THAT(log_of("storage"), HasSubstr("(TLS 1.3, mutual)"));
   r = run("blendctl cluster down " + config.string(), dir_);
   EXPECT_EQ(r.code, 0) << r.err;
   for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << pid;
   EXPECT_TRUE(fs::is_empty(data() / "pids"));
+}
+
+// `blendctl cluster init`: the CA and every member's files made once, then found and
+// checked; a member's file that does not belong is named (exit 1); plaintext says so.
+TEST_F(ClusterCli, InitMakesTheCertificatesOnceAndNamesAWrongOne) {
+  const fs::path config = write_config({""}, /*storage=*/true);
+  Result r = run("blendctl cluster init " + config.string(), dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 3u) << r.out;  // frontend, worker-1, storage
+  for (const auto& line : lines) EXPECT_TRUE(line["made"].get<bool>()) << line;
+  EXPECT_THAT(r.err, HasSubstr("made the CA of cluster t"));
+  EXPECT_EQ(fs::status(data() / "tls").permissions() & fs::perms::all, fs::perms::owner_all);
+  // The real tool agrees: signed by the cluster's CA.
+  if (bs::testing::run_command("openssl version").code == 0) {
+    const auto v = bs::testing::run_command("openssl verify -CAfile " + (data() / "tls" / "ca.pem").string() + " " +
+                                            (data() / "tls" / "storage.pem").string() + " 2>&1");
+    EXPECT_EQ(v.code, 0) << v.out;
+  }
+  r = run("blendctl cluster init " + config.string(), dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 3u);
+  for (const auto& line : lines) EXPECT_FALSE(line["made"].get<bool>()) << line;
+  // worker-1's key swapped for the storage node's: named, with what to do.
+  fs::copy_file(data() / "tls" / "storage.key", data() / "tls" / "worker-1.key", fs::copy_options::overwrite_existing);
+  r = run("blendctl cluster init " + config.string(), dir_);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("worker-1"), HasSubstr("is not the key of"), HasSubstr("to have them made again")));
+  // So does `up`, before it starts anything.
+  r = run("blendctl cluster up " + config.string(), dir_);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.out, "");
+  // Plaintext, said explicitly: nothing to make.
+  const fs::path plain = write_config({""}, /*storage=*/true, "", ", tls: {mode: plaintext}");
+  r = run("blendctl cluster init " + plain.string(), dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("plaintext"));
 }
 
 // The whole path through real processes: the frontend sends a request with

@@ -285,6 +285,41 @@ TEST(ClusterConfig, RoutingPolicyDefaultsToKvAwareAndTakesRoundRobin) {
                     HasSubstr("(line 4, column")));
 }
 
+// TLS on the storage data path is the default: each member's files under
+// <cluster dir>/tls, the worker's remote tier presents its own and expects the
+// storage node's name; plaintext only when said; a relative dir is under the file's.
+TEST(ClusterConfig, TlsIsOnByDefaultAndPlaintextOnlyWhenSaid) {
+  const ClusterConfig c = parse_cluster_config(kCluster, "/etc/bs/c.yaml");
+  EXPECT_TRUE(c.tls);
+  EXPECT_EQ(c.tls_dir, "/srv/bs/test/tls");
+  EXPECT_EQ(c.ca_cert_path(), "/srv/bs/test/tls/ca.pem");
+  EXPECT_EQ(c.ca_key_path(), "/srv/bs/test/tls/ca.key");
+  const tls::Files w1 = c.member_tls("w1");
+  EXPECT_EQ(w1.ca, "/srv/bs/test/tls/ca.pem");
+  EXPECT_EQ(w1.cert, "/srv/bs/test/tls/w1.pem");
+  EXPECT_EQ(w1.key, "/srv/bs/test/tls/w1.key");
+  const RuntimeConfig r = member_runtime_config(c, "w1");
+  EXPECT_EQ(r.remote.tls, w1);
+  EXPECT_EQ(r.remote.tls_peer_name, "store");
+  EXPECT_EQ(parse_cluster_config(with_line("data_dir:", "  data_dir: /srv/bs\n  tls: {dir: certs}"), "/etc/bs/c.yaml")
+                .tls_dir,
+            "/etc/bs/certs");
+  EXPECT_EQ(parse_cluster_config(with_line("data_dir:", "  data_dir: /srv/bs\n  tls: {mode: mutual, dir: /x/t}")).tls_dir,
+            "/x/t");
+
+  const ClusterConfig plain = parse_cluster_config(with_line("data_dir:", "  data_dir: /srv/bs\n  tls: {mode: plaintext}"));
+  EXPECT_FALSE(plain.tls);
+  EXPECT_FALSE(plain.member_tls("w1").enabled());
+  EXPECT_FALSE(member_runtime_config(plain, "w1").remote.tls.enabled());
+  EXPECT_EQ(member_runtime_config(plain, "w1").remote.tls_peer_name, "");
+
+  const std::string bad = with_line("data_dir:", "  data_dir: /srv/bs\n  tls: {mode: off}");
+  EXPECT_THAT(error_of(bad), AllOf(HasSubstr("cluster.tls.mode: unknown mode 'off' (mutual: "),
+                                   HasSubstr(at_line(bad, "tls:"))));
+  EXPECT_THAT(error_of(with_line("data_dir:", "  data_dir: /srv/bs\n  tls: {modes: mutual}")),
+              HasSubstr("cluster.tls.modes"));
+}
+
 // ---- errors: each names the dotted key and its line -----------------------------
 
 TEST(ClusterConfigErrors, SecretUnsetEmptyOrShort) {

@@ -11,9 +11,12 @@ namespace bs::tools {
 // reads: the page cache, so it measures the network path, not the disk), stores
 // `chunks` random entries of the given shape (default: SmolLM2-135M's KV, 30 layers,
 // 3 KV heads, head dim 64, f16), then reads every layer of every chunk through a
-// RemoteKvStore, `repeats` times per layers_in_flight value. One JSON line per
-// measurement on stdout, then one summary line per layers_in_flight (the best
-// repeat); progress on stderr. Exit 1 if any read failed.
+// RemoteKvStore, `repeats` times per layers_in_flight value, for each transport:
+// plain TCP, and TLS 1.3 with mutual authentication (certificates of a CA made in
+// the temp dir, storage/tls.h). One JSON line per measurement on stdout, one summary
+// line per transport and layers_in_flight (the best repeat), and with both transports
+// one line per layers_in_flight with TLS's throughput over plain's; progress on
+// stderr. Exit 1 if any read failed.
 struct RemoteBenchOptions {
   int64_t tokens = 512;  // per chunk
   int chunks = 8;
@@ -25,6 +28,7 @@ struct RemoteBenchOptions {
   // layer: layer l of every chunk, then l+1 (the loaders' order; each chunk's reader
   // holds its own connection); chunk: each chunk's layers in turn, one reader at a time.
   std::string order = "layer";
+  std::vector<std::string> transports{"plain", "tls"};  // each a run: plain | tls
   std::string data_dir;  // where the node's SSD tier lives (default: a temp dir, removed after)
 };
 int bench_remote(const RemoteBenchOptions& opt);

@@ -141,6 +141,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   remote->add_option("--repeats", remote_opt.repeats, "Passes per layers-in-flight value")->check(CLI::Range(1, 1000))->capture_default_str();
+  remote->add_option("--transport", remote_opt.transports,
+                     "plain (TCP) and/or tls (TLS 1.3, mutual, certificates made in the temp dir): each a run, with "
+                     "TLS's cost when both")
+      ->check(CLI::IsMember({"plain", "tls"}))
+      ->delimiter(',')
+      ->capture_default_str();
   remote->add_option("--server-threads", remote_opt.server_threads, "The node's Asio threads")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
@@ -300,10 +306,12 @@ int main(int argc, char** argv) {
   trace->add_flag("--json", trace_json, "Same as --format json")->excludes(trace_format);
   trace->add_option("--out", tropt.out, "Write to this file instead of stdout");
 
-  // cluster up|status|down F (tools/cluster_ctl.h).
+  // cluster init|up|status|down F (tools/cluster_ctl.h).
   bs::tools::ClusterCtlOptions cluster_opt;
   auto* cluster = app.add_subcommand(
-      "cluster", "Every member of a cluster config as processes on this host (development and tests): up, status, down");
+      "cluster",
+      "A cluster's certificates (init), and every member of a cluster config as processes on this host (development "
+      "and tests): up, status, down");
   cluster->require_subcommand(1);
   const auto cluster_action = [&](const char* name, const char* help) {
     auto* a = cluster->add_subcommand(name, help);
@@ -313,6 +321,9 @@ int main(int argc, char** argv) {
                   "cluster.data_dir in F)");
     return a;
   };
+  auto* cluster_init = cluster_action(
+      "init", "Make the cluster's CA and each member's TLS certificate where missing (cluster.tls.dir), check those "
+              "there; one JSON line per member");
   auto* cluster_up = cluster_action(
       "up", "Start every member (storage, workers, frontend), each ready within cluster.startup_timeout; logs and pids "
             "under the cluster's data dir; exit 1 with the failing member's log, having stopped the others");
@@ -438,6 +449,7 @@ int main(int argc, char** argv) {
       return bs::tools::bench_serve(sopt);
     }
     if (top->parsed()) return bs::tools::run_top(top_opt);
+    if (cluster_init->parsed()) return bs::tools::cluster_init(cluster_opt);
     if (cluster_up->parsed()) return bs::tools::cluster_up(cluster_opt);
     if (cluster_status->parsed()) return bs::tools::cluster_status(cluster_opt);
     if (cluster_down->parsed()) return bs::tools::cluster_down(cluster_opt);

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "actors/cluster_config.h"
+#include "storage/tls.h"
 #include "tools/process_report.h"
 #include "tools/tcp_probe.h"
 
@@ -208,6 +209,60 @@ void stop_started(const ClusterConfig& c, std::vector<Started>& started, double 
   for (auto& s : started) fs::remove(c.pid_path(s.node->name));
 }
 
+// cluster_init's work: the CA and the members' files made where missing, checked
+// where present; a line per member into `report`. False (the reason on stderr) when
+// a file is wrong or cannot be made.
+bool ensure_certificates(const ClusterConfig& c, std::vector<nlohmann::json>* report) {
+  if (!c.tls) return true;
+  try {
+    fs::create_directories(c.tls_dir);
+    fs::permissions(c.tls_dir, fs::perms::owner_all, fs::perm_options::replace);
+    const bool have_ca = fs::exists(c.ca_cert_path());
+    if (have_ca != fs::exists(c.ca_key_path())) {
+      std::fprintf(stderr, "blendctl: %s: the CA's certificate and key must both be there or both be gone (%s, %s)\n",
+                   c.tls_dir.c_str(), c.ca_cert_path().c_str(), c.ca_key_path().c_str());
+      return false;
+    }
+    if (!have_ca) {
+      tls::make_ca(c.name + " cluster CA", c.ca_cert_path(), c.ca_key_path());
+      std::fprintf(stderr, "blendctl: made the CA of cluster %s: %s\n", c.name.c_str(), c.ca_cert_path().c_str());
+    }
+    for (const ClusterNode& n : c.nodes) {
+      const tls::Files f = c.member_tls(n.name);
+      bool made = false;
+      if (!have_ca || !fs::exists(f.cert) || !fs::exists(f.key)) {
+        tls::issue_member(c.ca_cert_path(), c.ca_key_path(), n.name, {n.host}, f.cert, f.key);
+        made = true;
+      } else {
+        try {
+          tls::check_files(f);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "blendctl: %s: %s (delete %s and %s to have them made again)\n", n.name.c_str(),
+                       e.what(), f.cert.c_str(), f.key.c_str());
+          return false;
+        }
+      }
+      if (report) report->push_back({{"name", n.name}, {"cert", f.cert}, {"key", f.key}, {"made", made}});
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "blendctl: cluster %s: the TLS files: %s\n", c.name.c_str(), e.what());
+    return false;
+  }
+  return true;
+}
+
+int init(const ClusterConfig& c) {
+  if (!c.tls) {
+    std::fprintf(stderr, "blendctl: cluster %s: cluster.tls.mode is plaintext: no certificates to make\n",
+                 c.name.c_str());
+    return 0;
+  }
+  std::vector<nlohmann::json> report;
+  if (!ensure_certificates(c, &report)) return 1;
+  for (const auto& line : report) std::cout << line.dump() << "\n";
+  return 0;
+}
+
 int up(const ClusterConfig& c, const ClusterCtlOptions& opt) {
   const std::string config = canonical_config(opt.config);
   // Members of this cluster already running: refuse; stale pid files: remove.
@@ -229,6 +284,7 @@ int up(const ClusterConfig& c, const ClusterCtlOptions& opt) {
                  c.name.c_str(), running_members.c_str(), opt.config.c_str());
     return 1;
   }
+  if (!ensure_certificates(c, nullptr)) return 1;
   const std::string blendserve = blendserve_binary();
   fs::create_directories(fs::path(c.log_path("x")).parent_path());
   fs::create_directories(fs::path(c.pid_path("x")).parent_path());
@@ -385,6 +441,9 @@ int with_config(const ClusterCtlOptions& opt, F run) {
 
 }  // namespace
 
+int cluster_init(const ClusterCtlOptions& opt) {
+  return with_config(opt, [&](const ClusterConfig& c) { return init(c); });
+}
 int cluster_up(const ClusterCtlOptions& opt) {
   return with_config(opt, [&](const ClusterConfig& c) { return up(c, opt); });
 }

@@ -1,6 +1,7 @@
-// blendctl cluster up|status|down F: every member of a cluster config as its own
-// process on this host, for development and tests (on several machines, start each
-// member there with `blendserve --config F --node NAME`).
+// blendctl cluster init|up|status|down F: the cluster's certificates, and every
+// member of a cluster config as its own process on this host, for development and
+// tests (on several machines, start each member there with `blendserve --config F
+// --node NAME`, its TLS files copied there from the host that ran `init`).
 //
 // Files, under the cluster's data dir (ClusterConfig::data_dir): logs/<node>.log (the
 // member's stdout and stderr, rewritten at each start) and pids/<node>.pid (its
@@ -24,9 +25,19 @@ struct ClusterCtlOptions {
   double timeout_s = 20;
 };
 
+// The cluster's TLS files (cluster.tls.mode mutual; storage/tls.h): in cluster.tls.dir
+// (0700), the CA (ca.pem, ca.key) made if missing, and each member's certificate and
+// key (<node>.pem, <node>.key: signed by the CA, naming the node and its host) made if
+// missing or when the CA was just made; files already there are checked against the
+// CA. One JSON line per member on stdout ({name, cert, key, made}). Exit 0; 1 when a
+// file there is wrong (which, and why: delete it to have it made again); 2 for a config
+// error. Plaintext clusters: nothing to do, exit 0.
+int cluster_init(const ClusterCtlOptions& opt);
+
 // Starts every member (`<blendctl's directory>/blendserve --config F --node NAME`, in
 // its own session so it outlives blendctl): the storage node, then the workers, then
-// the frontend, each stage ready (storage: its data_port accepts a connection; worker,
+// the frontend — after making the TLS files that are missing, as cluster_init —, each
+// stage ready (storage: its data_port accepts a connection; worker,
 // frontend: GET /health on its http_port answers 200) within cluster.startup_timeout
 // before the next starts. Progress on stderr; one JSON line per member on stdout
 // ({name, role, pid, ready, log}). Exit 0; 1 when a member exits or is not ready in

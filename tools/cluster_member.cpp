@@ -50,14 +50,18 @@ int run_storage_member(const ClusterConfig& cluster, const std::string& name) {
     opt.bind_host = me.host;
     opt.port = me.data_port;
     opt.secret = cluster.secret;
+    // TLS: only the cluster's workers, by the names in their certificates.
+    opt.tls = cluster.member_tls(name);
+    for (const ClusterNode* w : cluster.workers()) opt.tls_peers.push_back(w->name);
     StorageServer server(store, opt);
     ControlEndpoint control(control_options(cluster, me), [&store, name] { return make_storage_report(store, name); });
     const auto st = store.stats();
     std::fprintf(stderr,
-                 "blendserve: storage node %s of cluster %s: %lld chunks (%lld bytes) in %s, data on %s:%d, control on "
-                 "%s:%d\n",
+                 "blendserve: storage node %s of cluster %s: %lld chunks (%lld bytes) in %s, data on %s:%d (%s), "
+                 "control on %s:%d\n",
                  name.c_str(), cluster.name.c_str(), static_cast<long long>(st.entries), static_cast<long long>(st.bytes),
-                 store.dir().c_str(), me.host.c_str(), server.port(), me.host.c_str(), control.port());
+                 store.dir().c_str(), me.host.c_str(), server.port(),
+                 cluster.tls ? "TLS 1.3, mutual" : "plaintext", me.host.c_str(), control.port());
     std::fflush(stderr);
     int sig = 0;
     sigwait(&signals, &sig);

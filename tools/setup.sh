@@ -31,6 +31,8 @@ PACKAGES=(
   build-essential cmake g++ pkg-config python3 python3-pip python3-venv unzip ca-certificates curl
   libcaf-dev libyaml-cpp-dev libcpp-httplib-dev libboost-dev nlohmann-json3-dev
   libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev libssl-dev
+  # the cluster's certificates are checked by the real tool (`openssl verify`) in the tests
+  openssl
   # the sanitizer + fuzz build (clang, its sanitizer runtimes, its OpenMP runtime)
   clang libclang-rt-14-dev libomp-dev
   # the inspection views' tests: the console page in a headless browser, `blendctl top`
