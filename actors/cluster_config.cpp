@@ -182,7 +182,7 @@ ClusterNode parse_node(const YAML::Node& entry, size_t i, const RuntimeConfig& w
   else fail(at + ".role", role, "unknown role '" + r + "' (frontend, worker, storage)");
 
   YAML::Node runtime_keys(YAML::NodeType::Map);  // the entry's runtime sections
-  const Keys keys{"name", "role", "host", "port", "data_port", "http_port", "model",
+  const Keys keys{"name", "role", "host", "port", "data_port", "http_port", "data_plane", "forward", "model",
                   "device", "tiers", "blend", "limits", "server"};
   for_each_key(entry, at, keys, [&](std::string_view k, const YAML::Node& v) {
     const std::string key = at + "." + std::string(k);
@@ -196,6 +196,40 @@ ClusterNode parse_node(const YAML::Node& entry, size_t i, const RuntimeConfig& w
       if (n.role != NodeRole::Storage)
         fail(key, v, "only a storage node has a data_port (where it serves KV bytes); this node is a " + r);
       n.data_port = get_port(v, key);
+    } else if (k == "data_plane") {
+      if (n.role != NodeRole::Storage)
+        fail(key, v, "only a storage node has a data_plane (how it serves its data_port); this node is a " + r);
+      DataPlaneLimits& d = n.data_plane;
+      for_each_key(v, key,
+                   {"threads", "disk_threads", "max_connections", "max_connections_per_peer", "io_timeout",
+                    "idle_timeout"},
+                   [&](std::string_view dk, const YAML::Node& dv) {
+                     const std::string dkey = key + "." + std::string(dk);
+                     auto count = [&](int lo, int hi) {
+                       const int x = get_int(dv, dkey);
+                       if (x < lo || x > hi)
+                         fail(dkey, dv, "must be in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " +
+                                            dv.Scalar());
+                       return x;
+                     };
+                     if (dk == "threads") d.threads = count(1, 256);
+                     else if (dk == "disk_threads") d.disk_threads = count(1, 256);
+                     else if (dk == "max_connections") d.max_connections = count(1, 100000);
+                     else if (dk == "max_connections_per_peer") d.max_connections_per_peer = count(1, 100000);
+                     else if (dk == "io_timeout") d.io_timeout_s = get_duration(dv, dkey);
+                     else d.idle_timeout_s = get_duration(dv, dkey);
+                   });
+    } else if (k == "forward") {
+      if (n.role != NodeRole::Frontend)
+        fail(key, v, "only the frontend forwards requests (forward: its timeouts); this node is a " + r);
+      for_each_key(v, key, {"connect_timeout", "first_token_timeout", "idle_timeout"},
+                   [&](std::string_view fk, const YAML::Node& fv) {
+                     const std::string fkey = key + "." + std::string(fk);
+                     const double x = get_duration(fv, fkey);
+                     if (fk == "connect_timeout") n.forward.connect_timeout_s = x;
+                     else if (fk == "first_token_timeout") n.forward.first_token_timeout_s = x;
+                     else n.forward.idle_timeout_s = x;
+                   });
     } else if (k == "http_port") {
       if (n.role == NodeRole::Storage)
         fail(key, v, "a storage node serves no HTTP (it has a port and a data_port)");

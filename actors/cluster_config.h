@@ -27,6 +27,27 @@ enum class NodeRole { Frontend, Worker, Storage };
 // "frontend", "worker", "storage".
 const char* role_name(NodeRole role);
 
+// A storage node's data_port server (storage/storage_server.h's options): the
+// cluster file's nodes[i].data_plane, storage nodes only; these are the defaults.
+struct DataPlaneLimits {
+  int threads = 2;                    // network threads
+  int disk_threads = 2;               // threads for the disk's reads and writes
+  int max_connections = 64;           // in all
+  int max_connections_per_peer = 32;  // from one IP address
+  double io_timeout_s = 10;           // a frame half-received or half-sent, and the handshakes
+  double idle_timeout_s = 120;        // an authenticated connection silent between requests
+  bool operator==(const DataPlaneLimits&) const = default;
+};
+
+// The frontend's forwards to workers (http/frontend.h's options): the cluster
+// file's nodes[i].forward, the frontend only; these are the defaults.
+struct ForwardTimeouts {
+  double connect_timeout_s = 5;        // connecting to a worker
+  double first_token_timeout_s = 300;  // a worker that sends nothing this long has failed the request
+  double idle_timeout_s = 120;         // silence within a streamed answer
+  bool operator==(const ForwardTimeouts&) const = default;
+};
+
 struct ClusterNode {
   std::string name;  // unique in the cluster; letters, digits, '.', '_', '-' (it names files)
   NodeRole role = NodeRole::Worker;
@@ -37,6 +58,8 @@ struct ClusterNode {
   // frontend forwards requests to; 0 for storage.
   int http_port = 0;
   int line = 0;  // 1-based line of the node's entry in the file (0: unknown), for messages
+  DataPlaneLimits data_plane;  // storage: how it serves its data_port
+  ForwardTimeouts forward;     // frontend: its forwards to the workers
   // The member's runtime config, resolved: what member_runtime_config returns.
   RuntimeConfig runtime;
 };

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdio>
 #include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -39,20 +41,85 @@ ApiError no_worker(const std::string& why) {
   return ApiError(503, "no worker can take the request: " + why, "server_error", "", "no_worker");
 }
 
-// One request forwarded to a worker, read on its own thread: the HTTP thread
-// waits on it (for the first token, or the whole answer) and then relays what it
-// holds. The fields below `mu` are the reader's to write, under mu.
+double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
+
+// One request forwarded to a worker, read by a thread of the forward pool: the HTTP
+// thread waits on it (for the first token, or the whole answer) and then relays
+// what it holds. The fields below `mu` are the reader's to write, under mu.
 struct Upstream {
   std::mutex mu;
   std::condition_variable cv;
+  httplib::Client* client = nullptr;  // while the reader's request runs (abort() stops it)
   std::string pending;  // bytes received and not yet relayed
   std::string scan;     // streamed bytes not yet split into SSE events (first-token detection)
   bool got_status = false;
   int status = 0;
   std::string content_type;
   bool first_token = false, done = false, failed = false;
+  bool refused = false;  // never sent: the forward pool was full
   std::string error;  // transport failure (refused, reset, timeout)
   std::atomic<bool> cancel{false};
+
+  // Ends the forward now: the reader's socket is shut down (a frozen worker holds
+  // no thread past this), and the worker sees its caller gone and cancels the
+  // request. Safe from any thread, before, during or after the request.
+  void abort() {
+    cancel = true;
+    std::lock_guard<std::mutex> lock(mu);
+    if (client) client->stop();
+  }
+};
+
+// The threads that run forwards: a fixed number, started once, with a queue as long
+// as there are threads (a forward waits only while every thread is busy). Full: the
+// forward is refused at once (the caller answers 503). No thread per request, none
+// detached: the destructor aborts nothing itself (the server aborts its upstreams
+// first) and joins.
+class ForwardPool {
+ public:
+  explicit ForwardPool(size_t threads) : bound_(threads) {
+    for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  }
+  ~ForwardPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // False when `bound` forwards wait already, or after shutdown.
+  bool submit(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_ || queue_.size() >= bound_) return false;
+      queue_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+    return true;
+  }
+  size_t size() const { return threads_.size(); }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      job();
+    }
+  }
+  const size_t bound_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
 };
 
 // Whether one SSE event ("data: {...}") carries generated text.
@@ -104,10 +171,21 @@ void run_upstream(std::shared_ptr<Upstream> u, FrontendWorker w, std::string key
     u->cv.notify_all();
     return !u->cancel.load();
   };
+  {
+    std::lock_guard<std::mutex> lock(u->mu);
+    if (u->cancel.load()) {  // aborted before it started
+      u->done = u->failed = true;
+      u->error = "cancelled";
+      u->cv.notify_all();
+      return;
+    }
+    u->client = &cli;
+  }
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
   const bool ok = cli.send(req, res, err);
   std::lock_guard<std::mutex> lock(u->mu);
+  u->client = nullptr;  // `cli` goes with this function
   u->done = true;
   if (!ok) {
     u->failed = true;
@@ -130,6 +208,12 @@ struct FrontendServer::Impl {
   std::mutex metrics_mu;
   std::map<std::string, int64_t> routed, failed;  // per worker
   int64_t retries = 0, refused_no_worker = 0, mid_stream_failures = 0, held_tokens = 0, request_tokens = 0;
+  int64_t heartbeat_failures = 0, forwards_refused = 0;
+  // The forwards in flight (aborted at shutdown), pruned as they end.
+  std::mutex live_mu;
+  std::vector<std::weak_ptr<Upstream>> live;
+  // Last: destroyed first, after ~Impl aborted the live forwards.
+  std::unique_ptr<ForwardPool> pool;
 
   Impl(FrontendOptions o, ClusterMonitor& m)
       : opt(std::move(o)),
@@ -143,7 +227,56 @@ struct FrontendServer::Impl {
     svr.set_payload_max_length(static_cast<size_t>(opt.max_body_bytes));
     svr.set_read_timeout(30, 0);
     svr.set_write_timeout(30, 0);
+    // A completion holds one HTTP thread and one forward; warm and delete fan out to
+    // every worker at once.
+    pool = std::make_unique<ForwardPool>(static_cast<size_t>(threads) + 2 * opt.workers.size());
     routes();
+  }
+
+  ~Impl() {
+    std::vector<std::shared_ptr<Upstream>> running;
+    {
+      std::lock_guard<std::mutex> lock(live_mu);
+      for (auto& w : live)
+        if (auto u = w.lock()) running.push_back(std::move(u));
+    }
+    for (auto& u : running) u->abort();
+    pool.reset();
+  }
+
+  // Why `worker` has failed the requests it holds, or "" while it is fine: down in
+  // the monitor, or silent past two heartbeat intervals (a frozen process keeps its
+  // connection open, but its reports stop), so a request on a frozen worker ends
+  // within two intervals whatever its own timeouts.
+  std::string worker_lost(const std::string& worker) const {
+    const auto view = monitor.view();
+    const MemberView* m = view->find(worker);
+    if (!m) return "";
+    if (!m->up) return "worker " + worker + " is down (" + m->last_error + ")";
+    const double age = now_s() - m->last_report_s;
+    if (m->last_report_s > 0 && age > 2 * opt.heartbeat_interval_s)
+      return "worker " + worker + " missed its heartbeats (no report for " + std::to_string(age) + " s)";
+    return "";
+  }
+
+  enum class Waited { ready, timed_out, worker_lost };
+  // Waits (holding `lock` on u.mu) until `ready` or `deadline`, looking at the
+  // worker's heartbeats every quarter interval (`why` says what was found).
+  template <class Ready>
+  Waited wait_on_worker(std::unique_lock<std::mutex>& lock, Upstream& u, clock_type::time_point deadline,
+                        const std::string& worker, Ready ready, std::string& why) {
+    const auto slice = std::chrono::duration_cast<clock_type::duration>(
+        std::chrono::duration<double>(std::max(0.01, opt.heartbeat_interval_s / 4)));
+    for (;;) {
+      if (ready()) return Waited::ready;
+      const auto now = clock_type::now();
+      if (now >= deadline) return Waited::timed_out;
+      if (u.cv.wait_until(lock, std::min(deadline, now + slice), ready)) return Waited::ready;
+      lock.unlock();
+      why = worker_lost(worker);
+      lock.lock();
+      if (!why.empty()) return Waited::worker_lost;
+    }
   }
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
@@ -159,12 +292,27 @@ struct FrontendServer::Impl {
     return n;
   }
 
+  // A forward on the pool. Refused (every forward thread busy, or shutting down):
+  // it comes back ended and failed, `refused` set.
   std::shared_ptr<Upstream> start(const FrontendWorker& w, const std::string& method, const std::string& path,
                                   std::string body, bool stream) {
     auto u = std::make_shared<Upstream>();
-    std::thread(run_upstream, u, w, opt.worker_api_key, method, path, std::move(body), opt.connect_timeout_s,
-                stream ? opt.idle_timeout_s : opt.first_token_timeout_s, stream)
-        .detach();
+    const bool queued = pool->submit([u, w, key = opt.worker_api_key, method, path, body = std::move(body),
+                                      connect = opt.connect_timeout_s,
+                                      read = stream ? opt.idle_timeout_s : opt.first_token_timeout_s, stream]() mutable {
+      run_upstream(u, w, key, method, path, std::move(body), connect, read, stream);
+    });
+    if (!queued) {
+      std::lock_guard<std::mutex> lock(u->mu);
+      u->done = u->failed = u->refused = true;
+      u->error = "the frontend has " + std::to_string(pool->size()) + " forwards in flight, its limit";
+      std::lock_guard<std::mutex> mlock(metrics_mu);
+      ++forwards_refused;
+      return u;
+    }
+    std::lock_guard<std::mutex> lock(live_mu);
+    std::erase_if(live, [](const std::weak_ptr<Upstream>& x) { return x.expired(); });
+    live.push_back(u);
     return u;
   }
 
@@ -211,29 +359,42 @@ struct FrontendServer::Impl {
         request_tokens += doc_tokens;
       }
       auto u = start(w, "POST", "/v1/chat/completions", req.body, stream);
-      bool timed_out = false;
+      if (u->refused) {
+        router.finished(w.name);
+        res.set_header("Retry-After", "1");
+        return send_error(res, ApiError(503, u->error, "server_error", "", "frontend_busy"));
+      }
+      Waited waited;
+      std::string lost;
       {
         std::unique_lock<std::mutex> lock(u->mu);
-        const auto limit = std::chrono::duration<double>(opt.first_token_timeout_s);
-        timed_out = !u->cv.wait_for(lock, limit, [&] {
+        const auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                                      std::chrono::duration<double>(opt.first_token_timeout_s));
+        waited = wait_on_worker(lock, *u, deadline, w.name, [&] {
           // Streamed: wait for the first token (or an answer that is not a stream: an error).
           return u->done || (stream && (u->first_token || (u->got_status && u->status != 200)));
-        });
+        }, lost);
       }
-      if (timed_out) {
-        u->cancel = true;
+      if (waited != Waited::ready) {
+        u->abort();
         std::lock_guard<std::mutex> lock(u->mu);
         u->failed = true;
-        u->error = "no first token within " + std::to_string(opt.first_token_timeout_s) + " s";
+        u->error = waited == Waited::timed_out
+                       ? "no first token within " + std::to_string(opt.first_token_timeout_s) + " s"
+                       : lost;
+      }
+      if (waited == Waited::worker_lost) {
+        std::lock_guard<std::mutex> lock(metrics_mu);
+        ++heartbeat_failures;
       }
       bool failed_here;
       {
         std::lock_guard<std::mutex> lock(u->mu);
         failed_here = worker_failed(*u);
-        if (failed_here) first_failure = failure_text(w.name, *u);
+        if (failed_here) first_failure = waited == Waited::worker_lost ? lost : failure_text(w.name, *u);
       }
       if (failed_here) {
-        u->cancel = true;
+        u->abort();
         router.finished(w.name);
         std::lock_guard<std::mutex> lock(metrics_mu);
         ++failed[w.name];
@@ -271,12 +432,16 @@ struct FrontendServer::Impl {
             std::string out;
             bool done = false, upstream_failed = false;
             std::string why;
+            Waited waited;
             {
               std::unique_lock<std::mutex> lock(u->mu);
-              if (!u->cv.wait_for(lock, std::chrono::duration<double>(idle),
-                                  [&] { return !u->pending.empty() || u->done; })) {
+              const auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                                            std::chrono::duration<double>(idle));
+              std::string lost;
+              waited = wait_on_worker(lock, *u, deadline, worker, [&] { return !u->pending.empty() || u->done; }, lost);
+              if (waited != Waited::ready) {
                 u->failed = u->done = true;
-                u->error = "no data for " + std::to_string(idle) + " s";
+                u->error = waited == Waited::timed_out ? "no data for " + std::to_string(idle) + " s" : lost;
               }
               out.swap(u->pending);
               done = u->done;
@@ -284,15 +449,17 @@ struct FrontendServer::Impl {
               why = u->error;
             }
             if (!out.empty() && !sink.write(out.data(), out.size())) {
-              u->cancel = true;  // the client went away: the worker's request is cancelled with our connection
+              u->abort();  // the client went away: the worker's request is cancelled with our connection
               return false;
             }
             if (done) {
+              if (waited != Waited::ready) u->abort();  // the worker's request ends too
               if (upstream_failed) {
                 {
                   std::lock_guard<std::mutex> lock(metrics_mu);
                   ++mid_stream_failures;
                   ++failed[worker];
+                  if (waited == Waited::worker_lost) ++heartbeat_failures;
                 }
                 const json err = {{"error",
                                    {{"message", "worker " + worker + " failed after the first token: " + why},
@@ -308,7 +475,7 @@ struct FrontendServer::Impl {
           }
         },
         [this, u, worker](bool) {
-          u->cancel = true;
+          u->abort();
           router.finished(worker);
         });
   }
@@ -351,8 +518,14 @@ struct FrontendServer::Impl {
   }
   WorkerAnswer wait_whole(const FrontendWorker& w, const std::shared_ptr<Upstream>& u) {
     std::unique_lock<std::mutex> lock(u->mu);
-    if (!u->cv.wait_for(lock, std::chrono::duration<double>(opt.first_token_timeout_s), [&] { return u->done; })) {
-      u->cancel = true;
+    const auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                                  std::chrono::duration<double>(opt.first_token_timeout_s));
+    std::string lost;
+    const Waited waited = wait_on_worker(lock, *u, deadline, w.name, [&] { return u->done; }, lost);
+    if (waited != Waited::ready) {
+      lock.unlock();
+      u->abort();
+      if (waited == Waited::worker_lost) return {w.name, 0, lost, ""};
       return {w.name, 0, "worker " + w.name + " did not answer within " + std::to_string(opt.first_token_timeout_s) + " s", ""};
     }
     if (worker_failed(*u)) return {w.name, 0, failure_text(w.name, *u), ""};
@@ -566,6 +739,12 @@ struct FrontendServer::Impl {
     line("blendserve_frontend_no_worker_total " + std::to_string(refused_no_worker));
     line("# TYPE blendserve_frontend_mid_stream_failures_total counter");
     line("blendserve_frontend_mid_stream_failures_total " + std::to_string(mid_stream_failures));
+    line("# HELP blendserve_frontend_heartbeat_failures_total Forwards ended because their worker missed its heartbeats.");
+    line("# TYPE blendserve_frontend_heartbeat_failures_total counter");
+    line("blendserve_frontend_heartbeat_failures_total " + std::to_string(heartbeat_failures));
+    line("# HELP blendserve_frontend_forwards_refused_total Forwards refused: every forward thread was busy.");
+    line("# TYPE blendserve_frontend_forwards_refused_total counter");
+    line("blendserve_frontend_forwards_refused_total " + std::to_string(forwards_refused));
     line("# HELP blendserve_frontend_routed_held_tokens_total Document tokens the chosen worker held when routed.");
     line("# TYPE blendserve_frontend_routed_held_tokens_total counter");
     line("blendserve_frontend_routed_held_tokens_total " + std::to_string(held_tokens));

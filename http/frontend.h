@@ -4,12 +4,20 @@
 // request's document KV already is, by the reports actors/cluster_monitor.h
 // collects over CAF's control plane) and relays the answer, streamed or not.
 //
-// Failures: a worker that fails (connection refused or lost, 5xx) before the
-// request's first token reached the client is replaced once by another worker —
-// a non-streamed answer is retried whenever nothing was sent yet; a streamed one
-// is held back until its first token, so the client sees one clean stream. After
-// the first token was sent, the stream ends with an error event (code 503). No
-// worker up: 503 with Retry-After.
+// Failures: a worker that fails (connection refused or lost, 5xx, or silent past
+// two heartbeat intervals in the cluster monitor — a frozen process keeps its
+// sockets open, so its requests are failed by its missing reports, not by their
+// own timeouts) before the request's first token reached the client is replaced
+// once by another worker — a non-streamed answer is retried whenever nothing was
+// sent yet; a streamed one is held back until its first token, so the client sees
+// one clean stream. After the first token was sent, the stream ends with an error
+// event (code 503). No worker up: 503 with Retry-After. A forward that ends early
+// (a failure, a timeout, the client gone) shuts its connection to the worker, which
+// cancels the request there.
+//
+// Forwards run on a fixed pool of threads (`threads` plus two per worker, for the
+// fan-out of warm and delete), never a thread per request; when all are busy a
+// request is refused with 503 (frontend_busy) at once.
 //
 // Routes: POST /v1/chat/completions, GET /v1/models, POST /v1/documents (to the
 // worker holding it, else the least loaded, whose write-back pushes it to the
@@ -47,8 +55,9 @@ struct FrontendOptions {
   double connect_timeout_s = 5;        // to a worker
   double first_token_timeout_s = 300;  // a worker that sends nothing this long has failed the request
   double idle_timeout_s = 120;         // silence within a streamed answer, at most
+  double heartbeat_interval_s = 1;     // the monitor's: a worker without a report for two has failed its requests
   int64_t max_body_bytes = int64_t{8} << 20;
-  int threads = 64;                    // HTTP threads (each completion holds one)
+  int threads = 64;                    // HTTP threads (each completion holds one), and as many forward threads
 };
 
 class FrontendServer {

@@ -91,7 +91,8 @@ struct StorageServer::Impl {
   Impl(DiskKvStore& s, StorageServerOptions o) : store(s), opt(std::move(o)) {}
 
   void accept();
-  size_t live_sessions();
+  // Sessions alive, and those of them from `address`.
+  std::pair<size_t, size_t> live_sessions(const std::string& address);
 
   DiskKvStore& store;
   const StorageServerOptions opt;
@@ -100,6 +101,9 @@ struct StorageServer::Impl {
   bool tls = false;
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work{asio::make_work_guard(io)};
+  // The disk's threads: every store call that touches a file (open, read, put,
+  // erase) runs here, so a slow disk never holds a network thread.
+  asio::thread_pool disk{static_cast<size_t>(opt.disk_threads)};
   tcp::acceptor acceptor{io};
   asio::steady_timer accept_retry{io};
   std::vector<std::thread> threads;
@@ -107,8 +111,8 @@ struct StorageServer::Impl {
   std::mutex stop_mu;
   std::atomic<bool> stopped{false};
 
-  std::atomic<int64_t> connections{0}, auth_failures{0}, tls_failures{0}, bad_frames{0}, layers_served{0},
-      bytes_served{0}, puts{0};
+  std::atomic<int64_t> connections{0}, refused_connections{0}, auth_failures{0}, tls_failures{0}, bad_frames{0},
+      layers_served{0}, bytes_served{0}, puts{0};
 
   std::mutex hook_mu;
   std::function<Fault(const ChunkKey&, int)> hook;
@@ -123,15 +127,17 @@ namespace {
 // strand (the socket's and the timer's executor), one at a time.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(StorageServer::Impl& srv, tcp::socket sock)
-      : srv_(srv), stream_(std::move(sock), *srv.tls_ctx), timer_(stream_.get_executor()) {}
+  Session(StorageServer::Impl& srv, tcp::socket sock, std::string address)
+      : srv_(srv), stream_(std::move(sock), *srv.tls_ctx), timer_(stream_.get_executor()),
+        address_(std::move(address)) {}
 
   tcp::socket::executor_type executor() { return stream_.get_executor(); }
+  const std::string& address() const { return address_; }  // the peer's IP address ("" if unknown)
 
   void start() {
     error_code ec;
     const auto ep = sock().remote_endpoint(ec);
-    peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+    peer_ = ec ? std::string("?") : address_ + ":" + std::to_string(ep.port());
     sock().set_option(tcp::no_delay(true), ec);
     arm_deadline(srv_.opt.io_timeout_s);  // the whole handshake, TLS and the secret's
     if (!srv_.tls) return hello();
@@ -286,19 +292,31 @@ class Session : public std::enable_shared_from_this<Session> {
         if (!srv_.opt.accept_puts) return reply(remote::encode_error("this node does not accept puts"));
         auto put = remote::decode_put(in_);
         if (!put) return bad_frame("malformed PUT (shape, length or checksum)");
-        if (!srv_.store.put(put->key, std::move(put->kv)))
-          // Said as an error, so the worker's last_error names it (its entry stays on the
-          // worker; the node stays up for reads).
-          return reply(remote::encode_error("the storage node could not store the entry: its disk refused the write "
-                                            "(full or failing; its SSD tier counts write errors)"));
-        ++srv_.puts;
-        return reply(remote::encode_result(true));
+        // Written and fsynced on a disk thread.
+        asio::post(srv_.disk, [self = shared_from_this(), key = put->key, kv = std::move(put->kv)]() mutable {
+          const bool ok = self->srv_.store.put(key, std::move(kv));
+          asio::dispatch(self->executor(), [self, ok] {
+            if (!ok)
+              // Said as an error, so the worker's last_error names it (its entry stays on
+              // the worker; the node stays up for reads).
+              return self->reply(remote::encode_error(
+                  "the storage node could not store the entry: its disk refused the write (full or failing; its "
+                  "SSD tier counts write errors)"));
+            ++self->srv_.puts;
+            self->reply(remote::encode_result(true));
+          });
+        });
+        return;
       }
       case MsgType::Erase: {
         const auto key = remote::decode_key_msg(in_);
         if (!key) return bad_frame("malformed ERASE");
         if (!srv_.opt.accept_puts) return reply(remote::encode_error("this node does not accept changes"));
-        return reply(remote::encode_result(srv_.store.erase(*key)));
+        asio::post(srv_.disk, [self = shared_from_this(), key = *key] {
+          const bool erased = self->srv_.store.erase(key);
+          asio::dispatch(self->executor(), [self, erased] { self->reply(remote::encode_result(erased)); });
+        });
+        return;
       }
       case MsgType::Stats: {
         if (!remote::decode_empty(in_)) return bad_frame("malformed STATS");
@@ -314,13 +332,27 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  // OPEN: the file is opened and its header checked on a disk thread; the answer is
+  // sent from the session's strand.
   void on_open() {
     const auto key = remote::decode_key_msg(in_);
     if (!key) return bad_frame("malformed OPEN");
     if (handles_.size() >= StorageServer::kMaxHandles) return reply(remote::encode_error("too many open entries"));
-    auto e = srv_.store.open(*key);
+    asio::post(srv_.disk, [self = shared_from_this(), key = *key] {
+      std::shared_ptr<DiskKvStore::Entry> e;
+      std::optional<std::vector<uint64_t>> sums;
+      if (auto opened = self->srv_.store.open(key)) {
+        e = std::make_shared<DiskKvStore::Entry>(std::move(*opened));
+        sums = file_layer_sums(self->srv_.store.path_of(key), *e);
+      }
+      asio::dispatch(self->executor(), [self, e = std::move(e), sums = std::move(sums)]() mutable {
+        self->opened(std::move(e), std::move(sums));
+      });
+    });
+  }
+
+  void opened(std::shared_ptr<DiskKvStore::Entry> e, std::optional<std::vector<uint64_t>> sums) {
     if (!e) return reply(remote::encode_empty(MsgType::NotFound));
-    auto sums = file_layer_sums(srv_.store.path_of(*key), *e);
     if (!sums) return reply(remote::encode_empty(MsgType::NotFound));  // replaced or removed meanwhile
     remote::EntryInfo info;
     info.handle = next_handle_++;
@@ -330,27 +362,38 @@ class Session : public std::enable_shared_from_this<Session> {
     info.layer_sums = std::move(*sums);
     if (2 * e->layer_bytes() + static_cast<int64_t>(remote::kSliceHeadBytes) > srv_.opt.max_frame_bytes)
       return reply(remote::encode_error("entry's layers exceed the frame bound"));
-    handles_.emplace(info.handle, std::move(*e));
+    handles_.emplace(info.handle, std::move(e));
     reply(remote::encode_entry(info));
   }
 
+  // READ: the slice is read (and its checksum checked) into the reply buffer on a disk
+  // thread, then sent from the strand. No other handler of this session runs
+  // meanwhile (the next request is read after this reply), except a close, which
+  // leaves the buffer and the entry (held here) alone.
   void on_read() {
     const auto req = remote::decode_read(in_);
     if (!req) return bad_frame("malformed READ");
     const auto it = handles_.find(req->handle);
     if (it == handles_.end()) return reply(remote::encode_error("unknown handle"));
-    const DiskKvStore::Entry& e = it->second;
-    if (req->layer >= static_cast<uint32_t>(e.n_layers)) return reply(remote::encode_error("no such layer"));
-    const int layer = static_cast<int>(req->layer);
-    const int64_t lb = e.layer_bytes();
+    std::shared_ptr<const DiskKvStore::Entry> e = it->second;
+    if (req->layer >= static_cast<uint32_t>(e->n_layers)) return reply(remote::encode_error("no such layer"));
+    const int64_t lb = e->layer_bytes();
     const auto head = remote::encode_slice_head(req->handle, req->layer, lb);
     if (!head) return reply(remote::encode_error("layer too large"));
     out_.resize(head->size() + 2 * static_cast<size_t>(lb));
     std::memcpy(out_.data(), head->data(), head->size());
-    auto* k = reinterpret_cast<std::byte*>(out_.data() + head->size());
-    if (!srv_.store.read_layer(e, layer, k, k + lb)) {  // the store has dropped the file
+    asio::post(srv_.disk, [self = shared_from_this(), e, handle = req->handle, layer = static_cast<int>(req->layer),
+                           at = head->size(), lb] {
+      auto* k = reinterpret_cast<std::byte*>(self->out_.data() + at);
+      const bool ok = self->srv_.store.read_layer(*e, layer, k, k + lb);
+      asio::dispatch(self->executor(), [self, e, handle, layer, at, lb, ok] { self->read_done(*e, handle, layer, at, lb, ok); });
+    });
+  }
+
+  void read_done(const DiskKvStore::Entry& e, uint32_t handle, int layer, size_t head_size, int64_t lb, bool ok) {
+    if (!ok) {  // the store has dropped the file
       const std::string msg = "layer " + std::to_string(layer) + " of " + e.key.hex() + " failed its read or checksum";
-      handles_.erase(it);
+      handles_.erase(handle);
       return reply(remote::encode_error(msg));
     }
     StorageServer::Fault fault = StorageServer::Fault::none;
@@ -365,7 +408,7 @@ class Session : public std::enable_shared_from_this<Session> {
     switch (fault) {
       case StorageServer::Fault::none: break;
       case StorageServer::Fault::corrupt:
-        if (lb > 0) out_[head->size() + static_cast<size_t>(lb)] ^= 0x5a;
+        if (lb > 0) out_[head_size + static_cast<size_t>(lb)] ^= 0x5a;
         break;
       case StorageServer::Fault::truncate: {
         arm_deadline();
@@ -411,23 +454,28 @@ class Session : public std::enable_shared_from_this<Session> {
   ssl::stream<tcp::socket> stream_;
   asio::steady_timer timer_;
   bool deadline_armed_ = false;
-  std::string peer_;
+  const std::string address_;  // the peer's IP address, for the per-peer limit (read by the acceptor)
+  std::string peer_;     // address:port, for messages
   remote::Nonce server_nonce_{};
   bool authed_ = false;
   std::array<uint8_t, remote::kFrameHeaderBytes> hdr_{};
   MsgType type_ = MsgType::Error;
   std::vector<uint8_t> in_;   // the request payload
   std::vector<uint8_t> out_;  // the reply frame (at most one layer slice)
-  std::map<uint32_t, DiskKvStore::Entry> handles_;
+  // Shared with a disk thread's read in progress (a close clears the map meanwhile).
+  std::map<uint32_t, std::shared_ptr<const DiskKvStore::Entry>> handles_;
   uint32_t next_handle_ = 1;
 };
 
 }  // namespace
 
-size_t StorageServer::Impl::live_sessions() {
+std::pair<size_t, size_t> StorageServer::Impl::live_sessions(const std::string& address) {
   std::lock_guard<std::mutex> lock(sessions_mu);
   std::erase_if(sessions, [](const std::weak_ptr<Session>& s) { return s.expired(); });
-  return sessions.size();
+  size_t from_address = 0;
+  for (const auto& w : sessions)
+    if (const auto s = w.lock(); s && s->address() == address) ++from_address;
+  return {sessions.size(), from_address};
 }
 
 void StorageServer::Impl::accept() {
@@ -441,11 +489,17 @@ void StorageServer::Impl::accept() {
       });
       return;
     }
-    if (live_sessions() >= static_cast<size_t>(opt.max_connections)) {
+    error_code aec;
+    const auto ep = sock.remote_endpoint(aec);
+    std::string address = aec ? std::string() : ep.address().to_string();
+    const auto [live, from_peer] = live_sessions(address);
+    if (live >= static_cast<size_t>(opt.max_connections) ||
+        from_peer >= static_cast<size_t>(opt.max_connections_per_peer)) {
+      ++refused_connections;
       error_code ignore;
       sock.close(ignore);
     } else {
-      auto s = std::make_shared<Session>(*this, std::move(sock));
+      auto s = std::make_shared<Session>(*this, std::move(sock), std::move(address));
       {
         std::lock_guard<std::mutex> lock(sessions_mu);
         sessions.push_back(s);
@@ -460,7 +514,8 @@ void StorageServer::Impl::accept() {
 
 StorageServer::StorageServer(DiskKvStore& store, StorageServerOptions opt) {
   if (opt.secret.empty()) throw std::invalid_argument("storage server: the cluster secret is required");
-  if (opt.threads < 1 || opt.max_connections < 1 || !(opt.io_timeout_s > 0) ||
+  if (opt.threads < 1 || opt.disk_threads < 1 || opt.max_connections < 1 || opt.max_connections_per_peer < 1 ||
+      !(opt.io_timeout_s > 0) ||
       opt.max_frame_bytes < remote::kPreAuthMaxPayload || opt.max_frame_bytes > UINT32_MAX || opt.port < 0 ||
       opt.port > 65535 || !(opt.idle_timeout_s > 0))
     throw std::invalid_argument("storage server: options out of range");
@@ -512,6 +567,10 @@ void StorageServer::stop() {
   s.io.stop();
   for (auto& t : s.threads) t.join();
   s.threads.clear();
+  // The disk's work queued is dropped, what runs finishes (one read or write); what
+  // it posts back lands in the stopped io_context and is run or dropped below.
+  s.disk.stop();
+  s.disk.join();
   // No handler runs now: close everything from here, then let the aborted
   // operations' handlers run once so the sessions (and their open files) go.
   error_code ec;
@@ -534,6 +593,7 @@ StorageServer::Stats StorageServer::stats() const {
   const Impl& s = *impl_;
   Stats st;
   st.connections = s.connections.load();
+  st.refused_connections = s.refused_connections.load();
   st.auth_failures = s.auth_failures.load();
   st.tls_failures = s.tls_failures.load();
   st.bad_frames = s.bad_frames.load();

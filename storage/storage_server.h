@@ -9,9 +9,11 @@
 //   only after the previous reply is written, so a connection holds at most one
 //   reply buffer (one layer slice) however many READs a worker pipelines; the
 //   pipeline lives in the socket buffers.
-// - Disk reads (DiskKvStore::open / read_layer, which verify the checksums) run on
-//   the Asio threads and may block them: a storage node is a dedicated machine, and
-//   `threads` sets how many reads can be under way at once.
+// - The disk on its own threads: every store call that touches a file (OPEN's open
+//   and header read, READ's slice and its checksum, PUT's write and fsync, ERASE)
+//   runs on `disk_threads` threads and its answer goes back to the connection's
+//   strand, so a slow or failing disk never holds the network threads (`threads`),
+//   which keep serving handshakes, pings and the other connections.
 // - Every frame has a deadline: a frame half-received or half-sent for longer than
 //   io_timeout_s closes the connection (a stalled or vanished peer costs nothing
 //   after that). An authenticated connection (a worker's pool) may idle between
@@ -23,7 +25,9 @@
 //   tls_failures. Plaintext only when `tls` is empty.
 // - Bounded everywhere: frames (kPreAuthMaxPayload before authentication,
 //   max_frame_bytes after), open entries per connection (kMaxHandles), connections
-//   (max_connections; more are accepted and closed at once).
+//   (max_connections in all and max_connections_per_peer from one IP address; more
+//   are accepted and closed at once, counted), so one host that opens a thousand
+//   idle connections holds at most its share and the members elsewhere are served.
 #pragma once
 
 #include <cstdint>
@@ -42,10 +46,12 @@ struct StorageServerOptions {
   std::string bind_host = "127.0.0.1";  // an address or a host name to listen on
   int port = 0;                         // 0: any free port; port() says which
   std::string secret;                   // the cluster secret; required (empty: std::invalid_argument)
-  int threads = 2;                      // Asio threads (>= 1)
+  int threads = 2;                      // Asio (network) threads (>= 1)
+  int disk_threads = 2;                 // threads for the disk's reads and writes (>= 1)
   int64_t max_frame_bytes = int64_t{256} << 20;  // the longest request or reply payload
   double io_timeout_s = 10;   // a frame half-received/half-sent longer than this: connection closed
   int max_connections = 64;   // beyond: accepted then closed at once
+  int max_connections_per_peer = 32;  // from one IP address (two workers' pools of 16 on one host)
   bool accept_puts = true;    // write-back pushes from workers; false: PUT and ERASE get an ERROR
   double idle_timeout_s = 120;  // an authenticated connection silent between requests this long is closed
   tls::Files tls{};             // the node's TLS files; all empty: plaintext
@@ -71,6 +77,7 @@ class StorageServer {
 
   struct Stats {
     int64_t connections = 0;    // accepted (and not refused for max_connections)
+    int64_t refused_connections = 0;  // closed at accept: max_connections or max_connections_per_peer
     int64_t auth_failures = 0;  // wrong proof or protocol version
     int64_t tls_failures = 0;   // TLS handshakes refused (no certificate, another CA's, not a member, not TLS)
     int64_t bad_frames = 0;     // malformed, oversized or unexpected frames (connection closed)

@@ -750,6 +750,97 @@ TEST_F(ClusterCli, TheFrontendsConsoleShowsEveryWorkersActorsAndARequestsTimelin
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+// A frozen worker (SIGSTOP: its sockets stay open, its reports stop) fails the
+// requests it holds within two heartbeat intervals, whatever their own timeouts
+// (first_token_timeout is 300 s here): before the first token the request is
+// answered by the other worker; mid-stream the stream ends with a 503 event.
+TEST_F(ClusterCli, AFrozenWorkerFailsItsRequestsWithinTwoHeartbeats) {
+  const double hb = 0.5;
+  const fs::path config = write_config({"", ""}, /*storage=*/false, "",
+                                       ", heartbeat_interval: 500ms, connection_timeout: 5s, routing: round_robin");
+  Result r = run("blendctl cluster up " + config.string(), dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::map<std::string, pid_t> pids;
+  for (const auto& line : json_lines(r.out)) pids[line["name"]] = line["pid"].get<pid_t>();
+  httplib::Client c("127.0.0.1", http_ports_["frontend"]);
+  c.set_read_timeout(120, 0);
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200) << (models ? models->body : "no answer");
+  const std::string model = nlohmann::json::parse(models->body)["data"][0]["id"];
+  const nlohmann::json short_req{{"model", model},
+                                 {"messages", {{{"role", "user"}, {"content", "Say hello."}}}},
+                                 {"max_tokens", 4},
+                                 {"temperature", 0}};
+  auto since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  // Round robin: this one goes to A, the next to B.
+  auto t0 = std::chrono::steady_clock::now();
+  auto first = c.Post("/v1/chat/completions", short_req.dump(), "application/json");
+  const double alone_s = since(t0);
+  ASSERT_TRUE(first && first->status == 200) << (first ? first->body : "no answer");
+  const std::string a = first->get_header_value("X-Blendserve-Worker");
+  const std::string b = a == "worker-1" ? "worker-2" : "worker-1";
+
+  // Before the first token: B frozen; its request is failed by its missing reports
+  // and answered by A.
+  ASSERT_EQ(::kill(pids.at(b), SIGSTOP), 0);
+  t0 = std::chrono::steady_clock::now();
+  auto moved = c.Post("/v1/chat/completions", short_req.dump(), "application/json");
+  const double moved_s = since(t0);
+  ASSERT_TRUE(moved) << "no answer";
+  EXPECT_EQ(moved->status, 200) << moved->body;
+  EXPECT_EQ(moved->get_header_value("X-Blendserve-Worker"), a);
+  std::printf("[ measured ] a request on a frozen worker answered by the other in %.2f s (alone %.2f s, heartbeat %.1f s)\n",
+              moved_s, alone_s, hb);
+  EXPECT_LT(moved_s, 2 * hb + 3 * alone_s + 1.0) << "not failed over within two heartbeats plus its compute";
+  ASSERT_EQ(::kill(pids.at(b), SIGCONT), 0);
+
+  // Mid-stream: a long answer streamed from whichever worker takes it, frozen after
+  // its first token; the stream ends with a 503 event naming the heartbeats.
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // B reports again
+  nlohmann::json long_req{{"model", model},
+                          {"messages", {{{"role", "user"}, {"content", "Write a long story about a dragon."}}}},
+                          {"max_tokens", 300},
+                          {"temperature", 0},
+                          {"stream", true}};
+  std::string worker, events;
+  std::atomic<bool> frozen{false};
+  std::chrono::steady_clock::time_point frozen_at;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.headers.emplace("Content-Type", "application/json");
+  req.body = long_req.dump();
+  req.response_handler = [&](const httplib::Response& res) {
+    worker = res.get_header_value("X-Blendserve-Worker");
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    events.append(data, n);
+    if (!frozen && events.find("\"content\"") != std::string::npos && pids.count(worker)) {
+      ::kill(pids.at(worker), SIGSTOP);
+      frozen_at = std::chrono::steady_clock::now();
+      frozen = true;
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  EXPECT_TRUE(c.send(req, res, err)) << httplib::to_string(err);
+  ASSERT_TRUE(frozen) << events;
+  const double ended_s = since(frozen_at);
+  ::kill(pids.at(worker), SIGCONT);
+  std::printf("[ measured ] a stream on a frozen worker ended %.2f s after the freeze\n", ended_s);
+  EXPECT_THAT(events, AllOf(HasSubstr("\"code\":503"), HasSubstr("missed its heartbeats"))) << events;
+  EXPECT_LT(ended_s, 2 * hb + 1.0) << "the stream was not ended within two heartbeats";
+  const auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_THAT(metrics->body, HasSubstr("blendserve_frontend_heartbeat_failures_total 2"));
+  r = run("blendctl cluster down " + config.string(), dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 TEST_F(ClusterCli, ConfigErrorsExit2) {
   std::ofstream(dir_ / "bad.yaml") << "cluster: {name: t, secret: short}\nnodes: []\n";
   for (const char* action : {"up", "status", "down"}) {

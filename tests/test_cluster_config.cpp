@@ -320,6 +320,33 @@ TEST(ClusterConfig, TlsIsOnByDefaultAndPlaintextOnlyWhenSaid) {
               HasSubstr("cluster.tls.modes"));
 }
 
+// A storage node's data_plane: its server's threads and limits; the defaults when absent.
+TEST(ClusterConfig, AStorageNodesDataPlaneLimits) {
+  const ClusterConfig c = parse_cluster_config(kCluster);
+  EXPECT_EQ(c.member("store").data_plane, DataPlaneLimits{});
+  const ClusterConfig d = parse_cluster_config(with_line(
+      "name: store", "  - {name: store, role: storage, host: 127.0.0.3, port: 7103, data_port: 7203, data_plane: "
+                     "{threads: 4, disk_threads: 8, max_connections: 500, max_connections_per_peer: 48, io_timeout: 3s, "
+                     "idle_timeout: 1m}}"));
+  const DataPlaneLimits& l = d.member("store").data_plane;
+  EXPECT_EQ(l.threads, 4);
+  EXPECT_EQ(l.disk_threads, 8);
+  EXPECT_EQ(l.max_connections, 500);
+  EXPECT_EQ(l.max_connections_per_peer, 48);
+  EXPECT_DOUBLE_EQ(l.io_timeout_s, 3);
+  EXPECT_DOUBLE_EQ(l.idle_timeout_s, 60);
+  const std::string worker = with_line("name: w2", "  - {name: w2, role: worker, host: 127.0.0.1, port: 7102, http_port: "
+                                                   "8102, data_plane: {threads: 2}}");
+  EXPECT_THAT(error_of(worker), AllOf(HasSubstr("nodes[2].data_plane: only a storage node has a data_plane"),
+                                      HasSubstr(at_line(worker, "name: w2"))));
+  EXPECT_THAT(error_of(with_line("name: store", "  - {name: store, role: storage, host: 127.0.0.3, port: 7103, "
+                                                "data_port: 7203, data_plane: {disk_threads: 0}}")),
+              HasSubstr("nodes[3].data_plane.disk_threads: must be in 1..256, got 0"));
+  EXPECT_THAT(error_of(with_line("name: store", "  - {name: store, role: storage, host: 127.0.0.3, port: 7103, "
+                                                "data_port: 7203, data_plane: {fast: true}}")),
+              HasSubstr("nodes[3].data_plane.fast"));
+}
+
 // ---- errors: each names the dotted key and its line -----------------------------
 
 TEST(ClusterConfigErrors, SecretUnsetEmptyOrShort) {

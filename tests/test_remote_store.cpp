@@ -6,6 +6,8 @@
 // being a miss within its deadline, never a wrong answer, a hang or a throw. Also
 // the frame codec on its own: round trips and every malformed case refused.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <xxhash.h>
@@ -626,6 +628,88 @@ TEST(RemoteStore, ConnectionsBeyondTheLimitAreClosed) {
   RawClient second(node.server->port());
   EXPECT_TRUE(second.closed_by_peer());
   EXPECT_EQ(node.server->stats().connections, 1);
+}
+
+// One host that opens a thousand idle connections (raw TCP from 127.0.0.9, never a
+// byte sent) holds at most max_connections_per_peer of them; the rest are closed at
+// once and counted, and a member on another address is served meanwhile.
+TEST(RemoteStore, AThousandIdleConnectionsFromOneHostLeaveTheMembersServed) {
+  // Enough descriptors for the thousand (the soft limit may be 1024).
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  const rlim_t want = std::min<rlim_t>(lim.rlim_max, 4096);
+  if (lim.rlim_cur < want) {
+    lim.rlim_cur = want;
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  const int n = static_cast<int>(std::min<rlim_t>(1000, want - 200));
+  Node node;  // 64 connections in all, 32 per peer
+  std::mt19937 rng(21);
+  auto kv = random_kv(rng, 4, 2, 64, 64, kernels::TensorType::F16);
+  ASSERT_TRUE(node.disk->put(key_of(*kv), kv));
+  std::vector<int> idle;
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = htonl(0x7f000009);  // 127.0.0.9
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    to.sin_port = htons(static_cast<uint16_t>(node.server->port()));
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to), 0) << i;
+    idle.push_back(fd);
+  }
+  // The node has taken them in: all but the per-peer share closed and counted.
+  const auto t0 = clock_type::now();
+  while (node.server->stats().connections + node.server->stats().refused_connections < n && since(t0) < 10)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto st = node.server->stats();
+  EXPECT_EQ(st.connections, 32);
+  EXPECT_EQ(st.refused_connections, n - 32);
+  // A member (from 127.0.0.1) is served while the thousand sockets stay open.
+  const auto t1 = clock_type::now();
+  RemoteKvStore member(node.client());
+  auto got = member.get(key_of(*kv));
+  ASSERT_TRUE(got) << member.last_error();
+  EXPECT_TRUE(same(*got, *kv));
+  EXPECT_LT(since(t1), 2.0);
+  for (int fd : idle) ::close(fd);
+}
+
+// The disk has threads of its own: while a slow disk reads a slice (a throttle of
+// 200 KB/s: ~1 s a 230 KB layer), the one network thread answers another
+// connection's PING and CONTAINS at once.
+TEST(RemoteStore, ASlowDiskHoldsNoNetworkThread) {
+  StorageServerOptions o;
+  o.threads = 1;
+  o.disk_threads = 1;
+  Node node(o);
+  std::mt19937 rng(22);
+  auto kv = random_kv(rng, 3, 3, 300, 64, kernels::TensorType::F16);  // 115 KB of K a layer
+  ASSERT_TRUE(node.disk->put(key_of(*kv), kv));
+  node.disk->set_read_throttle(200e3);
+  auto opt = node.client();
+  opt.io_timeout_s = 10;
+  RemoteKvStore slow(opt);
+  auto reader = slow.open_layers(key_of(*kv));
+  ASSERT_TRUE(reader) << slow.last_error();
+  std::atomic<bool> read_ok{false};
+  std::thread t([&] {
+    const size_t lb = static_cast<size_t>(kv->layer_bytes());
+    std::vector<std::byte> k(lb), v(lb);
+    read_ok = reader->read_layer(0, k.data(), v.data()) && std::memcmp(k.data(), kv->k_layer(0), lb) == 0;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the disk is busy with it now
+  RemoteKvStore other(node.client());
+  const auto t0 = clock_type::now();
+  EXPECT_TRUE(other.reachable()) << other.last_error();
+  EXPECT_TRUE(other.contains(key_of(*kv))) << other.last_error();
+  EXPECT_LT(since(t0), 0.3) << "the network thread waited for the disk";
+  t.join();
+  EXPECT_TRUE(read_ok);
 }
 
 struct FaultCase {

@@ -50,6 +50,12 @@ int run_storage_member(const ClusterConfig& cluster, const std::string& name) {
     opt.bind_host = me.host;
     opt.port = me.data_port;
     opt.secret = cluster.secret;
+    opt.threads = me.data_plane.threads;
+    opt.disk_threads = me.data_plane.disk_threads;
+    opt.max_connections = me.data_plane.max_connections;
+    opt.max_connections_per_peer = me.data_plane.max_connections_per_peer;
+    opt.io_timeout_s = me.data_plane.io_timeout_s;
+    opt.idle_timeout_s = me.data_plane.idle_timeout_s;
     // TLS: only the cluster's workers, by the names in their certificates.
     opt.tls = cluster.member_tls(name);
     for (const ClusterNode* w : cluster.workers()) opt.tls_peers.push_back(w->name);
@@ -90,6 +96,10 @@ int run_frontend_member(const ClusterConfig& cluster, const std::string& name) {
     fopt.api_keys = config.api_keys;
     fopt.worker_api_key = worker_api_key(cluster.secret);
     fopt.max_body_bytes = config.max_body_bytes;
+    fopt.heartbeat_interval_s = cluster.heartbeat_interval_s;
+    fopt.connect_timeout_s = me.forward.connect_timeout_s;
+    fopt.first_token_timeout_s = me.forward.first_token_timeout_s;
+    fopt.idle_timeout_s = me.forward.idle_timeout_s;
     fopt.routing = parse_routing_policy(cluster.routing);
     for (const ClusterNode* w : cluster.workers()) {
       mopt.members.push_back({w->name, "worker", w->host, w->port});
