@@ -90,7 +90,7 @@ void parse_cluster_section(Parsed& p) {
   std::optional<YAML::Node> heartbeat, timeout;
   for_each_key(p.cluster_section, "cluster",
                {"name", "secret", "heartbeat_interval", "connection_timeout", "startup_timeout", "data_dir", "routing",
-                "tls"},
+                "tls", "replication"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = "cluster." + std::string(k);
                  if (k == "name") {
@@ -115,6 +115,10 @@ void parse_cluster_section(Parsed& p) {
                    c.routing = get_string(v, key);
                    if (c.routing != "kv_aware" && c.routing != "round_robin")
                      fail(key, v, "unknown policy '" + c.routing + "' (kv_aware | round_robin)");
+                 } else if (k == "replication") {
+                   c.replication = get_int(v, key);
+                   if (c.replication < 1 || c.replication > 16)
+                     fail(key, v, "must be in 1..16 (copies of each chunk across the storage nodes), got " + v.Scalar());
                  } else if (k == "tls") {
                    for_each_key(v, key, {"mode", "dir"}, [&](std::string_view tk, const YAML::Node& tv) {
                      const std::string tkey = key + "." + std::string(tk);
@@ -304,12 +308,7 @@ void check_nodes(const Parsed& p) {
              "a second frontend (" + node_ref(p, *frontend) + " is one): a cluster has exactly one");
       frontend = i;
     }
-    if (n.role == NodeRole::Storage) {
-      if (storage)
-        fail(at + ".role", e["role"],
-             "a second storage node (" + node_ref(p, *storage) + " is one): a cluster has at most one");
-      storage = i;
-    }
+    if (n.role == NodeRole::Storage && !storage) storage = i;
   }
   if (!frontend) fail("nodes", p.nodes, "no frontend: a cluster has exactly one node with role: frontend");
   if (std::none_of(nodes.begin(), nodes.end(), [](const ClusterNode& n) { return n.role == NodeRole::Worker; }))
@@ -361,6 +360,13 @@ const ClusterNode* ClusterConfig::storage() const {
   for (const ClusterNode& n : nodes)
     if (n.role == NodeRole::Storage) return &n;
   return nullptr;
+}
+
+std::vector<const ClusterNode*> ClusterConfig::storage_nodes() const {
+  std::vector<const ClusterNode*> out;
+  for (const ClusterNode& n : nodes)
+    if (n.role == NodeRole::Storage) out.push_back(&n);
+  return out;
 }
 
 std::vector<const ClusterNode*> ClusterConfig::workers() const {
@@ -427,15 +433,19 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
   }
   check_nodes(p);
 
-  const ClusterNode* storage = p.cluster.storage();
+  const auto storage_nodes = p.cluster.storage_nodes();
+  std::vector<RemoteNodeAddress> remote_nodes;
+  for (const ClusterNode* s : storage_nodes) remote_nodes.push_back({s->name, s->host, s->data_port});
   for (ClusterNode& n : p.cluster.nodes) {
     n.runtime.data_dir = p.cluster.member_data_dir(n.name);
-    if (storage && n.role == NodeRole::Worker) {
-      n.runtime.remote.host = storage->host;
-      n.runtime.remote.port = storage->data_port;
+    if (!storage_nodes.empty() && n.role == NodeRole::Worker) {
+      n.runtime.remote.host = storage_nodes.front()->host;
+      n.runtime.remote.port = storage_nodes.front()->data_port;
+      n.runtime.remote.nodes = remote_nodes;
+      n.runtime.remote.replication = std::min<int>(p.cluster.replication, static_cast<int>(remote_nodes.size()));
       n.runtime.remote.secret = p.cluster.secret;
       n.runtime.remote.tls = p.cluster.member_tls(n.name);
-      if (p.cluster.tls) n.runtime.remote.tls_peer_name = storage->name;
+      if (p.cluster.tls) n.runtime.remote.tls_peer_name = storage_nodes.front()->name;
     }
     // A worker answers its frontend, which presents the key derived from the secret.
     if (n.role == NodeRole::Worker) n.runtime.api_keys.push_back(worker_api_key(p.cluster.secret));

@@ -22,7 +22,7 @@ namespace bs {
 
 // frontend: the users' OpenAI endpoint, forwards requests to the workers (one per
 // cluster). worker: runs the model. storage: keeps chunk KV on its SSD and serves it
-// to the workers' remote tier (at most one per cluster).
+// to the workers' remote tier (any number; each chunk on `replication` of them).
 enum class NodeRole { Frontend, Worker, Storage };
 // "frontend", "worker", "storage".
 const char* role_name(NodeRole role);
@@ -74,6 +74,9 @@ struct ClusterConfig {
   // How the frontend picks a worker: "kv_aware" (where the request's document KV is,
   // actors/request_router.h) or "round_robin" (the baseline benchmarks compare with).
   std::string routing = "kv_aware";
+  // cluster.replication: copies of each chunk across the storage nodes (default 2;
+  // a worker uses min(this, the storage nodes)); storage/replicated_store.h.
+  int replication = 2;
   // cluster.data_dir as written ("" when absent).
   std::string configured_data_dir;
   // The cluster's directory, absolute: <cluster.data_dir, or the runtime's data-dir
@@ -95,7 +98,8 @@ struct ClusterConfig {
   // The node named `node_name`, or nullptr.
   const ClusterNode* find(const std::string& node_name) const;
   const ClusterNode& frontend() const;  // validation guarantees exactly one
-  const ClusterNode* storage() const;   // nullptr: no storage node
+  const ClusterNode* storage() const;   // the first storage node; nullptr: none
+  std::vector<const ClusterNode*> storage_nodes() const;  // in file order
   std::vector<const ClusterNode*> workers() const;  // in file order; at least one
   // Where a member keeps its files (its data_dir: SSD tier, traces): <data_dir>/<node_name>.
   std::string member_data_dir(const std::string& node_name) const;
@@ -128,9 +132,10 @@ bool is_cluster_config(const std::string& yaml_text);
 // member_data_dir(name), host = its host.
 //  - worker: the embedded default, overlaid with `defaults`, overlaid with the node's
 //    own runtime keys (model, device, tiers, blend, limits, server); port = its
-//    http_port; tiers.remote's host, port and secret = the storage node's host, its
-//    data_port and the cluster secret (where there is a storage node), and with TLS
-//    on its member_tls files and the storage node's name as the peer; api_keys
+//    http_port; tiers.remote's nodes = every storage node (name, host, data_port;
+//    host and port = the first's), its replication = cluster.replication, its
+//    secret = the cluster secret (where there are storage nodes), and with TLS on
+//    its member_tls files (each node's certificate must carry its name); api_keys
 //    also hold worker_api_key(secret) (actors/cluster_secret.h), the key its
 //    frontend presents.
 //  - frontend: the embedded default overlaid with `defaults` and the node's `server`

@@ -498,19 +498,27 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   }
   if (ctx.config.remote.enabled) {
     const RemoteTierConfig& rc = ctx.config.remote;
-    RemoteStoreOptions ro;
-    ro.host = rc.host;
-    ro.port = rc.port;
-    ro.secret = rc.secret;
-    ro.connect_timeout_s = rc.connect_timeout_s;
-    ro.io_timeout_s = rc.io_timeout_s;
-    ro.retry_after_s = rc.retry_after_s;
-    ro.layers_in_flight = rc.layers_in_flight;
-    ro.max_connections = rc.max_connections;
-    ro.tls = rc.tls;
-    ro.tls_peer_name = rc.tls_peer_name;
+    // The storage nodes (a cluster's; else the one at host:port), each its own store.
+    std::vector<RemoteNodeAddress> addresses = rc.nodes;
+    if (addresses.empty()) addresses.push_back({rc.host + ":" + std::to_string(rc.port), rc.host, rc.port});
+    std::vector<ReplicaNode> nodes;
+    for (const auto& a : addresses) {
+      RemoteStoreOptions ro;
+      ro.host = a.host;
+      ro.port = a.port;
+      ro.secret = rc.secret;
+      ro.connect_timeout_s = rc.connect_timeout_s;
+      ro.io_timeout_s = rc.io_timeout_s;
+      ro.retry_after_s = rc.retry_after_s;
+      ro.layers_in_flight = rc.layers_in_flight;
+      ro.max_connections = rc.max_connections;
+      ro.tls = rc.tls;
+      ro.tls_peer_name = rc.nodes.empty() ? rc.tls_peer_name : a.name;
+      nodes.push_back({a.name, std::move(ro)});
+    }
     try {
-      ctx.remote = std::make_unique<RemoteKvStore>(ro);
+      ctx.remote = std::make_unique<ReplicatedKvStore>(std::move(nodes), std::min<int>(rc.replication,
+                                                                                        static_cast<int>(addresses.size())));
     } catch (const std::invalid_argument& e) {
       throw ConfigError(std::string("tiers.remote: ") + e.what());
     } catch (const std::runtime_error& e) {  // TLS files missing or not the CA's

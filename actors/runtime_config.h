@@ -42,10 +42,24 @@ struct TierConfig {
 // host, port and secret from its cluster config (the storage node's host and
 // data_port, the cluster secret); a single node pointing at a storage node sets them
 // here, and enabling the tier without them is a ConfigError naming the key.
+// One storage node of the remote tier (a cluster's storage nodes; outside a cluster
+// the one node host:port names).
+struct RemoteNodeAddress {
+  std::string name;  // its node name: the replicas' hash input, and its TLS name
+  std::string host;
+  int port = 0;
+  bool operator==(const RemoteNodeAddress&) const = default;
+};
+
 struct RemoteTierConfig {
   bool enabled = false;
   std::string host;    // the storage node's address
   int port = 0;        // its data_port (KV bytes)
+  // A cluster's storage nodes (set by the cluster file); empty: the one at host:port.
+  std::vector<RemoteNodeAddress> nodes{};
+  // Copies of each chunk, on that many of `nodes` (cluster.replication, capped at
+  // their number); 1 outside a cluster.
+  int replication = 1;
   std::string secret;  // the cluster secret, resolved ("env:NAME" read at parse time), >= 16 characters
   // Loader actors of the tier: this many requests' loads from it proceed at once.
   int loaders = 2;
@@ -60,8 +74,9 @@ struct RemoteTierConfig {
   // Seconds the tier counts as down (lookups miss at once) after a connection
   // failure, before it is tried again.
   double retry_after_s = 1;
-  // TLS to the storage node (storage/tls.h): this worker's files and the name the
-  // node's certificate must carry. Set by the cluster file (cluster.tls), not a
+  // TLS to the storage nodes (storage/tls.h): this worker's files; each node's
+  // certificate must carry its name (RemoteNodeAddress::name; outside a cluster
+  // tls_peer_name, else the host). Set by the cluster file (cluster.tls), not a
   // runtime config key; all empty: plaintext.
   tls::Files tls{};
   std::string tls_peer_name{};

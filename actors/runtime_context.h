@@ -31,6 +31,7 @@
 #include "storage/disk_store.h"
 #include "storage/memory_store.h"
 #include "storage/remote_store.h"
+#include "storage/replicated_store.h"
 #include "storage/tiered_store.h"
 
 namespace bs {
@@ -105,7 +106,7 @@ struct RuntimeContext {
   // A storage node's SSD over the network (tiers.remote); null when the tier is off.
   // Not in `tiered`: the synchronous whole-entry paths (the fallback after a failed
   // load, write-back's "stored already?") never wait on the network.
-  std::unique_ptr<RemoteKvStore> remote;
+  std::unique_ptr<ReplicatedKvStore> remote;
   std::vector<StoredTier> tiers;        // lookup order
   std::unique_ptr<TieredKvStore> tiered;
   std::unique_ptr<BlendEngine> engine;

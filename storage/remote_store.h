@@ -103,6 +103,9 @@ class RemoteKvStore final : public KvStore {
 
   // One round trip (PING), or false at once while the node counts as down.
   bool reachable();
+  // Whether the node counts as down now (a transport failure within retry_after_s):
+  // every call misses at once.
+  bool is_down() const { return down(); }
   std::string last_error() const;  // the newest failure, for logs and inspection ("" if none)
   const RemoteStoreOptions& options() const { return opt_; }
 

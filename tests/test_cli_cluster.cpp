@@ -26,6 +26,8 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -746,6 +748,97 @@ TEST_F(ClusterCli, TheFrontendsConsoleShowsEveryWorkersActorsAndARequestsTimelin
   const std::string refused = bs::testing::console_dom(chromium, http_ports_["frontend"], "req=1", dir_ / "chromium2");
   EXPECT_NE(refused.find("data-connected=\"false\""), std::string::npos);
   EXPECT_TRUE(bs::testing::elements_with(refused, "tr", "data-actor=").empty());
+  r = run("blendctl cluster down " + config.string(), dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// Two storage nodes, replication 2 (the default), TLS on: documents stored through
+// worker-1 land on both; with one node SIGKILLed, worker-2 (no RAM, no SSD: every
+// chunk from the storage nodes) answers with the stored chunks — no recompute, the
+// same text; the node started again empty is repaired by the next reads.
+TEST_F(ClusterCli, TwoStorageNodesSoOnesLossCostsNoRecomputeAndItIsRepairedWhenBack) {
+  const fs::path config = write_config(
+      {", tiers: {remote: {enabled: true, write_back: true}}",
+       ", tiers: {ram: {enabled: false}, ssd: {enabled: false}, remote: {enabled: true, write_back: false, "
+       "retry_after: 500ms}}"},
+      /*storage=*/true);
+  const int second_data_port = port();
+  std::ofstream(config, std::ios::app) << "  - {name: storage-2, role: storage, host: 127.0.0.1, port: " << port()
+                                       << ", data_port: " << second_data_port << "}\n";
+  Result r = run("blendctl cluster up " + config.string(), dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::map<std::string, pid_t> pids;
+  for (const auto& line : json_lines(r.out)) pids[line["name"]] = line["pid"].get<pid_t>();
+  ASSERT_EQ(pids.size(), 5u);
+  auto client = [&](const std::string& node) {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", http_ports_[node]);
+    c->set_read_timeout(120, 0);
+    c->set_bearer_token_auth(bs::worker_api_key(kSecret));
+    return c;
+  };
+  auto w1 = client("worker-1"), w2 = client("worker-2");
+  const auto models = w1->Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  const std::string model = nlohmann::json::parse(models->body)["data"][0]["id"];
+  const std::vector<std::string> docs = {"The 2019 water report was written by Ana Lopez of the city council.",
+                                         "The council meets every Tuesday in the old library building."};
+  std::vector<std::string> ids;
+  for (const auto& d : docs) {
+    const auto res = w1->Post("/v1/documents", nlohmann::json{{"text", d}}.dump(), "application/json");
+    ASSERT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+    const auto j = nlohmann::json::parse(res->body);
+    EXPECT_TRUE(j.value("on_storage_node", false)) << res->body;
+    ids.push_back(j.at("id").get<std::string>());
+  }
+  // Both nodes hold both chunks.
+  for (const char* node : {"storage", "storage-2"})
+    for (const auto& id : ids) EXPECT_TRUE(fs::exists(data() / node / "kv" / (id + ".bskv"))) << node << " " << id;
+  auto ask = [&](httplib::Client& c) {
+    const auto res = c.Post("/v1/chat/completions", rag_request(model, docs).dump(), "application/json");
+    EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+    return res && res->status == 200 ? nlohmann::json::parse(res->body) : nlohmann::json::object();
+  };
+  auto text = [](const nlohmann::json& a) { return a.value("/choices/0/message/content"_json_pointer, std::string()); };
+  const auto stored = ask(*w1);
+  EXPECT_EQ(stored.value("/usage/blendserve/chunks_ram"_json_pointer, 0), 2) << stored.dump();
+
+  // One node killed: every chunk still comes from the other.
+  ASSERT_EQ(::kill(pids.at("storage"), SIGKILL), 0);
+  const auto one_down = ask(*w2);
+  EXPECT_EQ(one_down.value("/usage/blendserve/chunks_remote"_json_pointer, 0), 2) << one_down.dump();
+  EXPECT_EQ(one_down.value("/usage/blendserve/chunks_missed"_json_pointer, -1), 0) << one_down.dump();
+  EXPECT_EQ(text(one_down), text(stored));
+
+  // Started again with nothing on its disk: the next reads copy the chunks back.
+  fs::remove_all(data() / "storage" / "kv");
+  const pid_t again = start_member(config, "storage");
+  ASSERT_GT(again, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto accepts = [](int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0;
+    ::close(fd);
+    return ok;
+  };
+  while (!accepts(storage_data_port_) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // past worker-2's retry_after for the old node
+  const auto repaired_read = ask(*w2);
+  EXPECT_EQ(repaired_read.value("/usage/blendserve/chunks_remote"_json_pointer, 0), 2) << repaired_read.dump();
+  EXPECT_EQ(text(repaired_read), text(stored));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  auto repaired = [&] {
+    for (const auto& id : ids)
+      if (!fs::exists(data() / "storage" / "kv" / (id + ".bskv"))) return false;
+    return true;
+  };
+  while (!repaired() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(repaired()) << "the node that came back empty was not repaired by the reads";
   r = run("blendctl cluster down " + config.string(), dir_);
   EXPECT_EQ(r.code, 0) << r.err;
 }

@@ -477,9 +477,31 @@ TEST(ClusterConfigErrors, FrontendsWorkersAndStorageNodes) {
   text = with_line("name: w1", "");
   text = text.replace(text.find("  - {name: w2"), text.find('\n', text.find("  - {name: w2")) + 1 - text.find("  - {name: w2"), "");
   EXPECT_THAT(error_of(text), HasSubstr("nodes: no worker: a cluster needs at least one"));
-  text = with_node("  - {name: s2, role: storage, host: 127.0.0.1, port: 7104, data_port: 7204}");
-  EXPECT_THAT(error_of(text), AllOf(HasSubstr("nodes[4].role: a second storage node (nodes[3] 'store'"),
-                                    HasSubstr(at_line(text, "name: s2"))));
+}
+
+// Several storage nodes: every worker's remote tier knows them all (names, hosts,
+// data ports, each its TLS name) and keeps cluster.replication copies (default 2,
+// capped at the storage nodes there are).
+TEST(ClusterConfig, SeveralStorageNodesAndTheReplication) {
+  const std::string two = with_node("  - {name: s2, role: storage, host: 127.0.0.4, port: 7104, data_port: 7204}");
+  const ClusterConfig c = parse_cluster_config(two);
+  ASSERT_EQ(c.storage_nodes().size(), 2u);
+  EXPECT_EQ(c.replication, 2);
+  const RemoteTierConfig r = member_runtime_config(c, "w1").remote;
+  ASSERT_EQ(r.nodes.size(), 2u);
+  EXPECT_EQ(r.nodes[0], (RemoteNodeAddress{"store", "127.0.0.3", 7203}));
+  EXPECT_EQ(r.nodes[1], (RemoteNodeAddress{"s2", "127.0.0.4", 7204}));
+  EXPECT_EQ(r.replication, 2);
+  // One storage node: one copy, whatever the cluster asks.
+  EXPECT_EQ(member_runtime_config(parse_cluster_config(kCluster), "w1").remote.replication, 1);
+  const ClusterConfig three = parse_cluster_config(with_line("data_dir:", "  data_dir: /srv/bs\n  replication: 3") +
+                                                   "  - {name: s2, role: storage, host: 127.0.0.4, port: 7104, "
+                                                   "data_port: 7204}\n");
+  EXPECT_EQ(three.replication, 3);
+  EXPECT_EQ(member_runtime_config(three, "w1").remote.replication, 2);
+  const std::string zero = with_line("data_dir:", "  data_dir: /srv/bs\n  replication: 0");
+  EXPECT_THAT(error_of(zero), AllOf(HasSubstr("cluster.replication: must be in 1..16"),
+                                    HasSubstr(at_line(zero, "replication:"))));
 }
 
 TEST(ClusterConfigErrors, TheRemoteTierNeedsAStorageNode) {

@@ -60,7 +60,7 @@ ClusterConfig load(const ClusterCtlOptions& opt) {
 // Stages of `up` (down runs them backwards): storage, workers, frontend.
 std::vector<std::vector<const ClusterNode*>> start_stages(const ClusterConfig& c) {
   std::vector<std::vector<const ClusterNode*>> stages;
-  if (const ClusterNode* s = c.storage()) stages.push_back({s});
+  if (const auto s = c.storage_nodes(); !s.empty()) stages.push_back(s);
   stages.push_back(c.workers());
   stages.push_back({&c.frontend()});
   return stages;

@@ -107,7 +107,7 @@ int run_frontend_member(const ClusterConfig& cluster, const std::string& name) {
       // The workers' model: its tokenizer makes the chunk keys the frontend routes by.
       if (fopt.model_path.empty()) fopt.model_path = resolve_model_path(member_runtime_config(cluster, w->name));
     }
-    if (const ClusterNode* s = cluster.storage()) mopt.members.push_back({s->name, "storage", s->host, s->port});
+    for (const ClusterNode* s : cluster.storage_nodes()) mopt.members.push_back({s->name, "storage", s->host, s->port});
     ClusterMonitor monitor(mopt);
     http::FrontendServer server(fopt, monitor);
     const int bound = server.bind(me.host, me.http_port);
