@@ -449,6 +449,11 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
     }
     // A worker answers its frontend, which presents the key derived from the secret.
     if (n.role == NodeRole::Worker) n.runtime.api_keys.push_back(worker_api_key(p.cluster.secret));
+    // TLS: a worker's endpoint is HTTPS and answers only the frontend's certificate.
+    if (n.role == NodeRole::Worker && p.cluster.tls) {
+      n.runtime.server_tls = p.cluster.member_tls(n.name);
+      n.runtime.server_tls_peers = {p.cluster.frontend().name};
+    }
   }
   return std::move(p.cluster);
 }

@@ -170,6 +170,13 @@ struct RuntimeConfig {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::vector<std::string> api_keys;   // empty: no authentication (loopback default)
+  // HTTPS for this server (http/cluster_tls.h): a cluster's worker serves its
+  // frontend (and the cluster's tools) over TLS 1.3 with the member's certificate,
+  // and requires a client certificate of the cluster's CA naming one of
+  // server_tls_peers. Set by the cluster file (cluster.tls), not a runtime config
+  // key; empty: plain HTTP.
+  tls::Files server_tls{};
+  std::vector<std::string> server_tls_peers{};
   int64_t max_body_bytes = int64_t{8} << 20;  // larger request bodies get 413
   int server_threads = 0;              // HTTP worker threads; 0 = max_requests + queue + spare
   std::string model_name;              // the id in /v1/models; empty: the file name minus quantization

@@ -1,6 +1,8 @@
 #include "http/frontend.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -18,6 +20,7 @@
 
 #include "blend/rag_prompt.h"
 #include "http/api_error.h"
+#include "http/cluster_tls.h"
 #include "http/console_page.h"
 #include "http/listen_backlog.h"
 #include "http/openai_request.h"
@@ -49,7 +52,12 @@ double now_s() { return std::chrono::duration<double>(clock_type::now().time_sin
 struct Upstream {
   std::mutex mu;
   std::condition_variable cv;
-  httplib::Client* client = nullptr;  // while the reader's request runs (abort() stops it)
+  // A duplicate of the reader's socket while its request runs: abort() shuts the
+  // socket down through it (a shutdown acts on the socket, whichever descriptor
+  // names it, and this one cannot be reused for another socket while held), which
+  // ends a blocked connect, TLS handshake or read at once. (httplib's
+  // Client::stop() would wait for a TLS handshake to finish.)
+  int socket_dup = -1;
   std::string pending;  // bytes received and not yet relayed
   std::string scan;     // streamed bytes not yet split into SSE events (first-token detection)
   bool got_status = false;
@@ -66,7 +74,7 @@ struct Upstream {
   void abort() {
     cancel = true;
     std::lock_guard<std::mutex> lock(mu);
-    if (client) client->stop();
+    if (socket_dup >= 0) ::shutdown(socket_dup, SHUT_RDWR);
   }
 };
 
@@ -138,9 +146,11 @@ bool event_has_token(std::string_view event) {
   return false;
 }
 
-void run_upstream(std::shared_ptr<Upstream> u, FrontendWorker w, std::string key, std::string method, std::string path,
-                  std::string body, double connect_s, double idle_s, bool stream) {
-  httplib::Client cli(w.host, w.http_port);
+void run_upstream(std::shared_ptr<Upstream> u, FrontendWorker w, const tls::Files& tls, std::string key,
+                  std::string method, std::string path, std::string body, double connect_s, double idle_s,
+                  bool stream) {
+  const auto client = make_member_client(w.host, w.http_port, tls);  // HTTPS in a TLS cluster
+  httplib::Client& cli = *client;
   cli.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(connect_s)));
   cli.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(idle_s)));
   cli.set_write_timeout(30, 0);
@@ -179,13 +189,19 @@ void run_upstream(std::shared_ptr<Upstream> u, FrontendWorker w, std::string key
       u->cv.notify_all();
       return;
     }
-    u->client = &cli;
   }
+  cli.set_socket_options([u](socket_t sock) {
+    std::lock_guard<std::mutex> lock(u->mu);
+    if (u->socket_dup >= 0) ::close(u->socket_dup);
+    u->socket_dup = ::dup(sock);
+    if (u->cancel.load() && u->socket_dup >= 0) ::shutdown(u->socket_dup, SHUT_RDWR);  // aborted meanwhile
+  });
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
   const bool ok = cli.send(req, res, err);
   std::lock_guard<std::mutex> lock(u->mu);
-  u->client = nullptr;  // `cli` goes with this function
+  if (u->socket_dup >= 0) ::close(u->socket_dup);
+  u->socket_dup = -1;
   u->done = true;
   if (!ok) {
     u->failed = true;
@@ -297,10 +313,10 @@ struct FrontendServer::Impl {
   std::shared_ptr<Upstream> start(const FrontendWorker& w, const std::string& method, const std::string& path,
                                   std::string body, bool stream) {
     auto u = std::make_shared<Upstream>();
-    const bool queued = pool->submit([u, w, key = opt.worker_api_key, method, path, body = std::move(body),
-                                      connect = opt.connect_timeout_s,
+    const bool queued = pool->submit([u, w, tls = opt.tls, key = opt.worker_api_key, method, path,
+                                      body = std::move(body), connect = opt.connect_timeout_s,
                                       read = stream ? opt.idle_timeout_s : opt.first_token_timeout_s, stream]() mutable {
-      run_upstream(u, w, key, method, path, std::move(body), connect, read, stream);
+      run_upstream(u, w, tls, key, method, path, std::move(body), connect, read, stream);
     });
     if (!queued) {
       std::lock_guard<std::mutex> lock(u->mu);
@@ -694,10 +710,10 @@ struct FrontendServer::Impl {
                    {"requests", json::array()}};
       const auto wit = workers.find(m.member.name);
       if (m.up && wit != workers.end()) {
-        httplib::Client cli(wit->second.host, wit->second.http_port);
-        cli.set_connection_timeout(2, 0);
-        cli.set_read_timeout(2, 0);
-        auto r = cli.Get("/v1/inspect/snapshot", {{"Authorization", "Bearer " + opt.worker_api_key}});
+        const auto cli = make_member_client(wit->second.host, wit->second.http_port, opt.tls);
+        cli->set_connection_timeout(2, 0);
+        cli->set_read_timeout(2, 0);
+        auto r = cli->Get("/v1/inspect/snapshot", {{"Authorization", "Bearer " + opt.worker_api_key}});
         const json j = r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
         if (j.is_object() && j.contains("nodes") && j["nodes"].is_array() && !j["nodes"].empty()) {
           node = j["nodes"][0];

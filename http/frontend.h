@@ -37,6 +37,7 @@
 
 #include "actors/cluster_monitor.h"
 #include "actors/request_router.h"
+#include "storage/tls.h"
 
 namespace bs::http {
 
@@ -58,6 +59,9 @@ struct FrontendOptions {
   double heartbeat_interval_s = 1;     // the monitor's: a worker without a report for two has failed its requests
   int64_t max_body_bytes = int64_t{8} << 20;
   int threads = 64;                    // HTTP threads (each completion holds one), and as many forward threads
+  // The frontend's TLS files: its forwards to the workers are HTTPS (the workers
+  // require its certificate; http/cluster_tls.h). Empty: plain HTTP.
+  tls::Files tls{};
 };
 
 class FrontendServer {

@@ -21,6 +21,7 @@
 #include "blend/rag_prompt.h"
 #include "http/api_error.h"
 #include "http/connection_socket.h"
+#include "http/cluster_tls.h"
 #include "http/listen_backlog.h"
 #include "http/console_page.h"
 #include "http/metrics.h"
@@ -148,7 +149,9 @@ std::optional<ApiError> api_key_refusal(const std::vector<std::string>& keys, co
 }
 
 struct Server::Impl {
-  Impl(Runtime& rt, const RuntimeConfig& cfg) : runtime(rt), config(cfg) {
+  Impl(Runtime& rt, const RuntimeConfig& cfg)
+      : runtime(rt), config(cfg), owned_svr(make_member_server(cfg.server_tls, cfg.server_tls_peers)),
+        svr(*owned_svr) {
     const auto& ctx = runtime.context();
     model = model_id_of(ctx);
     fingerprint = "blendserve-" + ctx.backend->kernel_id() + "-" + kernels::precision_name(ctx.precision);
@@ -578,7 +581,8 @@ struct Server::Impl {
 
   Runtime& runtime;
   RuntimeConfig config;
-  httplib::Server svr;
+  std::unique_ptr<httplib::Server> owned_svr;  // HTTPS in a TLS cluster (http/cluster_tls.h)
+  httplib::Server& svr;
   ServerMetrics metrics;
   std::string model, fingerprint;
   int64_t created = 0;

@@ -34,6 +34,8 @@
 #include "actors/cluster_secret.h"
 #include "tests/console_fixture.h"
 #include "tests/model_fixture.h"
+#include "http/cluster_tls.h"
+#include "storage/tls.h"
 #include "tests/process_fixture.h"
 
 namespace {
@@ -92,6 +94,8 @@ class ClusterCli : public ::testing::Test {
  protected:
   void SetUp() override {
     REQUIRE_MODEL();
+    // A worker that refuses a TLS client closes on it: a failed write here, not a death.
+    std::signal(SIGPIPE, SIG_IGN);
     dir_ = fs::temp_directory_path() / ("bs_cli_cluster_" + std::to_string(::getpid()) + "_" +
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
@@ -167,12 +171,28 @@ class ClusterCli : public ::testing::Test {
     std::ofstream(data() / "pids" / (node + ".pid")) << pid << "\n";
     return pid;
   }
-  // Waits for GET /health on the port (a test failure after 120 s or if `pid` exits).
-  bool wait_healthy(int http_port, pid_t pid) {
-    httplib::Client c("127.0.0.1", http_port);
+  // The frontend's TLS files, once the cluster has them (a worker of a TLS cluster
+  // answers only the frontend's certificate); none before, or in plaintext.
+  bs::tls::Files frontend_tls() const {
+    const fs::path t = data() / "tls";
+    if (!fs::exists(t / "frontend.pem")) return {};
+    return {(t / "ca.pem").string(), (t / "frontend.pem").string(), (t / "frontend.key").string()};
+  }
+  // A client to a node's HTTP port as the frontend would call it: a worker over
+  // HTTPS with the frontend's certificate (when the cluster has TLS files), the
+  // frontend's own users' endpoint over plain HTTP.
+  std::unique_ptr<httplib::Client> client_of(const std::string& node) {
+    auto c = bs::http::make_member_client("127.0.0.1", http_ports_[node],
+                                          node.rfind("worker", 0) == 0 ? frontend_tls() : bs::tls::Files{});
+    c->set_read_timeout(120, 0);
+    return c;
+  }
+  // Waits for GET /health on a node (a test failure after 120 s or if `pid` exits).
+  bool wait_healthy(const std::string& node, pid_t pid) {
+    const auto c = client_of(node);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     while (std::chrono::steady_clock::now() < deadline) {
-      if (auto r = c.Get("/health"); r && r->status == 200) return true;
+      if (auto r = c->Get("/health"); r && r->status == 200) return true;
       if (::waitpid(pid, nullptr, WNOHANG) == pid) {
         forget(pid);
         ADD_FAILURE() << "the member exited";
@@ -275,10 +295,36 @@ TEST_F(ClusterCli, CheckConfigValidatesWithoutAModel) {
 
 TEST_F(ClusterCli, AWorkerMemberServesAndStopsOnSigterm) {
   const fs::path config = write_config({""});
+  ASSERT_EQ(run("blendctl cluster init " + config.string(), dir_).code, 0);
   const pid_t pid = start_member(config, "worker-1");
-  ASSERT_TRUE(wait_healthy(http_ports_["worker-1"], pid)) << log_of("worker-1");
-  httplib::Client c("127.0.0.1", http_ports_["worker-1"]);
-  c.set_read_timeout(120, 0);
+  ASSERT_TRUE(wait_healthy("worker-1", pid)) << log_of("worker-1");
+  EXPECT_THAT(log_of("worker-1"), HasSubstr("serving on https://"));
+  // Its endpoint is HTTPS and answers only the frontend's certificate: plain HTTP, a
+  // certificate of another CA, or another member's get nothing.
+  {
+    httplib::Client plain("127.0.0.1", http_ports_["worker-1"]);
+    plain.set_read_timeout(5, 0);
+    EXPECT_FALSE(plain.Get("/health"));
+    const fs::path other = dir_ / "other-ca";
+    fs::create_directories(other);
+    bs::tls::make_ca("other", (other / "ca.pem").string(), (other / "ca.key").string());
+    bs::tls::issue_member((other / "ca.pem").string(), (other / "ca.key").string(), "frontend", {"127.0.0.1"},
+                          (other / "frontend.pem").string(), (other / "frontend.key").string());
+    const bs::tls::Files ours = frontend_tls();
+    // Trusting our CA (so the worker's certificate passes) but presenting the other CA's.
+    const auto stranger = bs::http::make_member_client(
+        "127.0.0.1", http_ports_["worker-1"],
+        {ours.ca, (other / "frontend.pem").string(), (other / "frontend.key").string()});
+    stranger->set_read_timeout(5, 0);
+    EXPECT_FALSE(stranger->Get("/health"));
+    const fs::path t = data() / "tls";
+    const auto storage_cert = bs::http::make_member_client(
+        "127.0.0.1", http_ports_["worker-1"], {ours.ca, (t / "worker-1.pem").string(), (t / "worker-1.key").string()});
+    storage_cert->set_read_timeout(5, 0);
+    EXPECT_FALSE(storage_cert->Get("/health")) << "a member that is not the frontend";
+  }
+  const auto client = client_of("worker-1");
+  httplib::Client& c = *client;
   // A worker answers only whoever presents the key derived from the cluster secret.
   const auto refused = c.Get("/v1/models");
   ASSERT_TRUE(refused);
@@ -351,8 +397,9 @@ TEST_F(ClusterCli, UpStopsWhatItStartedWhenAMemberFails) {
 
 TEST_F(ClusterCli, StatusAndDownFollowThePidFiles) {
   const fs::path config = write_config({""}, /*storage=*/true);
+  ASSERT_EQ(run("blendctl cluster init " + config.string(), dir_).code, 0);
   const pid_t worker = start_member(config, "worker-1");
-  ASSERT_TRUE(wait_healthy(http_ports_["worker-1"], worker)) << log_of("worker-1");
+  ASSERT_TRUE(wait_healthy("worker-1", worker)) << log_of("worker-1");
   // The frontend's pid file names a stranger (a pid reused by another program), the
   // storage node's a pid that is gone.
   const pid_t stranger = ::fork();
@@ -569,8 +616,7 @@ TEST_F(ClusterCli, StorageNodeFrozenKilledOrRefusingAWrongSecretCostsARecomputeN
   const pid_t storage = pids.at("storage");
 
   auto client = [&](const std::string& node) {
-    auto c = std::make_unique<httplib::Client>("127.0.0.1", http_ports_[node]);
-    c->set_read_timeout(120, 0);
+    auto c = client_of(node);
     c->set_bearer_token_auth(bs::worker_api_key(kSecret));
     return c;
   };
@@ -771,8 +817,7 @@ TEST_F(ClusterCli, TwoStorageNodesSoOnesLossCostsNoRecomputeAndItIsRepairedWhenB
   for (const auto& line : json_lines(r.out)) pids[line["name"]] = line["pid"].get<pid_t>();
   ASSERT_EQ(pids.size(), 5u);
   auto client = [&](const std::string& node) {
-    auto c = std::make_unique<httplib::Client>("127.0.0.1", http_ports_[node]);
-    c->set_read_timeout(120, 0);
+    auto c = client_of(node);
     c->set_bearer_token_auth(bs::worker_api_key(kSecret));
     return c;
   };

@@ -131,12 +131,13 @@ int run_serve(bs::RuntimeConfig config, const std::string& host, int port, doubl
   const int bound = server.bind(bind_host, bind_port);
   const std::shared_ptr<void> attached = attach ? attach(runtime) : nullptr;
   const auto& ctx = runtime.context();
-  std::fprintf(stderr, "blendserve: model %s (%s kernels%s%s, %s, %s KV), serving on http://%s:%d%s\n",
+  std::fprintf(stderr, "blendserve: model %s (%s kernels%s%s, %s, %s KV), serving on %s://%s:%d%s%s\n",
                server.model_id().c_str(), ctx.backend->kernel_id().c_str(),
                ctx.backend->device_name().empty() ? "" : " on ", ctx.backend->device_name().c_str(),
                bs::kernels::precision_name(ctx.precision),
-               bs::kernels::kv_dtype_name(ctx.model->kv_dtype()), bind_host.c_str(), bound,
-               config.api_keys.empty() ? "" : " (API keys required)");
+               bs::kernels::kv_dtype_name(ctx.model->kv_dtype()), config.server_tls.enabled() ? "https" : "http",
+               bind_host.c_str(), bound, config.api_keys.empty() ? "" : " (API keys required)",
+               config.server_tls.enabled() ? " (TLS 1.3: client certificate of the cluster's CA required)" : "");
   std::fflush(stderr);
 
   std::atomic<bool> stopping{false}, serve_returned{false};

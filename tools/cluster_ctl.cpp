@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "actors/cluster_config.h"
+#include "http/cluster_tls.h"
 #include "storage/tls.h"
 #include "tools/process_report.h"
 #include "tools/tcp_probe.h"
@@ -118,15 +119,17 @@ std::string probe_host(const std::string& host) {
 
 
 // A member is ready: storage when its data_port accepts a connection, the others
-// when GET /health on their http_port answers 200.
-bool ready(const ClusterNode& n, double timeout_s) {
+// when GET /health on their http_port answers 200 (a worker of a TLS cluster over
+// HTTPS, presenting the frontend's certificate: the one its workers accept).
+bool ready(const ClusterConfig& c, const ClusterNode& n, double timeout_s) {
   const std::string host = probe_host(n.host);
   if (n.role == NodeRole::Storage) return tcp_accepts(host, n.data_port, timeout_s);
-  httplib::Client cli(host, n.http_port);
+  const tls::Files tls = n.role == NodeRole::Worker ? c.member_tls(c.frontend().name) : tls::Files{};
+  const auto cli = http::make_member_client(host, n.http_port, tls);
   const auto usec = static_cast<time_t>(timeout_s * 1e6);
-  cli.set_connection_timeout(usec / 1000000, usec % 1000000);
-  cli.set_read_timeout(usec / 1000000, usec % 1000000);
-  const auto r = cli.Get("/health");
+  cli->set_connection_timeout(usec / 1000000, usec % 1000000);
+  cli->set_read_timeout(usec / 1000000, usec % 1000000);
+  const auto r = cli->Get("/health");
   return r && r->status == 200;
 }
 
@@ -312,7 +315,7 @@ int up(const ClusterConfig& c, const ClusterCtlOptions& opt) {
           if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
             s.exited = true;
             failure = describe_status(status) + " before it was ready";
-          } else if (ready(*s.node, 1.0)) {
+          } else if (ready(c, *s.node, 1.0)) {
             is_ready[i] = true;
             --waiting;
             std::fprintf(stderr, "blendctl: cluster %s: %s ready after %.1f s\n", c.name.c_str(),
@@ -355,7 +358,7 @@ int status(const ClusterConfig& c, const ClusterCtlOptions& opt) {
   for (const ClusterNode& n : c.nodes) {
     const auto pid = read_pid_file(c.pid_path(n.name));
     const bool alive = pid && is_member(*pid, config, n.name);
-    const bool up = alive && ready(n, 1.0);
+    const bool up = alive && ready(c, n, 1.0);
     all = all && up;
     nlohmann::json line{{"name", n.name}, {"role", role_name(n.role)}, {"pid", nullptr},
                         {"alive", alive},  {"ready", up},             {"log", c.log_path(n.name)}};
@@ -429,6 +432,8 @@ int down(const ClusterConfig& c, const ClusterCtlOptions& opt) {
 
 template <class F>
 int with_config(const ClusterCtlOptions& opt, F run) {
+  // A member that drops a TLS probe is a failed write, not blendctl's death.
+  std::signal(SIGPIPE, SIG_IGN);
   ClusterConfig c;
   try {
     c = load(opt);

@@ -97,6 +97,7 @@ int run_frontend_member(const ClusterConfig& cluster, const std::string& name) {
     fopt.worker_api_key = worker_api_key(cluster.secret);
     fopt.max_body_bytes = config.max_body_bytes;
     fopt.heartbeat_interval_s = cluster.heartbeat_interval_s;
+    fopt.tls = cluster.member_tls(name);  // its forwards to the workers: HTTPS
     fopt.connect_timeout_s = me.forward.connect_timeout_s;
     fopt.first_token_timeout_s = me.forward.first_token_timeout_s;
     fopt.idle_timeout_s = me.forward.idle_timeout_s;
