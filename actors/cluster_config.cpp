@@ -311,6 +311,28 @@ void check_nodes(const Parsed& p) {
     if (n.role == NodeRole::Storage && !storage) storage = i;
   }
   if (!frontend) fail("nodes", p.nodes, "no frontend: a cluster has exactly one node with role: frontend");
+  // One model for every worker: the frontend tokenizes a request's documents once,
+  // with the workers' tokenizer, to find the worker that holds their KV (each
+  // worker's key fingerprint and prelude come with its reports; another model's
+  // token ids would make keys that match nothing). Decided: refused here, naming
+  // both, rather than a tokenizer per worker.
+  std::optional<size_t> first_worker;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i].role != NodeRole::Worker) continue;
+    if (!first_worker) {
+      first_worker = i;
+      continue;
+    }
+    const std::string& mine = nodes[i].runtime.model_path;
+    const std::string& theirs = nodes[*first_worker].runtime.model_path;
+    if (mine == theirs) continue;
+    const YAML::Node own = find_node(p.entries[i], {"model", "path"});
+    auto shown = [](const std::string& m) { return m.empty() ? std::string("the default model") : "'" + m + "'"; };
+    fail(own.IsDefined() ? "nodes[" + std::to_string(i) + "].model.path" : "nodes[" + std::to_string(i) + "]",
+         own.IsDefined() ? own : p.entries[i],
+         "worker '" + nodes[i].name + "' runs " + shown(mine) + ", worker '" + nodes[*first_worker].name + "' " +
+             shown(theirs) + ": a cluster's workers run one model (the frontend routes by that model's tokens)");
+  }
   if (std::none_of(nodes.begin(), nodes.end(), [](const ClusterNode& n) { return n.role == NodeRole::Worker; }))
     fail("nodes", p.nodes, "no worker: a cluster needs at least one node with role: worker");
   if (storage) return;

@@ -349,6 +349,18 @@ TEST(ClusterConfig, AStorageNodesDataPlaneLimits) {
 
 // ---- errors: each names the dotted key and its line -----------------------------
 
+// Workers of one cluster run one model: the frontend routes by its tokens.
+TEST(ClusterConfigErrors, WorkersOfDifferentModels) {
+  const std::string text = with_line("name: w2", "  - {name: w2, role: worker, host: 127.0.0.1, port: 7102, http_port: "
+                                                 "8102, model: {path: /models/other.gguf}}");
+  EXPECT_THAT(error_of(text),
+              AllOf(HasSubstr("nodes[2].model.path: worker 'w2' runs '/models/other.gguf', worker 'w1' the default "
+                              "model: a cluster's workers run one model"),
+                    HasSubstr(at_line(text, "name: w2"))));
+  // The same model for all (here by defaults) is fine, whatever else differs.
+  EXPECT_NO_THROW(parse_cluster_config(with_line("device: {threads: 1}", "  device: {threads: 1}\n  model: {path: /m.gguf}")));
+}
+
 TEST(ClusterConfigErrors, SecretUnsetEmptyOrShort) {
   EnvGuard env({"BS_TEST_SECRET"});
   env.unset("BS_TEST_SECRET");
