@@ -84,8 +84,9 @@ struct ClusterConfig {
   // cluster.data_dir is under the config file's directory.
   std::string data_dir;
   // cluster.tls.mode: true (mutual, the default): TLS 1.3 with mutual authentication
-  // under the cluster's CA on the storage data path (storage/tls.h); false
-  // (plaintext): said explicitly, for tests on loopback.
+  // under the cluster's CA on the storage data path (storage/tls.h) and the
+  // frontend's HTTPS to the workers (http/cluster_tls.h); false (plaintext): said
+  // explicitly, for tests on loopback.
   bool tls = true;
   // cluster.tls.dir resolved: where the CA's and the members' files are (a relative
   // path is under the config file's directory); default <data_dir>/tls.
@@ -143,7 +144,9 @@ bool is_cluster_config(const std::string& yaml_text);
 //    workers are ClusterConfig::workers(), the timeouts the cluster's.
 //  - storage: the embedded default overlaid with the node's tiers.ssd (path under its
 //    data_dir, budget, ...): resolve_ssd_path() is its store; it serves on host and
-//    data_port with the cluster secret. `port` is not used.
+//    data_port with the cluster secret (and TLS: member_tls, the workers' names as
+//    the peers allowed), limits from data_plane. `port` is not used.
+//  - worker, with TLS: server_tls = its member_tls, server_tls_peers = the frontend.
 RuntimeConfig member_runtime_config(const ClusterConfig& cluster, const std::string& node_name);
 
 }  // namespace bs

@@ -2,9 +2,10 @@
 // files) to workers over TCP, per layer, with Boost.Asio. Workers read it through
 // RemoteKvStore (remote_store.h); the wire format is remote_protocol.h.
 //
-// Per connection: HELLO, the worker's AUTH (the cluster secret, hmac_auth.h; a wrong
-// proof gets an ERROR, a closed connection, one line on stderr and auth_failures
-// counted), AUTH_OK, then requests. Why this shape:
+// Per connection: the TLS handshake (when the node has TLS files), HELLO, the
+// worker's AUTH (the cluster secret, hmac_auth.h; a wrong proof gets an ERROR, a
+// closed connection, one line on stderr and auth_failures counted), AUTH_OK, then
+// requests. Why this shape:
 // - One request at a time per connection: the node reads the next request frame
 //   only after the previous reply is written, so a connection holds at most one
 //   reply buffer (one layer slice) however many READs a worker pipelines; the

@@ -35,10 +35,11 @@ struct ClusterCtlOptions {
 int cluster_init(const ClusterCtlOptions& opt);
 
 // Starts every member (`<blendctl's directory>/blendserve --config F --node NAME`, in
-// its own session so it outlives blendctl): the storage node, then the workers, then
+// its own session so it outlives blendctl): the storage nodes, then the workers, then
 // the frontend — after making the TLS files that are missing, as cluster_init —, each
 // stage ready (storage: its data_port accepts a connection; worker,
-// frontend: GET /health on its http_port answers 200) within cluster.startup_timeout
+// frontend: GET /health on its http_port answers 200; a TLS cluster's worker over HTTPS
+// with the frontend's certificate) within cluster.startup_timeout
 // before the next starts. Progress on stderr; one JSON line per member on stdout
 // ({name, role, pid, ready, log}). Exit 0; 1 when a member exits or is not ready in
 // time (which one and its log's last lines on stderr; every member started is
