@@ -142,11 +142,6 @@ class Session : public std::enable_shared_from_this<Session> {
     arm_deadline(srv_.opt.io_timeout_s);  // the whole handshake, TLS and the secret's
     if (!srv_.tls) return hello();
     stream_.async_handshake(ssl::stream_base::server, [self = shared_from_this()](const error_code& e) {
-      if (e == asio::ssl::error::stream_truncated || e == asio::error::eof) {
-        // Closed before a ClientHello (a readiness probe, a port scan): nothing was
-        // attempted, so nothing is logged or counted.
-        return self->close();
-      }
       if (e) {
         ++self->srv_.tls_failures;
         const std::string why = e == asio::error::operation_aborted
