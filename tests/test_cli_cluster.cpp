@@ -13,8 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -368,15 +370,25 @@ TEST_F(ClusterCli, AnUnknownNodeExits2NamingTheNodes) {
 }
 
 TEST_F(ClusterCli, UpStopsWhatItStartedWhenAMemberFails) {
-  // worker-2 cannot load its model: up fails at the workers' stage, names worker-2
-  // with its log, stops worker-1 and never starts the frontend.
-  const fs::path config =
-      write_config({"", ", model: {path: " + (dir_ / "no-such-model.gguf").string() + "}"});
+  // worker-2 cannot listen on its HTTP port (another program holds it): up fails at
+  // the workers' stage, names worker-2 with its log, stops worker-1 and never starts
+  // the frontend. (A worker with another model is refused before anything starts: a
+  // cluster runs one model.)
+  const fs::path config = write_config({"", ""});
+  const int busy = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(busy, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(static_cast<uint16_t>(http_ports_["worker-2"]));
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(busy, reinterpret_cast<sockaddr*>(&at), sizeof at), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(busy, 1), 0);
+  const std::string busy_port = std::to_string(http_ports_["worker-2"]);
   const Result r = run("blendctl cluster up " + config.string(), dir_);
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_EQ(r.out, "");
   EXPECT_THAT(r.err, AllOf(HasSubstr("cluster up failed: worker-2 (worker, pid"), HasSubstr("before it was ready"),
-                           HasSubstr("no-such-model.gguf"), HasSubstr("stopped worker-1"),
+                           HasSubstr("cannot listen on 127.0.0.1:" + busy_port), HasSubstr("stopped worker-1"),
                            Not(HasSubstr("started frontend"))));
   // Every member it started is gone, and no pid file is left.
   std::vector<pid_t> pids;
@@ -387,7 +399,8 @@ TEST_F(ClusterCli, UpStopsWhatItStartedWhenAMemberFails) {
   EXPECT_EQ(pids.size(), 2u) << r.err;
   for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << pid;
   EXPECT_TRUE(fs::is_empty(data() / "pids"));
-  EXPECT_THAT(log_of("worker-2"), HasSubstr("no-such-model.gguf"));
+  EXPECT_THAT(log_of("worker-2"), HasSubstr("cannot listen on 127.0.0.1:" + busy_port));
+  ::close(busy);
 
   // status: nothing runs.
   const Result s = run("blendctl cluster status " + config.string(), dir_);
