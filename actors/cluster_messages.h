@@ -1,35 +1,31 @@
-// What crosses the cluster's control plane (CAF's network layer, libcaf_io's
-// middleman): a member's report, asked for by the frontend on every heartbeat, and
-// the proof of the cluster secret every such request carries. Values only, each
-// serializable through its inspect overload and registered by
-// add_cluster_message_types(); chunk KV never travels here (the data plane is
-// storage/storage_server.h, Boost.Asio).
+// What crosses the cluster's control plane: the frontend's request, asked of every
+// member once per heartbeat, and the member's report. The link is ours
+// (storage/framed_link.h: TLS 1.3 with mutual authentication under the cluster CA,
+// or plaintext where the cluster file says so) and the messages are JSON
+// (actors/control_wire.h); chunk KV never travels here (the data plane is
+// storage/storage_server.h). Every request also carries a proof of the cluster
+// secret bound to its sender, its receiver and its time (actors/cluster_secret.h),
+// so that a plaintext cluster still answers nobody without the secret.
 //
-// Why a proof per request: CAF 0.17's BASP connections are neither encrypted nor
-// authenticated, and any peer that reaches the control port can send messages to
-// the published actor. The member answers nothing without a fresh HMAC of the
-// secret (SHA-256, constant-time compare, at most kProofMaxAge old). That keeps
-// the reports (which documents a worker holds) from strangers; it does not stop a
-// peer from sending bytes for CAF to deserialize, nor a replay of a seen proof
-// within its age: bind the control port to a private address (README "Cluster").
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include <caf/actor_system_config.hpp>
-#include <caf/atom.hpp>
-#include <caf/meta/type_name.hpp>
-
 #include "actors/cluster_secret.h"
+#include "actors/holdings.h"
 
 namespace bs {
 
-// (node_report_atom, from, unix_ms, proof) -> NodeReport
-using node_report_atom = caf::atom_constant<caf::atom("ndreport")>;
-using control_tick_atom = caf::atom_constant<caf::atom("ctltick")>;
-using control_connect_atom = caf::atom_constant<caf::atom("ctlconn")>;
+// The frontend's request: who asks (`from`), whom (`to`), when, the proof, and the
+// holdings it already has of that member (HoldingsDelta: epoch 0 = none).
+struct ControlRequest {
+  std::string from, to;
+  int64_t unix_ms = 0;
+  std::string proof;
+  uint64_t holdings_epoch = 0, holdings_base = 0;
+};
 
 // One member's state as the frontend routes by it.
 struct NodeReport {
@@ -41,23 +37,14 @@ struct NodeReport {
   // tokens), so the frontend computes a request's keys as this worker would
   uint64_t fingerprint = 0;
   std::vector<int32_t> prelude;
-  // worker: the chunk keys its RAM and SSD tiers hold, as a KeyBloom (words, probes)
-  std::vector<uint64_t> bloom_words;
-  int32_t bloom_probes = 0;
+  // worker: whether it loads from the cluster's storage nodes (its remote tier)
+  bool uses_storage = false;
+  // The chunk keys it holds (a worker: RAM and SSD tiers; a storage node: its SSD
+  // tier), as a change since what the asker had (actors/holdings.h)
+  HoldingsDelta holdings;
   int64_t chunks_held = 0;
   // storage: its SSD tier
   int64_t store_bytes = 0, store_entries = 0, store_budget = 0;
 };
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, NodeReport& x) {
-  return f(caf::meta::type_name("bs::NodeReport"), x.node, x.role, x.in_flight, x.queued, x.max_requests, x.max_queue,
-           x.fingerprint, x.prelude, x.bloom_words, x.bloom_probes, x.chunks_held, x.store_bytes, x.store_entries,
-           x.store_budget);
-}
-
-inline void add_cluster_message_types(caf::actor_system_config& cfg) {
-  cfg.add_message_type<NodeReport>("bs::NodeReport");
-}
 
 }  // namespace bs

@@ -1,12 +1,20 @@
 #include "actors/cluster_report.h"
 
-#include <algorithm>
-
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
-#include "storage/key_bloom.h"
 
 namespace bs {
+
+namespace {
+
+// Mixes a tier's counters into a change mark (any change of the key set moves at
+// least one of puts, evictions, entries).
+uint64_t mix(uint64_t h, const StoreStats& s) {
+  for (const int64_t v : {s.puts, s.evictions, s.entries}) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
 
 NodeReport make_worker_report(const Runtime& runtime, const std::string& node) {
   const RuntimeContext& ctx = runtime.context();
@@ -19,23 +27,7 @@ NodeReport make_worker_report(const Runtime& runtime, const std::string& node) {
   r.max_queue = ctx.config.max_queue;
   r.fingerprint = ctx.model->fingerprint();
   r.prelude = ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true);
-  std::vector<ChunkKey> keys;
-  if (ctx.ram) keys = ctx.ram->keys();
-  if (ctx.ssd) {
-    auto more = ctx.ssd->keys();
-    keys.insert(keys.end(), more.begin(), more.end());
-  }
-  // A chunk in both tiers counts once.
-  std::sort(keys.begin(), keys.end(), [](const ChunkKey& a, const ChunkKey& b) {
-    return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
-  });
-  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-  // Sized for what is held now with room to grow until the next report.
-  auto bloom = KeyBloom::sized_for(static_cast<int64_t>(keys.size()) + 64, 0.01);
-  for (const auto& k : keys) bloom.add(k);
-  r.bloom_words = bloom.words();
-  r.bloom_probes = bloom.probes();
-  r.chunks_held = static_cast<int64_t>(keys.size());
+  r.uses_storage = ctx.remote != nullptr;
   return r;
 }
 
@@ -48,6 +40,32 @@ NodeReport make_storage_report(const DiskKvStore& store, const std::string& node
   r.store_entries = s.entries;
   r.store_budget = store.budget();
   return r;
+}
+
+std::shared_ptr<HoldingsLog> worker_holdings(const Runtime& runtime) {
+  const RuntimeContext* ctx = &runtime.context();
+  return std::make_shared<HoldingsLog>(
+      [ctx] {
+        std::vector<ChunkKey> keys;
+        if (ctx->ram) keys = ctx->ram->keys();
+        if (ctx->ssd) {
+          auto more = ctx->ssd->keys();
+          keys.insert(keys.end(), more.begin(), more.end());
+        }
+        return keys;
+      },
+      [ctx] {
+        uint64_t h = 0xcbf29ce484222325ull;
+        if (ctx->ram) h = mix(h, ctx->ram->stats());
+        if (ctx->ssd) h = mix(h, ctx->ssd->stats());
+        return h;
+      });
+}
+
+std::shared_ptr<HoldingsLog> storage_holdings(const DiskKvStore& store) {
+  const DiskKvStore* s = &store;
+  return std::make_shared<HoldingsLog>([s] { return s->keys(); },
+                                       [s] { return mix(0xcbf29ce484222325ull, s->stats()); });
 }
 
 }  // namespace bs

@@ -30,18 +30,18 @@ std::string hmac_hex(const std::string& secret, const std::string& data) {
 
 }  // namespace
 
-std::string control_proof(const std::string& secret, const std::string& from, int64_t unix_ms) {
-  return hmac_hex(secret, "blendserve-control|" + from + "|" + std::to_string(unix_ms));
+std::string control_proof(const std::string& secret, const std::string& from, const std::string& to, int64_t unix_ms) {
+  return hmac_hex(secret, "blendserve-control|" + from + "|" + to + "|" + std::to_string(unix_ms));
 }
 
 std::string worker_api_key(const std::string& secret) { return hmac_hex(secret, "blendserve-worker-api-key"); }
 
-bool control_proof_valid(const std::string& secret, const std::string& from, int64_t unix_ms,
+bool control_proof_valid(const std::string& secret, const std::string& from, const std::string& to, int64_t unix_ms,
                          const std::string& proof) {
   const int64_t age = unix_ms_now() - unix_ms;
   const int64_t max_age = std::chrono::duration_cast<std::chrono::milliseconds>(kProofMaxAge).count();
   if (age > max_age || age < -max_age) return false;
-  const std::string want = control_proof(secret, from, unix_ms);
+  const std::string want = control_proof(secret, from, to, unix_ms);
   return proof.size() == want.size() && CRYPTO_memcmp(proof.data(), want.data(), want.size()) == 0;
 }
 

@@ -13,11 +13,14 @@ namespace bs {
 // A control request older (or further in the future) than this is refused.
 inline constexpr std::chrono::seconds kProofMaxAge{60};
 
-// Hex HMAC-SHA256 of "blendserve-control|<from>|<unix_ms>" under `secret`.
-std::string control_proof(const std::string& secret, const std::string& from, int64_t unix_ms);
-// Whether `proof` is control_proof(secret, from, unix_ms) (constant time) and
+// Hex HMAC-SHA256 of "blendserve-control|<from>|<to>|<unix_ms>" under `secret`: a
+// proof names its receiver, so one seen on the way to a member opens no other.
+// (Under TLS nobody else sees it; in plaintext a replay to the same member within
+// kProofMaxAge gets that member's report: plaintext is for trusted networks.)
+std::string control_proof(const std::string& secret, const std::string& from, const std::string& to, int64_t unix_ms);
+// Whether `proof` is control_proof(secret, from, to, unix_ms) (constant time) and
 // unix_ms is within kProofMaxAge of now.
-bool control_proof_valid(const std::string& secret, const std::string& from, int64_t unix_ms,
+bool control_proof_valid(const std::string& secret, const std::string& from, const std::string& to, int64_t unix_ms,
                          const std::string& proof);
 int64_t unix_ms_now();
 // The API key a cluster's frontend presents to its workers' OpenAI endpoints (and

@@ -49,12 +49,22 @@ std::optional<RouteChoice> RequestRouter::choose(const ClusterView& view,
       const auto keys = keys_for(m.report, chunks);
       const auto rit = recent_.find(m.member.name);
       for (size_t k = 0; k < keys.size(); ++k) {
-        bool held = m.held.may_contain(keys[k]);
+        bool held = m.held->contains(keys[k]);
         if (!held && rit != recent_.end()) {
           const auto kit = rit->second.keys.find({keys[k].hi, keys[k].lo});
           held = kit != rit->second.keys.end() && kit->second > now;
         }
-        if (held) cand.c.held_tokens += static_cast<int64_t>(chunks[k].size());
+        const auto tokens = static_cast<int64_t>(chunks[k].size());
+        if (held) {
+          cand.c.held_tokens += tokens;
+        } else if (m.report.uses_storage) {
+          // On a storage node that is up: this worker loads it instead of computing it.
+          for (const MemberView& s : view.members)
+            if (s.member.role == "storage" && s.up && s.held->contains(keys[k])) {
+              cand.c.storage_tokens += tokens;
+              break;
+            }
+        }
       }
     }
     cands.push_back(std::move(cand));
@@ -70,6 +80,10 @@ std::optional<RouteChoice> RequestRouter::choose(const ClusterView& view,
   auto better = [&](const Candidate& a, const Candidate& b) {
     if (!all_full && a.full != b.full) return !a.full;
     if (policy_ == RoutingPolicy::kv_aware) {
+      // Least to compute first (what it holds or loads from a storage node), then
+      // most held locally (a local load is faster than a remote one), then load.
+      const int64_t ra = a.c.held_tokens + a.c.storage_tokens, rb = b.c.held_tokens + b.c.storage_tokens;
+      if (ra != rb) return ra > rb;
       if (a.c.held_tokens != b.c.held_tokens) return a.c.held_tokens > b.c.held_tokens;
       if (a.c.load != b.c.load) return a.c.load < b.c.load;
     }

@@ -1,15 +1,18 @@
 // Which worker a cluster frontend sends a request to. KV-aware (the default): the
-// up worker whose RAM and SSD tiers hold the most of the request's document KV,
-// counted in tokens, by the Bloom filter of its last report plus the chunks of
-// requests this frontend sent it since (a write-back lands before the next report
-// says so); ties, and workers that are full, go by load (requests this frontend
-// has in flight there, or what the worker reported queued + running, whichever is
-// larger), then in turn. Round robin: in turn among the up workers that are not
-// full (the baseline `bench serve` compares against).
+// up worker that has the least of the request's document KV to compute, counted in
+// tokens: what its RAM and SSD tiers hold (the keys of its reports, plus the chunks
+// of requests this frontend sent it since: a write-back lands before the next report
+// says so) and, for a worker with the remote tier, what an up storage node holds;
+// among equals the one that holds more itself (a local load beats a remote one);
+// ties, and workers that are full, go by load (requests this frontend has in flight
+// there, or what the worker reported queued + running, whichever is larger), then in
+// turn. Round robin: in turn among the up workers that are not full (the baseline
+// `bench serve` compares against).
 //
 // A worker's chunk keys depend on its model fingerprint and chunk prelude (its
 // report says both), so the keys are computed per worker, exactly as its intake
-// would (storage/chunk_kv.h make_chunk_key). A false positive of a filter only
+// would (storage/chunk_kv.h make_chunk_key); a storage node's keys are looked up
+// with the same worker's keys. A key a report still lists after its eviction only
 // costs a worse choice, never a wrong answer: the worker computes what it lacks.
 #pragma once
 
@@ -33,6 +36,7 @@ RoutingPolicy parse_routing_policy(const std::string& name);
 struct RouteChoice {
   std::string worker;
   int64_t held_tokens = 0;  // the request's document tokens the worker holds (as far as the router knows)
+  int64_t storage_tokens = 0;  // and those it does not hold that an up storage node does (it has the remote tier)
   int64_t load = 0;         // its load when chosen
   bool overloaded = false;  // every up worker was full: chosen anyway (it queues or refuses with 503)
 };

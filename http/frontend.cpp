@@ -223,7 +223,8 @@ struct FrontendServer::Impl {
   // /metrics
   std::mutex metrics_mu;
   std::map<std::string, int64_t> routed, failed;  // per worker
-  int64_t retries = 0, refused_no_worker = 0, mid_stream_failures = 0, held_tokens = 0, request_tokens = 0;
+  int64_t retries = 0, refused_no_worker = 0, mid_stream_failures = 0, held_tokens = 0, storage_tokens = 0,
+          request_tokens = 0;
   int64_t heartbeat_failures = 0, forwards_refused = 0;
   // The forwards in flight (aborted at shutdown), pruned as they end.
   std::mutex live_mu;
@@ -372,6 +373,7 @@ struct FrontendServer::Impl {
         std::lock_guard<std::mutex> lock(metrics_mu);
         ++routed[w.name];
         held_tokens += choice->held_tokens;
+        storage_tokens += choice->storage_tokens;
         request_tokens += doc_tokens;
       }
       auto u = start(w, "POST", "/v1/chat/completions", req.body, stream);
@@ -679,12 +681,16 @@ struct FrontendServer::Impl {
                        {"queued", m.report.queued},
                        {"max_requests", m.report.max_requests},
                        {"chunks_held", m.report.chunks_held},
-                       {"bloom_bits", m.held.bits()},
+                       {"keys_known", m.held->size()},
+                       {"holdings_version", m.held->version()},
+                       {"uses_storage", m.report.uses_storage},
                        {"routed_in_flight", router.in_flight(m.member.name)}};
       else
         j["report"] = {{"bytes", m.report.store_bytes},
                        {"entries", m.report.store_entries},
-                       {"budget", m.report.store_budget}};
+                       {"budget", m.report.store_budget},
+                       {"keys_known", m.held->size()},
+                       {"holdings_version", m.held->version()}};
       out.push_back(std::move(j));
     }
     return out;
@@ -764,6 +770,9 @@ struct FrontendServer::Impl {
     line("# HELP blendserve_frontend_routed_held_tokens_total Document tokens the chosen worker held when routed.");
     line("# TYPE blendserve_frontend_routed_held_tokens_total counter");
     line("blendserve_frontend_routed_held_tokens_total " + std::to_string(held_tokens));
+    line("# HELP blendserve_frontend_routed_storage_tokens_total Document tokens the chosen worker did not hold that a storage node did.");
+    line("# TYPE blendserve_frontend_routed_storage_tokens_total counter");
+    line("blendserve_frontend_routed_storage_tokens_total " + std::to_string(storage_tokens));
     line("# TYPE blendserve_frontend_routed_document_tokens_total counter");
     line("blendserve_frontend_routed_document_tokens_total " + std::to_string(request_tokens));
     return out;

@@ -58,6 +58,18 @@ Owned<X509> read_cert(const std::string& path) {
   return x;
 }
 
+// Every certificate of a PEM file (a CA bundle: the cluster's CA, or during a CA
+// change the old and the new one).
+std::vector<Owned<X509>> read_certs(const std::string& path) {
+  Owned<BIO> bio(BIO_new_file(path.c_str(), "r"));
+  if (!bio) fail("cannot open the certificate " + path);
+  std::vector<Owned<X509>> out;
+  while (X509* x = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) out.emplace_back(x);
+  ERR_clear_error();  // the end of the file reads as an error
+  if (out.empty()) fail(path + " is not a PEM certificate");
+  return out;
+}
+
 Owned<EVP_PKEY> read_key(const std::string& path) {
   Owned<BIO> bio(BIO_new_file(path.c_str(), "r"));
   if (!bio) fail("cannot open the private key " + path);
@@ -139,15 +151,16 @@ void check_files(const Files& f) {
   if (f.ca.empty() || f.cert.empty() || f.key.empty())
     throw std::runtime_error("tls: the CA certificate, the member's certificate and its key are all needed (" +
                              std::string(f.ca.empty() ? "ca" : f.cert.empty() ? "cert" : "key") + " is not set)");
-  auto ca = read_cert(f.ca);
+  const auto cas = read_certs(f.ca);
   auto cert = read_cert(f.cert);
   auto key = read_key(f.key);
   if (X509_check_private_key(cert.get(), key.get()) != 1) fail(f.key + " is not the key of " + f.cert);
   Owned<X509_STORE> store(X509_STORE_new());
   Owned<X509_STORE_CTX> ctx(X509_STORE_CTX_new());
-  if (!store || !ctx || X509_STORE_add_cert(store.get(), ca.get()) != 1 ||
-      X509_STORE_CTX_init(ctx.get(), store.get(), cert.get(), nullptr) != 1)
-    fail("cannot check " + f.cert);
+  if (!store || !ctx) fail("cannot check " + f.cert);
+  for (const auto& ca : cas)
+    if (X509_STORE_add_cert(store.get(), ca.get()) != 1) fail("cannot check " + f.cert);
+  if (X509_STORE_CTX_init(ctx.get(), store.get(), cert.get(), nullptr) != 1) fail("cannot check " + f.cert);
   if (X509_verify_cert(ctx.get()) != 1)
     throw std::runtime_error("tls: " + f.cert + " does not verify against the CA " + f.ca + ": " +
                              X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx.get())));

@@ -26,7 +26,7 @@ namespace bs::tls {
 // A member's TLS files (PEM paths). All empty: plaintext, which a config must ask for
 // by name; partly set is an error (check_files).
 struct Files {
-  std::string ca;    // the cluster CA's certificate: a peer must be signed by it
+  std::string ca;    // the cluster CA's certificate (or a bundle of CAs): a peer must be signed by one
   std::string cert;  // this member's certificate (signed by the CA, naming the member)
   std::string key;   // this member's private key (0600)
   bool enabled() const { return !ca.empty() || !cert.empty() || !key.empty(); }

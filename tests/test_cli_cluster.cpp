@@ -34,6 +34,8 @@
 #include <unistd.h>
 
 #include "actors/cluster_secret.h"
+#include "actors/control_wire.h"
+#include "storage/framed_link.h"
 #include "tests/console_fixture.h"
 #include "tests/model_fixture.h"
 #include "http/cluster_tls.h"
@@ -140,7 +142,9 @@ class ClusterCli : public ::testing::Test {
     for (size_t i = 0; i < worker_extra.size(); ++i) {
       const int http = port();
       http_ports_["worker-" + std::to_string(i + 1)] = http;
-      y << "  - {name: worker-" << i + 1 << ", role: worker, host: 127.0.0.1, port: " << port()
+      const int control = port();
+      control_ports_["worker-" + std::to_string(i + 1)] = control;
+      y << "  - {name: worker-" << i + 1 << ", role: worker, host: 127.0.0.1, port: " << control
         << ", http_port: " << http << worker_extra[i] << "}\n";
     }
     if (storage)
@@ -234,7 +238,7 @@ class ClusterCli : public ::testing::Test {
   }
 
   fs::path dir_;
-  std::map<std::string, int> http_ports_;
+  std::map<std::string, int> http_ports_, control_ports_;
   int storage_data_port_ = 0;
   std::vector<pid_t> children_;
   std::vector<int> used_;
@@ -324,6 +328,39 @@ TEST_F(ClusterCli, AWorkerMemberServesAndStopsOnSigterm) {
         "127.0.0.1", http_ports_["worker-1"], {ours.ca, (t / "worker-1.pem").string(), (t / "worker-1.key").string()});
     storage_cert->set_read_timeout(5, 0);
     EXPECT_FALSE(storage_cert->Get("/health")) << "a member that is not the frontend";
+
+    // The control port likewise (storage/framed_link.h under TLS): the frontend's
+    // certificate gets the report; another CA's, another member's or plaintext nothing.
+    auto ask = [&](const bs::tls::Files& files, std::string* why) {
+      bs::FramedClientOptions o;
+      o.host = "127.0.0.1";
+      o.port = control_ports_["worker-1"];
+      o.tls = files;
+      o.peer_name = "worker-1";
+      bs::FramedClient link(o);
+      bs::ControlRequest req;
+      req.from = "frontend";
+      req.to = "worker-1";
+      req.unix_ms = bs::unix_ms_now();
+      req.proof = bs::control_proof(kSecret, req.from, req.to, req.unix_ms);
+      const auto reply = link.call(bs::encode_control_request(req), 5, 5, why);
+      return reply ? bs::decode_report_reply(*reply, why) : std::nullopt;
+    };
+    std::string why;
+    const auto report = ask(ours, &why);
+    ASSERT_TRUE(report) << why;
+    EXPECT_EQ(report->node, "worker-1");
+    EXPECT_TRUE(report->holdings.full);
+    // Trusting both CAs (so only the worker's refusal ends the handshake).
+    const fs::path both = other / "both-cas.pem";
+    std::ofstream(both) << std::ifstream(ours.ca).rdbuf() << std::ifstream(other / "ca.pem").rdbuf();
+    EXPECT_FALSE(ask({both.string(), (other / "frontend.pem").string(), (other / "frontend.key").string()}, &why));
+    // TLS 1.3: the worker checks the client's certificate after the client's side of the
+    // handshake; its refusal arrives as an alert where the reply should be.
+    EXPECT_THAT(why, HasSubstr("alert unknown ca")) << "another CA's frontend";
+    EXPECT_FALSE(ask({ours.ca, (t / "worker-1.pem").string(), (t / "worker-1.key").string()}, &why));
+    EXPECT_FALSE(ask({}, &why)) << "plaintext";
+    EXPECT_THAT(log_of("worker-1"), HasSubstr("refused"));
   }
   const auto client = client_of("worker-1");
   httplib::Client& c = *client;

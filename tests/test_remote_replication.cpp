@@ -19,26 +19,16 @@
 #include "storage/replicated_store.h"
 #include "storage/storage_server.h"
 #include "temp_dir.h"
+#include "tests/random_kv.h"
 
 namespace bs {
 namespace {
 
+using testing::key_of;
+using testing::random_kv;
+
 constexpr char kSecret[] = "the cluster secret";
 
-std::shared_ptr<ChunkKv> random_kv(std::mt19937& rng, int layers, int m) {
-  auto kv = std::make_shared<ChunkKv>();
-  kv->n_layers = layers, kv->kv_heads = 2, kv->head_dim = 32;
-  kv->dtype = kernels::TensorType::F16;
-  for (int i = 0; i < m; ++i) kv->tokens.push_back(static_cast<int32_t>(rng() % 150000));
-  kv->allocate();
-  for (size_t i = 0; i < kv->k.size(); ++i) {
-    kv->k[i] = static_cast<std::byte>(rng());
-    kv->v[i] = static_cast<std::byte>(rng());
-  }
-  return kv;
-}
-
-ChunkKey key_of(const ChunkKv& kv) { return make_chunk_key(11, KvKind::Chunk, kv.tokens); }
 
 // A storage node that can be stopped and started again on its port (its files kept,
 // or wiped: a node that comes back empty).
@@ -117,7 +107,7 @@ TEST(RemoteReplication, AWriteLandsOnEveryReplicaAndAReadSurvivesAReplicaDown) {
   std::mt19937 rng(2);
   std::vector<std::shared_ptr<ChunkKv>> kvs;
   for (int i = 0; i < 6; ++i) {
-    kvs.push_back(random_kv(rng, 4, 40));
+    kvs.push_back(random_kv(rng, 4, 2, 40, 32));
     ASSERT_TRUE(w->put(key_of(*kvs.back()), kvs.back())) << w->last_error();
   }
   for (const auto& kv : kvs) {
@@ -141,7 +131,7 @@ TEST(RemoteReplication, AWriteLandsOnEveryReplicaAndAReadSurvivesAReplicaDown) {
   EXPECT_EQ(w->stats().misses, 0);
   // A write with a replica down: acknowledged (one copy is there), counted.
   std::shared_ptr<ChunkKv> kv;
-  do kv = random_kv(rng, 4, 40);
+  do kv = random_kv(rng, 4, 2, 40, 32);
   while (w->replicas(key_of(*kv))[0] != 0 && w->replicas(key_of(*kv))[1] != 0);
   EXPECT_TRUE(w->put(key_of(*kv), kv));
   EXPECT_EQ(w->replication_stats().under_replicated, 1);
@@ -156,7 +146,7 @@ TEST(RemoteReplication, ANodeThatComesBackEmptyIsRepairedByReadThrough) {
   std::mt19937 rng(3);
   std::vector<std::shared_ptr<ChunkKv>> on_a;  // chunks with a copy on storage-a
   while (on_a.size() < 4) {
-    auto kv = random_kv(rng, 3, 30);
+    auto kv = random_kv(rng, 3, 2, 30, 32);
     const auto r = w->replicas(key_of(*kv));
     if (r[0] != 0 && r[1] != 0) continue;
     ASSERT_TRUE(w->put(key_of(*kv), kv));

@@ -37,9 +37,13 @@
 #include "storage/storage_server.h"
 #include "faulty_file_io.h"
 #include "temp_dir.h"
+#include "tests/random_kv.h"
 
 namespace bs {
 namespace {
+
+using testing::key_of;
+using testing::random_kv;
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
@@ -51,21 +55,6 @@ constexpr char kSecret[] = "the cluster secret";
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
 // Random bit patterns: equality below is bytewise.
-std::shared_ptr<ChunkKv> random_kv(std::mt19937& rng, int layers, int heads, int m, int head_dim,
-                                   kernels::TensorType dtype) {
-  auto kv = std::make_shared<ChunkKv>();
-  kv->n_layers = layers, kv->kv_heads = heads, kv->head_dim = head_dim;
-  kv->dtype = dtype;
-  for (int i = 0; i < m; ++i) kv->tokens.push_back(static_cast<int32_t>(rng() % 150000));
-  kv->allocate();
-  for (size_t i = 0; i < kv->k.size(); ++i) {
-    kv->k[i] = static_cast<std::byte>(rng());
-    kv->v[i] = static_cast<std::byte>(rng());
-  }
-  return kv;
-}
-
-ChunkKey key_of(const ChunkKv& kv) { return make_chunk_key(11, KvKind::Chunk, kv.tokens); }
 
 bool same(const ChunkKv& a, const ChunkKv& b) {
   return a.tokens == b.tokens && a.n_layers == b.n_layers && a.kv_heads == b.kv_heads && a.head_dim == b.head_dim &&

@@ -30,10 +30,16 @@
 #include "storage/remote_store.h"
 #include "storage/storage_server.h"
 #include "storage/tls.h"
-#include "temp_dir.h"
+#include "tests/random_kv.h"
+#include "tests/tls_fixture.h"
 
 namespace bs {
 namespace {
+
+using testing::FlippingProxy;
+using testing::key_of;
+using testing::Pki;
+using testing::random_kv;
 
 namespace fs = std::filesystem;
 constexpr char kSecret[] = "the cluster secret";
@@ -52,37 +58,6 @@ std::pair<std::string, int> run(const std::string& cmd) {
 
 bool have_openssl_tool() { return run("openssl version").second == 0; }
 
-// A cluster's CA and members' files in a temp dir; `other` is a second, unrelated CA.
-struct Pki {
-  Pki() {
-    tls::make_ca("demo-ca", path("ca.pem"), path("ca.key"));
-    tls::make_ca("other-ca", path("other-ca.pem"), path("other-ca.key"));
-  }
-  std::string path(const std::string& f) const { return (dir.path() / f).string(); }
-  // `name`'s files signed by the cluster's CA (or the other one).
-  tls::Files member(const std::string& name, std::vector<std::string> hosts = {"127.0.0.1"}, bool other = false) {
-    const std::string ca = other ? "other-ca" : "ca";
-    const std::string stem = name + (other ? ".other" : "");
-    tls::issue_member(path(ca + ".pem"), path(ca + ".key"), name, hosts, path(stem + ".pem"), path(stem + ".key"));
-    return {path(ca + ".pem"), path(stem + ".pem"), path(stem + ".key")};
-  }
-  testing::TempDir dir{"bs_tls"};
-};
-
-std::shared_ptr<ChunkKv> random_kv(std::mt19937& rng, int layers, int heads, int m, int head_dim) {
-  auto kv = std::make_shared<ChunkKv>();
-  kv->n_layers = layers, kv->kv_heads = heads, kv->head_dim = head_dim;
-  kv->dtype = kernels::TensorType::F16;
-  for (int i = 0; i < m; ++i) kv->tokens.push_back(static_cast<int32_t>(rng() % 150000));
-  kv->allocate();
-  for (size_t i = 0; i < kv->k.size(); ++i) {
-    kv->k[i] = static_cast<std::byte>(rng());
-    kv->v[i] = static_cast<std::byte>(rng());
-  }
-  return kv;
-}
-
-ChunkKey key_of(const ChunkKv& kv) { return make_chunk_key(11, KvKind::Chunk, kv.tokens); }
 
 // Whether `pred` holds within 3 s (the node counts a refusal on its own thread).
 template <class Pred>
@@ -273,84 +248,6 @@ TEST(RemoteTls, AWorkerTrustsOnlyTheNodeItMeant) {
     EXPECT_EQ(node.server->stats().layers_served, 0);
   }
 }
-
-// A loopback TCP proxy to `port` that flips the byte at offset `at` of what the node
-// sends (once, on the first connection), passing everything else through.
-class FlippingProxy {
- public:
-  FlippingProxy(int port, int64_t at) : port_(port), at_(at) {
-    listen_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(listen_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listen_, 8) != 0 ||
-        ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-      throw std::runtime_error("proxy: cannot listen");
-    proxy_port_ = ntohs(a.sin_port);
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~FlippingProxy() {
-    stop_ = true;
-    ::shutdown(listen_, SHUT_RDWR);
-    thread_.join();
-    ::close(listen_);
-  }
-  int port() const { return proxy_port_; }
-  bool flipped() const { return flipped_; }
-
- private:
-  void serve() {
-    while (!stop_) {
-      pollfd p{listen_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      const int client = ::accept(listen_, nullptr, nullptr);
-      if (client < 0) continue;
-      const int node = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      a.sin_port = htons(static_cast<uint16_t>(port_));
-      if (::connect(node, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) relay(client, node);
-      ::close(node);
-      ::close(client);
-    }
-  }
-  // Both ways until either side closes; the node's byte at `at_` flipped once.
-  void relay(int client, int node) {
-    std::array<char, 65536> buf{};
-    int64_t from_node = 0;
-    while (!stop_) {
-      pollfd p[2] = {{client, POLLIN, 0}, {node, POLLIN, 0}};
-      if (::poll(p, 2, 50) < 0) return;
-      for (int i = 0; i < 2; ++i) {
-        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        const ssize_t n = ::read(p[i].fd, buf.data(), buf.size());
-        if (n <= 0) return;
-        if (i == 1) {
-          if (!flipped_ && at_ >= from_node && at_ < from_node + n) {
-            buf[static_cast<size_t>(at_ - from_node)] ^= 0x20;
-            flipped_ = true;
-          }
-          from_node += n;
-        }
-        for (ssize_t off = 0; off < n;) {
-          const ssize_t w = ::write(p[1 - i].fd, buf.data() + off, static_cast<size_t>(n - off));
-          if (w <= 0) return;
-          off += w;
-        }
-      }
-    }
-  }
-
-  int port_;
-  int64_t at_;
-  int listen_ = -1;
-  int proxy_port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> flipped_{false};
-  std::thread thread_;
-};
 
 // One byte flipped on the wire in the middle of the KV: the read fails (TLS's record
 // MAC), the worker answers a miss, never the wrong bytes; the next read through a

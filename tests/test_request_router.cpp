@@ -5,6 +5,7 @@
 // as held by its worker before the next report says so.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "actors/request_router.h"
@@ -21,6 +22,14 @@ std::vector<int32_t> doc(int seed, int n = 100) {
   return t;
 }
 
+std::shared_ptr<const HeldKeys> held_keys(const std::vector<std::vector<int32_t>>& docs) {
+  std::vector<ChunkKey> keys;
+  for (const auto& d : docs) keys.push_back(make_chunk_key(kFingerprint, KvKind::Chunk, d));
+  std::sort(keys.begin(), keys.end(), chunk_key_less);
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return std::make_shared<const HeldKeys>(1, 1, std::move(keys));
+}
+
 MemberView worker(const std::string& name, const std::vector<std::vector<int32_t>>& held, int64_t load = 0,
                   bool up = true) {
   MemberView m;
@@ -32,8 +41,17 @@ MemberView worker(const std::string& name, const std::vector<std::vector<int32_t
   m.report.in_flight = load;
   m.report.max_requests = 4;
   m.report.max_queue = 4;
-  m.held = KeyBloom::sized_for(64);
-  for (const auto& d : held) m.held.add(make_chunk_key(kFingerprint, KvKind::Chunk, d));
+  m.held = held_keys(held);
+  return m;
+}
+
+MemberView storage_node(const std::string& name, const std::vector<std::vector<int32_t>>& held, bool up = true) {
+  MemberView m;
+  m.member = {name, "storage", "127.0.0.1", 2};
+  m.up = up;
+  m.report.node = name;
+  m.report.role = "storage";
+  m.held = held_keys(held);
   return m;
 }
 
@@ -50,6 +68,38 @@ TEST(RequestRouter, KvAwareGoesWhereMostDocumentTokensAre) {
   EXPECT_EQ(c->held_tokens, 100);
 }
 
+// What an up storage node holds counts for a worker with the remote tier (it loads
+// instead of computing), less than what it holds itself; a down node counts nothing.
+TEST(RequestRouter, StorageHoldingsCountForWorkersThatLoadFromStorage) {
+  ClusterView v;
+  v.members = {worker("w1", {doc(1)}), worker("w2", {}), storage_node("s1", {doc(2, 300), doc(1)})};
+  v.members[1].report.uses_storage = true;
+  RequestRouter r(RoutingPolicy::kv_aware);
+  // w1 holds doc 1 itself (100 tokens) but has no remote tier; w2 loads both
+  // documents from s1 (400 tokens): w2 computes less.
+  auto c = r.choose(v, {doc(2, 300), doc(1)});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->worker, "w2");
+  EXPECT_EQ(c->held_tokens, 0);
+  EXPECT_EQ(c->storage_tokens, 400);
+  // Both reach s1: the same left to compute, and w1 holds doc 1 itself.
+  v.members[0].report.uses_storage = true;
+  c = r.choose(v, {doc(2, 300), doc(1)});
+  EXPECT_EQ(c->worker, "w1");
+  EXPECT_EQ(c->held_tokens, 100);
+  EXPECT_EQ(c->storage_tokens, 300);
+  // s1 down: its keys count for nobody.
+  v.members[2].up = false;
+  v.members[0].report.uses_storage = false;
+  c = r.choose(v, {doc(2, 300), doc(1)});
+  EXPECT_EQ(c->worker, "w1");
+  EXPECT_EQ(c->storage_tokens, 0);
+  // s1 up again, the request's documents not on it: nothing from storage.
+  v.members[2].up = true;
+  c = r.choose(v, {doc(8), doc(9)});
+  EXPECT_EQ(c->storage_tokens, 0);
+}
+
 TEST(RequestRouter, TiesGoToTheLeastLoadedAndFullWorkersAreAvoided) {
   ClusterView v;
   v.members = {worker("w1", {doc(1)}, 3), worker("w2", {doc(1)}, 1)};
@@ -57,7 +107,7 @@ TEST(RequestRouter, TiesGoToTheLeastLoadedAndFullWorkersAreAvoided) {
   EXPECT_EQ(r.choose(v, {doc(1)})->worker, "w2");
   // w2 full (in flight + queued >= max_requests + max_queue): w1 even without the document.
   v.members[1].report.in_flight = 8;
-  v.members[0].held = KeyBloom::sized_for(8);
+  v.members[0].held = held_keys({});
   auto c = r.choose(v, {doc(1)});
   EXPECT_EQ(c->worker, "w1");
   EXPECT_FALSE(c->overloaded);

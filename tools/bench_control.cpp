@@ -36,15 +36,14 @@
 #include <stdexcept>
 #include <thread>
 
-#include <caf/all.hpp>
-#include <caf/io/all.hpp>
 #include <nlohmann/json.hpp>
 
 #include "actors/cluster_messages.h"
 #include "actors/cluster_report.h"
 #include "actors/cluster_secret.h"
 #include "actors/control_endpoint.h"
-#include "actors/control_system_config.h"
+#include "actors/control_wire.h"
+#include "storage/framed_link.h"
 #include "storage/chunk_kv.h"
 #include "storage/disk_store.h"
 #include "storage/remote_store.h"
@@ -58,7 +57,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
-using probe_atom = caf::atom_constant<caf::atom("ctlprobe")>;
 
 // The nearest-rank percentile (q in [0, 1]) of `v`; 0 for an empty one.
 double percentile(std::vector<double> v, double q) {
@@ -206,7 +204,8 @@ std::string cluster_yaml(const ControlBenchOptions& opt, const std::string& secr
                          int control_port, int data_port, int64_t budget) {
   std::ostringstream y;
   y << "cluster: {name: bench-control, secret: \"" << secret << "\", data_dir: \"" << data_dir.string()
-    << "\", heartbeat_interval: " << opt.heartbeat_s << ", connection_timeout: " << opt.connection_timeout_s << "}\n"
+    << "\", heartbeat_interval: " << opt.heartbeat_s << ", connection_timeout: " << opt.connection_timeout_s
+    << ", tls: {mode: plaintext}}\n"
     << "nodes:\n"
     << "  - {name: frontend, role: frontend, host: 127.0.0.1, port: " << free_loopback_port()
     << ", http_port: " << free_loopback_port() << "}\n"
@@ -228,7 +227,8 @@ struct InProcessNode {
         server(store, StorageServerOptions{.bind_host = "127.0.0.1", .port = 0, .secret = secret}),
         control(ControlEndpointOptions{.node = kNode, .host = "127.0.0.1", .port = 0, .secret = secret,
                                        .heartbeat_interval_s = opt.heartbeat_s,
-                                       .connection_timeout_s = opt.connection_timeout_s},
+                                       .connection_timeout_s = opt.connection_timeout_s, .tls = {},
+                                       .tls_peers = {}},
                 [this] { return make_storage_report(store, kNode); }) {}
 };
 
@@ -240,71 +240,13 @@ struct ProbeSample {
   double rtt_ms() const { return (end_s - start_s) * 1e3; }
 };
 
-struct ProbeBook {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<ProbeSample> samples;
-  bool done = false;
-  bool dropped = false;  // the control connection went down
-  std::string error;     // the first failure
-};
-
 struct ProbeSpec {
   std::string secret;
+  double connect_timeout_s = 5;
   int count = 0;
   Clock::duration interval{}, timeout{};
   Clock::time_point epoch;
 };
-
-// The ClusterMonitor's ask(), timed: one report request at a time (the monitor
-// never has two pending per member), a fresh proof each, every `interval` from the
-// previous start (at once when a reply took longer), `count` of them; then done.
-caf::behavior prober(caf::event_based_actor* self, caf::actor agent, ProbeSpec spec, std::shared_ptr<ProbeBook> book) {
-  auto sent = std::make_shared<int>(0);
-  auto finish = [self, book](bool dropped, const std::string& why) {
-    {
-      std::lock_guard<std::mutex> lock(book->mu);
-      if (dropped) book->dropped = true;
-      if (!why.empty() && book->error.empty()) book->error = why;
-      book->done = true;
-    }
-    book->cv.notify_all();
-    self->quit();
-  };
-  self->monitor(agent);
-  self->set_down_handler([self, finish](caf::down_msg& m) {
-    finish(true, "control connection lost: " + self->system().render(m.reason));
-  });
-  self->send(self, probe_atom::value);
-  return {
-      [self, agent, spec, book, sent, finish](probe_atom) {
-        if (*sent >= spec.count || stop_requested()) return finish(false, "");
-        ++*sent;
-        const auto t0 = Clock::now();
-        const int64_t unix_ms = unix_ms_now();
-        auto record = [self, spec, book, t0](bool ok, bool timed_out, const std::string& why) {
-          const auto t1 = Clock::now();
-          {
-            std::lock_guard<std::mutex> lock(book->mu);
-            book->samples.push_back({std::chrono::duration<double>(t0 - spec.epoch).count(),
-                                     std::chrono::duration<double>(t1 - spec.epoch).count(), ok, timed_out});
-            if (!why.empty() && book->error.empty()) book->error = why;
-          }
-          const auto next = t0 + spec.interval;
-          if (next > t1)
-            self->delayed_send(self, next - t1, probe_atom::value);
-          else
-            self->send(self, probe_atom::value);
-        };
-        self->request(agent, spec.timeout, node_report_atom::value, std::string(kSelf), unix_ms,
-                      control_proof(spec.secret, kSelf, unix_ms))
-            .then([record](NodeReport&) { record(true, false, ""); },
-                  [self, record](caf::error& e) {
-                    record(false, e == caf::sec::request_timeout, "control request failed: " + self->system().render(e));
-                  });
-      },
-  };
-}
 
 struct ProbeRun {
   std::vector<ProbeSample> samples;
@@ -312,40 +254,37 @@ struct ProbeRun {
   std::string error;
 };
 
-// Runs one prober to its end (or until interrupted) and returns what it measured.
-ProbeRun probe(caf::actor_system& sys, const caf::actor& agent, const ProbeSpec& spec) {
-  auto book = std::make_shared<ProbeBook>();
-  auto a = sys.spawn(prober, agent, spec, book);
-  const auto bound = spec.count * (spec.interval + spec.timeout) + std::chrono::seconds(10);
-  const auto deadline = Clock::now() + bound;
-  std::unique_lock<std::mutex> lock(book->mu);
-  while (!book->done && Clock::now() < deadline)
-    book->cv.wait_for(lock, std::chrono::milliseconds(100));  // wakes for a stop request too
-  ProbeRun run{book->samples, book->dropped, book->error};
-  if (!book->done) {
-    lock.unlock();
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    if (run.error.empty()) run.error = "the control prober did not finish in time";
+// The ClusterMonitor's ask, timed: one report request at a time over the control
+// link (the monitor never has two pending per member), a fresh proof each, every
+// `interval` from the previous start (at once when a reply took longer), `count`
+// of them; the connection stays up across them, as the monitor's does.
+ProbeRun probe(FramedClient& client, const ProbeSpec& spec) {
+  ProbeRun run;
+  const double timeout_s = std::chrono::duration<double>(spec.timeout).count();
+  for (int i = 0; i < spec.count && !stop_requested(); ++i) {
+    const auto t0 = Clock::now();
+    ControlRequest req;
+    req.from = kSelf;
+    req.to = kNode;
+    req.unix_ms = unix_ms_now();
+    req.proof = control_proof(spec.secret, req.from, req.to, req.unix_ms);
+    const bool was_connected = client.connected();
+    std::string why;
+    const auto reply = client.call(encode_control_request(req), spec.connect_timeout_s, timeout_s, &why);
+    const bool ok = reply && decode_report_reply(*reply, &why).has_value();
+    const bool timed_out = !reply && why.rfind("no reply within", 0) == 0;
+    const auto t1 = Clock::now();
+    run.samples.push_back({std::chrono::duration<double>(t0 - spec.epoch).count(),
+                           std::chrono::duration<double>(t1 - spec.epoch).count(), ok, timed_out});
+    if (!ok && run.error.empty()) run.error = "control request failed: " + why;
+    if (!reply && was_connected && !timed_out) {
+      run.dropped = true;  // the connection went down under the load
+      break;
+    }
+    const auto next = t0 + spec.interval;
+    if (next > t1) std::this_thread::sleep_for(next - t1);
   }
   return run;
-}
-
-// The node's control actor, through the middleman as the ClusterMonitor connects
-// (bounded by the connection timeout).
-caf::actor connect_control(caf::actor_system& sys, int port, double timeout_s, std::string* why) {
-  caf::scoped_actor self{sys};
-  caf::actor agent;
-  self->request(sys.middleman().actor_handle(), seconds_span(timeout_s), caf::connect_atom::value,
-                std::string("127.0.0.1"), static_cast<uint16_t>(port))
-      .receive(
-          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-            if (ptr)
-              agent = caf::actor_cast<caf::actor>(std::move(ptr));
-            else
-              *why = "no control actor published there";
-          },
-          [&](caf::error& e) { *why = sys.render(e); });
-  return agent;
 }
 
 // ------------------------------------------------------------ the data-plane load
@@ -574,9 +513,9 @@ int bench_control(const ControlBenchOptions& opt) {
   }
   kv.reset();
 
-  // The control plane's client: an actor system as the frontend's ClusterMonitor
-  // runs, connected once (the BASP connection stays up across the phases, as the
-  // monitor's does), the monitor's timeout per request.
+  // The control plane's client: a link as the frontend's ClusterMonitor holds per
+  // member, connected on the first ask and kept up across the phases, the
+  // monitor's timeout per request.
   PhaseStats idle_all, loaded_all;
   std::vector<double> transfer_s;
   int64_t loaded_bytes = 0, transfers_failed = 0;
@@ -584,13 +523,13 @@ int bench_control(const ControlBenchOptions& opt) {
   bool dropped = false;
   std::string first_error;
   {
-    ControlSystemConfig cfg(opt.heartbeat_s, opt.connection_timeout_s);
-    caf::actor_system sys(cfg);
-    std::string why;
-    const caf::actor agent = connect_control(sys, control_port, opt.connection_timeout_s, &why);
-    if (!agent) throw std::runtime_error("bench control: cannot reach the node's control actor: " + why);
+    FramedClientOptions copt;
+    copt.host = "127.0.0.1";
+    copt.port = control_port;
+    FramedClient client(copt);
     ProbeSpec spec;
     spec.secret = secret;
+    spec.connect_timeout_s = opt.connection_timeout_s;
     spec.count = opt.samples;
     spec.interval = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(opt.interval_ms));
     spec.timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(2 * opt.heartbeat_s));
@@ -605,7 +544,7 @@ int bench_control(const ControlBenchOptions& opt) {
           // The stream is under way (one whole transfer done) before the first request.
           if (!loop->wait_finished(1, 60)) throw std::runtime_error("bench control: the first transfer took over 60 s");
         }
-        const ProbeRun run = probe(sys, agent, spec);
+        const ProbeRun run = probe(client, spec);
         const std::vector<Transfer> transfers = loop ? loop->stop() : std::vector<Transfer>{};
         if (loop && !loop->error().empty() && first_error.empty()) first_error = loop->error();
         PhaseStats phase;

@@ -1,6 +1,6 @@
 // `blendctl bench control`: how much a large KV transfer on a storage node's data
-// plane (Boost.Asio, storage/storage_server.h) delays its control plane (CAF's
-// middleman, actors/control_endpoint.h). Issue 21's target: a 64 MB transfer delays
+// plane (Boost.Asio, storage/storage_server.h) delays its control plane (its own
+// link and thread, actors/control_endpoint.h). Issue 21's target: a 64 MB transfer delays
 // a control message by <= 10 ms, and no heartbeat is lost.
 //
 // Setup: the storage node is `blendserve --config <temp cluster yaml> --node storage`
@@ -12,11 +12,11 @@
 // pushed to the node as a worker's write-back does (one PUT), then read back layer by
 // layer through a RemoteKvStore as the loaders do (layers_in_flight pipelined READs,
 // every slice's checksum verified), one whole transfer after another on a reader
-// thread; and an actor in a CAF actor system configured as the frontend's
-// ClusterMonitor's (actors/control_system_config.h) sends the monitor's request
-// (node_report_atom with a fresh HMAC proof of the cluster secret) to the node's
-// control actor, one at a time every interval_ms, with the monitor's timeout (two
-// heartbeat intervals), and times each round trip.
+// thread; and a control link as the frontend's ClusterMonitor holds one per member
+// (storage/framed_link.h) sends the monitor's request (with a fresh HMAC proof of
+// the cluster secret) to the node's control endpoint, one at a time every
+// interval_ms, with the monitor's timeout (two heartbeat intervals), and times each
+// round trip. (Plaintext: the bench's node runs without TLS.)
 //
 // Phases, `repeats` times: idle (no transfer), then loaded (the transfers running
 // the whole time; only control requests whose round trip overlapped a transfer

@@ -160,8 +160,8 @@ int main(int argc, char** argv) {
   bs::tools::ControlBenchOptions control_opt;
   auto* control = bench->add_subcommand(
       "control",
-      "A storage node's control-plane round trip (the frontend's heartbeat request with its HMAC proof, over CAF's "
-      "middleman) idle and while one large KV entry is read from the same node over the data plane, whole, again "
+      "A storage node's control-plane round trip (the frontend's heartbeat request with its HMAC proof, over the "
+      "control link, plaintext) idle and while one large KV entry is read from the same node over the data plane, whole, again "
       "and again, layer by layer as the loaders read (issue 21: a 64 MB transfer delays a control message by <= "
       "10 ms). The node is `blendserve --node storage` as a child process (unless --in-process) on 127.0.0.1; p50, "
       "p99, max per phase, the delay (loaded p99 - idle p50, and max), the transfers' bytes/s, requests failed or "

@@ -231,10 +231,9 @@ int run_member(const std::string& config_path, const std::string& node, const st
   // A worker also answers the frontend's heartbeat on its control port.
   const bs::ClusterNode& me = cluster.member(node);
   auto control = [&](bs::Runtime& runtime) -> std::shared_ptr<void> {
-    bs::ControlEndpointOptions opt{.node = node, .host = me.host, .port = me.port, .secret = cluster.secret,
-                                   .heartbeat_interval_s = cluster.heartbeat_interval_s,
-                                   .connection_timeout_s = cluster.connection_timeout_s};
-    return std::make_shared<bs::ControlEndpoint>(opt, [&runtime, node] { return bs::make_worker_report(runtime, node); });
+    return std::make_shared<bs::ControlEndpoint>(bs::tools::control_options(cluster, me),
+                                                 [&runtime, node] { return bs::make_worker_report(runtime, node); },
+                                                 bs::worker_holdings(runtime));
   };
   return run_serve(std::move(config), /*host=*/"", /*port=*/-1, /*drain_seconds=*/30, control);
 }

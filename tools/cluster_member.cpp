@@ -33,10 +33,16 @@ sigset_t block_stop_signals() {
   return signals;
 }
 
+}  // namespace
+
 ControlEndpointOptions control_options(const ClusterConfig& cluster, const ClusterNode& me) {
+  // TLS: only the frontend asks, by the name in its certificate.
   return {.node = me.name, .host = me.host, .port = me.port, .secret = cluster.secret,
-          .heartbeat_interval_s = cluster.heartbeat_interval_s, .connection_timeout_s = cluster.connection_timeout_s};
+          .heartbeat_interval_s = cluster.heartbeat_interval_s, .connection_timeout_s = cluster.connection_timeout_s,
+          .tls = cluster.member_tls(me.name), .tls_peers = {cluster.frontend().name}};
 }
+
+namespace {
 
 }  // namespace
 
@@ -60,14 +66,16 @@ int run_storage_member(const ClusterConfig& cluster, const std::string& name) {
     opt.tls = cluster.member_tls(name);
     for (const ClusterNode* w : cluster.workers()) opt.tls_peers.push_back(w->name);
     StorageServer server(store, opt);
-    ControlEndpoint control(control_options(cluster, me), [&store, name] { return make_storage_report(store, name); });
+    ControlEndpoint control(control_options(cluster, me), [&store, name] { return make_storage_report(store, name); },
+                            storage_holdings(store));
     const auto st = store.stats();
     std::fprintf(stderr,
                  "blendserve: storage node %s of cluster %s: %lld chunks (%lld bytes) in %s, data on %s:%d (%s), "
-                 "control on %s:%d\n",
+                 "control on %s:%d (%s)\n",
                  name.c_str(), cluster.name.c_str(), static_cast<long long>(st.entries), static_cast<long long>(st.bytes),
                  store.dir().c_str(), me.host.c_str(), server.port(),
-                 cluster.tls ? "TLS 1.3, mutual" : "plaintext", me.host.c_str(), control.port());
+                 cluster.tls ? "TLS 1.3, mutual" : "plaintext", me.host.c_str(), control.port(),
+                 cluster.tls ? "TLS 1.3, mutual" : "plaintext");
     std::fflush(stderr);
     int sig = 0;
     sigwait(&signals, &sig);
@@ -91,6 +99,7 @@ int run_frontend_member(const ClusterConfig& cluster, const std::string& name) {
     mopt.secret = cluster.secret;
     mopt.heartbeat_interval_s = cluster.heartbeat_interval_s;
     mopt.connection_timeout_s = cluster.connection_timeout_s;
+    mopt.tls = cluster.member_tls(name);  // its asks of every member: TLS, its certificate
     http::FrontendOptions fopt;
     fopt.node = name;
     fopt.api_keys = config.api_keys;

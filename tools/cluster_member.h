@@ -7,8 +7,14 @@
 #include <string>
 
 #include "actors/cluster_config.h"
+#include "actors/control_endpoint.h"
 
 namespace bs::tools {
+
+// The control endpoint of member `me` (any role but the frontend): its control port,
+// the cluster's heartbeat and timeouts, and with TLS its certificate, answering only
+// the frontend.
+ControlEndpointOptions control_options(const ClusterConfig& cluster, const ClusterNode& me);
 
 // Runs the storage node `name` of `cluster` (its role is storage): its SSD tier
 // (member_runtime_config: data_dir, tiers.ssd) served on its host:data_port to the

@@ -65,7 +65,7 @@ TARGETS=(caf_test_actor_protocol test_compute_thread test_blend_runtime test_ble
 log "building the runtime tests with -fsanitize=thread"
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_TSAN=ON \
   -DCAF_INCLUDE_DIR="$CAF_PREFIX/include" -DCAF_CORE_LIBRARY="$CAF_PREFIX/lib/libcaf_core.so" \
-  -DCAF_IO_LIBRARY="$CAF_PREFIX/lib/libcaf_io.so" -DCMAKE_BUILD_RPATH="$CAF_PREFIX/lib" >/dev/null
+  -DCMAKE_BUILD_RPATH="$CAF_PREFIX/lib" >/dev/null
 cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >&2
 
 # ---- 3. the tests -------------------------------------------------------------------------
