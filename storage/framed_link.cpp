@@ -117,13 +117,22 @@ struct FramedSession : std::enable_shared_from_this<FramedSession> {
     stream.next_layer().set_option(tcp::no_delay(true), ec);
     deadline(srv.opt.io_timeout_s);
     if (!srv.tls) return read_next();
-    // A peer that connects and closes without sending a byte (a readiness probe, a
-    // port scan) is no TLS failure: wait for the first bytes before the handshake.
-    stream.next_layer().async_wait(tcp::socket::wait_read, [self = shared_from_this()](const error_code& e) {
+    // A peer that connects and closes at once without sending a byte (a readiness
+    // probe, a port scan) is no TLS failure: wait for the first bytes before the
+    // handshake. One that held the connection silent and then closed is.
+    const auto accepted = clock_type::now();
+    stream.next_layer().async_wait(tcp::socket::wait_read, [self = shared_from_this(), accepted](const error_code& e) {
       if (e) return self->close();
       error_code ae;
       if (self->stream.next_layer().available(ae) == 0 || ae) {
-        ++self->srv.closed_before_handshake;
+        const double held = std::chrono::duration<double>(clock_type::now() - accepted).count();
+        if (held < 0.5) {
+          ++self->srv.closed_before_handshake;
+        } else if (const int64_t n = ++self->srv.tls_failures; n <= 10 || n % 100 == 0) {
+          std::fprintf(stderr, "blendserve %s: refused %s: closed without a TLS handshake after %s (%lld refused so far)\n",
+                       self->srv.opt.name.c_str(), self->peer.c_str(), seconds_text(held).c_str(),
+                       static_cast<long long>(n));
+        }
         return self->close();
       }
       self->stream.async_handshake(ssl::stream_base::server, [self](const error_code& he) {

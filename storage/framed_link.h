@@ -56,7 +56,7 @@ class FramedServer {
     int64_t connections = 0;  // accepted
     int64_t refused = 0;      // over max_connections
     int64_t tls_failures = 0; // handshakes that failed (wrong CA, wrong name, not TLS at all)
-    int64_t closed_before_handshake = 0;  // connected and closed without a byte (a port probe): not logged
+    int64_t closed_before_handshake = 0;  // closed without a byte within 0.5 s (a port probe): not logged
     int64_t bad_frames = 0;   // over max_request_bytes
     int64_t requests = 0;     // answered
   };

@@ -87,6 +87,10 @@ class Session;
 
 }  // namespace
 
+// A TLS connection closed without a byte sooner than this after its accept is a
+// probe, not a failed handshake.
+constexpr std::chrono::milliseconds kProbeSeconds{500};
+
 struct StorageServer::Impl {
   Impl(DiskKvStore& s, StorageServerOptions o) : store(s), opt(std::move(o)) {}
 
@@ -111,8 +115,8 @@ struct StorageServer::Impl {
   std::mutex stop_mu;
   std::atomic<bool> stopped{false};
 
-  std::atomic<int64_t> connections{0}, refused_connections{0}, auth_failures{0}, tls_failures{0}, bad_frames{0},
-      layers_served{0}, bytes_served{0}, puts{0};
+  std::atomic<int64_t> connections{0}, refused_connections{0}, auth_failures{0}, tls_failures{0}, probes{0},
+      bad_frames{0}, layers_served{0}, bytes_served{0}, puts{0};
 
   std::mutex hook_mu;
   std::function<Fault(const ChunkKey&, int)> hook;
@@ -141,8 +145,18 @@ class Session : public std::enable_shared_from_this<Session> {
     sock().set_option(tcp::no_delay(true), ec);
     arm_deadline(srv_.opt.io_timeout_s);  // the whole handshake, TLS and the secret's
     if (!srv_.tls) return hello();
-    stream_.async_handshake(ssl::stream_base::server, [self = shared_from_this()](const error_code& e) {
+    const auto accepted = std::chrono::steady_clock::now();
+    stream_.async_handshake(ssl::stream_base::server, [self = shared_from_this(), accepted](const error_code& e) {
       if (e) {
+        // Closed at once without a ClientHello: a readiness probe (`blendctl cluster
+        // up|status`) or a port scan. Neither counted nor logged; a peer that held
+        // the connection without speaking TLS (a plaintext worker waiting for HELLO)
+        // is.
+        if ((e == asio::ssl::error::stream_truncated || e == asio::error::eof) &&
+            std::chrono::steady_clock::now() - accepted < kProbeSeconds) {
+          ++self->srv_.probes;
+          return self->close();
+        }
         ++self->srv_.tls_failures;
         const std::string why = e == asio::error::operation_aborted
                                     ? "no TLS handshake within " + std::to_string(self->srv_.opt.io_timeout_s) + " s"
@@ -596,6 +610,7 @@ StorageServer::Stats StorageServer::stats() const {
   st.refused_connections = s.refused_connections.load();
   st.auth_failures = s.auth_failures.load();
   st.tls_failures = s.tls_failures.load();
+  st.probes = s.probes.load();
   st.bad_frames = s.bad_frames.load();
   st.layers_served = s.layers_served.load();
   st.bytes_served = s.bytes_served.load();

@@ -81,6 +81,7 @@ class StorageServer {
     int64_t refused_connections = 0;  // closed at accept: max_connections or max_connections_per_peer
     int64_t auth_failures = 0;  // wrong proof or protocol version
     int64_t tls_failures = 0;   // TLS handshakes refused (no certificate, another CA's, not a member, not TLS)
+    int64_t probes = 0;         // TLS connections closed without a byte within 0.5 s (readiness probes): not logged
     int64_t bad_frames = 0;     // malformed, oversized or unexpected frames (connection closed)
     int64_t layers_served = 0, bytes_served = 0;  // SLICE frames sent whole, their K+V bytes
     int64_t puts = 0;           // PUTs stored

@@ -346,8 +346,9 @@ TEST(ClusterControlTls, AByteFlippedOnTheWireIsAnErrorNeverAReport) {
   EXPECT_FALSE(why.empty());
 }
 
-// A readiness probe (connect, close without a byte) is neither a TLS failure nor a
-// log line; a peer that sends something that is not TLS is.
+// A readiness probe (connect, close at once without a byte) is neither a TLS failure
+// nor a log line; a peer that sends something that is not TLS, or holds the
+// connection silent, is.
 TEST(ClusterControlTls, APortProbeIsNoTlsFailure) {
   Pki pki;
   std::atomic<int64_t> queued{0};
@@ -371,6 +372,16 @@ TEST(ClusterControlTls, APortProbeIsNoTlsFailure) {
   EXPECT_EQ(endpoint.tls_failures(), 0);
   connect_and("GET / HTTP/1.1\r\n\r\n");
   EXPECT_TRUE(testing::eventually_true(3, [&] { return endpoint.tls_failures() == 1; }));
+  // Held silent past the probe's half second, then closed: a failure too.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ::close(fd);
+  EXPECT_TRUE(testing::eventually_true(3, [&] { return endpoint.tls_failures() == 2; }));
 }
 
 }  // namespace

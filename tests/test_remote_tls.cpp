@@ -249,6 +249,30 @@ TEST(RemoteTls, AWorkerTrustsOnlyTheNodeItMeant) {
   }
 }
 
+// A readiness probe (connect, close at once) is neither a TLS failure nor a log
+// line; a peer that holds the connection without speaking TLS, then closes, is.
+TEST(RemoteTls, APortProbeIsNoTlsFailure) {
+  Pki pki;
+  Node node(pki.member("storage"));
+  auto connect = [&] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(node.server->port()));
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    return fd;
+  };
+  for (int i = 0; i < 5; ++i) ::close(connect());
+  EXPECT_TRUE(within_3s([&] { return node.server->stats().probes == 5; })) << node.server->stats().probes;
+  EXPECT_EQ(node.server->stats().tls_failures, 0);
+  const int silent = connect();
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ::close(silent);
+  EXPECT_TRUE(within_3s([&] { return node.server->stats().tls_failures == 1; })) << node.server->stats().tls_failures;
+  EXPECT_EQ(node.server->stats().probes, 5);
+}
+
 // One byte flipped on the wire in the middle of the KV: the read fails (TLS's record
 // MAC), the worker answers a miss, never the wrong bytes; the next read through a
 // clean path succeeds.
