@@ -323,7 +323,7 @@ void parse_remote_tier(const YAML::Node& sec, RemoteTierConfig& r) {
   const std::string path = "tiers.remote";
   for_each_key(sec, path,
                {"enabled", "host", "port", "secret", "loaders", "layers_in_flight", "max_connections", "write_back",
-                "connect_timeout", "io_timeout", "retry_after"},
+                "connect_timeout", "io_timeout", "retry_after", "tls"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path(path, k);
                  if (k == "enabled") {
@@ -358,6 +358,20 @@ void parse_remote_tier(const YAML::Node& sec, RemoteTierConfig& r) {
                    r.io_timeout_s = get_duration(v, key);
                  } else if (k == "retry_after") {
                    r.retry_after_s = get_duration(v, key);
+                 } else if (k == "tls") {
+                   for_each_key(v, key, {"ca", "cert", "key", "peer_name"}, [&](std::string_view tk, const YAML::Node& tv) {
+                     const std::string tkey = join_path(key, tk);
+                     std::string& out = tk == "ca"     ? r.tls.ca
+                                        : tk == "cert" ? r.tls.cert
+                                        : tk == "key"  ? r.tls.key
+                                                       : r.tls_peer_name;
+                     out = get_string(tv, tkey);
+                   });
+                   if (r.tls.enabled() && (r.tls.ca.empty() || r.tls.cert.empty() || r.tls.key.empty())) {
+                     const char* missing = r.tls.ca.empty() ? "ca" : r.tls.cert.empty() ? "cert" : "key";
+                     fail(join_path(key, missing), v,
+                          std::string("TLS to the storage node needs ca, cert and key (") + missing + " is not set)");
+                   }
                  }
                });
 }

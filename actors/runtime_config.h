@@ -76,8 +76,9 @@ struct RemoteTierConfig {
   double retry_after_s = 1;
   // TLS to the storage nodes (storage/tls.h): this worker's files; each node's
   // certificate must carry its name (RemoteNodeAddress::name; outside a cluster
-  // tls_peer_name, else the host). Set by the cluster file (cluster.tls), not a
-  // runtime config key; all empty: plaintext.
+  // tls_peer_name, else the host). In a cluster set by the cluster file
+  // (cluster.tls); a single node sets tiers.remote.tls {ca, cert, key, peer_name}.
+  // All empty: plaintext.
   tls::Files tls{};
   std::string tls_peer_name{};
   bool operator==(const RemoteTierConfig&) const = default;

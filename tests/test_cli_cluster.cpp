@@ -764,6 +764,29 @@ TEST_F(ClusterCli, StorageNodeFrozenKilledOrRefusingAWrongSecretCostsARecomputeN
     EXPECT_THAT(log_of("storage"), HasSubstr("refused"));
   }
 
+  // A single node outside the cluster file (tiers.remote with its own TLS keys:
+  // worker-2's certificate, the storage node's name, the secret) loads the stored
+  // chunks over TLS, with the stored text.
+  {
+    const int single_port = port();
+    const fs::path t = data() / "tls";
+    const fs::path single = dir_ / "single-tls.yaml";
+    std::ofstream(single) << "model: {path: " << bs::testing::model_path() << "}\n"
+                          << "device: {threads: 1}\n"
+                          << "tiers: {ram: {enabled: false}, ssd: {enabled: false}, remote: {enabled: true, "
+                          << "host: 127.0.0.1, port: " << storage_data_port_ << ", secret: " << kSecret
+                          << ", write_back: false, tls: {ca: " << (t / "ca.pem").string()
+                          << ", cert: " << (t / "worker-2.pem").string() << ", key: " << (t / "worker-2.key").string()
+                          << ", peer_name: storage}}}\n";
+    bs::testing::ServeProcess node(single, single_port, dir_ / "single-tls.log", dir_ / "single-tls-data");
+    ASSERT_TRUE(node.up());
+    httplib::Client c("127.0.0.1", single_port);
+    c.set_read_timeout(120, 0);
+    const auto a = ask(c, thawed.docs);
+    EXPECT_EQ(remote_chunks(a), 2) << a.dump();
+    EXPECT_EQ(text(a), thawed.stored);
+  }
+
   // Killed: down, and the stored set recomputes.
   ASSERT_EQ(::kill(storage, SIGKILL), 0);
   EXPECT_TRUE(storage_up_becomes(false, 1.5 * 3 + 2));

@@ -685,6 +685,18 @@ TEST(RemoteTierConfig, BadValues) {
   EXPECT_THAT(runtime_error_of("tiers: {remote: {budget: 1GiB}}"), HasSubstr("tiers.remote.budget: unknown key"));
   EXPECT_THAT(runtime_error_of("tiers: {remote: {enabled: yes please}}"),
               HasSubstr("tiers.remote.enabled: expected true or false"));
+  // TLS keys: all three files or none.
+  EXPECT_THAT(runtime_error_of("tiers: {remote: {tls: {ca: ca.pem, cert: w.pem}}}"),
+              HasSubstr("tiers.remote.tls.key: TLS to the storage node needs ca, cert and key (key is not set)"));
+  EXPECT_THAT(runtime_error_of("tiers: {remote: {tls: {cert: w.pem, key: w.key}}}"),
+              HasSubstr("tiers.remote.tls.ca:"));
+  EXPECT_THAT(runtime_error_of("tiers: {remote: {tls: {ca: a, cert: b, key: c, name: d}}}"),
+              HasSubstr("tiers.remote.tls.name: unknown key"));
+  const RuntimeConfig c =
+      parse_runtime_config("tiers: {remote: {tls: {ca: /c/ca.pem, cert: /c/w.pem, key: /c/w.key, peer_name: node-a}}}");
+  EXPECT_EQ(c.remote.tls, (tls::Files{"/c/ca.pem", "/c/w.pem", "/c/w.key"}));
+  EXPECT_EQ(c.remote.tls_peer_name, "node-a");
+  EXPECT_FALSE(parse_runtime_config("tiers: {remote: {enabled: false}}").remote.tls.enabled());
 }
 
 TEST(Durations, Units) {
