@@ -41,6 +41,7 @@
 #include "http/cluster_tls.h"
 #include "storage/tls.h"
 #include "tests/process_fixture.h"
+#include "tests/tls_fixture.h"
 
 namespace {
 
@@ -372,6 +373,34 @@ TEST_F(ClusterCli, AWorkerMemberServesAndStopsOnSigterm) {
   const auto models = c.Get("/v1/models");
   ASSERT_TRUE(models && models->status == 200);
   const std::string model = nlohmann::json::parse(models->body)["data"][0]["id"];
+  // One byte of the worker's answer flipped on the way (a loopback proxy between
+  // the frontend's client and the worker): the TLS record's MAC fails, the client
+  // gets an error, never a changed answer.
+  {
+    auto via = [&](int port) {
+      auto v = bs::http::make_member_client("127.0.0.1", port, frontend_tls());
+      v->set_bearer_token_auth(bs::worker_api_key(kSecret));
+      v->set_read_timeout(10, 0);
+      return v;
+    };
+    int64_t answer_bytes = 0;
+    {
+      bs::testing::FlippingProxy clean(http_ports_["worker-1"], int64_t{1} << 40);  // flips nothing
+      const auto client = via(clean.port());
+      const auto a = client->Get("/v1/models");
+      ASSERT_TRUE(a && a->status == 200);
+      EXPECT_EQ(a->body, models->body);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the proxy's relay done
+      answer_bytes = clean.bytes_from_server();
+    }
+    ASSERT_GT(answer_bytes, 100);
+    // 60 bytes from the end: inside the answer's body record (after it the worker
+    // sends only its 24-byte close_notify: the client asked for Connection: close).
+    bs::testing::FlippingProxy flipping(http_ports_["worker-1"], answer_bytes - 60);
+    const auto flipped = via(flipping.port())->Get("/v1/models");
+    EXPECT_TRUE(flipping.flipped());
+    EXPECT_FALSE(flipped) << "a flipped byte came through: " << (flipped ? flipped->body : "");
+  }
   const nlohmann::json req{{"model", model},
                            {"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
                            {"documents", {"Paris is the capital of France."}},
