@@ -96,6 +96,7 @@ struct RuntimeBenchOptions {
   TtftOptions ttft;
   std::vector<std::string> tiers{"ram"};  // ram | ssd | remote (each run in its own runtime)
   bool direct_io = false;                 // SSD reads with O_DIRECT (real reads, not the page cache)
+  std::string remote_transport = "tls";   // the remote tier's link: tls (TLS 1.3, mutual; a cluster's default) | plain
   double throttle_bytes_per_s = 0;        // SSD read bandwidth cap (0: none)
   bool adaptive = false;                  // let the loading controller pick the ratio (>= --ratio)
   std::string data_dir;                   // where the SSD tier lives (default: a fresh temp dir)

@@ -30,6 +30,7 @@
 #include "model/generate.h"
 #include "storage/disk_store.h"
 #include "storage/storage_server.h"
+#include "storage/tls.h"
 #include "tools/bench.h"
 #include "tools/progress.h"
 
@@ -110,15 +111,31 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
       fs::remove_all(node_dir);
       node_store = std::make_unique<DiskKvStore>(node_dir, int64_t{16} << 30, opt.direct_io);
       if (opt.throttle_bytes_per_s > 0) node_store->set_read_throttle(opt.throttle_bytes_per_s);
-      node = std::make_unique<StorageServer>(
-          *node_store, StorageServerOptions{.bind_host = "127.0.0.1", .port = 0, .secret = kNodeSecret});
+      StorageServerOptions sopt{.bind_host = "127.0.0.1", .port = 0, .secret = kNodeSecret};
+      if (opt.remote_transport == "tls") {
+        // A CA and the two members' certificates of our own, as `blendctl cluster init` makes them.
+        const fs::path t = fs::path(data_dir) / "tls";
+        fs::create_directories(t);
+        tls::make_ca("bench ttft CA", (t / "ca.pem").string(), (t / "ca.key").string());
+        for (const char* name : {"bench-node", "bench-worker"})
+          tls::issue_member((t / "ca.pem").string(), (t / "ca.key").string(), name, {"127.0.0.1"},
+                            (t / (std::string(name) + ".pem")).string(), (t / (std::string(name) + ".key")).string());
+        sopt.tls = {(t / "ca.pem").string(), (t / "bench-node.pem").string(), (t / "bench-node.key").string()};
+        sopt.tls_peers = {"bench-worker"};
+        cfg.remote.tls = {(t / "ca.pem").string(), (t / "bench-worker.pem").string(), (t / "bench-worker.key").string()};
+        cfg.remote.tls_peer_name = "bench-node";
+      } else if (opt.remote_transport != "plain") {
+        throw std::invalid_argument("--remote-transport: tls or plain, got " + opt.remote_transport);
+      }
+      node = std::make_unique<StorageServer>(*node_store, sopt);
       cfg.remote.enabled = true;
       cfg.remote.host = "127.0.0.1";
       cfg.remote.port = node->port();
       cfg.remote.secret = kNodeSecret;
       cfg.remote.write_back = true;
-      std::fprintf(stderr, "bench ttft --tier remote: storage node on 127.0.0.1:%d over %s (%s)\n", node->port(),
-                   node_dir.c_str(), opt.direct_io ? "O_DIRECT reads" : "page cache");
+      std::fprintf(stderr, "bench ttft --tier remote: storage node on 127.0.0.1:%d over %s (%s, %s)\n", node->port(),
+                   node_dir.c_str(), opt.direct_io ? "O_DIRECT reads" : "page cache",
+                   opt.remote_transport == "tls" ? "TLS 1.3, mutual" : "plain TCP");
     }
     Runtime rt(cfg);
     auto& ctx = rt.context();
@@ -243,6 +260,7 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
       load_by_tier[tier] = median(runtime_blend.load_span);
     }
     summary[tier + "_ratio"] = median(runtime_blend.ratio);
+    if (tier == "remote") summary["remote_transport"] = opt.remote_transport;
     summary[tier + "_predicted_ttft_s"] = median(runtime_blend.predicted);
     blend_ttft_by_tier[tier] = rb;
     if (node) {

@@ -68,6 +68,11 @@ int main(int argc, char** argv) {
                    "127.0.0.1 (its own SSD tier in the data dir), RAM and SSD off, every chunk over TCP; with ssd "
                    "too the summary has remote_vs_ssd")
       ->check(CLI::IsMember({"ram", "ssd", "remote"}));
+  ttft->add_option("--remote-transport", ropt.remote_transport,
+                   "--tier remote: the link to the storage node, tls (TLS 1.3 with mutual authentication, certificates "
+                   "of a CA made in the data dir: a cluster's default) or plain")
+      ->check(CLI::IsMember({"tls", "plain"}))
+      ->capture_default_str();
   ttft->add_flag("--direct-io", ropt.direct_io,
                  "SSD tier, and the remote tier's storage node: O_DIRECT reads (real reads, not the page cache; "
                  "without it both read from the page cache)");
