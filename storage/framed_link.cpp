@@ -65,18 +65,20 @@ void write_all(Stream& stream, bool tls, const Buffers& b, Handler&& h) {
 struct FramedSession;
 
 struct FramedServer::Impl {
+  // Declared before the io_context: a session that io's destructor would drop
+  // still finds them (none should be left: the thread runs io until it is empty).
   FramedServerOptions opt;
   Handler handler;
   std::shared_ptr<ssl::context> ctx;  // plaintext: an unused one (a stream needs one)
   bool tls = false;
-  asio::io_context io;
-  tcp::acceptor acceptor{io};
-  asio::steady_timer accept_retry{io};
-  std::thread thread;
   int port = 0;
   int live = 0;  // sessions open (the io thread's only)
   std::atomic<int64_t> connections{0}, refused{0}, tls_failures{0}, closed_before_handshake{0}, bad_frames{0},
       requests{0};
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  asio::steady_timer accept_retry{io};
+  std::thread thread;
   std::vector<std::weak_ptr<FramedSession>> sessions;  // for stop (the io thread's only)
 
   void accept();

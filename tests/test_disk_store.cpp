@@ -21,6 +21,7 @@
 #include "storage/disk_store.h"
 #include "storage/memory_store.h"
 #include "faulty_file_io.h"
+#include "tests/random_kv.h"
 
 namespace bs {
 namespace {
@@ -45,19 +46,10 @@ struct TempDir {
   std::string str() const { return path.string(); }
 };
 
-// Random bit patterns (NaNs included): equality below is bytewise.
+// Random bit patterns (NaNs included): equality below is bytewise. F32 unless said.
 std::shared_ptr<ChunkKv> random_kv(std::mt19937& rng, int layers, int heads, int m, int head_dim,
                                    kernels::TensorType dtype = kernels::TensorType::F32) {
-  auto kv = std::make_shared<ChunkKv>();
-  kv->n_layers = layers, kv->kv_heads = heads, kv->head_dim = head_dim;
-  kv->dtype = dtype;
-  for (int i = 0; i < m; ++i) kv->tokens.push_back(static_cast<int32_t>(rng() % 150000));
-  kv->allocate();
-  for (size_t i = 0; i < kv->k.size(); ++i) {
-    kv->k[i] = static_cast<std::byte>(rng());
-    kv->v[i] = static_cast<std::byte>(rng());
-  }
-  return kv;
+  return testing::random_kv(rng, layers, heads, m, head_dim, dtype);
 }
 
 ChunkKey key_of(const ChunkKv& kv, uint64_t salt = 7) { return make_chunk_key(salt, KvKind::Chunk, kv.tokens); }
