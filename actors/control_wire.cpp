@@ -117,7 +117,8 @@ std::optional<NodeReport> decode_report_reply(std::string_view bytes, std::strin
     const json o = json::parse(bytes);
     if (!o.is_object()) throw std::invalid_argument("not an object");
     if (!field<bool>(o, "ok")) {
-      if (why) *why = field<std::string>(o, "error");
+      const std::string message = field<std::string>(o, "error");
+      if (why) *why = message.empty() ? "the member answered an error without a message" : message;
       return std::nullopt;
     }
     const auto it = o.find("report");
