@@ -231,9 +231,13 @@ int run_member(const std::string& config_path, const std::string& node, const st
   // A worker also answers the frontend's heartbeat on its control port.
   const bs::ClusterNode& me = cluster.member(node);
   auto control = [&](bs::Runtime& runtime) -> std::shared_ptr<void> {
-    return std::make_shared<bs::ControlEndpoint>(bs::tools::control_options(cluster, me),
-                                                 [&runtime, node] { return bs::make_worker_report(runtime, node); },
-                                                 bs::worker_holdings(runtime));
+    auto endpoint = std::make_shared<bs::ControlEndpoint>(
+        bs::tools::control_options(cluster, me), [&runtime, node] { return bs::make_worker_report(runtime, node); },
+        bs::worker_holdings(runtime));
+    std::fprintf(stderr, "blendserve: worker %s of cluster %s: control on %s:%d (%s)\n", node.c_str(),
+                 cluster.name.c_str(), me.host.c_str(), endpoint->port(),
+                 cluster.tls ? "TLS 1.3, mutual" : "plaintext");
+    return endpoint;
   };
   return run_serve(std::move(config), /*host=*/"", /*port=*/-1, /*drain_seconds=*/30, control);
 }
