@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 
 #include <caf/all.hpp>
 
@@ -47,7 +48,12 @@ caf::behavior link_actor(caf::event_based_actor* self, caf::actor monitor, uint6
   return {
       [self, monitor, index, st](ask_atom, uint64_t attempt, const std::string& request) {
         std::string error;
-        auto reply = st.client->call(request, st.connect_timeout_s, st.reply_timeout_s, &error, st.stop.get());
+        std::optional<std::string> reply;
+        try {  // never dies: linked to the monitor, its death would end the monitor too
+          reply = st.client->call(request, st.connect_timeout_s, st.reply_timeout_s, &error, st.stop.get());
+        } catch (const std::exception& e) {
+          error = std::string("control link: ") + e.what();
+        }
         self->send(monitor, answer_atom::value, index, attempt, reply ? std::move(*reply) : std::string(),
                    reply ? std::string() : error);
       },

@@ -355,7 +355,8 @@ TEST(ClusterControlTls, APortProbeIsNoTlsFailure) {
   const int port = testing::free_port();
   ControlEndpoint endpoint(endpoint_options(port, kSecret, pki.member("worker-1")),
                            [&] { return worker_report(queued); });
-  auto connect_and = [&](const std::string& send) {
+  // Connects, sends `send`, holds the connection `hold_ms`, closes.
+  auto connect_and = [&](const std::string& send, int hold_ms = 0) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -365,6 +366,7 @@ TEST(ClusterControlTls, APortProbeIsNoTlsFailure) {
     if (!send.empty()) {
       ASSERT_EQ(::write(fd, send.data(), send.size()), static_cast<ssize_t>(send.size()));
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
     ::close(fd);
   };
   for (int i = 0; i < 5; ++i) connect_and("");
@@ -373,14 +375,7 @@ TEST(ClusterControlTls, APortProbeIsNoTlsFailure) {
   connect_and("GET / HTTP/1.1\r\n\r\n");
   EXPECT_TRUE(testing::eventually_true(3, [&] { return endpoint.tls_failures() == 1; }));
   // Held silent past the probe's half second, then closed: a failure too.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));
-  ::close(fd);
+  connect_and("", 700);
   EXPECT_TRUE(testing::eventually_true(3, [&] { return endpoint.tls_failures() == 2; }));
 }
 
