@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -81,7 +83,7 @@ void apply_at(const YAML::Node& runtime_keys, const std::string& where, RuntimeC
 
 struct Parsed {
   ClusterConfig cluster;
-  YAML::Node root, cluster_section, defaults, nodes;
+  YAML::Node root, cluster_section, defaults, nodes, hosts;
   std::vector<YAML::Node> entries;  // each node's map
 };
 
@@ -89,8 +91,8 @@ void parse_cluster_section(Parsed& p) {
   ClusterConfig& c = p.cluster;
   std::optional<YAML::Node> heartbeat, timeout;
   for_each_key(p.cluster_section, "cluster",
-               {"name", "secret", "heartbeat_interval", "connection_timeout", "startup_timeout", "data_dir", "routing",
-                "tls", "replication"},
+               {"name", "secret", "heartbeat_interval", "connection_timeout", "startup_timeout", "drain_timeout",
+                "data_dir", "routing", "tls", "replication"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = "cluster." + std::string(k);
                  if (k == "name") {
@@ -109,6 +111,9 @@ void parse_cluster_section(Parsed& p) {
                    timeout = v;
                  } else if (k == "startup_timeout") {
                    c.startup_timeout_s = get_duration(v, key);
+                 } else if (k == "drain_timeout") {
+                   c.drain_timeout_s = get_duration(v, key);
+                   if (c.drain_timeout_s > 3600) fail(key, v, "must be at most 1h");
                  } else if (k == "data_dir") {
                    c.configured_data_dir = get_string(v, key);
                  } else if (k == "routing") {
@@ -186,8 +191,8 @@ ClusterNode parse_node(const YAML::Node& entry, size_t i, const RuntimeConfig& w
   else fail(at + ".role", role, "unknown role '" + r + "' (frontend, worker, storage)");
 
   YAML::Node runtime_keys(YAML::NodeType::Map);  // the entry's runtime sections
-  const Keys keys{"name", "role", "host", "port", "data_port", "http_port", "data_plane", "forward", "model",
-                  "device", "tiers", "blend", "limits", "server"};
+  const Keys keys{"name", "role", "host", "port", "data_port", "http_port", "probe_port", "data_plane", "forward",
+                  "model", "device", "tiers", "blend", "limits", "server"};
   for_each_key(entry, at, keys, [&](std::string_view k, const YAML::Node& v) {
     const std::string key = at + "." + std::string(k);
     if (k == "name") n.name = get_name(v, key);
@@ -234,6 +239,11 @@ ClusterNode parse_node(const YAML::Node& entry, size_t i, const RuntimeConfig& w
                      else if (fk == "first_token_timeout") n.forward.first_token_timeout_s = x;
                      else n.forward.idle_timeout_s = x;
                    });
+    } else if (k == "probe_port") {
+      if (n.role != NodeRole::Worker)
+        fail(key, v, "only a worker has a probe_port (the frontend's http_port is plain HTTP; a storage node's "
+                     "ports take TCP probes); this node is a " + r);
+      n.probe_port = get_port(v, key);
     } else if (k == "http_port") {
       if (n.role == NodeRole::Storage)
         fail(key, v, "a storage node serves no HTTP (it has a port and a data_port)");
@@ -273,6 +283,7 @@ ClusterNode parse_node(const YAML::Node& entry, size_t i, const RuntimeConfig& w
   // itself; a frontend keeps no KV).
   if (n.role != NodeRole::Worker) n.runtime.remote = RemoteTierConfig{};
   n.runtime.node_name = n.name;
+  n.bind = n.host;
   n.runtime.host = n.host;
   if (n.http_port != 0) n.runtime.port = n.http_port;
   return n;
@@ -280,6 +291,121 @@ ClusterNode parse_node(const YAML::Node& entry, size_t i, const RuntimeConfig& w
 
 std::string node_ref(const Parsed& p, size_t i) {
   return "nodes[" + std::to_string(i) + "] '" + p.cluster.nodes[i].name + "'" + position(p.entries[i]);
+}
+
+// The file's `hosts`: [{host, gpus}], each host once.
+void parse_hosts(Parsed& p) {
+  if (!p.hosts.IsDefined() || p.hosts.IsNull()) return;
+  if (!p.hosts.IsSequence()) fail("hosts", p.hosts, "expected a list of machines ({host: ADDRESS, gpus: N})");
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < p.hosts.size(); ++i) {
+    const std::string at = "hosts[" + std::to_string(i) + "]";
+    const YAML::Node& hosts = p.hosts;
+    const YAML::Node e = hosts[i];
+    if (!e.IsMap()) fail(at, e, "expected a map {host: ADDRESS, gpus: N}");
+    ClusterHost h;
+    h.line = line_of(e);
+    for_each_key(e, at, {"host", "gpus"}, [&](std::string_view k, const YAML::Node& v) {
+      const std::string key = at + "." + std::string(k);
+      if (k == "host") {
+        h.host = get_string(v, key);
+      } else {
+        h.gpus = get_int(v, key);
+        if (h.gpus < 0 || h.gpus > 1024) fail(key, v, "must be in 0..1024, got " + v.Scalar());
+      }
+    });
+    if (h.host.empty()) fail(at + ".host", e, "missing: the machine's address, as the nodes' host keys write it");
+    if (auto [it, fresh] = seen.emplace(h.host, i); !fresh)
+      fail(at + ".host", e["host"], "'" + h.host + "' is also hosts[" + std::to_string(it->second) + "]");
+    p.cluster.hosts.push_back(h);
+  }
+}
+
+// Whether every CUDA worker fits its machine: its GPU indices exist there (when
+// `hosts` lists it) and no two workers of one machine share a GPU.
+void check_gpus(const Parsed& p) {
+  std::map<std::pair<std::string, int>, size_t> taken;  // (host, GPU index) -> the node using it
+  for (size_t i = 0; i < p.cluster.nodes.size(); ++i) {
+    const ClusterNode& n = p.cluster.nodes[i];
+    if (n.role != NodeRole::Worker) continue;
+    const std::string at = "nodes[" + std::to_string(i) + "]";
+    YAML::Node where = find_node(p.entries[i], {"device", "gpus"});
+    std::string key = at + ".device.gpus";
+    if (!where.IsDefined()) {
+      where = find_node(p.entries[i], {"device", "tp"});
+      key = at + ".device.tp";
+    }
+    if (!where.IsDefined()) {
+      where = p.entries[i];
+      key = at;
+    }
+    const auto host = std::find_if(p.cluster.hosts.begin(), p.cluster.hosts.end(),
+                                   [&](const ClusterHost& h) { return h.host == n.host; });
+    for (int g : worker_gpus(n.runtime)) {
+      if (host != p.cluster.hosts.end() && g >= host->gpus)
+        fail(key, where,
+             "worker '" + n.name + "' needs GPU " + std::to_string(g) + " of " + n.host + ", but hosts lists " +
+                 std::to_string(host->gpus) + " GPU" + (host->gpus == 1 ? "" : "s") + " there (line " +
+                 std::to_string(host->line) + "): it cannot be placed");
+      if (auto [it, fresh] = taken.emplace(std::pair(n.host, g), i); !fresh)
+        fail(key, where,
+             "worker '" + n.name + "' needs GPU " + std::to_string(g) + " of " + n.host + ", which " +
+                 node_ref(p, it->second) + " uses: give each worker of a machine its own device.gpus");
+    }
+  }
+}
+
+// `env` over the file: hosts, bind address, directories, GPUs; then the address
+// clashes again (a host given twice by the environment).
+void apply_environment(Parsed& p, const ClusterEnvironment& env) {
+  auto& nodes = p.cluster.nodes;
+  if (!env.hosts.empty()) {
+    std::stringstream items(env.hosts);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      if (item.empty()) continue;
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+        throw ConfigError("BLENDSERVE_HOSTS: '" + item + "' is not name=address");
+      const std::string name = item.substr(0, eq);
+      auto it = std::find_if(nodes.begin(), nodes.end(), [&](const ClusterNode& n) { return n.name == name; });
+      if (it == nodes.end()) {
+        std::string names;
+        for (const ClusterNode& n : nodes) names += (names.empty() ? "" : ", ") + n.name;
+        throw ConfigError("BLENDSERVE_HOSTS: no node '" + name + "' in the cluster (nodes: " + names + ")");
+      }
+      it->host = item.substr(eq + 1);
+      it->bind = it->host;
+      it->runtime.host = it->host;
+    }
+    std::map<std::pair<std::string, int>, std::string> addresses;
+    for (const ClusterNode& n : nodes)
+      for (int port : {n.port, n.data_port, n.http_port, n.probe_port}) {
+        if (port == 0) continue;
+        if (auto [it, fresh] = addresses.emplace(std::pair(n.host, port), n.name); !fresh)
+          throw ConfigError("BLENDSERVE_HOSTS: " + n.host + ":" + std::to_string(port) + " is both " + it->second +
+                            "'s and " + n.name + "'s: every port of every node must differ");
+      }
+  }
+  if (!env.bind.empty())
+    for (ClusterNode& n : nodes) {
+      n.bind = env.bind;
+      n.runtime.host = env.bind;
+    }
+  if (!env.gpus.empty()) {
+    std::vector<int> gpus;
+    std::stringstream items(env.gpus);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      char* end = nullptr;
+      const long g = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || g < 0 || g > 1023)
+        throw ConfigError("BLENDSERVE_GPUS: '" + env.gpus + "' is not a list of CUDA indices (\"0,1\")");
+      gpus.push_back(static_cast<int>(g));
+    }
+    for (ClusterNode& n : nodes)
+      if (n.role == NodeRole::Worker && n.runtime.device_kind == "cuda") n.runtime.gpus = gpus;
+  }
 }
 
 // Checks across nodes: names, addresses, roles, the remote tier's storage node.
@@ -295,7 +421,7 @@ void check_nodes(const Parsed& p) {
     if (auto [it, fresh] = names.emplace(n.name, i); !fresh)
       fail(at + ".name", e["name"], "'" + n.name + "' is also the name of " + node_ref(p, it->second));
     for (const auto& [key, port] : {std::pair<const char*, int>{"port", n.port}, {"data_port", n.data_port},
-                                    {"http_port", n.http_port}}) {
+                                    {"http_port", n.http_port}, {"probe_port", n.probe_port}}) {
       if (port == 0) continue;
       const std::string here = at + "." + key;
       const std::string address = n.host + ":" + std::to_string(port);
@@ -335,6 +461,7 @@ void check_nodes(const Parsed& p) {
   }
   if (std::none_of(nodes.begin(), nodes.end(), [](const ClusterNode& n) { return n.role == NodeRole::Worker; }))
     fail("nodes", p.nodes, "no worker: a cluster needs at least one node with role: worker");
+  check_gpus(p);
   if (storage) return;
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (nodes[i].role != NodeRole::Worker || !nodes[i].runtime.remote.enabled) continue;
@@ -417,20 +544,47 @@ tls::Files ClusterConfig::member_tls(const std::string& node_name) const {
 std::string ClusterConfig::ca_cert_path() const { return (fs::path(tls_dir) / "ca.pem").string(); }
 std::string ClusterConfig::ca_key_path() const { return (fs::path(tls_dir) / "ca.key").string(); }
 
-ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::string& path) {
+std::vector<int> worker_gpus(const RuntimeConfig& runtime) {
+  if (runtime.device_kind != "cuda") return {};
+  const int tp = std::max(runtime.tp, 1);
+  std::vector<int> out;
+  if (static_cast<int>(runtime.gpus.size()) < tp) {
+    for (int r = 0; r < tp; ++r) out.push_back(r);
+  } else {
+    out.assign(runtime.gpus.begin(), runtime.gpus.begin() + tp);
+  }
+  return out;
+}
+
+ClusterEnvironment cluster_environment() {
+  auto var = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  return {.hosts = var("BLENDSERVE_HOSTS"), .bind = var("BLENDSERVE_BIND"),
+          .data_dir = var("BLENDSERVE_CLUSTER_DATA_DIR"), .tls_dir = var("BLENDSERVE_TLS_DIR"),
+          .gpus = var("BLENDSERVE_GPUS")};
+}
+
+ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::string& path,
+                                   const ClusterEnvironment& env) {
   Parsed p;
   p.cluster.path = path;
   p.root = load_document(yaml_text);
   if (p.root.IsNull()) throw ConfigError("cluster config: empty (it needs cluster and nodes)");
-  for_each_key(p.root, "", {"cluster", "defaults", "nodes"}, [&](std::string_view k, const YAML::Node& v) {
+  for_each_key(p.root, "", {"cluster", "defaults", "nodes", "hosts"}, [&](std::string_view k, const YAML::Node& v) {
     if (k == "cluster") p.cluster_section = v;
     else if (k == "defaults") p.defaults = v;
+    else if (k == "hosts") p.hosts = v;
     else p.nodes = v;
   });
   const YAML::Node& root = p.root;  // const: a lookup must not add the key
   if (!root["cluster"].IsDefined()) fail("cluster", root, "missing: the cluster's name and secret");
   if (!root["nodes"].IsDefined()) fail("nodes", root, "missing: the list of the cluster's nodes");
   parse_cluster_section(p);
+  parse_hosts(p);
+  if (!env.data_dir.empty()) p.cluster.configured_data_dir = fs::absolute(env.data_dir).string();
+  if (!env.tls_dir.empty()) p.cluster.tls_dir = fs::absolute(env.tls_dir).string();
   p.cluster.data_dir = resolve_cluster_dir(p.cluster);
   if (p.cluster.tls_dir.empty()) {
     p.cluster.tls_dir = (fs::path(p.cluster.data_dir) / "tls").string();
@@ -454,6 +608,7 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
     p.cluster.nodes.push_back(parse_node(nodes[i], i, with_defaults));
   }
   check_nodes(p);
+  apply_environment(p, env);
 
   const auto storage_nodes = p.cluster.storage_nodes();
   std::vector<RemoteNodeAddress> remote_nodes;
@@ -489,7 +644,7 @@ ClusterConfig load_cluster_config(const std::string& path) {
   text << in.rdbuf();
   if (in.bad()) throw ConfigError("cannot read config '" + path + "': read error");
   try {
-    return parse_cluster_config(text.str(), path);
+    return parse_cluster_config(text.str(), path, cluster_environment());
   } catch (const ConfigError& e) {
     throw ConfigError(path + ": " + e.what());
   }

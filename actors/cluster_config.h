@@ -51,18 +51,54 @@ struct ForwardTimeouts {
 struct ClusterNode {
   std::string name;  // unique in the cluster; letters, digits, '.', '_', '-' (it names files)
   NodeRole role = NodeRole::Worker;
-  std::string host;   // the address it listens on, and the others reach it at
+  std::string host;   // the address the others reach it at (and, unless `bind` differs, where it listens)
+  // The address it listens on: host, unless $BLENDSERVE_BIND says otherwise
+  // (0.0.0.0 in a container or a Slurm job, where `host` is a DNS name).
+  std::string bind;
   int port = 0;       // control port: the members' messages to each other
   int data_port = 0;  // storage: where it serves KV bytes (the remote tier's data plane); 0 for the others
   // frontend: the users' OpenAI endpoint; worker: its own OpenAI endpoint, which the
   // frontend forwards requests to; 0 for storage.
   int http_port = 0;
+  // worker, optional: plain-HTTP /health and /live for an orchestrator's probes (a
+  // TLS cluster's http_port answers only the frontend's certificate); 0: none.
+  int probe_port = 0;
   int line = 0;  // 1-based line of the node's entry in the file (0: unknown), for messages
   DataPlaneLimits data_plane;  // storage: how it serves its data_port
   ForwardTimeouts forward;     // frontend: its forwards to the workers
   // The member's runtime config, resolved: what member_runtime_config returns.
   RuntimeConfig runtime;
 };
+
+// A machine of the cluster file's optional `hosts` list: what check-config places
+// the members on. A host absent from the list is not checked.
+struct ClusterHost {
+  std::string host;  // as the nodes' host keys write it
+  int gpus = 0;      // CUDA devices it has (indices 0..gpus-1)
+  int line = 0;
+};
+
+// The CUDA devices a worker's runtime uses, by index on its machine: device.gpus
+// (the first tp of them), else 0..tp-1 when it lists fewer; empty off cuda.
+std::vector<int> worker_gpus(const RuntimeConfig& runtime);
+
+// What the environment changes in a cluster file (precedence: the command line,
+// then these, then the file, then the built-in defaults; README "Running on many
+// machines"). Empty: not set. Each value describes the machine or the process it is
+// read on, which is why it is not in the file every member shares.
+struct ClusterEnvironment {
+  // $BLENDSERVE_HOSTS, "name=address,name=address": where the named nodes are
+  // reached, over their host keys (Kubernetes' DNS names, a Slurm job's machines).
+  std::string hosts;
+  std::string bind;      // $BLENDSERVE_BIND: the address every member started here listens on
+  std::string data_dir;  // $BLENDSERVE_CLUSTER_DATA_DIR: over cluster.data_dir (a mounted volume)
+  std::string tls_dir;   // $BLENDSERVE_TLS_DIR: over cluster.tls.dir (a mounted secret)
+  // $BLENDSERVE_GPUS, "0,1": the CUDA indices a worker started here uses, over its
+  // device.gpus (a pod sees only its own GPUs, numbered from 0).
+  std::string gpus;
+};
+// The variables above, from this process's environment.
+ClusterEnvironment cluster_environment();
 
 struct ClusterConfig {
   std::string path;    // the file it was read from ("" when parsed from a text alone)
@@ -71,6 +107,10 @@ struct ClusterConfig {
   double heartbeat_interval_s = 1;  // how often members tell each other they are alive
   double connection_timeout_s = 5;  // silence after which a member counts as gone (>= heartbeat_interval)
   double startup_timeout_s = 120;   // how long `blendctl cluster up` waits for a member to be ready
+  // cluster.drain_timeout: on SIGTERM a worker finishes its requests in flight for
+  // at most this long (new ones get 503); Kubernetes' terminationGracePeriodSeconds
+  // and a Slurm job's stop are sized from it.
+  double drain_timeout_s = 30;
   // How the frontend picks a worker: "kv_aware" (where the request's document KV is,
   // actors/request_router.h) or "round_robin" (the baseline benchmarks compare with).
   std::string routing = "kv_aware";
@@ -92,6 +132,7 @@ struct ClusterConfig {
   // path is under the config file's directory); default <data_dir>/tls.
   std::string tls_dir;
   std::vector<ClusterNode> nodes;  // in file order
+  std::vector<ClusterHost> hosts;  // the file's `hosts` (may be empty)
 
   // The node named `node_name`; ConfigError "--node NAME: no such node in F (nodes:
   // a, b, c)" otherwise.
@@ -119,9 +160,13 @@ struct ClusterConfig {
 
 // Parses a cluster config. `path` is the file the text came from: relative
 // cluster.data_dir is under its directory (the working directory when empty) and
-// member() names it. Errors are ConfigError naming the dotted key and the line.
-ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::string& path = "");
-// A file; ConfigError if unreadable. Errors are prefixed with the path.
+// member() names it. Errors are ConfigError naming the dotted key and the line (or
+// the variable of `env`). The placement (names, ports, GPUs of `hosts`) is checked
+// as the file writes it, then again for address clashes after `env`'s hosts.
+ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::string& path = "",
+                                   const ClusterEnvironment& env = {});
+// A file, with this process's cluster_environment(); ConfigError if unreadable.
+// Errors are prefixed with the path.
 ClusterConfig load_cluster_config(const std::string& path);
 // Whether a YAML text is a cluster config (a map with a top-level `nodes` or
 // `cluster` key) rather than one node's runtime config; false for malformed YAML
@@ -130,7 +175,7 @@ bool is_cluster_config(const std::string& yaml_text);
 
 // The runtime config a member runs with (ConfigError as member() when there is no
 // such node). Every role: node_name = the node's name, data_dir =
-// member_data_dir(name), host = its host.
+// member_data_dir(name), host = its bind address.
 //  - worker: the embedded default, overlaid with `defaults`, overlaid with the node's
 //    own runtime keys (model, device, tiers, blend, limits, server); port = its
 //    http_port; tiers.remote's nodes = every storage node (name, host, data_port;

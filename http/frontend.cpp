@@ -297,7 +297,7 @@ struct FrontendServer::Impl {
   }
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health" || req.path == "/console") return true;
+    if (req.path == "/health" || req.path == "/ready" || req.path == "/live" || req.path == "/console") return true;
     const auto refusal = api_key_refusal(opt.api_keys, req.get_header_value("Authorization"));
     if (refusal) send_error(res, *refusal);
     return !refusal;
@@ -803,7 +803,11 @@ struct FrontendServer::Impl {
       }
       send_error(res, ApiError(500, what, "server_error"));
     });
-    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    // Liveness: it answers. /health (and /ready, its readiness) below: some worker is up.
+    svr.Get("/live", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"status":"alive","role":"frontend"})", "application/json");
+    });
+    svr.Get(R"(/(health|ready))", [this](const httplib::Request&, httplib::Response& res) {
       const auto view = monitor.view();
       const int up = workers_up(*view);
       res.status = up > 0 ? 200 : 503;

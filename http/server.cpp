@@ -100,7 +100,7 @@ int64_t unix_now() {
 
 // Metrics label for a path: one per route, never the client's free text.
 std::string route_of(const std::string& path) {
-  for (const char* r : {"/v1/chat/completions", "/v1/models", "/health", "/metrics", "/console"})
+  for (const char* r : {"/v1/chat/completions", "/v1/models", "/health", "/ready", "/live", "/metrics", "/console"})
     if (path == r) return r;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   if (path == "/v1/documents") return path;
@@ -176,7 +176,7 @@ struct Server::Impl {
   // ---- helpers --------------------------------------------------------------
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health" || req.path == "/console") return true;
+    if (req.path == "/health" || req.path == "/ready" || req.path == "/live" || req.path == "/console") return true;
     const auto refusal = api_key_refusal(config.api_keys, req.get_header_value("Authorization"));
     if (refusal) send_error(res, *refusal);
     return !refusal;
@@ -238,16 +238,16 @@ struct Server::Impl {
       metrics.count_response(route_of(req.path), res.status);
     });
 
-    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      // Failed (a role died more often than limits.max_restarts allows): not ready and
-      // not live, so an orchestrator replaces the process; the reason names the role.
-      if (const std::string failure = runtime.failure(); !failure.empty())
-        send_json(res, 503, nlohmann::json{{"status", "failed"}, {"reason", failure}}.dump());
-      else if (draining.load())
-        send_json(res, 503, R"({"status":"draining"})");
-      else
-        send_json(res, 200, R"({"status":"ok"})");
-    });
+    // /health: able to serve — the model is loaded (the server listens only after),
+    // the runtime has not failed, it is not draining. A worker whose storage node is
+    // down still serves (it recomputes), so this stays 200 then. /ready adds the
+    // peers: with a remote tier, a storage node answers a PING (a node seen down
+    // answers false at once, so a probe never waits out a dead node twice) — an
+    // orchestrator's readiness. /live is liveness: only a failed runtime makes it
+    // 503, so a storage node's outage never restarts a worker.
+    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) { answer_health(res, false); });
+    svr.Get("/ready", [this](const httplib::Request&, httplib::Response& res) { answer_health(res, true); });
+    svr.Get("/live", [this](const httplib::Request&, httplib::Response& res) { answer_live(res); });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       send_json(res, 200, models_json(model, created));
     });
@@ -579,9 +579,32 @@ struct Server::Impl {
     return true;
   }
 
+  void answer_health(httplib::Response& res, bool with_peers) {
+    // Failed (a role died more often than limits.max_restarts allows): not ready and
+    // not live, so an orchestrator replaces the process; the reason names the role.
+    if (const std::string failure = runtime.failure(); !failure.empty())
+      send_json(res, 503, nlohmann::json{{"status", "failed"}, {"reason", failure}}.dump());
+    else if (draining.load())
+      send_json(res, 503, R"({"status":"draining"})");
+    else if (ReplicatedKvStore* remote = runtime.context().remote.get(); with_peers && remote && !remote->reachable())
+      send_json(res, 503, nlohmann::json{{"status", "storage_unreachable"}, {"reason", remote->last_error()}}.dump());
+    else
+      send_json(res, 200, R"({"status":"ok"})");
+  }
+  void answer_live(httplib::Response& res) {
+    if (const std::string failure = runtime.failure(); !failure.empty())
+      send_json(res, 503, nlohmann::json{{"status", "failed"}, {"reason", failure}}.dump());
+    else
+      send_json(res, 200, R"({"status":"alive"})");
+  }
+
   Runtime& runtime;
   RuntimeConfig config;
   std::unique_ptr<httplib::Server> owned_svr;  // HTTPS in a TLS cluster (http/cluster_tls.h)
+  // bind_probes: plain HTTP, /health and /live only, on its own thread.
+  httplib::Server probe_svr;
+  std::thread probe_thread;
+  std::atomic<bool> probe_returned{false};
   httplib::Server& svr;
   ServerMetrics metrics;
   std::string model, fingerprint;
@@ -611,6 +634,29 @@ int Server::bind(const std::string& host, int port) {
 
 bool Server::serve() { return impl_->svr.listen_after_bind(); }
 
+int Server::bind_probes(const std::string& host, int port) {
+  Impl& im = *impl_;
+  if (im.probe_thread.joinable()) throw std::logic_error("bind_probes: already listening");
+  im.probe_svr.Get("/health", [&im](const httplib::Request&, httplib::Response& res) { im.answer_health(res, false); });
+  im.probe_svr.Get("/ready", [&im](const httplib::Request&, httplib::Response& res) { im.answer_health(res, true); });
+  im.probe_svr.Get("/live", [&im](const httplib::Request&, httplib::Response& res) { im.answer_live(res); });
+  im.probe_svr.set_read_timeout(5, 0);
+  im.probe_svr.set_write_timeout(5, 0);
+  im.probe_svr.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  if (port == 0) {
+    port = im.probe_svr.bind_to_any_port(host);
+    if (port <= 0) throw std::runtime_error("cannot listen for probes on " + host + " (any port)");
+  } else if (!im.probe_svr.bind_to_port(host, port)) {
+    throw std::runtime_error("cannot listen for probes on " + host + ":" + std::to_string(port) +
+                             " (in use, or not an address of this machine)");
+  }
+  im.probe_thread = std::thread([&im] {
+    im.probe_svr.listen_after_bind();
+    im.probe_returned = true;
+  });
+  return port;
+}
+
 void Server::drain(double seconds) {
   impl_->draining = true;
   const auto until = clock::now() + std::chrono::duration<double>(seconds);
@@ -620,6 +666,15 @@ void Server::drain(double seconds) {
 
 void Server::stop() {
   if (impl_->svr.is_running()) impl_->svr.stop();
+  Impl& im = *impl_;
+  if (im.probe_thread.joinable()) {
+    // A stop() before the thread listens is lost: stop until it has returned.
+    while (!im.probe_returned.load()) {
+      im.probe_svr.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    im.probe_thread.join();
+  }
 }
 
 const std::string& Server::model_id() const { return impl_->model; }

@@ -7,7 +7,10 @@
 //   GET  /v1/models, /v1/models/{id}
 //   POST /v1/documents          precompute + store a document's KV -> its key
 //   DELETE /v1/documents/{key}
-//   GET  /health                200 ok, 503 while draining (no key needed)
+//   GET  /health                200 ok; 503 while draining or failed (no key needed)
+//   GET  /ready                 readiness: /health, and with a remote tier a storage
+//                               node answering (503 storage_unreachable; no key needed)
+//   GET  /live                  liveness: 200 unless the runtime failed (no key needed)
 //   GET  /metrics               Prometheus text
 //   GET  /v1/inspect/{actors,traces,stores,profile}   the inspection console's JSON
 // Errors are OpenAI-shaped JSON with the status the SDKs map to exception types.
@@ -34,6 +37,11 @@ class Server {
   // Binds the listening socket; port 0 picks a free one. Returns the port.
   // Throws std::runtime_error when the address cannot be bound.
   int bind(const std::string& host, int port);
+  // Also answers GET /health, /ready and /live (the same answers) in plain HTTP on
+  // host:port, on a thread of its own until stop(): the probes of an orchestrator,
+  // which carry no client certificate for a TLS cluster's worker endpoint. Returns
+  // the port (0 picks one); throws std::runtime_error as bind.
+  int bind_probes(const std::string& host, int port);
   // Serves on the bound socket until stop(); blocks. False if listening failed.
   bool serve();
   // New completions get 503 and /health reports "draining"; waits up to

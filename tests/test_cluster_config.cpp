@@ -400,7 +400,7 @@ TEST(ClusterConfigErrors, UnknownKeys) {
   EXPECT_THAT(error_of(text), AllOf(HasSubstr("defaults.tiers.remote.enable: unknown key"),
                                     HasSubstr(at_line(text, "enable:"))));
   text = "cluster: {name: x, secret: 0123456789abcdef0123}\nnode: []\n";
-  EXPECT_THAT(error_of(text), AllOf(HasSubstr("node: unknown key (valid keys at the top level: cluster, defaults, nodes)"),
+  EXPECT_THAT(error_of(text), AllOf(HasSubstr("node: unknown key (valid keys at the top level: cluster, defaults, nodes, hosts)"),
                                     HasSubstr("did you mean 'nodes'"), HasSubstr("(line 2, column 1)")));
 }
 
@@ -478,6 +478,163 @@ TEST(ClusterConfigErrors, DuplicateNamesAndAddresses) {
   // The same port on another host is fine.
   EXPECT_NO_THROW(parse_cluster_config(
       with_node("  - {name: w3, role: worker, host: 127.0.0.9, port: 7101, http_port: 8101}")));
+}
+
+// ---- placement: hosts, GPUs, probe ports, the drain -------------------------------
+
+TEST(ClusterConfig, ProbePortAndDrainTimeout) {
+  const ClusterConfig c = parse_cluster_config(
+      with_line("name: w2,", "  - {name: w2, role: worker, host: 127.0.0.1, port: 7102, http_port: 8102, probe_port: 8202}"));
+  EXPECT_EQ(c.member("w2").probe_port, 8202);
+  EXPECT_EQ(c.member("w1").probe_port, 0);
+  EXPECT_DOUBLE_EQ(c.drain_timeout_s, 30.0);
+  std::string text = kCluster;
+  text.replace(text.find("  data_dir"), 0, "  drain_timeout: 45s\n");
+  EXPECT_DOUBLE_EQ(parse_cluster_config(text).drain_timeout_s, 45.0);
+  // A probe port is a worker's, and it clashes as any port does.
+  EXPECT_THAT(error_of(with_line("name: front,", "  - {name: front, role: frontend, host: 127.0.0.1, port: 7100, "
+                                                 "http_port: 8000, probe_port: 8200}")),
+              HasSubstr("nodes[0].probe_port: only a worker has a probe_port"));
+  EXPECT_THAT(error_of(with_line("name: w2,", "  - {name: w2, role: worker, host: 127.0.0.1, port: 7102, "
+                                              "http_port: 8102, probe_port: 8101}")),
+              HasSubstr("nodes[2].probe_port: 127.0.0.1:8101 is also nodes[1].http_port"));
+}
+
+// A cluster of CUDA workers on listed hosts.
+std::string gpu_cluster(const std::string& w1_device, const std::string& w2_device, const std::string& gpus) {
+  return std::string(R"(cluster: {name: g, secret: 0123456789abcdef0123, data_dir: /srv/bs}
+hosts:
+  - {host: 10.0.0.2, gpus: )") + gpus + R"(}
+nodes:
+  - {name: front, role: frontend, host: 10.0.0.1, port: 7100, http_port: 8000}
+  - {name: w1, role: worker, host: 10.0.0.2, port: 7101, http_port: 8101, device: )" + w1_device + R"(}
+  - {name: w2, role: worker, host: 10.0.0.2, port: 7102, http_port: 8102, device: )" + w2_device + R"(}
+)";
+}
+
+TEST(ClusterConfig, GpuWorkersPlacedOnTheirHost) {
+  const ClusterConfig c =
+      parse_cluster_config(gpu_cluster("{kind: cuda, tp: 2, gpus: [0, 1]}", "{kind: cuda, gpus: [2]}", "4"));
+  ASSERT_EQ(c.hosts.size(), 1u);
+  EXPECT_EQ(c.hosts[0].host, "10.0.0.2");
+  EXPECT_EQ(c.hosts[0].gpus, 4);
+  EXPECT_EQ(worker_gpus(c.member("w1").runtime), (std::vector<int>{0, 1}));
+  EXPECT_EQ(worker_gpus(c.member("w2").runtime), (std::vector<int>{2}));
+  // tp without a list: the first tp indices; a CPU worker uses none.
+  RuntimeConfig r;
+  r.device_kind = "cuda";
+  r.tp = 3;
+  EXPECT_EQ(worker_gpus(r), (std::vector<int>{0, 1, 2}));
+  r.device_kind = "cpu";
+  EXPECT_TRUE(worker_gpus(r).empty());
+}
+
+TEST(ClusterConfigErrors, AWorkerThatCannotBePlaced) {
+  // More GPUs than the host lists: the key and its line.
+  std::string text = gpu_cluster("{kind: cuda, tp: 2, gpus: [0, 1]}", "{kind: cuda, gpus: [2]}", "2");
+  EXPECT_THAT(error_of(text),
+              AllOf(HasSubstr("nodes[2].device.gpus: worker 'w2' needs GPU 2 of 10.0.0.2, but hosts lists 2 GPUs there "
+                              "(line 3): it cannot be placed"),
+                    HasSubstr(at_line(text, "name: w2"))));
+  // Two workers of one host on one GPU (both default to GPU 0).
+  text = gpu_cluster("{kind: cuda}", "{kind: cuda, tp: 1}", "8");
+  EXPECT_THAT(error_of(text), HasSubstr("nodes[2].device.tp: worker 'w2' needs GPU 0 of 10.0.0.2, which nodes[1] 'w1'"));
+  // A host listed twice, and a bad count.
+  EXPECT_THAT(error_of(R"(cluster: {name: g, secret: 0123456789abcdef0123}
+hosts: [{host: a, gpus: 1}, {host: a, gpus: 2}]
+nodes: []
+)"),
+              HasSubstr("hosts[1].host: 'a' is also hosts[0]"));
+  EXPECT_THAT(error_of(gpu_cluster("{kind: cuda}", "{kind: cpu}", "-1")), HasSubstr("hosts[0].gpus: must be in 0..1024"));
+  EXPECT_THAT(error_of(R"(cluster: {name: g, secret: 0123456789abcdef0123}
+hosts: [{gpus: 2}]
+nodes: []
+)"),
+              HasSubstr("hosts[0].host: missing"));
+}
+
+TEST(ClusterConfig, TheEnvironmentOverTheFile) {
+  ClusterEnvironment env;
+  env.hosts = "front=fe.example,w1=10.1.0.1";
+  env.bind = "0.0.0.0";
+  env.data_dir = "/var/lib/blendserve";
+  env.tls_dir = "/etc/blendserve/tls";
+  const ClusterConfig c = parse_cluster_config(kCluster, "", env);
+  EXPECT_EQ(c.member("front").host, "fe.example");
+  EXPECT_EQ(c.member("w1").host, "10.1.0.1");
+  EXPECT_EQ(c.member("w2").host, "127.0.0.1");  // not named: the file's
+  for (const ClusterNode& n : c.nodes) EXPECT_EQ(n.bind, "0.0.0.0") << n.name;
+  EXPECT_EQ(member_runtime_config(c, "w1").host, "0.0.0.0");  // where its HTTP listens
+  EXPECT_EQ(c.data_dir, "/var/lib/blendserve/test");           // over cluster.data_dir (/srv/bs)
+  EXPECT_EQ(c.tls_dir, "/etc/blendserve/tls");
+  EXPECT_EQ(member_runtime_config(c, "w1").remote.host, "127.0.0.3");
+  // A storage node moved by the environment moves in every worker's remote tier.
+  env = {};
+  env.hosts = "store=storage.example";
+  EXPECT_EQ(member_runtime_config(parse_cluster_config(kCluster, "", env), "w1").remote.host, "storage.example");
+  // Without the variables, host is where a member listens too.
+  EXPECT_EQ(parse_cluster_config(kCluster).member("w1").bind, "127.0.0.1");
+
+  // GPUs: the pod's own numbering, over device.gpus, for CUDA workers only.
+  env = {};
+  env.gpus = "0,1";
+  const ClusterConfig g =
+      parse_cluster_config(gpu_cluster("{kind: cuda, tp: 2, gpus: [2, 3]}", "{kind: cpu}", "4"), "", env);
+  EXPECT_EQ(worker_gpus(g.member("w1").runtime), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(worker_gpus(g.member("w2").runtime).empty());
+}
+
+TEST(ClusterConfigErrors, TheEnvironmentsMistakesNameTheVariable) {
+  auto hosts_env = [](const char* h) {
+    ClusterEnvironment e;
+    e.hosts = h;
+    return e;
+  };
+  auto gpus_env = [](const char* g) {
+    ClusterEnvironment e;
+    e.gpus = g;
+    return e;
+  };
+  auto error_with = [](ClusterEnvironment env) {
+    try {
+      parse_cluster_config(kCluster, "", env);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no error";
+    return std::string();
+  };
+  EXPECT_THAT(error_with(hosts_env("nobody=10.0.0.1")),
+              HasSubstr("BLENDSERVE_HOSTS: no node 'nobody' in the cluster (nodes: front, w1, w2, store)"));
+  EXPECT_THAT(error_with(hosts_env("w1")), HasSubstr("BLENDSERVE_HOSTS: 'w1' is not name=address"));
+  // A member moved onto another's address and port: refused as in the file.
+  const std::string text = with_node("  - {name: w3, role: worker, host: 127.0.0.9, port: 7101, http_port: 8101}");
+  EXPECT_NO_THROW(parse_cluster_config(text));
+  try {
+    parse_cluster_config(text, "", hosts_env("w3=127.0.0.1"));
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("BLENDSERVE_HOSTS: 127.0.0.1:7101 is both w1's and w3's"),
+                                HasSubstr("every port of every node must differ")));
+  }
+  EXPECT_THAT(error_with(gpus_env("0,x")), HasSubstr("BLENDSERVE_GPUS: '0,x' is not a list of CUDA indices"));
+}
+
+TEST(ClusterConfig, LoadReadsTheEnvironment) {
+  EnvGuard env({"BLENDSERVE_CLUSTER_SECRET", "BLENDSERVE_HOSTS", "BLENDSERVE_BIND", "BLENDSERVE_CLUSTER_DATA_DIR",
+                "BLENDSERVE_TLS_DIR", "BLENDSERVE_GPUS"});
+  env.set("BLENDSERVE_CLUSTER_SECRET", kSecret);
+  env.set("BLENDSERVE_HOSTS", "worker-1=w1.example");
+  env.set("BLENDSERVE_BIND", "0.0.0.0");
+  env.set("BLENDSERVE_CLUSTER_DATA_DIR", "/data");
+  env.unset("BLENDSERVE_TLS_DIR");
+  env.unset("BLENDSERVE_GPUS");
+  const ClusterConfig c = load_cluster_config(kExample);
+  EXPECT_EQ(c.member("worker-1").host, "w1.example");
+  EXPECT_EQ(c.member("worker-1").bind, "0.0.0.0");
+  EXPECT_EQ(c.member("worker-1").probe_port, 8201);
+  EXPECT_EQ(c.data_dir, "/data/demo");
+  EXPECT_EQ(c.tls_dir, "/data/demo/tls");
 }
 
 TEST(ClusterConfigErrors, FrontendsWorkersAndStorageNodes) {

@@ -10,6 +10,7 @@
 #include "tools/bench_remote.h"
 #include "tools/bench_serve.h"
 #include "tools/cluster_ctl.h"
+#include "tools/cluster_render.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"blendctl: blendserve benchmarks and tools"};
@@ -339,6 +340,33 @@ int main(int argc, char** argv) {
     a->add_option("--timeout", cluster_opt.timeout_s, "Seconds members get to exit after SIGTERM before SIGKILL")
         ->check(CLI::Range(0.0, 3600.0))
         ->capture_default_str();
+  bs::tools::RenderOptions render_opt;
+  auto* cluster_render = cluster_action(
+      "render", "Kubernetes manifests (kubernetes.yaml, secret.yaml) or a Slurm batch script (blendserve.sbatch) "
+                "from F, into --out; the members take what differs per machine from BLENDSERVE_* variables");
+  cluster_render->add_option("--target", render_opt.target, "kubernetes or slurm")
+      ->required()
+      ->check(CLI::IsMember({"kubernetes", "slurm"}));
+  cluster_render->add_option("--out", render_opt.out_dir, "Directory for the files (made if missing)")->required();
+  cluster_render->add_option("--image", render_opt.image, "kubernetes: the container image")->capture_default_str();
+  cluster_render->add_option("--namespace", render_opt.namespace_name, "kubernetes: the namespace")
+      ->capture_default_str();
+  cluster_render->add_option("--cluster-domain", render_opt.cluster_domain, "kubernetes: the cluster's DNS domain")
+      ->capture_default_str();
+  cluster_render->add_option("--storage-class", render_opt.storage_class,
+                             "kubernetes: the volume claims' storage class (default: the cluster's)");
+  cluster_render->add_option("--nodes", render_opt.nodes,
+                             "slurm: machines to ask for (default: one per distinct host of F; groups share "
+                             "machines round-robin when fewer)")
+      ->check(CLI::Range(1, 100000));
+  cluster_render->add_option("--partition", render_opt.partition, "slurm: #SBATCH --partition");
+  cluster_render->add_option("--time", render_opt.time_limit, "slurm: #SBATCH --time");
+  cluster_render->add_option("--bin-dir", render_opt.bin_dir,
+                             "slurm: where blendserve and blendctl are on the job's machines (default: this blendctl's "
+                             "directory)");
+  cluster_render->add_flag("--submit", render_opt.submit,
+                           "slurm: sbatch the script, then wait until the frontend answers /health (JSON line with "
+                           "its URL)");
 
   bs::tools::TopOptions top_opt;
   if (const char* k = std::getenv("BLENDSERVE_API_KEY")) top_opt.api_key = k;
@@ -458,6 +486,7 @@ int main(int argc, char** argv) {
     if (cluster_up->parsed()) return bs::tools::cluster_up(cluster_opt);
     if (cluster_status->parsed()) return bs::tools::cluster_status(cluster_opt);
     if (cluster_down->parsed()) return bs::tools::cluster_down(cluster_opt);
+    if (cluster_render->parsed()) return bs::tools::cluster_render(cluster_opt, render_opt);
     if (trace->parsed()) {
       if (trace_json) tropt.format = "json";
       return bs::tools::print_trace(tropt);

@@ -115,8 +115,9 @@ int run_generate(bs::RuntimeConfig config, const GenerateArgs& g) {
 // `attach`, when given, runs once the runtime is up and what it returns lives as
 // long as the server (a cluster worker's control endpoint).
 using ServeAttachment = std::function<std::shared_ptr<void>(bs::Runtime&)>;
+// probe_port > 0: /health and /live in plain HTTP there too (Server::bind_probes).
 int run_serve(bs::RuntimeConfig config, const std::string& host, int port, double drain_seconds,
-              const ServeAttachment& attach = {}) {
+              const ServeAttachment& attach = {}, int probe_port = 0) {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -129,6 +130,9 @@ int run_serve(bs::RuntimeConfig config, const std::string& host, int port, doubl
   bs::Runtime runtime(config);
   bs::http::Server server(runtime, config);
   const int bound = server.bind(bind_host, bind_port);
+  if (probe_port > 0)
+    std::fprintf(stderr, "blendserve: probes (/health, /ready, /live) on http://%s:%d\n", bind_host.c_str(),
+                 server.bind_probes(bind_host, probe_port));
   const std::shared_ptr<void> attached = attach ? attach(runtime) : nullptr;
   const auto& ctx = runtime.context();
   std::fprintf(stderr, "blendserve: model %s (%s kernels%s%s, %s, %s KV), serving on %s://%s:%d%s%s\n",
@@ -191,8 +195,11 @@ int run_check_config(const std::string& path) {
       const bs::ClusterConfig cluster = bs::load_cluster_config(path);
       for (const bs::ClusterNode& n : cluster.nodes) {
         nlohmann::json line{{"name", n.name}, {"role", bs::role_name(n.role)}, {"host", n.host}, {"port", n.port}};
+        if (n.bind != n.host) line["bind"] = n.bind;
+        if (const auto gpus = bs::worker_gpus(n.runtime); !gpus.empty()) line["gpus"] = gpus;
         if (n.data_port) line["data_port"] = n.data_port;
         if (n.http_port) line["http_port"] = n.http_port;
+        if (n.probe_port) line["probe_port"] = n.probe_port;
         line["data_dir"] = cluster.member_data_dir(n.name);
         std::printf("%s\n", line.dump().c_str());
       }
@@ -235,11 +242,16 @@ int run_member(const std::string& config_path, const std::string& node, const st
         bs::tools::control_options(cluster, me), [&runtime, node] { return bs::make_worker_report(runtime, node); },
         bs::worker_holdings(runtime));
     std::fprintf(stderr, "blendserve: worker %s of cluster %s: control on %s:%d (%s)\n", node.c_str(),
-                 cluster.name.c_str(), me.host.c_str(), endpoint->port(),
+                 cluster.name.c_str(), me.bind.c_str(), endpoint->port(),
                  cluster.tls ? "TLS 1.3, mutual" : "plaintext");
     return endpoint;
   };
-  return run_serve(std::move(config), /*host=*/"", /*port=*/-1, /*drain_seconds=*/30, control);
+  try {
+    return run_serve(std::move(config), /*host=*/"", /*port=*/-1, cluster.drain_timeout_s, control, me.probe_port);
+  } catch (const std::exception& e) {  // a port in use, a model that does not load
+    std::cerr << "error: worker " << node << ": " << e.what() << "\n";
+    return 1;
+  }
 }
 
 }  // namespace
@@ -265,10 +277,10 @@ int main(int argc, char** argv) {
                  "What joins the ranks: auto, inprocess (cpu) or nccl (cuda; at tp 1 the all-reduces through NCCL) "
                  "(device.communicator)")
       ->check(CLI::IsMember({"auto", "inprocess", "nccl"}));
-  app.add_option("--config", config_path, "YAML config (default: the embedded configs/default.yaml)");
+  app.add_option("--config", config_path, "YAML config (default: $BLENDSERVE_CONFIG, else the embedded configs/default.yaml)");
   app.add_option("--node", node,
                  "Start this member of the cluster config given with --config (worker: serves its OpenAI endpoint; "
-                 "storage, frontend: their roles)");
+                 "storage, frontend: their roles); default $BLENDSERVE_NODE");
 
   auto* check = app.add_subcommand(
       "check-config", "Validate a config without loading a model: a cluster's (one JSON line per member) or one "
@@ -311,6 +323,11 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (check->parsed()) return run_check_config(check_path);
+  // The environment fills what the command line leaves out (a container's image
+  // runs `blendserve` alone; its pod or job says which config and which member).
+  if (const char* c = std::getenv("BLENDSERVE_CONFIG"); config_path.empty() && c && *c) config_path = c;
+  if (const char* n = std::getenv("BLENDSERVE_NODE"); node.empty() && n && *n && !gen->parsed() && !serve->parsed())
+    node = n;
   if (!node.empty()) {
     if (gen->parsed() || serve->parsed()) {
       std::cerr << "error: --node starts a cluster member by itself; give no subcommand\n";

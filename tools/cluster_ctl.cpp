@@ -446,6 +446,10 @@ int with_config(const ClusterCtlOptions& opt, F run) {
 
 }  // namespace
 
+ClusterConfig load_cluster_for_ctl(const ClusterCtlOptions& opt) { return load(opt); }
+bool ensure_cluster_certificates(const ClusterConfig& c) { return !c.tls || ensure_certificates(c, nullptr); }
+bool member_ready(const ClusterConfig& c, const ClusterNode& n, double timeout_s) { return ready(c, n, timeout_s); }
+
 int cluster_init(const ClusterCtlOptions& opt) {
   return with_config(opt, [&](const ClusterConfig& c) { return init(c); });
 }

@@ -12,6 +12,8 @@
 
 #include <string>
 
+#include "actors/cluster_config.h"
+
 namespace bs::tools {
 
 struct ClusterCtlOptions {
@@ -58,5 +60,15 @@ int cluster_status(const ClusterCtlOptions& opt);
 // | "SIGKILL" | "not running" | "not ours"}). Exit 0; 1 when a member outlived
 // SIGKILL; 2 for a config error.
 int cluster_down(const ClusterCtlOptions& opt);
+
+// What the commands above share with `cluster render` (tools/cluster_render.h).
+// The config, with --data-dir applied (ConfigError as the commands report it).
+ClusterConfig load_cluster_for_ctl(const ClusterCtlOptions& opt);
+// The TLS files made where missing and checked, as `init`; false (why on stderr)
+// when a file there is wrong. True at once for a plaintext cluster.
+bool ensure_cluster_certificates(const ClusterConfig& c);
+// Whether a member is ready, as `up` waits for it (storage: its data_port accepts;
+// the others: GET /health answers 200), probing for at most timeout_s.
+bool member_ready(const ClusterConfig& c, const ClusterNode& n, double timeout_s);
 
 }  // namespace bs::tools

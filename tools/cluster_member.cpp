@@ -37,7 +37,7 @@ sigset_t block_stop_signals() {
 
 ControlEndpointOptions control_options(const ClusterConfig& cluster, const ClusterNode& me) {
   // TLS: only the frontend asks, by the name in its certificate.
-  return {.node = me.name, .host = me.host, .port = me.port, .secret = cluster.secret,
+  return {.node = me.name, .host = me.bind, .port = me.port, .secret = cluster.secret,
           .heartbeat_interval_s = cluster.heartbeat_interval_s, .connection_timeout_s = cluster.connection_timeout_s,
           .tls = cluster.member_tls(me.name), .tls_peers = {cluster.frontend().name}};
 }
@@ -53,7 +53,7 @@ int run_storage_member(const ClusterConfig& cluster, const std::string& name) {
   try {
     DiskKvStore store(resolve_ssd_path(config), config.ssd.budget_bytes, config.ssd.direct_io, {}, config.ssd.file_io);
     StorageServerOptions opt;
-    opt.bind_host = me.host;
+    opt.bind_host = me.bind;
     opt.port = me.data_port;
     opt.secret = cluster.secret;
     opt.threads = me.data_plane.threads;
@@ -73,8 +73,8 @@ int run_storage_member(const ClusterConfig& cluster, const std::string& name) {
                  "blendserve: storage node %s of cluster %s: %lld chunks (%lld bytes) in %s, data on %s:%d (%s), "
                  "control on %s:%d (%s)\n",
                  name.c_str(), cluster.name.c_str(), static_cast<long long>(st.entries), static_cast<long long>(st.bytes),
-                 store.dir().c_str(), me.host.c_str(), server.port(),
-                 cluster.tls ? "TLS 1.3, mutual" : "plaintext", me.host.c_str(), control.port(),
+                 store.dir().c_str(), me.bind.c_str(), server.port(),
+                 cluster.tls ? "TLS 1.3, mutual" : "plaintext", me.bind.c_str(), control.port(),
                  cluster.tls ? "TLS 1.3, mutual" : "plaintext");
     std::fflush(stderr);
     int sig = 0;
@@ -120,9 +120,9 @@ int run_frontend_member(const ClusterConfig& cluster, const std::string& name) {
     for (const ClusterNode* s : cluster.storage_nodes()) mopt.members.push_back({s->name, "storage", s->host, s->port});
     ClusterMonitor monitor(mopt);
     http::FrontendServer server(fopt, monitor);
-    const int bound = server.bind(me.host, me.http_port);
+    const int bound = server.bind(me.bind, me.http_port);
     std::fprintf(stderr, "blendserve: frontend %s of cluster %s (%zu workers, %s routing), serving on http://%s:%d%s\n",
-                 name.c_str(), cluster.name.c_str(), fopt.workers.size(), cluster.routing.c_str(), me.host.c_str(),
+                 name.c_str(), cluster.name.c_str(), fopt.workers.size(), cluster.routing.c_str(), me.bind.c_str(),
                  bound, fopt.api_keys.empty() ? "" : " (API keys required)");
     std::fflush(stderr);
     std::atomic<bool> serve_returned{false};
