@@ -61,7 +61,7 @@ void check_renderable(const ClusterConfig& c, const RenderOptions& opt) {
     if (n.role == NodeRole::Worker && c.tls && n.probe_port == 0)
       throw ConfigError(at + ".probe_port: missing (line " + std::to_string(n.line) + "): worker '" + n.name +
                         "' serves HTTPS that answers only the frontend's certificate, and the kubelet's probes carry "
-                        "none; give it a probe_port (plain /health and /live)");
+                        "none; give it a probe_port (plain /health, /ready and /live)");
   }
 }
 

