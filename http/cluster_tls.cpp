@@ -64,12 +64,30 @@ std::unique_ptr<httplib::Server> make_member_server(const tls::Files& tls, std::
   return server;
 }
 
-std::unique_ptr<httplib::Client> make_member_client(const std::string& host, int port, const tls::Files& tls) {
+std::unique_ptr<httplib::Client> make_member_client(const std::string& host, int port, const tls::Files& tls,
+                                                    const std::string& peer_name) {
   if (!tls.enabled()) return std::make_unique<httplib::Client>(host, port);
   const std::string where = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
   auto c = std::make_unique<httplib::Client>("https://" + where, tls.cert, tls.key);
-  c->set_ca_cert_path(tls.ca);
-  c->enable_server_certificate_verification(true);
+  if (peer_name.empty()) {
+    c->set_ca_cert_path(tls.ca);
+    c->enable_server_certificate_verification(true);
+    return c;
+  }
+  // By name: OpenSSL checks the chain and the name during the handshake (a mismatch
+  // fails it); httplib's own check, which compares the address, is off.
+  // A CA that does not load or a name not set leaves nothing trusted: every
+  // handshake fails, which the caller sees as a failed connection.
+  SSL_CTX* ctx = c->ssl_context();
+  if (!ctx) {  // no context to set: httplib's check by the address, which fails closed
+    c->set_ca_cert_path(tls.ca);
+    c->enable_server_certificate_verification(true);
+    return c;
+  }
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  if (X509_VERIFY_PARAM_set1_host(SSL_CTX_get0_param(ctx), peer_name.c_str(), peer_name.size()) == 1)
+    SSL_CTX_load_verify_locations(ctx, tls.ca.c_str(), nullptr);
+  c->enable_server_certificate_verification(false);
   return c;
 }
 

@@ -23,8 +23,10 @@ std::unique_ptr<httplib::Server> make_member_server(const tls::Files& tls, std::
 
 // A client to a member at host:port: plain HTTP when `tls` is empty; else HTTPS,
 // presenting this member's certificate and accepting only a server certificate of
-// the CA that names `host` (the member's address in the cluster file, in its
-// certificate's subjectAltName).
-std::unique_ptr<httplib::Client> make_member_client(const std::string& host, int port, const tls::Files& tls);
+// the CA that names `peer_name` (the member's node name, in its certificate's
+// subjectAltName: the address it is reached at may be another than the file's —
+// a Kubernetes DNS name, a Slurm job's machine) or, when that is empty, `host`.
+std::unique_ptr<httplib::Client> make_member_client(const std::string& host, int port, const tls::Files& tls,
+                                                    const std::string& peer_name = "");
 
 }  // namespace bs::http

@@ -149,7 +149,7 @@ bool event_has_token(std::string_view event) {
 void run_upstream(std::shared_ptr<Upstream> u, FrontendWorker w, const tls::Files& tls, std::string key,
                   std::string method, std::string path, std::string body, double connect_s, double idle_s,
                   bool stream) {
-  const auto client = make_member_client(w.host, w.http_port, tls);  // HTTPS in a TLS cluster
+  const auto client = make_member_client(w.host, w.http_port, tls, w.name);  // HTTPS in a TLS cluster
   httplib::Client& cli = *client;
   cli.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(connect_s)));
   cli.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(idle_s)));
@@ -716,7 +716,7 @@ struct FrontendServer::Impl {
                    {"requests", json::array()}};
       const auto wit = workers.find(m.member.name);
       if (m.up && wit != workers.end()) {
-        const auto cli = make_member_client(wit->second.host, wit->second.http_port, opt.tls);
+        const auto cli = make_member_client(wit->second.host, wit->second.http_port, opt.tls, wit->second.name);
         cli->set_connection_timeout(2, 0);
         cli->set_read_timeout(2, 0);
         auto r = cli->Get("/v1/inspect/snapshot", {{"Authorization", "Bearer " + opt.worker_api_key}});

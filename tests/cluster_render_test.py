@@ -279,6 +279,159 @@ class Slurm(unittest.TestCase):
             self.assertIn("#SBATCH --cpus-per-task=4", text)
 
 
+POD_CLUSTER = """cluster: {name: pods, secret: env:BLENDSERVE_CLUSTER_SECRET, drain_timeout: 3s,
+          heartbeat_interval: 0.5s, connection_timeout: 2s}
+defaults: {device: {threads: 1}, tiers: {ram: {budget: 256MiB}, ssd: {budget: 256MiB}, remote: {enabled: true}}}
+nodes:
+  - {name: fe, role: frontend, host: 10.9.0.1, port: %d, http_port: %d}
+  - {name: w1, role: worker, host: 10.9.0.2, port: %d, http_port: %d, probe_port: %d}
+  - {name: kv, role: storage, host: 10.9.0.3, port: %d, data_port: %d}
+"""
+
+
+def free_ports(n):
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def get(url, timeout=5):
+    import json
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+    except OSError:
+        return None, None
+
+
+def until(test, what, fn, timeout=60):
+    import time
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.25)
+    test.fail("timed out waiting for " + what)
+
+
+@unittest.skipUnless(os.environ.get("BLENDSERVE_PODS_TEST") == "1", "the model test (cluster_pods) runs it")
+class PodsAsProcesses(unittest.TestCase):
+    """Each member started as its rendered pod starts it: `blendserve` with no
+    arguments, the environment of its StatefulSet, the ConfigMap's file and only its
+    own items of the Secret; the cluster DNS names resolved to loopback. Then a
+    restart: the frontend marks the member down, then up, nothing else restarts."""
+
+    def test_members_run_from_their_manifests_and_a_restarted_member_rejoins(self):
+        with tempfile.TemporaryDirectory() as d:
+            ports = free_ports(7)
+            cfg = os.path.join(d, "pods.yaml")
+            with open(cfg, "w") as f:
+                f.write(POD_CLUSTER % tuple(ports))
+            r = render(cfg, os.path.join(d, "out"), data_dir=os.path.join(d, "made"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(d, "out", "kubernetes.yaml")) as f:
+                docs = by_kind(yaml.safe_load_all(f))
+            with open(os.path.join(d, "out", "secret.yaml")) as f:
+                secret = yaml.safe_load(f)["data"]
+            procs = {}
+
+            def start(node):
+                sts = docs[("StatefulSet", "pods-" + node)]
+                pod = os.path.join(d, "pod-" + node)
+                spec = sts["spec"]["template"]["spec"]
+                e = {"PATH": os.environ.get("PATH", ""), "HOME": d}
+                for item in container(sts)["env"]:
+                    if "value" in item:
+                        e[item["name"]] = item["value"]
+                    else:
+                        key = item["valueFrom"]["secretKeyRef"]["key"]
+                        e[item["name"]] = base64.b64decode(secret[key]).decode()
+                # The cluster's DNS: every member's name resolves to this host.
+                e["BLENDSERVE_HOSTS"] = ",".join(h.split("=")[0] + "=127.0.0.1"
+                                                 for h in e["BLENDSERVE_HOSTS"].split(","))
+                # The volumes, where the pod has them.
+                vols = {v["name"]: v for v in spec["volumes"]}
+                os.makedirs(os.path.join(pod, "config"), exist_ok=True)
+                with open(os.path.join(pod, "config", "cluster.yaml"), "w") as f:
+                    f.write(docs[("ConfigMap", "pods-config")]["data"]["cluster.yaml"])
+                os.makedirs(os.path.join(pod, "tls"), exist_ok=True)
+                for item in vols["tls"]["secret"]["items"]:
+                    path = os.path.join(pod, "tls", item["path"])
+                    with open(path, "wb") as f:
+                        f.write(base64.b64decode(secret[item["key"]]))
+                    os.chmod(path, 0o400)
+                self.assertEqual(sorted(os.listdir(os.path.join(pod, "tls"))),
+                                 sorted(["ca.pem", node + ".pem", node + ".key"]))
+                e["BLENDSERVE_CONFIG"] = os.path.join(pod, "config", "cluster.yaml")
+                e["BLENDSERVE_TLS_DIR"] = os.path.join(pod, "tls")
+                e["BLENDSERVE_CLUSTER_DATA_DIR"] = os.path.join(pod, "data")
+                with open(os.path.join(d, node + ".log"), "ab") as log:
+                    procs[node] = subprocess.Popen([os.path.join(ARGS.bin, "blendserve")], env=e, stdout=log,
+                                                   stderr=subprocess.STDOUT)
+
+            def stop(node, sig=15):
+                procs[node].send_signal(sig)
+                return procs[node].wait(timeout=30)
+
+            fe, w1_probe = f"http://127.0.0.1:{ports[1]}", f"http://127.0.0.1:{ports[4]}"
+            try:
+                start("w1")
+                until(self, "w1 live", lambda: get(w1_probe + "/live")[0] == 200)
+                self.assertEqual(get(w1_probe + "/health")[0], 200)  # serves (recomputes) without storage
+                code, body = get(w1_probe + "/ready")
+                self.assertEqual(code, 503)
+                self.assertEqual(body["status"], "storage_unreachable")
+                start("kv")
+                until(self, "w1 ready with its storage node", lambda: get(w1_probe + "/ready")[0] == 200)
+                start("fe")
+                until(self, "the frontend ready", lambda: get(fe + "/ready")[0] == 200)
+                # A chat through the frontend: the worker's HTTPS with the frontend's certificate.
+                import json
+                import urllib.error
+                import urllib.request
+                req = urllib.request.Request(fe + "/v1/chat/completions", method="POST", data=json.dumps({
+                    "model": "SmolLM2-135M-Instruct", "max_tokens": 4, "temperature": 0,
+                    "messages": [{"role": "user", "content": "Hi"}]}).encode(),
+                    headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=120) as r:
+                        self.assertEqual(r.status, 200)
+                except urllib.error.HTTPError as e:
+                    self.fail(f"chat through the frontend: {e.code} {e.read()!r}")
+                # The worker dies as a pod does (SIGKILL): down; its restart: up again.
+                stop("w1", 9)
+                until(self, "the frontend to mark w1 down", lambda: get(fe + "/ready")[0] == 503)
+                start("w1")
+                until(self, "the frontend to mark w1 up again", lambda: get(fe + "/ready")[0] == 200)
+                members = {m["name"]: m for m in get(fe + "/v1/inspect/cluster")[1]["members"]}
+                self.assertTrue(members["w1"]["up"])
+                self.assertEqual(members["w1"]["downs"], 1)
+                self.assertEqual(procs["fe"].poll(), None)  # nothing else restarted
+                self.assertEqual(procs["kv"].poll(), None)
+                # SIGTERM: each exits 0 (the worker after its drain).
+                for node in ("fe", "w1", "kv"):
+                    self.assertEqual(stop(node), 0, node)
+            finally:
+                for p in procs.values():
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+                for node in ("fe", "w1", "kv"):
+                    if os.path.exists(os.path.join(d, node + ".log")):
+                        with open(os.path.join(d, node + ".log")) as f:
+                            sys.stderr.write(f"--- {node}\n" + f.read()[-1500:])
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser()

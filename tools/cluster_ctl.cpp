@@ -125,7 +125,7 @@ bool ready(const ClusterConfig& c, const ClusterNode& n, double timeout_s) {
   const std::string host = probe_host(n.host);
   if (n.role == NodeRole::Storage) return tcp_accepts(host, n.data_port, timeout_s);
   const tls::Files tls = n.role == NodeRole::Worker ? c.member_tls(c.frontend().name) : tls::Files{};
-  const auto cli = http::make_member_client(host, n.http_port, tls);
+  const auto cli = http::make_member_client(host, n.http_port, tls, n.name);
   const auto usec = static_cast<time_t>(timeout_s * 1e6);
   cli->set_connection_timeout(usec / 1000000, usec % 1000000);
   cli->set_read_timeout(usec / 1000000, usec % 1000000);
