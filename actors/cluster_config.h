@@ -107,9 +107,9 @@ struct ClusterConfig {
   double heartbeat_interval_s = 1;  // how often members tell each other they are alive
   double connection_timeout_s = 5;  // silence after which a member counts as gone (>= heartbeat_interval)
   double startup_timeout_s = 120;   // how long `blendctl cluster up` waits for a member to be ready
-  // cluster.drain_timeout: on SIGTERM a worker finishes its requests in flight for
-  // at most this long (new ones get 503); Kubernetes' terminationGracePeriodSeconds
-  // and a Slurm job's stop are sized from it.
+  // cluster.drain_timeout: on SIGTERM the frontend and each worker finish their
+  // requests in flight for at most this long (new ones get 503); Kubernetes'
+  // terminationGracePeriodSeconds and a Slurm job's stop are sized from it.
   double drain_timeout_s = 30;
   // How the frontend picks a worker: "kv_aware" (where the request's document KV is,
   // actors/request_router.h) or "round_robin" (the baseline benchmarks compare with).

@@ -229,6 +229,20 @@ struct FrontendServer::Impl {
   // The forwards in flight (aborted at shutdown), pruned as they end.
   std::mutex live_mu;
   std::vector<std::weak_ptr<Upstream>> live;
+  std::atomic<bool> draining{false};
+
+  // Forwards whose client is still being answered (its handler or stream holds it).
+  size_t forwards_in_flight() {
+    std::lock_guard<std::mutex> lock(live_mu);
+    std::erase_if(live, [](const std::weak_ptr<Upstream>& x) { return x.expired(); });
+    return live.size();
+  }
+  // During a drain: the refusal of a new request (the client retries elsewhere).
+  bool refused_while_draining(httplib::Response& res) {
+    if (!draining.load()) return false;
+    send_error(res, ApiError(503, "the frontend is shutting down (draining); retry", "server_error", "", "draining"));
+    return true;
+  }
   // Last: destroyed first, after ~Impl aborted the live forwards.
   std::unique_ptr<ForwardPool> pool;
 
@@ -342,6 +356,7 @@ struct FrontendServer::Impl {
   }
 
   void chat(const httplib::Request& req, httplib::Response& res) {
+    if (refused_while_draining(res)) return;
     ChatCompletionRequest parsed;
     try {
       parsed = parse_chat_completion(req.body, 16);
@@ -579,6 +594,7 @@ struct FrontendServer::Impl {
   // it, or computes it. The answer is the storing worker's, plus "worker" and, when
   // warmed, "warmed": one entry per other worker (its source, or its error).
   void store_document(const httplib::Request& req, httplib::Response& res) {
+    if (refused_while_draining(res)) return;
     ClusterDocumentRequest d;
     try {
       d = parse_cluster_document_body(req.body);
@@ -810,8 +826,11 @@ struct FrontendServer::Impl {
     svr.Get(R"(/(health|ready))", [this](const httplib::Request&, httplib::Response& res) {
       const auto view = monitor.view();
       const int up = workers_up(*view);
-      res.status = up > 0 ? 200 : 503;
-      res.set_content(json{{"status", up > 0 ? "ok" : "no_worker"}, {"role", "frontend"}, {"workers_up", up},
+      const bool drain = draining.load();
+      res.status = up > 0 && !drain ? 200 : 503;
+      res.set_content(json{{"status", drain ? "draining" : up > 0 ? "ok" : "no_worker"},
+                           {"role", "frontend"},
+                           {"workers_up", up},
                            {"workers", opt.workers.size()}}
                           .dump(),
                       "application/json");
@@ -874,6 +893,13 @@ int FrontendServer::bind(const std::string& host, int port) {
 }
 
 bool FrontendServer::serve() { return impl_->svr.listen_after_bind(); }
+
+void FrontendServer::drain(double seconds) {
+  impl_->draining = true;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (impl_->forwards_in_flight() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
 
 void FrontendServer::stop() {
   if (impl_->svr.is_running()) impl_->svr.stop();

@@ -76,6 +76,9 @@ class FrontendServer {
   // As http::Server: bind (port 0 = any; returns it), serve (blocks), stop.
   int bind(const std::string& host, int port);
   bool serve();
+  // New completions and documents get 503 ("draining") and /health, /ready say
+  // so; waits up to `seconds` for the forwards in flight (streams included) to end.
+  void drain(double seconds);
   void stop();
 
  private:

@@ -279,7 +279,7 @@ class Slurm(unittest.TestCase):
             self.assertIn("#SBATCH --cpus-per-task=4", text)
 
 
-POD_CLUSTER = """cluster: {name: pods, secret: env:BLENDSERVE_CLUSTER_SECRET, drain_timeout: 3s,
+POD_CLUSTER = """cluster: {name: pods, secret: env:BLENDSERVE_CLUSTER_SECRET, drain_timeout: 60s,
           heartbeat_interval: 0.5s, connection_timeout: 2s}
 defaults: {device: {threads: 1}, tiers: {ram: {budget: 256MiB}, ssd: {budget: 256MiB}, remote: {enabled: true}}}
 nodes:
@@ -418,8 +418,43 @@ class PodsAsProcesses(unittest.TestCase):
                 self.assertEqual(members["w1"]["downs"], 1)
                 self.assertEqual(procs["fe"].poll(), None)  # nothing else restarted
                 self.assertEqual(procs["kv"].poll(), None)
-                # SIGTERM: each exits 0 (the worker after its drain).
-                for node in ("fe", "w1", "kv"):
+                # SIGTERM to the frontend with a stream in flight: the stream ends whole,
+                # a new request meanwhile gets 503 "draining", then it exits 0.
+                import http.client
+                import threading
+                started, result = threading.Event(), {}
+
+                def stream():
+                    conn = http.client.HTTPConnection("127.0.0.1", ports[1], timeout=120)
+                    conn.request("POST", "/v1/chat/completions", body=json.dumps({
+                        "model": "SmolLM2-135M-Instruct", "max_tokens": 200, "temperature": 0, "stream": True,
+                        "messages": [{"role": "user", "content": "Count from 1 to 300, separated by commas."}]}),
+                        headers={"Content-Type": "application/json"})
+                    r = conn.getresponse()
+                    result["status"] = r.status
+                    first = r.readline()
+                    started.set()
+                    result["body"] = first + r.read()
+
+                t = threading.Thread(target=stream)
+                t.start()
+                self.assertTrue(started.wait(60), "no first chunk")
+                procs["fe"].send_signal(15)
+                code, body = until(self, "the frontend to drain", lambda: (lambda r: r if r[0] == 503 else None)(
+                    get(fe + "/ready")), timeout=10)
+                self.assertEqual(body["status"], "draining")
+                try:
+                    with urllib.request.urlopen(req, timeout=30):
+                        self.fail("a request was taken while draining")
+                except urllib.error.HTTPError as e:
+                    self.assertEqual(e.code, 503)
+                    self.assertEqual(json.load(e)["error"]["code"], "draining")
+                t.join(120)
+                self.assertEqual(result.get("status"), 200)
+                self.assertTrue(result["body"].rstrip().endswith(b"data: [DONE]"), result["body"][-300:])
+                self.assertEqual(procs["fe"].wait(timeout=90), 0)
+                # SIGTERM: the others exit 0 (the worker after its drain).
+                for node in ("w1", "kv"):
                     self.assertEqual(stop(node), 0, node)
             finally:
                 for p in procs.values():

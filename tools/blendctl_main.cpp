@@ -312,12 +312,12 @@ int main(int argc, char** argv) {
   trace->add_flag("--json", trace_json, "Same as --format json")->excludes(trace_format);
   trace->add_option("--out", tropt.out, "Write to this file instead of stdout");
 
-  // cluster init|up|status|down F (tools/cluster_ctl.h).
+  // cluster init|up|status|down F (tools/cluster_ctl.h), cluster render (tools/cluster_render.h).
   bs::tools::ClusterCtlOptions cluster_opt;
   auto* cluster = app.add_subcommand(
       "cluster",
-      "A cluster's certificates (init), and every member of a cluster config as processes on this host (development "
-      "and tests): up, status, down");
+      "A cluster's certificates (init); every member of a cluster config as processes on this host (development "
+      "and tests): up, status, down; the config for Kubernetes or Slurm: render");
   cluster->require_subcommand(1);
   const auto cluster_action = [&](const char* name, const char* help) {
     auto* a = cluster->add_subcommand(name, help);

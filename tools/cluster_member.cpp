@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <thread>
@@ -130,7 +131,18 @@ int run_frontend_member(const ClusterConfig& cluster, const std::string& name) {
       int sig = 0;
       sigwait(&signals, &sig);
       if (serve_returned.load()) return;  // the listener failed by itself
-      std::fprintf(stderr, "blendserve: signal %d: frontend stopping\n", sig);
+      // New requests 503 while the streams in flight finish (cluster.drain_timeout);
+      // a second signal stops at once.
+      std::fprintf(stderr, "blendserve: signal %d: frontend draining (up to %.0f s; again to stop now)\n", sig,
+                   cluster.drain_timeout_s);
+      std::thread second([signals] {
+        int again = 0;
+        sigwait(&signals, &again);
+        std::_Exit(130);
+      });
+      second.detach();
+      server.drain(cluster.drain_timeout_s);
+      std::fprintf(stderr, "blendserve: frontend stopping\n");
       // A stop() before serve() listens is lost: stop until serve() has returned.
       while (!serve_returned.load()) {
         server.stop();
