@@ -188,7 +188,10 @@ class Kubernetes(unittest.TestCase):
         vols = {v["name"]: v for v in w["spec"]["template"]["spec"]["volumes"]}
         self.assertEqual(sorted(i["key"] for i in vols["tls"]["secret"]["items"]),
                          ["ca.pem", "worker-1.key", "worker-1.pem"])  # its own key only
-        self.assertEqual(vols["tls"]["secret"]["defaultMode"], 0o400)
+        self.assertEqual(vols["tls"]["secret"]["defaultMode"], 0o440)
+        # The image's user, not root; the volumes its group's.
+        self.assertEqual(w["spec"]["template"]["spec"]["securityContext"],
+                         {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001, "runAsNonRoot": True})
         self.assertEqual(self.secret["kind"], "Secret")
         data = self.secret["data"]
         self.assertEqual(base64.b64decode(data["cluster-secret"]).decode(), SECRET)

@@ -32,6 +32,7 @@ constexpr const char* kConfigDir = "/etc/blendserve/config";  // the ConfigMap: 
 constexpr const char* kTlsDir = "/etc/blendserve/tls";      // the Secret: ca.pem, <node>.pem, <node>.key
 constexpr const char* kDataDir = "/var/lib/blendserve";     // the member's volume
 constexpr const char* kSecretKey = "cluster-secret";         // the Secret's key for cluster.secret
+constexpr int kImageUid = 10001;                             // the image's user (configs/deploy/Dockerfile)
 
 // A DNS-1123 label: what a Kubernetes object's name (and a pod's host name) may be.
 bool dns_label(const std::string& s) {
@@ -173,7 +174,8 @@ json member_statefulset(const ClusterConfig& c, const ClusterNode& n, const std:
     json items = json::array();
     for (const std::string& f : {std::string("ca.pem"), n.name + ".pem", n.name + ".key"})
       items.push_back({{"key", f}, {"path", f}});
-    volumes.push_back({{"name", "tls"}, {"secret", {{"secretName", c.name + "-secret"}, {"defaultMode", 0400}, {"items", items}}}});
+    // 0440 with the pod's fsGroup: readable by the image's user (not root), no one else.
+    volumes.push_back({{"name", "tls"}, {"secret", {{"secretName", c.name + "-secret"}, {"defaultMode", 0440}, {"items", items}}}});
   }
   container["volumeMounts"] = mounts;
 
@@ -190,7 +192,11 @@ json member_statefulset(const ClusterConfig& c, const ClusterNode& n, const std:
     volumes.push_back({{"name", "data"}, {"emptyDir", json::object()}});
   }
 
-  json pod_spec{{"containers", json::array({container})},
+  // The image's user (configs/deploy/Dockerfile: uid 10001); fsGroup makes the
+  // volumes (the data claim, the Secret's files) its group's.
+  json pod_spec{{"securityContext", {{"runAsUser", kImageUid}, {"runAsGroup", kImageUid}, {"fsGroup", kImageUid},
+                                     {"runAsNonRoot", true}}},
+                {"containers", json::array({container})},
                 {"volumes", volumes},
                 {"terminationGracePeriodSeconds", static_cast<int>(std::ceil(c.drain_timeout_s)) + 10},
                 {"enableServiceLinks", false}};
