@@ -12,7 +12,7 @@
 // are ready); the file in a ConfigMap; the cluster secret and TLS files in a Secret
 // (each pod mounts the CA and its own certificate and key only); workers' GPUs as
 // nvidia.com/gpu limits; the SSD tiers of workers and storage nodes on
-// PersistentVolumeClaims; probes on /health (readiness) and /live (liveness);
+// PersistentVolumeClaims; probes on /ready (readiness) and /live (liveness);
 // terminationGracePeriodSeconds from cluster.drain_timeout. Restarts are Kubernetes'
 // job: a member that comes back answers its control port again and the frontend
 // marks it up.
