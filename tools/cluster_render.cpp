@@ -344,7 +344,8 @@ std::string run_capture(const std::vector<std::string>& argv) {
 }
 
 int submit_and_wait(const ClusterConfig& c, const fs::path& script, const RenderOptions& opt) {
-  std::string id = run_capture({"sbatch", "--parsable", script.string()});
+  // sbatch waits on slurmctld: bounded, so an unreachable controller is an error, not a hang.
+  std::string id = run_capture({"timeout", "120", "sbatch", "--parsable", script.string()});
   id.erase(std::remove_if(id.begin(), id.end(), [](char ch) { return ch == '\n' || ch == '\r'; }), id.end());
   id = id.substr(0, id.find(';'));
   std::fprintf(stderr, "blendctl: submitted job %s\n", id.c_str());
