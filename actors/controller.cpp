@@ -6,7 +6,10 @@
 // configured floor. Estimates come from measured profiles (bytes/s per tier from
 // the loaders, seconds per row-layer from the worker), refined after every request;
 // the rows per layer follow the filtering in use (planned_rows_per_layer). The
-// decision, with the predicted TTFT, is in the request's trace.
+// query-first selection is the exception: its question pass reads every layer before
+// the recompute starts, so the recompute follows the load instead of hiding behind
+// it, and its ratio stays at the floor. The decision, with the predicted TTFT, is in
+// the request's trace.
 #include <algorithm>
 
 #include <caf/all.hpp>
@@ -109,9 +112,13 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
           return overhead + st.compute_s_per_token_layer * rows;
         };
         // TTFT: layer l computes once it is loaded (the loads spread evenly over the
-        // layers) and the layer before it is done.
+        // layers) and the layer before it is done. query-first: the question's pass
+        // (a few rows, counted in the overhead) keeps pace with the load, the
+        // recompute runs after it.
+        const bool after_load = r.options.selection == Selection::QueryFirst;
         auto est_ttft = [&](double ratio) {
           const auto rows = rows_at(ratio);
+          if (after_load) return est_compute(ratio) + est_load;
           double t = 0;
           for (int l = 0; l < cfg.n_layers; ++l)
             t = std::max(t, est_load * (l + 1) / cfg.n_layers) + st.compute_s_per_token_layer * rows[static_cast<size_t>(l)];
@@ -121,7 +128,7 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         const double budget = ControllerState::load_margin * est_load;
         std::string reason = "floor";
         if (r.options.mode == BlendMode::Blend && ctx->config.adaptive_ratio && !r.ratio_requested &&
-            cached_tokens > 0 && budget > est_compute_floor) {
+            !after_load && cached_tokens > 0 && budget > est_compute_floor) {
           // The largest ratio whose compute still fits the budget (compute grows with the
           // ratio), no higher than an explicit schedule's kept fractions allow.
           double ceiling = 1.0;
@@ -139,6 +146,8 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
           reason = "load-bound: recompute while loading";
         } else if (r.ratio_requested) {
           reason = "requested";
+        } else if (after_load) {
+          reason = "floor: query-first recomputes after the load";
         }
         nlohmann::json inputs = {{"compute_s_per_token_layer", st.compute_s_per_token_layer},
                                  {"overhead_s_per_prompt_token", st.overhead_s_per_prompt_token},

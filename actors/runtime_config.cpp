@@ -464,8 +464,11 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
     fail("blend.check_layers", checks_node.value_or(YAML::Node()), "needs at least one layer");
   if (b.selection != Selection::Deviation && b.filtering == Filtering::TwoPass)
     fail("blend.selection", selection_node.value_or(YAML::Node()),
-         std::string(selection_name(b.selection)) + " reads the question's rows, which only single-pass filtering "
-         "computes at the check layers (blend.filtering is two-pass)");
+         std::string(selection_name(b.selection)) +
+             (b.selection == Selection::QueryFirst
+                  ? " runs its own two passes and does not take blend.filtering: two-pass"
+                  : " reads the question's rows, which only single-pass filtering computes at the check layers "
+                    "(blend.filtering is two-pass)"));
   for (size_t i = 0; i < b.check_layers.size(); ++i) {
     const std::string key = "blend.check_layers[" + std::to_string(i) + "]";
     const YAML::Node item = item_of(checks_node, i);

@@ -167,29 +167,36 @@ std::pair<const double*, std::vector<int32_t>> score_candidates(const Transforme
   return {dev, std::move(rows)};
 }
 
-// The query-aware rules read at most this many of the suffix's last rows (the
+// The query-aware rules read at most this many of the question's last rows (the
 // question and the turn's template; a longer suffix's earlier rows add cost, not
 // signal about what the answer reads).
 constexpr int64_t kQueryRows = 128;
 
+// The question's rows: the suffix up to the first row whose logits are asked for.
+// Rows after it are a continuation being scored (an eval's teacher-forced answer),
+// which must not steer what is recomputed for it.
+int64_t question_rows(int64_t suffix_rows, int64_t logit_rows) { return suffix_rows - (logit_rows - 1); }
+
 // The candidates' scores under a query-aware rule (Selection), replacing the
-// deviations: the attention the question's rows — the last rows of `rows_dev`, whose
-// K/V and every computed row's must already be in the cache at `layer` — pay each of
+// deviations: the attention the question's rows — the last of `rows_dev` but
+// `tail_rows` (a scored continuation), whose K/V and every computed row's must
+// already be in the cache at `layer` — pay each of
 // the n_kv keys, summed over heads and rows (all-reduced over tensor-parallel ranks,
 // each of which holds its heads), then per candidate: Attention, that weight; Impact,
 // it times the deviation's norm. Combined on the host (a few thousand doubles) and
 // returned in backend memory, in candidate order, for top_k.
 const double* query_aware_scores(const Transformer& tf, int layer, Selection rule, const float* q,
-                                 const int32_t* rows_dev, int64_t n, int64_t suffix_rows, int64_t n_kv,
-                                 const std::vector<int32_t>& pos, const std::vector<int32_t>& cand_rows,
+                                 const int32_t* rows_dev, int64_t n, int64_t suffix_rows, int64_t tail_rows,
+                                 int64_t n_kv, const std::vector<int32_t>& pos, const std::vector<int32_t>& cand_rows,
                                  const double* deviation, const KvCache& cache) {
   auto& be = tf.model().backend();
   auto& ws = be.workspace();
   const auto& c = tf.model().config();
   const int64_t m = static_cast<int64_t>(cand_rows.size());
-  const int64_t qr = std::min(suffix_rows, kQueryRows);
+  const int64_t qr = std::min(suffix_rows - tail_rows, kQueryRows);
+  const int64_t first = n - tail_rows - qr;
   double* mass = ws.get<double>(kMass, n_kv);
-  be.attention_mass(q + (n - qr) * c.q_dim(), rows_dev + (n - qr), cache.view(layer), qr, c.n_heads, n_kv,
+  be.attention_mass(q + first * c.q_dim(), rows_dev + first, cache.view(layer), qr, c.n_heads, n_kv,
                     1.0f / std::sqrt(static_cast<float>(c.head_dim)), mass);
   if (auto* comm = tf.comm()) {
     tf.sync_for_collective();
@@ -370,6 +377,7 @@ const char* selection_name(Selection s) {
     case Selection::Deviation: return "deviation";
     case Selection::Attention: return "attention";
     case Selection::Impact: return "impact";
+    case Selection::QueryFirst: return "query-first";
   }
   return "?";
 }
@@ -377,7 +385,8 @@ Selection parse_selection(const std::string& s) {
   if (s == "deviation") return Selection::Deviation;
   if (s == "attention") return Selection::Attention;
   if (s == "impact") return Selection::Impact;
-  throw std::invalid_argument("unknown selection '" + s + "' (deviation, attention, impact)");
+  if (s == "query-first") return Selection::QueryFirst;
+  throw std::invalid_argument("unknown selection '" + s + "' (deviation, attention, impact, query-first)");
 }
 const char* filtering_name(Filtering f) { return f == Filtering::SinglePass ? "single-pass" : "two-pass"; }
 Filtering parse_filtering(const std::string& s) {
@@ -399,7 +408,7 @@ std::vector<double> planned_rows_per_layer(const BlendOptions& o, int n_layers, 
   if (o.mode != BlendMode::Blend || cached <= 0 || o.ratio <= 0.0f) return rows;
   // The minimum recompute (min_tokens) is ignored: a few rows.
   const double c = static_cast<double>(cached);
-  if (o.ratio >= 1.0f || o.filtering == Filtering::TwoPass) {
+  if (o.ratio >= 1.0f || o.filtering == Filtering::TwoPass || o.selection == Selection::QueryFirst) {
     for (auto& r : rows) r += c * std::min(1.0, static_cast<double>(o.ratio));
     return rows;
   }
@@ -593,6 +602,12 @@ struct PrefillRun::State {
   // Layers 0..last as delivered and repaired, as stored: [layer, kv_heads, N, head_dim]
   // elements of the cache's dtype, in the backend's memory.
   kernels::DeviceBuffer saved_k, saved_v;
+
+  // Selection::QueryFirst's first pass (`selecting` too): sel_pos / sel_hidden are the
+  // question's rows, and each candidate's score (sel.candidates order) is the sum over
+  // the layers done of its share of the question's attention to cached tokens.
+  bool query_first = false;
+  std::vector<double> qf_score;
 };
 
 PrefillRun::PrefillRun() = default;
@@ -605,7 +620,8 @@ bool PrefillRun::needs_delivery() const { return !done() && !s_->is_ready[static
 int PrefillRun::steps_left() const {
   if (done()) return 0;
   const int n_layers = static_cast<int>(s_->is_ready.size());
-  return s_->selecting ? (s_->sel.checks.back() + 1 - s_->layer) + n_layers : n_layers - s_->layer;
+  if (!s_->selecting) return n_layers - s_->layer;
+  return (s_->query_first ? n_layers : s_->sel.checks.back() + 1) - s_->layer + n_layers;
 }
 const BlendStats& PrefillRun::stats() const {
   static const BlendStats none;
@@ -640,7 +656,9 @@ void BlendEngine::validate(const RagPrompt& prompt, const BlendOptions& opt, int
     keep_fractions(sorted);  // throws on a bad schedule
     if (opt.selection != Selection::Deviation && opt.filtering == Filtering::TwoPass)
       throw std::invalid_argument(std::string("blend: selection ") + selection_name(opt.selection) +
-                                  " needs single-pass filtering (two-pass's selection pass has no question rows)");
+                                  (opt.selection == Selection::QueryFirst
+                                       ? " runs its own two passes: it does not take two-pass filtering"
+                                       : " needs single-pass filtering (two-pass's selection pass has no question rows)"));
   }
 }
 
@@ -725,7 +743,23 @@ PrefillRun BlendEngine::begin(const RagPrompt& prompt, const PrefillPlan& plan, 
       sorted.check_layers = sel.checks;
       sel.keep = keep_fractions(sorted);
       selected = sel.forced;
-      if (opt.filtering == Filtering::TwoPass) {
+      if (opt.selection == Selection::QueryFirst) {
+        // The question's pass first: its rows are the suffix and the parts without
+        // stored KV (which the question reads too); the cached chunks stay as loaded.
+        s.selecting = true;
+        s.query_first = true;
+        s.sel_pos = active;
+        const int64_t question_end = N - S + question_rows(S, logit_rows);
+        for (int64_t p = N - S; p < question_end; ++p) s.sel_pos.push_back(static_cast<int32_t>(p));
+        std::sort(s.sel_pos.begin(), s.sel_pos.end());
+        s.qf_score.assign(sel.candidates.size(), 0.0);
+        auto& be = tf_.model().backend();
+        std::vector<int32_t> ids(s.sel_pos.size());
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.sel_pos[i]];
+        upload_ints(be, s.sel_pos, s.sel_pos_dev);
+        s.sel_hidden = be.alloc(static_cast<int64_t>(ids.size()) * c.dim * static_cast<int64_t>(sizeof(float)));
+        tf_.embed(ids, s.sel_hidden.as<float>());
+      } else if (opt.filtering == Filtering::TwoPass) {
         // The selection pass first: its rows are every candidate and every position
         // before the suffix computed anyway (missed parts, forced tokens).
         s.selecting = true;
@@ -803,7 +837,10 @@ void BlendEngine::step(PrefillRun& run, clock_type::time_point wait_began) const
     s.is_ready[l] = 1;
   }
   if (s.selecting) {
-    step_selection(s);
+    if (s.query_first)
+      step_query_first(s);
+    else
+      step_selection(s);
     st.select_seconds += since(t0);
   } else {
     const bool narrowing = s.narrowing;
@@ -880,6 +917,67 @@ void BlendEngine::step_selection(PrefillRun::State& s) const {
   ++s.layer;
 }
 
+void BlendEngine::step_query_first(PrefillRun::State& s) const {
+  const auto& c = tf_.model().config();
+  auto& be = tf_.model().backend();
+  auto& ws = be.workspace();
+  auto& cache = *s.cache;
+  auto& st = s.r.stats;
+  auto& sel = s.sel;
+  const int l = s.layer;
+  const int64_t n = static_cast<int64_t>(s.sel_pos.size());
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  float* q = ws.get<float>(kQ, n * qd);
+  float* k = ws.get<float>(kK, n * kvd);
+  float* v = ws.get<float>(kV, n * kvd);
+  const int32_t* pos_dev = s.sel_pos_dev.as<int32_t>();
+  tf_.project_qkv(l, s.sel_hidden.as<float>(), pos_dev, n, q, k, v);
+  // The question's rows (and the missed parts') go into the cache at their own
+  // positions; the final pass computes them again and overwrites them.
+  tf_.store_kv(l, pos_dev, n, k, v, cache);
+  // The weight the question's last rows pay each key (all heads; summed over
+  // tensor-parallel ranks, so every rank holds the same doubles).
+  const int64_t qr = std::min(question_rows(s.S, s.logit_rows), kQueryRows);
+  double* mass = ws.get<double>(kMass, s.N);
+  be.attention_mass(q + (n - qr) * qd, pos_dev + (n - qr), cache.view(l), qr, c.n_heads, s.N,
+                    1.0f / std::sqrt(static_cast<float>(c.head_dim)), mass);
+  if (auto* comm = tf_.comm()) {
+    tf_.sync_for_collective();
+    comm->all_reduce_sum(mass, s.N, tf_.collective_timeout());
+  }
+  std::vector<double> weight(static_cast<size_t>(s.N));
+  be.copy_to_host(weight.data(), mass, s.N * static_cast<int64_t>(sizeof(double)));
+  double total = 0;
+  for (int32_t p : sel.candidates) total += weight[static_cast<size_t>(p)];
+  if (total > 0)
+    for (size_t i = 0; i < sel.candidates.size(); ++i)
+      s.qf_score[i] += weight[static_cast<size_t>(sel.candidates[i])] / total;
+  tf_.attend_and_mlp(l, s.sel_hidden.as<float>(), q, pos_dev, n, cache, s.N);
+  if (++s.layer < c.n_layers) return;
+
+  // Every layer is scored: the candidates with the largest sums are recomputed.
+  const int64_t m = static_cast<int64_t>(sel.candidates.size());
+  double* score = ws.get<double>(kScore, m);
+  be.copy_to_backend(score, s.qf_score.data(), m * static_cast<int64_t>(sizeof(double)));
+  std::vector<int32_t> cand_rows(static_cast<size_t>(m));
+  std::iota(cand_rows.begin(), cand_rows.end(), 0);
+  const std::vector<char> all_candidates(static_cast<size_t>(m), 1);
+  auto [keep_rows, taken] =
+      keep_on_every_rank(tf_, sel, s.opt, s.opt.ratio, sel.candidates, all_candidates, score, cand_rows);
+  st.candidates_per_check.push_back(taken + static_cast<int64_t>(sel.forced.size()));
+  st.check_digests.push_back(digest_of(keep_rows, sel.candidates));
+  std::vector<int32_t> chosen(keep_rows.size());
+  for (size_t i = 0; i < keep_rows.size(); ++i) chosen[i] = sel.candidates[static_cast<size_t>(keep_rows[i])];
+  s.sel_hidden.reset();
+  s.active.insert(s.active.end(), chosen.begin(), chosen.end());
+  auto& recomputed = s.r.recomputed_positions;
+  recomputed.insert(recomputed.end(), chosen.begin(), chosen.end());
+  std::sort(recomputed.begin(), recomputed.end());
+  std::sort(s.active.begin(), s.active.end());
+  s.query_first = false;
+  start_final_pass(s, {});
+}
+
 void BlendEngine::step_final(PrefillRun::State& s) const {
   const auto& c = tf_.model().config();
   auto& be = tf_.model().backend();
@@ -906,7 +1004,8 @@ void BlendEngine::step_final(PrefillRun::State& s) const {
     tf_.store_kv(l, s.rows_dev.as<int32_t>(), n, k, v, cache);
     const double* score = dev;
     if (s.opt.selection != Selection::Deviation)
-      score = query_aware_scores(tf_, l, s.opt.selection, q, s.rows_dev.as<int32_t>(), n, s.S, s.N, s.rows,
+      score = query_aware_scores(tf_, l, s.opt.selection, q, s.rows_dev.as<int32_t>(), n, s.S, s.logit_rows - 1, s.N,
+                                 s.rows,
                                  cand_rows, dev, cache);
     auto [keep_rows, taken] =
         keep_on_every_rank(tf_, sel, s.opt, sel.keep[s.check_index], s.rows, s.candidate, score, cand_rows);

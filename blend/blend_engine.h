@@ -59,7 +59,16 @@ Quota parse_quota(const std::string& s);  // throws std::invalid_argument
 // norm times that weight — to first order, how far the token's stale KV moves the
 // question's attention output. The query-aware rules read the suffix's rows, which
 // single-pass filtering computes at every check layer.
-enum class Selection { Deviation, Attention, Impact };
+// QueryFirst: ProphetKV's order of work. A first pass runs only the question's rows
+// (the suffix, and any part without stored KV) through every layer over the stored,
+// position-repaired KV and ranks each cached token by the attention those rows pay it,
+// summed over all layers (each layer's weights over the cached tokens normalized to
+// sum 1, so no layer dominates); then one pass recomputes the top `ratio` from layer
+// 0. No check layers, no fresh K/V of tokens that are dropped: the final pass runs
+// `ratio` of the cached rows in every layer, where gradual filtering runs all of them
+// through the early layers. The question reads what it needs in its deep layers,
+// which the check layers 1..6 never see.
+enum class Selection { Deviation, Attention, Impact, QueryFirst };
 const char* selection_name(Selection s);
 Selection parse_selection(const std::string& s);  // throws std::invalid_argument
 
@@ -85,7 +94,8 @@ struct BlendOptions {
   Quota quota = Quota::Global;
   Filtering filtering = Filtering::SinglePass;
   // Query-aware rules (attention, impact) need single-pass filtering; validate()
-  // refuses them with two-pass.
+  // refuses them with two-pass. query-first has its own two passes and does not use
+  // check_layers, schedule or filtering.
   Selection selection = Selection::Deviation;
   // The first sink_tokens tokens of every cached chunk are always recomputed (they
   // were the attention sink of the chunk computed alone; in place they are not).
@@ -252,6 +262,7 @@ class BlendEngine {
                                                    const LayerWait& between_layers) const;
   // Steps of the two-pass selection and of the final pass (blend_engine.cpp).
   void step_selection(PrefillRun::State& s) const;
+  void step_query_first(PrefillRun::State& s) const;
   void step_final(PrefillRun::State& s) const;
   void start_final_pass(PrefillRun::State& s, std::vector<int32_t> candidates) const;
 

@@ -369,6 +369,52 @@ TEST(Runtime, ControllerRaisesTheRatioWhenLoadingIsTheBottleneck) {
   EXPECT_FLOAT_EQ(fixed.ratio, 0.15f);
 }
 
+// query-first through the actors, its KV from a slow SSD layer by layer: the
+// question's pass waits for each layer, then the recompute; the tokens are those of a
+// direct engine call over the same store, the trace names the rule and counts per
+// chunk, and the controller keeps the floor however slow the load (the recompute
+// cannot hide behind it).
+TEST(Runtime, QueryFirstThroughTheActorsIsADirectEngineCallAndKeepsTheFloor) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  const auto req0 = request_for(testing::rag_cases(1)[0]);
+  {
+    Runtime rt(config_in(dir.path()));
+    rt.run(req0);
+    wait_stored(rt, req0);
+  }
+  auto cfg = config_in(dir.path(), /*ram=*/false);
+  cfg.ssd.throttle_bytes_per_s = 12e6;  // load-bound, as in the test above
+  cfg.write_back = false;
+  cfg.blend.selection = Selection::QueryFirst;
+  Runtime rt(cfg);
+  RuntimeRequest req = req0;
+  req.ratio.reset();
+  const auto first = rt.run(req);  // measures the tier
+  ASSERT_NE(first.finish_reason, "error") << first.error;
+  const auto second = rt.run(req);
+  ASSERT_NE(second.finish_reason, "error") << second.error;
+  EXPECT_EQ(second.chunks_from("ssd"), 3);
+  EXPECT_FLOAT_EQ(second.ratio, cfg.blend.ratio);
+  const auto t = json::parse(rt.traces_json(1))[0];
+  EXPECT_THAT(t.at("controller").at("reason").get<std::string>(), HasSubstr("query-first"));
+  EXPECT_EQ(t.at("selection"), "query-first");
+  int64_t per_chunk = 0;
+  for (const auto& c : t.at("recomputed_per_chunk")) per_chunk += c.get<int64_t>();
+  EXPECT_EQ(per_chunk, t.at("recomputed_tokens").get<int64_t>());
+  EXPECT_GT(per_chunk, 0);
+
+  auto& ctx = rt.context();
+  const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, req.documents);
+  auto pre = StoreBackedBlend(*ctx.engine, *ctx.tiered).prefill(prompt, ctx.config.blend, req.sampling.max_tokens);
+  EXPECT_EQ(pre.stats.selection, "query-first");
+  EXPECT_EQ(pre.stats.recomputed_tokens, second.recomputed_tokens);
+  SamplingParams sp = req.sampling;
+  for (const auto& s : ctx.model->chat_template().stop_strings()) sp.stop.push_back(s);
+  const auto direct = decode_from(*ctx.tf, pre.cache, pre.logits, sp);
+  EXPECT_EQ(direct.tokens, second.tokens);
+}
+
 TEST(Runtime, AnEntryEvictedFromRamIsDemotedToTheSsdWhenTheSsdLacksIt) {
   REQUIRE_MODEL();
   TempDir dir;

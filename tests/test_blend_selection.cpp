@@ -422,6 +422,120 @@ TEST_F(BlendSelection, QueryAwareRulesPickTheTopKOfTheQuestionsAttentionAtLayerO
   }
 }
 
+// Selection::QueryFirst's scores, recomputed from the public pieces as the engine
+// defines them: every chunk placed, the question's rows alone (the suffix) run
+// through every layer over that cache (each layer's K/V stored, then attention and
+// MLP); at each layer the attention the question pays each key (attention_mass),
+// normalized over the cached tokens; a cached token's score is the sum over layers.
+OracleScores oracle_query_first(BlendSetup& s, const RagPrompt& prompt) {
+  const auto& c = s.m.config();
+  const int64_t N = prompt.size(), S = static_cast<int64_t>(prompt.suffix.size());
+  auto cache = loaded_cache(s, prompt, std::vector<char>(prompt.chunks.size(), 1));
+  const auto rows = iota_positions(N - S, N);
+  const auto all = prompt.concatenated();
+  std::vector<int32_t> ids(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) ids[i] = all[rows[i]];
+  std::vector<float> hidden(static_cast<size_t>(S * c.dim));
+  s.tf.embed(ids, hidden.data());
+  const int64_t kvd = c.kv_dim(), qd = c.q_dim();
+  std::vector<float> q(static_cast<size_t>(S * qd)), k(static_cast<size_t>(S * kvd)), v(k.size());
+  const auto cached = iota_positions(prompt.chunk_offset(0), N - S);
+  OracleScores out;
+  out.positions = cached;
+  out.deviation.assign(cached.size(), 0.0);
+  std::vector<double> mass(static_cast<size_t>(N));
+  for (int l = 0; l < c.n_layers; ++l) {
+    s.tf.project_qkv(l, hidden.data(), rows.data(), S, q.data(), k.data(), v.data());
+    s.tf.store_kv(l, rows.data(), S, k.data(), v.data(), cache);
+    s.m.backend().attention_mass(q.data(), rows.data(), cache.view(l), S, c.n_heads, N,
+                                 1.0f / std::sqrt(static_cast<float>(c.head_dim)), mass.data());
+    double total = 0;
+    for (int32_t p : cached) total += mass[static_cast<size_t>(p)];
+    for (size_t i = 0; i < cached.size(); ++i) out.deviation[i] += mass[static_cast<size_t>(cached[i])] / total;
+    s.tf.attend_and_mlp(l, hidden.data(), q.data(), rows.data(), S, cache, N);
+  }
+  return out;
+}
+
+// query-first picks exactly the oracle's top-k (a set other than the deviation's and
+// than the bottom k), reports its rule, one selection, and recomputes the chosen
+// tokens in every layer (row_layers: final pass only); with every cached token
+// chosen it computes what full computes.
+TEST_F(BlendSelection, QueryFirstPicksTheTopKOfTheQuestionsAttentionOverEveryLayer) {
+  BlendSetup s;
+  const auto& c = s.m.config();
+  const auto prompt = make_prompt(s.m, kDocs, kQuestion);
+  s.from_store.warm(prompt);
+  const int64_t H = chunk_tokens(prompt), S = static_cast<int64_t>(prompt.suffix.size());
+  BlendOptions o;
+  o.ratio = 0.15f;
+  const auto by_deviation = s.run(prompt, o);
+  o.selection = Selection::QueryFirst;
+  const auto r = s.run(prompt, o);
+  EXPECT_EQ(r.stats.selection, "query-first");
+  const auto oracle = oracle_query_first(s, prompt);
+  ASSERT_EQ(static_cast<int64_t>(oracle.positions.size()), H);
+  ASSERT_EQ(r.stats.cached_tokens, H);
+  const int64_t count = std::llround(0.15 * H);
+  const auto top = extreme_k(oracle, count, true);
+  EXPECT_EQ(r.recomputed_positions, top);
+  EXPECT_EQ(r.stats.candidates_per_check, std::vector<int64_t>{count});
+  EXPECT_EQ(r.stats.row_layers, (count + S) * c.n_layers);
+  EXPECT_NE(r.recomputed_positions, by_deviation.recomputed_positions);
+  EXPECT_NE(extreme_k(oracle, count, false), top);
+  std::set<double> distinct(oracle.deviation.begin(), oracle.deviation.end());
+  EXPECT_GT(distinct.size(), oracle.deviation.size() / 2);
+  // The per-chunk counts add up to the choice.
+  int64_t per_chunk = 0;
+  for (int64_t n : r.stats.recomputed_per_chunk) per_chunk += n;
+  EXPECT_EQ(per_chunk, count);
+
+  // Its quality lies between reuse and full, nearer full (first-token KL).
+  const auto full = s.run(prompt, BlendMode::Full);
+  const auto reuse = s.run(prompt, BlendMode::Reuse);
+  const double kl = kl_divergence(full.logits, r.logits), kl_reuse = kl_divergence(full.logits, reuse.logits);
+  std::printf("[query-first r 0.15] KL %.4f, reuse %.4f, deviation %.4f\n", kl, kl_reuse,
+              kl_divergence(full.logits, by_deviation.logits));
+  EXPECT_LT(kl, kl_reuse);
+
+  // Every cached token chosen (through the scoring, not the ratio-1 shortcut): the
+  // final pass computes every token but the exact prefix, as full does.
+  o.ratio = static_cast<float>((static_cast<double>(H) - 0.25) / static_cast<double>(H));
+  const auto all = s.run(prompt, o);
+  EXPECT_EQ(all.recomputed_positions, iota_positions(prompt.chunk_offset(0), prompt.suffix_offset()));
+  EXPECT_LT(max_abs_diff(full.logits, all.logits), 1e-4);
+}
+
+// The query-aware rules read the question, not a continuation scored after it: a
+// prompt with answer tokens appended and their logits asked for (an eval's teacher
+// forcing) recomputes exactly the tokens the question alone does, while deviation is
+// blind to the suffix either way. Before, the appended answer steered the choice.
+TEST_F(BlendSelection, QueryAwareRulesIgnoreAScoredContinuation) {
+  BlendSetup s;
+  const auto prompt = make_prompt(s.m, kDocs, kQuestion);
+  s.from_store.warm(prompt);
+  RagPrompt forced = prompt;
+  const auto answer = s.m.tokenizer().encode(" The Eiffel Tower is in Paris and it is 330 metres tall.", false);
+  forced.suffix.insert(forced.suffix.end(), answer.begin(), answer.end());
+  const int64_t rows = static_cast<int64_t>(answer.size()) + 1;
+  for (Selection rule : {Selection::Impact, Selection::Attention, Selection::QueryFirst}) {
+    SCOPED_TRACE(selection_name(rule));
+    BlendOptions o;
+    o.selection = rule;
+    o.ratio = 0.15f;
+    const auto alone = s.from_store.prefill(prompt, o);
+    const auto scored = s.from_store.prefill(forced, o, 0, rows);
+    EXPECT_EQ(scored.recomputed_positions, alone.recomputed_positions);
+    // The continuation's first row is the question's last: the same logits.
+    const int64_t V = s.m.config().vocab;
+    const std::vector<float> first(scored.logits.begin(), scored.logits.begin() + V);
+    EXPECT_LT(max_abs_diff(first, alone.logits), 1e-3);
+    // Scoring the continuation as the question (one logit row) does change the choice.
+    const auto as_question = s.from_store.prefill(forced, o);
+    EXPECT_NE(as_question.recomputed_positions, alone.recomputed_positions);
+  }
+}
+
 // place_chunk_kv at an offset p > 0, checked in every layer:
 //  (1) rows outside [p, p+m) are not touched (no spill, right offset);
 //  (2) V is the stored V bit for bit in every layer (V carries no position);

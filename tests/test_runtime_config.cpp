@@ -313,6 +313,7 @@ TEST(RuntimeConfigParse, ModesDeviationsPrecisions) {
   EXPECT_FALSE(parse_runtime_config("blend: {find_pasted: false}").find_pasted);
   EXPECT_TRUE(parse_runtime_config("").find_pasted);
   EXPECT_EQ(parse_runtime_config("blend: {selection: attention}").blend.selection, Selection::Attention);
+  EXPECT_EQ(parse_runtime_config("blend: {selection: query-first}").blend.selection, Selection::QueryFirst);
   EXPECT_EQ(parse_runtime_config("blend: {selection: deviation, filtering: two-pass}").blend.selection,
             Selection::Deviation);
   EXPECT_EQ(parse_runtime_config("model: {precision: f32}").precision, "f32");
@@ -497,9 +498,11 @@ TEST(RuntimeConfigErrors, UnknownNames) {
               HasSubstr("blend.filtering: unknown filtering 'gradual' (single-pass, two-pass)"));
   EXPECT_THAT(error_of("blend: {sink_tokens: -1}"), HasSubstr("blend.sink_tokens"));
   EXPECT_THAT(error_of("blend: {selection: relevance}"),
-              HasSubstr("blend.selection: unknown selection 'relevance' (deviation, attention, impact)"));
+              HasSubstr("blend.selection: unknown selection 'relevance' (deviation, attention, impact, query-first)"));
   EXPECT_THAT(error_of("blend: {filtering: two-pass, selection: attention}"),
               AllOf(HasSubstr("blend.selection"), HasSubstr("only single-pass filtering")));
+  EXPECT_THAT(error_of("blend: {filtering: two-pass, selection: query-first}"),
+              AllOf(HasSubstr("blend.selection"), HasSubstr("own two passes")));
   // cuda is a kind in a build configured with nvcc (CI's), an error naming why elsewhere.
   const bool cuda_built = kernels::device_kinds_built().size() == 2;
   EXPECT_THAT(error_of("device: {kind: tpu}"),

@@ -212,17 +212,19 @@ TEST(TensorParallel, TheBlendSelectsOneSetOnEveryRankAndAnswersAsOneRankDoes) {
   TpGroup one(file.path, 1, cpu, kernels::Precision::F32, kernels::TensorType::F32);
   const RagPrompt prompt = testing::tiny_rag_prompt(one.model(0).tokenizer());
   // Single pass and two passes by deviation; single pass by impact (the question's
-  // attention, each rank's heads, all-reduced like the deviation).
+  // attention, each rank's heads, all-reduced like the deviation); query-first (the
+  // same attention, over every layer of the question's own pass, one selection).
   for (auto [filtering, selection] : {std::pair{Filtering::SinglePass, Selection::Deviation},
                                       std::pair{Filtering::TwoPass, Selection::Deviation},
-                                      std::pair{Filtering::SinglePass, Selection::Impact}}) {
+                                      std::pair{Filtering::SinglePass, Selection::Impact},
+                                      std::pair{Filtering::SinglePass, Selection::QueryFirst}}) {
     BlendOptions opt;
     opt.ratio = 0.3f;
     opt.check_layers = {1, 2};
     opt.filtering = filtering;
     opt.selection = selection;
     const BlendRun want = blend_on(one, prompt, opt, 6);
-    ASSERT_EQ(want.digests[0].size(), 2u);
+    ASSERT_EQ(want.digests[0].size(), selection == Selection::QueryFirst ? 1u : 2u);
     ASSERT_FALSE(want.recomputed[0].empty());
     for (int tp : {2, 4}) {
       TpGroup group(file.path, tp, cpu, kernels::Precision::F32, kernels::TensorType::F32);

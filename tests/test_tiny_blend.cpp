@@ -157,8 +157,9 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
         EXPECT_LE(static_cast<int64_t>(pos.size()), budget + forced);
         EXPECT_GE(static_cast<int64_t>(pos.size()), std::min(budget, H));
       }
-      ASSERT_EQ(r.stats.candidates_per_check.size(), layers.size());
-      for (size_t i = 1; i < layers.size(); ++i)
+      // query-first selects once, after its question pass over every layer.
+      ASSERT_EQ(r.stats.candidates_per_check.size(), b.selection == Selection::QueryFirst ? 1 : layers.size());
+      for (size_t i = 1; i < r.stats.candidates_per_check.size(); ++i)
         EXPECT_LE(r.stats.candidates_per_check[i], r.stats.candidates_per_check[i - 1]);
       EXPECT_EQ(r.stats.candidates_per_check.back(), static_cast<int64_t>(pos.size()));
       for (size_t i = 0; i < prompt.chunks.size(); ++i) {
@@ -167,6 +168,11 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
           EXPECT_TRUE(std::binary_search(pos.begin(), pos.end(),
                                          static_cast<int32_t>(prompt.chunk_offset(i) + j)));
         }
+      }
+      if (b.selection == Selection::QueryFirst && layers != std::vector<int>{1}) {
+        BlendOptions one = b;
+        one.check_layers = {1};
+        EXPECT_EQ(from_store.prefill(prompt, one, 4).recomputed_positions, pos);
       }
       if (layers.size() == 1 && filtering == Filtering::SinglePass && b.selection == Selection::Deviation) {
         BlendOptions two = b;
@@ -194,8 +200,9 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
                 b.ratio = ratio;
                 check(b);
               }
-    // The query-aware rules (single pass only: two-pass is refused, BadOptionsAreRefused).
-    for (Selection selection : {Selection::Attention, Selection::Impact})
+    // The query-aware rules (single pass only: two-pass is refused, BadOptionsAreRefused;
+    // query-first ignores the check layers: each set must give the same choice).
+    for (Selection selection : {Selection::Attention, Selection::Impact, Selection::QueryFirst})
       for (const auto& layers : checks)
         for (Quota quota : {Quota::Global, Quota::PerChunk})
           for (int sinks : {0, 2})
@@ -238,7 +245,7 @@ TEST(TinyBlend, BadOptionsAreRefused) {
   // The query-aware rules read the question's rows, which two-pass's selection pass
   // does not compute.
   o.filtering = Filtering::TwoPass;
-  for (Selection rule : {Selection::Attention, Selection::Impact}) {
+  for (Selection rule : {Selection::Attention, Selection::Impact, Selection::QueryFirst}) {
     o.selection = rule;
     EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument) << selection_name(rule);
   }

@@ -52,8 +52,8 @@ int main(int argc, char** argv) {
   ttft->add_option("--filtering", topt.filtering, "single-pass or two-pass")
       ->check(CLI::IsMember({"single-pass", "two-pass"}))
       ->capture_default_str();
-  ttft->add_option("--selection", topt.selection, "deviation, attention or impact")
-      ->check(CLI::IsMember({"deviation", "attention", "impact"}))
+  ttft->add_option("--selection", topt.selection, "deviation, attention, impact or query-first")
+      ->check(CLI::IsMember({"deviation", "attention", "impact", "query-first"}))
       ->capture_default_str();
   ttft->add_option("--requests", topt.requests, "Distinct requests")->check(CLI::Range(1, 100));
   ttft->add_option("--repeats", topt.repeats, "Runs per request and mode")->check(CLI::Range(1, 100));
@@ -418,8 +418,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"single-pass", "two-pass"}))
       ->capture_default_str();
   eval->add_option("--selection", eopt.selection,
-                   "What ranks the candidates: deviation (loaded vs fresh KV), attention (the question's), impact (both)")
-      ->check(CLI::IsMember({"deviation", "attention", "impact"}))
+                   "What ranks the candidates: deviation (loaded vs fresh KV), attention (the question's), impact (both), "
+                   "query-first (the question's attention over every layer, in a pass of its own rows first)")
+      ->check(CLI::IsMember({"deviation", "attention", "impact", "query-first"}))
       ->capture_default_str();
   eval->add_option("--sink-tokens", eopt.sink_tokens, "First tokens of each cached chunk always recomputed")
       ->check(CLI::Range(0, 1 << 20))
