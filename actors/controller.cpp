@@ -8,8 +8,9 @@
 // the rows per layer follow the filtering in use (planned_rows_per_layer). The
 // query-first selection is the exception: its question pass reads every layer before
 // the recompute starts, so the recompute follows the load instead of hiding behind
-// it, and its ratio stays at the floor. The decision, with the predicted TTFT, is in
-// the request's trace.
+// it. A query-first request keeps its floor, unless the deviation's overlapped pass,
+// at the ratio the load pays for, is predicted to answer sooner: then it goes that
+// way. The decision, with the predicted TTFT, is in the request's trace.
 #include <algorithm>
 
 #include <caf/all.hpp>
@@ -101,52 +102,68 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
           est_load = std::max(est_load, static_cast<double>(bytes_by_tier[t]) / st.tier_bytes_per_s[t]);
         const double overhead = st.overhead_s_per_prompt_token * static_cast<double>(r.prompt.size());
         const float floor = r.options.ratio;
-        auto rows_at = [&](double ratio) {
+        auto rows_at = [&](Selection rule, double ratio) {
           BlendOptions o = r.options;
+          o.selection = rule;
           o.ratio = static_cast<float>(ratio);
           return planned_rows_per_layer(o, cfg.n_layers, other_tokens, cached_tokens);
         };
-        auto est_compute = [&](double ratio) {
+        auto est_compute = [&](Selection rule, double ratio) {
           double rows = 0;
-          for (double x : rows_at(ratio)) rows += x;
+          for (double x : rows_at(rule, ratio)) rows += x;
           return overhead + st.compute_s_per_token_layer * rows;
         };
         // TTFT: layer l computes once it is loaded (the loads spread evenly over the
         // layers) and the layer before it is done. query-first: the question's pass
         // (a few rows, counted in the overhead) keeps pace with the load, the
         // recompute runs after it.
-        const bool after_load = r.options.selection == Selection::QueryFirst;
-        auto est_ttft = [&](double ratio) {
-          const auto rows = rows_at(ratio);
-          if (after_load) return est_compute(ratio) + est_load;
+        auto est_ttft = [&](Selection rule, double ratio) {
+          if (rule == Selection::QueryFirst) return est_compute(rule, ratio) + est_load;
+          const auto rows = rows_at(rule, ratio);
           double t = 0;
           for (int l = 0; l < cfg.n_layers; ++l)
             t = std::max(t, est_load * (l + 1) / cfg.n_layers) + st.compute_s_per_token_layer * rows[static_cast<size_t>(l)];
           return overhead + t;
         };
-        const double est_compute_floor = est_compute(floor);
+        // The largest ratio whose compute under `rule` still fits the load (compute
+        // grows with the ratio), no higher than an explicit schedule's kept fractions
+        // allow; the floor when even the floor does not fit.
         const double budget = ControllerState::load_margin * est_load;
-        std::string reason = "floor";
-        if (r.options.mode == BlendMode::Blend && ctx->config.adaptive_ratio && !r.ratio_requested &&
-            !after_load && cached_tokens > 0 && budget > est_compute_floor) {
-          // The largest ratio whose compute still fits the budget (compute grows with the
-          // ratio), no higher than an explicit schedule's kept fractions allow.
+        auto raised = [&](Selection rule) {
+          if (budget <= est_compute(rule, floor)) return static_cast<double>(floor);
           double ceiling = 1.0;
           for (float f : r.options.schedule) ceiling = std::min(ceiling, static_cast<double>(f));
           double lo = floor, hi = std::max(ceiling, static_cast<double>(floor));
-          if (est_compute(hi) <= budget) {
-            lo = hi;
-          } else {
-            for (int i = 0; i < 40; ++i) {
-              const double mid = 0.5 * (lo + hi);
-              (est_compute(mid) <= budget ? lo : hi) = mid;
-            }
+          if (est_compute(rule, hi) <= budget) return hi;
+          for (int i = 0; i < 40; ++i) {
+            const double mid = 0.5 * (lo + hi);
+            (est_compute(rule, mid) <= budget ? lo : hi) = mid;
           }
-          r.options.ratio = static_cast<float>(lo);
+          return lo;
+        };
+        const Selection asked = r.options.selection;
+        const double est_compute_floor = est_compute(asked, floor);
+        std::string reason = "floor";
+        const bool adapt = r.options.mode == BlendMode::Blend && ctx->config.adaptive_ratio && !r.ratio_requested &&
+                           cached_tokens > 0;
+        if (adapt && asked == Selection::QueryFirst) {
+          // query-first cannot hide its recompute behind the load. When the load is
+          // slow enough that the deviation's overlapped pass, at the ratio the load
+          // pays for, answers sooner, the request goes that way instead.
+          const double by_deviation = raised(Selection::Deviation);
+          if (est_ttft(Selection::Deviation, by_deviation) < est_ttft(Selection::QueryFirst, floor)) {
+            r.options.selection = Selection::Deviation;
+            r.options.ratio = static_cast<float>(by_deviation);
+            reason = "load-bound: deviation, recompute while loading (query-first would wait for the load)";
+          } else {
+            reason = "floor: query-first recomputes after the load";
+          }
+        } else if (adapt && budget > est_compute_floor) {
+          r.options.ratio = static_cast<float>(raised(asked));
           reason = "load-bound: recompute while loading";
         } else if (r.ratio_requested) {
           reason = "requested";
-        } else if (after_load) {
+        } else if (asked == Selection::QueryFirst) {
           reason = "floor: query-first recomputes after the load";
         }
         nlohmann::json inputs = {{"compute_s_per_token_layer", st.compute_s_per_token_layer},
@@ -163,8 +180,9 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
                                    {"inputs", std::move(inputs)},
                                    {"est_load_s", est_load},
                                    {"est_compute_at_floor_s", est_compute_floor},
-                                   {"est_compute_s", est_compute(r.options.ratio)},
-                                   {"est_ttft_s", est_ttft(r.options.ratio)}};
+                                   {"est_compute_s", est_compute(r.options.selection, r.options.ratio)},
+                                   {"est_ttft_s", est_ttft(r.options.selection, r.options.ratio)},
+                                   {"selection", selection_name(r.options.selection)}};
         r.decision = decision.dump();
         auto tier_names = nlohmann::json::array();
         for (TierId t : r.chunk_tier) tier_names.push_back(t == kMissTier ? "miss" : tiers[static_cast<size_t>(t)].name);
