@@ -425,7 +425,8 @@ TEST(Runtime, QueryFirstThroughTheActorsIsADirectEngineCallAndYieldsToASlowLoad)
   const auto t = json::parse(rt.traces_json(1))[0];
   EXPECT_THAT(t.at("controller").at("reason").get<std::string>(), HasSubstr("load-bound: deviation"));
   EXPECT_EQ(t.at("controller").at("selection"), "deviation");
-  EXPECT_EQ(t.at("selection"), "deviation");
+  // A load slow enough may raise the ratio to 1: every token recomputed, nothing ranked.
+  EXPECT_EQ(t.at("selection"), second.ratio < 1.0f ? "deviation" : "none");
 }
 
 TEST(Runtime, AnEntryEvictedFromRamIsDemotedToTheSsdWhenTheSsdLacksIt) {
