@@ -183,9 +183,10 @@ class PrefillRun {
   int next_layer() const;
   // The next step is the first to read next_layer(): its delivered KV is repaired
   // (delta-RoPE) in that step. False for a layer already there (the final pass of
-  // two-pass filtering re-reads layers the selection pass waited for).
+  // two-pass filtering or of query-first re-reads layers the first pass waited for).
   bool needs_delivery() const;
-  // Steps left at most (a two-pass prefill counts its selection layers too).
+  // Steps left at most (a two-pass prefill counts its selection layers too, a
+  // query-first one its question's pass over every layer).
   int steps_left() const;
   const BlendStats& stats() const;
 
