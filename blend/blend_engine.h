@@ -276,7 +276,7 @@ class BlendEngine {
 // every layer, plus the `cached` chunk tokens still computed there — in blend mode
 // all of them before the first check layer, the schedule's kept fraction from each
 // check layer on and the ratio from the last (single pass), or the ratio in every
-// layer (two-pass, whose selection pass is not counted); none in reuse or prefix
+// layer (two-pass and query-first, whose first pass is not counted); none in reuse or prefix
 // mode. The loading controller predicts compute time and TTFT from it; the engine
 // counts the same rows (BlendStats::row_layers). Throws on options validate() refuses.
 std::vector<double> planned_rows_per_layer(const BlendOptions& o, int n_layers, int64_t other, int64_t cached);
