@@ -753,12 +753,7 @@ PrefillRun BlendEngine::begin(const RagPrompt& prompt, const PrefillPlan& plan, 
         for (int64_t p = N - S; p < question_end; ++p) s.sel_pos.push_back(static_cast<int32_t>(p));
         std::sort(s.sel_pos.begin(), s.sel_pos.end());
         s.qf_score.assign(sel.candidates.size(), 0.0);
-        auto& be = tf_.model().backend();
-        std::vector<int32_t> ids(s.sel_pos.size());
-        for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.sel_pos[i]];
-        upload_ints(be, s.sel_pos, s.sel_pos_dev);
-        s.sel_hidden = be.alloc(static_cast<int64_t>(ids.size()) * c.dim * static_cast<int64_t>(sizeof(float)));
-        tf_.embed(ids, s.sel_hidden.as<float>());
+        start_first_pass(s);
       } else if (opt.filtering == Filtering::TwoPass) {
         // The selection pass first: its rows are every candidate and every position
         // before the suffix computed anyway (missed parts, forced tokens).
@@ -769,12 +764,8 @@ PrefillRun BlendEngine::begin(const RagPrompt& prompt, const PrefillPlan& plan, 
         std::sort(s.sel_pos.begin(), s.sel_pos.end());
         s.is_candidate.assign(static_cast<size_t>(N - S), 0);
         for (int32_t p : sel.candidates) s.is_candidate[p] = 1;
+        start_first_pass(s);
         auto& be = tf_.model().backend();
-        std::vector<int32_t> ids(s.sel_pos.size());
-        for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.sel_pos[i]];
-        upload_ints(be, s.sel_pos, s.sel_pos_dev);
-        s.sel_hidden = be.alloc(static_cast<int64_t>(ids.size()) * c.dim * static_cast<int64_t>(sizeof(float)));
-        tf_.embed(ids, s.sel_hidden.as<float>());
         const int64_t layer_bytes = static_cast<int64_t>(c.n_kv_heads) * N * c.head_dim * cache.elem_bytes();
         s.saved_k = be.alloc((sel.checks.back() + 1) * layer_bytes);
         s.saved_v = be.alloc((sel.checks.back() + 1) * layer_bytes);
@@ -791,6 +782,16 @@ PrefillRun BlendEngine::begin(const RagPrompt& prompt, const PrefillPlan& plan, 
   st.compute_seconds += setup;
   if (!s.selecting) start_final_pass(s, std::move(candidates));
   return run;
+}
+
+void BlendEngine::start_first_pass(PrefillRun::State& s) const {
+  auto& be = tf_.model().backend();
+  std::vector<int32_t> ids(s.sel_pos.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = s.all[s.sel_pos[i]];
+  upload_ints(be, s.sel_pos, s.sel_pos_dev);
+  s.sel_hidden = be.alloc(static_cast<int64_t>(ids.size()) * tf_.model().config().dim *
+                          static_cast<int64_t>(sizeof(float)));
+  tf_.embed(ids, s.sel_hidden.as<float>());
 }
 
 void BlendEngine::start_final_pass(PrefillRun::State& s, std::vector<int32_t> candidates) const {

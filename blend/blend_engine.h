@@ -265,6 +265,9 @@ class BlendEngine {
   void step_selection(PrefillRun::State& s) const;
   void step_query_first(PrefillRun::State& s) const;
   void step_final(PrefillRun::State& s) const;
+  // The first pass's rows (State::sel_pos, two-pass's or query-first's): uploaded,
+  // and their embeddings in sel_hidden.
+  void start_first_pass(PrefillRun::State& s) const;
   void start_final_pass(PrefillRun::State& s, std::vector<int32_t> candidates) const;
 
   const Transformer& tf_;
