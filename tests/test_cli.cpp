@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -199,6 +200,72 @@ TEST(Cli, EvalPrintsCasesAndASummaryPerMode) {
   r = run("blendctl eval --dataset /nonexistent.jsonl");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("/nonexistent.jsonl"), std::string::npos) << r.out;
+}
+
+// Full's own greedy answer as a second reference (tools/eval_rag.cpp): full (fp32 K/V,
+// its own reference) gives that answer and agrees along it; another mode's
+// same_answer_as_full is whether its output is full's. --reference-dir keeps the
+// teacher-forced reference and the answer per case: a second run reads both and prints
+// the same lines; a damaged answer file is recomputed and rewritten.
+TEST(Cli, EvalAgreesAlongFullsOwnAnswerAndKeepsItsReferences) {
+  REQUIRE_MODEL();
+  const auto refs = data_dir() / "refs";
+  const std::string cmd = "blendctl eval --dataset " + shortened_cases("refs.jsonl", 1, 3) +
+                          " --mode full,reuse --max-tokens 8 --kv-dtype f32 --reference-dir " + refs.string();
+  auto r = run(cmd);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto first = json_lines(r.out);
+  ASSERT_EQ(first.size(), 4u) << r.out;  // 2 case lines + 2 summaries
+  const auto& full = first[0];
+  const auto& reuse = first[1];
+  const int64_t G = full.at("full_answer_tokens").get<int64_t>();
+  EXPECT_GT(G, 0);
+  EXPECT_LE(G, 8);
+  EXPECT_TRUE(full.at("same_answer_as_full").get<bool>()) << full.dump();
+  // Teacher-forced rows against the decode's steps: the same model and cache.
+  EXPECT_GE(full.at("full_answer_agreement").get<double>(), 1.0 - 1.0 / static_cast<double>(G)) << full.dump();
+  EXPECT_EQ(reuse.at("full_answer_tokens").get<int64_t>(), G);
+  EXPECT_EQ(reuse.at("same_answer_as_full").get<bool>(), reuse.at("output") == full.at("output")) << reuse.dump();
+  const double a = reuse.at("full_answer_agreement").get<double>();
+  EXPECT_TRUE(a >= 0 && a <= 1) << reuse.dump();
+  EXPECT_DOUBLE_EQ(a * static_cast<double>(G), std::round(a * static_cast<double>(G)));  // whole rows
+  for (size_t i : {2u, 3u}) {
+    EXPECT_EQ(first[i].at("full_answer_cases"), 1) << first[i].dump();
+    EXPECT_EQ(first[i].at("reference_cases_read"), 0);
+  }
+  EXPECT_EQ(first[2].at("same_answer_as_full").get<double>(), 1.0);
+  fs::path answer_file;
+  int ref_files = 0, answer_files = 0;
+  for (const auto& e : fs::directory_iterator(refs)) {
+    ref_files += e.path().extension() == ".ref";
+    if (e.path().extension() == ".answer") {
+      ++answer_files;
+      answer_file = e.path();
+    }
+  }
+  EXPECT_EQ(ref_files, 1);
+  ASSERT_EQ(answer_files, 1);
+  EXPECT_EQ(fs::file_size(answer_file), static_cast<uintmax_t>(4 * G));
+
+  const auto same_lines = [&](const std::vector<nlohmann::json>& again) {
+    ASSERT_EQ(again.size(), first.size());
+    for (size_t i = 0; i < 2; ++i) {
+      auto x = first[i], y = again[i];
+      for (auto* j : {&x, &y})
+        for (const char* k : {"ttft_s", "setup_s_excluded"}) j->erase(k);
+      EXPECT_EQ(x, y) << i;
+    }
+  };
+  r = run(cmd);  // both references read back
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto again = json_lines(r.out);
+  same_lines(again);
+  EXPECT_EQ(again[2].at("reference_cases_read"), 1) << again[2].dump();
+  std::ofstream(answer_file, std::ios::binary | std::ios::trunc) << "abc";  // not whole tokens
+  r = run(cmd);
+  ASSERT_EQ(r.code, 0) << r.out;
+  same_lines(json_lines(r.out));
+  EXPECT_EQ(fs::file_size(answer_file), static_cast<uintmax_t>(4 * G));
 }
 
 // --pasted: each case's documents pasted into the message (no documents field) are

@@ -428,7 +428,7 @@ int main(int argc, char** argv) {
   eval->add_option("--chunk-prelude", eopt.chunk_prelude,
                    "Text every chunk is computed behind and dropped (special tokens parsed)");
   eval->add_option("--reference-dir", eopt.reference_dir,
-                   "Keep full's teacher-forced reference per case here and read it in later runs");
+                   "Keep full's teacher-forced reference and greedy answer per case here and read them in later runs");
   eval->add_option("--resume", eopt.resume_path,
                    "Case log: finished runs are read back from it (same settings only), new ones appended");
   eval->add_option("--max-cases", eopt.max_cases, "Evaluate at most N cases")->check(CLI::NonNegativeNumber);

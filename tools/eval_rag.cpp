@@ -2,10 +2,19 @@
 // ({"id","documents":[...],"question","answers":[...]}), greedy decoding.
 // Per case and mode: token F1 (SQuAD normalisation, first line, max over gold
 // answers), first-token KL divergence from `full`, teacher-forced top-1
-// agreement with `full` over the first gold answer, and TTFT. One JSON line per
-// case and mode, then one summary line per mode. The reference `full` always keeps
+// agreement with `full` over the first gold answer, the same agreement along full's
+// own greedy answer, whether the mode's greedy answer is full's token for token, and
+// TTFT. One JSON line per case and mode, then one summary line per mode. The reference `full` always keeps
 // K/V in fp32: with --kv-dtype f16/bf16 the metrics measure the half-precision cache
 // too (`full` itself then has a KL and an agreement of its own).
+//
+// Two agreements: gold answers are 2-6 tokens the model would often not write itself,
+// so their rows are where full's top two are close and any perturbation flips the
+// argmax. Full's own greedy answer (the reference's decode after the prompt, up to
+// --max-tokens, its end-of-turn token excluded) is what a user of the blend is shown
+// instead: teacher-forced along it, a row agrees when the mode's argmax is the token
+// full chose there. Case lines read back from a log written before this metric have
+// none; summaries count the cases that have it (`full_answer_cases`).
 //
 // `full`'s teacher-forced logits are the reference of every mode. They cost a full
 // prefill per case (most of a blend-only run's time on a CPU), so --reference-dir
@@ -55,8 +64,10 @@ using json = nlohmann::json;
 
 struct Totals {
   double f1 = 0, kl = 0, agree = 0, ttft = 0, recomputed = 0, cached = 0;
+  double full_answer_agree = 0, same_answer = 0;
   int cases = 0;
   int forced_cases = 0;  // cases whose answer has tokens (teacher-forced KL and agreement)
+  int full_answer_cases = 0;  // cases with a non-empty greedy answer of full's (see the header)
 };
 
 // What the metrics need of full's teacher-forced logits: the first row (KL) and
@@ -94,6 +105,37 @@ bool read_reference(const std::filesystem::path& file, int64_t V, int64_t A, Ref
   f.read(reinterpret_cast<char*>(ref.first.data()), static_cast<std::streamsize>(V * sizeof(float)));
   f.read(reinterpret_cast<char*>(ref.argmax.data()), static_cast<std::streamsize>(A * sizeof(int64_t)));
   return static_cast<bool>(f) && f.peek() == std::ifstream::traits_type::eof();
+}
+
+// Full's greedy answer of one case: named by the model, precision, prompt and the
+// token limit. The file: the answer's token ids (int32), nothing else.
+std::filesystem::path full_answer_file(const std::string& dir, uint64_t fingerprint, const std::string& precision,
+                                       const std::vector<int32_t>& prompt, int max_tokens) {
+  auto name = reference_file(dir, fingerprint, precision, prompt, max_tokens).filename().string();
+  name.replace(name.size() - 4, 4, ".answer");
+  return std::filesystem::path(dir) / name;
+}
+
+bool read_full_answer(const std::filesystem::path& file, int max_tokens, std::vector<int32_t>& answer) {
+  std::ifstream f(file, std::ios::binary | std::ios::ate);
+  if (!f) return false;
+  const auto bytes = static_cast<int64_t>(f.tellg());
+  if (bytes < 0 || bytes % 4 != 0 || bytes / 4 > max_tokens) return false;
+  answer.resize(static_cast<size_t>(bytes / 4));
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(answer.data()), static_cast<std::streamsize>(bytes));
+  return static_cast<bool>(f);
+}
+
+void write_full_answer(const std::filesystem::path& file, const std::vector<int32_t>& answer) {
+  std::filesystem::create_directories(file.parent_path());
+  const auto tmp = file.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(answer.data()), static_cast<std::streamsize>(answer.size() * 4));
+    if (!f) throw std::runtime_error("cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, file);  // whole or absent
 }
 
 void write_reference(const std::filesystem::path& file, int64_t V, const Reference& ref) {
@@ -144,6 +186,11 @@ void add_case_line(Totals& t, const json& line) {
     t.kl += line.at("first_token_kl").get<double>();
     t.agree += line.at("top1_agreement").get<double>();
     ++t.forced_cases;
+  }
+  if (line.contains("full_answer_agreement") && !line.at("full_answer_agreement").is_null()) {
+    t.full_answer_agree += line.at("full_answer_agreement").get<double>();
+    t.same_answer += line.at("same_answer_as_full").get<bool>() ? 1 : 0;
+    ++t.full_answer_cases;
   }
   t.ttft += line.at("ttft_s").get<double>();
   t.recomputed += line.at("recomputed_tokens").get<double>();
@@ -377,6 +424,26 @@ int eval_rag(const EvalOptions& opt) {
       }
     }
 
+    // Full's own greedy answer (the header): decoded once per case by the reference,
+    // or read from --reference-dir.
+    std::vector<int32_t> full_answer;
+    {
+      std::filesystem::path file;
+      if (!opt.reference_dir.empty())
+        file = full_answer_file(opt.reference_dir, reference_model.fingerprint(), kernels::precision_name(precision),
+                                prompt.concatenated(), opt.max_tokens);
+      if (file.empty() || !read_full_answer(file, opt.max_tokens, full_answer)) {
+        auto gen = reference_blend.prefill(prompt, ref_opt, opt.max_tokens);
+        SamplingParams sp;
+        sp.max_tokens = opt.max_tokens;
+        full_answer = decode_from(fp32_kv ? tf : *ref_tf, gen.cache, gen.logits, sp).tokens;
+        if (!file.empty()) write_full_answer(file, full_answer);
+      }
+    }
+    const int64_t G = static_cast<int64_t>(full_answer.size());
+    RagPrompt along_full = prompt;  // teacher forcing along it: all of it but its last token
+    if (G > 0) along_full.suffix.insert(along_full.suffix.end(), full_answer.begin(), full_answer.end() - 1);
+
     for (size_t run_no = 0; run_no < runs.size(); ++run_no) {
       if (done[run_no]) {
         record(run_no, *done[run_no]);
@@ -398,6 +465,12 @@ int eval_rag(const EvalOptions& opt) {
         for (int64_t r = 0; r < A; ++r) agree += reference.argmax[r] == argmax_row(&forced_logits[r * V], V);
       }
 
+      int64_t agree_full_answer = 0;
+      if (G > 0) {
+        const std::vector<float> along = from_store.prefill(along_full, o, 0, G).logits;
+        for (int64_t r = 0; r < G; ++r) agree_full_answer += full_answer[r] == argmax_row(&along[r * V], V);
+      }
+
       // TTFT without one-time set-up (a GEMM primitive for a prompt length not seen
       // before): steady-state compute, as in a warm server.
       const double setup0 = backend->setup_seconds();
@@ -416,6 +489,10 @@ int eval_rag(const EvalOptions& opt) {
                         {"f1", f1},
                         {"first_token_kl", A > 0 ? json(kl) : json(nullptr)},
                         {"top1_agreement", A > 0 ? json(static_cast<double>(agree) / static_cast<double>(A)) : json(nullptr)},
+                        {"full_answer_agreement",
+                         G > 0 ? json(static_cast<double>(agree_full_answer) / static_cast<double>(G)) : json(nullptr)},
+                        {"full_answer_tokens", G},
+                        {"same_answer_as_full", out.tokens == full_answer},
                         {"ttft_s", ttft},
                         {"setup_s_excluded", setup},
                         {"prompt_tokens", gen.stats.prompt_tokens},
@@ -452,6 +529,9 @@ int eval_rag(const EvalOptions& opt) {
               {"first_token_kl", t.forced_cases ? t.kl / t.forced_cases : 0.0},
               {"top1_agreement", t.forced_cases ? t.agree / t.forced_cases : 0.0},
               {"teacher_forced_cases", t.forced_cases},
+              {"full_answer_agreement", t.full_answer_cases ? json(t.full_answer_agree / t.full_answer_cases) : json(nullptr)},
+              {"same_answer_as_full", t.full_answer_cases ? json(t.same_answer / t.full_answer_cases) : json(nullptr)},
+              {"full_answer_cases", t.full_answer_cases},
               {"ttft_s", t.ttft / t.cases},
               {"recomputed_tokens", t.recomputed / t.cases}};
     if (mode == BlendMode::Blend) {
