@@ -411,7 +411,8 @@ auto get_named(const YAML::Node& v, const std::string& key, Parse parse) {
 
 void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
   BlendOptions& b = c.blend;
-  std::optional<YAML::Node> checks_node, schedule_node, selection_node;  // for the positions of the cross-key checks
+  // for the positions of the cross-key checks
+  std::optional<YAML::Node> checks_node, schedule_node, selection_node, filtering_node;
   for_each_key(sec, "blend",
                {"mode", "ratio", "adaptive_ratio", "check_layers", "schedule", "min_tokens", "deviation", "quota",
                 "filtering", "selection", "sink_tokens", "chunk_prelude", "write_back", "find_pasted"},
@@ -442,6 +443,7 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
                    b.quota = get_named(v, key, parse_quota);
                  } else if (k == "filtering") {
                    b.filtering = get_named(v, key, parse_filtering);
+                   filtering_node = v;
                  } else if (k == "selection") {
                    b.selection = get_named(v, key, parse_selection);
                    selection_node = v;
@@ -462,6 +464,10 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
   };
   if (b.check_layers.empty())
     fail("blend.check_layers", checks_node.value_or(YAML::Node()), "needs at least one layer");
+  if (b.filtering == Filtering::TwoPass && !selection_node)  // the default selection is query-first
+    fail("blend.filtering", filtering_node.value_or(YAML::Node()),
+         "two-pass filters by deviation: it needs blend.selection: deviation (the default, query-first, runs its "
+         "own two passes)");
   if (b.selection != Selection::Deviation && b.filtering == Filtering::TwoPass)
     fail("blend.selection", selection_node.value_or(YAML::Node()),
          std::string(selection_name(b.selection)) +

@@ -209,6 +209,10 @@ struct context_base {
     ctx = std::make_unique<RuntimeContext>();
     auto& c = *ctx;
     c.config = default_runtime_config();
+    // The controller's plans below are the deviation rule's (gradual filtering, the
+    // recompute overlapping the load); query-first's, the default, are tested through
+    // the runtime (test_blend_runtime).
+    c.config.blend.selection = Selection::Deviation;
     c.config.model_path = path;
     c.config.data_dir = dir.string();
     c.config.ssd.path = (dir / "kv").string();

@@ -244,6 +244,7 @@ TEST_F(BlendModes, GradualFilteringNarrowsToTheRatio) {
   const auto prompt = make_prompt(m, kDocs);
   from_store.warm(prompt);
   BlendOptions o;
+  o.selection = Selection::Deviation;  // gradual filtering is the deviation rule's
   o.check_layers = {1, 2, 3};
   o.ratio = 0.2f;
   auto r = from_store.prefill(prompt, o, 8);

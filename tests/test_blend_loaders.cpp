@@ -139,10 +139,14 @@ LayerTimes layer_times(const json& trace, int n_layers) {
 // The overlap, from the trace: with the SSD throttled so that loading a layer takes
 // about as long as computing one, the loader reads layer l+1 while the worker still
 // computes layer l, and the first token comes before load + compute end to end.
+// The overlap is the deviation rule's (query-first, the default, recomputes after the
+// whole load: BlendRuntime's QueryFirstThroughTheActors...).
 TEST(BlendLoaders, AThrottledLoadOverlapsTheCompute) {
   REQUIRE_MODEL();
   TempDir dir;
-  Runtime rt(ssd_only_in(dir.path()));
+  RuntimeConfig cfg = ssd_only_in(dir.path());
+  cfg.blend.selection = Selection::Deviation;
+  Runtime rt(cfg);
   auto& ctx = rt.context();
   const auto docs = documents(1)[0];
   for (const auto& d : docs) rt.store_document(d);

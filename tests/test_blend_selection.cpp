@@ -69,8 +69,10 @@ double kl_divergence(const std::vector<float>& p, const std::vector<float>& q) {
 // These tests pin the selection they reason about: one check at layer 1 (the
 // engine's default is gradual filtering over layers 1..6; the tests that check
 // several layers say so).
+// The deviation rule with one check at layer 1 (the oracles below compute that layer).
 BlendOptions one_check_options() {
   BlendOptions o;
+  o.selection = Selection::Deviation;
   o.check_layers = {1};
   o.ratio = 0.15f;
   return o;
@@ -142,6 +144,7 @@ TEST_F(BlendSelection, RatioJustBelowOneThroughTheScoringIsFull) {
   BlendOptions two_pass = one_check_options();
   two_pass.ratio = all_ratio;
   two_pass.filtering = Filtering::TwoPass;
+  two_pass.selection = Selection::Deviation;
   const auto all2 = s.run(prompt, two_pass);
   two_pass.ratio = 1.0f;
   const auto ratio1 = s.run(prompt, two_pass);
@@ -206,6 +209,7 @@ TEST_F(BlendSelection, TinyRatioWithMinTokensRecomputesOneTokenAndIsNearReuse) {
   o.ratio = tiny;
   o.min_tokens = 0;
   o.filtering = Filtering::TwoPass;
+  o.selection = Selection::Deviation;
   const auto none = s.from_store.prefill(prompt, o);
   EXPECT_EQ(none.stats.candidates_per_check, std::vector<int64_t>{0});
   EXPECT_EQ(none.stats.recomputed_tokens, 0);
@@ -335,6 +339,8 @@ TEST_F(BlendSelection, SelectedTokensAreTheTopKOfTheLayerOneDeviation) {
     o.ratio = 0.15f;
     o.deviation = cs.deviation;
     o.filtering = Filtering::TwoPass;
+    o.selection = Selection::Deviation;
+  o.selection = Selection::Deviation;
     const auto two = s.run(prompt, o);
     o.filtering = Filtering::SinglePass;
     const auto r = s.run(prompt, o);
@@ -468,6 +474,7 @@ TEST_F(BlendSelection, QueryFirstPicksTheTopKOfTheQuestionsAttentionOverEveryLay
   s.from_store.warm(prompt);
   const int64_t H = chunk_tokens(prompt), S = static_cast<int64_t>(prompt.suffix.size());
   BlendOptions o;
+  o.selection = Selection::Deviation;
   o.ratio = 0.15f;
   const auto by_deviation = s.run(prompt, o);
   o.selection = Selection::QueryFirst;
@@ -754,6 +761,7 @@ TEST_F(BlendSelection, SinglePassKeepsTheKvComputedWhileScoring) {
 
   o.check_layers = {1};
   o.filtering = Filtering::TwoPass;
+  o.selection = Selection::Deviation;
   auto two = s.from_store.prefill(prompt, o);
   const int64_t k2 = two.stats.recomputed_tokens;
   ASSERT_EQ(k2, std::llround(0.15 * H));

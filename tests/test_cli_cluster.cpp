@@ -903,12 +903,15 @@ TEST_F(ClusterCli, TheFrontendsConsoleShowsEveryWorkersActorsAndARequestsTimelin
 // Two storage nodes, replication 2 (the default), TLS on: documents stored through
 // worker-1 land on both; with one node SIGKILLed, worker-2 (no RAM, no SSD: every
 // chunk from the storage nodes) answers with the stored chunks — no recompute, the
-// same text; the node started again empty is repaired by the next reads.
+// same text; the node started again empty is repaired by the next reads. The ratio
+// stays the floor on both workers (adaptive_ratio off): from the slower remote tier
+// the controller could otherwise send the default query-first request the
+// deviation's way, and the text would differ by the rule, not by the stored KV.
 TEST_F(ClusterCli, TwoStorageNodesSoOnesLossCostsNoRecomputeAndItIsRepairedWhenBack) {
   const fs::path config = write_config(
-      {", tiers: {remote: {enabled: true, write_back: true}}",
+      {", tiers: {remote: {enabled: true, write_back: true}}, blend: {adaptive_ratio: false}",
        ", tiers: {ram: {enabled: false}, ssd: {enabled: false}, remote: {enabled: true, write_back: false, "
-       "retry_after: 500ms}}"},
+       "retry_after: 500ms}}, blend: {adaptive_ratio: false}"},
       /*storage=*/true);
   const int second_data_port = port();
   std::ofstream(config, std::ios::app) << "  - {name: storage-2, role: storage, host: 127.0.0.1, port: " << port()

@@ -67,13 +67,18 @@ TEST(TensorParallelModel, Tp3AnswersARagPromptAsTp1InFullAndBlendModes) {
   std::printf("[tp 3, full] first-token max |dlogit| vs tp 1: %.6f\n",
               testing::max_abs_diff(full_three.logits[0], full_one.logits[0]));
 
-  const BlendOptions opt;  // the defaults: ratio 0.1, check layers 1..6, single pass
-  const auto blend_one = testing::blend_on(one, prompt, opt, 24);
-  const auto blend_three = testing::blend_on(three, prompt, opt, 24);
-  ASSERT_EQ(blend_three.digests[0].size(), opt.check_layers.size());
-  for (int r = 1; r < 3; ++r) {
-    EXPECT_EQ(blend_three.digests[r], blend_three.digests[0]) << "rank " << r << " selected other tokens";
-    EXPECT_EQ(blend_three.recomputed[r], blend_three.recomputed[0]) << "rank " << r;
+  // The defaults (query-first, ratio 0.13) and the deviation's gradual filtering
+  // (check layers 1..6, single pass): one digest per selection step.
+  for (const Selection selection : {Selection::QueryFirst, Selection::Deviation}) {
+    SCOPED_TRACE(selection_name(selection));
+    BlendOptions opt;
+    opt.selection = selection;
+    const auto blend_one = testing::blend_on(one, prompt, opt, 24);
+    const auto blend_three = testing::blend_on(three, prompt, opt, 24);
+    ASSERT_EQ(blend_three.digests[0].size(), selection == Selection::QueryFirst ? 1u : opt.check_layers.size());
+    for (int r = 1; r < 3; ++r) {
+      EXPECT_EQ(blend_three.digests[r], blend_three.digests[0]) << "rank " << r << " selected other tokens";
+      EXPECT_EQ(blend_three.recomputed[r], blend_three.recomputed[0]) << "rank " << r;
   }
   const std::set<int32_t> a(blend_one.recomputed[0].begin(), blend_one.recomputed[0].end());
   int64_t common = 0;
@@ -98,9 +103,10 @@ TEST(TensorParallelModel, Tp3AnswersARagPromptAsTp1InFullAndBlendModes) {
       }
     }
   }
-  std::printf("[tp 3, blend] %zu recomputed (tp 1: %zu), overlap %.3f; stored KV max |d| vs tp 1: %.5f (max |kv| %.2f)\n",
-              blend_three.recomputed[0].size(), a.size(), overlap, worst, scale);
+  std::printf("[tp 3, blend %s] %zu recomputed (tp 1: %zu), overlap %.3f; stored KV max |d| vs tp 1: %.5f (max |kv| %.2f)\n",
+              selection_name(selection), blend_three.recomputed[0].size(), a.size(), overlap, worst, scale);
   EXPECT_GT(worst, 0.0) << "KV at tp 3 equal to tp 1's bit for bit: then the degree need not be in the key";
+  }
 }
 
 }  // namespace

@@ -152,7 +152,8 @@ TEST(RuntimeConfigDefault, ValuesAreTheDocumentedOnes) {
   EXPECT_EQ(c.ssd.throttle_bytes_per_s, 0.0);
   EXPECT_EQ(c.ssd.write_queue_bytes, 256LL << 20);
   EXPECT_EQ(c.blend.mode, BlendMode::Blend);
-  EXPECT_FLOAT_EQ(c.blend.ratio, 0.10f);
+  EXPECT_FLOAT_EQ(c.blend.ratio, 0.13f);
+  EXPECT_EQ(c.blend.selection, Selection::QueryFirst);
   EXPECT_TRUE(c.adaptive_ratio);
   EXPECT_EQ(c.blend.check_layers, (std::vector<int>{1, 2, 3, 4, 5, 6}));
   EXPECT_TRUE(c.blend.schedule.empty());
@@ -230,6 +231,7 @@ blend:
   deviation: k
   quota: per-chunk
   filtering: two-pass
+  selection: deviation
   sink_tokens: 2
   chunk_prelude: "<|im_start|>system\n"
   write_back: no
@@ -298,7 +300,8 @@ TEST(RuntimeConfigParse, AbsentKeysKeepTheDefaults) {
   EXPECT_EQ(c.ram.budget_bytes, 2LL << 30);
   EXPECT_EQ(c.port, 8080);
   EXPECT_EQ(c.host, "127.0.0.1");
-  EXPECT_FLOAT_EQ(c.blend.ratio, 0.10f);
+  EXPECT_FLOAT_EQ(c.blend.ratio, 0.13f);  // query-first at the deviation's former TTFT
+  EXPECT_EQ(c.blend.selection, Selection::QueryFirst);
 }
 
 TEST(RuntimeConfigParse, ModesDeviationsPrecisions) {
@@ -503,6 +506,10 @@ TEST(RuntimeConfigErrors, UnknownNames) {
               AllOf(HasSubstr("blend.selection"), HasSubstr("only single-pass filtering")));
   EXPECT_THAT(error_of("blend: {filtering: two-pass, selection: query-first}"),
               AllOf(HasSubstr("blend.selection"), HasSubstr("own two passes")));
+  // two-pass alone: the default selection (query-first) does not take it, and the
+  // error says what does.
+  EXPECT_THAT(error_of("blend: {filtering: two-pass}"),
+              AllOf(HasSubstr("blend.filtering"), HasSubstr("needs blend.selection: deviation")));
   // cuda is a kind in a build configured with nvcc (CI's), an error naming why elsewhere.
   const bool cuda_built = kernels::device_kinds_built().size() == 2;
   EXPECT_THAT(error_of("device: {kind: tpu}"),

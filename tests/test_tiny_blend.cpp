@@ -177,6 +177,7 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
       if (layers.size() == 1 && filtering == Filtering::SinglePass && b.selection == Selection::Deviation) {
         BlendOptions two = b;
         two.filtering = Filtering::TwoPass;
+        two.selection = Selection::Deviation;
         EXPECT_EQ(from_store.prefill(prompt, two, 4).recomputed_positions, pos);
       }
     };
@@ -192,6 +193,7 @@ TEST(TinyBlend, EverySelectionPathKeepsTheInvariants) {
                              deviation_name(deviation) + " sinks " + std::to_string(sinks) + " ratio " +
                              std::to_string(ratio) + (with_prelude ? " prelude" : ""));
                 BlendOptions b;
+                b.selection = Selection::Deviation;  // the check layers' rule (the others below)
                 b.filtering = filtering;
                 b.check_layers = layers;
                 b.quota = quota;
@@ -245,6 +247,7 @@ TEST(TinyBlend, BadOptionsAreRefused) {
   // The query-aware rules read the question's rows, which two-pass's selection pass
   // does not compute.
   o.filtering = Filtering::TwoPass;
+  o.selection = Selection::Deviation;
   for (Selection rule : {Selection::Attention, Selection::Impact, Selection::QueryFirst}) {
     o.selection = rule;
     EXPECT_THROW(from_store.prefill(prompt, o), std::invalid_argument) << selection_name(rule);
@@ -286,6 +289,7 @@ TEST(TinyBlend, InterleavedStepsOfTwoPrefillsEqualEachAlone) {
   for (Filtering filtering : {Filtering::SinglePass, Filtering::TwoPass}) {
     SCOPED_TRACE(filtering_name(filtering));
     BlendOptions o;
+    o.selection = Selection::Deviation;
     o.filtering = filtering;
     o.check_layers = {1, 2, 3};
     o.ratio = 0.3f;

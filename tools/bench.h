@@ -44,7 +44,7 @@ struct TtftOptions {
   std::vector<int> check_layers = BlendOptions{}.check_layers;
   std::vector<float> schedule;             // kept fractions after each check layer but the last
   std::string filtering = "single-pass";   // single-pass | two-pass
-  std::string selection = "deviation";     // deviation | attention | impact
+  std::string selection = selection_name(BlendOptions{}.selection);  // deviation | attention | impact | query-first
   int requests = 3;  // distinct requests (different chunks)
   int repeats = 1;   // runs of each request per mode (median reported)
 };
@@ -137,7 +137,7 @@ struct EvalOptions {
   std::string deviation = "kv";        // k | v | kv
   std::string quota = "global";        // global | per-chunk
   std::string filtering = "single-pass";  // single-pass | two-pass
-  std::string selection = "deviation";   // deviation | attention | impact (BlendOptions::selection)
+  std::string selection = selection_name(BlendOptions{}.selection);  // BlendOptions::selection
   int sink_tokens = 0;                 // first tokens of each cached chunk always recomputed
   std::string chunk_prelude;           // text every chunk is computed behind (dropped)
   std::string reference_dir;           // keeps/reads full's teacher-forced reference per case
