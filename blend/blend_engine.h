@@ -98,7 +98,8 @@ struct BlendOptions {
   Filtering filtering = Filtering::SinglePass;
   // Query-aware rules (attention, impact) need single-pass filtering; validate()
   // refuses them with two-pass. query-first (the default) has its own two passes and
-  // does not use check_layers, schedule, deviation, quota or filtering.
+  // does not use check_layers, schedule, deviation or filtering (quota and sink_tokens
+  // apply to it as to the others).
   Selection selection = Selection::QueryFirst;
   // The first sink_tokens tokens of every cached chunk are always recomputed (they
   // were the attention sink of the chunk computed alone; in place they are not).
