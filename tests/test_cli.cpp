@@ -261,11 +261,18 @@ TEST(Cli, EvalAgreesAlongFullsOwnAnswerAndKeepsItsReferences) {
   auto again = json_lines(r.out);
   same_lines(again);
   EXPECT_EQ(again[2].at("reference_cases_read"), 1) << again[2].dump();
-  std::ofstream(answer_file, std::ios::binary | std::ios::trunc) << "abc";  // not whole tokens
-  r = run(cmd);
-  ASSERT_EQ(r.code, 0) << r.out;
-  same_lines(json_lines(r.out));
-  EXPECT_EQ(fs::file_size(answer_file), static_cast<uintmax_t>(4 * G));
+  // Damaged: not whole tokens; whole but not token ids (-1). Each is recomputed, never
+  // fed to the model.
+  for (const std::string& damaged : {std::string("abc"), std::string(static_cast<size_t>(4 * G), '\xff')}) {
+    std::ofstream(answer_file, std::ios::binary | std::ios::trunc) << damaged;
+    r = run(cmd);
+    ASSERT_EQ(r.code, 0) << r.out;
+    same_lines(json_lines(r.out));
+    EXPECT_EQ(fs::file_size(answer_file), static_cast<uintmax_t>(4 * G));
+    std::ifstream in(answer_file, std::ios::binary);
+    const std::string now((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(now, damaged);
+  }
 }
 
 // --pasted: each case's documents pasted into the message (no documents field) are

@@ -4,8 +4,8 @@
 // answers), first-token KL divergence from `full`, teacher-forced top-1
 // agreement with `full` over the first gold answer, the same agreement along full's
 // own greedy answer, whether the mode's greedy answer is full's token for token, and
-// TTFT. One JSON line per case and mode, then one summary line per mode. The reference `full` always keeps
-// K/V in fp32: with --kv-dtype f16/bf16 the metrics measure the half-precision cache
+// TTFT. One JSON line per case and mode, then one summary line per mode. The
+// reference `full` always keeps K/V in fp32: with --kv-dtype f16/bf16 the metrics measure the half-precision cache
 // too (`full` itself then has a KL and an agreement of its own).
 //
 // Two agreements: gold answers are 2-6 tokens the model would often not write itself,
@@ -39,8 +39,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <stdexcept>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -116,7 +118,9 @@ std::filesystem::path full_answer_file(const std::string& dir, uint64_t fingerpr
   return std::filesystem::path(dir) / name;
 }
 
-bool read_full_answer(const std::filesystem::path& file, int max_tokens, std::vector<int32_t>& answer) {
+// False (recompute it) unless the file holds at most max_tokens ids, each in [0, V):
+// the ids are fed to the model.
+bool read_full_answer(const std::filesystem::path& file, int max_tokens, int64_t V, std::vector<int32_t>& answer) {
   std::ifstream f(file, std::ios::binary | std::ios::ate);
   if (!f) return false;
   const auto bytes = static_cast<int64_t>(f.tellg());
@@ -124,31 +128,30 @@ bool read_full_answer(const std::filesystem::path& file, int max_tokens, std::ve
   answer.resize(static_cast<size_t>(bytes / 4));
   f.seekg(0);
   f.read(reinterpret_cast<char*>(answer.data()), static_cast<std::streamsize>(bytes));
-  return static_cast<bool>(f);
+  return static_cast<bool>(f) && std::all_of(answer.begin(), answer.end(), [V](int32_t t) { return t >= 0 && t < V; });
+}
+
+// Writes `parts` (pointer, bytes) one after the other to a temporary file renamed over
+// `file`: a reader finds the file whole or absent.
+void write_whole(const std::filesystem::path& file, std::initializer_list<std::pair<const void*, size_t>> parts) {
+  std::filesystem::create_directories(file.parent_path());
+  const auto tmp = file.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    for (const auto& [data, bytes] : parts)
+      f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+    if (!f) throw std::runtime_error("cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, file);
 }
 
 void write_full_answer(const std::filesystem::path& file, const std::vector<int32_t>& answer) {
-  std::filesystem::create_directories(file.parent_path());
-  const auto tmp = file.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(answer.data()), static_cast<std::streamsize>(answer.size() * 4));
-    if (!f) throw std::runtime_error("cannot write " + tmp);
-  }
-  std::filesystem::rename(tmp, file);  // whole or absent
+  write_whole(file, {{answer.data(), answer.size() * sizeof(int32_t)}});
 }
 
 void write_reference(const std::filesystem::path& file, int64_t V, const Reference& ref) {
-  std::filesystem::create_directories(file.parent_path());
-  const auto tmp = file.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(ref.first.data()), static_cast<std::streamsize>(V * sizeof(float)));
-    f.write(reinterpret_cast<const char*>(ref.argmax.data()),
-            static_cast<std::streamsize>(ref.argmax.size() * sizeof(int64_t)));
-    if (!f) throw std::runtime_error("cannot write " + tmp);
-  }
-  std::filesystem::rename(tmp, file);  // whole or absent
+  write_whole(file, {{ref.first.data(), static_cast<size_t>(V) * sizeof(float)},
+                     {ref.argmax.data(), ref.argmax.size() * sizeof(int64_t)}});
 }
 
 // A ratio as given (0.1, not the float's 0.10000000149011612): six decimals.
@@ -432,7 +435,7 @@ int eval_rag(const EvalOptions& opt) {
       if (!opt.reference_dir.empty())
         file = full_answer_file(opt.reference_dir, reference_model.fingerprint(), kernels::precision_name(precision),
                                 prompt.concatenated(), opt.max_tokens);
-      if (file.empty() || !read_full_answer(file, opt.max_tokens, full_answer)) {
+      if (file.empty() || !read_full_answer(file, opt.max_tokens, V, full_answer)) {
         auto gen = reference_blend.prefill(prompt, ref_opt, opt.max_tokens);
         SamplingParams sp;
         sp.max_tokens = opt.max_tokens;
