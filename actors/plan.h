@@ -98,7 +98,7 @@ typename Inspector::result_type inspect(Inspector& f, RagPrompt& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, BlendOptions& x) {
   return f(x.mode, x.ratio, x.check_layers, x.schedule, x.min_tokens, x.deviation, x.quota, x.filtering,
-           x.sink_tokens);
+           x.selection, x.sink_tokens, x.query_first_from_layer);
 }
 
 template <class Inspector>

@@ -69,6 +69,17 @@ void fit_check_layers_to_model(BlendOptions& blend, int n_layers) {
                BlendOptions{}.check_layers.back(), fit.back(), n_layers);
 }
 
+// query_first_from_layer past the model's last layer: the default narrows to the last
+// layer (the engine scores that one), a value named in the config is an error.
+void fit_query_first_to_model(BlendOptions& blend, int n_layers) {
+  if (blend.query_first_from_layer < n_layers) return;
+  if (blend.query_first_from_layer != BlendOptions{}.query_first_from_layer)
+    throw std::invalid_argument("blend.query_first_from_layer: layer " + std::to_string(blend.query_first_from_layer) +
+                                " is past the model's last layer (" + std::to_string(n_layers - 1) + " of a " +
+                                std::to_string(n_layers) + "-layer model)");
+  blend.query_first_from_layer = n_layers - 1;
+}
+
 // CAF's scheduler threads only pass messages: few of them, sleeping soon when
 // idle, so they never compete with the compute thread for the cores. Every actor
 // whose handlers may block runs detached, on a thread of its own: the intake
@@ -428,6 +439,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   };
   ctx.model = load_shard(*ctx.backend, 0);
   fit_check_layers_to_model(ctx.config.blend, ctx.model->config().n_layers);
+  fit_query_first_to_model(ctx.config.blend, ctx.model->config().n_layers);
   // Tensor parallel: the cores split between the ranks (at least one thread each).
   const int all_threads = ctx.config.threads > 0 ? ctx.config.threads
                                                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));

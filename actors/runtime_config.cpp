@@ -415,7 +415,8 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
   std::optional<YAML::Node> checks_node, schedule_node, selection_node, filtering_node;
   for_each_key(sec, "blend",
                {"mode", "ratio", "adaptive_ratio", "check_layers", "schedule", "min_tokens", "deviation", "quota",
-                "filtering", "selection", "sink_tokens", "chunk_prelude", "write_back", "find_pasted"},
+                "filtering", "selection", "sink_tokens", "query_first_from_layer", "chunk_prelude", "write_back",
+                "find_pasted"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path("blend", k);
                  if (k == "mode") {
@@ -452,6 +453,9 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
                  } else if (k == "sink_tokens") {
                    b.sink_tokens = get_int(v, key);
                    check_at_least(b.sink_tokens, 0, v, key);
+                 } else if (k == "query_first_from_layer") {
+                   b.query_first_from_layer = get_int(v, key);
+                   check_at_least(b.query_first_from_layer, 0, v, key);
                  } else if (k == "write_back") {
                    c.write_back = get_bool(v, key);
                  } else if (k == "find_pasted") {

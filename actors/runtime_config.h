@@ -134,7 +134,8 @@ struct RuntimeConfig {
                  .file_io = nullptr};
   RemoteTierConfig remote;
   // blend: mode, ratio (the floor the loading controller never goes below),
-  // check layers, schedule, min_tokens, deviation, quota, filtering, selection, sink_tokens
+  // check layers, schedule, min_tokens, deviation, quota, filtering, selection, sink_tokens,
+  // query_first_from_layer
   BlendOptions blend;
   bool adaptive_ratio = true;      // the loading controller may raise the ratio above the floor
   bool write_back = true;          // store missed chunks after the first token

@@ -644,6 +644,7 @@ void BlendEngine::validate(const RagPrompt& prompt, const BlendOptions& opt, int
   if (!(opt.ratio >= 0.0f && opt.ratio <= 1.0f)) throw std::invalid_argument("blend: ratio must be in [0, 1]");
   if (opt.min_tokens < 0) throw std::invalid_argument("blend: min_tokens must be >= 0");
   if (opt.sink_tokens < 0) throw std::invalid_argument("blend: sink_tokens must be >= 0");
+  if (opt.query_first_from_layer < 0) throw std::invalid_argument("blend: query_first_from_layer must be >= 0");
   if (opt.mode == BlendMode::Blend) {
     if (opt.check_layers.empty()) throw std::invalid_argument("blend: no check layer");
     for (int l : opt.check_layers)
@@ -950,7 +951,7 @@ void BlendEngine::step_query_first(PrefillRun::State& s) const {
   be.copy_to_host(weight.data(), mass, s.N * static_cast<int64_t>(sizeof(double)));
   double total = 0;
   for (int32_t p : sel.candidates) total += weight[static_cast<size_t>(p)];
-  if (total > 0)
+  if (total > 0 && l >= std::min(s.opt.query_first_from_layer, c.n_layers - 1))
     for (size_t i = 0; i < sel.candidates.size(); ++i)
       s.qf_score[i] += weight[static_cast<size_t>(sel.candidates[i])] / total;
   tf_.attend_and_mlp(l, s.sel_hidden.as<float>(), q, pos_dev, n, cache, s.N);

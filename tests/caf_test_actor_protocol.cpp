@@ -476,6 +476,8 @@ CAF_TEST(a_plan_and_an_outcome_survive_serialization_and_are_registered_by_name)
   r.loaded.chunk_loaded = {1, 0};
   r.options.schedule = {0.5f, 0.25f};
   r.options.sink_tokens = 3;
+  r.options.selection = Selection::Impact;  // not the default: it must travel
+  r.options.query_first_from_layer = 4;
   r.sampling.stop = {"</s>", "\n\n"};
   r.sampling.seed = 77;
   r.decision = R"({"ratio":0.3})";
@@ -498,6 +500,8 @@ CAF_TEST(a_plan_and_an_outcome_survive_serialization_and_are_registered_by_name)
   CAF_CHECK_EQUAL(p.options.check_layers, r.options.check_layers);
   CAF_CHECK_EQUAL(p.options.schedule, r.options.schedule);
   CAF_CHECK_EQUAL(p.options.sink_tokens, 3);
+  CAF_CHECK(p.options.selection == Selection::Impact);
+  CAF_CHECK_EQUAL(p.options.query_first_from_layer, 4);
   CAF_CHECK(p.options.deviation == r.options.deviation && p.options.quota == r.options.quota &&
             p.options.filtering == r.options.filtering);
   CAF_CHECK(p.ratio_requested);

@@ -432,8 +432,9 @@ TEST_F(BlendSelection, QueryAwareRulesPickTheTopKOfTheQuestionsAttentionAtLayerO
 // defines them: every chunk placed, the question's rows alone (the suffix) run
 // through every layer over that cache (each layer's K/V stored, then attention and
 // MLP); at each layer the attention the question pays each key (attention_mass),
-// normalized over the cached tokens; a cached token's score is the sum over layers.
-OracleScores oracle_query_first(BlendSetup& s, const RagPrompt& prompt) {
+// normalized over the cached tokens; a cached token's score is the sum over layers
+// from_layer..last.
+OracleScores oracle_query_first(BlendSetup& s, const RagPrompt& prompt, int from_layer = 0) {
   const auto& c = s.m.config();
   const int64_t N = prompt.size(), S = static_cast<int64_t>(prompt.suffix.size());
   auto cache = loaded_cache(s, prompt, std::vector<char>(prompt.chunks.size(), 1));
@@ -457,7 +458,8 @@ OracleScores oracle_query_first(BlendSetup& s, const RagPrompt& prompt) {
                                  1.0f / std::sqrt(static_cast<float>(c.head_dim)), mass.data());
     double total = 0;
     for (int32_t p : cached) total += mass[static_cast<size_t>(p)];
-    for (size_t i = 0; i < cached.size(); ++i) out.deviation[i] += mass[static_cast<size_t>(cached[i])] / total;
+    if (l >= from_layer)
+      for (size_t i = 0; i < cached.size(); ++i) out.deviation[i] += mass[static_cast<size_t>(cached[i])] / total;
     s.tf.attend_and_mlp(l, hidden.data(), q.data(), rows.data(), S, cache, N);
   }
   return out;
@@ -511,6 +513,35 @@ TEST_F(BlendSelection, QueryFirstPicksTheTopKOfTheQuestionsAttentionOverEveryLay
   const auto all = s.run(prompt, o);
   EXPECT_EQ(all.recomputed_positions, iota_positions(prompt.chunk_offset(0), prompt.suffix_offset()));
   EXPECT_LT(max_abs_diff(full.logits, all.logits), 1e-4);
+}
+
+// query_first_from_layer leaves the layers before it out of the sum: the choice is the
+// oracle's top-k over the layers from there on, another set than over every layer; a
+// layer past the model's last scores the last alone; a negative one is refused.
+TEST_F(BlendSelection, QueryFirstFromLayerSumsOnlyTheLayersFromThere) {
+  BlendSetup s;
+  const auto& c = s.m.config();
+  const auto prompt = make_prompt(s.m, kDocs, kQuestion);
+  s.from_store.warm(prompt);
+  const int64_t H = chunk_tokens(prompt);
+  const int64_t count = std::llround(0.15 * H);
+  BlendOptions o;
+  o.selection = Selection::QueryFirst;
+  o.ratio = 0.15f;
+  o.query_first_from_layer = 0;
+  const auto every = s.run(prompt, o);
+  for (int from : {2, c.n_layers - 1}) {
+    SCOPED_TRACE(from);
+    o.query_first_from_layer = from;
+    const auto r = s.run(prompt, o);
+    EXPECT_EQ(r.recomputed_positions, extreme_k(oracle_query_first(s, prompt, from), count, true));
+    EXPECT_NE(r.recomputed_positions, every.recomputed_positions);
+  }
+  o.query_first_from_layer = c.n_layers + 5;
+  EXPECT_EQ(s.run(prompt, o).recomputed_positions,
+            extreme_k(oracle_query_first(s, prompt, c.n_layers - 1), count, true));
+  o.query_first_from_layer = -1;
+  EXPECT_THROW(s.run(prompt, o), std::invalid_argument);
 }
 
 // The query-aware rules read the question, not a continuation scored after it: a

@@ -67,7 +67,7 @@ TEST(TensorParallelModel, Tp3AnswersARagPromptAsTp1InFullAndBlendModes) {
   std::printf("[tp 3, full] first-token max |dlogit| vs tp 1: %.6f\n",
               testing::max_abs_diff(full_three.logits[0], full_one.logits[0]));
 
-  // The defaults (query-first, ratio 0.13) and the deviation's gradual filtering
+  // The defaults (query-first, ratio 0.16) and the deviation's gradual filtering
   // (check layers 1..6, single pass): one digest per selection step.
   for (const Selection selection : {Selection::QueryFirst, Selection::Deviation}) {
     SCOPED_TRACE(selection_name(selection));

@@ -81,6 +81,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.blend.filtering, b.blend.filtering);
   EXPECT_EQ(a.blend.selection, b.blend.selection);
   EXPECT_EQ(a.blend.sink_tokens, b.blend.sink_tokens);
+  EXPECT_EQ(a.blend.query_first_from_layer, b.blend.query_first_from_layer);
   EXPECT_EQ(a.chunk_prelude, b.chunk_prelude);
   EXPECT_EQ(a.adaptive_ratio, b.adaptive_ratio);
   EXPECT_EQ(a.write_back, b.write_back);
@@ -152,7 +153,7 @@ TEST(RuntimeConfigDefault, ValuesAreTheDocumentedOnes) {
   EXPECT_EQ(c.ssd.throttle_bytes_per_s, 0.0);
   EXPECT_EQ(c.ssd.write_queue_bytes, 256LL << 20);
   EXPECT_EQ(c.blend.mode, BlendMode::Blend);
-  EXPECT_FLOAT_EQ(c.blend.ratio, 0.13f);
+  EXPECT_FLOAT_EQ(c.blend.ratio, 0.16f);
   EXPECT_EQ(c.blend.selection, Selection::QueryFirst);
   EXPECT_TRUE(c.adaptive_ratio);
   EXPECT_EQ(c.blend.check_layers, (std::vector<int>{1, 2, 3, 4, 5, 6}));
@@ -233,6 +234,7 @@ blend:
   filtering: two-pass
   selection: deviation
   sink_tokens: 2
+  query_first_from_layer: 3
   chunk_prelude: "<|im_start|>system\n"
   write_back: no
 limits: {max_requests: 2, max_queue: 0, max_decode_batch: 4, decode_interleave: 0.2, max_prompt_tokens: 4096,
@@ -270,6 +272,7 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.blend.quota, Quota::PerChunk);
   EXPECT_EQ(c.blend.filtering, Filtering::TwoPass);
   EXPECT_EQ(c.blend.sink_tokens, 2);
+  EXPECT_EQ(c.blend.query_first_from_layer, 3);
   EXPECT_EQ(c.chunk_prelude, "<|im_start|>system\n");
   EXPECT_FALSE(c.write_back);
   EXPECT_EQ(c.max_requests, 2);
@@ -300,7 +303,7 @@ TEST(RuntimeConfigParse, AbsentKeysKeepTheDefaults) {
   EXPECT_EQ(c.ram.budget_bytes, 2LL << 30);
   EXPECT_EQ(c.port, 8080);
   EXPECT_EQ(c.host, "127.0.0.1");
-  EXPECT_FLOAT_EQ(c.blend.ratio, 0.13f);  // query-first at the deviation's former TTFT
+  EXPECT_FLOAT_EQ(c.blend.ratio, 0.16f);  // query-first: KL under 0.05 on both sets
   EXPECT_EQ(c.blend.selection, Selection::QueryFirst);
 }
 
@@ -362,7 +365,8 @@ TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
   e = error_of("blend: {zzzzzzzz: 1}");
   EXPECT_THAT(e, AllOf(HasSubstr("blend.zzzzzzzz: unknown key"),
                        HasSubstr("mode, ratio, adaptive_ratio, check_layers, schedule, min_tokens, deviation, quota, "
-                                 "filtering, selection, sink_tokens, chunk_prelude, write_back, find_pasted"),
+                                 "filtering, selection, sink_tokens, query_first_from_layer, chunk_prelude, write_back, "
+                                 "find_pasted"),
                        Not(HasSubstr("did you mean"))));
   EXPECT_THAT(error_of("limits: {max_request: 4}"), HasSubstr("limits.max_request: unknown key"));
   EXPECT_THAT(error_of("device: {gpu: 1}"), AllOf(HasSubstr("device.gpu: unknown key"), HasSubstr("kind, gpus, threads")));
@@ -500,6 +504,7 @@ TEST(RuntimeConfigErrors, UnknownNames) {
   EXPECT_THAT(error_of("blend: {filtering: gradual}"),
               HasSubstr("blend.filtering: unknown filtering 'gradual' (single-pass, two-pass)"));
   EXPECT_THAT(error_of("blend: {sink_tokens: -1}"), HasSubstr("blend.sink_tokens"));
+  EXPECT_THAT(error_of("blend: {query_first_from_layer: -1}"), HasSubstr("blend.query_first_from_layer"));
   EXPECT_THAT(error_of("blend: {selection: relevance}"),
               HasSubstr("blend.selection: unknown selection 'relevance' (deviation, attention, impact, query-first)"));
   EXPECT_THAT(error_of("blend: {filtering: two-pass, selection: attention}"),

@@ -84,5 +84,26 @@ TEST(RuntimeSmallModel, NamedCheckLayersPastTheModelStopTheStart) {
   EXPECT_THROW(Runtime rt(s.config), std::invalid_argument);
 }
 
+// query_first_from_layer: the default fits any model; a layer named past the
+// model's last stops the start with the key, as a check layer does.
+TEST(RuntimeSmallModel, QueryFirstFromLayerPastTheModelStopsTheStart) {
+  TinyRuntimeSetup s(2);
+  {
+    Runtime rt(s.config);
+    EXPECT_LT(rt.context().config.blend.query_first_from_layer, 2);
+    const auto r = rt.run(blend_request(rt));
+    EXPECT_EQ(r.finish_reason, "length") << r.error;
+    rt.shutdown(/*finish_write_back=*/true);
+  }
+  s.config.blend.query_first_from_layer = 4;
+  try {
+    Runtime rt(s.config);
+    FAIL() << "a query-first layer past a 2-layer model was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "blend.query_first_from_layer: layer 4 is past the model's last layer (1 of a 2-layer model)");
+  }
+}
+
 }  // namespace
 }  // namespace bs

@@ -45,6 +45,7 @@ struct TtftOptions {
   std::vector<float> schedule;             // kept fractions after each check layer but the last
   std::string filtering = "single-pass";   // single-pass | two-pass
   std::string selection = selection_name(BlendOptions{}.selection);  // deviation | attention | impact | query-first
+  int query_first_from_layer = BlendOptions{}.query_first_from_layer;  // first layer query-first sums
   int requests = 3;  // distinct requests (different chunks)
   int repeats = 1;   // runs of each request per mode (median reported)
 };
@@ -139,6 +140,7 @@ struct EvalOptions {
   std::string filtering = "single-pass";  // single-pass | two-pass
   std::string selection = selection_name(BlendOptions{}.selection);  // BlendOptions::selection
   int sink_tokens = 0;                 // first tokens of each cached chunk always recomputed
+  int query_first_from_layer = BlendOptions{}.query_first_from_layer;  // first layer query-first sums
   std::string chunk_prelude;           // text every chunk is computed behind (dropped)
   std::string reference_dir;           // keeps/reads full's teacher-forced reference per case
   // --sweep-ratio: the blend runs at each of these ratios (each in (0, 1]; sorted and

@@ -91,6 +91,7 @@ int bench_ttft(const TtftOptions& opt) {
         o.schedule = opt.schedule;
         o.filtering = parse_filtering(opt.filtering);
         o.selection = parse_selection(opt.selection);
+        o.query_first_from_layer = opt.query_first_from_layer;
         const auto t0 = std::chrono::steady_clock::now();
         auto r = from_store.prefill(prompt, o, 1);
         const int32_t first = argmax(r.logits.data(), model.config().vocab);  // the first token is out
@@ -137,6 +138,7 @@ int bench_ttft(const TtftOptions& opt) {
       line["check_layers"] = opt.check_layers;
       line["filtering"] = opt.filtering;
       line["selection"] = opt.selection;
+      if (opt.selection == "query-first") line["query_first_from_layer"] = opt.query_first_from_layer;
     }
     std::printf("%s\n", line.dump().c_str());
     summary[std::string(mode_name(mode)) + "_ttft_s"] = t;

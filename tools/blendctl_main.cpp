@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
   ttft->add_option("--selection", topt.selection, "deviation, attention, impact or query-first")
       ->check(CLI::IsMember({"deviation", "attention", "impact", "query-first"}))
       ->capture_default_str();
+  ttft->add_option("--query-first-from-layer", topt.query_first_from_layer,
+                   "First layer whose attention query-first sums (the last layer if past it)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   ttft->add_option("--requests", topt.requests, "Distinct requests")->check(CLI::Range(1, 100));
   ttft->add_option("--repeats", topt.repeats, "Runs per request and mode")->check(CLI::Range(1, 100));
   ttft->add_option("--dataset", topt.dataset, "JSON lines whose documents provide the chunk text");
@@ -423,6 +427,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"deviation", "attention", "impact", "query-first"}))
       ->capture_default_str();
   eval->add_option("--sink-tokens", eopt.sink_tokens, "First tokens of each cached chunk always recomputed")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  eval->add_option("--query-first-from-layer", eopt.query_first_from_layer,
+                   "First layer whose attention query-first sums (the last layer if past it)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   eval->add_option("--chunk-prelude", eopt.chunk_prelude,

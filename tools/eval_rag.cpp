@@ -295,6 +295,9 @@ int eval_rag(const EvalOptions& opt) {
              {"question_prefix", opt.question_prefix}};
     // Only when not the default: the logs of runs from before the rule existed resume.
     if (opt.selection != "deviation") settings["selection"] = opt.selection;
+    // Likewise: logs of query-first runs over every layer (0) resume.
+    if (opt.selection == "query-first" && opt.query_first_from_layer != 0)
+      settings["query_first_from_layer"] = opt.query_first_from_layer;
     log = std::make_unique<CaseLog>(opt.resume_path, settings);
     int found = 0;
     for (int case_no = first; case_no < last; ++case_no)
@@ -313,6 +316,7 @@ int eval_rag(const EvalOptions& opt) {
   blend_opt.filtering = parse_filtering(opt.filtering);
   blend_opt.selection = parse_selection(opt.selection);
   blend_opt.sink_tokens = opt.sink_tokens;
+  blend_opt.query_first_from_layer = opt.query_first_from_layer;
   int reference_hits = 0;
   // --pasted: what the index found, over the cases (token-weighted).
   struct {
@@ -556,6 +560,7 @@ int eval_rag(const EvalOptions& opt) {
       if (!opt.schedule.empty()) s["schedule"] = opt.schedule;
       s["filtering"] = filtering_name(blend_opt.filtering);
       s["selection"] = selection_name(blend_opt.selection);
+      if (blend_opt.selection == Selection::QueryFirst) s["query_first_from_layer"] = blend_opt.query_first_from_layer;
       s["quota"] = quota_name(blend_opt.quota);
       s["deviation"] = deviation_name(blend_opt.deviation);
       s["sink_tokens"] = blend_opt.sink_tokens;
