@@ -275,6 +275,90 @@ TEST(Cli, EvalAgreesAlongFullsOwnAnswerAndKeepsItsReferences) {
   }
 }
 
+// --forced-rows (tools/eval_rag.cpp): one line per gold-answer row and run. Full with
+// fp32 K/V is the reference itself (its token is full's on every row, deficit 0); every
+// mode has the same rows, gold and full tokens and leads; the rows where a mode's token
+// is full's give its top1_agreement; the gold texts spell the answer. With --resume the
+// file is appended to and a run read back writes nothing; without, it starts empty; the
+// leads are computed even where --reference-dir holds the case's reference.
+TEST(Cli, EvalForcedRowsSayWhichRowsAgreeAndByHowMuch) {
+  REQUIRE_MODEL();
+  const std::string data = shortened_cases("rows.jsonl", 1, 3);
+  const auto rows_path = data_dir() / "rows_out.jsonl";
+  const auto log_path = data_dir() / "rows_log.jsonl";
+  const auto read_rows = [&] {
+    std::ifstream in(rows_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return json_lines(text.str());
+  };
+  const std::string cmd = "blendctl eval --dataset " + data + " --mode full,reuse,blend --max-tokens 2 --kv-dtype f32" +
+                          " --forced-rows " + rows_path.string();
+  auto r = run(cmd + " --resume " + log_path.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 6u) << r.out;  // 3 case lines + 3 summaries
+  auto rows = read_rows();
+  ASSERT_EQ(rows.size() % 3, 0u);
+  const size_t A = rows.size() / 3;
+  ASSERT_GT(A, 0u);
+  std::ifstream case_in(data);
+  std::string case_text;
+  std::getline(case_in, case_text);
+  const std::string answer = nlohmann::json::parse(case_text).at("answers").at(0);
+  for (size_t m = 0; m < 3; ++m) {
+    const auto& case_line = lines[m];
+    int agree = 0;
+    std::string gold;
+    for (size_t i = 0; i < A; ++i) {
+      const auto& row = rows[m * A + i];
+      EXPECT_EQ(row.at("mode"), case_line.at("mode")) << row.dump();
+      EXPECT_EQ(row.at("id"), case_line.at("id"));
+      EXPECT_EQ(row.at("row"), i);
+      EXPECT_EQ(row.at("answer_tokens"), A);
+      EXPECT_EQ(row.contains("ratio"), case_line.at("mode") == "blend") << row.dump();
+      for (const char* k : {"gold_token", "gold_text", "full_token", "full_text", "full_lead"})
+        EXPECT_EQ(row.at(k), rows[i].at(k)) << k << " " << row.dump();  // as in full's rows
+      EXPECT_GE(row.at("full_lead").get<double>(), 0.0) << row.dump();
+      const double deficit = row.at("deficit").get<double>();
+      EXPECT_GE(deficit, 0.0) << row.dump();
+      if (row.at("token") == row.at("full_token")) {
+        ++agree;
+        EXPECT_EQ(deficit, 0.0) << row.dump();
+        EXPECT_EQ(row.at("text"), row.at("full_text"));
+      }
+      gold += row.at("gold_text").get<std::string>();
+    }
+    EXPECT_EQ(gold, answer);
+    EXPECT_DOUBLE_EQ(case_line.at("top1_agreement").get<double>(), static_cast<double>(agree) / static_cast<double>(A))
+        << case_line.dump();
+    if (m == 0) {
+      EXPECT_EQ(agree, static_cast<int>(A));  // full is the reference
+    }
+  }
+  // Resumed with nothing left to run: the file keeps its rows, none added.
+  r = run(cmd + " --resume " + log_path.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("3 of these 3 runs read back, 0 to go"), std::string::npos) << r.out;
+  EXPECT_EQ(read_rows(), rows);
+  // Without --resume the file starts empty; a kept reference does not hold the leads.
+  const std::string reuse_only = "blendctl eval --dataset " + data + " --mode reuse --max-tokens 4 --kv-dtype f32" +
+                                 " --forced-rows " + rows_path.string() + " --reference-dir " +
+                                 (data_dir() / "rows_refs").string();
+  for (int pass = 0; pass < 2; ++pass) {
+    r = run(reuse_only);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto again = read_rows();
+    ASSERT_EQ(again.size(), A) << pass;
+    for (size_t i = 0; i < A; ++i) EXPECT_EQ(again[i], rows[A + i]) << pass << " " << i;  // reuse's rows as before
+    const auto summary = json_lines(r.out).back();
+    EXPECT_EQ(summary.at("reference_cases_read"), 0) << summary.dump();
+  }
+  r = run("blendctl eval --dataset " + data + " --forced-rows /nonexistent/dir/rows.jsonl");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--forced-rows: cannot write /nonexistent/dir/rows.jsonl"), std::string::npos) << r.out;
+}
+
 // --pasted: each case's documents pasted into the message (no documents field) are
 // all found by the pasted-chunk index; with no lead-in the prompt is the documents
 // request's token for token, with one the lead-in is a part of its own. --match-only

@@ -143,6 +143,12 @@ struct EvalOptions {
   int query_first_from_layer = BlendOptions{}.query_first_from_layer;  // first layer query-first sums
   std::string chunk_prelude;           // text every chunk is computed behind (dropped)
   std::string reference_dir;           // keeps/reads full's teacher-forced reference per case
+  // --forced-rows: one JSON line per teacher-forced row of the gold answer, per run made
+  // now (not those --resume reads back): the gold token, full's (the reference's) token
+  // and its lead over full's runner-up, the mode's token and how far it puts full's
+  // token below its own. Full's logits are then computed for every case (a reference
+  // file holds only their argmax). Empty: none.
+  std::string forced_rows_path;
   // --sweep-ratio: the blend runs at each of these ratios (each in (0, 1]; sorted and
   // deduplicated by eval_rag) instead of `ratio`, beside one `full` run per case that
   // all share; a final {"eval":"sweep"} line gathers the points. Empty: no sweep.

@@ -437,6 +437,8 @@ int main(int argc, char** argv) {
                    "Text every chunk is computed behind and dropped (special tokens parsed)");
   eval->add_option("--reference-dir", eopt.reference_dir,
                    "Keep full's teacher-forced reference and greedy answer per case here and read them in later runs");
+  eval->add_option("--forced-rows", eopt.forced_rows_path,
+                   "Write each gold-answer row of each run here (JSON lines): the gold token, full's and its lead, the mode's");
   eval->add_option("--resume", eopt.resume_path,
                    "Case log: finished runs are read back from it (same settings only), new ones appended");
   eval->add_option("--max-cases", eopt.max_cases, "Evaluate at most N cases")->check(CLI::NonNegativeNumber);

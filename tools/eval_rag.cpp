@@ -28,6 +28,13 @@
 // line per (mode, ratio), then one {"eval":"sweep","points":[...],"full":{...}} line;
 // --plot F.svg draws the points (tools/eval/sweep_plot.h).
 //
+// --forced-rows F.jsonl says where the gold agreement is lost, row by row: per run made
+// now and per teacher-forced row of the gold answer, the gold token, full's token and its
+// lead over full's runner-up (logits), the mode's token and its deficit (the mode's
+// largest logit minus its logit of full's token: 0 where they agree). Whether rows that
+// flip are near-ties of full's, or rows where full itself leaves the gold answer, is
+// then read off the file.
+//
 // --resume F.jsonl keeps every case line in F as it is made and, run again with the
 // same settings, reads the finished ones back instead of recomputing them
 // (tools/eval/case_log.h): the summaries come from the case lines either way.
@@ -73,10 +80,11 @@ struct Totals {
 };
 
 // What the metrics need of full's teacher-forced logits: the first row (KL) and
-// every row's argmax (agreement).
+// every row's argmax (agreement); with --forced-rows each row's lead too.
 struct Reference {
   std::vector<float> first;     // [vocab]
   std::vector<int64_t> argmax;  // [answer tokens]
+  std::vector<float> lead;      // [answer tokens] argmax's logit minus the runner-up's; empty unless --forced-rows
 };
 
 int64_t argmax_row(const float* x, int64_t n) {
@@ -84,6 +92,14 @@ int64_t argmax_row(const float* x, int64_t n) {
   for (int64_t i = 1; i < n; ++i)
     if (x[i] > x[best]) best = i;
   return best;
+}
+
+// x[best] minus the largest other logit of the row (n >= 2).
+float lead_over_runner_up(const float* x, int64_t n, int64_t best) {
+  int64_t second = best == 0 ? 1 : 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (i != best && x[i] > x[second]) second = i;
+  return x[best] - x[second];
 }
 
 // The reference file of one case: named by everything that determines its content.
@@ -235,6 +251,16 @@ int eval_rag(const EvalOptions& opt) {
   }
   std::ifstream in(opt.dataset);
   if (!in) throw std::runtime_error("cannot open dataset " + opt.dataset);
+  // --forced-rows: a run's rows are written once its case line is kept, so with --resume
+  // (append: the runs read back wrote theirs before) a run cut short writes none and is
+  // made again; without --resume the file starts empty.
+  std::unique_ptr<std::ofstream> rows_file;
+  if (!opt.forced_rows_path.empty()) {
+    rows_file = std::make_unique<std::ofstream>(opt.forced_rows_path,
+                                                opt.resume_path.empty() ? std::ios::trunc : std::ios::app);
+    if (!*rows_file) throw std::runtime_error("--forced-rows: cannot write " + opt.forced_rows_path);
+  }
+  std::ofstream* const rows_out = rows_file.get();
 
   auto backend = kernels::make_cpu_backend();
   const auto precision = kernels::choose_precision(opt.precision, *backend);
@@ -419,7 +445,8 @@ int eval_rag(const EvalOptions& opt) {
       if (!opt.reference_dir.empty())
         file = reference_file(opt.reference_dir, reference_model.fingerprint(), kernels::precision_name(precision),
                               forced.concatenated(), A);
-      if (!file.empty() && read_reference(file, V, A, reference)) {
+      // --forced-rows needs the leads, which the file does not hold: computed anew.
+      if (rows_out == nullptr && !file.empty() && read_reference(file, V, A, reference)) {
         ++reference_hits;
       } else {
         // Only the logits are kept: the whole prefill result carries the prompt's KV cache.
@@ -427,6 +454,9 @@ int eval_rag(const EvalOptions& opt) {
         reference.first.assign(logits.begin(), logits.begin() + V);
         reference.argmax.resize(static_cast<size_t>(A));
         for (int64_t r = 0; r < A; ++r) reference.argmax[r] = argmax_row(&logits[r * V], V);
+        if (rows_out != nullptr)
+          for (int64_t r = 0; r < A; ++r)
+            reference.lead.push_back(lead_over_runner_up(&logits[r * V], V, reference.argmax[r]));
         if (!file.empty()) write_reference(file, V, reference);
       }
     }
@@ -451,6 +481,35 @@ int eval_rag(const EvalOptions& opt) {
     RagPrompt along_full = prompt;  // teacher forcing along it: all of it but its last token
     if (G > 0) along_full.suffix.insert(along_full.suffix.end(), full_answer.begin(), full_answer.end() - 1);
 
+    // --forced-rows: one run's rows into `forced_rows`; `logits` [A, vocab] are the
+    // mode's (empty: the reference's own run, which agrees on every row).
+    std::string forced_rows;
+    const auto collect_forced_rows = [&](size_t run_no, const std::vector<float>& logits) {
+      forced_rows.clear();
+      if (rows_out == nullptr) return;
+      const auto text = [&](int64_t id) { return tok.decode(std::vector<int32_t>{static_cast<int32_t>(id)}); };
+      for (int64_t r = 0; r < A; ++r) {
+        const int64_t full_token = reference.argmax[r];
+        const int64_t token = logits.empty() ? full_token : argmax_row(&logits[r * V], V);
+        const double deficit = logits.empty() ? 0.0 : logits[r * V + token] - logits[r * V + full_token];
+        json line = {{"id", c.value("id", std::to_string(case_no))},
+                     {"case", case_no},
+                     {"mode", mode_name(runs[run_no].mode)}};
+        if (runs[run_no].mode == BlendMode::Blend) line["ratio"] = runs[run_no].ratio;
+        line.update({{"row", r},
+                     {"answer_tokens", A},
+                     {"gold_token", answer_ids[r]},
+                     {"gold_text", text(answer_ids[r])},
+                     {"full_token", full_token},
+                     {"full_text", text(full_token)},
+                     {"full_lead", reference.lead[r]},
+                     {"token", token},
+                     {"text", text(token)},
+                     {"deficit", deficit}});
+        forced_rows += line.dump(-1, ' ', false, json::error_handler_t::replace) + '\n';
+      }
+    };
+
     for (size_t run_no = 0; run_no < runs.size(); ++run_no) {
       if (done[run_no]) {
         record(run_no, *done[run_no]);
@@ -462,14 +521,17 @@ int eval_rag(const EvalOptions& opt) {
       o.mode = mode;
       // The sweep's ratio; without a sweep --ratio as given (runs' copy is for printing).
       if (mode == BlendMode::Blend && !opt.sweep_ratios.empty()) o.ratio = static_cast<float>(runs[run_no].ratio);
+      forced_rows.clear();
       double kl = 0;
       int64_t agree = 0;
       if (A > 0 && mode == BlendMode::Full && fp32_kv) {
         agree = A;  // the reference itself (the forward pass is deterministic)
+        collect_forced_rows(run_no, {});
       } else if (A > 0) {
         const std::vector<float> forced_logits = from_store.prefill(forced, o, 0, A).logits;
         kl = blend::kl_divergence(reference.first.data(), forced_logits.data(), V);
         for (int64_t r = 0; r < A; ++r) agree += reference.argmax[r] == argmax_row(&forced_logits[r * V], V);
+        collect_forced_rows(run_no, forced_logits);
       }
 
       int64_t agree_full_answer = 0;
@@ -509,6 +571,10 @@ int eval_rag(const EvalOptions& opt) {
       if (mode == BlendMode::Blend) case_line["ratio"] = runs[run_no].ratio;
       if (!pasted_facts.is_null()) case_line.update(pasted_facts);
       if (log) log->append(case_line);  // kept before it counts: a kill after this loses nothing
+      if (rows_out != nullptr && !forced_rows.empty()) {
+        *rows_out << forced_rows << std::flush;
+        if (!*rows_out) throw std::runtime_error("--forced-rows: cannot write " + opt.forced_rows_path);
+      }
       record(run_no, case_line);
       progress.tick();
     }
