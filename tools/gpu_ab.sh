@@ -27,7 +27,8 @@
 #   3. each benchmark of issue 39's targets with the after build, the before build and
 #      the PyTorch peers (eager; decode also captured as CUDA graphs), one after another
 #      on the same GPU: decode 1B (1 and 32 streams), prefill 8B (3072 and 8192
-#      tokens), blend TTFT 8B (6 and 20 x 512 tokens from RAM).
+#      tokens), blend TTFT 8B (6 and 20 x 512 tokens from RAM; the default selection,
+#      query-first, and the former one, deviation at 0.10, tagged after_deviation).
 #   4. diagnostics: the Transformer's decode step alone at 1..64 rows (bench prefill
 #      --decode-batches), and decode with the short products on the GEMV
 #      (BLENDSERVE_CUDA_DECODE_GEMM=gemv) beside the default (cuBLAS padded to 64 rows).
@@ -207,6 +208,11 @@ fi
 if want ttft; then  # before the prefill when a later call runs both: what changed for TTFT is newer
   bench ttft_8b_6 after 120 "$AFTER/blendctl" --device cuda "${TT6[@]}"
   bench ttft_8b_20 after 120 "$AFTER/blendctl" --device cuda "${TT20[@]}"
+  # The former default rule (deviation at 0.10) beside the default (query-first at 0.16):
+  # on a GPU the question's pass over every layer and its scoring per layer are new work,
+  # and its recompute waits for the whole load. gpu_results.py collect --ours after_deviation.
+  bench ttft_8b_6 after_deviation 120 "$AFTER/blendctl" --device cuda "${TT6[@]}" --selection deviation --ratio 0.10
+  bench ttft_8b_20 after_deviation 120 "$AFTER/blendctl" --device cuda "${TT20[@]}" --selection deviation --ratio 0.10
 fi
 if want prefill; then
   bench prefill_8b after 150 "$AFTER/blendctl" --device cuda "${PRE[@]}"
