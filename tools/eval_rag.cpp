@@ -484,8 +484,8 @@ int eval_rag(const EvalOptions& opt) {
     // --forced-rows: one run's rows into `forced_rows`; `logits` [A, vocab] are the
     // mode's (empty: the reference's own run, which agrees on every row).
     std::string forced_rows;
+    // (Each run clears it first, so a run without an answer writes no rows.)
     const auto collect_forced_rows = [&](size_t run_no, const std::vector<float>& logits) {
-      forced_rows.clear();
       if (rows_out == nullptr) return;
       const auto text = [&](int64_t id) { return tok.decode(std::vector<int32_t>{static_cast<int32_t>(id)}); };
       for (int64_t r = 0; r < A; ++r) {
