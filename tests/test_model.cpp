@@ -176,35 +176,59 @@ TEST(ModelGolden, Int8DecodeActivationsAgainstTheExactPath) {
 }
 
 // The fast path: bf16 GEMMs against our fp32 path, teacher-forced over the fixture
-// prompts. Targets: top-1 agreement >= 99% of positions, mean |Δlogit| < 0.15,
-// and the final-position logits within 1.0 (max) of fp32.
+// prompts. Targets: top-1 agreement on every position where fp32's best token leads
+// its runner-up by more than kNearTie logits, >= 98% of all positions, mean |Δlogit|
+// < 0.15, and the final-position logits within 1.0 (max) of fp32. Near-ties are left
+// to the rounding: oneDNN's GEMM on AMX (a Sapphire Rapids Xeon) adds in another order
+// than on AVX512-BF16 alone (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 on the same Xeon) and
+// flips 5 of the 463 positions instead of 1, each where fp32's top two are within 0.04
+// logits; every position with a lead above 0.1 agrees on both.
 TEST(ModelGolden, Bf16PathAgreesWithFp32Path) {
   REQUIRE_MODEL();
   if (!testing::shared_backend().supports(Precision::BF16))
     GTEST_SKIP() << "no native bf16 on " << testing::shared_backend().kernel_id() << ": the fast path is f32";
+  constexpr float kNearTie = 0.1f;
   const auto& f32 = testing::shared_model(Precision::F32);
   const auto& bf16 = testing::shared_model(Precision::BF16);
   const int64_t V = f32.config().vocab;
-  int64_t agree = 0, total = 0;
-  double sum_abs = 0, max_abs = 0;
+  int64_t agree = 0, total = 0, decisive = 0, decisive_agree = 0;
+  double sum_abs = 0, max_abs = 0, max_final = 0;
   int64_t count = 0;
   for (const auto& g : golden()) {
     auto a = all_logits(f32, g.ids), b = all_logits(bf16, g.ids);
     for (size_t t = 0; t < g.ids.size(); ++t, ++total) {
-      agree += argmax(&a[t * V], V) == argmax(&b[t * V], V);
+      const float* fa = &a[t * V];
+      const int32_t top_a = argmax(fa, V), top_b = argmax(&b[t * V], V);
+      float runner_up = -INFINITY;
+      for (int64_t i = 0; i < V; ++i)
+        if (i != top_a) runner_up = std::max(runner_up, fa[i]);
+      agree += top_a == top_b;
+      if (fa[top_a] - runner_up > kNearTie) {
+        ++decisive;
+        decisive_agree += top_a == top_b;
+      } else if (top_a != top_b) {
+        std::printf("[bf16 vs fp32] near-tie flip at position %zu: fp32 leads bf16's pick by %.4f\n", t,
+                    static_cast<double>(fa[top_a] - fa[top_b]));
+      }
       for (int64_t i = 0; i < V; ++i) {
         const double d = std::fabs(a[t * V + i] - b[t * V + i]);
         sum_abs += d;
         max_abs = std::max(max_abs, d);
+        if (t + 1 == g.ids.size()) max_final = std::max(max_final, d);
         ++count;
       }
     }
   }
   const double rate = static_cast<double>(agree) / static_cast<double>(total);
-  std::printf("[bf16 vs fp32] top-1 %.4f over %lld positions; mean |dlogit| %.4f, max %.3f\n", rate,
-              static_cast<long long>(total), sum_abs / count, max_abs);
-  EXPECT_GE(rate, 0.99);
+  std::printf("[bf16 vs fp32] top-1 %.4f over %lld positions (%lld / %lld where fp32 leads by > %.1f); mean |dlogit| "
+              "%.4f, max %.3f, final positions max %.3f\n",
+              rate, static_cast<long long>(total), static_cast<long long>(decisive_agree),
+              static_cast<long long>(decisive), static_cast<double>(kNearTie), sum_abs / count, max_abs, max_final);
+  EXPECT_EQ(decisive_agree, decisive);
+  EXPECT_GE(decisive, total * 9 / 10);  // near-ties are the exception
+  EXPECT_GE(rate, 0.98);
   EXPECT_LT(sum_abs / count, 0.15);
+  EXPECT_LT(max_final, 1.0);
 }
 
 TEST(ModelChat, AnswersTheCapitalOfFrance) {
