@@ -10,7 +10,9 @@ bool DecodeBatcher::add(DecodeSlotPtr slot, int32_t token, const kernels::Sample
   {
     std::lock_guard<std::mutex> lock(mu_);
     out_.erase(slot->id);
-    pending_.push_back({std::move(slot), token, next});
+    const auto stepped = stepped_.find(slot->id);
+    const clock::time_point since = stepped == stepped_.end() ? clock::now() : stepped->second;
+    pending_.push_back({std::move(slot), token, next, since});
     if (!job_queued_) submit = job_queued_ = true;
   }
   arrived_.notify_all();
@@ -53,20 +55,30 @@ std::vector<DecodeBatcher::Entry> DecodeBatcher::pop(int max_batch) {
 
 bool DecodeBatcher::due(clock::duration interval) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return !pending_.empty() && clock::now() - last_step_ >= interval;
+  const auto now = clock::now();
+  for (const auto& e : pending_)
+    if (now - e.since >= interval) return true;
+  return false;
+}
+
+void DecodeBatcher::expect(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out_.insert(id);
 }
 
 void DecodeBatcher::forget(uint64_t id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     out_.erase(id);
+    stepped_.erase(id);
   }
   arrived_.notify_all();
 }
 
-void DecodeBatcher::step_began() {
+void DecodeBatcher::step_began(const std::vector<uint64_t>& ids) {
   std::lock_guard<std::mutex> lock(mu_);
-  last_step_ = clock::now();
+  const auto now = clock::now();
+  for (uint64_t id : ids) stepped_[id] = now;
 }
 
 size_t DecodeBatcher::pending() const {

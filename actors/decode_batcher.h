@@ -8,8 +8,9 @@
 // samples each request in turn and sends it back; the first one back would
 // otherwise start a step of one while the rest arrive a moment later, and the
 // streams would split into alternating small batches. So the job waits until every
-// request of the previous steps is back or finished (the decoder reports a finish,
-// forget()), at most `gather` — a bound, not the usual wait (tens of microseconds).
+// request of the previous steps, and every one whose prefill just ended (expect()), is
+// back or finished (the decoder reports a finish, forget()), at most `gather` — a
+// bound, not the usual wait (tens of microseconds).
 //
 // Plain C++ (no CAF): the worker's handler adds and forgets, the compute thread
 // takes (in its own job, or inline between the layers of a long prefill:
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -50,6 +52,9 @@ class DecodeBatcher {
     DecodeSlotPtr slot;
     int32_t token = -1;        // the token to append to the request's cache
     kernels::SampleRow next;   // how to pick the one after it, where the backend picks
+    // When the request's last step began (when it was added, before its first step):
+    // what due() measures the wait from.
+    std::chrono::steady_clock::time_point since{};
   };
 
   // A request's next step. True when the caller must submit a drain job (none is
@@ -65,13 +70,19 @@ class DecodeBatcher {
   // Every entry, and no drain job counts as queued any more: for when the compute
   // thread refused the job (shutdown).
   std::vector<Entry> take_all();
-  // Whether an inline step is due: entries wait and the last step began at least
-  // `interval` ago.
+  // Whether a step is due (inline between prefill layers, or ahead of the next
+  // prefill): a waiting request's last step began at least `interval` ago (or, before
+  // its first step, it was added that long ago).
   bool due(clock::duration interval) const;
+  // The request's prefill ended and its first token is with the decoder: a drain's
+  // gather waits for it to come back as for a request back from a step (so streams
+  // prefilled back to back take their first step together), until it does or is
+  // forgotten.
+  void expect(uint64_t id);
   // The request finished (or will never come back): no gather waits for it.
   void forget(uint64_t id);
-  // Marks the start of a step (for due()).
-  void step_began();
+  // Marks the start of a step of these requests (for due()).
+  void step_began(const std::vector<uint64_t>& ids);
   size_t pending() const;
 
  private:
@@ -82,7 +93,7 @@ class DecodeBatcher {
   std::deque<Entry> pending_;
   std::unordered_set<uint64_t> out_;  // taken into a step, not yet back or finished
   bool job_queued_ = false;
-  clock::time_point last_step_{};
+  std::unordered_map<uint64_t, clock::time_point> stepped_;  // per request: when its last step began
 };
 
 }  // namespace bs

@@ -22,9 +22,12 @@
 // the worker's own batcher and one job runs every waiting request in one
 // Transformer::decode_step; between the layers of a prefill (and of a write-back
 // compute, and of a document stored through Runtime::store_document) a due decode
-// step runs inline, so streams slow down instead of freezing. The chunks a prefill
-// had to compute are computed alone in the background and go to the write-back
-// actor. Every decision is made in this actor's handlers from what they were told
+// step runs inline, so streams slow down instead of freezing. Prefills go first: while
+// one is ready or running, the streams' next step is held until it is due
+// (limits.decode_interleave since a waiting stream's last step began), so requests
+// that arrive together are prefilled back to back and decode together. The chunks a
+// prefill had to compute are computed alone in the background and go to the
+// write-back actor. Every decision is made in this actor's handlers from what they were told
 // by message; at tp > 1 each compute job is sent to the follower ranks as it starts
 // and every choice inside it is broadcast first (TpRanks::dispatch / announce).
 #include <algorithm>
@@ -78,7 +81,6 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& b
     if (tp && interleaved) tp->announce(RankDecision{RankDecision::Continue, {}, {}});
     return;
   }
-  batcher.step_began();
   const int64_t B = static_cast<int64_t>(live.size());
   const int64_t vocab = ctx->model->full_config().vocab;
   std::vector<int32_t> tokens;
@@ -89,6 +91,7 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& b
     ids.push_back(e.slot->id);
     caches.push_back(&e.slot->cache);
   }
+  batcher.step_began(ids);
   std::vector<DecodeStep> out(static_cast<size_t>(B));
   try {
     if (tp) {
@@ -150,7 +153,7 @@ void drain_decode(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& ba
 }
 
 // Between the layers of a long compute on the compute thread: one decode step
-// when requests wait for one and the last step began decode_interleave ago.
+// when one is due (a waiting stream's last step began decode_interleave ago).
 // Nothing of the interrupted compute is live in the Transformer's scratch buffers
 // here (they are only used inside one Transformer call), and the step touches
 // only the decoding requests' own caches.
@@ -362,8 +365,38 @@ struct WorkerState {
   BatcherPtr batcher = std::make_shared<DecodeBatcher>();
   bool stepping = false;      // a prefill job is queued or running on the compute thread
   bool tick_pending = false;  // a tick is on its way (while a prefill is parked or stopping)
+  // A drain job is owed (the batcher counts one as queued) but held back: prefills go
+  // first while the streams' next step is not yet due (prefill_first). schedule()
+  // submits it once nothing is ahead of it or the step is due.
+  bool drain_held = false;
 };
 using WorkerStatePtr = std::shared_ptr<WorkerState>;
+
+// Whether the decoding streams' next step waits behind prefill work: a prefill is on
+// the compute thread or ready for it, and no waiting stream's last step began
+// limits.decode_interleave ago (DecodeBatcher::due). Requests that arrive together are
+// then prefilled back to back and decode in one batch from their first step (a step run
+// between two prefills would send the first streams ahead, to finish alone in small
+// batches later), and a waiting prompt's first token is not delayed by steps of others.
+// The streams already decoding wait as they would inside one long prefill: a step at
+// most every decode_interleave, inline between the layers of a prefill running then, or
+// submitted ahead of the next prefill.
+bool prefill_first(const RuntimeContext* ctx, const WorkerState& w) {
+  if (w.batcher->due(interleave_interval(ctx))) return false;
+  if (w.stepping) return true;
+  for (const auto& [id, t] : w.prefills)
+    if (!t->on_compute && t->phase == PrefillTask::Phase::Ready) return true;
+  return false;
+}
+
+// The owed drain job goes to the compute thread. Shutting down: whatever waits goes
+// back to the decoder uncomputed.
+void submit_drain(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, WorkerState& w) {
+  w.drain_held = false;
+  const BatcherPtr batcher = w.batcher;
+  if (!ctx->compute->submit([ctx, h, batcher] { drain_decode(ctx, h, batcher); }))
+    for (auto& e : batcher->take_all()) self->send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
+}
 
 // The KV of a chunk (or an exact prefix) computed alone, on the compute thread, with
 // due decode steps between its layers (a long document must not stall the
@@ -482,6 +515,7 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
     auto slot = std::make_shared<DecodeSlot>();
     slot->id = t->plan->id;
     slot->cache = std::move(t->work->result.cache);
+    w.batcher->expect(slot->id);  // back with its first step, or ended (forget)
     w.decodes[slot->id] = std::move(slot);
   }
   trace_prefill(*t);
@@ -614,6 +648,8 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
   }
   for (auto& t : concluded) conclude(ctx, h, *w, t);
 
+  // A held decode step goes first when it is due or nothing is ahead of it.
+  if (w->drain_held && !prefill_first(ctx, *w)) submit_drain(self, ctx, h, *w);
   if (!w->stepping) {
     TaskPtr next;
     for (auto& [id, t] : w->prefills)
@@ -639,7 +675,7 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
     }
   }
   // Parked and stopping prefills are looked at again shortly.
-  bool waiting = false;
+  bool waiting = w->drain_held;  // looked at again when it falls due
   for (auto& [id, t] : w->prefills)
     if (!t->on_compute && (t->phase == Phase::Parked || t->phase == Phase::Stopping || t->phase == Phase::Pages))
       waiting = true;
@@ -870,13 +906,11 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           self->send(h->decoder(), logits_atom::value, id, DecodeStep{{}, -1, 0, false, "the request has no cache"});
           return;
         }
-        // One drain job at a time: requests that arrive while it is queued join it.
-        const BatcherPtr& batcher = w->batcher;
-        if (batcher->add(it->second, ask.token, ask.next) &&
-            !ctx->compute->submit([ctx, h, batcher] { drain_decode(ctx, h, batcher); })) {
-          // Shutting down: whatever waits goes back to the decoder uncomputed.
-          for (auto& e : batcher->take_all())
-            self->send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
+        // One drain job at a time: requests that arrive while it is queued (or held)
+        // join it. Held while prefills go first (prefill_first).
+        if (w->batcher->add(it->second, ask.token, ask.next)) {
+          if (prefill_first(ctx, *w)) w->drain_held = true;
+          else submit_drain(self, ctx, h, *w);
         }
       },
       [=](end_atom, uint64_t id) {

@@ -149,7 +149,7 @@ struct RuntimeConfig {
   int max_requests = 8;            // requests in flight at once
   int max_queue = 64;              // prepared requests waiting for a slot (FIFO); beyond: overloaded
   int max_decode_batch = 16;       // requests sharing one decode step (continuous batching)
-  double decode_interleave = 0.05; // seconds: a prefill pauses for the decoding streams' step this often
+  double decode_interleave = 0.05; // seconds: the decoding streams' step waits behind prefills at most this long
   int max_prompt_tokens = 0;       // 0 = the model's context
   int trace_history = 64;          // traces the inspector keeps
   // Seconds a prefill waits at most for one layer of stored KV (and for the loaders
