@@ -3,7 +3,8 @@
 #   1. tools/setup.sh: Debian packages + the model file (verified sha256)
 #   2. Release build in build/ (binaries: build/blendserve, build/blendctl); all tests:
 #      the kernel tests once per CPU kernel variant this machine can execute (the others
-#      show as "Not Run"), the model tests on the best variant and again capped to AVX2
+#      show as "Not Run"), the model tests on the best variant and those of the model's
+#      and the blend's arithmetic again capped to AVX2 (tests/CMakeLists.txt)
 #   3. ASan+UBSan build in build-asan/ (clang, -O1, with the fuzzers' coverage hooks, so
 #      the fuzz targets reuse its objects); the unit tests (label "unit") under it, and the
 #      actor runtime's protocol tests and quick runtime tests (label "asan_model"), -j nproc
@@ -40,7 +41,7 @@ cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$ROOT/build" -j"$JOBS"
 echo "[test] all tests (Release)"
 echo "[test] CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); flags: $(grep -o -w -E 'avx2|avx512f|avx512bf16|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-# The ".isa_avx2" copies of the model tests re-run them capped to AVX2; on a CPU whose
+# The ".isa_avx2" copies of the arithmetic's model tests re-run them capped to AVX2; on a CPU whose
 # best variant already is AVX2 (no AVX-512) they would repeat the same runs, so skip them.
 NOT_UNIT='^unit$'
 if ! grep -q -w avx512f /proc/cpuinfo; then
