@@ -32,8 +32,11 @@
 #   4. diagnostics: the Transformer's decode step alone at 1..64 rows (bench prefill
 #      --decode-batches), and decode with the short products on the GEMV
 #      (BLENDSERVE_CUDA_DECODE_GEMM=gemv) beside the default (cuBLAS padded to 64 rows).
+#   5. last, with what is left of the budget: Nsight Systems' per-kernel sums (nsys, where
+#      the machine has it) of a 32-row decode step and an 8192-token 8B prefill, as
+#      $OUT/profile_*_cuda_gpu_kern_sum.csv: where the device time goes.
 # GPU_AB_STEPS picks steps (default all): tests sanitize decode prefill ttft batches
-# gemv; a later call on what changed since runs only those it names.
+# gemv profile; a later call on what changed since runs only those it names.
 # Every benchmark line goes to $OUT/bench.jsonl tagged {"run": NAME, "engine":
 # "after"|"before"|"torch"|"torch_graphs"}; tools/gpu_results.py turns that file into
 # tools/gpu_results/<date>_<gpu>.jsonl (one line per target) and the README's table.
@@ -132,7 +135,7 @@ if ! "$AFTER/blendctl" --help >"$LOGS/start.log" 2>&1; then
   exit 3
 fi
 
-STEPS="${GPU_AB_STEPS:-tests sanitize decode prefill ttft batches gemv}"
+STEPS="${GPU_AB_STEPS:-tests sanitize decode prefill ttft batches gemv profile}"
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # 2. tests, then the sanitizers on the kernels that changed
@@ -226,6 +229,28 @@ if [ ${#SAN[@]} -gt 0 ] && want sanitize; then
 fi
 [ -x "$BEFORE/blendctl" ] && want ttft && bench ttft_8b_6 before 120 "$BEFORE/blendctl" --device cuda "${TT6[@]}"
 [ -x "$BEFORE/blendctl" ] && want ttft && bench ttft_8b_20 before 120 "$BEFORE/blendctl" --device cuda "${TT20[@]}"
+
+# 5. where the device time goes, last (only with budget left): Nsight Systems' per-kernel
+# sums of the 1B decode step at 32 rows (the target furthest from PyTorch) and of the 8B
+# prefill at 8192 tokens, as CSV in $OUT (the .nsys-rep files stay on the machine).
+NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+if want profile; then
+  if [ -n "$NSYS" ]; then
+    profile() {  # name command...: the kernels' summary as $OUT/profile_NAME_cuda_gpu_kern_sum.csv
+      local name=$1; shift
+      "$NSYS" profile --trace=cuda --sample=none --cpuctxsw=none --force-overwrite true -o "/tmp/profile_$name" "$@" &&
+        "$NSYS" stats --report cuda_gpu_kern_sum --format csv --force-export true -o "$OUT/profile_$name" \
+          "/tmp/profile_$name.nsys-rep"
+    }
+    step profile_decode_1b_32 90 45 profile decode_1b_32 "$AFTER/blendctl" --device cuda --model random:llama-3.2-1b \
+      bench prefill --lengths 16 --repeats 1 --decode-context 256 --decode-tokens 16 --decode-batches 32
+    step profile_prefill_8b_8192 120 60 profile prefill_8b_8192 "$AFTER/blendctl" --device cuda \
+      --model random:llama-3.1-8b bench prefill --lengths 8192 --repeats 1 --decode-context 512 --decode-tokens 2 \
+      --decode-batches 1
+  else
+    log "nsys not found: no per-kernel profile"
+  fi
+fi
 
 status=0
 for k in "${ORDER[@]}"; do [ "${RESULT[$k]}" = pass ] || status=1; done
