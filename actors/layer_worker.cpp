@@ -27,9 +27,10 @@
 // (limits.decode_interleave since a waiting stream's last step began), so requests
 // that arrive together are prefilled back to back and decode together. The chunks a
 // prefill had to compute are computed alone in the background and go to the
-// write-back actor. Every decision is made in this actor's handlers from what they were told
-// by message; at tp > 1 each compute job is sent to the follower ranks as it starts
-// and every choice inside it is broadcast first (TpRanks::dispatch / announce).
+// write-back actor. Every decision is made in this actor's handlers from what they
+// were told by message; at tp > 1 each compute job is sent to the follower ranks as
+// it starts and every choice inside it is broadcast first (TpRanks::dispatch /
+// announce).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
