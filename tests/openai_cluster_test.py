@@ -12,6 +12,12 @@ compute it answers with its KV from the storage node's remote tier
 every worker and the node, and the client's own exception types surface the
 frontend's errors.
 
+Every node runs with `blend: {adaptive_ratio: false}`: the controller otherwise picks
+the ratio and the selection rule from each node's measured load and compute speeds,
+so two nodes (or one, a request later) may blend the same prompt by another rule and
+answer another text (CI saw "324.5" against "330 meters tall"); the test is about
+the stored KV and the frontend, not the controller.
+
     .venv-test/bin/python tests/openai_cluster_test.py --bin build --model models/X.gguf
 """
 import argparse
@@ -81,6 +87,7 @@ class Cluster:
                 "  device: {threads: 1}\n"
                 "  limits: {max_requests: 2, max_queue: 4, max_prompt_tokens: 1024}\n"
                 "  tiers: {ram: {budget: 64MiB}, ssd: {budget: 64MiB}}\n"
+                "  blend: {adaptive_ratio: false}\n"
                 "nodes:\n"
                 "  - {name: frontend, role: frontend, host: 127.0.0.1, port: %d, http_port: %d,\n"
                 "     server: {api_keys: [%s]}}\n"
@@ -120,7 +127,7 @@ class Cluster:
 def single_node():
     """`blendserve serve` with the same model: what one node answers."""
     return ServeProcess(os.path.join(ARGS.bin, "blendserve"),
-                        "model: {path: %s}\ndevice: {threads: 1}\nserver:\n  api_keys: [%s]\n" % (ARGS.model, KEY),
+                        "model: {path: %s}\ndevice: {threads: 1}\nblend: {adaptive_ratio: false}\nserver:\n  api_keys: [%s]\n" % (ARGS.model, KEY),
                         prefix="bs_openai_single_")
 
 
