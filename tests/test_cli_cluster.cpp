@@ -137,6 +137,12 @@ class ClusterCli : public ::testing::Test {
       << "  device: {threads: 1}\n"
       << "  limits: {max_requests: 2, max_queue: 2}\n"
       << "  tiers: {ram: {budget: 64MiB}, ssd: {budget: 64MiB}}\n"
+      // The ratio stays the floor on every worker: the controller otherwise picks the
+      // ratio and the selection rule from each worker's measured load and compute
+      // speeds (from the slower remote tier it may send the default query-first
+      // request the deviation's way), and two workers' texts, or one's a request
+      // later, would differ by the rule, not by the stored KV these tests compare.
+      << "  blend: {adaptive_ratio: false}\n"
       << "nodes:\n"
       << "  - {name: frontend, role: frontend, host: 127.0.0.1, port: " << port() << ", http_port: "
       << (http_ports_["frontend"] = port()) << frontend_extra << "}\n";
@@ -272,8 +278,9 @@ TEST_F(ClusterCli, CheckConfigValidatesWithoutAModel) {
   r = run("blendserve check-config " + (dir_ / "bad.yaml").string(), dir_);
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "");
+  const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
   EXPECT_THAT(r.err, AllOf(HasSubstr("bad.yaml: nodes[1].role: unknown role 'wroker' (frontend, worker, storage)"),
-                           HasSubstr("(line 9, column")));
+                           HasSubstr("(line " + std::to_string(line) + ", column")));
 
   // A plain runtime config is checked as one; its mistakes too.
   std::ofstream(dir_ / "single.yaml") << "server: {port: 8123}\n";
@@ -903,15 +910,13 @@ TEST_F(ClusterCli, TheFrontendsConsoleShowsEveryWorkersActorsAndARequestsTimelin
 // Two storage nodes, replication 2 (the default), TLS on: documents stored through
 // worker-1 land on both; with one node SIGKILLed, worker-2 (no RAM, no SSD: every
 // chunk from the storage nodes) answers with the stored chunks — no recompute, the
-// same text; the node started again empty is repaired by the next reads. The ratio
-// stays the floor on both workers (adaptive_ratio off): from the slower remote tier
-// the controller could otherwise send the default query-first request the
-// deviation's way, and the text would differ by the rule, not by the stored KV.
+// same text; the node started again empty is repaired by the next reads (the ratio
+// stays the floor: write_config turns adaptive_ratio off for every worker).
 TEST_F(ClusterCli, TwoStorageNodesSoOnesLossCostsNoRecomputeAndItIsRepairedWhenBack) {
   const fs::path config = write_config(
-      {", tiers: {remote: {enabled: true, write_back: true}}, blend: {adaptive_ratio: false}",
+      {", tiers: {remote: {enabled: true, write_back: true}}",
        ", tiers: {ram: {enabled: false}, ssd: {enabled: false}, remote: {enabled: true, write_back: false, "
-       "retry_after: 500ms}}, blend: {adaptive_ratio: false}"},
+       "retry_after: 500ms}}"},
       /*storage=*/true);
   const int second_data_port = port();
   std::ofstream(config, std::ios::app) << "  - {name: storage-2, role: storage, host: 127.0.0.1, port: " << port()
