@@ -4,7 +4,8 @@
 // recomputing more tokens is free and buys quality: the ratio is raised until the
 // estimated recompute time meets the estimated load time, never below the
 // configured floor. Estimates come from measured profiles (bytes/s per tier from
-// the loaders, seconds per row-layer from the worker), refined after every request;
+// the loaders, seconds per row-layer from the worker), refined after every request,
+// each sample weighted by its size (MeasuredCost);
 // the rows per layer follow the filtering in use (planned_rows_per_layer). The
 // query-first selection is the exception: its question pass reads every layer before
 // the recompute starts, so the recompute follows the load instead of hiding behind
@@ -23,10 +24,12 @@
 namespace bs {
 namespace {
 
-// Exponential moving average; the first sample replaces the start value.
-void update(double& v, int& samples, double x) {
-  v = samples == 0 ? x : 0.7 * v + 0.3 * x;
-  ++samples;
+// A sample of `units` in `seconds` into a cost (MeasuredCost: weighted by its size);
+// the estimate becomes seconds per unit, or units per second with `rate`.
+void update(MeasuredCost& m, double& value, int& samples, int64_t units, double seconds, bool rate) {
+  m.add(static_cast<double>(units), seconds);
+  value = rate ? m.units / m.seconds : m.seconds / m.units;
+  samples = m.samples;
 }
 
 // The tiers' profiles start from each tier's start value.
@@ -35,6 +38,7 @@ void init_tiers(ControllerState& st, const RuntimeContext& ctx) {
   st.tier_bytes_per_s.clear();
   for (const auto& t : ctx.tiers) st.tier_bytes_per_s.push_back(t.start_bytes_per_s);
   st.tier_samples.assign(ctx.tiers.size(), 0);
+  st.tier_measured.assign(ctx.tiers.size(), MeasuredCost{});
 }
 
 }  // namespace
@@ -197,16 +201,15 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         BusyScope busy(*c, self->mailbox().size());
         if (units <= 0 || !(seconds > 0)) return;
         auto& st = self->state;
-        const double rate = static_cast<double>(units) / seconds;
         for (size_t t = 0; t < ctx->tiers.size(); ++t)
           if (source == ctx->tiers[t].name) {
-            update(st.tier_bytes_per_s[t], st.tier_samples[t], rate);
+            update(st.tier_measured[t], st.tier_bytes_per_s[t], st.tier_samples[t], units, seconds, /*rate=*/true);
             return;
           }
         if (source == "compute")
-          update(st.compute_s_per_token_layer, st.compute_samples, seconds / static_cast<double>(units));
+          update(st.compute_measured, st.compute_s_per_token_layer, st.compute_samples, units, seconds, false);
         else if (source == "overhead")
-          update(st.overhead_s_per_prompt_token, st.overhead_samples, seconds / static_cast<double>(units));
+          update(st.overhead_measured, st.overhead_s_per_prompt_token, st.overhead_samples, units, seconds, false);
       },
       [=](get_profile_atom) -> std::string {
         BusyScope busy(*c, self->mailbox().size());

@@ -951,6 +951,20 @@ CAF_TEST(controller_raises_the_ratio_when_the_ssd_is_the_bottleneck) {
   CAF_CHECK_EQUAL(p.at("ssd_samples").get<int>(), 2);
   CAF_CHECK(std::abs(p.at("ssd_bytes_per_s").get<double>() - 1e6) < 1e-3);
   CAF_CHECK_EQUAL(p.at("ram_samples").get<int>(), 0);
+  // Samples count by their size: a 1 MB load at 100 MB/s (its time mostly per-layer
+  // setup), then a 50 MB one at 1 GB/s, estimate the tier near 1 GB/s — the decayed
+  // bytes over the decayed seconds, (0.7 x 1 MB + 50 MB) / (0.7 x 10 ms + 50 ms) — not
+  // the per-sample average's 370 MB/s, which would predict the next large load at
+  // 2.7x its time.
+  for (const auto& [bytes, seconds] : {std::pair<int64_t, double>{1'000'000, 0.01}, {50'000'000, 0.05}}) {
+    self->send(h->controller(), profile_atom::value, std::string("ram"), bytes, seconds);
+    expect((profile_atom, std::string, int64_t, double), from(self).to(h->controller()).with(_, "ram", bytes, seconds));
+  }
+  p = profile();
+  CAF_CHECK_EQUAL(p.at("ram_samples").get<int>(), 2);
+  const double ram_rate = p.at("ram_bytes_per_s").get<double>();
+  CAF_CHECK(std::abs(ram_rate - (0.7 * 1e6 + 50e6) / (0.7 * 0.01 + 0.05)) < 1.0);
+  CAF_CHECK_GREATER(ram_rate, 0.85e9);
 
   // No requested ratio: the load takes longer than the recompute at the floor, so
   // the ratio goes up (here to 1: the load takes longer than a full recompute).
