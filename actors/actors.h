@@ -44,12 +44,11 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
 // One measured cost: the decayed sums of its samples' units (bytes, row-layers, prompt
 // tokens) and seconds, the history weighted 0.7 at each new sample. The estimate is
 // their ratio, so a sample counts by its size. A small load's time is mostly fixed
-// per-layer costs (a copy's setup, a remote round trip); averaged per sample, as the
-// controller once did, it dragged a tier's bytes/s far below what the large loads
-// that decide the ratio reach. Measured on a two-worker cluster (CPU, loopback TLS):
-// a 1 MB remote load said 62 MB/s, a 52 MB one 270 MB/s; the per-sample estimate
-// predicted the large request's load at 3x its time and sent it the deviation's way,
-// 9% slower to its first token than the query-first it would otherwise have run.
+// per-layer costs (a copy's setup, a remote round trip): averaged per sample, as the
+// controller once did, its low bytes/s kept 70% of its weight after a large load.
+// tools/controller_profiles.py (two CPU workers, loopback TLS, 3 runs): ~1 MB remote
+// loads measure 69-125 MB/s, ~52 MB ones 163-215; after one of each the profile reads
+// 161-212 MB/s, where the per-sample average read 107-148.
 struct MeasuredCost {
   double units = 0, seconds = 0;
   int samples = 0;
@@ -64,13 +63,11 @@ struct MeasuredCost {
 struct ControllerState {
   // Per stored tier (TierId order): bytes/s, from the tier's start value until measured.
   std::vector<double> tier_bytes_per_s;
-  std::vector<int> tier_samples;
   std::vector<MeasuredCost> tier_measured;
   // Start values until measured (a 2-core AVX2 prefill).
   double compute_s_per_token_layer = 6e-5;
   // Prefill time outside the final pass (selection, embedding, logits), per prompt token.
   double overhead_s_per_prompt_token = 5e-5;
-  int compute_samples = 0, overhead_samples = 0;
   MeasuredCost compute_measured, overhead_measured;
   // Recompute is planned to end this much before the loads: running past them
   // delays the first token one for one, ending early only costs a little quality.

@@ -26,10 +26,9 @@ namespace {
 
 // A sample of `units` in `seconds` into a cost (MeasuredCost: weighted by its size);
 // the estimate becomes seconds per unit, or units per second with `rate`.
-void update(MeasuredCost& m, double& value, int& samples, int64_t units, double seconds, bool rate) {
+void update(MeasuredCost& m, double& value, int64_t units, double seconds, bool rate) {
   m.add(static_cast<double>(units), seconds);
   value = rate ? m.units / m.seconds : m.seconds / m.units;
-  samples = m.samples;
 }
 
 // The tiers' profiles start from each tier's start value.
@@ -37,7 +36,6 @@ void init_tiers(ControllerState& st, const RuntimeContext& ctx) {
   if (st.tier_bytes_per_s.size() == ctx.tiers.size()) return;
   st.tier_bytes_per_s.clear();
   for (const auto& t : ctx.tiers) st.tier_bytes_per_s.push_back(t.start_bytes_per_s);
-  st.tier_samples.assign(ctx.tiers.size(), 0);
   st.tier_measured.assign(ctx.tiers.size(), MeasuredCost{});
 }
 
@@ -203,23 +201,23 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         auto& st = self->state;
         for (size_t t = 0; t < ctx->tiers.size(); ++t)
           if (source == ctx->tiers[t].name) {
-            update(st.tier_measured[t], st.tier_bytes_per_s[t], st.tier_samples[t], units, seconds, /*rate=*/true);
+            update(st.tier_measured[t], st.tier_bytes_per_s[t], units, seconds, /*rate=*/true);
             return;
           }
         if (source == "compute")
-          update(st.compute_measured, st.compute_s_per_token_layer, st.compute_samples, units, seconds, false);
+          update(st.compute_measured, st.compute_s_per_token_layer, units, seconds, false);
         else if (source == "overhead")
-          update(st.overhead_measured, st.overhead_s_per_prompt_token, st.overhead_samples, units, seconds, false);
+          update(st.overhead_measured, st.overhead_s_per_prompt_token, units, seconds, false);
       },
       [=](get_profile_atom) -> std::string {
         BusyScope busy(*c, self->mailbox().size());
         const auto& st = self->state;
         nlohmann::json j = {{"compute_s_per_token_layer", st.compute_s_per_token_layer},
                             {"overhead_s_per_prompt_token", st.overhead_s_per_prompt_token},
-                            {"compute_samples", st.compute_samples}};
+                            {"compute_samples", st.compute_measured.samples}};
         for (size_t t = 0; t < ctx->tiers.size(); ++t) {
           j[ctx->tiers[t].name + "_bytes_per_s"] = st.tier_bytes_per_s[t];
-          j[ctx->tiers[t].name + "_samples"] = st.tier_samples[t];
+          j[ctx->tiers[t].name + "_samples"] = st.tier_measured[t].samples;
         }
         return j.dump();
       },
