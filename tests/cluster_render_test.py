@@ -21,6 +21,9 @@ import unittest
 
 import yaml
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+from free_ports import free_ports  # noqa: E402
+
 ARGS = None
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "configs", "cluster.example.yaml")
@@ -304,17 +307,6 @@ nodes:
   - {name: w1, role: worker, host: 10.9.0.2, port: %d, http_port: %d, probe_port: %d}
   - {name: kv, role: storage, host: 10.9.0.3, port: %d, data_port: %d}
 """
-
-
-def free_ports(n):
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def get(url, timeout=5):

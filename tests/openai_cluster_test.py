@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,9 @@ import urllib.request
 import openai
 
 from serve_process import ServeProcess
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+from free_ports import free_ports  # noqa: E402
 
 ARGS = None
 CLUSTER = None
@@ -49,12 +51,6 @@ DOCS = [
 ]
 WARM_DOC = "The Danube flows through ten countries and four capital cities before it reaches the Black Sea."
 QUESTION = "How tall is the Eiffel Tower?"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(base, method, path, body=None, key=KEY):
@@ -75,8 +71,11 @@ class Cluster:
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="bs_openai_cluster_")
-        self.http = {n: free_port() for n in ("frontend", "worker-1", "worker-2")}
-        ports = lambda: free_port()
+        # Every port of the cluster picked together (distinct), the way the processes bind them.
+        picked = free_ports(8)
+        self.http = dict(zip(("frontend", "worker-1", "worker-2"), picked[:3]))
+        control = iter(picked[3:])
+        ports = lambda: next(control)
         self.config = os.path.join(self.dir, "cluster.yaml")
         with open(self.config, "w") as f:
             f.write(

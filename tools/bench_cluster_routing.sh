@@ -47,7 +47,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 START=$(date +%s)
 progress() { echo "[bench routing] $1/2 policies done, $(( $(date +%s) - START )) s elapsed${2:+, $2}" >&2; }
 
@@ -56,7 +55,9 @@ RESULTS="$WORK/results.jsonl"
 done_policies=0
 for policy in kv_aware round_robin; do
   progress "$done_policies" "starting the $policy cluster"
-  http=$(free_port)
+  # The cluster's six ports, picked together so they are distinct (tools/free_ports.py).
+  mapfile -t P < <(python3 "$ROOT/tools/free_ports.py" 6)
+  http=${P[0]}
   CONFIG="$WORK/$policy.yaml"
   cat >"$CONFIG" <<EOF
 cluster: {name: routing-$policy, secret: bench-routing-secret-0123456789, data_dir: $WORK/data,
@@ -67,9 +68,9 @@ defaults:
   limits: {max_requests: 4, max_queue: 64}
   tiers: {ram: {budget: $RAM_BUDGET}, ssd: {enabled: false}}
 nodes:
-  - {name: frontend, role: frontend, host: 127.0.0.1, port: $(free_port), http_port: $http}
-  - {name: worker-1, role: worker, host: 127.0.0.1, port: $(free_port), http_port: $(free_port)}
-  - {name: worker-2, role: worker, host: 127.0.0.1, port: $(free_port), http_port: $(free_port)}
+  - {name: frontend, role: frontend, host: 127.0.0.1, port: ${P[1]}, http_port: $http}
+  - {name: worker-1, role: worker, host: 127.0.0.1, port: ${P[2]}, http_port: ${P[3]}}
+  - {name: worker-2, role: worker, host: 127.0.0.1, port: ${P[4]}, http_port: ${P[5]}}
 EOF
   "$BIN/blendctl" cluster up "$CONFIG" >/dev/null
   progress "$done_policies" "$policy cluster up; bench serve (documents, warm-up, $REQUESTS requests)"

@@ -20,12 +20,13 @@ import hmac
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
 import tempfile
 import urllib.request
+
+from free_ports import free_ports  # tools/, beside this script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = "controller-profiles-secret-0123456789"
@@ -35,12 +36,6 @@ SMALL = [
     "metres tall.",
     "Mount Kilimanjaro is a dormant volcano in Tanzania. Its highest peak is 5895 metres above sea level.",
 ]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def log(msg):
@@ -54,7 +49,10 @@ def main():
     args = ap.parse_args()
     blendctl = os.path.join(os.path.abspath(args.bin), "blendctl")
     work = tempfile.mkdtemp(prefix="bs_controller_profiles_")
-    http = {n: free_port() for n in ("frontend", "worker-1", "worker-2")}
+    picked = free_ports(8)  # together, so distinct (tools/free_ports.py)
+    http = dict(zip(("frontend", "worker-1", "worker-2"), picked[:3]))
+    control = iter(picked[3:])
+    free_port = lambda: next(control)
     config = os.path.join(work, "cluster.yaml")
     with open(config, "w") as f:
         f.write(

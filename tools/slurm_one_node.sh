@@ -36,7 +36,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Every port this script needs, picked together so they are distinct (tools/free_ports.py):
+# 2 for Slurm, 8 for the cluster.
+mapfile -t PORTS < <(python3 "$ROOT/tools/free_ports.py" 10)
 
 # --- munge: a key of its own, its own socket --------------------------------------
 mkdir -p "$D/munge" "$D/state" "$D/spool" "$D/log"
@@ -50,8 +52,8 @@ PIDS+=("$(cat "$D/munge/munged.pid")")
 
 # --- slurm.conf: this host as the one node ------------------------------------------
 NODE="$(hostname -s)"
-CTLD_PORT="$(free_port)"
-SLURMD_PORT="$(free_port)"
+CTLD_PORT="${PORTS[0]}"
+SLURMD_PORT="${PORTS[1]}"
 DRAIN=10
 export SLURM_CONF="$D/slurm.conf"
 cat > "$SLURM_CONF" <<EOF
@@ -104,8 +106,7 @@ fi
 log "Slurm up: node $NODE idle (slurmctld :$CTLD_PORT, slurmd :$SLURMD_PORT)"
 
 # --- the cluster file: frontend, two workers, a storage node, TLS ------------------
-P=()
-for _ in $(seq 1 9); do P+=("$(free_port)"); done
+P=("${PORTS[@]:2}")
 export BLENDSERVE_CLUSTER_SECRET="slurm-test-secret-0123456789"
 cat > "$D/cluster.yaml" <<EOF
 cluster:
