@@ -22,9 +22,12 @@ namespace {
 // Block geometry (also in the type table, kernels/tensor_types.cpp).
 constexpr int64_t kQK4_0 = 32;
 constexpr int64_t kQK4_1 = 32;
+constexpr int64_t kQK5 = 32;
 constexpr int64_t kQK8_0 = 32;
 constexpr int64_t kBlockBytesQ4_0 = 2 + 16;
 constexpr int64_t kBlockBytesQ4_1 = 2 + 2 + 16;
+constexpr int64_t kBlockBytesQ5_0 = 2 + 4 + 16;
+constexpr int64_t kBlockBytesQ5_1 = 2 + 2 + 4 + 16;
 constexpr int64_t kBlockBytesQ8_0 = 2 + 32;
 
 inline uint16_t load_u16(const uint8_t* p) {
@@ -206,6 +209,44 @@ void dequantize_q4_1(const void* src, float* dst, int64_t n) {
     for (int j = 0; j < 16; ++j) {
       const float p0 = static_cast<float>(qs[j] & 0x0f) * d;
       const float p1 = static_cast<float>(qs[j] >> 4) * d;
+      y[j] = p0 + m;
+      y[j + 16] = p1 + m;
+    }
+  }
+}
+
+// Q5_0 / Q5_1: element e's fifth bit is bit e of the block's 32-bit qh (little endian).
+void dequantize_q5_0(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kQK5;
+  for (int64_t i = 0; i < nb; ++i, b += kBlockBytesQ5_0) {
+    const float d = fp16_to_fp32(load_u16(b));
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, sizeof qh);
+    const uint8_t* qs = b + 6;
+    float* y = dst + i * kQK5;
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = static_cast<int>((qs[j] & 0x0f) | (((qh >> j) & 1u) << 4)) - 16;
+      const int x1 = static_cast<int>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+      y[j] = static_cast<float>(x0) * d;
+      y[j + 16] = static_cast<float>(x1) * d;
+    }
+  }
+}
+
+void dequantize_q5_1(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kQK5;
+  for (int64_t i = 0; i < nb; ++i, b += kBlockBytesQ5_1) {
+    const float d = fp16_to_fp32(load_u16(b));
+    const float m = fp16_to_fp32(load_u16(b + 2));
+    uint32_t qh;
+    std::memcpy(&qh, b + 4, sizeof qh);
+    const uint8_t* qs = b + 8;
+    float* y = dst + i * kQK5;
+    for (int j = 0; j < 16; ++j) {
+      const float p0 = static_cast<float>((qs[j] & 0x0f) | (((qh >> j) & 1u) << 4)) * d;
+      const float p1 = static_cast<float>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) * d;
       y[j] = p0 + m;
       y[j + 16] = p1 + m;
     }

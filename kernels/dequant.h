@@ -7,7 +7,11 @@
 //   Q4_0  block of 32: fp16 d, 16 bytes; byte j holds element j (low nibble) and
 //         element j+16 (high nibble); x = (q - 8) * d
 //   Q4_1  block of 32: fp16 d, fp16 m, 16 bytes nibbles as Q4_0; x = q * d + m
+//   Q5_0  block of 32: fp16 d, 32-bit qh, 16 bytes nibbles as Q4_0; bit e of qh is
+//         element e's fifth bit; x = (q - 16) * d
+//   Q5_1  block of 32: fp16 d, fp16 m, qh, nibbles as Q5_0; x = q * d + m
 //   Q8_0  block of 32: fp16 d, 32 int8; x = q * d
+//   Q4_K, Q5_K, Q6_K  super-blocks of 256: kernels/kquant_blocks.h
 //
 // Type numbers, names and block sizes: kernels/tensor_types.h (the one table).
 #pragma once
@@ -37,14 +41,19 @@ void kv_from_fp32(TensorType type, const float* src, void* dst, int64_t n);
 void kv_to_fp32(TensorType type, const void* src, float* dst, int64_t n);
 
 // ---- row dequantization ---------------------------------------------------------------
-// n is the number of output elements; for the block formats it must be a multiple of 32
-// (checked by the callers; these functions assume it). src holds n / 32 blocks.
+// n is the number of output elements; for the block formats it must be a multiple of the
+// block size, 32 or 256 (checked by the callers; these functions assume it).
 void dequantize_f32(const void* src, float* dst, int64_t n);
 void dequantize_f16(const void* src, float* dst, int64_t n);
 void dequantize_bf16(const void* src, float* dst, int64_t n);
 void dequantize_q4_0(const void* src, float* dst, int64_t n);
 void dequantize_q4_1(const void* src, float* dst, int64_t n);
+void dequantize_q5_0(const void* src, float* dst, int64_t n);
+void dequantize_q5_1(const void* src, float* dst, int64_t n);
 void dequantize_q8_0(const void* src, float* dst, int64_t n);
+void dequantize_q4_k(const void* src, float* dst, int64_t n);  // kernels/kquant_blocks.cpp
+void dequantize_q5_k(const void* src, float* dst, int64_t n);
+void dequantize_q6_k(const void* src, float* dst, int64_t n);
 
 // Dispatch on the tensor type. Throws std::invalid_argument for a type outside the
 // table, a negative n, or an n that is not a multiple of the type's block size.

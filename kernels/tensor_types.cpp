@@ -1,6 +1,7 @@
 #include "kernels/tensor_types.h"
 
 #include "kernels/dequant.h"
+#include "kernels/kquant_blocks.h"
 
 namespace bs::kernels {
 namespace {
@@ -10,7 +11,12 @@ constexpr TensorTypeTraits kTable[] = {
     {TensorType::F16, "F16", 1, 2, dequantize_f16},
     {TensorType::Q4_0, "Q4_0", 32, 2 + 16, dequantize_q4_0},
     {TensorType::Q4_1, "Q4_1", 32, 2 + 2 + 16, dequantize_q4_1},
+    {TensorType::Q5_0, "Q5_0", 32, 2 + 4 + 16, dequantize_q5_0},
+    {TensorType::Q5_1, "Q5_1", 32, 2 + 2 + 4 + 16, dequantize_q5_1},
     {TensorType::Q8_0, "Q8_0", 32, 2 + 32, dequantize_q8_0},
+    {TensorType::Q4_K, "Q4_K", kQK_K, kBlockBytesQ4_K, dequantize_q4_k},
+    {TensorType::Q5_K, "Q5_K", kQK_K, kBlockBytesQ5_K, dequantize_q5_k},
+    {TensorType::Q6_K, "Q6_K", kQK_K, kBlockBytesQ6_K, dequantize_q6_k},
     {TensorType::BF16, "BF16", 1, 2, dequantize_bf16},
 };
 
@@ -29,14 +35,9 @@ const char* ggml_type_name(uint32_t ggml_type) {
   switch (ggml_type) {
     case 4: return "Q4_2 (removed)";
     case 5: return "Q4_3 (removed)";
-    case 6: return "Q5_0";
-    case 7: return "Q5_1";
     case 9: return "Q8_1";
     case 10: return "Q2_K";
     case 11: return "Q3_K";
-    case 12: return "Q4_K";
-    case 13: return "Q5_K";
-    case 14: return "Q6_K";
     case 15: return "Q8_K";
     case 16: return "IQ2_XXS";
     case 17: return "IQ2_XS";

@@ -8,12 +8,16 @@
 
 namespace bs::kernels {
 
-enum class TensorType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, BF16 = 30 };
+enum class TensorType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
+  Q4_K = 12, Q5_K = 13, Q6_K = 14,  // super-blocks of 256 (kernels/kquant_blocks.h)
+  BF16 = 30
+};
 
 struct TensorTypeTraits {
   TensorType type;
   const char* name;        // "Q4_1"
-  int64_t block_elements;  // elements per block (1 for plain types)
+  int64_t block_elements;  // elements per block (1 for plain types, 32, or 256 for K-quants)
   int64_t block_bytes;     // bytes per block
   // dst[0..n) = the n elements at src as fp32, bit-exact to ggml's reference;
   // n is a multiple of block_elements.

@@ -397,10 +397,9 @@ struct Parser {
       const kernels::TensorTypeTraits* traits = kernels::find_tensor_type(type);
       if (!traits) {
         const char* nm = kernels::ggml_type_name(type);
-        const bool k_quant = nm != nullptr && std::string_view(nm).ends_with("_K");
         fail(what + " has unsupported tensor type " + std::to_string(type) +
              (nm ? std::string(" (") + nm + ")" : std::string(" (unknown)")) +
-             (k_quant ? "; K-quants are not supported" : "") + "; supported types: " + supported_type_names());
+             "; supported types: " + supported_type_names());
       }
       ti.type = traits->type;
       const int64_t be = traits->block_elements;

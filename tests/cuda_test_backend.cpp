@@ -155,6 +155,40 @@ TEST_F(CudaBackendOps, EmbedEqualsTheCpuAndReportsBadIdsAtTheNextWait) {
   EXPECT_EQ(down<float>(out, want.size()), want) << "the flag was cleared once reported";
 }
 
+// The types without a device decoder (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) reach the device
+// dequantized on the host (CudaBackend::decodable_view): products as the CPU's within
+// bf16's rounding, embedding rows exactly the CPU's.
+TEST_F(CudaBackendOps, HostDecodedTypesEqualTheCpu) {
+  struct Case { TensorType type; int64_t elements, bytes; std::vector<int> scale_at; };
+  for (const Case& c : {Case{TensorType::Q5_0, 32, 22, {0}}, Case{TensorType::Q5_1, 32, 24, {0, 2}},
+                        Case{TensorType::Q4_K, 256, 144, {0, 2}}, Case{TensorType::Q5_K, 256, 176, {0, 2}},
+                        Case{TensorType::Q6_K, 256, 210, {208}}}) {
+    const int64_t out = 96, in = 512;
+    const auto raw = bs::test::random_blocks(out, in, c.elements, c.bytes, c.scale_at, 21);
+    const WeightView view{c.type, raw.data(), out, in};
+    const auto cpu_w = cpu->prepare(view, Precision::F32);
+    const auto dev_w = cuda->prepare(view, Precision::BF16);
+    for (int64_t n : {int64_t{1}, int64_t{40}}) {
+      const auto x = random_vec(static_cast<size_t>(n * in), 22);
+      std::vector<float> want(static_cast<size_t>(n * out));
+      cpu->linear(*cpu_w, x.data(), want.data(), n, nullptr);
+      const auto dx = up(x);
+      auto dy = zeros(want.size() * sizeof(float));
+      cuda->linear(*dev_w, dx.as<float>(), dy.as<float>(), n, nullptr);
+      EXPECT_LT(rel_max_err(down<float>(dy, want.size()), want), 2e-2) << type_traits(c.type).name << " n " << n;
+    }
+    const auto cpu_t = cpu->prepare_embedding(view);
+    const auto dev_t = cuda->prepare_embedding(view);
+    const std::vector<int32_t> ids = {0, 95, 7, 7, 50};
+    std::vector<float> want(ids.size() * in);
+    cpu->embed(*cpu_t, ids.data(), want.data(), static_cast<int64_t>(ids.size()));
+    const auto d_ids = up(ids);
+    auto emb = zeros(want.size() * sizeof(float));
+    cuda->embed(*dev_t, d_ids.as<int32_t>(), emb.as<float>(), static_cast<int64_t>(ids.size()));
+    EXPECT_EQ(down<float>(emb, want.size()), want) << type_traits(c.type).name;
+  }
+}
+
 TEST_F(CudaBackendOps, ElementwiseOpsEqualTheCpu) {
   const int64_t n = 7, dim = 577, ff = 1537, q_dim = 192, kv_dim = 64;
   {

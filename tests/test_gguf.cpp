@@ -348,13 +348,16 @@ TEST(GgufRealModel, TruncatedPrefixesThrow) {
 
 // ---- dequantization against gguf-py ---------------------------------------------------
 
-TEST(GgufDequant, MatchesGgufPyReference) {
-  if (!file_exists(kModelPath)) FAIL() << "model not found (run tools/setup.sh): " << kModelPath;
-  const std::string fixture = kFixtures + "/dequant_reference.json";
+// Slices of rows of a real file's tensors against gguf-py's dequantization of the same
+// rows (tools/make_dequant_fixture.py), bit for bit, fp32 and bf16; the types seen.
+void expect_rows_match_gguf_py(const std::string& model, const std::string& fixture_name,
+                               const std::set<std::string>& types) {
+  if (!file_exists(model)) FAIL() << "model not found (run tools/setup.sh): " << model;
+  const std::string fixture = kFixtures + "/" + fixture_name;
   std::ifstream in(fixture);
   ASSERT_TRUE(in) << "missing " << fixture << " (tools/make_dequant_fixture.py)";
   const nlohmann::json doc = nlohmann::json::parse(in);
-  const GgufFile f = GgufFile::open(kModelPath);
+  const GgufFile f = GgufFile::open(model);
   std::set<std::string> types_seen;
   size_t values_checked = 0;
   for (const auto& jt : doc.at("tensors")) {
@@ -387,8 +390,50 @@ TEST(GgufDequant, MatchesGgufPyReference) {
       }
     }
   }
-  EXPECT_EQ(types_seen, (std::set<std::string>{"Q4_1", "Q8_0", "F32"}));
+  EXPECT_EQ(types_seen, types);
   EXPECT_GT(values_checked, 1000u);
+}
+
+TEST(GgufDequant, MatchesGgufPyReference) {
+  expect_rows_match_gguf_py(kModelPath, "dequant_reference.json", {"Q4_1", "Q8_0", "F32"});
+}
+
+// Gemma 3 270M Q4_K_M as llama.cpp's quantizer wrote it: real Q5_0, Q4_K and Q6_K rows.
+TEST(GgufDequant, RealKQuantFileMatchesGgufPyReference) {
+  expect_rows_match_gguf_py(BLENDSERVE_GEMMA3_MODEL, "dequant_reference_gemma3.json",
+                            {"Q5_0", "Q4_K", "Q6_K", "Q8_0", "F32"});
+}
+
+// Random blocks of every block type (every quant, packed scale and high bit drawn at
+// random; Q5_1 and Q5_K too, which neither file holds) against gguf-py, bit for bit.
+TEST(GgufDequant, RandomBlocksOfEveryBlockTypeMatchGgufPy) {
+  const std::string fixture = kFixtures + "/dequant_blocks_reference.json";
+  std::ifstream in(fixture);
+  ASSERT_TRUE(in) << "missing " << fixture << " (tools/make_dequant_fixture.py)";
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  std::set<std::string> seen;
+  for (const auto& jt : doc.at("types")) {
+    const std::string name = jt.at("type");
+    const kn::TensorTypeTraits* traits = nullptr;
+    for (uint32_t id = 0; id < 64 && !traits; ++id)
+      if (const auto* t = kn::find_tensor_type(id); t && name == t->name) traits = t;
+    ASSERT_NE(traits, nullptr) << name;
+    seen.insert(name);
+    const std::string hex = jt.at("bytes");
+    std::vector<uint8_t> bytes(hex.size() / 2);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    const int64_t blocks = jt.at("blocks");
+    ASSERT_EQ(static_cast<int64_t>(bytes.size()), blocks * traits->block_bytes) << name;
+    const auto values = jt.at("values").get<std::vector<double>>();
+    const int64_t n = blocks * traits->block_elements;
+    ASSERT_EQ(static_cast<int64_t>(values.size()), n) << name;
+    std::vector<float> got(static_cast<size_t>(n), std::nanf(""));
+    kn::dequantize_row(traits->type, bytes.data(), got.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(f2u(got[i]), f2u(static_cast<float>(values[i]))) << name << " element " << i << ": " << got[i]
+                                                                 << " vs " << values[i];
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}));
 }
 
 // ---- hand-constructed blocks -----------------------------------------------------------
@@ -571,8 +616,9 @@ TEST(Dequant, F16AndBf16AndF32Rows) {
 TEST(Dequant, ToBf16MatchesRoundedFp32) {
   std::mt19937 rng(7);
   for (kn::TensorType type : {kn::TensorType::F32, kn::TensorType::F16, kn::TensorType::BF16, kn::TensorType::Q4_0,
-                             kn::TensorType::Q4_1, kn::TensorType::Q8_0}) {
-    const int64_t n = 32 * 19;  // spans several internal chunks, ends mid-chunk
+                             kn::TensorType::Q4_1, kn::TensorType::Q5_0, kn::TensorType::Q5_1, kn::TensorType::Q8_0,
+                             kn::TensorType::Q4_K, kn::TensorType::Q5_K, kn::TensorType::Q6_K}) {
+    const int64_t n = kn::type_traits(type).block_elements == 256 ? 256 * 5 : 32 * 19;  // several chunks, ends mid-chunk
     std::vector<uint8_t> src(static_cast<size_t>(kn::type_row_bytes(type, n)));
     for (auto& c : src) c = static_cast<uint8_t>(rng());
     if (type == kn::TensorType::F32) {  // keep F32 inputs away from NaN noise: random finite floats
@@ -595,7 +641,8 @@ TEST(Dequant, ToBf16MatchesRoundedFp32) {
 TEST(Dequant, RejectsBadArguments) {
   float out[64];
   uint8_t src[64] = {};
-  EXPECT_THROW(kn::dequantize_row(static_cast<TensorType>(14), src, out, 32), std::invalid_argument);
+  EXPECT_THROW(kn::dequantize_row(static_cast<TensorType>(10), src, out, 32), std::invalid_argument);  // Q2_K
+  EXPECT_THROW(kn::dequantize_row(TensorType::Q4_K, src, out, 32), std::invalid_argument);  // blocks of 256
   EXPECT_THROW(kn::dequantize_row(TensorType::Q4_1, src, out, 31), std::invalid_argument);
   EXPECT_THROW(kn::dequantize_row(TensorType::Q8_0, src, out, -32), std::invalid_argument);
   EXPECT_THROW(kn::dequantize_row(kn::TensorType::Q4_0, src, out, 16), std::invalid_argument);
@@ -618,7 +665,14 @@ TEST(Dequant, TypeTables) {
   EXPECT_EQ(kn::type_traits(TensorType::Q4_0).block_bytes, 18);
   EXPECT_EQ(kn::type_traits(TensorType::Q4_1).block_bytes, 20);
   EXPECT_EQ(kn::type_traits(TensorType::Q8_0).block_bytes, 34);
-  EXPECT_EQ(kn::find_tensor_type(14), nullptr);  // Q6_K: known to ggml, not supported here
+  EXPECT_EQ(kn::type_traits(TensorType::Q5_0).block_bytes, 22);
+  EXPECT_EQ(kn::type_traits(TensorType::Q5_1).block_bytes, 24);
+  EXPECT_EQ(kn::type_traits(TensorType::Q4_K).block_elements, 256);
+  EXPECT_EQ(kn::type_traits(TensorType::Q4_K).block_bytes, 144);
+  EXPECT_EQ(kn::type_traits(TensorType::Q5_K).block_bytes, 176);
+  EXPECT_EQ(kn::type_traits(TensorType::Q6_K).block_bytes, 210);
+  EXPECT_EQ(kn::find_tensor_type(10), nullptr);  // Q2_K: known to ggml, not supported here
+  EXPECT_STREQ(kn::ggml_type_name(10), "Q2_K");
   EXPECT_EQ(kn::type_row_bytes(TensorType::Q4_1, 64), 40);
 }
 
@@ -938,7 +992,7 @@ TEST(GgufMalformed, TensorTable) {
   expect_error(one_tensor("t", {uint64_t{1} << 62}, 0, 0, 32).build(), {"'t'", "byte size that overflows"});
   expect_error(one_tensor("t", {1 << 20}, 0, 0, 32).build(), {"tensor 't' extends past end of file"});
   // unknown / unsupported types
-  expect_error(one_tensor("t", {256}, 14, 0, 1024).build(), {"'t'", "unsupported tensor type 14 (Q6_K)"});
+  expect_error(one_tensor("t", {256}, 11, 0, 1024).build(), {"'t'", "unsupported tensor type 11 (Q3_K)"});
   expect_error(one_tensor("t", {256}, 999, 0, 1024).build(), {"'t'", "unsupported tensor type 999"});
   // row size not a multiple of the block size
   expect_error(one_tensor("blk.0.attn_q.weight", {48, 2}, 3, 0, 1024).build(),

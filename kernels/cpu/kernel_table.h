@@ -8,8 +8,9 @@
 // instantiate STL templates (see kernels/cpu/variant/simd.h for why).
 //
 // Preconditions the backend checks before calling (the variants do not re-check):
-// head_dim % 16 == 0 and <= 256 for attention (% 32 for bf16), in_features % 32 == 0
-// for gemv_quantized, and the weight type one of the table's types.
+// head_dim % 16 == 0 and <= 256 for attention (% 32 for bf16), in_features a multiple
+// of the weight type's block (32, or 256 for the K-quants) for gemv_quantized, and the
+// weight type one of the table's types.
 #pragma once
 
 #include <cstdint>

@@ -43,6 +43,7 @@
 #include "kernels/cuda/store_kv.cuh"
 #include "kernels/cuda/swiglu.cuh"
 #include "kernels/cuda/top_k.cuh"
+#include "kernels/dequant.h"
 #include "kernels/tensor_types.h"
 
 namespace bs::kernels {
@@ -340,10 +341,12 @@ class CudaBackend final : public Backend {
                                   precision_name(precision) + ")");
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
-    DeviceAllocation stored = upload_stored(w);
+    std::vector<uint8_t> host;
+    const WeightView dw = decodable_view(w, host, HostDecode::Bf16);
+    DeviceAllocation stored = upload_stored(dw);
     auto out = std::make_unique<CudaWeights>();
     out->view = w;
-    out->w = cuda::weights_to_bf16(w.type, stored.get(), w.out_features, w.in_features, stream_.get());
+    out->w = cuda::weights_to_bf16(dw.type, stored.get(), dw.out_features, dw.in_features, stream_.get());
     waits_->for_stream(stream_.get(), "a weight upload");  // the stored copy is freed next
     return out;
   }
@@ -352,8 +355,9 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
     auto out = std::make_unique<CudaEmbedding>();
-    out->view = table;
-    out->table = upload_stored(table);
+    std::vector<uint8_t> host;
+    out->view = decodable_view(table, host, HostDecode::F32);  // its type is what embed() decodes
+    out->table = upload_stored(out->view);
     waits_->for_stream(stream_.get(), "an embedding table upload");
     return out;
   }
@@ -716,6 +720,34 @@ class CudaBackend final : public Backend {
  private:
   cudaStream_t on(Stream* stream) const {
     return stream ? static_cast<CudaStreamHandle*>(stream)->stream.get() : stream_.get();
+  }
+
+  // A matrix in a type the device kernels decode (F32, F16, BF16, Q8_0, Q4_0, Q4_1):
+  // `w` itself, or else (Q5_0, Q5_1 and the K-quants) its rows dequantized on the host
+  // into `host`, which must outlive the upload: to bf16 for a weight (the device keeps
+  // bf16 weights either way, weights_to_bf16, and dequantize_row_to_bf16 rounds the
+  // exact values as a device decoder would), to f32 for an embedding table (rows as
+  // exact as every other type's, and as the CPU's).
+  enum class HostDecode { Bf16, F32 };
+  static WeightView decodable_view(const WeightView& w, std::vector<uint8_t>& host, HostDecode to) {
+    switch (w.type) {
+      case TensorType::F32: case TensorType::F16: case TensorType::BF16:
+      case TensorType::Q8_0: case TensorType::Q4_0: case TensorType::Q4_1:
+        return w;
+      default: break;
+    }
+    const TensorType out = to == HostDecode::Bf16 ? TensorType::BF16 : TensorType::F32;
+    const int64_t in_row = type_row_bytes(w.type, w.in_features), out_row = type_row_bytes(out, w.in_features);
+    host.resize(static_cast<size_t>(w.out_features * out_row));
+    for (int64_t r = 0; r < w.out_features; ++r) {
+      const uint8_t* src = static_cast<const uint8_t*>(w.data) + r * in_row;
+      uint8_t* dst = host.data() + r * out_row;
+      if (to == HostDecode::Bf16)
+        dequantize_row_to_bf16(w.type, src, reinterpret_cast<uint16_t*>(dst), w.in_features);
+      else
+        dequantize_row(w.type, src, reinterpret_cast<float*>(dst), w.in_features);
+    }
+    return WeightView{out, host.data(), w.out_features, w.in_features};
   }
 
   // The stored bytes of a matrix as they are in the file, on the device.

@@ -67,6 +67,7 @@ void embed(TensorType type, const void* table, const int32_t* ids, float* out, i
     case TensorType::Q8_0: return launch<TensorType::Q8_0>(table, ids, out, n, dim, dim / 32 * 34, vocab, stream);
     case TensorType::Q4_0: return launch<TensorType::Q4_0>(table, ids, out, n, dim, dim / 32 * 18, vocab, stream);
     case TensorType::Q4_1: return launch<TensorType::Q4_1>(table, ids, out, n, dim, dim / 32 * 20, vocab, stream);
+    default: break;  // the other types reach the device as bf16 (CudaBackend::decodable_view)
   }
   throw std::invalid_argument("cuda embed: no device decoder for tensor type " +
                               std::to_string(static_cast<int>(type)));

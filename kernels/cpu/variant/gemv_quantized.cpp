@@ -1,6 +1,6 @@
-// Decode-size products read the stored weights (Q4_0/Q4_1/Q8_0/F16/BF16/F32)
-// directly: decode is memory-bound, and 4/8-bit rows are 4-8x fewer bytes than
-// bf16. Each 32-element block is expanded to fp32 in registers and multiplied
+// Decode-size products read the stored weights (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, the
+// K-quants Q4_K/Q5_K/Q6_K, F16/BF16/F32) directly: decode is memory-bound, and
+// 4/8-bit rows are 4-8x fewer bytes than bf16. Each 32-element block is expanded to fp32 in registers and multiplied
 // with fp32 activations (no activation quantization, so no extra error).
 //
 // AVX2 exception: expanding every 4/8-bit weight to fp32 costs ~25 instructions per
@@ -10,7 +10,9 @@
 // weights' own 4-bit error), and blocks multiply as integers (vpmaddwd); each block's
 // integer dot product is exact, and 8 of them (8 rows of one token, or one row of up
 // to 8 tokens) are finished together into one vector, scaled and accumulated there.
-// Q8_0 blocks expand cheaply and keep fp32 activations (the output projection's
+// K-quant super-blocks are read one 32-element sub-block at a time (its quants unpacked
+// with AVX2 integer ops, its scales by kernels/kquant_blocks.h), so every type runs
+// through the same block loops. Q8_0 blocks expand cheaply and keep fp32 activations (the output projection's
 // logits stay within 1e-4 of llama.cpp's; int16 activations there measured up to
 // 1.5e-3, over the golden test's 1e-3).
 //
@@ -22,6 +24,7 @@
 #include "kernels/cpu/variant/simd.h"  // first: see the note there
 #include "kernels/cpu/variant/variant_ops.h"
 #include "kernels/dequant.h"
+#include "kernels/kquant_blocks.h"  // out-of-line sub-block scales; no inline code used
 
 namespace bs::kernels::cpu::BS_ISA_NS {
 namespace {
@@ -38,9 +41,104 @@ inline float half_to_float(const uint8_t* p) {
 }
 #endif
 
-// Expand one block of 32 weights into kBlockVecs vectors (elements in order).
+// Bytes and elements of one stored block of each type (kernels/tensor_types.cpp's
+// table, as compile-time values: the variant code cannot call into that table's
+// inline code). The K-quants' blocks are super-blocks of 256 (kernels/kquant_blocks.h).
 template <TensorType T>
-inline void load_block(const uint8_t* blk, vf* w) {
+constexpr bool kSuperBlock = T == TensorType::Q4_K || T == TensorType::Q5_K || T == TensorType::Q6_K;
+template <TensorType T>
+constexpr int64_t kTypeElements = kSuperBlock<T> ? 256 : 32;
+template <TensorType T>
+constexpr int64_t kTypeBytes = T == TensorType::Q4_0 ? 18 : T == TensorType::Q4_1 ? 20 : T == TensorType::Q5_0 ? 22
+                               : T == TensorType::Q5_1 ? 24 : T == TensorType::Q8_0 ? 34 : T == TensorType::Q4_K ? 144
+                               : T == TensorType::Q5_K ? 176 : T == TensorType::Q6_K ? 210 : T == TensorType::F32 ? 128
+                               : 64;  // F16, BF16
+
+#if BS_ISA_LEVEL >= 1
+// 32 small integer weights (int8 lanes of q, elements in order) into kBlockVecs vectors:
+// w = q * scale[e / 16] (+ add where Add). Exact as the scalar dequantizers: q * scale
+// is exact for every format that adds (q <= 5 bits, scale an fp16 times <= 6 bits), so
+// the fused multiply-add rounds once, like their separate product and sum.
+template <bool Add>
+inline void expand_int8(__m256i q, float scale0, float scale1, float add, vf* w) {
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+#if BS_ISA_LEVEL >= 2
+  const __m512 f[2] = {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))};
+  const __m512 sc[2] = {_mm512_set1_ps(scale0), _mm512_set1_ps(scale1)};
+  for (int i = 0; i < 2; ++i) w[i] = Add ? _mm512_fmadd_ps(f[i], sc[i], _mm512_set1_ps(add)) : _mm512_mul_ps(f[i], sc[i]);
+#else
+  const __m256 f[4] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+                       _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+                       _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+                       _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))};
+  for (int i = 0; i < 4; ++i) {
+    const __m256 sc = _mm256_set1_ps(i < 2 ? scale0 : scale1);
+    w[i] = Add ? _mm256_fmadd_ps(f[i], sc, _mm256_set1_ps(add)) : _mm256_mul_ps(f[i], sc);
+  }
+#endif
+}
+
+// The 32 bits at p as 32 bytes, 0xFF where the bit is set (byte e: bit e).
+inline __m256i bytes_from_bits(const uint8_t* p) {
+  uint32_t bits;
+  memcpy(&bits, p, 4);
+  const __m256i shuffle = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuffle);
+  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);  // every bit but byte e's own
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
+}
+
+// Q5_0 / Q5_1: the nibbles of qs[16] (low nibbles elements 0..15, high 16..31) with the
+// fifth bits of qh.
+inline __m256i q5_quants(const uint8_t* qh, const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+  return _mm256_or_si256(nib, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
+}
+
+// Sub-block s of a K-quant super-block: its 32 quants as kernels/kquant_blocks.h
+// defines them (k_sub_block_quants), with AVX2 integer ops.
+template <TensorType T>
+inline __m256i k_quants(const uint8_t* super, int s) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  if constexpr (T == TensorType::Q6_K) {
+    const int n = s / 4, k = s % 4;
+    __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 64 * n + (k & 1) * 32));
+    if (k >= 2) ql = _mm256_srli_epi16(ql, 4);
+    ql = _mm256_and_si256(ql, low4);
+    __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 128 + 32 * n));
+    qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+    return _mm256_sub_epi8(_mm256_or_si256(ql, _mm256_slli_epi16(qh, 4)), _mm256_set1_epi8(32));
+  } else {
+    const uint8_t* qs = super + (T == TensorType::Q5_K ? 48 : 16) + 32 * (s / 2);
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+    if (s & 1) v = _mm256_srli_epi16(v, 4);
+    v = _mm256_and_si256(v, low4);
+    if constexpr (T == TensorType::Q5_K) {
+      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 16));
+      h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
+      v = _mm256_or_si256(v, _mm256_slli_epi16(h, 4));
+    }
+    return v;
+  }
+}
+#endif
+
+// Expand one block of 32 weights stored in 32-element blocks (all types but the
+// K-quants) into kBlockVecs vectors (elements in order).
+template <TensorType T>
+inline void load_block32(const uint8_t* blk, vf* w) {
+#if BS_ISA_LEVEL >= 1
+  if constexpr (T == TensorType::Q5_0) {
+    const __m256i q = _mm256_sub_epi8(q5_quants(blk + 2, blk + 6), _mm256_set1_epi8(16));
+    const float d = half_to_float(blk);
+    return expand_int8<false>(q, d, d, 0.0f, w);
+  } else if constexpr (T == TensorType::Q5_1) {
+    const float d = half_to_float(blk);
+    return expand_int8<true>(q5_quants(blk + 4, blk + 8), d, d, half_to_float(blk + 2), w);
+  }
+#endif
 #if BS_ISA_LEVEL >= 2
   if constexpr (T == TensorType::Q4_1 || T == TensorType::Q4_0) {
     const float d = half_to_float(blk);
@@ -116,12 +214,36 @@ inline void load_block(const uint8_t* blk, vf* w) {
   alignas(64) float tmp[kBlock];
   if constexpr (T == TensorType::Q4_1) dequantize_q4_1(blk, tmp, kBlock);
   else if constexpr (T == TensorType::Q4_0) dequantize_q4_0(blk, tmp, kBlock);
+  else if constexpr (T == TensorType::Q5_0) dequantize_q5_0(blk, tmp, kBlock);
+  else if constexpr (T == TensorType::Q5_1) dequantize_q5_1(blk, tmp, kBlock);
   else if constexpr (T == TensorType::Q8_0) dequantize_q8_0(blk, tmp, kBlock);
   else if constexpr (T == TensorType::F32) dequantize_f32(blk, tmp, kBlock);
   else if constexpr (T == TensorType::F16) dequantize_f16(blk, tmp, kBlock);
   else dequantize_bf16(blk, tmp, kBlock);
   for (int i = 0; i < kBlockVecs; ++i) w[i] = vload(tmp + i * kLanes);
 #endif
+}
+
+// Block b (of 32 elements) of a row of type T into kBlockVecs vectors.
+template <TensorType T>
+inline void load_block(const uint8_t* row, int64_t b, vf* w) {
+  if constexpr (kSuperBlock<T>) {
+    const uint8_t* super = row + (b >> 3) * kTypeBytes<T>;
+    const int s = static_cast<int>(b & 7);
+    const KSubBlockScales sc = k_sub_block_scales(T, super, s);
+#if BS_ISA_LEVEL >= 1
+    if constexpr (T == TensorType::Q6_K) expand_int8<false>(k_quants<T>(super, s), sc.scale[0], sc.scale[1], 0.0f, w);
+    else expand_int8<true>(k_quants<T>(super, s), sc.scale[0], sc.scale[1], -sc.offset, w);
+#else
+    int8_t q[kBlock];
+    k_sub_block_quants(T, super, s, q);
+    alignas(64) float tmp[kBlock];
+    for (int e = 0; e < kBlock; ++e) tmp[e] = sc.scale[e / 16] * static_cast<float>(q[e]) - sc.offset;
+    for (int i = 0; i < kBlockVecs; ++i) w[i] = vload(tmp + i * kLanes);
+#endif
+  } else {
+    load_block32<T>(row + b * kTypeBytes<T>, w);
+  }
 }
 
 // Every token keeps kBlockVecs accumulator chains (vector i of each block adds into
@@ -134,14 +256,13 @@ inline void load_block(const uint8_t* blk, vf* w) {
 // The products of one row with G tokens (a compile-time count: the accumulators stay
 // in registers); y[t * out] receives token t's.
 template <TensorType T, int G>
-inline void row_tokens(const uint8_t* row, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
-                       int64_t out) {
+inline void row_tokens(const uint8_t* row, int64_t blocks, const float* x, int64_t in, float* y, int64_t out) {
   vf acc[G][kBlockVecs];
   for (int t = 0; t < G; ++t)
     for (int c = 0; c < kBlockVecs; ++c) acc[t][c] = vzero();
   for (int64_t b = 0; b < blocks; ++b) {
     vf wv[kBlockVecs];
-    load_block<T>(row + b * bbytes, wv);
+    load_block<T>(row, b, wv);
     for (int t = 0; t < G; ++t) {
       const float* xb = x + t * in + b * kBlock;
       for (int i = 0; i < kBlockVecs; ++i) acc[t][i] = vfma(wv[i], vload(xb + i * kLanes), acc[t][i]);
@@ -156,12 +277,12 @@ inline void row_tokens(const uint8_t* row, int64_t bbytes, int64_t blocks, const
 
 // row_tokens for a run-time count g <= G.
 template <TensorType T, int G>
-inline void row_group(int64_t g, const uint8_t* row, int64_t bbytes, int64_t blocks, const float* x, int64_t in,
+inline void row_group(int64_t g, const uint8_t* row, int64_t blocks, const float* x, int64_t in,
                       float* y, int64_t out) {
   if constexpr (G > 1) {
-    if (g < G) return row_group<T, G - 1>(g, row, bbytes, blocks, x, in, y, out);
+    if (g < G) return row_group<T, G - 1>(g, row, blocks, x, in, y, out);
   }
-  row_tokens<T, G>(row, bbytes, blocks, x, in, y, out);
+  row_tokens<T, G>(row, blocks, x, in, y, out);
 }
 
 #if BS_ISA_LEVEL == 1
@@ -172,8 +293,7 @@ inline void row_group(int64_t g, const uint8_t* row, int64_t bbytes, int64_t blo
 // token), so rows are bit-identical alone or batched, and a block is expanded once
 // for all tokens with 8 chains in flight (the registers hold 8 chains + 4 weights).
 template <TensorType T>
-void gemv_lanes_rows(const uint8_t* base, int64_t bbytes, int64_t blocks, const float* x, float* y, int64_t out) {
-  const int64_t row_bytes = blocks * bbytes;
+void gemv_lanes_rows(const uint8_t* base, int64_t row_bytes, int64_t blocks, const float* x, float* y, int64_t out) {
   const int64_t groups = (out + 7) / 8;
 #pragma omp parallel for schedule(static) if (out >= 64)
   for (int64_t g = 0; g < groups; ++g) {
@@ -183,11 +303,11 @@ void gemv_lanes_rows(const uint8_t* base, int64_t bbytes, int64_t blocks, const 
     vf acc[8];
     for (int r = 0; r < 8; ++r) acc[r] = vzero();
     for (int64_t b = 0; b < blocks; ++b) {
-      for (int64_t at = b * 8 * bbytes; at < (b + 1) * 8 * bbytes; at += 64)
+      for (int64_t at = b * 8 * row_bytes / blocks; at < (b + 1) * 8 * row_bytes / blocks; at += 64)
         _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T0);
       for (int r = 0; r < 8; ++r) {
         vf wv[kBlockVecs];
-        load_block<T>(rows[r] + b * bbytes, wv);
+        load_block<T>(rows[r], b, wv);
         for (int i = 0; i < kBlockVecs; ++i) acc[r] = vfma(wv[i], vload(x + b * kBlock + i * kLanes), acc[r]);
       }
     }
@@ -198,9 +318,8 @@ void gemv_lanes_rows(const uint8_t* base, int64_t bbytes, int64_t blocks, const 
 }
 
 template <TensorType T, int NT>
-void gemv_lanes_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
+void gemv_lanes_tokens(const uint8_t* base, int64_t row_bytes, int64_t blocks, const float* x, int64_t in, float* y,
                        int64_t out) {
-  const int64_t row_bytes = blocks * bbytes;
 #pragma omp parallel for schedule(static) if (out >= 64)
   for (int64_t o = 0; o < out; ++o) {
     const uint8_t* row = base + o * row_bytes;
@@ -208,9 +327,9 @@ void gemv_lanes_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, cons
     vf acc[8];
     for (int t = 0; t < 8; ++t) acc[t] = vzero();
     for (int64_t b = 0; b < blocks; ++b) {
-      if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + b * bbytes), _MM_HINT_T0);
+      if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + b * row_bytes / blocks), _MM_HINT_T0);
       vf wv[kBlockVecs];
-      load_block<T>(row + b * bbytes, wv);
+      load_block<T>(row, b, wv);
       for (int i = 0; i < kBlockVecs; ++i)
         for (int t = 0; t < NT; ++t) acc[t] = vfma(wv[i], vload(x + t * in + b * kBlock + i * kLanes), acc[t]);
     }
@@ -223,24 +342,23 @@ void gemv_lanes_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, cons
 
 // Rows [0, out) of W times nt <= kMaxTokens tokens, in one pass over the weights.
 template <TensorType T>
-void gemv_tokens(const uint8_t* base, int64_t bbytes, int64_t blocks, const float* x, int64_t in, float* y,
+void gemv_tokens(const uint8_t* base, int64_t row_bytes, int64_t blocks, const float* x, int64_t in, float* y,
                  int64_t out, int64_t nt) {
 #if BS_ISA_LEVEL == 1
   switch (nt) {
-    case 1: return gemv_lanes_rows<T>(base, bbytes, blocks, x, y, out);
-    case 2: return gemv_lanes_tokens<T, 2>(base, bbytes, blocks, x, in, y, out);
-    case 3: return gemv_lanes_tokens<T, 3>(base, bbytes, blocks, x, in, y, out);
-    case 4: return gemv_lanes_tokens<T, 4>(base, bbytes, blocks, x, in, y, out);
-    case 5: return gemv_lanes_tokens<T, 5>(base, bbytes, blocks, x, in, y, out);
-    case 6: return gemv_lanes_tokens<T, 6>(base, bbytes, blocks, x, in, y, out);
-    case 7: return gemv_lanes_tokens<T, 7>(base, bbytes, blocks, x, in, y, out);
-    default: return gemv_lanes_tokens<T, 8>(base, bbytes, blocks, x, in, y, out);
+    case 1: return gemv_lanes_rows<T>(base, row_bytes, blocks, x, y, out);
+    case 2: return gemv_lanes_tokens<T, 2>(base, row_bytes, blocks, x, in, y, out);
+    case 3: return gemv_lanes_tokens<T, 3>(base, row_bytes, blocks, x, in, y, out);
+    case 4: return gemv_lanes_tokens<T, 4>(base, row_bytes, blocks, x, in, y, out);
+    case 5: return gemv_lanes_tokens<T, 5>(base, row_bytes, blocks, x, in, y, out);
+    case 6: return gemv_lanes_tokens<T, 6>(base, row_bytes, blocks, x, in, y, out);
+    case 7: return gemv_lanes_tokens<T, 7>(base, row_bytes, blocks, x, in, y, out);
+    default: return gemv_lanes_tokens<T, 8>(base, row_bytes, blocks, x, in, y, out);
   }
 #else
-  const int64_t row_bytes = blocks * bbytes;
 #pragma omp parallel for schedule(static) if (out >= 64)
   for (int64_t o = 0; o < out; ++o)
-    row_group<T, kMaxTokens>(nt, base + o * row_bytes, bbytes, blocks, x, in, y + o, out);
+    row_group<T, kMaxTokens>(nt, base + o * row_bytes, blocks, x, in, y + o, out);
 #endif
 }
 
@@ -488,18 +606,17 @@ template <TensorType T>
 void gemv_typed(const void* w, const float* block_scales, const float* x, float* y, int64_t n, int64_t in,
                 int64_t out) {
   const int64_t blocks = in / kBlock;
-  const int64_t bbytes = T == TensorType::Q4_1 ? 20 : T == TensorType::Q4_0 ? 18 : T == TensorType::Q8_0 ? 34
-                         : T == TensorType::F32 ? 128 : 64;
+  const int64_t row_bytes = in / kTypeElements<T> * kTypeBytes<T>;
   const auto* base = static_cast<const uint8_t*>(w);
 #if BS_ISA_LEVEL == 1
   if constexpr (T == TensorType::Q4_0 || T == TensorType::Q4_1) {
-    if (block_scales) return gemv_int<T, int16_t>(base, block_scales, bbytes, blocks, x, y, n, in, out);
+    if (block_scales) return gemv_int<T, int16_t>(base, block_scales, kTypeBytes<T>, blocks, x, y, n, in, out);
   }
 #else
   (void)block_scales;  // only the AVX2 int16 path reads them
 #endif
   for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens)
-    gemv_tokens<T>(base, bbytes, blocks, x + t0 * in, in, y + t0 * out, out, imin(kMaxTokens, n - t0));
+    gemv_tokens<T>(base, row_bytes, blocks, x + t0 * in, in, y + t0 * out, out, imin(kMaxTokens, n - t0));
 }
 
 }  // namespace
@@ -509,7 +626,12 @@ void gemv_quantized(TensorType type, const void* w, const float* block_scales, c
   switch (type) {
     case TensorType::Q4_0: return gemv_typed<TensorType::Q4_0>(w, block_scales, x, y, n, in_features, out_features);
     case TensorType::Q4_1: return gemv_typed<TensorType::Q4_1>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::Q5_0: return gemv_typed<TensorType::Q5_0>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::Q5_1: return gemv_typed<TensorType::Q5_1>(w, block_scales, x, y, n, in_features, out_features);
     case TensorType::Q8_0: return gemv_typed<TensorType::Q8_0>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::Q4_K: return gemv_typed<TensorType::Q4_K>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::Q5_K: return gemv_typed<TensorType::Q5_K>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::Q6_K: return gemv_typed<TensorType::Q6_K>(w, block_scales, x, y, n, in_features, out_features);
     case TensorType::F32: return gemv_typed<TensorType::F32>(w, block_scales, x, y, n, in_features, out_features);
     case TensorType::F16: return gemv_typed<TensorType::F16>(w, block_scales, x, y, n, in_features, out_features);
     case TensorType::BF16: return gemv_typed<TensorType::BF16>(w, block_scales, x, y, n, in_features, out_features);
