@@ -409,6 +409,27 @@ TEST(Cli, TtftBenchRunsAllFourModes) {
   EXPECT_EQ(lines[4].at("bench"), "ttft_summary");
 }
 
+// `bench ttft --tier` runs the blend by the rule asked for (it dropped --selection,
+// so an A/B of two rules measured the default twice): the rows name the rule each
+// measured run blended by (the runtime's from its trace; the engine's runs what the
+// runtime ran), beside the one asked for.
+TEST(Cli, TtftTierBenchBlendsByTheSelectionAskedFor) {
+  REQUIRE_MODEL();
+  for (const std::string selection : {"deviation", "query-first"}) {
+    SCOPED_TRACE(selection);
+    auto r = run("blendctl bench ttft --tier ram --chunks 2 --chunk-tokens 64 --requests 1 --selection " + selection);
+    ASSERT_EQ(r.code, 0) << r.out;
+    int blend_rows = 0;
+    for (const auto& line : json_lines(r.out)) {
+      if (line.value("bench", "") != "ttft_runtime" || line.value("mode", "") != "blend") continue;
+      ++blend_rows;
+      EXPECT_EQ(line.at("selection_asked"), selection) << line.dump();
+      EXPECT_EQ(line.at("selection"), selection) << line.dump();
+    }
+    EXPECT_EQ(blend_rows, 2) << r.out;  // the runtime's and the engine's
+  }
+}
+
 }  // namespace
 
 namespace {

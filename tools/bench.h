@@ -50,6 +50,10 @@ struct TtftOptions {
   int repeats = 1;   // runs of each request per mode (median reported)
 };
 int bench_ttft(const TtftOptions& opt);
+// The blend options a TTFT bench runs at (ratio, check layers, schedule, filtering,
+// selection, query_first_from_layer; the mode is the caller's): one place, so every
+// path of `bench ttft` (the engine's modes and the runtime's tiers) runs what was asked.
+BlendOptions blend_options(const TtftOptions& opt);
 
 // `bench tp`: full prefill of `tokens` random token ids at each tensor parallel
 // degree (CPU ranks, the cores split between them), best of `repeats`, with the time

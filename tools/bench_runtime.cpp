@@ -20,6 +20,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -50,6 +51,7 @@ double median(std::vector<double> v) {
 
 struct Samples {
   std::vector<double> ttft, hidden, load_span, wait, ratio, predicted;
+  std::set<std::string> selection;  // the rules the runs blended by (their traces')
 };
 
 // Waits (at most 120 s) until the background jobs queued on the compute thread so
@@ -99,8 +101,17 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
     cfg.ssd.enabled = tier == "ssd";
     cfg.ssd.direct_io = opt.direct_io;
     cfg.ssd.throttle_bytes_per_s = opt.throttle_bytes_per_s;
-    cfg.blend.ratio = t.ratio;
-    cfg.blend.check_layers = t.check_layers;
+    // Every blend option asked for (--selection, --ratio, --check-layers, ...), not
+    // only the ratio: the tiers' runs blend by the rule the command line names.
+    {
+      const BlendOptions asked = blend_options(t);
+      cfg.blend.ratio = asked.ratio;
+      cfg.blend.check_layers = asked.check_layers;
+      cfg.blend.schedule = asked.schedule;
+      cfg.blend.filtering = asked.filtering;
+      cfg.blend.selection = asked.selection;
+      cfg.blend.query_first_from_layer = asked.query_first_from_layer;
+    }
     cfg.adaptive_ratio = opt.adaptive;
     // remote: the storage node, declared before the runtime so it outlives the
     // runtime's connections to it. A cold store, like the SSD tier's above.
@@ -192,6 +203,7 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
         const auto trace = json::parse(rt.traces_json(1)).at(0);
         runtime_blend.ttft.push_back(res.ttft_seconds);
         runtime_blend.ratio.push_back(res.ratio);
+        runtime_blend.selection.insert(trace.value("selection", std::string("?")));
         runtime_blend.wait.push_back(trace.at("wait_s").get<double>());
         // The controller's prediction for this request, against what it measured.
         runtime_blend.predicted.push_back(trace.at("controller").at("est_ttft_s").get<double>());
@@ -202,7 +214,10 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
         // The same request straight through the engine, at the ratio the runtime ran.
         BlendOptions o = ctx.config.blend;
         o.ratio = res.ratio;
+        if (const std::string ran = trace.value("selection", std::string("none")); ran != "none")
+          o.selection = parse_selection(ran);  // the rule the runtime's run blended by
         const auto t0 = std::chrono::steady_clock::now();
+        engine_blend.selection.insert(selection_name(o.selection));
         auto pre = engine_path.prefill(*r.prompt, o, 1);
         (void)argmax(pre.logits.data(), ctx.model->config().vocab);
         engine_blend.ttft.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -231,6 +246,12 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
                 {"samples", s.ttft.size()},
                 {"ttft_s", median(s.ttft)}};
       if (!s.ratio.empty()) j["ratio"] = median(s.ratio);
+      // The rules the measured runs blended by (the controller may change the asked one
+      // where the load is the bound, --adaptive) beside the one asked for.
+      if (!s.selection.empty()) {
+        j["selection_asked"] = t.selection;
+        j["selection"] = s.selection.size() == 1 ? json(*s.selection.begin()) : json(s.selection);
+      }
       if (!s.predicted.empty()) {
         // Median over the samples of predicted / measured TTFT (1 = exact).
         std::vector<double> q;

@@ -61,6 +61,17 @@ std::vector<std::vector<int32_t>> make_bench_chunks(const Tokenizer& tok, const 
 }
 
 
+BlendOptions blend_options(const TtftOptions& opt) {
+  BlendOptions o;
+  o.ratio = opt.ratio;
+  o.check_layers = opt.check_layers;
+  o.schedule = opt.schedule;
+  o.filtering = parse_filtering(opt.filtering);
+  o.selection = parse_selection(opt.selection);
+  o.query_first_from_layer = opt.query_first_from_layer;
+  return o;
+}
+
 int bench_ttft(const TtftOptions& opt) {
   auto backend = kernels::make_backend(opt.device);
   const auto precision = kernels::choose_precision(opt.precision, *backend);
@@ -84,14 +95,8 @@ int bench_ttft(const TtftOptions& opt) {
     from_store.warm(prompt);
     for (int rep = 0; rep < opt.repeats + (req == 0 ? 1 : 0); ++rep) {  // request 0 warms oneDNN up
       for (BlendMode mode : modes) {
-        BlendOptions o;
+        BlendOptions o = blend_options(opt);
         o.mode = mode;
-        o.ratio = opt.ratio;
-        o.check_layers = opt.check_layers;
-        o.schedule = opt.schedule;
-        o.filtering = parse_filtering(opt.filtering);
-        o.selection = parse_selection(opt.selection);
-        o.query_first_from_layer = opt.query_first_from_layer;
         const auto t0 = std::chrono::steady_clock::now();
         auto r = from_store.prefill(prompt, o, 1);
         const int32_t first = argmax(r.logits.data(), model.config().vocab);  // the first token is out
