@@ -11,6 +11,7 @@
 #include "kernels/dequant.h"
 #include "kernels/kv_view.h"
 #include "kernels/tensor_types.h"
+#include "model/architecture.h"
 #include "model/random_model.h"
 
 namespace bs {
@@ -88,9 +89,10 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   const auto arch = file_.get_string("general.architecture");
   if (!arch) throw GgufError("gguf: missing general.architecture");
   cfg_.architecture = *arch;
-  if (*arch != "llama" && *arch != "qwen2" && *arch != "mistral")
-    throw GgufError("unsupported architecture '" + *arch +
-                    "' in general.architecture (supported: llama, qwen2, mistral)");
+  const ArchFeatures* features = find_architecture(*arch);
+  if (!features)
+    throw GgufError("unsupported architecture '" + *arch + "' in general.architecture (supported: " +
+                    supported_architectures() + ")");
   auto req_int = [&](const std::string& key) {
     auto v = file_.get_int(*arch + "." + key);
     if (!v) throw GgufError("gguf: missing " + *arch + "." + key);
@@ -108,10 +110,19 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
       cfg_.dim % cfg_.n_heads != 0 || cfg_.n_heads % cfg_.n_kv_heads != 0 || cfg_.ff <= 0)
     throw GgufError("gguf: inconsistent model hyper-parameters");
   cfg_.head_dim = static_cast<int>(file_.get_int(*arch + ".attention.key_length").value_or(cfg_.dim / cfg_.n_heads));
-  cfg_.rope_style = *arch == "qwen2" ? kernels::RopeStyle::HalfSplit : kernels::RopeStyle::Interleaved;
+  cfg_.rope_style = features->rope_style;
+  cfg_.qk_norm = features->qk_norm;
+  check_file_features(file_, *features, cfg_.n_layers, cfg_.head_dim, cfg_.context_length);
   if (auto st = file_.get_string(*arch + ".rope.scaling.type")) {
     cfg_.rope_scaling.type = *st == "yarn" ? "yarn" : *st;
     cfg_.rope_scaling.factor = static_cast<float>(file_.get_float(*arch + ".rope.scaling.factor").value_or(1.0));
+    // The file's own pre-scaling context (Llama 3.1 and 3.2 say 8192; another model
+    // another), not a built-in one.
+    if (auto oc = file_.get_int(*arch + ".rope.scaling.original_context_length")) {
+      if (*oc <= 0 || *oc > (int64_t{1} << 30))
+        throw GgufError(*arch + ".rope.scaling.original_context_length = " + std::to_string(*oc) + " is not valid");
+      cfg_.rope_scaling.original_context = static_cast<int>(*oc);
+    }
     if (*st == "yarn")
       throw GgufError(*arch + ".rope.scaling.type 'yarn' (YaRN RoPE scaling) is not supported (supported: none, "
                       "linear, llama3)");
@@ -211,6 +222,10 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     auto& L = layers_[l];
     L.attn_norm = upload_vector(load_vector(file_.tensor(p + "attn_norm.weight"), cfg_.dim));
     L.ffn_norm = upload_vector(load_vector(file_.tensor(p + "ffn_norm.weight"), cfg_.dim));
+    if (cfg_.qk_norm) {  // [head_dim], shared by every head: the same on every rank
+      L.attn_q_norm = upload_vector(load_vector(file_.tensor(p + "attn_q_norm.weight"), cfg_.head_dim));
+      L.attn_k_norm = upload_vector(load_vector(file_.tensor(p + "attn_k_norm.weight"), cfg_.head_dim));
+    }
     const auto& q = file_.tensor(p + "attn_q.weight");
     const auto& k = file_.tensor(p + "attn_k.weight");
     const auto& v = file_.tensor(p + "attn_v.weight");
@@ -282,6 +297,7 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   const int32_t dims[] = {fc.n_layers, fc.dim, fc.ff, fc.n_heads, fc.n_kv_heads, fc.head_dim, fc.vocab,
                           static_cast<int32_t>(fc.rope_style), fc.rope_scaling.original_context};
   add(dims, sizeof dims);
+  if (fc.qk_norm) add_str("qk_norm");  // (models without it: keys as before)
   const float params[] = {cfg_.rms_eps, cfg_.rope_theta, cfg_.rope_scaling.factor, cfg_.rope_scaling.low_freq_factor,
                           cfg_.rope_scaling.high_freq_factor};
   add(params, sizeof params);

@@ -1,5 +1,6 @@
-// A Llama-family model (Llama, SmolLM2, Qwen2) loaded from GGUF: hyper-parameters,
-// weights prepared on a backend, tokenizer and chat template.
+// A Llama-family model (Llama, SmolLM2, Mistral, Qwen2, Qwen3: model/architecture.h)
+// loaded from GGUF: hyper-parameters, weights prepared on a backend, tokenizer and
+// chat template.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,10 @@ struct RopeScaling {
   std::string type = "none";  // none | linear | llama3 (frequency factors)
   float factor = 1.0f;
   // Llama-3 style frequency scaling parameters (used when type == "llama3" and the
-  // file carries no precomputed rope_freqs tensor).
+  // file carries no precomputed rope_freqs tensor): the file's
+  // rope.scaling.original_context_length where it has one. GGUF has no keys for the
+  // two frequency factors (llama.cpp's converter writes rope_freqs instead), so these
+  // are Llama 3.1's.
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_context = 8192;
@@ -38,6 +42,7 @@ struct LlamaConfig {
   float rope_theta = 10000.0f;
   kernels::RopeStyle rope_style = kernels::RopeStyle::Interleaved;
   RopeScaling rope_scaling;
+  bool qk_norm = false;  // q and k RMS-normalized per head before RoPE (model/architecture.h)
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
 };
@@ -51,6 +56,7 @@ struct LayerWeights {
   kernels::DeviceBuffer attn_norm;                    // [dim] fp32
   kernels::DeviceBuffer ffn_norm;                     // [dim] fp32
   kernels::DeviceBuffer qkv_bias;                     // [q_dim + 2 kv_dim] fp32, or none
+  kernels::DeviceBuffer attn_q_norm, attn_k_norm;     // [head_dim] fp32 where config().qk_norm
   std::unique_ptr<kernels::PreparedWeights> wqkv;     // [q_dim + 2 kv_dim, dim]
   std::unique_ptr<kernels::PreparedWeights> wo;       // [dim, q_dim]
   std::unique_ptr<kernels::PreparedWeights> w_gate_up;// [2 ff, dim]

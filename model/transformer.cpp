@@ -70,7 +70,18 @@ void Transformer::project_qkv(int layer, const float* hidden, const int32_t* pos
   float* qkv = ws.get<float>(kQkv, n * (qd + 2 * kvd));
   be.rmsnorm(hidden, L.attn_norm.as<float>(), xn, n, dim, c.rms_eps);
   be.linear(*L.wqkv, xn, qkv, n, L.qkv_bias ? L.qkv_bias.as<float>() : nullptr);
-  be.split_qkv(qkv, q, k, v, n, qd, kvd);
+  if (c.qk_norm) {
+    // Qwen3: each head's q and k RMS-normalized (one [head_dim] weight for all heads)
+    // before RoPE. The split goes through scratch (slots free until attention), the
+    // norms write q and k.
+    float* raw_q = ws.get<float>(kGateUp, n * qd);
+    float* raw_k = ws.get<float>(kAct, n * kvd);
+    be.split_qkv(qkv, raw_q, raw_k, v, n, qd, kvd);
+    be.rmsnorm(raw_q, L.attn_q_norm.as<float>(), q, n * c.n_heads, c.head_dim, c.rms_eps);
+    be.rmsnorm(raw_k, L.attn_k_norm.as<float>(), k, n * c.n_kv_heads, c.head_dim, c.rms_eps);
+  } else {
+    be.split_qkv(qkv, q, k, v, n, qd, kvd);
+  }
   be.rope(q, pos, n, c.n_heads, model_.rope());
   be.rope(k, pos, n, c.n_kv_heads, model_.rope());
 }

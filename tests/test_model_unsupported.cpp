@@ -1,7 +1,8 @@
 // Model features this runtime does not implement fail loudly, never silently: a tiny
 // synthetic Llama GGUF that loads and generates (the baseline), and copies of it that
 // each change exactly one thing (YaRN RoPE scaling, an unsupported quant type, a SentencePiece
-// tokenizer, an unknown architecture, an unknown pre-tokenizer). Each must fail
+// tokenizer, an unknown architecture, an unknown pre-tokenizer, a key or tensor of a
+// feature we do not compute). Each must fail
 // through LlamaModel and through the `blendserve` CLI with an error naming the
 // feature; the CLI exits non-zero by itself (not by a signal). Supported neighbours of
 // the rejected features (linear RoPE scaling, a Q4_0/Q8_0 tensor) load, so the
@@ -298,6 +299,108 @@ TEST(ModelUnsupported, SupportedQuantTypesInTheSamePlaceLoad) {
   EXPECT_NO_THROW(load(write(with_ffn_down_type(12, 256, 144), "q4_k")));  // Q4_K
   EXPECT_NO_THROW(load(write(with_ffn_down_type(13, 256, 176), "q5_k")));  // Q5_K
   EXPECT_NO_THROW(load(write(with_ffn_down_type(14, 256, 210), "q6_k")));  // Q6_K
+}
+
+// ---- features of other architectures (model/architecture.h) --------------------------------
+
+// Each key that changes the math and that we do not compute is refused, naming it.
+TEST(ModelUnsupported, KeysOfUncomputedFeaturesAreRefusedByName) {
+  struct Case {
+    const char* name;
+    std::function<void(GgufWriter&)> set;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {"softcap_attn", [](GgufWriter& w) { w.f32("llama.attn_logit_softcapping", 50.0f); },
+       {"llama.attn_logit_softcapping", "soft-capping"}},
+      {"softcap_final", [](GgufWriter& w) { w.f32("llama.final_logit_softcapping", 30.0f); },
+       {"llama.final_logit_softcapping", "soft-capping"}},
+      {"partial_rotary", [](GgufWriter& w) { w.u32("llama.rope.dimension_count", kHeadDim / 2); },
+       {"llama.rope.dimension_count", "partial rotary"}},
+      {"sliding_window", [](GgufWriter& w) { w.u32("llama.attention.sliding_window", 8); },
+       {"llama.attention.sliding_window", "sliding-window"}},
+      {"experts", [](GgufWriter& w) { w.u32("llama.expert_count", 8); }, {"llama.expert_count", "mixture-of-experts"}},
+      {"value_length", [](GgufWriter& w) { w.u32("llama.attention.value_length", kHeadDim * 2); },
+       {"llama.attention.value_length"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    GgufWriter w = baseline_writer();
+    c.set(w);
+    expect_refused(write(w, c.name), c.needles);
+  }
+  // Their harmless values load: soft-capping 0, full rotary, a window no shorter than
+  // the context, no experts.
+  GgufWriter w = baseline_writer();
+  w.f32("llama.attn_logit_softcapping", 0.0f).u32("llama.rope.dimension_count", kHeadDim);
+  w.u32("llama.attention.sliding_window", 1u << 20).u32("llama.expert_count", 0);
+  EXPECT_NO_THROW(load(write(w, "harmless_keys")));
+}
+
+// A tensor the loader does not read would change the math unseen: refused by name,
+// inside a block (a norm of another architecture, expert weights) or outside one.
+TEST(ModelUnsupported, TensorsTheLoaderDoesNotReadAreRefusedByName) {
+  const std::vector<float> norm(static_cast<size_t>(kHeadDim), 1.0f);
+  struct Case {
+    const char* name;
+    std::string tensor;
+    std::vector<uint64_t> dims;
+    std::vector<std::string> needles;
+  };
+  for (const Case& c : {Case{"q_norm_in_llama", "blk.0.attn_q_norm.weight", {kHeadDim}, {"'blk.0.attn_q_norm.weight'"}},
+                        Case{"post_norm", "blk.1.post_attention_norm.weight", {kDim}, {"'blk.1.post_attention_norm.weight'"}},
+                        Case{"experts", "blk.0.ffn_gate_exps.weight", {kDim}, {"'blk.0.ffn_gate_exps.weight'", "mixture-of-experts"}},
+                        Case{"router", "blk.0.ffn_gate_inp.weight", {kDim}, {"'blk.0.ffn_gate_inp.weight'", "mixture-of-experts"}},
+                        Case{"no_block", "blk.99.attn_norm.weight", {kDim}, {"'blk.99.attn_norm.weight'"}},
+                        Case{"top_level", "cls.weight", {kDim}, {"'cls.weight'"}}}) {
+    SCOPED_TRACE(c.name);
+    GgufWriter w = baseline_writer();
+    w.tensor(c.tensor, c.dims, 0, GgufWriter::f32_bytes(std::vector<float>(static_cast<size_t>(c.dims[0]), 1.0f)));
+    expect_refused(write(w, c.name), c.needles);
+  }
+}
+
+// Qwen3 normalizes q and k per head: a qwen3 file loads with its norms and is refused,
+// naming the tensor, without them; the norms change the logits (they are computed).
+TEST(ModelUnsupported, Qwen3NeedsItsPerHeadNorms) {
+  GgufWriter without = baseline_writer("qwen3");
+  expect_refused(write(without, "qwen3_no_norms"), {"blk.0.attn_q_norm.weight", "qwen3"});
+  auto with_norms = [&](float q_scale) {
+    GgufWriter w = baseline_writer("qwen3");
+    for (int l = 0; l < bs::testing::kDefaultLayers; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      std::vector<float> q(static_cast<size_t>(kHeadDim)), k(static_cast<size_t>(kHeadDim));
+      for (int i = 0; i < kHeadDim; ++i) q[i] = q_scale * (0.5f + 0.03f * i), k[i] = 1.5f - 0.02f * i;
+      w.tensor(p + "attn_q_norm.weight", {kHeadDim}, 0, GgufWriter::f32_bytes(q));
+      w.tensor(p + "attn_k_norm.weight", {kHeadDim}, 0, GgufWriter::f32_bytes(k));
+    }
+    return w;
+  };
+  std::unique_ptr<bs::LlamaModel> a, b;
+  ASSERT_NO_THROW(a = load(write(with_norms(1.0f), "qwen3_a")));
+  ASSERT_NO_THROW(b = load(write(with_norms(3.0f), "qwen3_b")));
+  EXPECT_TRUE(a->config().qk_norm);
+  EXPECT_EQ(a->config().rope_style, bs::kernels::RopeStyle::HalfSplit);
+  bs::Transformer ta(*a), tb(*b);
+  auto ca = ta.make_cache(8), cb = tb.make_cache(8);
+  const std::vector<int32_t> ids = {1, 2, 3};
+  EXPECT_NE(ta.forward(ids, ca), tb.forward(ids, cb)) << "the q norm's weights changed nothing";
+}
+
+// The file's own pre-scaling context for llama3 scaling, not a built-in 8192.
+TEST(ModelUnsupported, Llama3ScalingReadsTheFilesOriginalContext) {
+  auto scaled = [&](uint32_t original) {
+    GgufWriter w = baseline_writer();
+    w.str("llama.rope.scaling.type", "llama3");
+    w.f32("llama.rope.scaling.factor", 8.0f);
+    if (original) w.u32("llama.rope.scaling.original_context_length", original);
+    return load(write(w, "llama3_" + std::to_string(original)));
+  };
+  const auto def = scaled(0), short_ctx = scaled(64);
+  EXPECT_EQ(def->config().rope_scaling.original_context, 8192);
+  EXPECT_EQ(short_ctx->config().rope_scaling.original_context, 64);
+  EXPECT_NE(def->rope().table.inv_freq, short_ctx->rope().table.inv_freq);
+  EXPECT_NE(def->fingerprint(), short_ctx->fingerprint());
 }
 
 // ---- tokenizers -------------------------------------------------------------------------

@@ -1,0 +1,187 @@
+// Every architecture we compute against Hugging Face transformers' own logits: tiny
+// random models of Llama (3.1 RoPE scaling, from the llama3 keys and from rope_freqs),
+// Mistral, Qwen2 (biases, tied head) and Qwen3 (per-head q/k norms, head_dim apart
+// from the width), each as GGUF in F32/F16 and in a K-quant mix (Q4_K, Q5_K, Q6_K,
+// Q5_0, Q5_1, Q8_0), made with transformers' logits for the exact weights each file
+// holds by tools/make_arch_reference.py (tests/fixtures/arch/). Every position of
+// every prompt must match within a relative bound, with the same top-1 wherever the
+// reference leads by more than 0.1; the blend at ratio 1 must equal full prefill.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "blend/blend_engine.h"
+#include "blend/rag_prompt.h"
+#include "blend/store_backed_blend.h"
+#include "model/llama_model.h"
+#include "model/transformer.h"
+#include "storage/memory_store.h"
+#include "tests/model_fixture.h"
+
+namespace {
+
+const std::string kDir = std::string(BLENDSERVE_FIXTURES) + "/arch/";
+
+struct Reference {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<float>> logits;  // per prompt: [positions, vocab]
+  int vocab = 0;
+};
+
+Reference read_reference(const std::string& stem) {
+  Reference r;
+  std::ifstream meta(kDir + stem + ".json");
+  EXPECT_TRUE(meta) << "missing " << kDir << stem << ".json (tools/make_arch_reference.py)";
+  if (!meta) return r;
+  const auto j = nlohmann::json::parse(meta);
+  r.vocab = j.at("vocab");
+  std::ifstream blob(kDir + stem + ".logits.f32", std::ios::binary);
+  for (const auto& ids : j.at("prompts")) {
+    r.prompts.push_back(ids.get<std::vector<int32_t>>());
+    std::vector<float> l(r.prompts.back().size() * static_cast<size_t>(r.vocab));
+    blob.read(reinterpret_cast<char*>(l.data()), static_cast<std::streamsize>(l.size() * sizeof(float)));
+    EXPECT_TRUE(blob) << stem << ".logits.f32 is short";
+    r.logits.push_back(std::move(l));
+  }
+  return r;
+}
+
+struct Case {
+  const char* stem;  // tests/fixtures/arch/<stem>.gguf
+  const char* arch;  // general.architecture
+};
+const Case kCases[] = {{"llama.f32", "llama"}, {"llama.kq", "llama"},  {"mistral.kq", "llama"},
+                       {"qwen2.f16", "qwen2"}, {"qwen2.kq", "qwen2"},  {"qwen3.f16", "qwen3"},
+                       {"qwen3.kq", "qwen3"}};
+
+// Relative max error over a prompt's logits (max |ours - ref| / max |ref|) and the
+// count of decisive positions (ref's top-1 leads by > 0.1) whose top-1 differs.
+struct Agreement {
+  double rel_max = 0;
+  int decisive = 0, decisive_flips = 0;
+};
+Agreement compare(const std::vector<float>& ours, const std::vector<float>& ref, int vocab) {
+  Agreement a;
+  double err = 0, mag = 1e-12;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    err = std::max(err, static_cast<double>(std::fabs(ours[i] - ref[i])));
+    mag = std::max(mag, static_cast<double>(std::fabs(ref[i])));
+  }
+  a.rel_max = err / mag;
+  for (size_t p = 0; p < ref.size() / vocab; ++p) {
+    const float* r = ref.data() + p * vocab;
+    const float* o = ours.data() + p * vocab;
+    int best = 0, second = -1;
+    for (int v = 1; v < vocab; ++v)
+      if (r[v] > r[best]) second = best, best = v;
+      else if (second < 0 || r[v] > r[second]) second = v;
+    if (r[best] - r[second] <= 0.1f) continue;
+    ++a.decisive;
+    int ob = 0;
+    for (int v = 1; v < vocab; ++v)
+      if (o[v] > o[ob]) ob = v;
+    if (ob != best) ++a.decisive_flips;
+  }
+  return a;
+}
+
+class ModelArch : public ::testing::TestWithParam<Case> {};
+
+// fp32 arithmetic in another order than PyTorch's: the bound (1e-4 of the largest
+// logit) is two orders above what reordering gives here and three below a wrong
+// feature (a norm left out, RoPE in the other convention, unscaled frequencies).
+TEST_P(ModelArch, LogitsMatchTransformers) {
+  const Case c = GetParam();
+  const Reference ref = read_reference(c.stem);
+  ASSERT_FALSE(ref.prompts.empty());
+  bs::LlamaModel model(kDir + c.stem + ".gguf", bs::testing::shared_backend(), bs::kernels::Precision::F32);
+  EXPECT_EQ(model.config().architecture, c.arch);
+  ASSERT_EQ(model.config().vocab, ref.vocab);
+  bs::Transformer tf(model);
+  int decisive = 0;
+  for (size_t i = 0; i < ref.prompts.size(); ++i) {
+    auto cache = tf.make_cache(static_cast<int64_t>(ref.prompts[i].size()));
+    const auto ours = tf.forward(ref.prompts[i], cache, /*all_logits=*/true);
+    const Agreement a = compare(ours, ref.logits[i], ref.vocab);
+    EXPECT_LT(a.rel_max, 1e-4) << c.stem << " prompt " << i;
+    EXPECT_EQ(a.decisive_flips, 0) << c.stem << " prompt " << i << ": " << a.decisive << " decisive positions";
+    decisive += a.decisive;
+  }
+  EXPECT_GT(decisive, 20) << "the references should mostly be decisive";
+}
+
+// Decode steps (one token at a time over the cache) give the same logits as the
+// reference's positions too, batched rows included (the decode products' path).
+TEST_P(ModelArch, DecodeStepsMatchTransformers) {
+  const Case c = GetParam();
+  const Reference ref = read_reference(c.stem);
+  ASSERT_FALSE(ref.prompts.empty());
+  bs::LlamaModel model(kDir + c.stem + ".gguf", bs::testing::shared_backend(), bs::kernels::Precision::F32);
+  bs::Transformer tf(model);
+  const auto& ids = ref.prompts[0];
+  auto cache = tf.make_cache(static_cast<int64_t>(ids.size()));
+  std::vector<float> ours;
+  for (int32_t id : ids) {
+    bs::KvCache* one[] = {&cache};
+    const auto l = tf.decode_step(std::vector<int32_t>{id}, one);
+    ours.insert(ours.end(), l.begin(), l.end());
+  }
+  const Agreement a = compare(ours, ref.logits[0], ref.vocab);
+  EXPECT_LT(a.rel_max, 1e-4) << c.stem;
+  EXPECT_EQ(a.decisive_flips, 0) << c.stem;
+}
+
+// The blend at ratio 1 recomputes every token: it equals full prefill on every
+// architecture (the per-head norms and biases included), and every selection rule runs.
+TEST_P(ModelArch, BlendAtRatioOneEqualsFullAndEveryRuleRuns) {
+  const Case c = GetParam();
+  bs::LlamaModel model(kDir + c.stem + ".gguf", bs::testing::shared_backend(), bs::kernels::Precision::F32);
+  bs::Transformer tf(model);
+  bs::BlendEngine engine(tf);
+  bs::MemoryKvStore store(int64_t{1} << 26);
+  bs::StoreBackedBlend from_store(engine, store);
+  bs::RagPrompt prompt;
+  prompt.prefix = {256, 10, 11, 12};
+  prompt.chunks = {{40, 41, 42, 43, 44, 45, 46, 47, 48, 49}, {60, 61, 62, 63, 64, 65, 66, 67}};
+  prompt.suffix = {100, 101, 102, 103, 104};
+  from_store.warm(prompt);  // every chunk's KV stored, computed alone
+  bs::BlendOptions full;
+  full.mode = bs::BlendMode::Full;
+  const auto want = from_store.prefill(prompt, full, 1).logits;
+  for (auto sel : {bs::Selection::QueryFirst, bs::Selection::Deviation, bs::Selection::Attention,
+                   bs::Selection::Impact}) {
+    SCOPED_TRACE(bs::selection_name(sel));
+    bs::BlendOptions o;
+    o.selection = sel;
+    o.check_layers = {1};  // the tiny models have 2 layers
+    o.ratio = 1.0f;
+    const auto got = from_store.prefill(prompt, o, 1);
+    EXPECT_EQ(got.stats.chunks_hit, 2);
+    ASSERT_EQ(got.logits.size(), want.size());
+    double err = 0, mag = 1e-12;
+    for (size_t i = 0; i < want.size(); ++i) {
+      err = std::max(err, static_cast<double>(std::fabs(got.logits[i] - want[i])));
+      mag = std::max(mag, static_cast<double>(std::fabs(want[i])));
+    }
+    EXPECT_LT(err / mag, 1e-5) << c.stem;
+    o.ratio = 0.3f;  // a partial recompute runs on this architecture too
+    const auto partial = from_store.prefill(prompt, o, 1);
+    EXPECT_EQ(partial.logits.size(), want.size());
+    EXPECT_GT(partial.stats.recomputed_tokens, 0);
+    EXPECT_LT(partial.stats.recomputed_tokens, 18);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, ModelArch, ::testing::ValuesIn(kCases), [](const auto& info) {
+  std::string s = info.param.stem;
+  for (char& ch : s)
+    if (ch == '.') ch = '_';
+  return s;
+});
+
+}  // namespace

@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""Generator of tests/fixtures/arch/: tiny random models of each architecture we
+compute, written as GGUF, with Hugging Face transformers' own logits for them.
+Run by hand, never in CI (it needs torch, transformers and gguf from PyPI; use a
+throwaway venv: `python3 -m venv /tmp/hf && /tmp/hf/bin/pip install torch
+transformers gguf numpy`); its outputs are committed, and tests/test_model_arch.cpp
+checks our logits against them.
+
+For each family a transformers config with its features switched on builds a
+random-weight model (2 layers, GQA 4:2, head_dim 64, width 256, vocabulary 260):
+  llama    LlamaForCausalLM, Llama 3.1 RoPE scaling with a short original context
+           (64) so the scaling changes many frequencies; as llama.cpp's converter
+           writes it: rope_freqs.weight, q and k rows permuted to GGUF's interleaved
+           RoPE order (convert_hf_to_gguf.py's LlamaModel.permute)
+  mistral  MistralForCausalLM (no sliding window), files say `llama`, permuted likewise
+  qwen2    Qwen2ForCausalLM, q/k/v biases, half-split RoPE, tied embeddings
+  qwen3    Qwen3ForCausalLM, per-head q/k RMSNorm, head_dim independent of the width
+Each is written in several tensor types; the matrices of a quantized file are
+quantized here (gguf-py's quantizers for Q8_0/Q5_0/Q5_1, a plain min-max one of ours
+for the K-quants: any valid blocks will do), dequantized back with gguf-py, and
+loaded into the transformers model before its logits are taken, so the reference is
+exactly the math of the file's weights:
+  <family>.f32.gguf   all F32 (llama only: the rest keep the fixtures small)
+  <family>.f16.gguf   matrices F16
+  <family>.kq.gguf    a K-quant mix: attn_q Q4_K, attn_k Q5_K, attn_v Q6_K,
+                      attn_output Q5_0, ffn_gate Q5_1, ffn_up Q4_K, ffn_down Q6_K,
+                      token_embd Q8_0
+and <family>.<kind>.json names the prompts (token ids) whose transformers fp32 logits
+of every position <family>.<kind>.logits.f32 holds. The llama F32 file says its
+scaling with the llama3 keys (factor, original context), the others with rope_freqs. The tokenizer is a byte-level BPE of 256 byte tokens, one
+merge and three control tokens (the tests feed token ids).
+
+Usage: tools/make_arch_reference.py [OUT_DIR]
+"""
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFWriter, dequantize, quantize
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "fixtures", "arch")
+VOCAB = 260
+PROMPTS = [[256, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100],
+           [259 - 3] + list(range(40, 40 + 47)),
+           [7, 7, 7, 200, 13, 99, 1, 0, 255, 128, 64, 32, 16, 8, 4, 2, 1, 3, 5, 9, 17, 33, 65, 129]]
+COMMON = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, initializer_range=0.08,
+              torch_dtype="float32")
+KQ_MIX = {"attn_q": QT.Q4_K, "attn_k": QT.Q5_K, "attn_v": QT.Q6_K, "attn_output": QT.Q5_0, "ffn_gate": QT.Q5_1,
+          "ffn_up": QT.Q4_K, "ffn_down": QT.Q6_K, "token_embd": QT.Q8_0}
+
+
+def rope(theta):
+    return {"rope_type": "default", "rope_theta": theta}
+
+
+def families():
+    yield "llama", "llama", LlamaForCausalLM(LlamaConfig(
+        **COMMON, head_dim=64, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}))
+    yield "mistral", "llama", MistralForCausalLM(MistralConfig(
+        **COMMON, head_dim=64, rope_parameters=rope(1e6), sliding_window=None, tie_word_embeddings=False))
+    yield "qwen2", "qwen2", Qwen2ForCausalLM(Qwen2Config(
+        **COMMON, rope_parameters=rope(1e6), tie_word_embeddings=True, use_sliding_window=False))
+    # head_dim 128: q_dim 512 != the width 256, head_dim is its own
+    yield "qwen3", "qwen3", Qwen3ForCausalLM(Qwen3Config(
+        **COMMON, head_dim=128, rope_parameters=rope(1e6), tie_word_embeddings=False, attention_bias=False))
+
+
+def byte_alphabet():
+    # GPT-2's bytes_to_unicode, in byte order.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def permute(w, n_head, n_head_kv):
+    # convert_hf_to_gguf.py LlamaModel.permute: HF's half-split rows to GGUF's pairs.
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def quantize_k(w, qtype):
+    """Plain min-max K-quant blocks of rows of w (fp32 [rows, cols], cols % 256 == 0)."""
+    rows, cols = w.shape
+    blocks = w.reshape(-1, 8, 32).astype(np.float32)  # super-blocks of 8 sub-blocks
+    out = []
+    for sb in blocks:
+        if qtype == QT.Q6_K:
+            amax = np.abs(sb.reshape(16, 16)).max(axis=1)  # 16 scales of 16
+            d = np.float16(max(amax.max() / 32.0 / 127.0, 1e-8))
+            sc = np.clip(np.round(amax / 32.0 / np.float32(d)), -128, 127).astype(np.int8)
+            eff = np.float32(d) * sc.astype(np.float32)
+            q = np.zeros(256, np.int32)
+            for i in range(16):
+                if eff[i] != 0:
+                    q[16 * i:16 * i + 16] = np.clip(np.round(sb.reshape(16, 16)[i] / eff[i]), -32, 31)
+            q = (q + 32).astype(np.uint8)
+            ql = np.zeros(128, np.uint8)
+            qh = np.zeros(64, np.uint8)
+            for n in range(2):
+                for l in range(32):
+                    base = 128 * n
+                    q1, q2, q3, q4 = q[base + l], q[base + l + 32], q[base + l + 64], q[base + l + 96]
+                    ql[64 * n + l] = (q1 & 0xF) | ((q3 & 0xF) << 4)
+                    ql[64 * n + l + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4)
+                    qh[32 * n + l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6)
+            out.append(ql.tobytes() + qh.tobytes() + sc.tobytes() + d.tobytes())
+            continue
+        nmax = 15 if qtype == QT.Q4_K else 31
+        mn = np.minimum(sb.min(axis=1), 0)
+        mx = sb.max(axis=1)
+        scale = (mx - mn) / nmax
+        d = np.float16(max(scale.max() / 63.0, 1e-8))
+        dmin = np.float16(max((-mn).max() / 63.0, 1e-8))
+        ls = np.clip(np.round(scale / np.float32(d)), 0, 63).astype(np.uint8)
+        lm = np.clip(np.round(-mn / np.float32(dmin)), 0, 63).astype(np.uint8)
+        scales = np.zeros(12, np.uint8)
+        for j in range(8):  # ggml's packing (inverse of get_scale_min_k4)
+            if j < 4:
+                scales[j] = ls[j]
+                scales[j + 4] = lm[j]
+            else:
+                scales[j + 4] = (ls[j] & 0xF) | ((lm[j] & 0xF) << 4)
+                scales[j - 4] |= (ls[j] >> 4) << 6
+                scales[j] |= (lm[j] >> 4) << 6
+        q = np.zeros((8, 32), np.int32)
+        for j in range(8):
+            dj, mj = np.float32(d) * ls[j], np.float32(dmin) * lm[j]
+            if dj > 0:
+                q[j] = np.clip(np.round((sb[j] + mj) / dj), 0, nmax)
+        qs = np.zeros(128, np.uint8)
+        for c in range(4):
+            qs[32 * c:32 * c + 32] = (q[2 * c] & 0xF) | ((q[2 * c + 1] & 0xF) << 4)
+        head = d.tobytes() + dmin.tobytes() + scales.tobytes()
+        if qtype == QT.Q5_K:
+            qh = np.zeros(32, np.uint8)
+            for j in range(8):
+                qh |= (((q[j] >> 4) & 1) << j).astype(np.uint8)
+            out.append(head + qh.tobytes() + qs.tobytes())
+        else:
+            out.append(head + qs.tobytes())
+    return np.frombuffer(b"".join(out), np.uint8).reshape(rows, -1)
+
+
+def encode(w, qtype):
+    """(raw array for the writer, the dequantized fp32 weights the file holds)."""
+    if qtype == QT.F32:
+        return w.astype(np.float32), w.astype(np.float32)
+    if qtype == QT.F16:
+        h = w.astype(np.float16)
+        return h, h.astype(np.float32)
+    raw = quantize_k(w, qtype) if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else quantize(w.astype(np.float32), qtype)
+    return raw, dequantize(raw, qtype).reshape(w.shape).astype(np.float32)
+
+
+def write_family(name, arch, model, sd, kind):
+    cfg = model.config
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    path = os.path.join(OUT, f"{name}.{kind}.gguf")
+    w = GGUFWriter(path, arch)
+    w.add_name(f"tiny random {name} ({kind})")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    rp = cfg.rope_parameters  # transformers 5: theta and scaling together
+    w.add_rope_freq_base(rp["rope_theta"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    tokens = byte_alphabet() + ["Ġt", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 257 + [3] * 3)
+    w.add_token_merges(["Ġ t"])
+    w.add_bos_token_id(257)
+    w.add_eos_token_id(259)
+    w.add_add_bos_token(False)
+    permuted = arch == "llama"
+    if name == "llama" and kind == "f32":  # Llama 3.1 scaling from the keys
+        w.add_string("llama.rope.scaling.type", "llama3")  # gguf-py has no enum value for it
+        w.add_rope_scaling_factor(rp["factor"])
+        w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+    elif name == "llama":  # as llama.cpp's converter writes it: rope_freqs
+        rs = rp
+        freqs = 1.0 / (rp["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+        old, lo, hi = rs["original_max_position_embeddings"], rs["low_freq_factor"], rs["high_freq_factor"]
+        factors = []
+        for f in freqs:
+            wl = 2 * math.pi / f
+            if wl < old / hi:
+                factors.append(1.0)
+            elif wl > old / lo:
+                factors.append(rs["factor"])
+            else:
+                smooth = (old / wl - lo) / (hi - lo)
+                factors.append(1.0 / ((1 - smooth) / rs["factor"] + smooth))
+        w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
+
+    held = {}  # HF name -> the fp32 values the file holds (in HF's layout)
+
+    def put(gguf_name, hf_name, kind_of, perm=None):
+        x = sd[hf_name]
+        qtype = QT.F32
+        if x.ndim == 2 and kind != "f32":
+            qtype = QT.F16 if kind == "f16" else KQ_MIX[kind_of]
+        stored = permute(x, *perm) if perm else x
+        raw, values = encode(stored, qtype)
+        w.add_tensor(gguf_name, raw, raw_dtype=qtype if qtype not in (QT.F32, QT.F16) else None)
+        if perm:  # back to HF's row order: the inverse permutation
+            n = perm[1] if perm[1] is not None and perm[0] != perm[1] else perm[0]
+            values = values.reshape(n, values.shape[0] // n // 2, 2, -1).swapaxes(1, 2).reshape(x.shape)
+        held[hf_name] = values
+
+    put("token_embd.weight", "model.embed_tokens.weight", "token_embd")
+    put("output_norm.weight", "model.norm.weight", None)
+    if not cfg.tie_word_embeddings:
+        put("output.weight", "lm_head.weight", "ffn_down")
+    for l in range(cfg.num_hidden_layers):
+        p, g = f"model.layers.{l}.", f"blk.{l}."
+        put(g + "attn_norm.weight", p + "input_layernorm.weight", None)
+        put(g + "ffn_norm.weight", p + "post_attention_layernorm.weight", None)
+        put(g + "attn_q.weight", p + "self_attn.q_proj.weight", "attn_q", (heads, heads) if permuted else None)
+        put(g + "attn_k.weight", p + "self_attn.k_proj.weight", "attn_k", (heads, kv_heads) if permuted else None)
+        put(g + "attn_v.weight", p + "self_attn.v_proj.weight", "attn_v")
+        put(g + "attn_output.weight", p + "self_attn.o_proj.weight", "attn_output")
+        put(g + "ffn_gate.weight", p + "mlp.gate_proj.weight", "ffn_gate")
+        put(g + "ffn_up.weight", p + "mlp.up_proj.weight", "ffn_up")
+        put(g + "ffn_down.weight", p + "mlp.down_proj.weight", "ffn_down")
+        for b in ("q", "k", "v"):
+            if p + f"self_attn.{b}_proj.bias" in sd:
+                put(g + f"attn_{b}.bias", p + f"self_attn.{b}_proj.bias", None)
+        if p + "self_attn.q_norm.weight" in sd:
+            put(g + "attn_q_norm.weight", p + "self_attn.q_norm.weight", None)
+            put(g + "attn_k_norm.weight", p + "self_attn.k_norm.weight", None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    # The reference: the model with exactly the file's weights.
+    ref = {k: torch.from_numpy(v) for k, v in held.items()}
+    if cfg.tie_word_embeddings:
+        ref["lm_head.weight"] = ref["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(ref, strict=False)
+    missing = [m for m in missing if "rotary_emb" not in m]
+    assert not missing and not unexpected, (missing, unexpected)
+    # Logits of every position of every prompt, fp32 little endian, prompt after prompt
+    # ([positions, vocab] each) in <family>.<kind>.logits.f32; the ids in the JSON.
+    meta = {"generator": "tools/make_arch_reference.py (transformers %s, torch %s)" % (
+        __import__("transformers").__version__, torch.__version__), "file": os.path.basename(path),
+        "vocab": VOCAB, "prompts": PROMPTS}
+    blobs = []
+    with torch.no_grad():
+        for ids in PROMPTS:
+            blobs.append(model(torch.tensor([ids])).logits[0].float().numpy().astype("<f4").tobytes())
+    with open(os.path.join(OUT, f"{name}.{kind}.logits.f32"), "wb") as f:
+        f.write(b"".join(blobs))
+    with open(os.path.join(OUT, f"{name}.{kind}.json"), "w") as f:
+        json.dump(meta, f)
+    print("wrote", path, os.path.getsize(path), "bytes", file=sys.stderr)
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    torch.manual_seed(20261201)
+    for name, arch, model in families():
+        model = model.float().eval()
+        # Norm weights and biases away from their initial 1 and 0, so each is tested.
+        with torch.no_grad():
+            for k, v in model.named_parameters():
+                if k.endswith("norm.weight"):
+                    v.copy_(1.0 + 0.2 * torch.randn_like(v))
+                elif k.endswith(".bias"):
+                    v.copy_(0.1 * torch.randn_like(v))
+        sd = {k: v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
+        kinds = ["f32", "f16", "kq"] if name == "llama" else ["f16", "kq"]
+        for kind in kinds:
+            write_family(name, arch, model, sd, kind)
+
+
+if __name__ == "__main__":
+    main()
