@@ -5,7 +5,8 @@
 // Q5_0, Q5_1, Q8_0), made with transformers' logits for the exact weights each file
 // holds by tools/make_arch_reference.py (tests/fixtures/arch/). Every position of
 // every prompt must match within a relative bound, with the same top-1 wherever the
-// reference leads by more than 0.1; the blend at ratio 1 must equal full prefill.
+// reference leads by more than 0.1, in prefill, decode steps and at tensor parallel
+// degree 2; the blend at ratio 1 must equal full prefill.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -19,9 +20,11 @@
 #include "blend/rag_prompt.h"
 #include "blend/store_backed_blend.h"
 #include "model/llama_model.h"
+#include "model/tp_group.h"
 #include "model/transformer.h"
 #include "storage/memory_store.h"
 #include "tests/model_fixture.h"
+#include "tests/tp_fixture.h"
 
 namespace {
 
@@ -175,6 +178,28 @@ TEST_P(ModelArch, BlendAtRatioOneEqualsFullAndEveryRuleRuns) {
     EXPECT_GT(partial.stats.recomputed_tokens, 0);
     EXPECT_LT(partial.stats.recomputed_tokens, 18);
   }
+}
+
+// Tensor parallel degree 2 (CPU ranks, model/tp_group.h) on the per-head-norm and the
+// biased architectures, in plain and K-quant files (whose split down projection falls
+// inside a super-block: dequantized for the rank): the last position's logits are
+// transformers' within the same bound, and 8 greedy tokens are tp 1's.
+TEST_P(ModelArch, TensorParallelDegree2EqualsTp1AndTransformers) {
+  const Case c = GetParam();
+  const Reference ref = read_reference(c.stem);
+  ASSERT_FALSE(ref.prompts.empty());
+  auto cpu = [] { return bs::kernels::make_cpu_backend(); };
+  bs::TpGroup one(kDir + c.stem + ".gguf", 1, cpu, bs::kernels::Precision::F32, bs::kernels::TensorType::F32);
+  bs::TpGroup two(kDir + c.stem + ".gguf", 2, cpu, bs::kernels::Precision::F32, bs::kernels::TensorType::F32);
+  EXPECT_EQ(two.model(1).config().n_kv_heads, 1);
+  const auto& ids = ref.prompts[1];
+  const auto got = bs::testing::generate_on(two, ids, 8);
+  const auto want = bs::testing::generate_on(one, ids, 8);
+  EXPECT_EQ(got.tokens, want.tokens) << c.stem;
+  const std::vector<float> last(ref.logits[1].end() - ref.vocab, ref.logits[1].end());
+  const Agreement a = compare(got.logits[0], last, ref.vocab);
+  EXPECT_LT(a.rel_max, 1e-4) << c.stem;
+  EXPECT_EQ(a.decisive_flips, 0) << c.stem;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ModelArch, ::testing::ValuesIn(kCases), [](const auto& info) {
