@@ -83,11 +83,12 @@ void fit_query_first_to_model(BlendOptions& blend, int n_layers) {
 // CAF's scheduler threads only pass messages: few of them, sleeping soon when
 // idle, so they never compete with the compute thread for the cores. Every actor
 // whose handlers may block runs detached, on a thread of its own: the intake
-// (tokenizing), the controller (SSD lookups: open, header read), the loaders and
-// the SSD writer (I/O), the decoder (sampling, the caller's callbacks), the
-// inspector (the trace file) and write-back (its RAM put page-locks the entry on a
-// device backend: a driver call of milliseconds for a large chunk). The worker, the
-// rank workers and the supervisor only pass messages.
+// (tokenizing), the controller (SSD lookups: open, header read), the loaders, the
+// SSD writer and the remote writer (I/O), the decoder (sampling, the caller's
+// callbacks), the inspector (the trace file), write-back (its RAM put page-locks the
+// entry on a device backend: a driver call of milliseconds for a large chunk) and the
+// rank workers (a copy to a rank's device may block). The layer worker and the
+// supervisor only pass messages, on the scheduler's threads.
 struct RuntimeSystemConfig : caf::actor_system_config {
   RuntimeSystemConfig() {
     set("scheduler.max-threads", size_t{2});

@@ -104,8 +104,9 @@ struct RuntimeContext {
   std::unique_ptr<MemoryKvStore> ram;  // null when the tier is off
   std::unique_ptr<DiskKvStore> ssd;    // null when the tier is off
   // A storage node's SSD over the network (tiers.remote); null when the tier is off.
-  // Not in `tiered`: the synchronous whole-entry paths (the fallback after a failed
-  // load, write-back's "stored already?") never wait on the network.
+  // Not in `tiered`: its synchronous whole-entry users (write-back's "stored
+  // already?", erase_document, store_document's local check and put) never wait on
+  // the network; store_document and erase_document ask the node themselves.
   std::unique_ptr<ReplicatedKvStore> remote;
   std::vector<StoredTier> tiers;        // lookup order
   std::unique_ptr<TieredKvStore> tiered;

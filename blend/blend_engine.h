@@ -1,4 +1,4 @@
-// CacheBlend prefill (DESIGN.md §2): reuse every chunk's stored KV wherever the
+// CacheBlend prefill (arXiv:2405.16444): reuse every chunk's stored KV wherever the
 // chunk lands, repair its positions (delta-RoPE), and recompute only the tokens
 // whose KV deviates most from what a full prefill would give.
 //

@@ -1,8 +1,9 @@
 // A blend prefill served directly from one store (any tier): the stored KV of the
 // prompt's prefix and chunks is read up front, then the engine computes. For tools,
-// benchmarks, evaluation and the runtime's fallback (a stored entry that failed
-// mid-load); the runtime's own path plans the parts and streams them with loaders
-// beside the engine's steps instead. The engine itself holds no store.
+// benchmarks, evaluation and tests; the runtime never uses it: its path plans the
+// parts and streams them with loaders beside the engine's steps, and after a stored
+// entry fails mid-load it begins the prefill again from a new plan with that part
+// computed (no store is read on the compute thread). The engine itself holds no store.
 #pragma once
 
 #include "blend/blend_engine.h"

@@ -2,7 +2,9 @@
 // the OpenAI-compatible endpoint users call, with no model weights of its own. It
 // sends each chat completion to a worker (actors/request_router.h: where the
 // request's document KV already is, by the reports actors/cluster_monitor.h
-// collects over CAF's control plane) and relays the answer, streamed or not.
+// collects over the cluster's control plane: storage/framed_link.h, TLS 1.3 with
+// mutual authentication unless the cluster file asks for plaintext; CAF's network
+// layer is not used) and relays the answer, streamed or not.
 //
 // Failures: a worker that fails (connection refused or lost, 5xx, or silent past
 // two heartbeat intervals in the cluster monitor — a frozen process keeps its

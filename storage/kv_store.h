@@ -1,6 +1,9 @@
-// The interface every chunk-KV tier implements (RAM now, SSD, later a remote
-// storage node). The engine and the loaders talk to KvStore only, so a tier can be
-// added, removed or stacked from the config without touching them.
+// The interface every chunk-KV tier implements: RAM (memory_store.h), the SSD
+// (disk_store.h), a storage node over TCP (remote_store.h) and several nodes with
+// replication (replicated_store.h); TieredKvStore (tiered_store.h) stacks tiers behind
+// it. StoreBackedBlend and the runtime's controller and loaders talk to KvStore only
+// (the engine holds no store), so a tier is turned on or off from the config without
+// touching them.
 #pragma once
 
 #include <algorithm>

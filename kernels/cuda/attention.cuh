@@ -5,9 +5,11 @@
 // the prompt's rows (the blend's selected tokens) or decode steps.
 //
 // One warp per (query, head), walking the keys in order: correct for every shape and
-// cheap for a few rows. The backend sends 64 rows and more to attention_gemm.cuh
-// (cuBLAS) and batched decode rows to attention_rows.cuh (split over the keys); a fused
-// tiled prefill kernel is still to come. head_dim <= 256.
+// cheap for a few rows. The backend uses it below 64 rows (a short blend check): from
+// 64 rows on it sends them to the fused tiled kernel on the tensor cores,
+// attention_flash.cuh (head_dim 64 and 128), or to attention_gemm.cuh (cuBLAS) for the
+// other head dims; batched decode rows go to attention_rows.cuh (split over the keys).
+// head_dim <= 256.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,7 +1,9 @@
 // The Communicator (kernels/communicator.h) of GPU ranks, over NCCL (2.28, the CUDA
 // toolkit's). One communicator per rank, each on its own GPU; the group is joined by
-// an NCCL unique id that rank 0 creates (make_nccl_id) and hands to the others as
-// bytes in a message. No CAF here.
+// an NCCL unique id (make_nccl_id). Every rank is a thread of one process:
+// make_nccl_group (what make_group of kernels/communicator_choice.h calls for `nccl`)
+// makes the id and hands it to each rank's join as a value. NcclId is plain bytes so
+// that ranks of other processes could get it in a message; none does yet. No CAF here.
 //
 // Buffers: all_reduce_sum, all_gather and all_gather_bytes take device memory on this
 // rank's GPU (the backend's buffers); broadcast takes host memory (the leader's step

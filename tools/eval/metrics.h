@@ -1,4 +1,6 @@
-// Answer-quality and fidelity metrics for the RAG evals (DESIGN.md §8).
+// Answer-quality and fidelity metrics for the RAG evals (tools/eval_rag.cpp): token
+// F1 and Rouge-L of an answer against the gold answers, and the KL divergence of a
+// mode's logits from a reference's (`full`'s).
 //
 // F1 mirrors the evaluation code of the original CacheBlend repository
 // (github.com/YaoJiayi/CacheBlend, example/utils.py) and its copy in LMCache

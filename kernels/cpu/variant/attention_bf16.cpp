@@ -1,9 +1,12 @@
-// The attention of kernels/cpu/attention.cpp with bf16 dot products
+// The attention of kernels/cpu/variant/attention.cpp with bf16 dot products
 // (AVX512-BF16 vdpbf16ps: 32 multiply-adds per instruction instead of 16):
 // Q, K, V and the softmax probabilities are rounded to bf16, scores, the online
-// softmax and the output accumulate in fp32. Used by the bf16 (fast) path. A bf16
-// cache passes through unchanged (widened, then rounded back: exact); an f16 one is
-// rounded to bf16 like an fp32 one.
+// softmax and the output accumulate in fp32. The CPU backend
+// (kernels/cpu/cpu_backend.cpp) uses it at Precision::BF16 for more than
+// kDecodeMaxQueries (4) query rows when head_dim % 32 == 0; fewer rows go to
+// attention_decode, other head dims to the fp32 attention. A bf16 cache passes through
+// unchanged (widened, then rounded back: exact); an f16 one is rounded to bf16 like an
+// fp32 one.
 //
 // Layouts built per call, per KV head (zero-padded to whole tiles):
 //   kp [head_dim/2, kt_stride] 32-bit words: (K[key][2j], K[key][2j+1]) — a vector
