@@ -26,6 +26,7 @@
 #include "http/openai_request.h"
 #include "http/server.h"
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "model/tokenizer.h"
 
 namespace bs::http {
@@ -249,7 +250,7 @@ struct FrontendServer::Impl {
   Impl(FrontendOptions o, ClusterMonitor& m)
       : opt(std::move(o)),
         monitor(m),
-        gguf_file(gguf::GgufFile::open(opt.model_path)),
+        gguf_file(open_model_file(opt.model_path)),
         tokenizer(Tokenizer::from_gguf(gguf_file)),
         router(opt.routing) {
     for (const auto& w : opt.workers) workers[w.name] = w;

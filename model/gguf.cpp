@@ -508,6 +508,19 @@ GgufFile GgufFile::open(const std::string& path) {
   }
 }
 
+GgufFile GgufFile::assemble(std::unordered_map<std::string, MetaValue> meta, std::vector<TensorInfo> tensors,
+                            std::vector<std::shared_ptr<const void>> keep) {
+  GgufFile f;
+  f.version_ = 3;
+  f.meta_ = std::move(meta);
+  f.tensors_ = std::move(tensors);
+  f.keep_ = std::move(keep);
+  for (size_t i = 0; i < f.tensors_.size(); ++i)
+    if (!f.tensor_index_.emplace(f.tensors_[i].name, i).second)
+      fail("duplicate tensor name " + quoted(f.tensors_[i].name));
+  return f;
+}
+
 const TensorInfo* GgufFile::find_tensor(std::string_view name) const {
   auto it = tensor_index_.find(std::string(name));
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];

@@ -49,6 +49,12 @@ class GgufFile {
   static GgufFile open(const std::string& path);
   // Parse a buffer the caller keeps alive (used by the fuzzer and tests).
   static GgufFile parse(const uint8_t* data, size_t size);
+  // A model's view assembled by another reader (a Hugging Face checkpoint,
+  // model/hf_checkpoint.h): its metadata under GGUF's keys, its tensors under GGUF's
+  // names, their data in memory `keep` holds alive (the safetensors mappings). Throws
+  // GgufError on a duplicate tensor name.
+  static GgufFile assemble(std::unordered_map<std::string, MetaValue> meta, std::vector<TensorInfo> tensors,
+                           std::vector<std::shared_ptr<const void>> keep);
 
   uint32_t version() const { return version_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
@@ -70,6 +76,7 @@ class GgufFile {
  private:
   struct Mapping;
   std::shared_ptr<Mapping> mapping_;  // keeps the mmap alive; shared so GgufFile is copyable
+  std::vector<std::shared_ptr<const void>> keep_;  // assemble(): what holds the tensors' data
   uint32_t version_ = 0;
   std::unordered_map<std::string, MetaValue> meta_;
   std::vector<TensorInfo> tensors_;

@@ -12,6 +12,7 @@
 #include "kernels/kv_view.h"
 #include "kernels/tensor_types.h"
 #include "model/architecture.h"
+#include "model/hf_checkpoint.h"
 #include "model/random_model.h"
 
 namespace bs {
@@ -75,7 +76,7 @@ kernels::RopeTable make_rope_table(const LlamaConfig& cfg, const std::vector<flo
 LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, kernels::Precision precision,
                        kernels::TensorType kv_dtype, TpShard shard)
     : path_(gguf_path),
-      file_(gguf::GgufFile::open(materialize_model_path(gguf_path))),  // "random:NAME" too
+      file_(open_model_file(materialize_model_path(gguf_path))),  // GGUF, a checkpoint, "random:NAME"
       backend_(&backend),
       precision_(precision),
       kv_dtype_(kv_dtype),
@@ -110,7 +111,10 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
       cfg_.dim % cfg_.n_heads != 0 || cfg_.n_heads % cfg_.n_kv_heads != 0 || cfg_.ff <= 0)
     throw GgufError("gguf: inconsistent model hyper-parameters");
   cfg_.head_dim = static_cast<int>(file_.get_int(*arch + ".attention.key_length").value_or(cfg_.dim / cfg_.n_heads));
-  cfg_.rope_style = features->rope_style;
+  // A checkpoint's q/k rows are in transformers' half-split order for every family
+  // (model/hf_checkpoint.h); a GGUF file's in the family's convention.
+  cfg_.rope_style = file_.get_bool("blendserve.hf_checkpoint").value_or(false) ? kernels::RopeStyle::HalfSplit
+                                                                               : features->rope_style;
   cfg_.qk_norm = features->qk_norm;
   check_file_features(file_, *features, cfg_.n_layers, cfg_.head_dim, cfg_.context_length);
   if (auto st = file_.get_string(*arch + ".rope.scaling.type")) {

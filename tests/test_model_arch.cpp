@@ -2,7 +2,8 @@
 // random models of Llama (3.1 RoPE scaling, from the llama3 keys and from rope_freqs),
 // Mistral, Qwen2 (biases, tied head) and Qwen3 (per-head q/k norms, head_dim apart
 // from the width), each as GGUF in F32/F16 and in a K-quant mix (Q4_K, Q5_K, Q6_K,
-// Q5_0, Q5_1, Q8_0), made with transformers' logits for the exact weights each file
+// Q5_0, Q5_1, Q8_0), Llama (F16) and Qwen3 (BF16) also as Hugging Face checkpoint
+// directories (model/hf_checkpoint.h: safetensors, config.json, tokenizer.json), made with transformers' logits for the exact weights each file
 // holds by tools/make_arch_reference.py (tests/fixtures/arch/). Every position of
 // every prompt must match within a relative bound, with the same top-1 wherever the
 // reference leads by more than 0.1, in prefill, decode steps and at tensor parallel
@@ -60,7 +61,13 @@ struct Case {
 };
 const Case kCases[] = {{"llama.f32", "llama"}, {"llama.kq", "llama"},  {"mistral.kq", "llama"},
                        {"qwen2.f16", "qwen2"}, {"qwen2.kq", "qwen2"},  {"qwen3.f16", "qwen3"},
-                       {"qwen3.kq", "qwen3"}};
+                       {"qwen3.kq", "qwen3"},  {"llama.hf", "llama"},  {"qwen3.hf", "qwen3"}};
+
+// The model path of a case: <stem>.gguf, or the checkpoint directory <stem> (".hf").
+std::string model_of(const Case& c) {
+  const std::string stem = c.stem;
+  return kDir + stem + (stem.ends_with(".hf") ? "" : ".gguf");
+}
 
 // Relative max error over a prompt's logits (max |ours - ref| / max |ref|) and the
 // count of decisive positions (ref's top-1 leads by > 0.1) whose top-1 differs.
@@ -102,7 +109,7 @@ TEST_P(ModelArch, LogitsMatchTransformers) {
   const Case c = GetParam();
   const Reference ref = read_reference(c.stem);
   ASSERT_FALSE(ref.prompts.empty());
-  bs::LlamaModel model(kDir + c.stem + ".gguf", bs::testing::shared_backend(), bs::kernels::Precision::F32);
+  bs::LlamaModel model(model_of(c), bs::testing::shared_backend(), bs::kernels::Precision::F32);
   EXPECT_EQ(model.config().architecture, c.arch);
   ASSERT_EQ(model.config().vocab, ref.vocab);
   bs::Transformer tf(model);
@@ -124,7 +131,7 @@ TEST_P(ModelArch, DecodeStepsMatchTransformers) {
   const Case c = GetParam();
   const Reference ref = read_reference(c.stem);
   ASSERT_FALSE(ref.prompts.empty());
-  bs::LlamaModel model(kDir + c.stem + ".gguf", bs::testing::shared_backend(), bs::kernels::Precision::F32);
+  bs::LlamaModel model(model_of(c), bs::testing::shared_backend(), bs::kernels::Precision::F32);
   bs::Transformer tf(model);
   const auto& ids = ref.prompts[0];
   auto cache = tf.make_cache(static_cast<int64_t>(ids.size()));
@@ -143,7 +150,7 @@ TEST_P(ModelArch, DecodeStepsMatchTransformers) {
 // architecture (the per-head norms and biases included), and every selection rule runs.
 TEST_P(ModelArch, BlendAtRatioOneEqualsFullAndEveryRuleRuns) {
   const Case c = GetParam();
-  bs::LlamaModel model(kDir + c.stem + ".gguf", bs::testing::shared_backend(), bs::kernels::Precision::F32);
+  bs::LlamaModel model(model_of(c), bs::testing::shared_backend(), bs::kernels::Precision::F32);
   bs::Transformer tf(model);
   bs::BlendEngine engine(tf);
   bs::MemoryKvStore store(int64_t{1} << 26);
@@ -189,8 +196,8 @@ TEST_P(ModelArch, TensorParallelDegree2EqualsTp1AndTransformers) {
   const Reference ref = read_reference(c.stem);
   ASSERT_FALSE(ref.prompts.empty());
   auto cpu = [] { return bs::kernels::make_cpu_backend(); };
-  bs::TpGroup one(kDir + c.stem + ".gguf", 1, cpu, bs::kernels::Precision::F32, bs::kernels::TensorType::F32);
-  bs::TpGroup two(kDir + c.stem + ".gguf", 2, cpu, bs::kernels::Precision::F32, bs::kernels::TensorType::F32);
+  bs::TpGroup one(model_of(c), 1, cpu, bs::kernels::Precision::F32, bs::kernels::TensorType::F32);
+  bs::TpGroup two(model_of(c), 2, cpu, bs::kernels::Precision::F32, bs::kernels::TensorType::F32);
   EXPECT_EQ(two.model(1).config().n_kv_heads, 1);
   const auto& ids = ref.prompts[1];
   const auto got = bs::testing::generate_on(two, ids, 8);

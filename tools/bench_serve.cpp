@@ -47,6 +47,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "model/tokenizer.h"
 
 namespace bs::tools {
@@ -248,7 +249,7 @@ class TokenCounter {
  public:
   explicit TokenCounter(const std::string& model_path) {
     try {
-      file_ = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(model_path));
+      file_ = std::make_unique<gguf::GgufFile>(open_model_file(model_path));
       tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "bench serve: no tokenizer (%s); sizing documents at ~4 characters per token\n", e.what());

@@ -20,11 +20,14 @@ quantized here (gguf-py's quantizers for Q8_0/Q5_0/Q5_1, a plain min-max one of 
 for the K-quants: any valid blocks will do), dequantized back with gguf-py, and
 loaded into the transformers model before its logits are taken, so the reference is
 exactly the math of the file's weights:
-  <family>.f32.gguf   all F32 (llama only: the rest keep the fixtures small)
-  <family>.f16.gguf   matrices F16
-  <family>.kq.gguf    a K-quant mix: attn_q Q4_K, attn_k Q5_K, attn_v Q6_K,
+  <family>.f32.gguf   all F32 (llama)
+  <family>.f16.gguf   matrices F16 (qwen2, qwen3)
+  <family>.kq.gguf    (every family) a K-quant mix: attn_q Q4_K, attn_k Q5_K, attn_v Q6_K,
                       attn_output Q5_0, ffn_gate Q5_1, ffn_up Q4_K, ffn_down Q6_K,
                       token_embd Q8_0
+  <family>.hf/         llama (F16) and qwen3 (BF16) also as Hugging Face checkpoint
+                      directories (config.json, model.safetensors, tokenizer.json,
+                      tokenizer_config.json), half-split q/k rows as transformers has them
 and <family>.<kind>.json names the prompts (token ids) whose transformers fp32 logits
 of every position <family>.<kind>.logits.f32 holds. The llama F32 file says its
 scaling with the llama3 keys (factor, original context), the others with rope_freqs. The tokenizer is a byte-level BPE of 256 byte tokens, one
@@ -53,6 +56,10 @@ PROMPTS = [[256, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100],
 COMMON = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, initializer_range=0.08,
               torch_dtype="float32")
+# The files per family, few to keep the fixtures small: F32 once (llama), F16 where no
+# checkpoint below carries the family's 16-bit weights, a K-quant mix for every family.
+KINDS = {"llama": ["f32", "kq"], "mistral": ["kq"], "qwen2": ["f16", "kq"], "qwen3": ["f16", "kq"]}
+HF_DIRS = {"llama": torch.float16, "qwen3": torch.bfloat16}  # the families also written as checkpoints
 KQ_MIX = {"attn_q": QT.Q4_K, "attn_k": QT.Q5_K, "attn_v": QT.Q6_K, "attn_output": QT.Q5_0, "ffn_gate": QT.Q5_1,
           "ffn_up": QT.Q4_K, "ffn_down": QT.Q6_K, "token_embd": QT.Q8_0}
 
@@ -282,6 +289,60 @@ def write_family(name, arch, model, sd, kind):
     print("wrote", path, os.path.getsize(path), "bytes", file=sys.stderr)
 
 
+def write_hf(name, model, sd, dtype):
+    """<family>.hf/: the model as a Hugging Face checkpoint (config.json, model.safetensors
+    with the matrices in `dtype` and the norms and biases in F32, tokenizer.json,
+    tokenizer_config.json), transformers' logits for exactly those weights beside it."""
+    from safetensors.numpy import save_file
+    out_dir = os.path.join(OUT, f"{name}.hf")
+    os.makedirs(out_dir, exist_ok=True)
+    model.config.to_json_file(os.path.join(out_dir, "config.json"))
+    held, tensors = {}, {}
+    for k, v in sd.items():
+        if k == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        if v.ndim == 2:
+            t = torch.from_numpy(v).to(dtype)
+            held[k] = t.float()
+            tensors[k] = t.view(torch.int16).numpy() if dtype == torch.bfloat16 else t.numpy()
+        else:
+            held[k] = torch.from_numpy(v)
+            tensors[k] = v
+    if dtype == torch.bfloat16:  # numpy has no bf16: write the torch tensors
+        from safetensors.torch import save_file as save_torch
+        save_torch({k: (torch.from_numpy(sd[k]).to(dtype) if sd[k].ndim == 2 else torch.from_numpy(sd[k])).contiguous()
+                    for k in tensors}, os.path.join(out_dir, "model.safetensors"))
+    else:
+        save_file(tensors, os.path.join(out_dir, "model.safetensors"))
+    alphabet = byte_alphabet()
+    vocab = {t: i for i, t in enumerate(alphabet + ["Ġt"])}
+    added = [{"id": 257 + i, "content": c, "special": True, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False} for i, c in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])]
+    tok = {"version": "1.0", "added_tokens": added, "normalizer": None,
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "post_processor": None, "decoder": {"type": "ByteLevel"},
+           "model": {"type": "BPE", "vocab": vocab, "merges": [["Ġ", "t"]], "byte_fallback": False}}
+    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": False}, f)
+    if model.config.tie_word_embeddings:
+        held["lm_head.weight"] = held["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(held, strict=False)
+    assert not [m for m in missing if "rotary_emb" not in m] and not unexpected, (missing, unexpected)
+    blobs = []
+    with torch.no_grad():
+        for ids in PROMPTS:
+            blobs.append(model(torch.tensor([ids])).logits[0].float().numpy().astype("<f4").tobytes())
+    with open(os.path.join(OUT, f"{name}.hf.logits.f32"), "wb") as f:
+        f.write(b"".join(blobs))
+    with open(os.path.join(OUT, f"{name}.hf.json"), "w") as f:
+        json.dump({"generator": "tools/make_arch_reference.py (transformers %s, torch %s)" % (
+            __import__("transformers").__version__, torch.__version__), "file": f"{name}.hf", "vocab": VOCAB,
+            "prompts": PROMPTS}, f)
+    print("wrote", out_dir, file=sys.stderr)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.manual_seed(20261201)
@@ -295,9 +356,11 @@ def main():
                 elif k.endswith(".bias"):
                     v.copy_(0.1 * torch.randn_like(v))
         sd = {k: v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
-        kinds = ["f32", "f16", "kq"] if name == "llama" else ["f16", "kq"]
+        kinds = KINDS[name]
         for kind in kinds:
             write_family(name, arch, model, sd, kind)
+        if name in HF_DIRS:
+            write_hf(name, model, sd, HF_DIRS[name])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 #   3. ASan+UBSan build in build-asan/ (clang, -O1, with the fuzzers' coverage hooks, so
 #      the fuzz targets reuse its objects); the unit tests (label "unit") under it, and the
 #      actor runtime's protocol tests and quick runtime tests (label "asan_model"), -j nproc
-#   4. the libFuzzer targets (GGUF reader, request parser, remote frame codec, pasted-passage
+#   4. the libFuzzer targets (GGUF reader, safetensors reader, request parser, remote frame codec, pasted-passage
 #      search, YAML loaders, SSD file reader, tokenizer and chat template), built in
 #      build-asan/, one process each, as many side by side as there are cores, for
 #      BLENDSERVE_FUZZ_SECONDS each (default 30)
@@ -69,7 +69,7 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
     -DBLENDSERVE_SANITIZE=ON -DBLENDSERVE_FUZZ=ON >/dev/null
   # Only what runs under the sanitizers (tests/CMakeLists.txt: sanitizer_tests) and the fuzzers.
   cmake --build "$ROOT/build-asan" -j"$JOBS" --target sanitizer_tests fuzz_gguf fuzz_chat_request fuzz_remote_frame fuzz_pasted_prompt \
-    fuzz_config fuzz_kv_file fuzz_text_input fuzz_control_wire
+    fuzz_config fuzz_kv_file fuzz_text_input fuzz_control_wire fuzz_safetensors
   step "unit tests and the actor runtime under ASan+UBSan"
   # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
   # In parallel: most of these are single-threaded under the sanitizers; the unit tests
@@ -82,9 +82,9 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   # fails, its last lines (final stats) when it does not.
   FUZZ_SECONDS="${BLENDSERVE_FUZZ_SECONDS:-30}"
   FUZZERS=(fuzz_gguf fuzz_chat_request fuzz_remote_frame fuzz_pasted_prompt fuzz_config fuzz_kv_file fuzz_text_input
-    fuzz_control_wire)
+    fuzz_control_wire fuzz_safetensors)
   FUZZ_FAILED=0
-  step "fuzzing the GGUF reader, the chat-completion request parser, the remote tier's frame codec, the pasted-passage search, the YAML loaders, the SSD file reader, the tokenizer with the chat template and the control plane's messages"
+  step "fuzzing the GGUF reader, the safetensors reader, the chat-completion request parser, the remote tier's frame codec, the pasted-passage search, the YAML loaders, the SSD file reader, the tokenizer with the chat template and the control plane's messages"
   for ((first = 0; first < ${#FUZZERS[@]}; first += JOBS)); do
     PIDS=()
     BATCH=("${FUZZERS[@]:first:JOBS}")

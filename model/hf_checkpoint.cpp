@@ -1,0 +1,354 @@
+#include "model/hf_checkpoint.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numbers>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/safetensors.h"
+
+namespace bs {
+namespace {
+
+namespace fs = std::filesystem;
+using gguf::GgufError;
+using gguf::MetaValue;
+using gguf::TensorInfo;
+using nlohmann::json;
+
+[[noreturn]] void refuse(const fs::path& file, const std::string& msg) {
+  throw GgufError(msg + " [" + file.string() + "]");
+}
+
+json read_json(const fs::path& p, bool required) {
+  std::ifstream in(p);
+  if (!in) {
+    if (required) refuse(p, "cannot read");
+    return json();
+  }
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    refuse(p, std::string("not JSON: ") + e.what());
+  }
+}
+
+// The checkpoint's tensor name in GGUF's naming, or the name itself when it has none
+// (the loader then refuses it by that name).
+std::string gguf_name(const std::string& hf) {
+  static const std::map<std::string, std::string> top = {
+      {"model.embed_tokens.weight", "token_embd.weight"},
+      {"model.norm.weight", "output_norm.weight"},
+      {"lm_head.weight", "output.weight"},
+  };
+  if (auto it = top.find(hf); it != top.end()) return it->second;
+  static const std::map<std::string, std::string> block = {
+      {"input_layernorm.weight", "attn_norm.weight"},     {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},        {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},        {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},            {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},            {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},   {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},             {"mlp.down_proj.weight", "ffn_down.weight"},
+  };
+  const std::string prefix = "model.layers.";
+  if (hf.rfind(prefix, 0) != 0) return hf;
+  const size_t dot = hf.find('.', prefix.size());
+  if (dot == std::string::npos) return hf;
+  const std::string layer = hf.substr(prefix.size(), dot - prefix.size());
+  if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos) return hf;
+  auto it = block.find(hf.substr(dot + 1));
+  return it == block.end() ? hf : "blk." + layer + "." + it->second;
+}
+
+// The GGUF pre-tokenizer name of a tokenizer.json's pre_tokenizer (llama.cpp's names,
+// model/tokenizer.cpp's kinds), recognized by its exact structure.
+std::string pre_tokenizer_name(const json& pre, const fs::path& file) {
+  const std::string llama3 =
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  const std::string qwen2 =
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  auto byte_level = [](const json& p, bool regex) {
+    return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true) == regex &&
+           !p.value("add_prefix_space", false);
+  };
+  if (byte_level(pre, true)) return "gpt2";
+  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
+      pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2) {
+    const json& a = pre["pretokenizers"][0];
+    const json& b = pre["pretokenizers"][1];
+    if (a.value("type", "") == "Digits" && a.value("individual_digits", false) && byte_level(b, true))
+      return "smollm";
+    if (a.value("type", "") == "Split" && a.contains("pattern") && a["pattern"].is_object() &&
+        a["pattern"].contains("Regex") && a["pattern"]["Regex"].is_string() && byte_level(b, false)) {
+      const std::string re = a["pattern"]["Regex"];
+      if (re == llama3) return "llama-bpe";
+      if (re == qwen2) return "qwen2";
+    }
+  }
+  refuse(file, "tokenizer.json: pre_tokenizer " + pre.dump().substr(0, 200) +
+                   " is not one we implement (byte-level BPE as GPT-2, SmolLM, Llama 3 or Qwen2 split it)");
+}
+
+// tokenizer.json (+ tokenizer_config.json, generation_config.json) into GGUF's
+// tokenizer keys.
+void read_tokenizer(const fs::path& dir, std::unordered_map<std::string, MetaValue>& meta) {
+  const fs::path tj = dir / "tokenizer.json";
+  const json tok = read_json(tj, true);
+  const json& model = tok.contains("model") ? tok["model"] : json();
+  const std::string type = model.is_object() ? model.value("type", "") : "";
+  if (type != "BPE")
+    refuse(tj, "tokenizer.json: model.type '" + type + "' is not supported (byte-level BPE only)");
+  if (model.value("byte_fallback", false))
+    refuse(tj, "tokenizer.json: a SentencePiece-style BPE (byte_fallback) is not supported (byte-level BPE only)");
+  if (tok.contains("normalizer") && !tok["normalizer"].is_null()) {
+    const std::string nt = tok["normalizer"].value("type", "");
+    // NFC: Qwen2's; llama.cpp's tokenizer applies none either (its inputs are NFC text).
+    if (nt != "NFC") refuse(tj, "tokenizer.json: normalizer '" + nt + "' is not supported");
+  }
+  if (!model.contains("vocab") || !model["vocab"].is_object()) refuse(tj, "tokenizer.json: no model.vocab");
+  std::map<int64_t, std::pair<std::string, int64_t>> by_id;  // id -> (token, GGUF token type)
+  for (const auto& [piece, id] : model["vocab"].items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (int64_t{1} << 24))
+      refuse(tj, "tokenizer.json: token '" + piece + "' has an invalid id");
+    by_id[id.get<int64_t>()] = {piece, 1};
+  }
+  if (tok.contains("added_tokens") && tok["added_tokens"].is_array())
+    for (const auto& a : tok["added_tokens"]) {
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
+          !a["content"].is_string())
+        refuse(tj, "tokenizer.json: an added token without id or content");
+      const int64_t id = a["id"];
+      if (id < 0 || id > (int64_t{1} << 24)) refuse(tj, "tokenizer.json: an added token has an invalid id");
+      by_id[id] = {a["content"].get<std::string>(), a.value("special", false) ? 3 : 4};  // control : user-defined
+    }
+  if (by_id.empty()) refuse(tj, "tokenizer.json: empty vocabulary");
+  const int64_t n = by_id.rbegin()->first + 1;
+  if (static_cast<int64_t>(by_id.size()) != n) refuse(tj, "tokenizer.json: token ids are not 0.." + std::to_string(n - 1));
+  std::vector<std::string> tokens;
+  std::vector<int64_t> types;
+  std::map<std::string, int64_t> id_of;
+  for (const auto& [id, t] : by_id) {
+    tokens.push_back(t.first);
+    types.push_back(t.second);
+    id_of.emplace(t.first, id);
+  }
+  std::vector<std::string> merges;
+  if (model.contains("merges") && model["merges"].is_array())
+    for (const auto& m : model["merges"]) {
+      if (m.is_string()) merges.push_back(m.get<std::string>());
+      else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
+        merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+      else refuse(tj, "tokenizer.json: a merge is neither \"a b\" nor [a, b]");
+    }
+  meta["tokenizer.ggml.model"] = std::string("gpt2");
+  meta["tokenizer.ggml.pre"] = pre_tokenizer_name(tok.contains("pre_tokenizer") ? tok["pre_tokenizer"] : json(), tj);
+  meta["tokenizer.ggml.tokens"] = tokens;
+  meta["tokenizer.ggml.token_type"] = types;
+  meta["tokenizer.ggml.merges"] = merges;
+
+  // BOS / EOS by name (tokenizer_config.json), EOS also by id (generation_config.json).
+  const json cfg = read_json(dir / "tokenizer_config.json", false);
+  auto token_id = [&](const json& v) -> int64_t {
+    std::string s = v.is_string() ? v.get<std::string>() : v.is_object() ? v.value("content", "") : "";
+    auto it = id_of.find(s);
+    return it == id_of.end() ? -1 : it->second;
+  };
+  if (cfg.is_object()) {
+    if (cfg.contains("bos_token") && token_id(cfg["bos_token"]) >= 0)
+      meta["tokenizer.ggml.bos_token_id"] = token_id(cfg["bos_token"]);
+    if (cfg.contains("eos_token") && token_id(cfg["eos_token"]) >= 0)
+      meta["tokenizer.ggml.eos_token_id"] = token_id(cfg["eos_token"]);
+    if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean())
+      meta["tokenizer.ggml.add_bos_token"] = cfg["add_bos_token"].get<bool>();
+    if (cfg.contains("chat_template")) {
+      const json& ct = cfg["chat_template"];
+      if (ct.is_string()) {
+        meta["tokenizer.chat_template"] = ct.get<std::string>();
+      } else if (ct.is_array()) {  // [{name, template}]: the default one
+        for (const auto& e : ct)
+          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+            meta["tokenizer.chat_template"] = e["template"].get<std::string>();
+      }
+    }
+  }
+  if (fs::exists(dir / "chat_template.jinja")) {
+    std::ifstream in(dir / "chat_template.jinja");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    meta["tokenizer.chat_template"] = ss.str();
+  }
+  const json gen = read_json(dir / "generation_config.json", false);
+  if (gen.is_object() && !meta.count("tokenizer.ggml.eos_token_id") && gen.contains("eos_token_id")) {
+    const json& e = gen["eos_token_id"];
+    if (e.is_number_integer()) meta["tokenizer.ggml.eos_token_id"] = e.get<int64_t>();
+    else if (e.is_array() && !e.empty() && e[0].is_number_integer()) meta["tokenizer.ggml.eos_token_id"] = e[0].get<int64_t>();
+  }
+}
+
+}  // namespace
+
+bool is_hf_checkpoint(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+}
+
+gguf::GgufFile open_hf_checkpoint(const std::string& dir_s) {
+  const fs::path dir(dir_s);
+  const fs::path cfg_path = dir / "config.json";
+  json cfg = read_json(cfg_path, true);
+  if (!cfg.is_object()) refuse(cfg_path, "not a JSON object");
+  // Multimodal wrappers keep the language model's config in text_config.
+  if (cfg.contains("text_config") && cfg["text_config"].is_object()) refuse(cfg_path, "a multimodal checkpoint (text_config) is not supported");
+  const std::string arch = cfg.value("model_type", "");
+  if (arch.empty()) refuse(cfg_path, "no model_type");
+  std::unordered_map<std::string, MetaValue> meta;
+  meta["general.architecture"] = arch;
+  meta["general.name"] = dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
+  meta["blendserve.hf_checkpoint"] = true;
+  auto num = [&](const char* key) -> std::optional<json> {
+    if (!cfg.contains(key) || cfg[key].is_null()) return std::nullopt;
+    if (!cfg[key].is_number()) refuse(cfg_path, std::string(key) + " is not a number");
+    return cfg[key];
+  };
+  auto put_int = [&](const char* key, const std::string& gguf_key) {
+    if (auto v = num(key)) meta[arch + "." + gguf_key] = v->get<int64_t>();
+  };
+  auto put_float = [&](const char* key, const std::string& gguf_key) {
+    if (auto v = num(key)) meta[arch + "." + gguf_key] = v->get<double>();
+  };
+  put_int("num_hidden_layers", "block_count");
+  put_int("hidden_size", "embedding_length");
+  put_int("intermediate_size", "feed_forward_length");
+  put_int("num_attention_heads", "attention.head_count");
+  put_int("num_key_value_heads", "attention.head_count_kv");
+  put_int("head_dim", "attention.key_length");
+  put_int("max_position_embeddings", "context_length");
+  put_float("rms_norm_eps", "attention.layer_norm_rms_epsilon");
+  put_float("attn_logit_softcapping", "attn_logit_softcapping");
+  put_float("final_logit_softcapping", "final_logit_softcapping");
+  put_int("num_local_experts", "expert_count");
+  put_int("num_experts", "expert_count");
+  // RoPE: transformers 4 says rope_theta and rope_scaling, 5 rope_parameters.
+  json rope = cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object() ? cfg["rope_parameters"]
+              : cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object() ? cfg["rope_scaling"]
+                                                                                : json::object();
+  double theta = 10000.0;
+  if (auto v = num("rope_theta")) theta = v->get<double>();
+  if (rope.contains("rope_theta") && rope["rope_theta"].is_number()) theta = rope["rope_theta"].get<double>();
+  meta[arch + ".rope.freq_base"] = theta;
+  const int64_t heads = cfg.value("num_attention_heads", int64_t{0});
+  const int64_t head_dim =
+      cfg.contains("head_dim") && cfg["head_dim"].is_number_integer() ? cfg["head_dim"].get<int64_t>()
+      : heads > 0 ? cfg.value("hidden_size", int64_t{0}) / heads : 0;
+  if (auto v = num("partial_rotary_factor"); v && v->get<double>() != 1.0)
+    meta[arch + ".rope.dimension_count"] = static_cast<int64_t>(std::lround(v->get<double>() * head_dim));
+  std::vector<float> rope_freqs;  // llama3 scaling, as llama.cpp's converter computes it
+  const std::string rope_type = rope.value("rope_type", rope.value("type", std::string("default")));
+  if (rope_type == "llama3") {
+    const double factor = rope.value("factor", 8.0), lo = rope.value("low_freq_factor", 1.0),
+                 hi = rope.value("high_freq_factor", 4.0);
+    const double old = rope.value("original_max_position_embeddings", 8192.0);
+    if (!(factor > 0 && lo > 0 && hi > lo && old > 0)) refuse(cfg_path, "invalid llama3 rope scaling " + rope.dump());
+    for (int64_t i = 0; i < head_dim / 2; ++i) {
+      const double freq = 1.0 / std::pow(theta, 2.0 * i / head_dim);
+      const double wl = 2 * std::numbers::pi / freq;
+      if (wl < old / hi) rope_freqs.push_back(1.0f);
+      else if (wl > old / lo) rope_freqs.push_back(static_cast<float>(factor));
+      else {
+        const double smooth = (old / wl - lo) / (hi - lo);
+        rope_freqs.push_back(static_cast<float>(1.0 / ((1 - smooth) / factor + smooth)));
+      }
+    }
+  } else if (rope_type == "linear") {
+    meta[arch + ".rope.scaling.type"] = std::string("linear");
+    meta[arch + ".rope.scaling.factor"] = rope.value("factor", 1.0);
+  } else if (rope_type != "default") {
+    meta[arch + ".rope.scaling.type"] = rope_type;  // yarn, dynamic, longrope, ...: the loader refuses it by name
+  }
+  // A sliding window, where the config turns it on: the loader refuses it if shorter
+  // than the context.
+  const bool sliding = cfg.contains("use_sliding_window") ? cfg.value("use_sliding_window", false)
+                                                           : cfg.contains("sliding_window") && !cfg["sliding_window"].is_null();
+  if (sliding && cfg.contains("sliding_window") && cfg["sliding_window"].is_number_integer())
+    meta[arch + ".attention.sliding_window"] = cfg["sliding_window"].get<int64_t>();
+
+  // The weights: one file or the shards its index names.
+  std::vector<fs::path> files;
+  if (fs::exists(dir / "model.safetensors.index.json")) {
+    const json index = read_json(dir / "model.safetensors.index.json", true);
+    if (!index.contains("weight_map") || !index["weight_map"].is_object())
+      refuse(dir / "model.safetensors.index.json", "no weight_map");
+    std::set<std::string> shards;
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+        refuse(dir / "model.safetensors.index.json", "tensor '" + name + "' maps to an invalid file");
+      shards.insert(file.get<std::string>());
+    }
+    for (const auto& s : shards) files.push_back(dir / s);
+  } else if (fs::exists(dir / "model.safetensors")) {
+    files.push_back(dir / "model.safetensors");
+  } else {
+    refuse(dir, "no model.safetensors or model.safetensors.index.json");
+  }
+  std::vector<TensorInfo> tensors;
+  std::vector<std::shared_ptr<const void>> keep;
+  for (const auto& f : files) {
+    safetensors::File st;
+    try {
+      st = safetensors::File::open(f.string());
+    } catch (const safetensors::SafetensorsError& e) {
+      throw GgufError(e.what());
+    }
+    keep.push_back(st.keep());
+    for (const auto& t : st.tensors()) {
+      if (t.name.find("rotary_emb.inv_freq") != std::string::npos) continue;  // derived from the config
+      TensorInfo ti;
+      ti.name = gguf_name(t.name);
+      ti.dims.assign(t.shape.rbegin(), t.shape.rend());  // GGUF order: the contiguous dimension first
+      if (ti.dims.empty()) ti.dims = {1};
+      ti.type = t.type;
+      ti.offset = 0;
+      ti.data = t.data;
+      ti.nbytes = t.nbytes;
+      tensors.push_back(std::move(ti));
+    }
+  }
+  if (!rope_freqs.empty()) {
+    auto buf = std::make_shared<std::vector<float>>(rope_freqs);
+    tensors.push_back(TensorInfo{"rope_freqs.weight", {static_cast<int64_t>(buf->size())}, kernels::TensorType::F32,
+                                 0, reinterpret_cast<const uint8_t*>(buf->data()), buf->size() * sizeof(float)});
+    keep.push_back(buf);
+  }
+  const bool has_head = std::any_of(tensors.begin(), tensors.end(), [](const TensorInfo& t) {
+    return t.name == "output.weight";
+  });
+  if (!has_head && !cfg.value("tie_word_embeddings", true))
+    refuse(cfg_path, "tie_word_embeddings is false but the checkpoint has no lm_head.weight");
+  read_tokenizer(dir, meta);
+  return gguf::GgufFile::assemble(std::move(meta), std::move(tensors), std::move(keep));
+}
+
+gguf::GgufFile open_model_file(const std::string& path) {
+  if (is_hf_checkpoint(path)) return open_hf_checkpoint(path);
+  const fs::path p(path);
+  if (p.extension() == ".safetensors" || p.extension() == ".json") {
+    if (is_hf_checkpoint(p.parent_path().string())) return open_hf_checkpoint(p.parent_path().string());
+    throw GgufError(path + ": a safetensors file alone has no config; give the checkpoint directory (with its "
+                    "config.json and tokenizer.json)");
+  }
+  std::error_code ec;
+  if (fs::is_directory(p, ec))
+    throw GgufError(path + " is a directory without a config.json (not a Hugging Face checkpoint)");
+  return gguf::GgufFile::open(path);
+}
+
+}  // namespace bs
