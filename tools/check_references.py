@@ -43,7 +43,6 @@ DESIGN_DOC = "DESIGN" + ".md"
 
 # Files not scanned, with why. Their references are still checked once they leave this list.
 SKIP_FILES = {
-    "README.md": "checked once its rewrite (issue 60) lands; until then its missing paths are listed by hand",
     "tests/check_references_test.py": "its fake tree names missing paths on purpose",
 }
 
