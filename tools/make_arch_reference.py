@@ -177,6 +177,21 @@ def encode(w, qtype):
     return raw, dequantize(raw, qtype).reshape(w.shape).astype(np.float32)
 
 
+def write_reference(model, stem, file):
+    """Transformers' logits of every position of every prompt, fp32 little endian, prompt
+    after prompt ([positions, vocab] each), in <stem>.logits.f32; the ids in <stem>.json."""
+    blobs = []
+    with torch.no_grad():
+        for ids in PROMPTS:
+            blobs.append(model(torch.tensor([ids])).logits[0].float().numpy().astype("<f4").tobytes())
+    with open(os.path.join(OUT, f"{stem}.logits.f32"), "wb") as f:
+        f.write(b"".join(blobs))
+    with open(os.path.join(OUT, f"{stem}.json"), "w") as f:
+        json.dump({"generator": "tools/make_arch_reference.py (transformers %s, torch %s)" % (
+            __import__("transformers").__version__, torch.__version__), "file": file, "vocab": VOCAB,
+            "prompts": PROMPTS}, f)
+
+
 def write_family(name, arch, model, sd, kind):
     cfg = model.config
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -273,19 +288,7 @@ def write_family(name, arch, model, sd, kind):
     missing, unexpected = model.load_state_dict(ref, strict=False)
     missing = [m for m in missing if "rotary_emb" not in m]
     assert not missing and not unexpected, (missing, unexpected)
-    # Logits of every position of every prompt, fp32 little endian, prompt after prompt
-    # ([positions, vocab] each) in <family>.<kind>.logits.f32; the ids in the JSON.
-    meta = {"generator": "tools/make_arch_reference.py (transformers %s, torch %s)" % (
-        __import__("transformers").__version__, torch.__version__), "file": os.path.basename(path),
-        "vocab": VOCAB, "prompts": PROMPTS}
-    blobs = []
-    with torch.no_grad():
-        for ids in PROMPTS:
-            blobs.append(model(torch.tensor([ids])).logits[0].float().numpy().astype("<f4").tobytes())
-    with open(os.path.join(OUT, f"{name}.{kind}.logits.f32"), "wb") as f:
-        f.write(b"".join(blobs))
-    with open(os.path.join(OUT, f"{name}.{kind}.json"), "w") as f:
-        json.dump(meta, f)
+    write_reference(model, f"{name}.{kind}", os.path.basename(path))
     print("wrote", path, os.path.getsize(path), "bytes", file=sys.stderr)
 
 
@@ -330,16 +333,7 @@ def write_hf(name, model, sd, dtype):
         held["lm_head.weight"] = held["model.embed_tokens.weight"]
     missing, unexpected = model.load_state_dict(held, strict=False)
     assert not [m for m in missing if "rotary_emb" not in m] and not unexpected, (missing, unexpected)
-    blobs = []
-    with torch.no_grad():
-        for ids in PROMPTS:
-            blobs.append(model(torch.tensor([ids])).logits[0].float().numpy().astype("<f4").tobytes())
-    with open(os.path.join(OUT, f"{name}.hf.logits.f32"), "wb") as f:
-        f.write(b"".join(blobs))
-    with open(os.path.join(OUT, f"{name}.hf.json"), "w") as f:
-        json.dump({"generator": "tools/make_arch_reference.py (transformers %s, torch %s)" % (
-            __import__("transformers").__version__, torch.__version__), "file": f"{name}.hf", "vocab": VOCAB,
-            "prompts": PROMPTS}, f)
+    write_reference(model, f"{name}.hf", f"{name}.hf")
     print("wrote", out_dir, file=sys.stderr)
 
 
