@@ -28,6 +28,7 @@
 #include "http/openai_request.h"
 #include "http/openai_response.h"
 #include "kernels/backend.h"
+#include "model/hf_checkpoint.h"
 #include "model/random_model.h"
 #include "kernels/kv_view.h"
 
@@ -109,15 +110,12 @@ std::string route_of(const std::string& path) {
   return "other";
 }
 
-// The file name says what users call a model ("SmolLM2-135M-Instruct.Q4_1.gguf");
-// general.name is often a training-run label. The quantization suffix is dropped.
+// What users call the model (model_display_name: a checkpoint's directory, a GGUF
+// file's name without its quantization suffix; general.name is often a training-run
+// label), unless the config names it.
 std::string model_id_of(const RuntimeContext& ctx) {
   if (!ctx.config.model_name.empty()) return ctx.config.model_name;
-  if (ctx.model->path().rfind(kRandomModelPrefix, 0) == 0) return ctx.model->path();  // "random:llama-3.1-8b"
-  std::string stem = std::filesystem::path(ctx.model->path()).stem().string();
-  static const std::regex quant(R"(\.(Q\d+(_[A-Z0-9]+)*|F16|F32|BF16|IQ\d+\w*)$)", std::regex::icase);
-  stem = std::regex_replace(stem, quant, "");
-  return stem.empty() ? "default" : stem;
+  return model_display_name(ctx.model->path());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <numbers>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -349,6 +350,22 @@ gguf::GgufFile open_model_file(const std::string& path) {
   if (fs::is_directory(p, ec))
     throw GgufError(path + " is a directory without a config.json (not a Hugging Face checkpoint)");
   return gguf::GgufFile::open(path);
+}
+
+std::string model_display_name(const std::string& path) {
+  if (path.rfind("random:", 0) == 0) return path;
+  fs::path p(path);
+  if (p.filename().empty()) p = p.parent_path();  // "dir/"
+  if (is_hf_checkpoint(p.string())) return p.filename().string();
+  if (p.extension() == ".safetensors" && is_hf_checkpoint(p.parent_path().string()))
+    return p.parent_path().filename().string();
+  // A GGUF file: the name without .gguf (not stem(): "Llama-3.1-8B.Q4_K_M.gguf" has
+  // dots of its own), then without a quantization suffix.
+  std::string name = p.filename().string();
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) name.resize(name.size() - 5);
+  static const std::regex quant(R"([.-](Q\d+(_[A-Z0-9]+)*|F16|F32|BF16|IQ\d+\w*)$)", std::regex::icase);
+  name = std::regex_replace(name, quant, "");
+  return name.empty() ? "default" : name;
 }
 
 }  // namespace bs

@@ -35,4 +35,10 @@ gguf::GgufFile open_hf_checkpoint(const std::string& dir);
 // A .safetensors file without a config.json beside it is refused: it has no config.
 gguf::GgufFile open_model_file(const std::string& path);
 
+// What users call the model at `path` (the id /v1/models lists): a checkpoint's
+// directory name ("Llama-3.1-8B-Instruct", also for its model.safetensors path), a
+// GGUF file's name without ".gguf" and its quantization suffix
+// ("SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"), "random:NAME" as is.
+std::string model_display_name(const std::string& path);
+
 }  // namespace bs

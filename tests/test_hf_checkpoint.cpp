@@ -214,4 +214,19 @@ TEST(HfCheckpoint, TokenizersOtherThanByteLevelBpeAndMissingFilesAreRefusedByNam
   }
 }
 
+// The id /v1/models lists: a checkpoint's directory name (dots and all), a GGUF file's
+// name without .gguf and its quantization suffix.
+TEST(HfCheckpoint, ModelsAreNamedByTheirDirectoryOrFileName) {
+  Checkpoint c;
+  const fs::path dotted = c.tmp.path() / "Llama-3.1-8B-Instruct";
+  fs::rename(c.dir, dotted);
+  EXPECT_EQ(bs::model_display_name(dotted.string()), "Llama-3.1-8B-Instruct");
+  EXPECT_EQ(bs::model_display_name(dotted.string() + "/"), "Llama-3.1-8B-Instruct");
+  EXPECT_EQ(bs::model_display_name((dotted / "model.safetensors").string()), "Llama-3.1-8B-Instruct");
+  EXPECT_EQ(bs::model_display_name("/m/SmolLM2-135M-Instruct.Q4_1.gguf"), "SmolLM2-135M-Instruct");
+  EXPECT_EQ(bs::model_display_name("/m/Llama-3.1-8B-Instruct-Q4_K_M.gguf"), "Llama-3.1-8B-Instruct");
+  EXPECT_EQ(bs::model_display_name("/m/qwen2.5-7b-instruct.gguf"), "qwen2.5-7b-instruct");
+  EXPECT_EQ(bs::model_display_name("random:llama-3.1-8b"), "random:llama-3.1-8b");
+}
+
 }  // namespace

@@ -40,7 +40,7 @@ step "Release build"
 cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$ROOT/build" -j"$JOBS"
 echo "[test] all tests (Release)"
-echo "[test] CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); flags: $(grep -o -w -E 'avx2|avx512f|avx512bf16|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+echo "[test] CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); flags: $(grep -o -w -E 'avx2|avx512f|avx512bf16|avx512_bf16|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 # The ".isa_avx2" copies of the arithmetic's model tests re-run them capped to AVX2; on a CPU whose
 # best variant already is AVX2 (no AVX-512) they would repeat the same runs, so skip them.
 NOT_UNIT='^unit$'
