@@ -196,8 +196,8 @@ const double* query_aware_scores(const Transformer& tf, int layer, Selection rul
   const int64_t qr = std::min(suffix_rows - tail_rows, kQueryRows);
   const int64_t first = n - tail_rows - qr;
   double* mass = ws.get<double>(kMass, n_kv);
-  be.attention_mass(q + first * c.q_dim(), rows_dev + first, cache.view(layer), qr, c.n_heads, n_kv,
-                    1.0f / std::sqrt(static_cast<float>(c.head_dim)), mass);
+  be.attention_mass(q + first * c.q_dim(), rows_dev + first, tf.attention_view(cache, layer), qr, c.n_heads, n_kv,
+                    c.attn_scale, mass);
   if (auto* comm = tf.comm()) {
     tf.sync_for_collective();
     comm->all_reduce_sum(mass, n_kv, tf.collective_timeout());
@@ -454,21 +454,20 @@ void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorTyp
   }
 }
 
-void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, kernels::Backend& backend,
-                        const kernels::PreparedRope& rope) {
+void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, const LlamaModel& model) {
   if (offset == 0 || m == 0) return;
   // K through fp32 (a half-precision cache is rounded once more after the rotation,
-  // as K computed at that position would be); V is untouched.
-  backend.rope_kv_rows(cache.view(layer), offset, m, static_cast<int32_t>(offset), rope);
+  // as K computed at that position would be); V is untouched. The layer's own table
+  // (a local layer's base differs).
+  model.backend().rope_kv_rows(cache.view(layer), offset, m, static_cast<int32_t>(offset), model.rope(layer));
 }
 
-void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernels::Backend& backend,
-                    const kernels::PreparedRope& rope) {
+void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, const LlamaModel& model) {
   const int64_t m = chunk.length();
   if (offset < 0 || offset + m > cache.capacity) throw std::out_of_range("place_chunk_kv: chunk outside the cache");
   for (int l = 0; l < chunk.n_layers; ++l) {
     copy_chunk_layer(chunk.k_layer(l), chunk.v_layer(l), chunk.dtype, m, l, offset, cache);
-    rotate_chunk_layer(l, offset, m, cache, backend, rope);
+    rotate_chunk_layer(l, offset, m, cache, model);
   }
 }
 
@@ -517,7 +516,7 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_kv_behind(std::span<const in
   for (int l = 0; l < c.n_layers; ++l) {
     // R(i) = R(-p)·R(p + i): the stored convention (positions 0..m-1), rotated in this
     // private cache before the rows are copied out.
-    if (p > 0) be.rope_kv_rows(cache.view(l), p, m, static_cast<int32_t>(-p), tf_.model().rope());
+    if (p > 0) be.rope_kv_rows(cache.view(l), p, m, static_cast<int32_t>(-p), tf_.model().rope(l));
     for (int h = 0; h < c.n_kv_heads; ++h) {
       const int64_t dst = static_cast<int64_t>(h) * head_elems * kv->elem_bytes();
       cache.read_rows_raw(l, h, p, m, kv->k_layer(l) + dst, kv->v_layer(l) + dst);
@@ -834,7 +833,7 @@ void BlendEngine::step(PrefillRun& run, clock_type::time_point wait_began) const
     lt.wait_begin = rel(began);
     st.wait_seconds += std::chrono::duration<double>(t0 - began).count();
     for (const auto& p : s.repair)
-      rotate_chunk_layer(l, p.offset, p.length, *s.cache, tf_.model().backend(), tf_.model().rope());
+      rotate_chunk_layer(l, p.offset, p.length, *s.cache, tf_.model());
     lt.ready = rel(clock_type::now());
     s.is_ready[l] = 1;
   }
@@ -941,8 +940,8 @@ void BlendEngine::step_query_first(PrefillRun::State& s) const {
   // tensor-parallel ranks, so every rank holds the same doubles).
   const int64_t qr = std::min(question_rows(s.S, s.logit_rows), kQueryRows);
   double* mass = ws.get<double>(kMass, s.N);
-  be.attention_mass(q + (n - qr) * qd, pos_dev + (n - qr), cache.view(l), qr, c.n_heads, s.N,
-                    1.0f / std::sqrt(static_cast<float>(c.head_dim)), mass);
+  be.attention_mass(q + (n - qr) * qd, pos_dev + (n - qr), tf_.attention_view(cache, l), qr, c.n_heads, s.N,
+                    c.attn_scale, mass);
   if (auto* comm = tf_.comm()) {
     tf_.sync_for_collective();
     comm->all_reduce_sum(mass, s.N, tf_.collective_timeout());

@@ -306,13 +306,12 @@ std::vector<double> planned_rows_per_layer(const BlendOptions& o, int n_layers, 
 void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorType dtype, int64_t m, int layer,
                       int64_t offset, KvCache& cache, int first_head = 0, kernels::Stream* stream = nullptr);
 // Rotates K of cache rows offset..offset+m-1 in `layer` from positions 0..m-1 to
-// offset..offset+m-1 (delta-RoPE, R(offset + i) = R(offset)·R(i)), on the backend.
-void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, kernels::Backend& backend,
-                        const kernels::PreparedRope& rope);
+// offset..offset+m-1 (delta-RoPE, R(offset + i) = R(offset)·R(i)), on the model's
+// backend with the layer's RoPE table (LlamaModel::rope(layer)).
+void rotate_chunk_layer(int layer, int64_t offset, int64_t m, KvCache& cache, const LlamaModel& model);
 
 // Copies a stored chunk's KV into the cache at `offset` and rotates its K from
 // positions 0..m-1 to offset..offset+m-1 (R(offset + i) = R(offset)·R(i)).
-void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, kernels::Backend& backend,
-                    const kernels::PreparedRope& rope);
+void place_chunk_kv(const ChunkKv& chunk, int64_t offset, KvCache& cache, const LlamaModel& model);
 
 }  // namespace bs

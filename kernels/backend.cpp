@@ -1,5 +1,6 @@
 // The backend's memory and ordering defaults (host memory, work done when issued), the
-// default block write into a paged cache, DeviceBuffer and Workspace.
+// default block write into a paged cache, the host defaults of geglu and scale,
+// DeviceBuffer and Workspace.
 #include "kernels/backend.h"
 
 #include <algorithm>
@@ -9,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "kernels/op_math.h"
 
 namespace bs::kernels {
 namespace {
@@ -73,6 +76,18 @@ void Backend::write_kv_block(const KvView& kv, int64_t first, int64_t m, const v
                       stream);
       j += run;
     }
+}
+
+void Backend::geglu(const float* gate_up, float* out, int64_t n, int64_t ff) {
+  if (!host_accessible()) throw std::logic_error(name() + ": geglu is not implemented on this backend");
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < ff; ++i)
+      out[t * ff + i] = op_math::gelu_tanh_mul(gate_up[t * 2 * ff + i], gate_up[t * 2 * ff + ff + i]);
+}
+
+void Backend::scale(float* x, int64_t count, float s) {
+  if (!host_accessible()) throw std::logic_error(name() + ": scale is not implemented on this backend");
+  for (int64_t i = 0; i < count; ++i) x[i] *= s;
 }
 
 void Backend::release_workspaces() {

@@ -101,6 +101,10 @@ class Backend {
   virtual double setup_seconds() const { return 0.0; }
   // The fastest precision this backend supports.
   Precision default_precision() const { return supports(Precision::BF16) ? Precision::BF16 : Precision::F32; }
+  // Whether the attention ops honour KvView::window (sliding-window layers): the
+  // reference and CPU backends do; a backend that does not makes the model loader
+  // refuse an architecture that needs it, by name.
+  virtual bool sliding_window_attention() const { return true; }
   // Up to this many rows, linear() computes every row bit-identically to a call with
   // that row alone (the same kernel and summation order whatever the row count), so
   // a batched decode step equals one-token forwards (Transformer::decode_step splits
@@ -186,6 +190,18 @@ class Backend {
                       float* out,            // [n, ff]
                       int64_t n, int64_t ff) = 0;
 
+  // out = gelu_tanh(gate) * up (GeGLU, Gemma's feed-forward: kernels/op_math.h
+  // gelu_tanh_mul), laid out as swiglu's. The default computes in place on host memory
+  // (the CPU backends; the reference overrides it in double); a backend whose memory
+  // the host cannot touch must override it or throws std::logic_error.
+  virtual void geglu(const float* gate_up,  // [n, 2 * ff]: gate [ff] then up [ff]
+                     float* out,            // [n, ff]
+                     int64_t n, int64_t ff);
+
+  // x *= s (Gemma's embeddings scaled by sqrt(dim)). Default as geglu's.
+  virtual void scale(float* x,  // [count]
+                     int64_t count, float s);
+
   // y += x: the residual stream.
   virtual void add(float* y,        // [count]
                    const float* x,  // [count]
@@ -253,7 +269,8 @@ class Backend {
   // The attention n query rows pay each key (the blend's query-aware selection: how
   // much the question reads a cached token). out[j] = sum over query heads h (outer)
   // and rows i (inner) of softmax_j(scale * q[i, h] . K[h / group, j]) over the keys
-  // j < n_kv with j <= qpos[i], as in attention(); 0 for a key no row sees. The
+  // j < n_kv with j <= qpos[i] (and inside kv.window), as in attention(); 0 for a key
+  // no row sees. The
   // reference's arithmetic is the definition: each score an fp32 dot product summed
   // over head_dim in order, times scale; the row's max, exp(s - max) and their fp32
   // sum in key order; each weight (fp32 e / sum) added to out[j] in double, heads then
@@ -282,7 +299,8 @@ class Backend {
                             const PreparedRope& rope) = 0;
 
   // Causal-by-position multi-head attention with grouped KV heads. Query i
-  // attends to every cached key j < n_kv with j <= qpos[i] (the cache is indexed
+  // attends to every cached key j < n_kv with j <= qpos[i] and, where kv.window is
+  // set, qpos[i] - j < kv.window (the cache is indexed
   // by prompt position; its rows are wherever `kv`'s page table puts them). Query
   // head h reads KV head h / (q_heads / kv.kv_heads). K/V elements are kv.dtype (F32,
   // F16 or BF16), each read as its exact fp32 value; scores and sums are fp32.
@@ -333,7 +351,8 @@ class Backend {
   virtual int64_t graph_launches() const { return 0; }
 
   // One decode query per row, each row a different sequence with its own cache: row i
-  // (q_heads heads) attends to rows [0, qpos[i]] of kv[i]. Every row equals
+  // (q_heads heads) attends to rows [kv[i].first_visible(qpos[i]), qpos[i]] of kv[i]
+  // (all of [0, qpos[i]] without a window). Every row equals
   // attention() of that row alone with n_kv = qpos[i] + 1 (a batched decode step
   // relies on it); a backend overrides this to spread the rows' heads over its
   // threads at once. Every kv[i] has the same kv_heads and head_dim.

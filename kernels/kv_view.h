@@ -48,6 +48,16 @@ struct KvView {
   int64_t page_stride = 0;         // elements from one pool page to the next
   int64_t head_stride = 0;         // elements from one KV head's rows to the next within a page
   int64_t kv_heads = 0, head_dim = 0;
+  // Sliding-window attention (Gemma 3's local layers): a query at position p sees the
+  // keys at positions j with j <= p and p - j < window, the last `window` positions
+  // including its own (llama.cpp's LLAMA_SWA_TYPE_STANDARD, transformers'
+  // sliding_window). 0: no window, every j <= p. Read by the attention ops only
+  // (attention, attention_rows, attention_mass); the cache's rows are all kept. A
+  // layer's view gets it from the model (Transformer::attention_view).
+  int64_t window = 0;
+
+  // The first key position a query at `pos` sees (0 without a window).
+  int64_t first_visible(int64_t pos) const { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0; }
 
   int64_t page_positions() const { return int64_t{1} << page_shift; }
   bool single_page() const { return page_count == 1; }

@@ -30,6 +30,16 @@ BS_HOST_DEVICE inline T silu_mul(T gate, T up) {
   return gate / (T(1) + exp_of(-gate)) * up;
 }
 
+// GeGLU's element (Gemma): gelu(gate) * up with GELU's tanh approximation,
+// 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up (transformers' gelu_pytorch_tanh,
+// ggml's gelu).
+template <typename T>
+BS_HOST_DEVICE inline T gelu_tanh_mul(T gate, T up) {
+  const T inner = T(0.7978845608028654) * (gate + T(0.044715) * gate * gate * gate);
+  if constexpr (sizeof(T) == 4) return T(0.5) * gate * (T(1) + tanhf(inner)) * up;
+  else return T(0.5) * gate * (T(1) + tanh(inner)) * up;
+}
+
 // RMSNorm's scale of a row: 1 / sqrt(mean of squares + eps), from the row's sum of
 // squares over dim elements.
 template <typename T>

@@ -74,6 +74,12 @@ void ProfilingBackend::rope_kv_rows(const KvView& kv, int64_t first, int64_t m, 
 void ProfilingBackend::swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) {
   timed(stats_, "swiglu", [&] { inner_.swiglu(gate_up, out, n, ff); });
 }
+void ProfilingBackend::geglu(const float* gate_up, float* out, int64_t n, int64_t ff) {
+  timed(stats_, "geglu", [&] { inner_.geglu(gate_up, out, n, ff); });
+}
+void ProfilingBackend::scale(float* x, int64_t count, float s) {
+  timed(stats_, "scale", [&] { inner_.scale(x, count, s); });
+}
 void ProfilingBackend::attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n,
                                  int64_t q_heads, int64_t n_kv, float scale, Precision precision) {
   timed(stats_, "attention", [&] { inner_.attention(q, qpos, kv, out, n, q_heads, n_kv, scale, precision); });

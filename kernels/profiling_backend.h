@@ -25,6 +25,7 @@ class ProfilingBackend final : public Backend {
   double setup_seconds() const override { return inner_.setup_seconds(); }
   bool supports(Precision p) const override { return inner_.supports(p); }
   int64_t linear_exact_rows() const override { return inner_.linear_exact_rows(); }
+  bool sliding_window_attention() const override { return inner_.sliding_window_attention(); }
   const std::map<std::string, OpStats>& stats() const { return stats_; }
   void reset() { stats_.clear(); }
 
@@ -36,6 +37,8 @@ class ProfilingBackend final : public Backend {
   void rmsnorm(const float* x, const float* weight, float* out, int64_t n, int64_t dim, float eps) override;
   void rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const PreparedRope& rope) override;
   void swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) override;
+  void geglu(const float* gate_up, float* out, int64_t n, int64_t ff) override;
+  void scale(float* x, int64_t count, float s) override;
   void add(float* y, const float* x, int64_t count) override;
   void split_qkv(const float* qkv, float* q, float* k, float* v, int64_t n, int64_t q_dim, int64_t kv_dim) override;
   void gather_rows(const float* src, const int32_t* rows, float* dst, int64_t n, int64_t width) override;

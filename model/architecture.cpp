@@ -15,6 +15,9 @@ constexpr ArchFeatures kArchitectures[] = {
     {"mistral", RopeStyle::Interleaved, true, false},
     {"qwen2", RopeStyle::HalfSplit, true, false},
     {"qwen3", RopeStyle::HalfSplit, false, true},
+    // Gemma 3 (text): GeGLU, pre and post norms, scaled embeddings, per-head q/k norms,
+    // local and global layers (model/architecture.h).
+    {"gemma3", RopeStyle::HalfSplit, false, true, FfnActivation::GeluTanh, true, true, true},
 };
 
 [[noreturn]] void refuse(const std::string& what) { throw gguf::GgufError(what); }
@@ -43,7 +46,8 @@ void check_file_features(const gguf::GgufFile& file, const ArchFeatures& arch, i
   if (auto v = file.get_int(a + ".rope.dimension_count"); v && *v != head_dim)
     refuse(a + ".rope.dimension_count = " + std::to_string(*v) + " of head_dim " + std::to_string(head_dim) +
            ": partial rotary embeddings are not supported");
-  if (auto v = file.get_int(a + ".attention.sliding_window"); v && *v > 0 && *v < context_length)
+  if (auto v = file.get_int(a + ".attention.sliding_window"); !arch.local_global_layers && v && *v > 0 &&
+                                                                 *v < context_length)
     refuse(a + ".attention.sliding_window = " + std::to_string(*v) + " (context " + std::to_string(context_length) +
            "): sliding-window attention is not supported for " + a);
   if (auto v = file.get_int(a + ".expert_count"); v && *v > 0)
@@ -58,6 +62,7 @@ void check_file_features(const gguf::GgufFile& file, const ArchFeatures& arch, i
                                  "ffn_down.weight"};
   if (arch.qkv_bias) block.insert({"attn_q.bias", "attn_k.bias", "attn_v.bias"});
   if (arch.qk_norm) block.insert({"attn_q_norm.weight", "attn_k_norm.weight"});
+  if (arch.post_norms) block.insert({"post_attention_norm.weight", "post_ffw_norm.weight"});
   const std::set<std::string> top = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"};
   for (const auto& t : file.tensors()) {
     const std::string& n = t.name;
@@ -77,13 +82,19 @@ void check_file_features(const gguf::GgufFile& file, const ArchFeatures& arch, i
       refuse("tensor '" + n + "' is not part of a " + a + " model (an unknown tensor would change the math)");
     }
   }
-  // The per-head norms are required where the architecture has them (their absence is
-  // another model, not a default).
-  if (arch.qk_norm)
-    for (int l = 0; l < n_layers; ++l)
+  // The per-head norms and the post norms are required where the architecture has them
+  // (their absence is another model, not a default).
+  for (int l = 0; l < n_layers; ++l) {
+    if (arch.qk_norm)
       for (const char* t : {"attn_q_norm.weight", "attn_k_norm.weight"})
         if (!file.find_tensor("blk." + std::to_string(l) + "." + t))
           refuse("missing tensor blk." + std::to_string(l) + "." + t + " (" + a + " normalizes q and k per head)");
+    if (arch.post_norms)
+      for (const char* t : {"post_attention_norm.weight", "post_ffw_norm.weight"})
+        if (!file.find_tensor("blk." + std::to_string(l) + "." + t))
+          refuse("missing tensor blk." + std::to_string(l) + "." + t + " (" + a +
+                 " normalizes the attention's and the feed-forward's outputs)");
+  }
 }
 
 }  // namespace bs

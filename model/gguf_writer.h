@@ -48,6 +48,9 @@ class GgufWriter {
   }
   GgufWriter& i32_array(std::string_view key, const std::vector<int32_t>& v) { return array(key, kI32, v); }
   GgufWriter& f32_array(std::string_view key, const std::vector<float>& v) { return array(key, kF32, v); }
+  GgufWriter& bool_array(std::string_view key, const std::vector<bool>& v) {
+    return array(key, kBool, std::vector<uint8_t>(v.begin(), v.end()));
+  }
   GgufWriter& erase(std::string_view key) {
     std::erase_if(kvs_, [&](const auto& kv) { return kv.first == key; });
     return *this;
@@ -67,6 +70,11 @@ class GgufWriter {
       }
     }
     tensors_.push_back(Tensor{std::move(name), std::move(dims), type, std::move(data), 0, {}});
+    return *this;
+  }
+  // Removes the tensor `name` (a file that lacks one).
+  GgufWriter& drop_tensor(std::string_view name) {
+    std::erase_if(tensors_, [&](const Tensor& t) { return t.name == name; });
     return *this;
   }
   // A tensor of `size` bytes that `fill` writes when the file is written.

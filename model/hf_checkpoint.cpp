@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/dequant.h"
 #include "model/safetensors.h"
 
 namespace bs {
@@ -41,8 +42,9 @@ json read_json(const fs::path& p, bool required) {
 }
 
 // The checkpoint's tensor name in GGUF's naming, or the name itself when it has none
-// (the loader then refuses it by that name).
-std::string gguf_name(const std::string& hf) {
+// (the loader then refuses it by that name). Gemma's block names its norms apart: its
+// post_attention_layernorm is a post norm, pre_feedforward_layernorm the FFN's input.
+std::string gguf_name(const std::string& hf, bool gemma) {
   static const std::map<std::string, std::string> top = {
       {"model.embed_tokens.weight", "token_embd.weight"},
       {"model.norm.weight", "output_norm.weight"},
@@ -58,13 +60,21 @@ std::string gguf_name(const std::string& hf) {
       {"self_attn.k_norm.weight", "attn_k_norm.weight"},   {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},             {"mlp.down_proj.weight", "ffn_down.weight"},
   };
+  static const std::map<std::string, std::string> gemma_norms = {
+      {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+  };
   const std::string prefix = "model.layers.";
   if (hf.rfind(prefix, 0) != 0) return hf;
   const size_t dot = hf.find('.', prefix.size());
   if (dot == std::string::npos) return hf;
   const std::string layer = hf.substr(prefix.size(), dot - prefix.size());
   if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos) return hf;
-  auto it = block.find(hf.substr(dot + 1));
+  const std::string rest = hf.substr(dot + 1);
+  if (gemma)
+    if (auto g = gemma_norms.find(rest); g != gemma_norms.end()) return "blk." + layer + "." + g->second;
+  auto it = block.find(rest);
   return it == block.end() ? hf : "blk." + layer + "." + it->second;
 }
 
@@ -209,8 +219,19 @@ gguf::GgufFile open_hf_checkpoint(const std::string& dir_s) {
   if (!cfg.is_object()) refuse(cfg_path, "not a JSON object");
   // Multimodal wrappers keep the language model's config in text_config.
   if (cfg.contains("text_config") && cfg["text_config"].is_object()) refuse(cfg_path, "a multimodal checkpoint (text_config) is not supported");
-  const std::string arch = cfg.value("model_type", "");
+  std::string arch = cfg.value("model_type", "");
   if (arch.empty()) refuse(cfg_path, "no model_type");
+  // Gemma 3's language model (Gemma3ForCausalLM) is GGUF's gemma3; a "gemma3" config is
+  // the multimodal wrapper (refused above by its text_config).
+  const bool gemma = arch == "gemma3_text";
+  if (gemma) arch = "gemma3";
+  // The feed-forward activation each family computes (model/architecture.h).
+  const std::string act = cfg.value("hidden_activation", cfg.value("hidden_act", std::string(gemma ? "gelu_pytorch_tanh" : "silu")));
+  if (act != (gemma ? "gelu_pytorch_tanh" : "silu"))
+    refuse(cfg_path, "hidden_act '" + act + "' is not supported for " + arch + " (it computes " +
+                         (gemma ? "gelu_pytorch_tanh" : "silu") + ")");
+  if (cfg.value("use_bidirectional_attention", false))
+    refuse(cfg_path, "use_bidirectional_attention (an encoder, e.g. EmbeddingGemma) is not supported");
   std::unordered_map<std::string, MetaValue> meta;
   meta["general.architecture"] = arch;
   meta["general.name"] = dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
@@ -238,10 +259,25 @@ gguf::GgufFile open_hf_checkpoint(const std::string& dir_s) {
   put_float("final_logit_softcapping", "final_logit_softcapping");
   put_int("num_local_experts", "expert_count");
   put_int("num_experts", "expert_count");
-  // RoPE: transformers 4 says rope_theta and rope_scaling, 5 rope_parameters.
+  // RoPE: transformers 4 says rope_theta and rope_scaling, 5 rope_parameters (Gemma 3:
+  // one per layer type, the global layers' and the local ones').
   json rope = cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object() ? cfg["rope_parameters"]
               : cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object() ? cfg["rope_scaling"]
                                                                                 : json::object();
+  if (gemma) {
+    double local_theta = 10000.0;
+    if (auto v = num("rope_local_base_freq")) local_theta = v->get<double>();
+    if (rope.contains("sliding_attention") && rope["sliding_attention"].is_object()) {
+      const json& local = rope["sliding_attention"];
+      const std::string t = local.value("rope_type", std::string("default"));
+      if (t != "default") refuse(cfg_path, "rope_parameters.sliding_attention: rope_type '" + t + "' is not supported");
+      if (local.contains("rope_theta") && local["rope_theta"].is_number()) local_theta = local["rope_theta"].get<double>();
+    }
+    meta["gemma3.rope.freq_base_swa"] = local_theta;
+    if (rope.contains("full_attention")) rope = rope["full_attention"].is_object() ? rope["full_attention"] : json::object();
+    // The attention scale: query_pre_attn_scalar^-1/2 (not always head_dim's).
+    if (auto v = num("query_pre_attn_scalar")) meta["blendserve.query_pre_attn_scalar"] = v->get<double>();
+  }
   double theta = 10000.0;
   if (auto v = num("rope_theta")) theta = v->get<double>();
   if (rope.contains("rope_theta") && rope["rope_theta"].is_number()) theta = rope["rope_theta"].get<double>();
@@ -281,6 +317,23 @@ gguf::GgufFile open_hf_checkpoint(const std::string& dir_s) {
                                                            : cfg.contains("sliding_window") && !cfg["sliding_window"].is_null();
   if (sliding && cfg.contains("sliding_window") && cfg["sliding_window"].is_number_integer())
     meta[arch + ".attention.sliding_window"] = cfg["sliding_window"].get<int64_t>();
+  if (gemma) {  // which layers are local: layer_types, or the older sliding_window_pattern
+    std::vector<bool> local;
+    if (cfg.contains("layer_types") && cfg["layer_types"].is_array()) {
+      for (const auto& t : cfg["layer_types"]) {
+        const std::string type = t.is_string() ? t.get<std::string>() : "";
+        if (type != "sliding_attention" && type != "full_attention")
+          refuse(cfg_path, "layer_types: '" + t.dump() + "' is not sliding_attention or full_attention");
+        local.push_back(type == "sliding_attention");
+      }
+    } else {
+      const int64_t period = cfg.value("sliding_window_pattern", int64_t{6});
+      const int64_t layers = cfg.value("num_hidden_layers", int64_t{0});
+      if (period <= 0 || layers <= 0 || layers > 4096) refuse(cfg_path, "invalid sliding_window_pattern or num_hidden_layers");
+      for (int64_t l = 0; l < layers; ++l) local.push_back((l + 1) % period != 0);
+    }
+    meta["gemma3.attention.sliding_window_pattern"] = local;
+  }
 
   // The weights: one file or the shards its index names.
   std::vector<fs::path> files;
@@ -313,13 +366,23 @@ gguf::GgufFile open_hf_checkpoint(const std::string& dir_s) {
     for (const auto& t : st.tensors()) {
       if (t.name.find("rotary_emb.inv_freq") != std::string::npos) continue;  // derived from the config
       TensorInfo ti;
-      ti.name = gguf_name(t.name);
+      ti.name = gguf_name(t.name, gemma);
       ti.dims.assign(t.shape.rbegin(), t.shape.rend());  // GGUF order: the contiguous dimension first
       if (ti.dims.empty()) ti.dims = {1};
       ti.type = t.type;
       ti.offset = 0;
       ti.data = t.data;
       ti.nbytes = t.nbytes;
+      if (gemma && ti.name.ends_with("norm.weight") && ti.dims.size() == 1) {
+        // Gemma scales by (1 + w); GGUF holds 1 + w (llama.cpp's converter), so do we.
+        auto buf = std::make_shared<std::vector<float>>(static_cast<size_t>(ti.dims[0]));
+        kernels::dequantize_row(ti.type, ti.data, buf->data(), ti.dims[0]);
+        for (float& x : *buf) x += 1.0f;
+        ti.type = kernels::TensorType::F32;
+        ti.data = reinterpret_cast<const uint8_t*>(buf->data());
+        ti.nbytes = buf->size() * sizeof(float);
+        keep.push_back(buf);
+      }
       tensors.push_back(std::move(ti));
     }
   }

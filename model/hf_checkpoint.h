@@ -10,11 +10,19 @@
 // transformers' rotate_half order (llama.cpp's converter permutes Llama's into pairs;
 // here they stay as they are).
 //
+// Gemma 3 (model_type gemma3_text) is read as GGUF's gemma3: its local and global
+// layers (layer_types or sliding_window_pattern) into
+// gemma3.attention.sliding_window_pattern, one bool per layer; the local layers' RoPE
+// base into rope.freq_base_swa; query_pre_attn_scalar into
+// blendserve.query_pre_attn_scalar; its norm weights w as F32 copies of 1 + w (what
+// GGUF holds); its post_attention_layernorm as the post norm it is.
+//
 // Whatever a config or tokenizer asks for that we do not compute is carried under the
 // GGUF key the loader refuses (soft-capping, partial rotary, experts, a sliding
-// window, YaRN) or refused here by name (a tokenizer other than byte-level BPE, a
-// dtype other than F32/F16/BF16); an unknown tensor keeps its checkpoint name, which
-// the loader refuses.
+// window outside Gemma 3, YaRN) or refused here by name (a tokenizer other than
+// byte-level BPE, a dtype other than F32/F16/BF16, an activation other than the
+// family's, a bidirectional encoder); an unknown tensor keeps its checkpoint name,
+// which the loader refuses.
 #pragma once
 
 #include <string>

@@ -39,6 +39,41 @@ void check_shape(const gguf::TensorInfo& t, int64_t out_features, int64_t in_fea
     throw GgufError("tensor '" + t.name + "' has an unexpected shape");
 }
 
+// Gemma 3's local and global layers (model/architecture.h: local_global_layers), its
+// attention scale, as llama.cpp reads them.
+void read_local_global_layers(const gguf::GgufFile& file, const std::string& arch, LlamaConfig& cfg) {
+  const int64_t window = file.get_int(arch + ".attention.sliding_window").value_or(0);
+  if (window < 0 || window > (int64_t{1} << 30))
+    throw GgufError(arch + ".attention.sliding_window = " + std::to_string(window) + " is not valid");
+  if (window > 0) {  // no window: every layer global (llama.cpp's LLAMA_SWA_TYPE_NONE)
+    cfg.sliding_window = static_cast<int>(window);
+    cfg.local_layers.assign(static_cast<size_t>(cfg.n_layers), false);
+    const std::string key = arch + ".attention.sliding_window_pattern";
+    const auto it = file.metadata().find(key);
+    if (it != file.metadata().end() && std::holds_alternative<std::vector<bool>>(it->second)) {
+      const auto& per_layer = std::get<std::vector<bool>>(it->second);
+      if (per_layer.size() != static_cast<size_t>(cfg.n_layers))
+        throw GgufError(key + " has " + std::to_string(per_layer.size()) + " entries for " +
+                        std::to_string(cfg.n_layers) + " layers");
+      for (int l = 0; l < cfg.n_layers; ++l) cfg.local_layers[static_cast<size_t>(l)] = per_layer[static_cast<size_t>(l)];
+    } else {
+      const int64_t period = file.get_int(key).value_or(6);
+      if (period < 0 || period > (int64_t{1} << 20))
+        throw GgufError(key + " = " + std::to_string(period) + " is not valid");
+      for (int l = 0; l < cfg.n_layers; ++l)
+        cfg.local_layers[static_cast<size_t>(l)] = period == 0 || l % period < period - 1;
+    }
+    cfg.rope_theta_local = static_cast<float>(file.get_float(arch + ".rope.freq_base_swa").value_or(10000.0));
+    if (!(cfg.rope_theta_local > 0.0f)) throw GgufError(arch + ".rope.freq_base_swa must be positive");
+  }
+  if (auto scalar = file.get_float("blendserve.query_pre_attn_scalar")) {
+    if (!(*scalar > 0.0)) throw GgufError("query_pre_attn_scalar must be positive");
+    cfg.attn_scale = static_cast<float>(1.0 / std::sqrt(*scalar));
+  } else if (cfg.n_layers == 62) {  // Gemma 3 27B: query_pre_attn_scalar = dim / heads
+    cfg.attn_scale = 1.0f / std::sqrt(static_cast<float>(cfg.dim / cfg.n_heads));
+  }
+}
+
 }  // namespace
 
 kernels::RopeTable make_rope_table(const LlamaConfig& cfg, const std::vector<float>& freq_factors) {
@@ -116,7 +151,16 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   cfg_.rope_style = file_.get_bool("blendserve.hf_checkpoint").value_or(false) ? kernels::RopeStyle::HalfSplit
                                                                                : features->rope_style;
   cfg_.qk_norm = features->qk_norm;
+  cfg_.ffn_activation = features->ffn_activation;
+  cfg_.post_norms = features->post_norms;
+  cfg_.embed_scale = features->embed_scale;
   check_file_features(file_, *features, cfg_.n_layers, cfg_.head_dim, cfg_.context_length);
+  cfg_.attn_scale = 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
+  if (features->local_global_layers) read_local_global_layers(file_, *arch, cfg_);
+  if ((features->local_global_layers || features->ffn_activation != FfnActivation::Silu || features->embed_scale) &&
+      !backend.sliding_window_attention())
+    throw GgufError("architecture '" + *arch + "' (sliding-window layers, GeGLU, scaled embeddings) is not implemented on the " +
+                    backend.name() + " backend");
   if (auto st = file_.get_string(*arch + ".rope.scaling.type")) {
     cfg_.rope_scaling.type = *st == "yarn" ? "yarn" : *st;
     cfg_.rope_scaling.factor = static_cast<float>(file_.get_float(*arch + ".rope.scaling.factor").value_or(1.0));
@@ -151,6 +195,14 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   }
   const kernels::RopeTable rope_table = make_rope_table(cfg_, freq_factors);
   rope_ = backend.prepare_rope(rope_table);
+  kernels::RopeTable local_table;
+  if (!cfg_.local_layers.empty()) {  // the local layers: their own base, no scaling
+    LlamaConfig local = cfg_;
+    local.rope_theta = cfg_.rope_theta_local;
+    local.rope_scaling = RopeScaling{};
+    local_table = make_rope_table(local);
+    rope_local_ = backend.prepare_rope(local_table);
+  }
 
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file_));
   chat_template_ = ChatTemplate::from_gguf(file_);
@@ -230,6 +282,10 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
       L.attn_q_norm = upload_vector(load_vector(file_.tensor(p + "attn_q_norm.weight"), cfg_.head_dim));
       L.attn_k_norm = upload_vector(load_vector(file_.tensor(p + "attn_k_norm.weight"), cfg_.head_dim));
     }
+    if (cfg_.post_norms) {  // [dim]: the whole residual width on every rank
+      L.post_attn_norm = upload_vector(load_vector(file_.tensor(p + "post_attention_norm.weight"), cfg_.dim));
+      L.post_ffw_norm = upload_vector(load_vector(file_.tensor(p + "post_ffw_norm.weight"), cfg_.dim));
+    }
     const auto& q = file_.tensor(p + "attn_q.weight");
     const auto& k = file_.tensor(p + "attn_k.weight");
     const auto& v = file_.tensor(p + "attn_v.weight");
@@ -302,6 +358,16 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
                           static_cast<int32_t>(fc.rope_style), fc.rope_scaling.original_context};
   add(dims, sizeof dims);
   if (fc.qk_norm) add_str("qk_norm");  // (models without it: keys as before)
+  if (fc.ffn_activation != FfnActivation::Silu) add_str("gelu_tanh");
+  if (fc.post_norms) add_str("post_norms");
+  if (fc.embed_scale) add_str("embed_scale");
+  if (fc.attn_scale != 1.0f / std::sqrt(static_cast<float>(fc.head_dim))) add(&fc.attn_scale, sizeof fc.attn_scale);
+  if (!fc.local_layers.empty()) {  // which layers are local, their window and RoPE
+    add_str("local_layers");
+    for (bool b : fc.local_layers) add(&b, 1);
+    add(&fc.sliding_window, sizeof fc.sliding_window);
+    add(local_table.inv_freq.data(), local_table.inv_freq.size() * sizeof(float));
+  }
   const float params[] = {cfg_.rms_eps, cfg_.rope_theta, cfg_.rope_scaling.factor, cfg_.rope_scaling.low_freq_factor,
                           cfg_.rope_scaling.high_freq_factor};
   add(params, sizeof params);

@@ -1,4 +1,5 @@
-// A Llama-family model (Llama, SmolLM2, Mistral, Qwen2, Qwen3: model/architecture.h)
+// A Llama-family model (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3:
+// model/architecture.h)
 // loaded from GGUF: hyper-parameters, weights prepared on a backend, tokenizer and
 // chat template.
 #pragma once
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "model/architecture.h"
 #include "model/gguf.h"
 #include "model/tensor_parallel.h"
 #include "model/tokenizer.h"
@@ -43,6 +45,18 @@ struct LlamaConfig {
   kernels::RopeStyle rope_style = kernels::RopeStyle::Interleaved;
   RopeScaling rope_scaling;
   bool qk_norm = false;  // q and k RMS-normalized per head before RoPE (model/architecture.h)
+  // Gemma 3's block (model/architecture.h: ArchFeatures).
+  FfnActivation ffn_activation = FfnActivation::Silu;
+  bool post_norms = false;   // post_attention_norm / post_ffw_norm before the residual adds
+  bool embed_scale = false;  // embeddings times sqrt(dim)
+  // Scores are q.k times this (1/sqrt(head_dim) unless the family says otherwise).
+  float attn_scale = 0.0f;
+  // Local (sliding-window) layers: local_layers[l] says layer l is one (empty: none);
+  // they attend to the last sliding_window positions and rotate with rope_theta_local.
+  int sliding_window = 0;
+  std::vector<bool> local_layers;
+  float rope_theta_local = 10000.0f;
+  bool is_local(int layer) const { return !local_layers.empty() && local_layers[static_cast<size_t>(layer)]; }
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
 };
@@ -57,6 +71,7 @@ struct LayerWeights {
   kernels::DeviceBuffer ffn_norm;                     // [dim] fp32
   kernels::DeviceBuffer qkv_bias;                     // [q_dim + 2 kv_dim] fp32, or none
   kernels::DeviceBuffer attn_q_norm, attn_k_norm;     // [head_dim] fp32 where config().qk_norm
+  kernels::DeviceBuffer post_attn_norm, post_ffw_norm;// [dim] fp32 where config().post_norms
   std::unique_ptr<kernels::PreparedWeights> wqkv;     // [q_dim + 2 kv_dim, dim]
   std::unique_ptr<kernels::PreparedWeights> wo;       // [dim, q_dim]
   std::unique_ptr<kernels::PreparedWeights> w_gate_up;// [2 ff, dim]
@@ -94,7 +109,15 @@ class LlamaModel {
   kernels::Precision precision() const { return precision_; }
   kernels::TensorType kv_dtype() const { return kv_dtype_; }
   // The RoPE table as the backend prepared it; rope().table is its host description.
+  // The global layers' (every layer's, but for a model with local layers).
   const kernels::PreparedRope& rope() const { return *rope_; }
+  // Layer l's table: the local one on a local (sliding-window) layer.
+  const kernels::PreparedRope& rope(int layer) const {
+    return cfg_.is_local(layer) ? *rope_local_ : *rope_;
+  }
+  // Layer l's attention window (KvView::window): config().sliding_window on a local
+  // layer, 0 (none) elsewhere.
+  int64_t window(int layer) const { return cfg_.is_local(layer) ? cfg_.sliding_window : 0; }
   const LayerWeights& layer(int l) const { return layers_[l]; }
   const kernels::PreparedWeights& token_embedding() const { return *embedding_; }
   const float* output_norm() const { return output_norm_.as<float>(); }  // [dim], backend memory
@@ -120,6 +143,7 @@ class LlamaModel {
   std::unique_ptr<Tokenizer> tokenizer_;
   ChatTemplate chat_template_;
   std::unique_ptr<kernels::PreparedRope> rope_;
+  std::unique_ptr<kernels::PreparedRope> rope_local_;  // local layers' table, where there are any
   std::vector<LayerWeights> layers_;
   std::vector<std::vector<uint8_t>> fused_storage_;  // concatenated raw rows of fused weights
   kernels::WeightView embed_view_;

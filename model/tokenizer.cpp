@@ -1,5 +1,6 @@
 // Byte-level BPE tokenizer (tokenizer.ggml.model == "gpt2") with llama.cpp's
-// pre-tokenizers, special-token partitioning and UTF-8-safe streaming decode.
+// pre-tokenizers, SentencePiece BPE ("llama": model/spm_merge.h, steps 1 and 4 below),
+// special-token partitioning and UTF-8-safe streaming decode.
 //
 // Behaviour follows llama.cpp (src/llama-vocab.cpp, src/unicode.cpp), the runtime
 // the GGUF files are converted for:
@@ -11,7 +12,14 @@
 //      fast paths). \s is the Unicode White_Space property, \p{L}/\p{N} are the
 //      general categories (from ICU).
 //   3. Each piece is mapped to bytes -> GPT-2 byte-level symbols and merged by
-//      BPE rank (lowest rank first, leftmost first on ties).
+//      BPE rank (lowest rank first, leftmost first on ties); with the Llama 3
+//      pre-tokenizers a piece that is a token as a whole is that token
+//      (ignore_merges).
+//   4. SentencePiece BPE instead of 2 and 3: each text fragment gets a leading " "
+//      where add_space_prefix says (the input's start, after a special token), its
+//      spaces become U+2581, and it is merged by score (llama.cpp's SPM branch of
+//      tokenize_impl). Decoding turns U+2581 back into spaces and <0xAB> tokens into
+//      their byte.
 // Invalid UTF-8 in the input never throws: each offending byte is its own code
 // point of the "other" class and is byte-encoded like any other byte. Bytes with
 // no token of their own in the vocabulary are dropped, as in llama.cpp.
@@ -28,6 +36,7 @@
 #include <utility>
 
 #include "model/gguf.h"
+#include "model/spm_merge.h"
 
 namespace bs {
 
@@ -95,6 +104,7 @@ void append_utf8(std::string& out, uint32_t cp) {
 }
 
 constexpr const char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
+constexpr const char kSpmSpace[] = "\xE2\x96\x81";     // U+2581, SentencePiece's space
 
 // ---- code point classes (llama.cpp's codepoint flags, reduced) ---------------------
 
@@ -392,6 +402,10 @@ struct Tokenizer::Impl {
   std::unordered_map<uint64_t, MergeInfo, PairHash> merges;
   std::vector<int32_t> specials;                         // control/user-defined/unknown, longest first
   size_t max_bytes = 1;                                  // the longest entry of `bytes`
+  bool spm = false;                                      // SentencePiece BPE (spec.model "llama")
+  // A pre-token that is a vocabulary entry as a whole is that token, merges or not
+  // (Hugging Face's BPE ignore_merges; llama.cpp's for the Llama 3 pre-tokenizers).
+  bool ignore_merges = false;
 
   bool parse_always(int32_t id) const { return types[id] == 4; }  // user-defined
 
@@ -399,6 +413,8 @@ struct Tokenizer::Impl {
                  std::vector<std::pair<size_t, int32_t>>& frags) const;
   void bpe(const unsigned char* s, size_t n, std::vector<int32_t>& out, Work& w) const;
   void encode_fragment(std::string_view text, std::vector<int32_t>& out, Work& w) const;
+  // SentencePiece BPE of one raw fragment; prefix_space: a " " goes before it.
+  void encode_spm(std::string_view text, bool prefix_space, std::vector<int32_t>& out) const;
 };
 
 namespace {
@@ -444,17 +460,21 @@ int parse_byte_token(const std::string& t) {
 
 Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  if (spec.model != "gpt2") {
+  if (spec.model != "gpt2" && spec.model != "llama") {
     // llama.cpp's tokenizer.ggml.model values, named by what they are.
     static const std::unordered_map<std::string, const char*> kinds = {
-        {"llama", "SentencePiece BPE"}, {"t5", "SentencePiece Unigram"}, {"bert", "WordPiece"},
-        {"rwkv", "RWKV greedy"},        {"plamo2", "PLaMo-2 Aho-Corasick"}, {"no_vocab", "no vocabulary"},
+        {"t5", "SentencePiece Unigram"}, {"bert", "WordPiece"}, {"rwkv", "RWKV greedy"},
+        {"plamo2", "PLaMo-2 Aho-Corasick"}, {"no_vocab", "no vocabulary"},
     };
     const auto kind = kinds.find(spec.model);
     throw std::invalid_argument("tokenizer: unsupported tokenizer.ggml.model '" + spec.model + "'" +
                                 (kind != kinds.end() ? std::string(" (") + kind->second + ")" : std::string()) +
-                                "; only byte-level BPE ('gpt2') is implemented");
+                                "; implemented: byte-level BPE ('gpt2') and SentencePiece BPE ('llama')");
   }
+  m.spm = spec.model == "llama";
+  if (m.spm && spec.scores.size() != spec.tokens.size())
+    throw std::invalid_argument("tokenizer: a SentencePiece vocabulary needs tokenizer.ggml.scores for every token (" +
+                                std::to_string(spec.scores.size()) + " for " + std::to_string(spec.tokens.size()) + ")");
   if (spec.tokens.empty()) throw std::invalid_argument("tokenizer: empty vocabulary");
   if (spec.tokens.size() > static_cast<size_t>(INT32_MAX)) throw std::invalid_argument("tokenizer: vocabulary too large");
   if (!spec.token_types.empty() && spec.token_types.size() != spec.tokens.size()) {
@@ -465,7 +485,9 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
   for (int32_t* id : {&spec.bos_id, &spec.eos_id, &spec.unk_id, &spec.pad_id}) {
     if (*id < -1 || *id >= n) *id = -1;  // out of range ids are treated as absent
   }
-  m.pre_kind = pre_kind_for(spec.pre);
+  if (!m.spm) m.pre_kind = pre_kind_for(spec.pre);
+  m.ignore_merges = !m.spm && (spec.pre == "llama3" || spec.pre == "llama-v3" || spec.pre == "llama-bpe" ||
+                               spec.pre == "falcon3");
 
   m.types.resize(spec.tokens.size());
   for (size_t i = 0; i < spec.tokens.size(); ++i) {
@@ -483,6 +505,11 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
       m.bytes[i] = t;
     } else if (ty == 6 && parse_byte_token(t) >= 0) {
       m.bytes[i] = std::string(1, static_cast<char>(parse_byte_token(t)));
+    } else if (m.spm) {  // U+2581 (3 bytes) stands for a space
+      std::string text = t;
+      for (size_t at = text.find(kSpmSpace); at != std::string::npos; at = text.find(kSpmSpace, at + 1))
+        text.replace(at, 3, " ");
+      m.bytes[i] = std::move(text);
     } else {
       m.bytes[i] = decode_token_text(t);
     }
@@ -492,11 +519,18 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
   const ByteMap& bm = byte_map();
   for (int b = 0; b < 256; ++b) {
     std::string s;
-    append_utf8(s, bm.byte_to_cp[b]);
+    if (m.spm) {  // "<0xAB>", else the byte itself (llama.cpp's byte_to_token)
+      static const char* hex = "0123456789ABCDEF";
+      s = std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
+      if (!m.text_to_id.count(s)) s = std::string(1, static_cast<char>(b));
+    } else {
+      append_utf8(s, bm.byte_to_cp[b]);
+    }
     auto it = m.text_to_id.find(s);
     m.byte_token[b] = it == m.text_to_id.end() ? -1 : it->second;
   }
 
+  if (m.spm) spec.merges.clear();  // merged by score instead
   m.merges.reserve(spec.merges.size() * 2);
   int32_t rank = 0;
   for (const std::string& mg : spec.merges) {
@@ -537,6 +571,9 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
   s.tokens = *tokens;
   if (const auto* types = file.get_int_array("tokenizer.ggml.token_type")) s.token_types = *types;
   if (const auto* merges = file.get_string_array("tokenizer.ggml.merges")) s.merges = *merges;
+  if (const auto* scores = file.get_float_array("tokenizer.ggml.scores"))
+    s.scores.assign(scores->begin(), scores->end());
+  if (auto v = file.get_bool("tokenizer.ggml.add_space_prefix")) s.add_space_prefix = *v;
   auto id = [&](const char* key) -> int32_t {
     auto v = file.get_int(key);
     return (v && *v >= 0 && *v <= INT32_MAX) ? static_cast<int32_t>(*v) : -1;
@@ -655,10 +692,21 @@ void Tokenizer::Impl::encode_fragment(std::string_view text, std::vector<int32_t
   w.offs.push_back(static_cast<uint32_t>(text.size()));
   Splitter splitter(w.cps, w.cls);
   size_t prev = 0;
+  std::string word;
   splitter.split(pre_kind, 0, w.cps.size(), [&](size_t end) {
     if (end <= prev) return;
-    bpe(p + w.offs[prev], w.offs[end] - w.offs[prev], out, w);
+    const unsigned char* s = p + w.offs[prev];
+    const size_t n = w.offs[end] - w.offs[prev];
     prev = end;
+    if (ignore_merges) {
+      word.clear();
+      for (size_t i = 0; i < n; ++i) append_utf8(word, byte_map().byte_to_cp[s[i]]);
+      if (const auto it = text_to_id.find(word); it != text_to_id.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
+    bpe(s, n, out, w);
   });
 }
 
@@ -671,15 +719,33 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
   impl_->partition(text, parse_special, frags);
   Work w;
   size_t start = 0;
+  bool prev_special = true;  // SPM: the first fragment gets the space prefix too
   for (const auto& [end, id] : frags) {
     if (id >= 0) {
       out.push_back(id);
+      prev_special = true;
+    } else if (impl_->spm) {
+      impl_->encode_spm(text.substr(start, end - start), prev_special && impl_->spec.add_space_prefix, out);
+      prev_special = false;
     } else {
       impl_->encode_fragment(text.substr(start, end - start), out, w);
     }
     start = end;
   }
   return out;
+}
+
+void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space, std::vector<int32_t>& out) const {
+  std::string escaped;
+  escaped.reserve(text.size() + text.size() / 2 + 3);
+  if (prefix_space) escaped += kSpmSpace;
+  for (char c : text) {
+    if (c == ' ')
+      escaped += kSpmSpace;
+    else
+      escaped.push_back(c);
+  }
+  spm_tokenize(escaped, SpmVocab{&text_to_id, &spec.scores, &byte_token}, out);
 }
 
 size_t Tokenizer::max_token_bytes() const { return impl_->max_bytes; }
@@ -710,9 +776,15 @@ int32_t Tokenizer::token_id(std::string_view text) const {
   const auto& map = impl_->text_to_id;
   auto it = map.find(std::string(text));
   if (it != map.end()) return it->second;
-  // Not a vocabulary string: try the byte-level form of the raw text (" the" -> "Ġthe").
+  // Not a vocabulary string: try the vocabulary's form of the raw text (" the" ->
+  // "Ġthe", SentencePiece: "▁the").
   std::string encoded;
-  for (unsigned char b : text) append_utf8(encoded, byte_map().byte_to_cp[b]);
+  for (unsigned char b : text) {
+    if (impl_->spm)
+      encoded += b == ' ' ? std::string(kSpmSpace) : std::string(1, static_cast<char>(b));
+    else
+      append_utf8(encoded, byte_map().byte_to_cp[b]);
+  }
   it = map.find(encoded);
   return it == map.end() ? -1 : it->second;
 }

@@ -1,5 +1,6 @@
-// Byte-level BPE tokenizer built from GGUF metadata (tokenizer.ggml.*), with the
-// model's pre-tokenizer (tokenizer.ggml.pre), special (control) tokens and
+// The tokenizer built from GGUF metadata (tokenizer.ggml.*): byte-level BPE ("gpt2")
+// with the model's pre-tokenizer (tokenizer.ggml.pre), or SentencePiece BPE ("llama":
+// Llama 2, Mistral, Gemma; model/spm_merge.h), with special (control) tokens and
 // streaming UTF-8-safe decoding.
 #pragma once
 
@@ -15,9 +16,12 @@ namespace bs {
 namespace gguf { class GgufFile; }
 
 struct TokenizerSpec {
-  std::string model = "gpt2";          // tokenizer.ggml.model
-  std::string pre = "default";         // tokenizer.ggml.pre
-  std::vector<std::string> tokens;     // tokenizer.ggml.tokens (byte-level unicode form)
+  std::string model = "gpt2";          // tokenizer.ggml.model: "gpt2" or "llama" (SentencePiece BPE)
+  std::string pre = "default";         // tokenizer.ggml.pre (byte-level BPE only)
+  std::vector<std::string> tokens;     // tokenizer.ggml.tokens (byte-level unicode form; SPM: U+2581 for spaces)
+  std::vector<float> scores;           // tokenizer.ggml.scores (SPM: merge priority, required)
+  bool add_space_prefix = true;        // tokenizer.ggml.add_space_prefix (SPM: " " before text that
+                                       // starts the input or follows a special token)
   std::vector<int64_t> token_types;    // tokenizer.ggml.token_type (1 normal, 3 control, 4 user-defined, ...)
   std::vector<std::string> merges;     // tokenizer.ggml.merges ("a b")
   int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;

@@ -57,6 +57,18 @@ void Transformer::embed(std::span<const int32_t> tokens, float* hidden) const {
   int32_t* ids = be.workspace().get<int32_t>(kIds, n);
   be.copy_to_backend(ids, tokens.data(), n * static_cast<int64_t>(sizeof(int32_t)));
   be.embed(model_.token_embedding(), ids, hidden, n);
+  scale_embeddings(hidden, n);
+}
+
+void Transformer::scale_embeddings(float* hidden, int64_t n) const {
+  const auto& c = model_.config();
+  if (c.embed_scale) model_.backend().scale(hidden, n * c.dim, std::sqrt(static_cast<float>(c.dim)));
+}
+
+kernels::KvView Transformer::attention_view(const KvCache& cache, int layer) const {
+  kernels::KvView view = cache.view(layer);
+  view.window = model_.window(layer);
+  return view;
 }
 
 void Transformer::project_qkv(int layer, const float* hidden, const int32_t* pos, int64_t n, float* q, float* k,
@@ -82,8 +94,8 @@ void Transformer::project_qkv(int layer, const float* hidden, const int32_t* pos
   } else {
     be.split_qkv(qkv, q, k, v, n, qd, kvd);
   }
-  be.rope(q, pos, n, c.n_heads, model_.rope());
-  be.rope(k, pos, n, c.n_kv_heads, model_.rope());
+  be.rope(q, pos, n, c.n_heads, model_.rope(layer));
+  be.rope(k, pos, n, c.n_kv_heads, model_.rope(layer));
 }
 
 void Transformer::store_kv(int layer, const int32_t* pos, int64_t n, const float* k, const float* v,
@@ -95,10 +107,9 @@ void Transformer::attend_and_mlp(int layer, float* hidden, const float* q, const
                                  const KvCache& cache, int64_t n_kv) const {
   const auto& c = model_.config();
   auto& be = model_.backend();
-  const int64_t qd = c.q_dim(), hd = c.head_dim;
+  const int64_t qd = c.q_dim();
   float* attn = be.workspace().get<float>(kAttn, n * qd);
-  be.attention(q, pos, cache.view(layer), attn, n, c.n_heads, n_kv, 1.0f / std::sqrt(static_cast<float>(hd)),
-               model_.precision());
+  be.attention(q, pos, attention_view(cache, layer), attn, n, c.n_heads, n_kv, c.attn_scale, model_.precision());
   project_and_mlp(layer, hidden, attn, n);
 }
 
@@ -109,19 +120,32 @@ void Transformer::project_and_mlp(int layer, float* hidden, const float* attn, i
   auto& ws = be.workspace();
   const int64_t dim = c.dim;
   float* proj = ws.get<float>(kProj, n * dim);
+  float* xn = ws.get<float>(kXn, n * dim);
   be.linear(*L.wo, attn, proj, n, nullptr);
   all_reduce(proj, n * dim);  // the ranks' heads' shares of the output projection
-  be.add(hidden, proj, n * dim);
+  if (c.post_norms) {  // Gemma 3: the whole sum normalized, then added
+    be.rmsnorm(proj, L.post_attn_norm.as<float>(), xn, n, dim, c.rms_eps);
+    be.add(hidden, xn, n * dim);
+  } else {
+    be.add(hidden, proj, n * dim);
+  }
 
-  float* xn = ws.get<float>(kXn, n * dim);
   be.rmsnorm(hidden, L.ffn_norm.as<float>(), xn, n, dim, c.rms_eps);
   float* gate_up = ws.get<float>(kGateUp, n * 2 * c.ff);
   float* act = ws.get<float>(kAct, n * c.ff);
   be.linear(*L.w_gate_up, xn, gate_up, n, nullptr);
-  be.swiglu(gate_up, act, n, c.ff);
+  if (c.ffn_activation == FfnActivation::GeluTanh)
+    be.geglu(gate_up, act, n, c.ff);
+  else
+    be.swiglu(gate_up, act, n, c.ff);
   be.linear(*L.w_down, act, proj, n, nullptr);
   all_reduce(proj, n * dim);  // the ranks' feed-forward shares
-  be.add(hidden, proj, n * dim);
+  if (c.post_norms) {
+    be.rmsnorm(proj, L.post_ffw_norm.as<float>(), xn, n, dim, c.rms_eps);
+    be.add(hidden, xn, n * dim);
+  } else {
+    be.add(hidden, proj, n * dim);
+  }
 }
 
 void Transformer::run_layer(int layer, float* hidden, const int32_t* pos, int64_t n, KvCache& cache,
@@ -247,7 +271,7 @@ void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache
   auto& be = model_.backend();
   auto& ws = be.workspace();
   const int64_t B = static_cast<int64_t>(tokens.size());
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
   // The step's inputs first (positions, ids, every layer's views): a device backend may
   // replay the ops below from a graph (Backend::decode_step), which copies nothing.
   std::vector<int32_t> host_pos(static_cast<size_t>(B));
@@ -261,9 +285,13 @@ void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache
     for (int64_t b = 0; b < B; ++b) views[static_cast<size_t>(l * B + b)] = caches[b]->view(l);
   float* hidden = ws.get<float>(kHidden, B * c.dim);
   float* device_logits = rows ? ws.get<float>(kLogits, B * c.vocab) : nullptr;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = c.attn_scale;
+  // Each layer's views with its window (local layers).
+  for (int l = 0; l < c.n_layers; ++l)
+    for (int64_t b = 0; b < B; ++b) views[static_cast<size_t>(l * B + b)].window = model_.window(l);
   auto body = [&] {
     be.embed(model_.token_embedding(), ids, hidden, B);
+    scale_embeddings(hidden, B);
     for (int l = 0; l < c.n_layers; ++l) {
       float* q = ws.get<float>(kQ, B * qd);
       float* k = ws.get<float>(kK, B * kvd);

@@ -1,4 +1,5 @@
-// The Llama forward pass over a KvCache, on any backend. Layers are exposed one
+// The Llama-family forward pass over a KvCache, on any backend (the block's variants:
+// model/architecture.h). Layers are exposed one
 // at a time, and split in halves, so the blend pipeline can compare fresh K/V with
 // loaded K/V and carry only some tokens forward.
 //
@@ -75,8 +76,14 @@ class Transformer {
   // (tools, tests, chunk computes); a server's caches come from its shared KvPagePool.
   KvCache make_cache(int64_t capacity) const;
 
-  // Token embeddings of host token ids: hidden [n, dim], backend memory.
+  // Token embeddings of host token ids: hidden [n, dim], backend memory (scaled by
+  // sqrt(dim) where the architecture says so: Gemma 3).
   void embed(std::span<const int32_t> tokens, float* hidden) const;
+
+  // Layer `layer`'s view of the cache for the attention ops: cache.view(layer) with the
+  // layer's sliding window (LlamaModel::window; none but on a local layer). Every
+  // attention over the model's caches reads through it (the blend's attention_mass too).
+  kernels::KvView attention_view(const KvCache& cache, int layer) const;
 
   // One layer for n tokens at the given positions: writes their K/V into the cache
   // at those positions, attends causally by position over cache rows [0, n_kv),
@@ -138,6 +145,8 @@ class Transformer {
   const LlamaModel& model() const { return model_; }
 
  private:
+  // hidden [n, dim] *= sqrt(dim) where the architecture scales its embeddings.
+  void scale_embeddings(float* hidden, int64_t n) const;
   // Output projection + MLP for n rows whose attention output is in attn, residual
   // added into hidden (the second half of attend_and_mlp).
   void project_and_mlp(int layer,

@@ -116,7 +116,7 @@ TEST(DeltaRope, StoredChunkPlacedAnywhereMatchesLayerZeroKeysInPlace) {
   auto kv = engine.compute_chunk_kv(chunk);
   for (int64_t p : {0, 5, 300, 2000}) {
     auto cache = tf.make_cache(p + len);
-    place_chunk_kv(*kv, p, cache, m.backend(), m.rope());
+    place_chunk_kv(*kv, p, cache, m);
     // Layer 0 K depends on the token and its position only: compute it in place.
     std::vector<float> hidden(len * c.dim), q(len * c.q_dim()), k(len * c.kv_dim()), v(len * c.kv_dim());
     std::vector<int32_t> pos(len);

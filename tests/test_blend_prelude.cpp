@@ -51,7 +51,7 @@ TEST_F(BlendPrelude, StoredKvIsTheChunksRowsBehindThePreludeInEveryLayer) {
   tf.forward(both, in_place);
   // Placed at p (rotated by +p), the stored KV must be those rows.
   auto placed = tf.make_cache(p + mlen);
-  place_chunk_kv(*kv, p, placed, m.backend(), m.rope());
+  place_chunk_kv(*kv, p, placed, m);
   const auto& c = m.config();
   double k_err = 0, v_err = 0, k_scale = 0;
   for (int l = 0; l < c.n_layers; ++l)

@@ -245,7 +245,7 @@ KvCache loaded_cache(BlendSetup& s, const RagPrompt& prompt, const std::vector<c
     if (!hit[i]) continue;
     auto kv = s.store.get(s.engine.chunk_key(prompt.chunks[i]));
     EXPECT_TRUE(kv);
-    place_chunk_kv(*kv, prompt.chunk_offset(i), cache, s.m.backend(), s.m.rope());
+    place_chunk_kv(*kv, prompt.chunk_offset(i), cache, s.m);
   }
   return cache;
 }
@@ -600,7 +600,7 @@ TEST_F(BlendSelection, PlacedChunkKvIsTheStoredKvRotatedByTheOffsetInEveryLayer)
           std::fill_n(cache.k_at(l, h, row), cache.head_dim, kSentinel);
           std::fill_n(cache.v_at(l, h, row), cache.head_dim, kSentinel);
         }
-    place_chunk_kv(*kv, p, cache, s.m.backend(), s.m.rope());
+    place_chunk_kv(*kv, p, cache, s.m);
 
     int64_t touched_outside = 0, v_mismatch = 0;
     double k_err = 0, k_max = 0;

@@ -28,6 +28,7 @@ using bs::safetensors::SafetensorsError;
 using nlohmann::json;
 
 const fs::path kLlama = fs::path(BLENDSERVE_FIXTURES) / "arch" / "llama.hf";
+const fs::path kGemma3 = fs::path(BLENDSERVE_FIXTURES) / "arch" / "gemma3.hf";
 
 std::vector<uint8_t> st_bytes(const json& header, const std::vector<uint8_t>& data) {
   const std::string h = header.dump();
@@ -84,7 +85,7 @@ TEST(Safetensors, ParsesAValidFileAndRefusesEachMalformation) {
 struct Checkpoint {
   bs::testing::TempDir tmp{"bs_hf_checkpoint"};
   fs::path dir = tmp.path() / "tiny-llama";
-  Checkpoint() { fs::copy(kLlama, dir, fs::copy_options::recursive); }
+  explicit Checkpoint(const fs::path& from = kLlama) { fs::copy(from, dir, fs::copy_options::recursive); }
   json read(const std::string& name) const {
     std::ifstream in(dir / name);
     return json::parse(in);
@@ -149,6 +150,62 @@ TEST(HfCheckpoint, ShardsNamedByTheIndexLoadAndAnUnknownTensorIsRefusedByItsName
   expect_refused(c.dir.string(), {"invalid file"});
 }
 
+// Gemma 3 (gemma3_text): what its config says is read (test_model_arch checks the
+// logits of tests/fixtures/arch/gemma3.hf), and each thing we do not compute is refused
+// by name: another activation, a bidirectional encoder (EmbeddingGemma), a layer type
+// we do not know, local layers with scaled RoPE, soft-capping.
+TEST(HfCheckpoint, Gemma3ConfigIsReadAndWhatItAsksBeyondIsRefusedByName) {
+  {
+    Checkpoint c(kGemma3);
+    const auto file = bs::open_model_file(c.dir.string());
+    EXPECT_EQ(file.get_string("general.architecture"), "gemma3");
+    EXPECT_EQ(file.get_int("gemma3.attention.sliding_window"), 8);
+    EXPECT_EQ(file.get_float("gemma3.rope.freq_base_swa"), 10000.0);
+    EXPECT_EQ(file.get_float("gemma3.rope.freq_base"), 1e6);
+    EXPECT_EQ(file.get_string("gemma3.rope.scaling.type"), "linear");
+    EXPECT_EQ(file.get_float("blendserve.query_pre_attn_scalar"), 64.0);
+    // Norms held as 1 + w: the checkpoint's w is near 0, the view's near 1.
+    const auto& n = file.tensor("blk.0.post_attention_norm.weight");
+    EXPECT_EQ(n.type, bs::kernels::TensorType::F32);
+    EXPECT_NEAR(reinterpret_cast<const float*>(n.data)[0], 1.0f, 0.9f);
+    EXPECT_TRUE(file.find_tensor("blk.5.post_ffw_norm.weight"));
+    const auto m = load(c.dir.string());
+    const auto& cfg = m->config();
+    EXPECT_EQ(cfg.local_layers, (std::vector<bool>{true, true, true, true, true, false}));
+    EXPECT_EQ(m->window(0), 8);
+    EXPECT_EQ(m->window(5), 0);
+    EXPECT_FLOAT_EQ(cfg.attn_scale, 0.125f);
+    EXPECT_NE(m->rope(0).table.inv_freq, m->rope(5).table.inv_freq);
+    // The older key: a period (transformers 4's sliding_window_pattern).
+    c.edit_config([](json& j) {
+      j.erase("layer_types");
+      j["sliding_window_pattern"] = 3;
+    });
+    EXPECT_EQ(load(c.dir.string())->config().local_layers, (std::vector<bool>{true, true, false, true, true, false}));
+  }
+  struct Case {
+    const char* name;
+    std::function<void(json&)> edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {"activation", [](json& c) { c["hidden_activation"] = "gelu"; }, {"hidden_act 'gelu'", "gelu_pytorch_tanh"}},
+      {"encoder", [](json& c) { c["use_bidirectional_attention"] = true; }, {"use_bidirectional_attention"}},
+      {"layer type", [](json& c) { c["layer_types"][2] = "chunked_attention"; }, {"layer_types", "chunked_attention"}},
+      {"local rope",
+       [](json& c) { c["rope_parameters"]["sliding_attention"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
+       {"sliding_attention", "'linear'"}},
+      {"softcap", [](json& c) { c["final_logit_softcapping"] = 30.0; }, {"final_logit_softcapping", "soft-capping"}},
+      {"multimodal", [](json& c) { c["model_type"] = "gemma3"; c["text_config"] = json::object(); }, {"multimodal"}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    Checkpoint c(kGemma3);
+    c.edit_config(k.edit);
+    expect_refused(c.dir.string(), k.needles);
+  }
+}
+
 // Each config feature we do not compute is refused, naming it.
 TEST(HfCheckpoint, ConfigFeaturesWeDoNotComputeAreRefusedByName) {
   struct Case {
@@ -157,7 +214,8 @@ TEST(HfCheckpoint, ConfigFeaturesWeDoNotComputeAreRefusedByName) {
     std::vector<std::string> needles;
   };
   const std::vector<Case> cases = {
-      {"arch", [](json& c) { c["model_type"] = "gemma3_text"; }, {"'gemma3_text'", "supported: llama"}},
+      {"arch", [](json& c) { c["model_type"] = "gemma2"; }, {"'gemma2'", "supported: llama"}},
+      {"activation", [](json& c) { c["hidden_act"] = "gelu"; }, {"hidden_act 'gelu'", "silu"}},
       {"yarn", [](json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}, {"factor", 4.0}}; },
        {"'yarn'"}},
       {"window", [](json& c) { c["sliding_window"] = 16; }, {"sliding_window", "sliding-window"}},

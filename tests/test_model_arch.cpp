@@ -1,8 +1,11 @@
 // Every architecture we compute against Hugging Face transformers' own logits: tiny
 // random models of Llama (3.1 RoPE scaling, from the llama3 keys and from rope_freqs),
 // Mistral, Qwen2 (biases, tied head) and Qwen3 (per-head q/k norms, head_dim apart
-// from the width), each as GGUF in F32/F16 and in a K-quant mix (Q4_K, Q5_K, Q6_K,
-// Q5_0, Q5_1, Q8_0), Llama (F16) and Qwen3 (BF16) also as Hugging Face checkpoint
+// from the width) and Gemma 3 (5 sliding-window layers with a window of 8, shorter than
+// the prompts, and a global one with linear RoPE scaling; GeGLU, pre and post norms,
+// scaled embeddings), each as GGUF in F32/F16 (Gemma 3: K-quants only) and in a
+// K-quant mix (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q8_0), Llama (F16), Qwen3 and Gemma 3
+// (BF16) also as Hugging Face checkpoint
 // directories (model/hf_checkpoint.h: safetensors, config.json, tokenizer.json), made with transformers' logits for the exact weights each file
 // holds by tools/make_arch_reference.py (tests/fixtures/arch/). Every position of
 // every prompt must match within a relative bound, with the same top-1 wherever the
@@ -61,7 +64,8 @@ struct Case {
 };
 const Case kCases[] = {{"llama.f32", "llama"}, {"llama.kq", "llama"},  {"mistral.kq", "llama"},
                        {"qwen2.f16", "qwen2"}, {"qwen2.kq", "qwen2"},  {"qwen3.f16", "qwen3"},
-                       {"qwen3.kq", "qwen3"},  {"llama.hf", "llama"},  {"qwen3.hf", "qwen3"}};
+                       {"qwen3.kq", "qwen3"},  {"llama.hf", "llama"},  {"qwen3.hf", "qwen3"},
+                       {"gemma3.kq", "gemma3"}, {"gemma3.hf", "gemma3"}};
 
 // The model path of a case: <stem>.gguf, or the checkpoint directory <stem> (".hf").
 std::string model_of(const Case& c) {
@@ -148,6 +152,11 @@ TEST_P(ModelArch, DecodeStepsMatchTransformers) {
 
 // The blend at ratio 1 recomputes every token: it equals full prefill on every
 // architecture (the per-head norms and biases included), and every selection rule runs.
+// Gemma 3's local layers: a stored chunk's K/V there were computed with the chunk's own
+// window, as on every layer with its own prefix; the blend treats them as any layer's
+// (the same selection, positions repaired with the local layer's RoPE table) and its
+// attention sees each query's window by absolute position, so at ratio 1 it is full
+// prefill (the prompt, 27 tokens, is over three windows of 8).
 TEST_P(ModelArch, BlendAtRatioOneEqualsFullAndEveryRuleRuns) {
   const Case c = GetParam();
   bs::LlamaModel model(model_of(c), bs::testing::shared_backend(), bs::kernels::Precision::F32);

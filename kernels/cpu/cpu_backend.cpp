@@ -240,7 +240,7 @@ class CpuBackend final : public Backend {
     std::vector<float> kt(static_cast<size_t>(hd * n_kv));
     std::vector<float> e;
     std::vector<float> sums;
-    std::vector<int64_t> counts;
+    std::vector<int64_t> counts, firsts;
     for (int64_t g = 0; g < kv.kv_heads; ++g) {
 #pragma omp parallel if (n_kv >= 256)
       {
@@ -259,20 +259,23 @@ class CpuBackend final : public Backend {
         e.resize(static_cast<size_t>(m * n_kv));
         sums.assign(static_cast<size_t>(m), 0.0f);
         counts.assign(static_cast<size_t>(m), 0);
+        firsts.assign(static_cast<size_t>(m), 0);
 #pragma omp parallel for schedule(dynamic, 1) if (m * n_kv >= (1 << 14))
         for (int64_t b = 0; b < m; ++b) {
           const int64_t h = g * group + (first + b) / n, i = (first + b) % n;
           const int64_t count = std::min<int64_t>(n_kv, int64_t{qpos[i]} + 1);
+          const int64_t lo = kv.first_visible(qpos[i]);  // kv.window's first key
           counts[static_cast<size_t>(b)] = count;
-          if (count <= 0) continue;
-          sums[static_cast<size_t>(b)] =
-              k_.softmax_exps(q + (i * q_heads + h) * hd, kt.data(), n_kv, hd, count, scale, e.data() + b * n_kv);
+          firsts[static_cast<size_t>(b)] = lo;
+          if (count <= lo) continue;
+          sums[static_cast<size_t>(b)] = k_.softmax_exps(q + (i * q_heads + h) * hd, kt.data() + lo, n_kv, hd,
+                                                         count - lo, scale, e.data() + b * n_kv + lo);
         }
 #pragma omp parallel for schedule(static) if (m * n_kv >= (1 << 14))
         for (int64_t j = 0; j < n_kv; ++j) {
           double acc = out[j];
           for (int64_t b = 0; b < m; ++b)
-            if (j < counts[static_cast<size_t>(b)])
+            if (j < counts[static_cast<size_t>(b)] && j >= firsts[static_cast<size_t>(b)])
               acc += static_cast<double>(e[static_cast<size_t>(b * n_kv + j)] / sums[static_cast<size_t>(b)]);
           out[j] = acc;
         }
@@ -323,6 +326,13 @@ class CpuBackend final : public Backend {
 
   void swiglu(const float* gate_up, float* out, int64_t n, int64_t ff) override {
     k_.swiglu(gate_up, out, n, ff);
+  }
+
+  void geglu(const float* gate_up, float* out, int64_t n, int64_t ff) override { k_.geglu(gate_up, out, n, ff); }
+
+  void scale(float* x, int64_t count, float s) override {
+#pragma omp parallel for schedule(static) if (count >= (1 << 16))
+    for (int64_t i = 0; i < count; ++i) x[i] *= s;
   }
 
   void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,

@@ -37,6 +37,9 @@ struct CpuKernels {
                  float* out,            // [n, ff]
                  int64_t n, int64_t ff);
 
+  // GeGLU, laid out as swiglu: out = gelu_tanh(gate) * up (Backend::geglu).
+  decltype(swiglu) geglu;
+
   // One query head's softmax numerators over `count` keys held transposed:
   // e[j] = exp(scale * q . kt[:, j] - max over j), fp32 (vector FMAs: not the
   // reference's order); returns their sum. Backend::attention_mass's inner loop.

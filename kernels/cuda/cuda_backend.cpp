@@ -510,11 +510,19 @@ class CudaBackend final : public Backend {
                        cs());
   }
 
+  // The CUDA attention kernels have no sliding window yet: a model whose layers need
+  // one is refused at load (sliding_window_attention()), and a view with one here too.
+  bool sliding_window_attention() const override { return false; }
+  static void refuse_window(const KvView& kv, const char* op) {
+    if (kv.window != 0) throw std::invalid_argument(std::string("cuda ") + op + ": sliding-window attention is not implemented");
+  }
+
   void attention_mass(const float* q, const int32_t* qpos, const KvView& kv, int64_t n, int64_t q_heads,
                       int64_t n_kv, float scale, double* out) override {
     if (n_kv < 0 || n_kv > kv.capacity) throw std::out_of_range("attention_mass: n_kv beyond the cache");
     if (kv.kv_heads <= 0 || q_heads % kv.kv_heads != 0)
       throw std::invalid_argument("attention_mass: query heads not a multiple of KV heads");
+    refuse_window(kv, "attention_mass");
     if (n_kv == 0) return;
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
@@ -554,6 +562,7 @@ class CudaBackend final : public Backend {
                  int64_t n_kv, float scale, Precision) override {
     if (n_kv > kv.capacity) throw std::out_of_range("cuda attention: n_kv beyond the cache");
     if (!is_kv_dtype(kv.dtype)) throw std::invalid_argument("cuda attention: K/V must be F32, F16 or BF16");
+    refuse_window(kv, "attention");
     if (n <= 0) return;
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
@@ -591,6 +600,7 @@ class CudaBackend final : public Backend {
   void attention_rows(const float* q, const int32_t* qpos, const KvView* kv, float* out, int64_t n, int64_t q_heads,
                       float scale, Precision) override {
     if (n <= 0) return;
+    for (int64_t i = 0; i < n; ++i) refuse_window(kv[i], "attention_rows");
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(ops_mu_);
     const cuda::DevicePagedKv* dev_views = upload_rows(kv, n);

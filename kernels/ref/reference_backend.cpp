@@ -97,6 +97,18 @@ class ReferenceBackend final : public Backend {
       }
   }
 
+  void geglu(const float* gate_up, float* out, int64_t n, int64_t ff) override {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < ff; ++i) {
+        const double g = gate_up[t * 2 * ff + i], u = gate_up[t * 2 * ff + ff + i];
+        out[t * ff + i] = static_cast<float>(op_math::gelu_tanh_mul(g, u));
+      }
+  }
+
+  void scale(float* x, int64_t count, float s) override {
+    for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>(static_cast<double>(x[i]) * s);
+  }
+
   void add(float* y, const float* x, int64_t count) override {
     for (int64_t i = 0; i < count; ++i) y[i] += x[i];
   }
@@ -187,10 +199,11 @@ class ReferenceBackend final : public Backend {
     for (int64_t h = 0; h < q_heads; ++h)
       for (int64_t i = 0; i < n; ++i) {
         const int64_t count = std::min<int64_t>(n_kv, int64_t{qpos[i]} + 1);
-        if (count <= 0) continue;
+        const int64_t first = kv.first_visible(qpos[i]);
+        if (count <= first) continue;
         const float* qv = q + (i * q_heads + h) * hd;
         float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < count; ++j) {
+        for (int64_t j = first; j < count; ++j) {
           kv.read_k_row(h / group, j, kr.data());
           float s = 0.0f;
           for (int64_t d = 0; d < hd; ++d) s += qv[d] * kr[d];
@@ -198,8 +211,8 @@ class ReferenceBackend final : public Backend {
           mx = std::max(mx, e[j]);
         }
         float sum = 0.0f;
-        for (int64_t j = 0; j < count; ++j) sum += (e[j] = std::exp(e[j] - mx));
-        for (int64_t j = 0; j < count; ++j) out[j] += static_cast<double>(e[j] / sum);
+        for (int64_t j = first; j < count; ++j) sum += (e[j] = std::exp(e[j] - mx));
+        for (int64_t j = first; j < count; ++j) out[j] += static_cast<double>(e[j] / sum);
       }
   }
 
@@ -222,8 +235,9 @@ class ReferenceBackend final : public Backend {
         const float* qv = q + (t * q_heads + h) * head_dim;
         const int64_t kvh = h / group;
         const int64_t last = std::min<int64_t>(n_kv - 1, qpos[t]);
+        const int64_t first = kv.first_visible(qpos[t]);  // kv.window's first key
         double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j <= last; ++j) {
+        for (int64_t j = first; j <= last; ++j) {
           const float* kr = &kf[static_cast<size_t>((kvh * n_kv + j) * head_dim)];
           double s = 0;
           for (int64_t i = 0; i < head_dim; ++i) s += static_cast<double>(qv[i]) * kr[i];
@@ -231,12 +245,12 @@ class ReferenceBackend final : public Backend {
           mx = std::max(mx, scores[j]);
         }
         double denom = 0;
-        for (int64_t j = 0; j <= last; ++j) denom += (scores[j] = std::exp(scores[j] - mx));
+        for (int64_t j = first; j <= last; ++j) denom += (scores[j] = std::exp(scores[j] - mx));
         float* o = out + (t * q_heads + h) * head_dim;
         for (int64_t i = 0; i < head_dim; ++i) {
           double acc = 0;
-          for (int64_t j = 0; j <= last; ++j) acc += scores[j] * vf[static_cast<size_t>((kvh * n_kv + j) * head_dim + i)];
-          o[i] = last >= 0 ? static_cast<float>(acc / denom) : 0.0f;
+          for (int64_t j = first; j <= last; ++j) acc += scores[j] * vf[static_cast<size_t>((kvh * n_kv + j) * head_dim + i)];
+          o[i] = last >= first ? static_cast<float>(acc / denom) : 0.0f;
         }
       }
   }

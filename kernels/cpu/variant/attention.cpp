@@ -45,29 +45,34 @@ inline void accumulate_pv(float (*o)[kMaxHeadDim], const float (*s)[kKeys], cons
     for (int c = 0; c < W; ++c) vstore(o[r] + d_off + c * kLanes, oacc[r][c]);
 }
 
-// One block of up to kRows rows of one KV head over keys [0, key_end).
+// One block of up to kRows rows of one KV head over keys [key_begin, key_end) (each
+// row over its own [lo, pos]).
 // kt: [tiles, head_dim, kKeys] transposed keys, one contiguous block per tile;
 // vtiles: [tiles] the V rows of each tile, [kKeys, head_dim] (row stride head_dim).
 void attend_block(const AttentionRow* rows, int nrows, const float* kt, const float* const* vtiles, int64_t head_dim,
-                  int64_t key_end, float scale) {
+                  int64_t key_begin, int64_t key_end, float scale) {
   alignas(64) float s[kRows][kKeys];
   alignas(64) float o[kRows][kMaxHeadDim];
   float m[kRows], l[kRows];
   const float* qr[kRows];
-  int32_t pos[kRows];
+  int32_t pos[kRows], lo[kRows];
   for (int r = 0; r < kRows; ++r) {
     m[r] = -INFINITY;
     l[r] = 0.0f;
     memset(o[r], 0, sizeof(float) * head_dim);
     qr[r] = rows[r < nrows ? r : 0].q;
     pos[r] = r < nrows ? rows[r].pos : -1;
+    lo[r] = r < nrows ? rows[r].lo : 0;
   }
-  int32_t min_pos = pos[0];
-  for (int r = 1; r < nrows; ++r) min_pos = pos[r] < min_pos ? pos[r] : min_pos;
+  int32_t min_pos = pos[0], max_lo = lo[0];
+  for (int r = 1; r < nrows; ++r) {
+    min_pos = pos[r] < min_pos ? pos[r] : min_pos;
+    max_lo = lo[r] > max_lo ? lo[r] : max_lo;
+  }
   const int64_t dvecs = head_dim / kLanes;
   const vf vscale = vset1(scale);
 
-  for (int64_t k0 = 0; k0 < key_end; k0 += kKeys) {
+  for (int64_t k0 = key_begin / kKeys * kKeys; k0 < key_end; k0 += kKeys) {
     const int64_t kn = imin(kKeys, key_end - k0);
     // ---- S = Q Kᵀ, scaled
     for (int c0 = 0; c0 < kKeyVecs; c0 += kQkVecs) {
@@ -87,10 +92,12 @@ void attend_block(const AttentionRow* rows, int nrows, const float* kt, const fl
       for (int r = 0; r < kRows; ++r)
         for (int c = 0; c < kQkVecs; ++c) vstore(s[r] + (c0 + c) * kLanes, vmul(acc[r][c], vscale));
     }
-    // ---- mask (only on the causal diagonal and the ragged last tile), online softmax
-    const bool full_tile = kn == kKeys && k0 + kKeys - 1 <= min_pos;
+    // ---- mask (only on the causal diagonal, the window's edge and the ragged last
+    // tile), online softmax
+    const bool full_tile = kn == kKeys && k0 + kKeys - 1 <= min_pos && k0 >= max_lo;
     for (int r = 0; r < kRows; ++r) {
       const int64_t limit = imin(static_cast<int64_t>(pos[r]) + 1, k0 + kn);  // keys < limit are visible
+      for (int64_t j = k0; j < imin(static_cast<int64_t>(lo[r]), k0 + kKeys); ++j) s[r][j - k0] = -INFINITY;
       vf mx = vset1(-INFINITY);
       for (int c = 0; c < kKeyVecs; ++c) {
         vf sc = vload(s[r] + c * kLanes);
@@ -178,10 +185,10 @@ void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out
       }
     }
 
-  for_each_row_block(q, qpos, out, n, q_heads, kv_heads, head_dim, n_kv,
-                     [&](int64_t h, const AttentionRow* rows, int nrows, int64_t key_end) {
+  for_each_row_block(q, qpos, out, n, q_heads, kv_heads, head_dim, n_kv, kv.window,
+                     [&](int64_t h, const AttentionRow* rows, int nrows, int64_t key_begin, int64_t key_end) {
                        attend_block(rows, nrows, kt + h * head_dim * kt_stride, vtiles + h * tiles, head_dim,
-                                    key_end, scale);
+                                    key_begin, key_end, scale);
                      });
 }
 

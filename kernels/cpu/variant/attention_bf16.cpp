@@ -31,12 +31,12 @@ inline uint32_t pack_bf16_pair(float lo, float hi) {
 }
 
 void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, const uint32_t* vp, int64_t kt_stride,
-                       int64_t head_dim, int64_t key_end, float scale) {
+                       int64_t head_dim, int64_t key_begin, int64_t key_end, float scale) {
   alignas(64) uint32_t sp[kRows][kKeys / 2];      // probabilities as bf16 pairs
   alignas(64) float o[kRows][kMaxHeadDim];
   uint32_t qp[kRows][kMaxHeadDim / 2];             // query as bf16 pairs
   float m[kRows], l[kRows];
-  int32_t pos[kRows];
+  int32_t pos[kRows], lo[kRows];
   const int64_t pairs = head_dim / 2;
   for (int r = 0; r < kRows; ++r) {
     m[r] = -INFINITY;
@@ -45,14 +45,18 @@ void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, 
     const float* q = rows[r < nrows ? r : 0].q;
     for (int64_t j = 0; j < pairs; ++j) qp[r][j] = pack_bf16_pair(q[2 * j], q[2 * j + 1]);
     pos[r] = r < nrows ? rows[r].pos : -1;
+    lo[r] = r < nrows ? rows[r].lo : 0;
   }
-  int32_t min_pos = pos[0];
-  for (int r = 1; r < nrows; ++r) min_pos = (pos[r] < min_pos ? pos[r] : min_pos);
+  int32_t min_pos = pos[0], max_lo = lo[0];
+  for (int r = 1; r < nrows; ++r) {
+    min_pos = (pos[r] < min_pos ? pos[r] : min_pos);
+    max_lo = (lo[r] > max_lo ? lo[r] : max_lo);
+  }
   const int64_t dvecs = head_dim / 16;
   const __m512 vscale = _mm512_set1_ps(scale);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 
-  for (int64_t k0 = 0; k0 < key_end; k0 += kKeys) {
+  for (int64_t k0 = key_begin / kKeys * kKeys; k0 < key_end; k0 += kKeys) {
     const int64_t kn = imin(kKeys, key_end - k0);
     __m512 acc[kRows][4];
     for (int r = 0; r < kRows; ++r)
@@ -71,8 +75,9 @@ void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, 
         acc[r][3] = _mm512_dpbf16_ps(acc[r][3], qv, k_3);
       }
     }
-    // Masking is only needed on the causal diagonal and the ragged last tile.
-    const bool full_tile = kn == kKeys && k0 + kKeys - 1 <= min_pos;
+    // Masking is only needed on the causal diagonal, the window's edge and the ragged
+    // last tile.
+    const bool full_tile = kn == kKeys && k0 + kKeys - 1 <= min_pos && k0 >= max_lo;
     for (int r = 0; r < kRows; ++r) {
       __m512 mx = _mm512_set1_ps(-INFINITY);
       __mmask16 valid[4];
@@ -82,6 +87,7 @@ void attend_block_bf16(const AttentionRow* rows, int nrows, const uint32_t* kp, 
         } else {
           const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int32_t>(k0 + c * 16)));
           valid[c] = _mm512_cmple_epi32_mask(key, _mm512_set1_epi32(pos[r])) &
+                     _mm512_cmpge_epi32_mask(key, _mm512_set1_epi32(lo[r])) &
                      _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(static_cast<int32_t>(k0 + kn)));
         }
         acc[r][c] = _mm512_mul_ps(acc[r][c], vscale);
@@ -193,10 +199,10 @@ void attention_bf16(const float* q, const int32_t* qpos, const KvView& kv, float
       }
     }
 
-  for_each_row_block(q, qpos, out, n, q_heads, kv_heads, head_dim, n_kv,
-                     [&](int64_t h, const AttentionRow* rows, int nrows, int64_t key_end) {
+  for_each_row_block(q, qpos, out, n, q_heads, kv_heads, head_dim, n_kv, kv.window,
+                     [&](int64_t h, const AttentionRow* rows, int nrows, int64_t key_begin, int64_t key_end) {
                        attend_block_bf16(rows, nrows, kp + h * pairs * kt_stride, vp + h * (kt_stride / 2) * head_dim,
-                        kt_stride, head_dim, key_end, scale);
+                        kt_stride, head_dim, key_begin, key_end, scale);
                      });
 }
 

@@ -10,6 +10,7 @@ const CpuKernels kKernels = {
     rmsnorm,
     rope,
     swiglu,
+    geglu,
     softmax_exps,
     attention,
     attention_decode,

@@ -9,6 +9,7 @@ namespace bs::kernels::cpu::BS_ISA_NS {
 void rmsnorm(const float* x, const float* weight, float* out, int64_t n, int64_t dim, float eps);
 void rope(float* x, const float* cos_sin, int64_t n, int64_t heads, int64_t head_dim, RopeStyle style);
 void swiglu(const float* gate_up, float* out, int64_t n, int64_t ff);
+void geglu(const float* gate_up, float* out, int64_t n, int64_t ff);
 float softmax_exps(const float* q, const float* kt, int64_t stride, int64_t head_dim, int64_t count, float scale,
                    float* e);
 void attention(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,

@@ -1,0 +1,33 @@
+// SentencePiece BPE merging as llama.cpp applies it to a "llama" (SPM) vocabulary
+// (src/llama-vocab.cpp: llm_tokenizer_spm_session), the tokenizer of Llama 2, Mistral
+// v0.1-v0.3 and Gemma: the text is split into UTF-8 characters; the adjacent pair whose
+// concatenation is a vocabulary entry with the highest score merges first (leftmost on
+// equal scores), again and again; each final piece is its token, or re-split along the
+// merges that made it, or its bytes as byte tokens (<0xAB>) where nothing matches.
+//
+// Why our own: it is the reference's algorithm, not SentencePiece's library (which
+// Debian packages, but whose results on a GGUF vocabulary are llama.cpp's only where
+// the two agree); the test vectors are llama.cpp's and Hugging Face's.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace bs {
+
+struct SpmVocab {
+  const std::unordered_map<std::string, int32_t>* text_to_id;  // every token's text (any type)
+  const std::vector<float>* scores;                            // [vocab]: merge priority, higher first
+  const std::array<int32_t, 256>* byte_token;                  // byte -> its byte token, -1: none
+};
+
+// Appends the tokens of `text` (whitespace already escaped to U+2581 by the caller).
+// A byte of a piece without a token and without a byte token is dropped, as llama.cpp's
+// lookups would fail on it (such vocabularies have every byte).
+void spm_tokenize(std::string_view text, const SpmVocab& vocab, std::vector<int32_t>& out);
+
+}  // namespace bs

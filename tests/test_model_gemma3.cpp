@@ -1,0 +1,285 @@
+// The real Gemma 3 270M (Q4_K_M: Q5_0, Q4_K, Q6_K and Q8_0 tensors; tools/setup.sh
+// installs it) against llama.cpp on an F32 export of the same weights
+// (tests/fixtures/golden_gemma3_*, made by tools/make_golden.py --gemma3): its
+// SentencePiece vocabulary token for token, its configuration (18 layers, 5 local
+// with a 512-token window for each global one, head_dim 256 apart from the width 640,
+// one KV head), the final-position logits, the teacher-forced top-1 at every position
+// of prompts up to 686 tokens (past the window) and the greedy continuations. Then the
+// blend on its sliding-window layers: at ratio 1 it is full prefill over a prompt whose
+// chunks span more than a window, and at the default ratio the deviation rule stays near
+// it (query-first's numbers printed beside).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "blend/blend_engine.h"
+#include "blend/rag_prompt.h"
+#include "blend/store_backed_blend.h"
+#include "model/generate.h"
+#include "model/llama_model.h"
+#include "model/transformer.h"
+#include "storage/memory_store.h"
+#include "tests/model_fixture.h"
+
+namespace bs {
+namespace {
+
+using kernels::Precision;
+
+struct Golden {
+  std::string text;
+  std::vector<int32_t> ids;
+  std::vector<float> final_logits;
+  std::vector<int32_t> greedy;
+  std::vector<int32_t> position_top1;
+  std::vector<double> position_margin;
+};
+
+const std::string kFixtures = BLENDSERVE_FIXTURES;
+
+const std::vector<Golden>& golden() {
+  static const std::vector<Golden> prompts = [] {
+    std::vector<Golden> out;
+    const auto j = nlohmann::json::parse(testing::read_file(kFixtures + "/golden_gemma3_logits.json"));
+    for (const auto& p : j.at("prompts")) {
+      Golden g;
+      g.text = p.at("text");
+      g.ids = p.at("ids").get<std::vector<int32_t>>();
+      g.greedy = p.at("greedy16").get<std::vector<int32_t>>();
+      g.position_top1 = p.at("position_top1").get<std::vector<int32_t>>();
+      g.position_margin = p.at("position_top1_margin").get<std::vector<double>>();
+      const std::string raw = testing::read_file(kFixtures + "/" + p.at("final_logits_file").get<std::string>());
+      g.final_logits.resize(raw.size() / 4);
+      std::memcpy(g.final_logits.data(), raw.data(), raw.size());
+      out.push_back(std::move(g));
+    }
+    return out;
+  }();
+  return prompts;
+}
+
+const LlamaModel& gemma(Precision precision = Precision::F32) {
+  auto& backend = testing::shared_backend();  // made first: it outlives the models
+  static std::map<Precision, std::unique_ptr<LlamaModel>> models;
+  auto& m = models[precision];
+  if (!m) m = std::make_unique<LlamaModel>(BLENDSERVE_GEMMA3_MODEL, backend, precision);
+  return *m;
+}
+
+#define REQUIRE_GEMMA()                                                                          \
+  do {                                                                                           \
+    if (!std::filesystem::exists(BLENDSERVE_GEMMA3_MODEL)) FAIL() << "Gemma 3 missing: run tools/setup.sh"; \
+  } while (0)
+
+TEST(Gemma3, ConfigurationIsGemma3_270M) {
+  REQUIRE_GEMMA();
+  const auto& m = gemma();
+  const auto& c = m.config();
+  EXPECT_EQ(c.architecture, "gemma3");
+  EXPECT_EQ(c.n_layers, 18);
+  EXPECT_EQ(c.dim, 640);
+  EXPECT_EQ(c.n_heads, 4);
+  EXPECT_EQ(c.n_kv_heads, 1);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.vocab, 262144);
+  EXPECT_EQ(c.sliding_window, 512);
+  EXPECT_FLOAT_EQ(c.attn_scale, 1.0f / 16.0f);
+  EXPECT_TRUE(c.embed_scale && c.post_norms && c.qk_norm);
+  for (int l = 0; l < c.n_layers; ++l) EXPECT_EQ(m.window(l), l % 6 == 5 ? 0 : 512) << "layer " << l;
+  EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(c.rope_theta_local, 1e4f);
+  EXPECT_EQ(m.tokenizer().bos_id(), 2);
+  EXPECT_EQ(m.tokenizer().eos_id(), 1);
+}
+
+// Gemma's own vocabulary (262,144 SentencePiece pieces): the texts of
+// golden_gemma3_tokens.json (prose, accents, CJK, emoji, whitespace runs, code, its turn
+// markup) give llama.cpp's ids, special tokens parsed; and the prompts' ids are BOS and
+// then those of their text.
+TEST(Gemma3, TokenizesAsLlamaCpp) {
+  REQUIRE_GEMMA();
+  const auto& tok = gemma().tokenizer();
+  const auto j = nlohmann::json::parse(testing::read_file(kFixtures + "/golden_gemma3_tokens.json"));
+  const auto& texts = j.at("texts");
+  const auto& ids = j.at("ids");
+  ASSERT_EQ(texts.size(), ids.size());
+  ASSERT_GT(texts.size(), 50u);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string text = texts[i];
+    EXPECT_EQ(tok.encode(text, true), ids[i].get<std::vector<int32_t>>()) << "text " << i << ": " << text;
+  }
+  for (const auto& g : golden()) {
+    std::vector<int32_t> want = {tok.bos_id()};
+    const auto body = tok.encode(g.text, true);
+    want.insert(want.end(), body.begin(), body.end());
+    EXPECT_EQ(want, g.ids) << g.text.substr(0, 60);
+  }
+}
+
+// The final-position logits of our fp32 path against llama.cpp fp32: max |dlogit| below
+// 1e-3 of the largest (measured below; the logits span about +-37), the same top-1.
+TEST(Gemma3, Fp32FinalLogitsMatchLlamaCpp) {
+  REQUIRE_GEMMA();
+  const auto& m = gemma();
+  for (const auto& g : golden()) {
+    Transformer tf(m);
+    auto cache = tf.make_cache(static_cast<int64_t>(g.ids.size()));
+    const auto logits = tf.forward(g.ids, cache);
+    ASSERT_EQ(logits.size(), g.final_logits.size());
+    double diff = 0, mag = 0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(logits[i] - g.final_logits[i])));
+      mag = std::max(mag, static_cast<double>(std::fabs(g.final_logits[i])));
+    }
+    std::printf("[gemma3 fp32 vs llama.cpp] %zu tokens: max |dlogit| %.5f of %.2f\n", g.ids.size(), diff, mag);
+    EXPECT_LT(diff, 1e-3 * mag) << g.text.substr(0, 60);
+    EXPECT_EQ(argmax(logits.data(), m.config().vocab), argmax(g.final_logits.data(), m.config().vocab));
+  }
+}
+
+// Teacher-forced top-1 at every position, the prompt run in pieces of 128 tokens (so
+// the local layers' windows also cross the pieces' boundaries): equal wherever
+// llama.cpp's top-1 leads by more than 0.05, and at >= 99% of all positions.
+TEST(Gemma3, Fp32TeacherForcedTop1MatchesLlamaCpp) {
+  REQUIRE_GEMMA();
+  const auto& m = gemma();
+  const int64_t V = m.config().vocab;
+  int64_t agree = 0, total = 0, decisive = 0, decisive_agree = 0;
+  for (const auto& g : golden()) {
+    Transformer tf(m);
+    auto cache = tf.make_cache(static_cast<int64_t>(g.ids.size()));
+    for (size_t at = 0; at < g.ids.size(); at += 128) {
+      const size_t n = std::min<size_t>(128, g.ids.size() - at);
+      const auto logits = tf.forward(std::span<const int32_t>(g.ids.data() + at, n), cache, /*all_logits=*/true);
+      for (size_t t = 0; t < n; ++t, ++total) {
+        const bool same = argmax(&logits[t * V], V) == g.position_top1[at + t];
+        agree += same;
+        if (g.position_margin[at + t] > 0.05) {
+          ++decisive;
+          decisive_agree += same;
+          EXPECT_TRUE(same) << "position " << at + t << " of " << g.ids.size();
+        }
+      }
+    }
+  }
+  std::printf("[gemma3 fp32 vs llama.cpp] teacher-forced top-1 %lld / %lld (decisive %lld / %lld)\n",
+              static_cast<long long>(agree), static_cast<long long>(total), static_cast<long long>(decisive_agree),
+              static_cast<long long>(decisive));
+  EXPECT_GE(static_cast<double>(agree) / static_cast<double>(total), 0.99);
+  EXPECT_GT(total, 700);
+}
+
+// 16 greedy tokens through decode steps (the quantized blocks read by the decode
+// products) are llama.cpp's.
+TEST(Gemma3, Fp32GreedyContinuationsMatchLlamaCpp) {
+  REQUIRE_GEMMA();
+  const auto& m = gemma();
+  for (const auto& g : golden()) {
+    Transformer tf(m);
+    auto cache = tf.make_cache(static_cast<int64_t>(g.ids.size()) + 16);
+    auto logits = tf.forward(g.ids, cache);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 16; ++i) {
+      const int32_t next = argmax(logits.data(), m.config().vocab);
+      out.push_back(next);
+      KvCache* one[] = {&cache};
+      if (i + 1 < 16) logits = tf.decode_step(std::vector<int32_t>{next}, one);
+    }
+    EXPECT_EQ(out, g.greedy) << g.text.substr(0, 60);
+  }
+}
+
+double first_token_kl(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
+  const auto softmax = [](const std::vector<float>& l) {
+    const float mx = *std::max_element(l.begin(), l.end());
+    std::vector<double> p(l.size());
+    double sum = 0;
+    for (size_t i = 0; i < l.size(); ++i) sum += (p[i] = std::exp(static_cast<double>(l[i]) - mx));
+    for (auto& x : p) x /= sum;
+    return p;
+  };
+  const auto p = softmax(p_logits), q = softmax(q_logits);
+  double kl = 0;
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i] > 0) kl += p[i] * (std::log(p[i]) - std::log(std::max(q[i], 1e-300)));
+  return kl;
+}
+
+// The blend on the sliding-window layers. The long prompt's text as BOS + prefix, two
+// chunks of 300 tokens (each longer than half the window, together longer than the
+// window) and the rest as the question. The chunks' KV is stored computed alone (their
+// local layers saw only their own window); placed, with positions repaired by each
+// layer's own RoPE table, and blended: at ratio 1 every token is recomputed and the
+// logits are full prefill's; at the default ratio the first token's KL to full stays
+// small (printed for the README) and the deviation rule runs too.
+TEST(Gemma3, BlendOverSlidingWindowLayersEqualsFullAtRatioOne) {
+  REQUIRE_GEMMA();
+  const auto& m = gemma();
+  const auto& ids = golden()[1].ids;
+  ASSERT_GT(ids.size(), 680u);
+  RagPrompt prompt;
+  prompt.prefix.assign(ids.begin(), ids.begin() + 20);
+  prompt.chunks = {{ids.begin() + 20, ids.begin() + 320}, {ids.begin() + 320, ids.begin() + 620}};
+  prompt.suffix.assign(ids.begin() + 620, ids.end());
+  Transformer tf(m);
+  BlendEngine engine(tf);
+  MemoryKvStore store(int64_t{1} << 30);
+  StoreBackedBlend from_store(engine, store);
+  from_store.warm(prompt);
+  BlendOptions full;
+  full.mode = BlendMode::Full;
+  const auto want = from_store.prefill(prompt, full, 1).logits;
+  BlendOptions all;
+  all.ratio = 1.0f;
+  const auto got = from_store.prefill(prompt, all, 1);
+  EXPECT_EQ(got.stats.chunks_hit, 2);
+  ASSERT_EQ(got.logits.size(), want.size());
+  double err = 0, mag = 1e-12;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, static_cast<double>(std::fabs(got.logits[i] - want[i])));
+    mag = std::max(mag, static_cast<double>(std::fabs(want[i])));
+  }
+  EXPECT_LT(err / mag, 1e-5);
+  // At the default ratio. Chunks computed alone (no BOS before them) put an attention
+  // sink of their own at each chunk's start; on the local layers the prompt's real BOS
+  // is out of the late rows' window, so those sinks take its role. The deviation rule
+  // recomputes the chunks' starts and stays near full prefill (measured KL 0.014);
+  // query-first, which scores by the question's attention, leaves them as stored
+  // (measured 4.6, top-1 differs; 0.32 with the chunks computed behind BOS). Printed, and
+  // only the deviation rule's bound asserted, until the runtime's choice for such models
+  // is made by measurement.
+  const auto kl_at_default = [&](const BlendEngine& eng, Selection sel) {
+    MemoryKvStore st(int64_t{1} << 30);
+    StoreBackedBlend fs(eng, st);
+    fs.warm(prompt);
+    BlendOptions o;
+    o.selection = sel;
+    const auto blended = fs.prefill(prompt, o, 1);
+    const double kl = first_token_kl(want, blended.logits);
+    std::printf("[gemma3 blend, %s at the default ratio, chunks computed %s] recomputed %lld of 600 chunk "
+                "tokens, first-token KL %.4f, top-1 %s\n",
+                selection_name(sel), eng.chunk_prelude().empty() ? "alone" : "behind BOS",
+                static_cast<long long>(blended.stats.recomputed_tokens), kl,
+                argmax(blended.logits.data(), m.config().vocab) == argmax(want.data(), m.config().vocab) ? "same"
+                                                                                                          : "differs");
+    EXPECT_GT(blended.stats.recomputed_tokens, 0);
+    EXPECT_LT(blended.stats.recomputed_tokens, 600);
+    return kl;
+  };
+  const BlendEngine behind_bos(tf, {m.tokenizer().bos_id()});
+  kl_at_default(engine, Selection::QueryFirst);
+  kl_at_default(behind_bos, Selection::QueryFirst);
+  EXPECT_LT(kl_at_default(engine, Selection::Deviation), 0.1);
+  kl_at_default(behind_bos, Selection::Deviation);
+}
+
+}  // namespace
+}  // namespace bs

@@ -1,0 +1,137 @@
+// Real tokenizers token for token: every vocabulary-only GGUF of llama.cpp's models/
+// folder (tools/setup.sh puts it in models/llama.cpp/ from the llama-cpp-python sdist)
+// with the .inp/.out test vectors llama.cpp's tests check (the ids Hugging Face's
+// tokenizers give: llama.cpp's tests/test-tokenizer-0, no special tokens added, none
+// parsed). A vocabulary we load must give exactly those ids on every input and decode
+// them back to the input; one we do not implement must be refused at load, naming
+// what it is: never loaded and wrong.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kDir = BLENDSERVE_LLAMACPP_MODELS;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// llama.cpp's format: inputs separated by "\n__ggml_vocab_test__\n", one line of ids
+// per input.
+struct Vectors {
+  std::vector<std::string> inputs;
+  std::vector<std::vector<int32_t>> ids;
+};
+Vectors read_vectors(const fs::path& gguf) {
+  Vectors v;
+  const std::string inp = slurp(gguf.string() + ".inp");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  size_t at = 0;
+  for (;;) {
+    const size_t next = inp.find(sep, at);
+    if (next == std::string::npos) break;
+    v.inputs.push_back(inp.substr(at, next - at));
+    at = next + sep.size();
+  }
+  std::ifstream out(gguf.string() + ".out");
+  std::string line;
+  while (std::getline(out, line)) {
+    std::istringstream ls(line);
+    std::vector<int32_t> ids;
+    for (int32_t id; ls >> id;) ids.push_back(id);
+    v.ids.push_back(std::move(ids));
+  }
+  return v;
+}
+
+// What each vocabulary is: loaded and checked, or refused with the words that name why.
+const std::map<std::string, std::string> kExpected = {
+    {"ggml-vocab-llama-spm.gguf", ""},  // Llama 2: SentencePiece BPE
+    {"ggml-vocab-phi-3.gguf", ""},      // Phi-3: SentencePiece BPE
+    {"ggml-vocab-llama-bpe.gguf", ""},  // Llama 3
+    {"ggml-vocab-qwen2.gguf", ""},
+    {"ggml-vocab-gpt-2.gguf", ""},
+    {"ggml-vocab-starcoder.gguf", ""},
+    {"ggml-vocab-refact.gguf", ""},
+    {"ggml-vocab-command-r.gguf", ""},
+    {"ggml-vocab-mpt.gguf", ""},
+    {"ggml-vocab-bert-bge.gguf", "WordPiece"},
+    {"ggml-vocab-gemma-4.gguf", "'gemma4'"},
+    {"ggml-vocab-deepseek-coder.gguf", "'deepseek-coder'"},
+    {"ggml-vocab-deepseek-llm.gguf", "'deepseek-llm'"},
+    {"ggml-vocab-falcon.gguf", "'falcon'"},
+    {"ggml-vocab-qwen35.gguf", "'qwen35'"},
+};
+
+TEST(TokenizerVocabs, EveryTestVectorOfEveryVocabularyWeLoadAndTheOthersRefusedByName) {
+  ASSERT_TRUE(fs::is_directory(kDir)) << kDir << " missing: tools/setup.sh fetches it";
+  int checked_vocabs = 0, checked_inputs = 0;
+  for (const auto& [name, refusal] : kExpected) {
+    SCOPED_TRACE(name);
+    const fs::path path = kDir / name;
+    ASSERT_TRUE(fs::exists(path.string() + ".inp")) << path;
+    const auto file = bs::gguf::GgufFile::open(path.string());
+    std::unique_ptr<bs::Tokenizer> tok;
+    try {
+      tok = std::make_unique<bs::Tokenizer>(bs::Tokenizer::from_gguf(file));
+    } catch (const std::exception& e) {
+      EXPECT_FALSE(refusal.empty()) << "refused: " << e.what();
+      if (!refusal.empty()) {
+        EXPECT_NE(std::string(e.what()).find(refusal), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    ASSERT_TRUE(refusal.empty()) << "loaded; expected a refusal naming " << refusal;
+    const Vectors v = read_vectors(path);
+    ASSERT_EQ(v.inputs.size(), v.ids.size());
+    ASSERT_GT(v.inputs.size(), 30u);
+    int wrong = 0;
+    for (size_t i = 0; i < v.inputs.size(); ++i) {
+      const auto got = tok->encode(v.inputs[i], /*parse_special=*/false);
+      if (got != v.ids[i] && ++wrong <= 5) {
+        std::string g, w;
+        for (int32_t id : got) g += std::to_string(id) + " ";
+        for (int32_t id : v.ids[i]) w += std::to_string(id) + " ";
+        ADD_FAILURE() << "input " << i << " '" << v.inputs[i] << "': got " << g << "want " << w;
+      }
+      ++checked_inputs;
+    }
+    EXPECT_EQ(wrong, 0);
+    ++checked_vocabs;
+  }
+  EXPECT_EQ(checked_vocabs, 9);
+  EXPECT_GT(checked_inputs, 300);
+}
+
+// SentencePiece decoding: U+2581 back to spaces, byte tokens to their bytes, so the
+// ids of any input decode to the input with the leading space add_space_prefix added.
+TEST(TokenizerVocabs, SentencePieceIdsDecodeBackToTheirText) {
+  for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf"}) {
+    SCOPED_TRACE(name);
+    const auto file = bs::gguf::GgufFile::open((kDir / name).string());
+    const auto tok = bs::Tokenizer::from_gguf(file);
+    const Vectors v = read_vectors(kDir / name);
+    for (size_t i = 0; i < v.inputs.size(); ++i) {
+      if (v.inputs[i].empty()) continue;
+      EXPECT_EQ(tok.decode(v.ids[i]), " " + v.inputs[i]) << "input " << i;
+    }
+    // Bytes without a token of their own go out as byte tokens (<0xF0> ...).
+    const auto ids = tok.encode("\xF0\x9F\xA6\x99 llama", false);
+    EXPECT_EQ(tok.decode(ids), " \xF0\x9F\xA6\x99 llama");
+  }
+}
+
+}  // namespace
