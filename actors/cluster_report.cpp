@@ -2,6 +2,7 @@
 
 #include "actors/runtime.h"
 #include "actors/runtime_context.h"
+#include "blend/rag_prompt.h"
 
 namespace bs {
 
@@ -26,7 +27,7 @@ NodeReport make_worker_report(const Runtime& runtime, const std::string& node) {
   r.max_requests = ctx.config.max_requests;
   r.max_queue = ctx.config.max_queue;
   r.fingerprint = ctx.model->fingerprint();
-  r.prelude = ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true);
+  r.prelude = chunk_prelude_tokens(ctx.model->tokenizer(), ctx.config.chunk_prelude);
   r.uses_storage = ctx.remote != nullptr;
   return r;
 }

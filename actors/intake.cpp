@@ -87,6 +87,7 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
   } else if (q.raw) {
     r.prompt = RagPrompt{};
     r.prompt.suffix = model.tokenizer().encode(q.raw_prompt, false);
+    r.prompt.prefix = with_bos(model.tokenizer(), {});  // the model's BOS, where it adds one
   } else if (q.documents.empty() && ctx.pasted) {
     // No documents: the stored chunks pasted into the message, if any, become its parts.
     PastedMatch m;

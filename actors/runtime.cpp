@@ -548,7 +548,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   for (const auto& t : ctx.tiers)
     if (t.store != ctx.remote.get()) stores.push_back(t.store);
   ctx.tiered = std::make_unique<TieredKvStore>(stores);
-  const std::vector<int32_t> prelude = ctx.model->tokenizer().encode(ctx.config.chunk_prelude, true);
+  const std::vector<int32_t> prelude = chunk_prelude_tokens(ctx.model->tokenizer(), ctx.config.chunk_prelude);
   ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, prelude);
   ctx.compute = std::make_unique<ComputeThread>(rank_threads, std::chrono::seconds(2),
                                                 make_counters(tp > 1 ? "compute-thread-rank-0" : "compute-thread"));

@@ -950,7 +950,12 @@ void BlendEngine::step_query_first(PrefillRun::State& s) const {
   be.copy_to_host(weight.data(), mass, s.N * static_cast<int64_t>(sizeof(double)));
   double total = 0;
   for (int32_t p : sel.candidates) total += weight[static_cast<size_t>(p)];
-  if (total > 0 && l >= std::min(s.opt.query_first_from_layer, c.n_layers - 1))
+  // A local (sliding-window) layer's question sees only its window's candidates: their
+  // shares there would outweigh, layer after layer, those of candidates it cannot see.
+  // Only the layers that see every candidate score them (Gemma 3: the global ones;
+  // measured on it, tests/test_model_gemma3.cpp).
+  const bool sees_all = tf_.model().window(l) == 0;
+  if (total > 0 && sees_all && l >= std::min(s.opt.query_first_from_layer, c.n_layers - 1))
     for (size_t i = 0; i < sel.candidates.size(); ++i)
       s.qf_score[i] += weight[static_cast<size_t>(sel.candidates[i])] / total;
   tf_.attend_and_mlp(l, s.sel_hidden.as<float>(), q, pos_dev, n, cache, s.N);

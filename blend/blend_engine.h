@@ -111,7 +111,9 @@ struct BlendOptions {
   // query-first sums the question's attention over layers query_first_from_layer..last
   // only (a model with fewer layers: its last layer alone). Leaving out layers 0-1 was
   // tried as the default and lost on one of the four halves (README "The ratio: 0.16"),
-  // so every layer is summed by default. Other rules do not use it.
+  // so every layer is summed by default. A model's local (sliding-window) layers are
+  // never summed: their question sees only its window (Gemma 3: its global layers score).
+  // Other rules do not use it.
   int query_first_from_layer = 0;
 };
 

@@ -39,7 +39,7 @@ RagPrompt assemble_rag_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, co
   if (rendered.size() < empty_user_turn.size() ||
       rendered.compare(rendered.size() - empty_user_turn.size(), empty_user_turn.size(), empty_user_turn) != 0)
     throw std::logic_error("chat template did not end with the user turn it was given");
-  p.prefix = tok.encode(rendered.substr(0, rendered.size() - tmpl.turn_close().size()), true);
+  p.prefix = with_bos(tok, tok.encode(rendered.substr(0, rendered.size() - tmpl.turn_close().size()), true));
   for (const auto& d : documents) {
     auto ids = document_chunk_tokens(tok, d);
     if (!ids.empty()) p.chunks.push_back(std::move(ids));
@@ -52,6 +52,17 @@ RagPrompt assemble_rag_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, co
 
 std::vector<int32_t> document_chunk_tokens(const Tokenizer& tok, const std::string& document) {
   return tok.encode(document + "\n\n", false);
+}
+
+std::vector<int32_t> with_bos(const Tokenizer& tok, std::vector<int32_t> ids) {
+  const auto bos = tok.bos_prefix();
+  if (bos.empty() || (!ids.empty() && ids.front() == bos.front())) return ids;
+  ids.insert(ids.begin(), bos.front());
+  return ids;
+}
+
+std::vector<int32_t> chunk_prelude_tokens(const Tokenizer& tok, const std::string& text) {
+  return with_bos(tok, tok.encode(text, true));
 }
 
 SplitMessage split_text_parts(const std::vector<std::string>& parts) {

@@ -39,13 +39,27 @@ struct RagPrompt {
   int64_t suffix_offset() const { return size() - static_cast<int64_t>(suffix.size()); }
 };
 
-// messages: the conversation; its last message must be the user's question.
+// messages: the conversation; its last message must be the user's question. The prefix
+// starts with the model's BOS where it adds one (Tokenizer::bos_prefix) and the rendered
+// conversation does not already begin with it.
 RagPrompt assemble_rag_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
                               const std::vector<std::string>& documents);
 
 // The chunk tokens of one document, exactly as assemble_rag_prompt makes them
 // (so a document stored ahead of time has the key a request will look up).
 std::vector<int32_t> document_chunk_tokens(const Tokenizer& tok, const std::string& document);
+
+// `ids` with the model's BOS in front where it adds one and `ids` does not start with
+// it already: a prompt's first tokens (a raw prompt's, a chat prefix's).
+std::vector<int32_t> with_bos(const Tokenizer& tok, std::vector<int32_t> ids);
+
+// The tokens every chunk's KV is computed behind (BlendEngine's chunk_prelude): the
+// model's BOS where it adds one, then `text` (blend.chunk_prelude; special tokens
+// parsed). A model trained with BOS first never sees a text without it; a chunk
+// computed alone would make its own first token the sink BOS is (Gemma 3's local
+// layers, whose window loses the prompt's BOS, then read those sinks:
+// tests/test_model_gemma3.cpp). Every chunk key includes it.
+std::vector<int32_t> chunk_prelude_tokens(const Tokenizer& tok, const std::string& text);
 
 // Documents given inside the user's message instead of a `documents` array:
 //  - as several text parts (OpenAI content array): every part but the last is a

@@ -582,6 +582,10 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
   s.eos_id = id("tokenizer.ggml.eos_token_id");
   s.unk_id = id("tokenizer.ggml.unknown_token_id");
   s.pad_id = id("tokenizer.ggml.padding_token_id");
+  // llama.cpp's default where the file does not say: SentencePiece and the Llama 3
+  // pre-tokenizers add BOS.
+  s.add_bos = s.model == "llama" || s.pre == "llama3" || s.pre == "llama-v3" || s.pre == "llama-bpe" ||
+              s.pre == "falcon3";
   if (auto v = file.get_bool("tokenizer.ggml.add_bos_token")) s.add_bos = *v;
   return Tokenizer(std::move(s));
 }
@@ -770,6 +774,11 @@ bool Tokenizer::is_control(int32_t id) const {
 }
 
 int32_t Tokenizer::bos_id() const { return impl_->spec.bos_id; }
+bool Tokenizer::add_bos() const { return impl_->spec.add_bos; }
+std::vector<int32_t> Tokenizer::bos_prefix() const {
+  if (impl_->spec.add_bos && impl_->spec.bos_id >= 0) return {impl_->spec.bos_id};
+  return {};
+}
 int32_t Tokenizer::eos_id() const { return impl_->spec.eos_id; }
 
 int32_t Tokenizer::token_id(std::string_view text) const {

@@ -25,7 +25,7 @@ struct TokenizerSpec {
   std::vector<int64_t> token_types;    // tokenizer.ggml.token_type (1 normal, 3 control, 4 user-defined, ...)
   std::vector<std::string> merges;     // tokenizer.ggml.merges ("a b")
   int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
-  bool add_bos = false;
+  bool add_bos = false;                // tokenizer.ggml.add_bos_token (Tokenizer::add_bos)
 };
 
 // GPT-2's byte-level alphabet: byte b's token text (its printable stand-in, UTF-8),
@@ -54,6 +54,13 @@ class Tokenizer {
   bool is_control(int32_t id) const;
   int32_t bos_id() const;
   int32_t eos_id() const;
+  // Whether the model's prompts begin with BOS (tokenizer.ggml.add_bos_token; absent:
+  // llama.cpp's default, true for SentencePiece and the Llama 3 pre-tokenizers). Gemma,
+  // Llama 2 and 3 and Mistral are trained so; SmolLM2 and Qwen are not.
+  bool add_bos() const;
+  // {bos_id()} where add_bos() and the vocabulary has a BOS, else empty: what every
+  // prompt of the model starts with (blend/rag_prompt.h puts it there).
+  std::vector<int32_t> bos_prefix() const;
   // Id of a token given by its exact text, -1 when absent (e.g. "<|im_end|>").
   int32_t token_id(std::string_view text) const;
 

@@ -6,8 +6,8 @@
 // one KV head), the final-position logits, the teacher-forced top-1 at every position
 // of prompts up to 686 tokens (past the window) and the greedy continuations. Then the
 // blend on its sliding-window layers: at ratio 1 it is full prefill over a prompt whose
-// chunks span more than a window, and at the default ratio the deviation rule stays near
-// it (query-first's numbers printed beside).
+// chunks span more than a window, and at the default ratio, with the chunks computed
+// behind BOS as the runtime computes them for this model, query-first stays near it.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -121,6 +121,30 @@ TEST(Gemma3, TokenizesAsLlamaCpp) {
     const auto body = tok.encode(g.text, true);
     want.insert(want.end(), body.begin(), body.end());
     EXPECT_EQ(want, g.ids) << g.text.substr(0, 60);
+  }
+}
+
+// Gemma adds BOS: a chat prompt's prefix and a raw prompt start with it (once), and
+// chunks are computed behind it; SmolLM2, which does not, gets none.
+TEST(Gemma3, PromptsAndChunkPreludeStartWithBos) {
+  REQUIRE_GEMMA();
+  const auto& tok = gemma().tokenizer();
+  EXPECT_TRUE(tok.add_bos());
+  EXPECT_EQ(tok.bos_prefix(), std::vector<int32_t>{2});
+  const auto p = assemble_rag_prompt(tok, gemma().chat_template(), {{"user", "Where is Paris?"}}, {"Paris is in France."});
+  ASSERT_FALSE(p.prefix.empty());
+  EXPECT_EQ(p.prefix[0], 2);
+  EXPECT_NE(p.prefix.size() > 1 ? p.prefix[1] : -1, 2);
+  EXPECT_EQ(with_bos(tok, {2, 5, 6}), (std::vector<int32_t>{2, 5, 6}));
+  EXPECT_EQ(with_bos(tok, {5, 6}), (std::vector<int32_t>{2, 5, 6}));
+  const auto prelude = chunk_prelude_tokens(tok, "Context:");
+  EXPECT_EQ(prelude.front(), 2);
+  EXPECT_GT(prelude.size(), 1u);
+  if (testing::model_available()) {
+    const auto& smol = testing::shared_model(Precision::F32).tokenizer();
+    EXPECT_FALSE(smol.add_bos());
+    EXPECT_TRUE(chunk_prelude_tokens(smol, "").empty());
+    EXPECT_EQ(with_bos(smol, {5, 6}), (std::vector<int32_t>{5, 6}));
   }
 }
 
@@ -250,12 +274,13 @@ TEST(Gemma3, BlendOverSlidingWindowLayersEqualsFullAtRatioOne) {
   EXPECT_LT(err / mag, 1e-5);
   // At the default ratio. Chunks computed alone (no BOS before them) put an attention
   // sink of their own at each chunk's start; on the local layers the prompt's real BOS
-  // is out of the late rows' window, so those sinks take its role. The deviation rule
-  // recomputes the chunks' starts and stays near full prefill (measured KL 0.014);
-  // query-first, which scores by the question's attention, leaves them as stored
-  // (measured 4.6, top-1 differs; 0.32 with the chunks computed behind BOS). Printed, and
-  // only the deviation rule's bound asserted, until the runtime's choice for such models
-  // is made by measurement.
+  // is out of the late rows' window, so those sinks take its role. Query-first, which
+  // scores by the question's attention, leaves them as stored (measured KL 4.6, top-1
+  // differs). What the runtime does for a model that adds BOS: chunks computed behind
+  // BOS (chunk_prelude_tokens), and query-first summing only the layers whose question
+  // sees every candidate (the global ones): measured 0.040 (with the BOS prelude but
+  // every layer summed: 0.32). The deviation rule: 0.014 on chunks computed alone, 0.13
+  // behind BOS.
   const auto kl_at_default = [&](const BlendEngine& eng, Selection sel) {
     MemoryKvStore st(int64_t{1} << 30);
     StoreBackedBlend fs(eng, st);
@@ -274,11 +299,14 @@ TEST(Gemma3, BlendOverSlidingWindowLayersEqualsFullAtRatioOne) {
     EXPECT_LT(blended.stats.recomputed_tokens, 600);
     return kl;
   };
-  const BlendEngine behind_bos(tf, {m.tokenizer().bos_id()});
-  kl_at_default(engine, Selection::QueryFirst);
-  kl_at_default(behind_bos, Selection::QueryFirst);
+  const BlendEngine behind_bos(tf, chunk_prelude_tokens(m.tokenizer(), ""));
+  ASSERT_EQ(behind_bos.chunk_prelude(), std::vector<int32_t>{m.tokenizer().bos_id()});
+  const double alone = kl_at_default(engine, Selection::QueryFirst);
+  const double with_bos = kl_at_default(behind_bos, Selection::QueryFirst);
+  EXPECT_LT(with_bos, 0.1);
+  EXPECT_LT(with_bos * 10, alone);
   EXPECT_LT(kl_at_default(engine, Selection::Deviation), 0.1);
-  kl_at_default(behind_bos, Selection::Deviation);
+  EXPECT_LT(kl_at_default(behind_bos, Selection::Deviation), 0.3);
 }
 
 }  // namespace

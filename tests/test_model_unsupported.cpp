@@ -447,9 +447,12 @@ TEST(ModelUnsupported, SentencePieceTokenizerLoadsAndUnigramOrMissingScoresAreRe
   std::unique_ptr<bs::LlamaModel> m;
   ASSERT_NO_THROW(m = load(path));
   const auto& tok = m->tokenizer();
-  // The highest-scoring merges first: "▁hello" and "▁world" are whole pieces.
+  // Merged pair by pair while the pair is a piece: "▁hello" is reached (▁h, he, ll, llo,
+  // hello...); "▁world" is not ("wo" and "or" are no pieces here), so "▁w" and the rest.
+  EXPECT_EQ(tok.encode("hello", false), std::vector<int32_t>{tok.token_id(space + "hello")});
   EXPECT_EQ(tok.encode("hello world", false),
-            (std::vector<int32_t>{tok.token_id(space + "hello"), tok.token_id(space + "world")}));
+            (std::vector<int32_t>{tok.token_id(space + "hello"), tok.token_id(space + "w"), tok.token_id("o"),
+                                  tok.token_id("r"), tok.token_id("l"), tok.token_id("d")}));
   EXPECT_EQ(tok.decode(tok.encode("hello world", false)), " hello world");
   GgufWriter no_scores = w;
   no_scores.erase("tokenizer.ggml.scores");

@@ -1,7 +1,7 @@
 // Real tokenizers token for token: every vocabulary-only GGUF of llama.cpp's models/
 // folder (tools/setup.sh puts it in models/llama.cpp/ from the llama-cpp-python sdist)
 // with the .inp/.out test vectors llama.cpp's tests check (the ids Hugging Face's
-// tokenizers give: llama.cpp's tests/test-tokenizer-0, no special tokens added, none
+// tokenizers give: llama.cpp's test-tokenizer-0 program; no special tokens added, none
 // parsed). A vocabulary we load must give exactly those ids on every input and decode
 // them back to the input; one we do not implement must be refused at load, naming
 // what it is: never loaded and wrong.
@@ -131,6 +131,24 @@ TEST(TokenizerVocabs, SentencePieceIdsDecodeBackToTheirText) {
     // Bytes without a token of their own go out as byte tokens (<0xF0> ...).
     const auto ids = tok.encode("\xF0\x9F\xA6\x99 llama", false);
     EXPECT_EQ(tok.decode(ids), " \xF0\x9F\xA6\x99 llama");
+  }
+}
+
+// Whether prompts begin with BOS: the file's tokenizer.ggml.add_bos_token, else
+// llama.cpp's default (SentencePiece and the Llama 3 pre-tokenizers add it).
+TEST(TokenizerVocabs, AddBosFollowsTheFileOrLlamaCppsDefault) {
+  const std::map<std::string, bool> want = {
+      {"ggml-vocab-llama-spm.gguf", true}, {"ggml-vocab-phi-3.gguf", true},  {"ggml-vocab-llama-bpe.gguf", true},
+      {"ggml-vocab-qwen2.gguf", false},    {"ggml-vocab-gpt-2.gguf", false}, {"ggml-vocab-command-r.gguf", true},
+  };
+  for (const auto& [name, add] : want) {
+    SCOPED_TRACE(name);
+    const auto tok = bs::Tokenizer::from_gguf(bs::gguf::GgufFile::open((kDir / name).string()));
+    EXPECT_EQ(tok.add_bos(), add);
+    EXPECT_EQ(tok.bos_prefix().size(), add ? 1u : 0u);
+    if (add) {
+      EXPECT_EQ(tok.bos_prefix()[0], tok.bos_id());
+    }
   }
 }
 

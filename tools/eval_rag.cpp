@@ -270,7 +270,7 @@ int eval_rag(const EvalOptions& opt) {
   LlamaModel model(opt.model_path, *backend, precision, kv_dtype);
   Transformer tf(model);
   MemoryKvStore store(int64_t{16} << 30);
-  BlendEngine engine(tf, model.tokenizer().encode(opt.chunk_prelude, true));
+  BlendEngine engine(tf, chunk_prelude_tokens(model.tokenizer(), opt.chunk_prelude));
   StoreBackedBlend from_store(engine, store);
   // The reference: full prefill with fp32 K/V (the same model and engine when the
   // cache is fp32 already).
@@ -282,7 +282,7 @@ int eval_rag(const EvalOptions& opt) {
   if (!fp32_kv) {
     ref_model = std::make_unique<LlamaModel>(opt.model_path, *backend, precision, kernels::TensorType::F32);
     ref_tf = std::make_unique<Transformer>(*ref_model);
-    ref_engine = std::make_unique<BlendEngine>(*ref_tf, ref_model->tokenizer().encode(opt.chunk_prelude, true));
+    ref_engine = std::make_unique<BlendEngine>(*ref_tf, chunk_prelude_tokens(ref_model->tokenizer(), opt.chunk_prelude));
     ref_blend = std::make_unique<StoreBackedBlend>(*ref_engine, store);
   }
   const LlamaModel& reference_model = fp32_kv ? model : *ref_model;
