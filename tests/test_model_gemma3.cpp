@@ -8,6 +8,8 @@
 // blend on its sliding-window layers: at ratio 1 it is full prefill over a prompt whose
 // chunks span more than a window, and at the default ratio, with the chunks computed
 // behind BOS as the runtime computes them for this model, query-first stays near it.
+// On the best kernel variant only (CI's time): the tiny Gemma 3 of test_model_arch
+// checks the arithmetic again capped to AVX2.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

@@ -3,11 +3,13 @@
 # the chat template (tests/fuzz/fuzz_text_input.cpp) with SmolLM2's real vocabulary:
 # any bytes (invalid UTF-8, control tokens in the text, NULs, up to 16 KiB; two
 # 256 KiB texts once at start) tokenize into the vocabulary, decode back (valid UTF-8
-# exactly), stream valid UTF-8, and render a conversation with every message in it.
+# exactly), stream valid UTF-8, and render a conversation with every message in it;
+# and the same bytes through Gemma 3's SentencePiece vocabulary (valid UTF-8 comes back
+# exactly).
 #
 #   tools/fuzz_text_input.sh [SECONDS] [extra libFuzzer flags...]
 #
-# Needs the model file (tools/setup.sh). Builds and runs through tools/fuzz_lib.sh;
+# Needs the model files (tools/setup.sh: SmolLM2 and Gemma 3). Builds and runs through tools/fuzz_lib.sh;
 # exits non-zero when the fuzzer finds a crash, leak or timeout (-timeout=10 s per
 # input: a tokenizer that turns superlinear on a long input fails here).
 set -euo pipefail

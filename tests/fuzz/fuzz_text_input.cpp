@@ -7,8 +7,10 @@
 // bytes the vocabulary has no token for, the
 // streaming decoder must release only valid UTF-8 (the same text when it is valid),
 // and a conversation cut from the input at NUL bytes must render with
-// every message's content in it and the generation prompt at its end. Never a crash
-// or a throw.
+// every message's content in it and the generation prompt at its end. The same bytes
+// through Gemma 3's SentencePiece vocabulary (byte tokens for every byte, no space
+// prefix) give ids in the vocabulary, and valid UTF-8 comes back exactly, but for
+// U+2581, which SentencePiece spells a space with. Never a crash or a throw.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -29,6 +31,7 @@ struct Shared {
   bool has_byte[256] = {};  // the vocabulary has a token for this byte alone
 };
 Shared* shared = nullptr;
+bs::Tokenizer* spm = nullptr;  // Gemma 3's
 
 // RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF.
 bool valid_utf8(std::string_view s) {
@@ -55,6 +58,28 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+// What a SentencePiece vocabulary gives back for `text`: U+2581 as a space.
+std::string spm_round_trip(std::string text) {
+  for (size_t at = text.find("\xE2\x96\x81"); at != std::string::npos; at = text.find("\xE2\x96\x81", at + 1))
+    text.replace(at, 3, " ");
+  return text;
+}
+
+// Valid UTF-8 comes back exactly (U+2581 as a space). Invalid UTF-8 still gives ids in
+// the vocabulary, but not always its bytes back: as llama.cpp, a lead byte takes the
+// bytes after it into its character whatever they are, and may cut an escaped space
+// (U+2581) in two, whose bytes then come back as byte tokens.
+void check_spm(const std::string& text) {
+  const auto ids = spm->encode(text, false);
+  for (int32_t id : ids)
+    if (id < 0 || id >= spm->vocab_size()) std::abort();
+  if (ids.size() > 3 * text.size()) std::abort();  // a byte, or an escaped space's three
+  const std::string back = spm->decode(ids);
+  if (valid_utf8(text) && back != spm_round_trip(text)) std::abort();
+  for (int32_t id : spm->encode(text, true))
+    if (id < 0 || id >= spm->vocab_size()) std::abort();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -65,6 +90,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   auto tmpl = bs::ChatTemplate::from_gguf(f);
   shared = new Shared{std::move(f), std::move(tok), std::move(tmpl)};
   for (int b = 0; b < 256; ++b) shared->has_byte[b] = shared->tok.token_id(std::string(1, static_cast<char>(b))) >= 0;
+  if (!std::filesystem::exists(BLENDSERVE_GEMMA3_MODEL)) std::abort();  // tools/setup.sh installs it
+  spm = new bs::Tokenizer(bs::Tokenizer::from_gguf(bs::gguf::GgufFile::open(BLENDSERVE_GEMMA3_MODEL)));
   // Huge inputs, once per run (the fuzzed ones stay under -max_len for speed): 256 KiB
   // of one letter (the longest pre-tokenizer piece, the merge loop's worst case) and of
   // every byte in turn must encode and come back (less the bytes without a token).
@@ -75,6 +102,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     for (unsigned char b : *t)
       if (shared->has_byte[b]) kept.push_back(static_cast<char>(b));
     if (shared->tok.decode(shared->tok.encode(*t, false)) != kept) std::abort();
+    check_spm(*t);
   }
   return 0;
 }
@@ -115,6 +143,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!valid_utf8(tail)) std::abort();
   streamed += tail;
   if (valid_utf8(back) && streamed != back) std::abort();
+
+  check_spm(text);
 
   // Control tokens written in the text parse to ids in the vocabulary too.
   for (int32_t id : tok.encode(text, true))
