@@ -281,14 +281,11 @@ void Transformer::decode_rows(std::span<const int32_t> tokens, std::span<KvCache
   int32_t* ids = ws.get<int32_t>(kIds, B);
   be.copy_to_backend(ids, tokens.data(), B * static_cast<int64_t>(sizeof(int32_t)));
   std::vector<kernels::KvView> views(static_cast<size_t>(c.n_layers * B));
-  for (int l = 0; l < c.n_layers; ++l)
-    for (int64_t b = 0; b < B; ++b) views[static_cast<size_t>(l * B + b)] = caches[b]->view(l);
+  for (int l = 0; l < c.n_layers; ++l)  // each with its layer's window (local layers)
+    for (int64_t b = 0; b < B; ++b) views[static_cast<size_t>(l * B + b)] = attention_view(*caches[b], l);
   float* hidden = ws.get<float>(kHidden, B * c.dim);
   float* device_logits = rows ? ws.get<float>(kLogits, B * c.vocab) : nullptr;
   const float scale = c.attn_scale;
-  // Each layer's views with its window (local layers).
-  for (int l = 0; l < c.n_layers; ++l)
-    for (int64_t b = 0; b < B; ++b) views[static_cast<size_t>(l * B + b)].window = model_.window(l);
   auto body = [&] {
     be.embed(model_.token_embedding(), ids, hidden, B);
     scale_embeddings(hidden, B);

@@ -29,6 +29,7 @@
 #include "model/llama_model.h"
 #include "model/transformer.h"
 #include "storage/memory_store.h"
+#include "tests/golden_fixture.h"
 #include "tests/model_fixture.h"
 
 namespace bs {
@@ -36,35 +37,10 @@ namespace {
 
 using kernels::Precision;
 
-struct Golden {
-  std::string text;
-  std::vector<int32_t> ids;
-  std::vector<float> final_logits;
-  std::vector<int32_t> greedy;
-  std::vector<int32_t> position_top1;
-  std::vector<double> position_margin;
-};
-
 const std::string kFixtures = BLENDSERVE_FIXTURES;
 
-const std::vector<Golden>& golden() {
-  static const std::vector<Golden> prompts = [] {
-    std::vector<Golden> out;
-    const auto j = nlohmann::json::parse(testing::read_file(kFixtures + "/golden_gemma3_logits.json"));
-    for (const auto& p : j.at("prompts")) {
-      Golden g;
-      g.text = p.at("text");
-      g.ids = p.at("ids").get<std::vector<int32_t>>();
-      g.greedy = p.at("greedy16").get<std::vector<int32_t>>();
-      g.position_top1 = p.at("position_top1").get<std::vector<int32_t>>();
-      g.position_margin = p.at("position_top1_margin").get<std::vector<double>>();
-      const std::string raw = testing::read_file(kFixtures + "/" + p.at("final_logits_file").get<std::string>());
-      g.final_logits.resize(raw.size() / 4);
-      std::memcpy(g.final_logits.data(), raw.data(), raw.size());
-      out.push_back(std::move(g));
-    }
-    return out;
-  }();
+const std::vector<testing::GoldenPrompt>& golden() {
+  static const auto prompts = testing::read_golden("golden_gemma3_logits.json", "greedy16");
   return prompts;
 }
 
