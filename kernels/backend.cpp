@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dequant.h"
 #include "kernels/op_math.h"
 
 namespace bs::kernels {
@@ -120,6 +121,38 @@ void Backend::sample_rows(const float* logits, int64_t n, int64_t vocab, const S
   host.resize(static_cast<size_t>(n * vocab));
   copy_to_host(host.data(), logits, n * vocab * static_cast<int64_t>(sizeof(float)));
   for (int64_t r = 0; r < n; ++r) tokens[r] = pick_token(host.data() + r * vocab, vocab, rows[r]);
+}
+
+std::unique_ptr<PreparedWeights> Backend::prepare_fused(const std::vector<WeightView>& parts, Precision precision) {
+  if (parts.empty()) throw std::invalid_argument("prepare_fused: no parts");
+  if (parts.size() == 1) return prepare(parts[0], precision);
+  const auto type = parts[0].type;
+  const int64_t in = parts[0].in_features;
+  bool same = true;
+  int64_t rows = 0;
+  for (const auto& p : parts) {
+    if (p.in_features != in) throw std::invalid_argument("prepare_fused: parts of different in_features");
+    same = same && p.type == type;
+    rows += p.out_features;
+  }
+  const auto out_type = same ? type : TensorType::F32;
+  const int64_t out_row_bytes = type_row_bytes(out_type, in);
+  std::vector<uint8_t> buf(static_cast<size_t>(rows * out_row_bytes));
+  uint8_t* dst = buf.data();
+  for (const auto& p : parts) {
+    const int64_t row_bytes = type_row_bytes(p.type, in);
+    const auto* src = static_cast<const uint8_t*>(p.data);
+    if (same) {
+      std::memcpy(dst, src, static_cast<size_t>(p.out_features * row_bytes));
+      dst += p.out_features * row_bytes;
+    } else {
+      for (int64_t r = 0; r < p.out_features; ++r, dst += out_row_bytes)
+        dequantize_row(p.type, src + r * row_bytes, reinterpret_cast<float*>(dst), in);
+    }
+  }
+  auto out = prepare(WeightView{out_type, buf.data(), rows, in}, precision);
+  out->view.data = nullptr;  // the copy is gone: the backend kept what it needs
+  return out;
 }
 
 std::unique_ptr<PreparedWeights> Backend::prepare_embedding(const WeightView& table) {

@@ -152,6 +152,14 @@ class Backend {
 
   // Throws std::invalid_argument when !supports(precision).
   virtual std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision precision) = 0;
+  // Several matrices with the same input (the query, key and value rows; gate and up),
+  // prepared as one whose rows are theirs in order, so one linear() computes them all.
+  // The parts may differ in type (a Q4_K_M file stores attn_v as Q6_K beside Q4_K). The
+  // default concatenates them into a temporary host copy (raw when the types agree, else
+  // F32 rows) and prepares that: right for backends that copy at prepare (CUDA, the
+  // reference); the CPU backend reads each part in place instead, so the file is never
+  // duplicated. Every part must have the same in_features and outlive the result.
+  virtual std::unique_ptr<PreparedWeights> prepare_fused(const std::vector<WeightView>& parts, Precision precision);
   // An embedding table for embed() (rows gathered, never multiplied: kept as stored).
   virtual std::unique_ptr<PreparedWeights> prepare_embedding(const WeightView& table);
   virtual std::unique_ptr<PreparedRope> prepare_rope(const RopeTable& table);

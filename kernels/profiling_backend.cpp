@@ -19,6 +19,9 @@ void timed(std::map<std::string, OpStats>& stats, const char* op, F&& f) {
 std::unique_ptr<PreparedWeights> ProfilingBackend::prepare(const WeightView& w, Precision p) {
   return inner_.prepare(w, p);
 }
+std::unique_ptr<PreparedWeights> ProfilingBackend::prepare_fused(const std::vector<WeightView>& parts, Precision p) {
+  return inner_.prepare_fused(parts, p);
+}
 std::unique_ptr<PreparedWeights> ProfilingBackend::prepare_embedding(const WeightView& table) {
   return inner_.prepare_embedding(table);
 }

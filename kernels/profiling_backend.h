@@ -30,6 +30,7 @@ class ProfilingBackend final : public Backend {
   void reset() { stats_.clear(); }
 
   std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision p) override;
+  std::unique_ptr<PreparedWeights> prepare_fused(const std::vector<WeightView>& parts, Precision p) override;
   std::unique_ptr<PreparedWeights> prepare_embedding(const WeightView& table) override;
   std::unique_ptr<PreparedRope> prepare_rope(const RopeTable& table) override;
   void linear(const PreparedWeights& w, const float* x, float* y, int64_t n, const float* bias) override;

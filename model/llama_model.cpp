@@ -225,12 +225,12 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     const auto* src = static_cast<const uint8_t*>(v.data);
     if (first % block == 0 && cols % block == 0) {
       const int64_t skip = kernels::type_row_bytes(v.type, first), bytes = kernels::type_row_bytes(v.type, cols);
-      auto& buf = fused_storage_.emplace_back(static_cast<size_t>(v.out_features * bytes));
+      auto& buf = column_storage_.emplace_back(static_cast<size_t>(v.out_features * bytes));
       for (int64_t r = 0; r < v.out_features; ++r)
         std::memcpy(buf.data() + r * bytes, src + r * row_bytes + skip, static_cast<size_t>(bytes));
       return kernels::WeightView{v.type, buf.data(), v.out_features, cols};
     }
-    auto& buf = fused_storage_.emplace_back(static_cast<size_t>(v.out_features * cols * 4));
+    auto& buf = column_storage_.emplace_back(static_cast<size_t>(v.out_features * cols * 4));
     auto* dst = reinterpret_cast<float*>(buf.data());
     std::vector<float> row(static_cast<size_t>(v.in_features));
     for (int64_t r = 0; r < v.out_features; ++r) {
@@ -239,36 +239,6 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     }
     return kernels::WeightView{kernels::TensorType::F32, buf.data(), v.out_features, cols};
   };
-  // Fused weights: rows of several matrices with the same input are concatenated so
-  // one product computes them all; raw when they share a type, else each dequantized
-  // to F32 rows (mixed types cannot be concatenated raw).
-  auto fuse = [&](std::initializer_list<kernels::WeightView> parts) {
-    const auto type = parts.begin()[0].type;
-    const int64_t in = parts.begin()[0].in_features;
-    bool same = true;
-    int64_t rows = 0;
-    for (const auto& p : parts) {
-      same = same && p.type == type;
-      rows += p.out_features;
-    }
-    const auto out_type = same ? type : kernels::TensorType::F32;
-    const int64_t out_row_bytes = kernels::type_row_bytes(out_type, in);
-    auto& buf = fused_storage_.emplace_back(static_cast<size_t>(rows * out_row_bytes));
-    uint8_t* dst = buf.data();
-    for (const auto& p : parts) {
-      const int64_t row_bytes = kernels::type_row_bytes(p.type, in);
-      const auto* src = static_cast<const uint8_t*>(p.data);
-      if (same) {
-        std::memcpy(dst, src, static_cast<size_t>(p.out_features * row_bytes));
-        dst += p.out_features * row_bytes;
-      } else {
-        for (int64_t r = 0; r < p.out_features; ++r, dst += out_row_bytes)
-          kernels::dequantize_row(p.type, src + r * row_bytes, reinterpret_cast<float*>(dst), in);
-      }
-    }
-    return kernels::WeightView{out_type, buf.data(), rows, in};
-  };
-
   auto upload_vector = [&](const std::vector<float>& v) {
     return backend.upload(v.data(), static_cast<int64_t>(v.size() * sizeof(float)));
   };
@@ -295,9 +265,10 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     // This rank's heads: query rows [r * q_dim, ...) and KV rows [r * kv_dim, ...) of
     // the shard config (whole matrices at tp 1).
     const int64_t q0 = int64_t{shard_.rank} * cfg_.q_dim(), kv0 = int64_t{shard_.rank} * cfg_.kv_dim();
-    L.wqkv = backend.prepare(
-        fuse({rows_of(q, q0, cfg_.q_dim()), rows_of(k, kv0, cfg_.kv_dim()), rows_of(v, kv0, cfg_.kv_dim())}),
-        precision);
+    // One product for the query, key and value rows (Backend::prepare_fused: the CPU
+    // reads them in place).
+    L.wqkv = backend.prepare_fused(
+        {rows_of(q, q0, cfg_.q_dim()), rows_of(k, kv0, cfg_.kv_dim()), rows_of(v, kv0, cfg_.kv_dim())}, precision);
     if (const auto* qb = file_.find_tensor(p + "attn_q.bias")) {
       auto qbias = load_vector(*qb, full_cfg_.q_dim());
       auto kb = load_vector(file_.tensor(p + "attn_k.bias"), full_cfg_.kv_dim());
@@ -315,7 +286,7 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
     check_shape(g, full_cfg_.ff, cfg_.dim);
     check_shape(u, full_cfg_.ff, cfg_.dim);
     const int64_t f0 = int64_t{shard_.rank} * cfg_.ff;
-    L.w_gate_up = backend.prepare(fuse({rows_of(g, f0, cfg_.ff), rows_of(u, f0, cfg_.ff)}), precision);
+    L.w_gate_up = backend.prepare_fused({rows_of(g, f0, cfg_.ff), rows_of(u, f0, cfg_.ff)}, precision);
     const auto& d = file_.tensor(p + "ffn_down.weight");
     check_shape(d, cfg_.dim, full_cfg_.ff);
     L.w_down = backend.prepare(columns_of(d, f0, cfg_.ff), precision);

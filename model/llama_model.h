@@ -145,7 +145,7 @@ class LlamaModel {
   std::unique_ptr<kernels::PreparedRope> rope_;
   std::unique_ptr<kernels::PreparedRope> rope_local_;  // local layers' table, where there are any
   std::vector<LayerWeights> layers_;
-  std::vector<std::vector<uint8_t>> fused_storage_;  // concatenated raw rows of fused weights
+  std::vector<std::vector<uint8_t>> column_storage_;  // this rank's columns of row-split matrices (tp > 1)
   kernels::WeightView embed_view_;
   std::unique_ptr<kernels::PreparedWeights> embedding_;
   kernels::DeviceBuffer output_norm_;

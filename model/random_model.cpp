@@ -24,6 +24,7 @@ const std::vector<RandomLlamaShape>& known() {
       {"smollm2-135m", 30, 576, 1536, 9, 3, 49152, 100000.0f},
       {"llama-3.2-1b", 16, 2048, 8192, 32, 8, 128256, 500000.0f},
       {"llama-3.1-8b", 32, 4096, 14336, 32, 8, 128256, 500000.0f},
+      {"tiny-256", 2, 256, 512, 4, 2, 1024, 10000.0f},  // tests: every width a multiple of 256
   };
   return shapes;
 }
@@ -43,21 +44,60 @@ std::vector<uint8_t> random_q4_0(int64_t out, int64_t in, std::mt19937& rng) {
   return bytes;
 }
 
+// 64 random bits for counter i of stream `seed` (splitmix64): tensors fill in parallel
+// and are the same every time.
+inline uint64_t mix64(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 // BF16 rows [out, in] of uniform values with standard deviation 1/sqrt(in), from a
-// counter hash (splitmix64) so rows fill in parallel and the file is the same every
+// counter hash (mix64) so rows fill in parallel and the file is the same every
 // time: 8B parameters take seconds, not minutes of mt19937.
 void fill_random_bf16(uint8_t* dst, int64_t out, int64_t in, uint64_t seed) {
   const int64_t count = out * in;
   const float half_width = static_cast<float>(std::sqrt(3.0 / static_cast<double>(in)));  // uniform: sd = w/sqrt(3)
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < count; ++i) {
-    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const uint64_t z = mix64(seed, static_cast<uint64_t>(i));
     const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
     const uint16_t bits = kernels::fp32_to_bf16((2.0f * u - 1.0f) * half_width);
     std::memcpy(dst + 2 * i, &bits, 2);
+  }
+}
+
+// K-quant rows [out, in] of random quants under fixed scales, the weights' mean about 0
+// and standard deviation about 1/sqrt(in), generated in parallel:
+//   Q4_K (144-byte blocks of 256): every sub-block scale and min 8 (6-bit fields
+//     packed as ggml packs them), w = d*8*q - dmin*8 with dmin = 7.5 d (q uniform 0..15);
+//   Q6_K (210-byte blocks of 256): ql, qh random, the 16 int8 scales 16, w = d*16*(q-32).
+void fill_random_kquant(kernels::TensorType type, uint8_t* dst, int64_t out, int64_t in, uint64_t seed) {
+  const int64_t blocks = out * (in / 256);
+  const double sd = 1.0 / std::sqrt(static_cast<double>(in));
+  const bool q4 = type == kernels::TensorType::Q4_K;
+  const int64_t block_bytes = q4 ? 144 : 210;
+  const uint16_t d = kernels::fp32_to_fp16(static_cast<float>(q4 ? sd / (8 * 4.6) : sd / (16 * 18.5)));
+  const uint16_t dmin = kernels::fp32_to_fp16(static_cast<float>(7.5 * sd / (8 * 4.6)));
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* blk = dst + b * block_bytes;
+    const int64_t random_bytes = q4 ? 128 : 192;  // Q4_K: qs; Q6_K: ql then qh
+    uint8_t* q = q4 ? blk + 16 : blk;
+    for (int64_t i = 0; i < random_bytes; i += 8) {
+      const uint64_t r = mix64(seed, static_cast<uint64_t>(b * 32 + i / 8));
+      std::memcpy(q + i, &r, 8);
+    }
+    if (q4) {
+      std::memcpy(blk, &d, 2);
+      std::memcpy(blk + 2, &dmin, 2);
+      std::memset(blk + 4, 8, 8);        // scales and mins of sub-blocks 0..3 (high bits 0)
+      std::memset(blk + 12, 0x88, 4);    // low nibbles of sub-blocks 4..7: scale 8, min 8
+    } else {
+      std::memset(blk + 192, 16, 16);    // int8 scales
+      std::memcpy(blk + 208, &d, 2);
+    }
   }
 }
 
@@ -83,8 +123,12 @@ GgufWriter random_llama_gguf(const RandomLlamaShape& s, uint32_t seed, kernels::
 
 void write_random_llama(const RandomLlamaShape& s, const std::string& path, uint32_t seed,
                         kernels::TensorType weights) {
-  if (weights != kernels::TensorType::Q4_0 && weights != kernels::TensorType::BF16)
-    throw std::invalid_argument("random model weights must be Q4_0 or BF16");
+  if (weights != kernels::TensorType::Q4_0 && weights != kernels::TensorType::BF16 &&
+      weights != kernels::TensorType::Q4_K)
+    throw std::invalid_argument("random model weights must be Q4_0, Q4_K (the Q4_K_M mix) or BF16");
+  if (weights == kernels::TensorType::Q4_K && (s.dim % 256 != 0 || s.ff % 256 != 0))
+    throw std::invalid_argument("the Q4_K_M mix needs widths that are multiples of 256 (" + s.name + ": " +
+                                std::to_string(s.dim) + ", " + std::to_string(s.ff) + ")");
   const GgufWriter w = random_llama_gguf(s, seed, weights);
   w.write(path);
 }
@@ -146,6 +190,15 @@ GgufWriter random_llama_gguf(const RandomLlamaShape& s, uint32_t seed, kernels::
       return;
     }
     const uint64_t ts = (tensor_seed += 0x632BE59BD9B4E019ull);
+    if (weights == kernels::TensorType::Q4_K) {
+      // llama.cpp's Q4_K_M keeps attn_v, ffn_down and the LM head at Q6_K.
+      const bool six = name.find("attn_v.") != std::string::npos || name.find("ffn_down.") != std::string::npos ||
+                       name == "output.weight";
+      const auto t = six ? kernels::TensorType::Q6_K : kernels::TensorType::Q4_K;
+      w.generated_tensor(name, dims, static_cast<uint32_t>(t), static_cast<uint64_t>(kernels::type_row_bytes(t, in) * out),
+                         [t, out, in, ts](uint8_t* dst) { fill_random_kquant(t, dst, out, in, ts); });
+      return;
+    }
     w.generated_tensor(name, dims, static_cast<uint32_t>(kernels::TensorType::BF16), static_cast<uint64_t>(out * in) * 2,
                        [out, in, ts](uint8_t* dst) { fill_random_bf16(dst, out, in, ts); });
   };
@@ -153,7 +206,8 @@ GgufWriter random_llama_gguf(const RandomLlamaShape& s, uint32_t seed, kernels::
     w.tensor(name, {static_cast<uint64_t>(s.dim)}, 0, GgufWriter::f32_bytes(std::vector<float>(s.dim, 1.0f)));
   };
   const int hd = s.dim / s.heads;
-  matrix("token_embd.weight", s.vocab, s.dim);  // tied: also the LM head
+  matrix("token_embd.weight", s.vocab, s.dim);  // tied: also the LM head (but in the Q4_K_M mix)
+  if (weights == kernels::TensorType::Q4_K) matrix("output.weight", s.vocab, s.dim);
   for (int l = 0; l < s.layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     ones(p + "attn_norm.weight");

@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/kernel_table.h"
 #include "kernels/dequant.h"
 #include "paged_kv.h"
 #include "random_data.h"
@@ -439,6 +440,98 @@ TEST_P(BackendOps, LinearQuantizedMatchesReference) {
       }
     }
   }
+}
+
+// The variants' vectorized dequantization (the prefill GEMM's chunks) gives the
+// baseline's values bit for bit, fp32 and bf16, for every block type; F32/F16/BF16 are
+// left to the baseline (false, nothing written).
+TEST(CpuDequantize, EveryVariantEqualsTheBaselineBitForBit) {
+  const int64_t rows = 6, cols = 512;
+  for (auto isa : cpu::kAllIsas) {
+    if (isa > cpu::detect_cpu_isa()) continue;
+    const auto& k = cpu::kernels_for(isa);
+    for (auto type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0,
+                      TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K}) {
+      std::vector<uint8_t> raw = random_typed_blocks(type, rows, cols, 91);
+      if (type == TensorType::Q4_0) raw = quantize_q4_0(random_vec(rows * cols, 92, 0.05f), rows, cols);
+      if (type == TensorType::Q4_1) raw = quantize_q4_1(random_vec(rows * cols, 93, 0.05f), rows, cols);
+      if (type == TensorType::Q8_0) raw = quantize_q8_0(random_vec(rows * cols, 94, 0.05f), rows, cols);
+      ASSERT_FALSE(raw.empty());
+      const int64_t row_bytes = type_row_bytes(type, cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* src = raw.data() + r * row_bytes;
+        std::vector<float> want(cols), got(cols, -1.0f);
+        std::vector<uint16_t> want16(cols), got16(cols, 1);
+        dequantize_row(type, src, want.data(), cols);
+        dequantize_row_to_bf16(type, src, want16.data(), cols);
+        ASSERT_TRUE(k.dequantize_row(type, src, got.data(), cols, false));
+        ASSERT_TRUE(k.dequantize_row(type, src, got16.data(), cols, true));
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), cols * sizeof(float)))
+            << cpu::isa_name(isa) << " type " << static_cast<int>(type) << " row " << r;
+        ASSERT_EQ(want16, got16) << cpu::isa_name(isa) << " type " << static_cast<int>(type) << " row " << r;
+      }
+    }
+    float sink[32];
+    EXPECT_FALSE(k.dequantize_row(TensorType::F16, sink, sink, 32, false));
+  }
+}
+
+// A fused weight (the query, key and value rows; gate and up) of parts in different
+// types, as a Q4_K_M file stores them, computes what their concatenation computes: the
+// CPU backend reads each part in place and writes its columns, the default (the
+// reference) concatenates them as F32 rows. Decode-size products of a part equal that
+// part alone bit for bit (the GEMV computes rows independently); the GEMM is checked
+// with a part taller than one dequantization chunk (kernels/cpu/gemm_onednn.cpp).
+TEST_P(BackendOps, LinearFusedPartsEqualTheirConcatenation) {
+  const int64_t in = 512;
+  struct Part { TensorType type; int64_t out; };
+  const std::vector<Part> parts{{TensorType::Q4_K, 37}, {TensorType::Q6_K, 1100}, {TensorType::Q4_1, 24},
+                                {TensorType::Q8_0, 16}, {TensorType::BF16, 11}};
+  std::vector<std::vector<uint8_t>> raw;
+  std::vector<WeightView> views;
+  int64_t out = 0;
+  for (const auto& p : parts) {
+    if (p.type == TensorType::BF16) raw.push_back(encode_16bit(random_vec(p.out * in, 31, 0.05f), fp32_to_bf16));
+    else if (p.type == TensorType::Q4_1) raw.push_back(quantize_q4_1(random_vec(p.out * in, 32, 0.05f), p.out, in));
+    else if (p.type == TensorType::Q8_0) raw.push_back(quantize_q8_0(random_vec(p.out * in, 33, 0.05f), p.out, in));
+    else raw.push_back(random_typed_blocks(p.type, p.out, in, 34 + static_cast<int>(out)));
+    views.push_back(WeightView{p.type, raw.back().data(), p.out, in});
+    out += p.out;
+  }
+  auto bias = random_vec(out, 35);
+  for (auto prec : {Precision::F32, Precision::BF16}) {
+    if (!cpu->supports(prec)) continue;
+    auto fused = cpu->prepare_fused(views, prec);
+    ASSERT_EQ(fused->view.out_features, out);
+    ASSERT_EQ(fused->view.in_features, in);
+    auto reference = ref->prepare_fused(views, prec);
+    std::vector<std::unique_ptr<PreparedWeights>> alone;
+    for (const auto& v : views) alone.push_back(cpu->prepare(v, prec));
+    const int64_t gemv_rows = cpu->linear_exact_rows();
+    for (int64_t n : {int64_t{1}, int64_t{3}, gemv_rows, int64_t{40}}) {
+      auto x = random_vec(n * in, 36);
+      std::vector<float> a(n * out), b(n * out);
+      cpu->linear(*fused, x.data(), a.data(), n, bias.data());
+      ref->linear(*reference, x.data(), b.data(), n, bias.data());
+      const bool int16_activations = GetParam() == CpuIsa::Avx2 && n <= gemv_rows;
+      const double tol = (prec == Precision::BF16 && n > gemv_rows) ? 2e-2 : int16_activations ? 1e-4 : 1e-5;
+      EXPECT_LT(rel_max_err(a, b), tol) << precision_name(prec) << " n " << n;
+      if (n > gemv_rows) continue;
+      int64_t col = 0;
+      for (size_t i = 0; i < views.size(); ++i) {
+        std::vector<float> part(n * views[i].out_features);
+        cpu->linear(*alone[i], x.data(), part.data(), n, nullptr);
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t o = 0; o < views[i].out_features; ++o)
+            ASSERT_EQ(part[t * views[i].out_features + o] + bias[col + o], a[t * out + col + o])
+                << "part " << i << " row " << t << " column " << o;
+        col += views[i].out_features;
+      }
+    }
+  }
+  EXPECT_THROW(cpu->prepare_fused({}, Precision::F32), std::invalid_argument);
+  EXPECT_THROW(cpu->prepare_fused({views[0], WeightView{TensorType::F32, raw[0].data(), 4, 256}}, Precision::F32),
+               std::invalid_argument);
 }
 
 // Batched decode (Transformer::decode_step) relies on it: up to linear_exact_rows()

@@ -22,7 +22,9 @@
 #include "blend/rag_prompt.h"
 #include "blend/store_backed_blend.h"
 #include "storage/memory_store.h"
+#include "kernels/dequant.h"
 #include "model/generate.h"
+#include "model/gguf.h"
 #include "model/llama_model.h"
 #include "model/random_model.h"
 #include "model/tensor_parallel.h"
@@ -331,6 +333,39 @@ TEST(TensorParallel, RandomModelsByNameAreBuiltInMemoryAsBf16) {
   }
   EXPECT_GT(compared, int64_t{200} << 20);  // ~270 MB of BF16 weights
   EXPECT_THROW(write_random_llama(random_llama_shape("smollm2-135m"), file, 1, kernels::TensorType::F16),
+               std::invalid_argument);
+}
+
+// The Q4_K_M mix of random models (`blendctl make-random-model --weights q4_k_m`, the
+// 8B-shaped memory benchmark): Q4_K matrices with attn_v, ffn_down and an untied LM head
+// in Q6_K, weights of mean ~0 and sd ~1/sqrt(in) (activations stay finite through the
+// layers); a shape whose widths are not multiples of 256 is refused.
+TEST(RandomModel, Q4KMixHasLlamaCppsTypesAndRuns) {
+  testing::TempDir dir("bs_random_q4km");
+  const std::string file = (dir.path() / "tiny.gguf").string();
+  write_random_llama(random_llama_shape("tiny-256"), file, 1, kernels::TensorType::Q4_K);
+  const auto g = gguf::GgufFile::open(file);
+  EXPECT_EQ(g.tensor("blk.0.attn_q.weight").type, kernels::TensorType::Q4_K);
+  EXPECT_EQ(g.tensor("blk.1.ffn_up.weight").type, kernels::TensorType::Q4_K);
+  EXPECT_EQ(g.tensor("blk.0.attn_v.weight").type, kernels::TensorType::Q6_K);
+  EXPECT_EQ(g.tensor("blk.1.ffn_down.weight").type, kernels::TensorType::Q6_K);
+  EXPECT_EQ(g.tensor("output.weight").type, kernels::TensorType::Q6_K);
+  std::vector<float> w(256);
+  kernels::dequantize_row(kernels::TensorType::Q4_K, g.tensor("blk.0.attn_q.weight").data, w.data(), 256);
+  double mean = 0, sq = 0;
+  for (float x : w) mean += x / 256.0, sq += double{x} * x / 256.0;
+  EXPECT_LT(std::abs(mean), 0.02);
+  EXPECT_NEAR(std::sqrt(sq - mean * mean), 1.0 / 16.0, 0.02);  // 1/sqrt(256)
+
+  const auto backend = cpu();
+  LlamaModel model(file, *backend, kernels::Precision::F32, kernels::TensorType::F32);
+  Transformer tf(model);
+  auto cache = tf.make_cache(40);
+  std::vector<int32_t> prompt(32);
+  for (int i = 0; i < 32; ++i) prompt[i] = (i * 37) % 1024;
+  const auto logits = tf.forward(prompt, cache);  // 32 rows: the prefill GEMM
+  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_THROW(write_random_llama(random_llama_shape("smollm2-135m"), file, 1, kernels::TensorType::Q4_K),
                std::invalid_argument);
 }
 

@@ -69,6 +69,20 @@ struct TpBenchOptions {
 };
 int bench_tp(const TpBenchOptions& opt);
 
+// `bench memory`: the process's resident memory before and after a model loads and
+// after it answered (a random prompt prefilled, greedy tokens decoded), the model's
+// share over its file size (target: at most 1.25x plus the KV cache). Exit status 1
+// when the target is missed.
+struct MemoryBenchOptions {
+  std::string model_path;
+  kernels::BackendChoice device;
+  std::string precision = "auto";
+  std::string kv_dtype = kDefaultKvDtype;
+  int64_t tokens = 512;   // prompt tokens prefilled
+  int decode_tokens = 8;  // greedy tokens decoded after it
+};
+int bench_memory(const MemoryBenchOptions& opt);
+
 // `bench decode`: N concurrent greedy streams through the runtime (continuous
 // batching) for each N in `streams`; the decode-phase tokens/s of each, and the
 // ratio of the last stream count to the first.

@@ -132,6 +132,27 @@ int main(int argc, char** argv) {
   tp->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
   tp->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
 
+  bs::tools::MemoryBenchOptions mopt;
+  auto* memory = bench->add_subcommand(
+      "memory", "Resident memory of a model after loading and after answering, against its file size (target 1.25x)");
+  memory->add_option("--tokens", mopt.tokens, "Prompt tokens prefilled")->check(CLI::Range(1, 32768))->capture_default_str();
+  memory->add_option("--decode", mopt.decode_tokens, "Greedy tokens decoded after the prompt")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  memory->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  memory->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
+
+  std::string random_shape, random_weights = "q4_0", random_out;
+  auto* make_random = app.add_subcommand(
+      "make-random-model", "Write a random-weight model of a known shape as GGUF (benchmarks of shapes we have no file for)");
+  make_random->add_option("--shape", random_shape, "Shape")
+      ->required()
+      ->check(CLI::IsMember(bs::random_llama_shape_names()));
+  make_random->add_option("--weights", random_weights, "Weight types: q4_0, q4_k_m (Q4_K with Q6_K attn_v, ffn_down, LM head) or bf16")
+      ->check(CLI::IsMember({"q4_0", "q4_k_m", "bf16"}))
+      ->capture_default_str();
+  make_random->add_option("--out", random_out, "The GGUF file to write")->required();
+
   bs::tools::RemoteBenchOptions remote_opt;
   auto* remote = bench->add_subcommand(
       "remote",
@@ -485,6 +506,21 @@ int main(int argc, char** argv) {
       tpopt.precision = precision;
       tpopt.kv_dtype = kv_dtype;
       return bs::tools::bench_tp(tpopt);
+    }
+    if (memory->parsed()) {
+      mopt.model_path = opt.model_path;
+      mopt.device = opt.device;
+      mopt.precision = precision;
+      mopt.kv_dtype = kv_dtype;
+      return bs::tools::bench_memory(mopt);
+    }
+    if (make_random->parsed()) {
+      const auto type = random_weights == "q4_0"   ? bs::kernels::TensorType::Q4_0
+                        : random_weights == "bf16" ? bs::kernels::TensorType::BF16
+                                                   : bs::kernels::TensorType::Q4_K;
+      bs::write_random_llama(bs::random_llama_shape(random_shape), random_out, 1, type);
+      std::cerr << "wrote " << random_out << "\n";
+      return 0;
     }
     if (remote->parsed()) return bs::tools::bench_remote(remote_opt);
     if (control->parsed()) return bs::tools::bench_control(control_opt);

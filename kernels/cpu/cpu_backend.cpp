@@ -34,9 +34,18 @@ constexpr int64_t kGemvMaxRows = 8;
 // Up to this many query tokens attention reads the cache directly (decode).
 constexpr int64_t kDecodeMaxQueries = 4;
 
+// A prepared weight reads the file's rows in place: one part per fused matrix (query,
+// key, value; gate, up), each writing its columns of the output. Nothing is copied
+// but the Q4_0/Q4_1 block scales the decode GEMV wants as fp32.
+struct CpuPart {
+  WeightView view;
+  int64_t col0 = 0;                 // its first output column
+  std::vector<uint16_t> block_scales;  // Q4_0/Q4_1 where the kernels read them: cpu::extract_block_scales
+};
 struct CpuWeights final : PreparedWeights {
-  cpu::DnnlWeightsPtr packed;
-  std::vector<float> block_scales;  // Q4_0/Q4_1: cpu::extract_block_scales, for decode
+  std::vector<CpuPart> parts;
+  std::vector<WeightView> views;         // the parts' views, for the prefill GEMM
+  Precision precision = Precision::F32;  // of the prefill GEMMs
 };
 
 // A RoPE table with its (cos, sin) per position and frequency, cached for non-negative
@@ -84,7 +93,10 @@ class CpuBackend final : public Backend {
       : k_(kernels), bf16_(bf16_supported(kernels)),
         gemv_q4_(decode == DecodeActivations::Int8 && kernels.gemv_q4_int8 ? kernels.gemv_q4_int8
                                                                             : kernels.gemv_quantized),
-        int8_decode_(gemv_q4_ != kernels.gemv_quantized) {}
+        int8_decode_(gemv_q4_ != kernels.gemv_quantized),
+        // Only the AVX2 variant's int16 and int8 decode products read them
+        // (kernels/cpu/variant/gemv_quantized.cpp): elsewhere they would be memory for nothing.
+        reads_block_scales_(kernels.isa == cpu::CpuIsa::Avx2) {}
 
   std::string name() const override { return "cpu"; }
   std::string kernel_id() const override {
@@ -96,33 +108,78 @@ class CpuBackend final : public Backend {
   int64_t linear_exact_rows() const override { return kGemvMaxRows; }
 
   std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision precision) override {
+    return prepare_fused({w}, precision);
+  }
+
+  // Each part stays a view of the file (Backend::prepare_fused says why).
+  std::unique_ptr<PreparedWeights> prepare_fused(const std::vector<WeightView>& parts, Precision precision) override {
     require(precision);
-    if (w.in_features % 32 != 0)
-      throw std::invalid_argument("cpu backend: in_features must be a multiple of 32 (got " +
-                                  std::to_string(w.in_features) + ")");
+    if (parts.empty()) throw std::invalid_argument("cpu backend: prepare_fused without parts");
     auto out = std::make_unique<CpuWeights>();
-    out->view = w;
-    out->packed = cpu::pack_for_gemm(w, precision);
-    if (w.type == TensorType::Q4_0 || w.type == TensorType::Q4_1) {
-      out->block_scales.resize(static_cast<size_t>(cpu::block_scales_count(w.out_features, w.in_features)));
-      cpu::extract_block_scales(w.type, w.data, w.out_features, w.in_features, out->block_scales.data());
+    const int64_t in = parts[0].in_features;
+    int64_t col = 0;
+    for (const auto& w : parts) {
+      if (w.in_features % 32 != 0)
+        throw std::invalid_argument("cpu backend: in_features must be a multiple of 32 (got " +
+                                    std::to_string(w.in_features) + ")");
+      if (w.in_features != in) throw std::invalid_argument("cpu backend: fused parts of different in_features");
+      auto& part = out->parts.emplace_back();
+      part.view = w;
+      out->views.push_back(w);
+      part.col0 = col;
+      col += w.out_features;
+      if (reads_block_scales_ && (w.type == TensorType::Q4_0 || w.type == TensorType::Q4_1)) {
+        part.block_scales.resize(static_cast<size_t>(cpu::block_scales_count(w.out_features, w.in_features)));
+        cpu::extract_block_scales(w.type, w.data, w.out_features, w.in_features, part.block_scales.data());
+      }
     }
+    // The whole matrix's shape; its rows are in `parts` (data is not one array).
+    out->view = WeightView{parts[0].type, parts.size() == 1 ? parts[0].data : nullptr, col, in};
+    out->precision = precision;
     return out;
   }
 
   void linear(const PreparedWeights& pw, const float* x, float* y, int64_t n, const float* bias) override {
     const auto& w = static_cast<const CpuWeights&>(pw);
-    if (n <= kGemvMaxRows && !w.block_scales.empty())  // Q4_0/Q4_1
-      gemv_q4_(w.view.type, w.view.data, w.block_scales.data(), x, y, n, w.view.in_features, w.view.out_features);
-    else if (n <= kGemvMaxRows)
-      k_.gemv_quantized(w.view.type, w.view.data, nullptr, x, y, n, w.view.in_features, w.view.out_features);
-    else
-      cpu::gemm(*w.packed, k_, x, y, n);
+    const int64_t in = w.view.in_features, out = w.view.out_features;
+    if (n <= kGemvMaxRows) {
+      for (const auto& part : w.parts) gemv_part(part, x, y, n, out);
+    } else {
+      // The activations in the GEMM's precision once, for every part.
+      const void* xs = x;
+      thread_local std::vector<uint16_t> xb;
+      if (w.precision == Precision::BF16) {
+        xb.resize(static_cast<size_t>(n * in));
+        k_.to_bf16(x, xb.data(), n * in);
+        xs = xb.data();
+      }
+      cpu::gemm_stored(k_, w.views, w.precision, xs, y, n);
+    }
     if (bias) {
-      const int64_t out = w.view.out_features;
       for (int64_t t = 0; t < n; ++t)
         for (int64_t o = 0; o < out; ++o) y[t * out + o] += bias[o];
     }
+  }
+
+  // A decode-size product of one part into its columns of y [n, ldy]: straight into y
+  // where the part spans the row or there is one row, else through a small buffer.
+  void gemv_part(const CpuPart& part, const float* x, float* y, int64_t n, int64_t ldy) {
+    const auto& v = part.view;
+    auto run = [&](float* dst) {
+      if (!part.block_scales.empty())  // Q4_0/Q4_1
+        gemv_q4_(v.type, v.data, part.block_scales.data(), x, dst, n, v.in_features, v.out_features);
+      else
+        k_.gemv_quantized(v.type, v.data, nullptr, x, dst, n, v.in_features, v.out_features);
+    };
+    if (n == 1 || v.out_features == ldy) {
+      run(y + part.col0);
+      return;
+    }
+    thread_local std::vector<float> tmp;
+    tmp.resize(static_cast<size_t>(n * v.out_features));
+    run(tmp.data());
+    for (int64_t t = 0; t < n; ++t)
+      std::copy_n(tmp.data() + t * v.out_features, v.out_features, y + t * ldy + part.col0);
   }
 
   std::unique_ptr<PreparedRope> prepare_rope(const RopeTable& table) override {
@@ -394,6 +451,7 @@ class CpuBackend final : public Backend {
   // Q4_0/Q4_1 decode products: the int8-activation kernel when asked for and present.
   decltype(cpu::CpuKernels::gemv_quantized) const gemv_q4_;
   const bool int8_decode_;
+  const bool reads_block_scales_;
 };
 
 }  // namespace
@@ -443,18 +501,18 @@ Precision choose_precision(std::string_view name, const Backend& backend) {
 }
 
 namespace cpu {
-void extract_block_scales(TensorType type, const void* w, int64_t rows, int64_t in_features, float* out) {
+void extract_block_scales(TensorType type, const void* w, int64_t rows, int64_t in_features, uint16_t* out) {
   const TensorTypeTraits& t = type_traits(type);
   const int64_t blocks = in_features / t.block_elements;
   const auto* p = static_cast<const uint8_t*>(w);
-  std::fill_n(out, block_scales_count(rows, in_features), 0.0f);
+  std::fill_n(out, block_scales_count(rows, in_features), uint16_t{0});  // fp16 +0
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b, p += t.block_bytes) {
       uint16_t h[2] = {0, 0};
       std::memcpy(h, p, type == TensorType::Q4_1 ? 4 : 2);
-      float* at = out + ((r / 8) * blocks + b) * 16 + r % 8;
-      at[0] = fp16_to_fp32(h[0]);
-      at[8] = type == TensorType::Q4_1 ? fp16_to_fp32(h[1]) : 0.0f;
+      uint16_t* at = out + ((r / 8) * blocks + b) * 16 + r % 8;
+      at[0] = h[0];
+      at[8] = h[1];
     }
 }
 

@@ -1,20 +1,21 @@
-// Prefill-size products through oneDNN's matmul: weights are dequantized once to
-// bf16 (or f32) and reordered into the blocked layout oneDNN's brgemm kernels
-// want; activations are converted to bf16 per call. Primitives are cached per
-// row count, since creating one costs far more than running a small one.
+// Prefill-size products through oneDNN's matmul, the weights read from their stored
+// rows on every call (gemm_onednn.h says why). Primitives are cached per shape, since
+// creating one costs far more than running a small one.
 //
 // Safe to call from several threads at once (concurrent requests): the engine and
 // the cached primitives are shared (primitives are immutable once created), while
-// each thread executes on its own dnnl::stream and gives every execution a
-// scratchpad of its own (scratchpad_mode::user, from a per-thread buffer), so
-// nothing mutable inside oneDNN is shared, whether or not the library was built
-// with DNNL_ENABLE_CONCURRENT_EXEC.
+// each thread executes on its own dnnl::stream, gives every execution a scratchpad of
+// its own (scratchpad_mode::user, from a per-thread buffer) and dequantizes into its
+// own chunk buffer, so nothing mutable is shared, whether or not oneDNN was built with
+// DNNL_ENABLE_CONCURRENT_EXEC.
 #include "kernels/cpu/gemm_onednn.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <compare>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,72 +94,119 @@ dnnl::primitive_attr user_scratchpad() {
   return attr;
 }
 
-// Matmul primitives by (rows, in, out, precision): every layer has the same shapes,
-// so one primitive serves all of them.
-struct PrimitiveKey {
-  int64_t rows, in, out;
-  int precision;
-  auto operator<=>(const PrimitiveKey&) const = default;
-};
-struct CachedMatmul {
-  dnnl::matmul prim;
-  memory::desc scratchpad;  // what one execution needs (size 0: none)
-};
-std::mutex primitive_mu;
-std::atomic<int64_t> creation_ns{0};  // time spent creating primitives (under primitive_mu)
-std::map<PrimitiveKey, CachedMatmul> primitive_cache;
-
-// Reference row count used to pick the packed weight layout.
+// A chunk of `cols` weight rows [cols, in] is oneDNN's [in, cols] with strides {1, in}
+// ("plain"); before its product it is reordered into the blocked layout oneDNN's brgemm
+// kernels want ("packed"), chosen once per shape for kLayoutRows activation rows (the
+// layout does not depend on the row count, so one reorder serves every prompt length).
+// Given a strided output (the columns of a fused product) oneDNN 2.6 leaves brgemm for
+// its slower gemm:jit (ONEDNN_VERBOSE), hence a dense output copied into place. The
+// reorders take ~5% of a 512-token prefill of SmolLM2; against the packed copy once
+// kept at load, a 512-token prefill runs at 0.87-0.95x, a 3072-token one at 1.02-1.17x
+// (tools/bench_results/streamed_gemm_*).
 constexpr int64_t kLayoutRows = 512;
 
 memory::data_type dt(Precision p) { return p == Precision::BF16 ? memory::data_type::bf16 : memory::data_type::f32; }
 
-}  // namespace
-
-struct DnnlWeights {
-  Precision precision;
-  int64_t in = 0, out = 0;
-  memory::desc packed_desc;
-  memory packed;
+struct LayoutKey {
+  int64_t in, cols;
+  int precision;
+  auto operator<=>(const LayoutKey&) const = default;
 };
+struct ChunkLayout {
+  memory::desc plain, packed;
+  dnnl::reorder reorder;
+  memory::desc reorder_scratchpad;
+};
+struct MatmulKey {
+  int64_t rows, in, cols;
+  int precision;
+  auto operator<=>(const MatmulKey&) const = default;
+};
+struct CachedMatmul {
+  dnnl::matmul prim;
+  memory::desc src, dst;
+  memory::desc scratchpad;  // what one execution needs (size 0: none)
+};
+std::mutex primitive_mu;
+std::atomic<int64_t> creation_ns{0};  // time spent creating primitives (under primitive_mu)
+std::map<LayoutKey, ChunkLayout> layout_cache;
+std::map<MatmulKey, CachedMatmul> matmul_cache;
 
-void destroy(DnnlWeights* w) { delete w; }
-
-DnnlWeightsPtr pack_for_gemm(const WeightView& w, Precision precision) {
-  auto& eng = engine();
-  DnnlWeightsPtr out(new DnnlWeights);
-  out->precision = precision;
-  out->in = w.in_features;
-  out->out = w.out_features;
-  const auto type = w.type;
-  const int64_t row_bytes = type_row_bytes(type, w.in_features);
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  // Plain weights as oneDNN's [K, N] with strides {1, K}: our rows are output features.
-  memory::desc plain_desc({w.in_features, w.out_features}, dt(precision), memory::dims{1, w.in_features});
-  memory plain(plain_desc, eng);
-  if (precision == Precision::BF16) {
-    auto* dst = static_cast<uint16_t*>(plain.get_data_handle());
-    for (int64_t r = 0; r < w.out_features; ++r)
-      dequantize_row_to_bf16(type, base + r * row_bytes, dst + r * w.in_features, w.in_features);
-  } else {
-    auto* dst = static_cast<float*>(plain.get_data_handle());
-    for (int64_t r = 0; r < w.out_features; ++r)
-      dequantize_row(type, base + r * row_bytes, dst + r * w.in_features, w.in_features);
-  }
-  memory::desc src_desc({kLayoutRows, w.in_features}, dt(precision), memory::format_tag::ab);
-  memory::desc any_w({w.in_features, w.out_features}, dt(precision), memory::format_tag::any);
-  memory::desc dst_desc({kLayoutRows, w.out_features}, memory::data_type::f32, memory::format_tag::ab);
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_desc, any_w, dst_desc), eng);
-  out->packed_desc = pd.weights_desc();
-  out->packed = memory(out->packed_desc, eng);
-  const dnnl::reorder::primitive_desc rpd(plain, out->packed, user_scratchpad());
-  std::unordered_map<int, memory> args{{DNNL_ARG_FROM, plain}, {DNNL_ARG_TO, out->packed}};
-  add_scratchpad(rpd.scratchpad_desc(), args);
-  auto& stream = thread_stream();
-  dnnl::reorder(rpd).execute(stream, args);
-  stream.wait();
-  return out;
+// Adds the time since t0 to creation_ns.
+void count_creation(std::chrono::steady_clock::time_point t0) {
+  creation_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
+
+ChunkLayout layout_for(const LayoutKey& key) {
+  std::lock_guard<std::mutex> lock(primitive_mu);
+  auto it = layout_cache.find(key);
+  if (it == layout_cache.end()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto& eng = engine();
+    const auto type = dt(static_cast<Precision>(key.precision));
+    memory::desc plain({key.in, key.cols}, type, memory::dims{1, key.in});
+    memory::desc src({kLayoutRows, key.in}, type, memory::format_tag::ab);
+    memory::desc any_w({key.in, key.cols}, type, memory::format_tag::any);
+    memory::desc dst({kLayoutRows, key.cols}, memory::data_type::f32, memory::format_tag::ab);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, any_w, dst), eng);
+    const memory::desc packed = pd.weights_desc();
+    const dnnl::reorder::primitive_desc rpd(eng, plain, eng, packed, user_scratchpad());
+    it = layout_cache.emplace(key, ChunkLayout{plain, packed, dnnl::reorder(rpd), rpd.scratchpad_desc()}).first;
+    count_creation(t0);
+  }
+  return it->second;  // copies share the immutable primitive
+}
+
+CachedMatmul matmul_for(const MatmulKey& key, const memory::desc& packed) {
+  std::lock_guard<std::mutex> lock(primitive_mu);
+  auto it = matmul_cache.find(key);
+  if (it == matmul_cache.end()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (matmul_cache.size() > 4096) matmul_cache.clear();  // bound memory over many prompt lengths
+    const auto type = dt(static_cast<Precision>(key.precision));
+    memory::desc src({key.rows, key.in}, type, memory::format_tag::ab);
+    memory::desc dst({key.rows, key.cols}, memory::data_type::f32, memory::format_tag::ab);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, packed, dst), user_scratchpad(), engine());
+    it = matmul_cache.emplace(key, CachedMatmul{dnnl::matmul(pd), src, dst, pd.scratchpad_desc()}).first;
+    count_creation(t0);
+  }
+  return it->second;
+}
+
+// Bytes of dequantized weights per chunk: large enough that each matmul call has work
+// for every thread, small enough to stay in the caches between its dequantization and
+// its product.
+constexpr int64_t kChunkBytes = int64_t{4} << 20;
+
+// One of this thread's buffers (aligned for oneDNN's loads), grown to the largest asked.
+enum class Buffer { Plain, Packed, Dense, kCount };
+void* thread_buffer(Buffer which, int64_t bytes) {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<void, Free> bufs[static_cast<int>(Buffer::kCount)];
+  thread_local int64_t capacity[static_cast<int>(Buffer::kCount)] = {};
+  const int i = static_cast<int>(which);
+  if (bytes > capacity[i]) {
+    const int64_t size = (bytes + 4095) / 4096 * 4096;
+    bufs[i].reset(std::aligned_alloc(4096, static_cast<size_t>(size)));
+    if (!bufs[i]) {
+      capacity[i] = 0;
+      throw std::bad_alloc();
+    }
+    capacity[i] = size;
+  }
+  return bufs[i].get();
+}
+
+void execute(const dnnl::primitive& prim, const memory::desc& scratchpad, std::unordered_map<int, memory> args) {
+  add_scratchpad(scratchpad, args);
+  auto& stream = thread_stream();
+  prim.execute(stream, args);
+  stream.wait();
+}
+
+}  // namespace
 
 double onednn_primitive_creation_seconds() { return creation_ns.load() * 1e-9; }
 
@@ -177,40 +225,68 @@ bool onednn_bf16_matmul_available() {
   return available;
 }
 
-void gemm(const DnnlWeights& w, const CpuKernels& kernels, const float* x, float* y, int64_t n) {
+void gemm_stored(const CpuKernels& kernels, const std::vector<WeightView>& parts, Precision precision, const void* x,
+                 float* y, int64_t n) {
+  if (n <= 0 || parts.empty()) return;
+  const int64_t in = parts[0].in_features;
+  int64_t out = 0;
+  for (const auto& p : parts) out += p.out_features;
+  if (out <= 0) return;
   auto& eng = engine();
-  const auto sdt = dt(w.precision);
-  memory::desc src_desc({n, w.in}, sdt, memory::format_tag::ab);
-  memory::desc dst_desc({n, w.out}, memory::data_type::f32, memory::format_tag::ab);
-  CachedMatmul mm;  // copies share the immutable primitive
-  {
-    std::lock_guard<std::mutex> lock(primitive_mu);
-    const PrimitiveKey key{n, w.in, w.out, static_cast<int>(w.precision)};
-    auto it = primitive_cache.find(key);
-    if (it == primitive_cache.end()) {
-      const auto t0 = std::chrono::steady_clock::now();
-      if (primitive_cache.size() > 4096) primitive_cache.clear();  // bound memory over many prompt lengths
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_desc, w.packed_desc, dst_desc),
-                                            user_scratchpad(), eng);
-      it = primitive_cache.emplace(key, CachedMatmul{dnnl::matmul(pd), pd.scratchpad_desc()}).first;
-      creation_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  const int prec = static_cast<int>(precision);
+  const bool bf16 = precision == Precision::BF16;
+  const auto stored = bf16 ? TensorType::BF16 : TensorType::F32;
+  // One part stored at the GEMM's precision is reordered straight from the file.
+  const bool in_place = parts.size() == 1 && parts[0].type == stored;
+  const int64_t elt = bf16 ? 2 : 4;
+  int64_t chunk = std::max<int64_t>(64, kChunkBytes / (in * elt) / 64 * 64);
+  if (chunk >= out) chunk = out;
+  // Row r of the concatenation: its part's stored row.
+  auto stored_row = [&](int64_t r, TensorType* type) {
+    for (const auto& p : parts) {
+      if (r < p.out_features) {
+        *type = p.type;
+        return static_cast<const uint8_t*>(p.data) + r * type_row_bytes(p.type, in);
+      }
+      r -= p.out_features;
     }
-    mm = it->second;
+    return static_cast<const uint8_t*>(nullptr);  // unreachable: r < out
+  };
+  for (int64_t r0 = 0; r0 < out; r0 += chunk) {
+    const int64_t rows = std::min(chunk, out - r0);
+    const ChunkLayout layout = layout_for({in, rows, prec});
+    const CachedMatmul mm = matmul_for({n, in, rows, prec}, layout.packed);
+    TensorType type0 = stored;
+    void* plain = const_cast<uint8_t*>(stored_row(r0, &type0));
+    if (!in_place) {
+      plain = thread_buffer(Buffer::Plain, rows * in * elt);
+#pragma omp parallel for schedule(static) if (rows * in >= (1 << 15))
+      for (int64_t r = 0; r < rows; ++r) {
+        TensorType type = stored;
+        const uint8_t* src = stored_row(r0 + r, &type);
+        void* row = static_cast<uint8_t*>(plain) + r * in * elt;
+        if (type == stored) std::memcpy(row, src, static_cast<size_t>(in * elt));
+        else if (kernels.dequantize_row(type, src, row, in, bf16)) continue;
+        else if (bf16) dequantize_row_to_bf16(type, src, static_cast<uint16_t*>(row), in);
+        else dequantize_row(type, src, static_cast<float*>(row), in);
+      }
+    }
+    void* packed = thread_buffer(Buffer::Packed, static_cast<int64_t>(layout.packed.get_size()));
+    execute(layout.reorder, layout.reorder_scratchpad,
+            {{DNNL_ARG_FROM, memory(layout.plain, eng, plain)}, {DNNL_ARG_TO, memory(layout.packed, eng, packed)}});
+    // The product straight into y when one chunk is the whole output, else into a
+    // dense buffer copied into its columns.
+    const bool whole = rows == out;
+    float* dst = whole ? y : static_cast<float*>(thread_buffer(Buffer::Dense, n * rows * 4));
+    execute(mm.prim, mm.scratchpad,
+            {{DNNL_ARG_SRC, memory(mm.src, eng, const_cast<void*>(x))},
+             {DNNL_ARG_WEIGHTS, memory(layout.packed, eng, packed)},
+             {DNNL_ARG_DST, memory(mm.dst, eng, dst)}});
+    if (!whole) {
+#pragma omp parallel for schedule(static) if (n * rows >= (1 << 15))
+      for (int64_t t = 0; t < n; ++t) std::copy_n(dst + t * rows, rows, y + t * out + r0);
+    }
   }
-  std::vector<uint16_t> xb;
-  void* src_data = const_cast<float*>(x);
-  if (w.precision == Precision::BF16) {
-    xb.resize(static_cast<size_t>(n * w.in));
-    kernels.to_bf16(x, xb.data(), n * w.in);
-    src_data = xb.data();
-  }
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(src_desc, eng, src_data)},
-                                       {DNNL_ARG_WEIGHTS, w.packed},
-                                       {DNNL_ARG_DST, memory(dst_desc, eng, y)}};
-  add_scratchpad(mm.scratchpad, args);
-  auto& stream = thread_stream();
-  mm.prim.execute(stream, args);
-  stream.wait();
 }
 
 }  // namespace bs::kernels::cpu

@@ -76,9 +76,10 @@ struct CpuKernels {
   // accumulation; for the few rows of decode steps.
   void (*gemv_quantized)(TensorType type,
                          const void* w,   // [out_features] rows of `type` blocks
-                         // Q4_0/Q4_1: the block scales d and offsets m as fp32
-                         // (extract_block_scales), else nullptr
-                         const float* block_scales,
+                         // Q4_0/Q4_1: the block scales d and offsets m regrouped
+                         // (extract_block_scales), else nullptr; read by the AVX2
+                         // variant only
+                         const uint16_t* block_scales,
                          const float* x,  // [n, in_features]
                          float* y,        // [n, out_features]
                          int64_t n, int64_t in_features, int64_t out_features);
@@ -95,13 +96,23 @@ struct CpuKernels {
   void (*to_bf16)(const float* src,  // [count]
                   uint16_t* dst,     // [count]
                   int64_t count);
+
+  // One stored row of a block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) to
+  // fp32 or bf16, vectorized: the values of dequantize_row / dequantize_row_to_bf16 bit
+  // for bit (kernels/dequant.h). Returns false, writing nothing, for another type (F32,
+  // F16, BF16: the baseline conversions). The prefill GEMM's chunks come through it.
+  bool (*dequantize_row)(TensorType type,
+                         const void* src,  // n / block_elements blocks
+                         void* dst,        // [n] fp32, or bf16 bits where bf16
+                         int64_t n, bool bf16);
 };
 
-// The fp32 block scales of a Q4_0/Q4_1 matrix for gemv_quantized, by groups of 8 rows:
+// The block scales of a Q4_0/Q4_1 matrix for gemv_quantized, by groups of 8 rows, fp16
+// as stored (so exact, and a fifth of the file's Q4_1 bytes rather than two fifths):
 // [ceil(rows / 8), in_features / 32, 16], per group and block d of its 8 rows, then m
 // of its 8 rows (0 for Q4_0, and for the rows past `rows`).
-// block_scales_count(rows, in_features) floats.
-void extract_block_scales(TensorType type, const void* w, int64_t rows, int64_t in_features, float* out);
+// block_scales_count(rows, in_features) values.
+void extract_block_scales(TensorType type, const void* w, int64_t rows, int64_t in_features, uint16_t* out);
 int64_t block_scales_count(int64_t rows, int64_t in_features);
 
 // One table per variant, defined in kernels/cpu/variant/kernel_table.cpp.

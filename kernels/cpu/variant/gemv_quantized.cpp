@@ -492,9 +492,14 @@ struct IntActivations {
   const int32_t* offset_by_block;  // [blocks, 8]: offset8[t][b] at [b][t] (int8 only), 0 past nt
 };
 
+// Eight fp16 values widened to fp32 (F16C).
+inline __m256 load8_fp16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // One token, 8 rows per lane group. scale/sum/offset8: [blocks] (offset8: int8 only).
 template <TensorType T, typename A>
-void gemv_int_rows(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks, const A* xq,
+void gemv_int_rows(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes, int64_t blocks, const A* xq,
                    const float* scale, const float* sum, const int32_t* offset8, float* y, int64_t out) {
   const int64_t row_bytes = blocks * bbytes;
   const int64_t groups = (out + 7) / 8;
@@ -502,7 +507,7 @@ void gemv_int_rows(const uint8_t* base, const float* block_scales, int64_t bbyte
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* rows[8];
     for (int r = 0; r < 8; ++r) rows[r] = base + imin(g * 8 + r, out - 1) * row_bytes;
-    const float* gs = block_scales + g * blocks * 16;  // [blocks][d of 8 rows, m of 8 rows]
+    const uint16_t* gs = block_scales + g * blocks * 16;  // fp16 [blocks][d of 8 rows, m of 8 rows]
     const uint8_t* next = base + (g + 1) * 8 * row_bytes;  // the next group, prefetched a block's share at a time
     __m256 main = _mm256_setzero_ps(), off = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
@@ -516,10 +521,10 @@ void gemv_int_rows(const uint8_t* base, const float* block_scales, int64_t bbyte
       }
       __m256i isum = reduce8_epi32(p);
       if constexpr (sizeof(A) == 1 && T == TensorType::Q4_0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(offset8[b]));
-      const __m256 ds = _mm256_mul_ps(_mm256_loadu_ps(gs + b * 16), _mm256_broadcast_ss(scale + b));
+      const __m256 ds = _mm256_mul_ps(load8_fp16(gs + b * 16), _mm256_broadcast_ss(scale + b));
       main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ds, main);
       if constexpr (T == TensorType::Q4_1)
-        off = _mm256_fmadd_ps(_mm256_loadu_ps(gs + b * 16 + 8), _mm256_broadcast_ss(sum + b), off);
+        off = _mm256_fmadd_ps(load8_fp16(gs + b * 16 + 8), _mm256_broadcast_ss(sum + b), off);
     }
     alignas(32) float res[8];
     _mm256_store_ps(res, _mm256_add_ps(main, off));
@@ -529,13 +534,13 @@ void gemv_int_rows(const uint8_t* base, const float* block_scales, int64_t bbyte
 
 // One row per lane group, NT (2..8) tokens in the lanes.
 template <TensorType T, typename A, int NT>
-void gemv_int_tokens(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks,
+void gemv_int_tokens(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes, int64_t blocks,
                      IntActivations<A> xa, int64_t in, float* y, int64_t out) {
   const int64_t row_bytes = blocks * bbytes;
 #pragma omp parallel for schedule(static) if (out >= 64)
   for (int64_t o = 0; o < out; ++o) {
     const uint8_t* row = base + o * row_bytes;
-    const float* gs = block_scales + (o / 8) * blocks * 16 + o % 8;  // d at gs[b * 16], m at gs[b * 16 + 8]
+    const uint16_t* gs = block_scales + (o / 8) * blocks * 16 + o % 8;  // fp16 d at gs[b * 16], m at gs[b * 16 + 8]
     const uint8_t* next = row + 4 * row_bytes;  // prefetched a block's share at a time
     __m256 main = _mm256_setzero_ps(), off = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
@@ -547,10 +552,10 @@ void gemv_int_tokens(const uint8_t* base, const float* block_scales, int64_t bby
       __m256i isum = reduce8_epi32(p);
       if constexpr (sizeof(A) == 1 && T == TensorType::Q4_0)
         isum = _mm256_sub_epi32(isum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa.offset_by_block + b * 8)));
-      const __m256 ds = _mm256_mul_ps(_mm256_broadcast_ss(gs + b * 16), _mm256_loadu_ps(xa.scale_by_block + b * 8));
+      const __m256 ds = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(gs[b * 16])), _mm256_loadu_ps(xa.scale_by_block + b * 8));
       main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ds, main);
       if constexpr (T == TensorType::Q4_1)
-        off = _mm256_fmadd_ps(_mm256_broadcast_ss(gs + b * 16 + 8), _mm256_loadu_ps(xa.sum_by_block + b * 8), off);
+        off = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(gs[b * 16 + 8])), _mm256_loadu_ps(xa.sum_by_block + b * 8), off);
     }
     alignas(32) float res[8];
     _mm256_store_ps(res, _mm256_add_ps(main, off));
@@ -560,7 +565,7 @@ void gemv_int_tokens(const uint8_t* base, const float* block_scales, int64_t bby
 
 // The Q4_0/Q4_1 product with activations rounded to A (int16_t or int8_t) per block.
 template <TensorType T, typename A>
-void gemv_int(const uint8_t* base, const float* block_scales, int64_t bbytes, int64_t blocks, const float* x,
+void gemv_int(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes, int64_t blocks, const float* x,
               float* y, int64_t n, int64_t in, int64_t out) {
   Scratch q_buf(static_cast<size_t>(n * in) * sizeof(A) + 64);
   Scratch f_buf(static_cast<size_t>(3 * n * blocks) * sizeof(float));
@@ -603,7 +608,7 @@ void gemv_int(const uint8_t* base, const float* block_scales, int64_t bbytes, in
 #endif
 
 template <TensorType T>
-void gemv_typed(const void* w, const float* block_scales, const float* x, float* y, int64_t n, int64_t in,
+void gemv_typed(const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n, int64_t in,
                 int64_t out) {
   const int64_t blocks = in / kBlock;
   const int64_t row_bytes = in / kTypeElements<T> * kTypeBytes<T>;
@@ -621,7 +626,7 @@ void gemv_typed(const void* w, const float* block_scales, const float* x, float*
 
 }  // namespace
 
-void gemv_quantized(TensorType type, const void* w, const float* block_scales, const float* x, float* y, int64_t n,
+void gemv_quantized(TensorType type, const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n,
                     int64_t in_features, int64_t out_features) {
   switch (type) {
     case TensorType::Q4_0: return gemv_typed<TensorType::Q4_0>(w, block_scales, x, y, n, in_features, out_features);
@@ -639,7 +644,7 @@ void gemv_quantized(TensorType type, const void* w, const float* block_scales, c
 }
 
 #if BS_ISA_LEVEL == 1
-void gemv_q4_int8(TensorType type, const void* w, const float* block_scales, const float* x, float* y, int64_t n,
+void gemv_q4_int8(TensorType type, const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n,
                   int64_t in_features, int64_t out_features) {
   const auto* base = static_cast<const uint8_t*>(w);
   const int64_t blocks = in_features / kBlock;

@@ -31,6 +31,7 @@ const CpuKernels kKernels = {
 #else
     nullptr,
 #endif
+    dequantize_row_fast,
 };
 
 }  // namespace bs::kernels::cpu::BS_ISA_NS
