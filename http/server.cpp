@@ -27,6 +27,7 @@
 #include "http/metrics.h"
 #include "http/openai_request.h"
 #include "http/openai_response.h"
+#include "http/tokenize_routes.h"
 #include "kernels/backend.h"
 #include "model/hf_checkpoint.h"
 #include "model/random_model.h"
@@ -101,7 +102,8 @@ int64_t unix_now() {
 
 // Metrics label for a path: one per route, never the client's free text.
 std::string route_of(const std::string& path) {
-  for (const char* r : {"/v1/chat/completions", "/v1/models", "/health", "/ready", "/live", "/metrics", "/console"})
+  for (const char* r : {"/v1/chat/completions", "/v1/models", "/health", "/ready", "/live", "/metrics", "/console",
+                        "/tokenize", "/detokenize"})
     if (path == r) return r;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   if (path == "/v1/documents") return path;
@@ -315,6 +317,24 @@ struct Server::Impl {
     });
     svr.Post("/v1/chat/completions",
              [this](const httplib::Request& req, httplib::Response& res) { chat_completion(req, res); });
+    // The model's tokenizer (http/tokenize_routes.h says what each takes and answers).
+    svr.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        const auto& ctx = runtime.context();
+        send_json(res, 200, tokenize_response(ctx.model->tokenizer(), parse_tokenize_request(req.body),
+                                              context_length));
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    });
+    svr.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        const auto& tok = runtime.context().model->tokenizer();
+        send_json(res, 200, detokenize_response(tok, parse_detokenize_request(req.body, tok.vocab_size())));
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    });
   }
 
   std::vector<Gauge> gauges() {

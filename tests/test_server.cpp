@@ -207,6 +207,55 @@ TEST_F(ServerTest, HealthAndModels) {
   EXPECT_EQ(json::parse(none->body)["error"]["code"], "model_not_found");
 }
 
+// POST /tokenize and /detokenize: the model's own tokenizer, vLLM's request and answer
+// shapes and llama-server's field names (http/tokenize_routes.h), control tokens in the
+// text read as tokens; every malformed field a 400 naming it.
+TEST_F(ServerTest, TokenizeAndDetokenizeAreTheModelsTokenizer) {
+  auto c = served_->client();
+  const auto& tok = runtime_->context().model->tokenizer();
+  const std::string text = "The Eiffel Tower is 330 metres tall.<|im_end|>\n  emoji \xF0\x9F\x98\x80";
+  auto res = post(c, "/tokenize", json{{"prompt", text}}.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json t = json::parse(res->body);
+  const std::vector<int32_t> want = tok.encode(text, true);  // SmolLM2 adds no BOS
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), want);
+  EXPECT_EQ(t["count"], want.size());
+  EXPECT_EQ(t["max_model_len"], runtime_->context().model->config().context_length);
+  EXPECT_NE(std::find(want.begin(), want.end(), tok.token_id("<|im_end|>")), want.end());
+  auto alias = post(c, "/tokenize", json{{"content", text}, {"add_special", false}}.dump());
+  ASSERT_TRUE(alias);
+  EXPECT_EQ(json::parse(alias->body)["tokens"], t["tokens"]);
+
+  auto back = post(c, "/detokenize", json{{"tokens", want}}.dump());
+  ASSERT_TRUE(back);
+  ASSERT_EQ(back->status, 200) << back->body;
+  EXPECT_EQ(json::parse(back->body)["prompt"], text);
+  EXPECT_EQ(json::parse(back->body)["content"], text);
+
+  struct Bad { const char* path; std::string body; const char* param; };
+  const Bad bad[] = {{"/tokenize", "{", ""},
+                     {"/tokenize", "[1]", ""},
+                     {"/tokenize", "{}", "prompt"},
+                     {"/tokenize", R"({"prompt": 7})", "prompt"},
+                     {"/tokenize", R"({"prompt": "x", "add_special_tokens": "yes"})", "add_special_tokens"},
+                     {"/detokenize", "{}", "tokens"},
+                     {"/detokenize", R"({"tokens": "1 2"})", "tokens"},
+                     {"/detokenize", R"({"tokens": [1, 49152]})", "tokens[1]"},
+                     {"/detokenize", R"({"tokens": [1, -1]})", "tokens[1]"},
+                     {"/detokenize", R"({"tokens": [1.5]})", "tokens[0]"}};
+  for (const auto& b : bad) {
+    auto r = post(c, b.path, b.body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << b.path << " " << b.body;
+    const json e = json::parse(r->body)["error"];
+    EXPECT_EQ(e["type"], "invalid_request_error");
+    if (*b.param) {
+      EXPECT_EQ(e["param"], b.param) << b.body;
+    }
+  }
+}
+
 TEST_F(ServerTest, CompletionEqualsTheRuntimesOwnAnswer) {
   auto c = served_->client();
   const std::string q = "What is the capital of France?";

@@ -1,4 +1,5 @@
-// libFuzzer target for the chat-completion body parser (http/openai_request.cpp):
+// libFuzzer target for the chat-completion body parser (http/openai_request.cpp), the
+// document body's and /tokenize's and /detokenize's (http/tokenize_routes.cpp):
 // any bytes must either parse into a request whose fields hold the documented
 // ranges or be refused with an ApiError of status 400 — never crash, hang or throw
 // anything else. The error body must always dump as JSON.
@@ -9,6 +10,7 @@
 
 #include "http/api_error.h"
 #include "http/openai_request.h"
+#include "http/tokenize_routes.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
@@ -31,6 +33,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     (void)bs::http::parse_document_body(body);
+  } catch (const bs::http::ApiError& e) {
+    if (e.status != 400) std::abort();
+  }
+  try {
+    (void)bs::http::parse_tokenize_request(std::string(body));
+  } catch (const bs::http::ApiError& e) {
+    if (e.status != 400) std::abort();
+  }
+  try {
+    for (int32_t id : bs::http::parse_detokenize_request(std::string(body), 49152))
+      if (id < 0 || id >= 49152) std::abort();
   } catch (const bs::http::ApiError& e) {
     if (e.status != 400) std::abort();
   }
