@@ -25,11 +25,13 @@ inline float half(const uint8_t* p) {
 #endif
 }
 
+#if BS_ISA_LEVEL < 2
 inline uint32_t f32_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
 }
+#endif
 
 // dst[0..len) = q[e] * scale (+ add where Add), as fp32 or rounded to bf16 (to nearest
 // even in integers: the hardware conversion would flush denormals).
