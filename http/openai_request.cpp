@@ -178,39 +178,31 @@ json parse_body(std::string_view body) {
 
 }  // namespace
 
-ChatCompletionRequest parse_chat_completion(std::string_view body, int default_max_tokens) {
-  const json j = parse_body(body);
-  static const std::set<std::string> known = {
-      "model",  "messages", "stream",    "stream_options", "max_tokens",        "max_completion_tokens",
-      "temperature", "top_p", "seed",    "stop",           "n",                 "presence_penalty",
-      "frequency_penalty", "logprobs", "response_format", "user", "metadata", "store", "service_tier",
-      "documents", "top_k", "mode",      "ratio"};
+namespace {
+
+// JSON null means "not given" for every optional field, as in OpenAI's API.
+const json* field_of(const json& j, const char* name) {
+  const auto it = j.find(name);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+// Every key of `j` must be in `known`.
+void check_known(const json& j, const std::set<std::string>& known) {
   for (const auto& [k, v] : j.items())
     if (!known.count(k))
       throw bad_request("unrecognized request argument supplied: " + k, k, "unsupported_parameter");
+}
 
-  ChatCompletionRequest out;
-  auto& req = out.request;
-  req.sampling.max_tokens = default_max_tokens;
-  // JSON null means "not given" for every optional field, as in OpenAI's API.
-  auto field = [&j](const char* name) -> const json* {
-    const auto it = j.find(name);
-    return it == j.end() || it->is_null() ? nullptr : &*it;
-  };
-
+// The fields chat and text completions share: model, documents (the array), stream and
+// its options, max_tokens, sampling, n, penalties, user and blendserve's mode / ratio.
+// `logprobs` differs between the two APIs and is the caller's.
+void parse_shared(const json& j, CompletionCommon& out, RuntimeRequest& req) {
+  auto field = [&j](const char* name) { return field_of(j, name); };
   const json* model = field("model");
   if (!model) throw bad_request("you must provide a model parameter", "model", "missing_required_parameter");
   out.model = get_string(*model, "model");
 
-  const json* messages = field("messages");
-  if (!messages) throw bad_request("'messages' is required", "messages", "missing_required_parameter");
-  Messages parsed = parse_messages(*messages);
-  req.messages = std::move(parsed.messages);
-
   if (const json* d = field("documents")) {
-    if (!parsed.documents.empty())
-      throw bad_request("give documents either as 'documents' or as text parts of the last message, not both",
-                        "documents");
     if (!d->is_array()) wrong_type("documents", *d, "an array of strings");
     for (size_t i = 0; i < d->size(); ++i) {
       const std::string p = "documents[" + std::to_string(i) + "]";
@@ -218,8 +210,6 @@ ChatCompletionRequest parse_chat_completion(std::string_view body, int default_m
       if (s.empty()) throw bad_request("'" + p + "' must not be empty", p);
       req.documents.push_back(s);
     }
-  } else {
-    req.documents = std::move(parsed.documents);
   }
 
   if (const json* v = field("stream")) out.stream = get_bool(*v, "stream");
@@ -265,16 +255,6 @@ ChatCompletionRequest parse_chat_completion(std::string_view body, int default_m
       if (get_number(*v, penalty) != 0)
         throw bad_request(std::string("'") + penalty + "' is not supported (only 0)", penalty,
                           "unsupported_parameter");
-  if (const json* v = field("logprobs"))
-    if (get_bool(*v, "logprobs"))
-      throw bad_request("'logprobs' is not supported", "logprobs", "unsupported_parameter");
-  if (const json* v = field("response_format")) {
-    if (!v->is_object()) wrong_type("response_format", *v, "an object");
-    const auto t = v->find("type");
-    if (t == v->end() || !t->is_string() || t->get<std::string>() != "text")
-      throw bad_request("only response_format {\"type\": \"text\"} is supported", "response_format",
-                        "unsupported_parameter");
-  }
   if (const json* v = field("user")) get_string(*v, "user");
   if (const json* v = field("mode")) {
     try {
@@ -288,6 +268,98 @@ ChatCompletionRequest parse_chat_completion(std::string_view body, int default_m
     if (r < 0 || r > 1) throw bad_request("'ratio' must be in [0, 1]", "ratio", "out_of_range");
     req.ratio = static_cast<float>(r);
   }
+}
+
+}  // namespace
+
+ChatCompletionRequest parse_chat_completion(std::string_view body, int default_max_tokens) {
+  const json j = parse_body(body);
+  static const std::set<std::string> known = {
+      "model",  "messages", "stream",    "stream_options", "max_tokens",        "max_completion_tokens",
+      "temperature", "top_p", "seed",    "stop",           "n",                 "presence_penalty",
+      "frequency_penalty", "logprobs", "response_format", "user", "metadata", "store", "service_tier",
+      "documents", "top_k", "mode",      "ratio"};
+  check_known(j, known);
+
+  ChatCompletionRequest out;
+  auto& req = out.request;
+  req.sampling.max_tokens = default_max_tokens;
+  auto field = [&j](const char* name) { return field_of(j, name); };
+  parse_shared(j, out, req);
+
+  const json* messages = field("messages");
+  if (!messages) throw bad_request("'messages' is required", "messages", "missing_required_parameter");
+  Messages parsed = parse_messages(*messages);
+  req.messages = std::move(parsed.messages);
+  if (!parsed.documents.empty()) {
+    if (!req.documents.empty())
+      throw bad_request("give documents either as 'documents' or as text parts of the last message, not both",
+                        "documents");
+    req.documents = std::move(parsed.documents);
+  }
+
+  if (const json* v = field("logprobs"))
+    if (get_bool(*v, "logprobs"))
+      throw bad_request("'logprobs' is not supported", "logprobs", "unsupported_parameter");
+  if (const json* v = field("response_format")) {
+    if (!v->is_object()) wrong_type("response_format", *v, "an object");
+    const auto t = v->find("type");
+    if (t == v->end() || !t->is_string() || t->get<std::string>() != "text")
+      throw bad_request("only response_format {\"type\": \"text\"} is supported", "response_format",
+                        "unsupported_parameter");
+  }
+  return out;
+}
+
+TextCompletionRequest parse_text_completion(std::string_view body, int default_max_tokens) {
+  const json j = parse_body(body);
+  static const std::set<std::string> known = {
+      "model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed", "stop", "n",
+      "presence_penalty", "frequency_penalty", "logprobs", "echo", "suffix", "best_of", "user",
+      "documents", "top_k", "mode", "ratio"};
+  check_known(j, known);
+
+  TextCompletionRequest out;
+  auto& req = out.request;
+  req.raw = true;
+  req.sampling.max_tokens = default_max_tokens;
+  auto field = [&j](const char* name) { return field_of(j, name); };
+  parse_shared(j, out, req);
+
+  // prompt: a string, or token ids; OpenAI's batch forms only with one prompt.
+  const json* p = field("prompt");
+  if (!p) throw bad_request("'prompt' is required", "prompt", "missing_required_parameter");
+  const json* one = p;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) one = &(*p)[0];
+  else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array()))
+    throw bad_request("only one prompt per request is supported", "prompt", "unsupported_parameter");
+  if (one->is_string()) {
+    out.prompt_text = one->get<std::string>();
+    if (out.prompt_text.empty() && req.documents.empty())
+      throw bad_request("'prompt' must not be empty", "prompt");
+  } else if (one->is_array()) {
+    if (one->empty()) throw bad_request("'prompt' must not be empty", "prompt");
+    out.prompt_is_ids = true;
+    for (size_t i = 0; i < one->size(); ++i) {
+      const std::string param = "prompt[" + std::to_string(i) + "]";
+      out.prompt_ids.push_back(
+          static_cast<int32_t>(get_integer((*one)[i], param, 0, std::numeric_limits<int32_t>::max())));
+    }
+  } else {
+    wrong_type("prompt", *p, "a string or an array of token ids");
+  }
+
+  if (const json* v = field("logprobs"))
+    if (get_integer(*v, "logprobs", 0, 20) != 0)
+      throw bad_request("'logprobs' is not supported", "logprobs", "unsupported_parameter");
+  if (const json* v = field("echo"))
+    if (get_bool(*v, "echo")) throw bad_request("'echo' is not supported", "echo", "unsupported_parameter");
+  if (const json* v = field("suffix"))
+    if (!get_string(*v, "suffix").empty())
+      throw bad_request("'suffix' (insertion) is not supported", "suffix", "unsupported_parameter");
+  if (const json* v = field("best_of"))
+    if (get_integer(*v, "best_of", 1, std::numeric_limits<int>::max()) != 1)
+      throw bad_request("only best_of = 1 is supported", "best_of", "unsupported_parameter");
   return out;
 }
 

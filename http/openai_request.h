@@ -1,4 +1,4 @@
-// POST /v1/chat/completions bodies -> a runtime request. Every field is checked
+// POST /v1/chat/completions and /v1/completions bodies -> a runtime request. Every field is checked
 // for type and range here, before anything is queued, and every refusal is an
 // ApiError naming the field, as the OpenAI API does. Plain C++ over
 // nlohmann::json: no server, no model — tested and fuzzed alone.
@@ -21,18 +21,36 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "actors/request.h"
 
 namespace bs::http {
 
-struct ChatCompletionRequest {
+// What both completion routes carry besides their runtime request.
+struct CompletionCommon {
   std::string model;
-  RuntimeRequest request;     // messages, documents, sampling, mode, ratio
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool max_tokens_given = false;
 };
+
+struct ChatCompletionRequest : CompletionCommon {
+  RuntimeRequest request;     // messages, documents, sampling, mode, ratio
+};
+
+// POST /v1/completions (OpenAI's legacy completions, as vLLM serves them): `prompt` a
+// string or token ids (or a one-element batch of either: one prompt per request), the
+// shared fields above (documents included: each one cached chunk before the prompt),
+// logprobs 0 only, echo false only, suffix empty only, best_of 1 only. The request is
+// raw (no chat template); the server assembles its prompt with the model's tokenizer.
+struct TextCompletionRequest : CompletionCommon {
+  RuntimeRequest request;  // raw; documents, sampling, mode, ratio
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;  // when prompt_is_ids (each >= 0; the vocabulary is the runtime's check)
+  bool prompt_is_ids = false;
+};
+TextCompletionRequest parse_text_completion(std::string_view body, int default_max_tokens);
 
 // Parses and validates a body. Throws ApiError (400) with the field in `param`.
 // max_tokens, when absent, is `default_max_tokens` (the runtime clamps it to the

@@ -39,6 +39,13 @@ std::string client_finish_reason(const std::string& runtime_reason) {
 std::string usage_json(const RequestResult& r) { return dump(usage(r)); }
 
 std::string completion_json(const CompletionMeta& m, const RequestResult& r) {
+  if (m.text) {
+    json j = head(m, "text_completion");
+    j["choices"] = json::array({{{"index", 0}, {"text", r.text}, {"logprobs", nullptr},
+                                 {"finish_reason", client_finish_reason(r.finish_reason)}}});
+    j["usage"] = usage(r);
+    return dump(j);
+  }
   json j = head(m, "chat.completion");
   j["choices"] = json::array({{{"index", 0},
                                {"message", {{"role", "assistant"}, {"content", r.text}, {"refusal", nullptr}}},
@@ -50,6 +57,14 @@ std::string completion_json(const CompletionMeta& m, const RequestResult& r) {
 
 std::string chunk_json(const CompletionMeta& m, std::string_view delta_content, bool with_role,
                        const std::string& finish_reason, bool usage_null) {
+  if (m.text) {
+    json j = head(m, "text_completion");
+    json choice = {{"index", 0}, {"text", std::string(delta_content)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (!finish_reason.empty()) choice["finish_reason"] = finish_reason;
+    j["choices"] = json::array({choice});
+    if (usage_null) j["usage"] = nullptr;
+    return dump(j);
+  }
   json j = head(m, "chat.completion.chunk");
   json delta = json::object();
   if (with_role) delta["role"] = "assistant";
@@ -62,7 +77,7 @@ std::string chunk_json(const CompletionMeta& m, std::string_view delta_content, 
 }
 
 std::string usage_chunk_json(const CompletionMeta& m, const RequestResult& r) {
-  json j = head(m, "chat.completion.chunk");
+  json j = head(m, m.text ? "text_completion" : "chat.completion.chunk");
   j["choices"] = json::array();
   j["usage"] = usage(r);
   return dump(j);

@@ -1,5 +1,6 @@
 // The JSON the OpenAI API answers with, built from a runtime result: the
-// non-streaming `chat.completion`, the streaming `chat.completion.chunk` events,
+// non-streaming `chat.completion` (`text_completion` for /v1/completions), the
+// streaming `chat.completion.chunk` (`text_completion`) events,
 // `usage` (with the prompt tokens served from stored KV and those recomputed),
 // and the model list. Plain C++ over nlohmann::json; every dump replaces invalid
 // UTF-8 instead of throwing.
@@ -16,10 +17,13 @@ namespace bs::http {
 
 // What every response of one request shares.
 struct CompletionMeta {
-  std::string id;       // "chatcmpl-<hex>", the same on every chunk
+  std::string id;       // "chatcmpl-<hex>" ("cmpl-<hex>": text), the same on every chunk
   int64_t created = 0;  // unix seconds
   std::string model;
   std::string system_fingerprint;  // the kernels + precision that computed it
+  // /v1/completions: "text_completion" objects whose choices carry `text`, no
+  // message, no delta and no role chunk; else /v1/chat/completions' shapes.
+  bool text = false;
 };
 
 // {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details":

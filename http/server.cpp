@@ -102,7 +102,7 @@ int64_t unix_now() {
 
 // Metrics label for a path: one per route, never the client's free text.
 std::string route_of(const std::string& path) {
-  for (const char* r : {"/v1/chat/completions", "/v1/models", "/health", "/ready", "/live", "/metrics", "/console",
+  for (const char* r : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/live", "/metrics", "/console",
                         "/tokenize", "/detokenize"})
     if (path == r) return r;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -317,6 +317,8 @@ struct Server::Impl {
     });
     svr.Post("/v1/chat/completions",
              [this](const httplib::Request& req, httplib::Response& res) { chat_completion(req, res); });
+    svr.Post("/v1/completions",
+             [this](const httplib::Request& req, httplib::Response& res) { text_completion(req, res); });
     // The model's tokenizer (http/tokenize_routes.h says what each takes and answers).
     svr.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
       try {
@@ -437,19 +439,70 @@ struct Server::Impl {
 
   // ---- chat completions -----------------------------------------------------
 
+  void check_model(const std::string& asked) const {
+    if (asked != model)
+      throw ApiError(404, "The model '" + asked + "' does not exist; this server serves '" + model + "'",
+                     "invalid_request_error", "model", "model_not_found");
+  }
+
   void chat_completion(const httplib::Request& req, httplib::Response& res) {
     ChatCompletionRequest parsed;
     try {
       if (draining.load())
         throw ApiError(503, "the server is shutting down", "server_error", "", "service_unavailable");
       parsed = parse_chat_completion(req.body, context_length);
-      if (parsed.model != model)
-        throw ApiError(404, "The model '" + parsed.model + "' does not exist; this server serves '" + model + "'",
-                       "invalid_request_error", "model", "model_not_found");
+      check_model(parsed.model);
     } catch (const ApiError& e) {
       return send_error(res, e);
     }
+    serve_completion(req, res, std::move(parsed.request), parsed, false);
+  }
 
+  // POST /v1/completions: the prompt as given (no chat template), the model's BOS in
+  // front where it adds one and the prompt does not start with it (token ids are used
+  // as they are), each document one cached chunk before it, as chat's documents are
+  // (the same chunk tokens and keys: a document stored by either route is found by
+  // both). Control tokens written in the text are read as tokens, as Hugging Face's
+  // tokenizers and vLLM read them.
+  void text_completion(const httplib::Request& req, httplib::Response& res) {
+    TextCompletionRequest parsed;
+    try {
+      if (draining.load())
+        throw ApiError(503, "the server is shutting down", "server_error", "", "service_unavailable");
+      parsed = parse_text_completion(req.body, context_length);
+      check_model(parsed.model);
+      const Tokenizer& tok = runtime.context().model->tokenizer();
+      // As the runtime refuses a chat prompt too long by its bytes alone before
+      // tokenizing it (actors/intake.cpp).
+      size_t bytes = parsed.prompt_text.size();
+      for (const auto& d : parsed.request.documents) bytes += d.size();
+      const size_t at_least = (bytes + tok.max_token_bytes() - 1) / tok.max_token_bytes();
+      if (static_cast<int64_t>(at_least) >= context_length)
+        throw bad_request("the prompt has at least " + std::to_string(at_least) + " tokens (" + std::to_string(bytes) +
+                              " bytes of text); the context holds " + std::to_string(context_length),
+                          "prompt", "context_length_exceeded");
+      RagPrompt prompt;
+      for (const auto& d : parsed.request.documents) prompt.chunks.push_back(document_chunk_tokens(tok, d));
+      std::vector<int32_t> ids = parsed.prompt_is_ids ? parsed.prompt_ids : tok.encode(parsed.prompt_text, true);
+      if (prompt.chunks.empty()) {
+        prompt.suffix = parsed.prompt_is_ids ? std::move(ids) : with_bos(tok, std::move(ids));
+      } else {
+        prompt.prefix = parsed.prompt_is_ids ? std::vector<int32_t>{} : with_bos(tok, {});
+        prompt.suffix = std::move(ids);
+      }
+      parsed.request.documents.clear();  // they are the prompt's chunks now
+      parsed.request.prompt = std::move(prompt);
+    } catch (const ApiError& e) {
+      return send_error(res, e);
+    }
+    serve_completion(req, res, std::move(parsed.request), parsed, true);
+  }
+
+  // Submits a parsed request and answers it, streaming or not, in chat's shapes or as
+  // a text completion.
+  void serve_completion(const httplib::Request& req, httplib::Response& res, RuntimeRequest request,
+                        const CompletionCommon& parsed, bool text) {
+    const std::string id_prefix = text ? "cmpl-" : "chatcmpl-";
     auto ex = std::make_shared<Exchange>();
     RequestCallbacks callbacks;
     callbacks.on_text = [ex](std::string_view piece) {
@@ -472,7 +525,7 @@ struct Server::Impl {
     };
     uint64_t id = 0;
     try {
-      id = runtime.submit(std::move(parsed.request), std::move(callbacks));
+      id = runtime.submit(std::move(request), std::move(callbacks));
     } catch (const RequestError& e) {
       if (e.code == RequestErrc::overloaded) res.set_header("Retry-After", std::to_string(retry_after_seconds()));
       return send_error(res, api_error_of(e));
@@ -507,11 +560,11 @@ struct Server::Impl {
         return send_error(res, ApiError(503, "the request was cancelled: the server is shutting down", "server_error",
                                         "", "service_unavailable"));
       if (ex->done && !parsed.stream) {
-        const CompletionMeta meta{"chatcmpl-" + random_hex(24), unix_now(), model, fingerprint};
+        const CompletionMeta meta{id_prefix + random_hex(24), unix_now(), model, fingerprint, text};
         return send_json(res, 200, completion_json(meta, ex->result));
       }
     }
-    const CompletionMeta meta{"chatcmpl-" + random_hex(24), unix_now(), model, fingerprint};
+    const CompletionMeta meta{id_prefix + random_hex(24), unix_now(), model, fingerprint, text};
     // If the response ends before the request does (the client left, or the
     // server stops), the request is cancelled: its KV is freed at its next step.
     auto release = [this, ex, id](bool) {
@@ -549,7 +602,8 @@ struct Server::Impl {
       const std::string e = "data: " + payload + "\n\n";
       return sink.write(e.data(), e.size());
     };
-    if (!event(chunk_json(meta, "", true, "", include_usage))) return false;
+    // A chat stream opens with the assistant's role; a text completion has none.
+    if (!meta.text && !event(chunk_json(meta, "", true, "", include_usage))) return false;
     while (true) {
       std::string text;
       bool done = false;

@@ -97,6 +97,39 @@ class OpenAIClient(unittest.TestCase):
         self.assertEqual(usage.completion_tokens, whole.usage.completion_tokens)
         self.assertEqual(usage.prompt_tokens, whole.usage.prompt_tokens)
 
+    def test_text_completions(self):
+        """/v1/completions through the client's completions API: text and token-id
+        prompts give the same greedy text, streaming gives the whole text, documents
+        stored ahead are served from stored KV."""
+        prompt = "The capital of France is"
+        whole = client().completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+        self.assertEqual(whole.object, "text_completion")
+        self.assertTrue(whole.id.startswith("cmpl-"))
+        self.assertTrue(whole.choices[0].text)
+        self.assertIn(whole.choices[0].finish_reason, ("stop", "length"))
+        tokens = SERVER.post_json("/tokenize", {"prompt": prompt})["tokens"]
+        self.assertEqual(whole.usage.prompt_tokens, len(tokens))
+        by_ids = client().completions.create(model=MODEL, prompt=tokens, max_tokens=12, temperature=0)
+        self.assertEqual(by_ids.choices[0].text, whole.choices[0].text)
+        stream = client().completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                                             stream_options={"include_usage": True})
+        text, finish, usage = "", None, None
+        for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = chunk.usage
+        self.assertEqual(text, whole.choices[0].text)
+        self.assertEqual(finish, whole.choices[0].finish_reason)
+        self.assertEqual(usage.completion_tokens, whole.usage.completion_tokens)
+        stored = [SERVER.post_json("/v1/documents", {"text": d}) for d in DOCS]
+        r = client().completions.create(model=MODEL, prompt="Question: how tall is the Eiffel Tower? Answer:",
+                                        max_tokens=8, temperature=0, extra_body={"documents": DOCS})
+        self.assertGreaterEqual(r.usage.prompt_tokens_details.cached_tokens, sum(s["tokens"] for s in stored))
+        with self.assertRaises(openai.BadRequestError):
+            client().completions.create(model=MODEL, prompt="x", echo=True)
+
     def test_documents_are_served_from_stored_kv(self):
         stored = [SERVER.post_json("/v1/documents", {"text": d}) for d in DOCS]
         for s in stored:

@@ -259,6 +259,76 @@ TEST(ChatResponse, StreamChunks) {
   EXPECT_EQ(usage["id"], "chatcmpl-abc");
 }
 
+// POST /v1/completions: a prompt string or token ids (a one-element batch of either),
+// the fields chat has, and the legacy API's own fields refused unless harmless.
+TEST(TextCompletionRequest, PromptAsTextOrIdsAndTheSharedFields) {
+  auto parse_text = [](const std::string& body) { return parse_text_completion(body, 1000); };
+  auto r = parse_text(R"({"model":"m","prompt":"Once upon","max_tokens":5,"temperature":0,"stop":"\n",)"
+                      R"("stream":true,"stream_options":{"include_usage":true},"documents":["d1"],"mode":"blend",)"
+                      R"("ratio":0.3,"logprobs":null,"echo":false,"best_of":1,"suffix":""})");
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt_text, "Once upon");
+  EXPECT_FALSE(r.prompt_is_ids);
+  EXPECT_TRUE(r.request.raw);
+  EXPECT_TRUE(r.stream && r.include_usage && r.max_tokens_given);
+  EXPECT_EQ(r.request.sampling.max_tokens, 5);
+  EXPECT_EQ(r.request.sampling.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(r.request.documents, std::vector<std::string>{"d1"});
+  ASSERT_TRUE(r.request.ratio);
+  EXPECT_FLOAT_EQ(*r.request.ratio, 0.3f);
+  EXPECT_EQ(parse_text(R"({"model":"m","prompt":["one"]})").prompt_text, "one");
+  const auto ids = parse_text(R"({"model":"m","prompt":[1,2,3]})");
+  EXPECT_TRUE(ids.prompt_is_ids);
+  EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(parse_text(R"({"model":"m","prompt":[[4,5]]})").prompt_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(parse_text(R"({"model":"m","prompt":"x"})").request.sampling.max_tokens, 1000);
+
+  struct Bad { std::string body; const char* param; };
+  const Bad bad[] = {{R"({"model":"m"})", "prompt"},
+                     {R"({"prompt":"x"})", "model"},
+                     {R"({"model":"m","prompt":""})", "prompt"},
+                     {R"({"model":"m","prompt":[]})", "prompt"},
+                     {R"({"model":"m","prompt":7})", "prompt"},
+                     {R"({"model":"m","prompt":["a","b"]})", "prompt"},
+                     {R"({"model":"m","prompt":[1,-2]})", "prompt[1]"},
+                     {R"({"model":"m","prompt":[1,"a"]})", "prompt[1]"},
+                     {R"({"model":"m","prompt":"x","logprobs":2})", "logprobs"},
+                     {R"({"model":"m","prompt":"x","echo":true})", "echo"},
+                     {R"({"model":"m","prompt":"x","suffix":"end"})", "suffix"},
+                     {R"({"model":"m","prompt":"x","best_of":2})", "best_of"},
+                     {R"({"model":"m","prompt":"x","n":2})", "n"},
+                     {R"({"model":"m","prompt":"x","messages":[]})", "messages"},
+                     {R"({"model":"m","prompt":"x","documents":[""]})", "documents[0]"}};
+  for (const auto& b : bad) {
+    try {
+      parse_text(b.body);
+      ADD_FAILURE() << "accepted: " << b.body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << b.body;
+      EXPECT_EQ(e.param, b.param) << b.body;
+    }
+  }
+}
+
+TEST(TextCompletionResponse, TextCompletionObjectsCarryText) {
+  const CompletionMeta m{"cmpl-abc", 1, "model-x", "fp", true};
+  const json whole = json::parse(completion_json(m, result()));
+  EXPECT_EQ(whole["object"], "text_completion");
+  EXPECT_EQ(whole["choices"][0]["text"], "Paris.");
+  EXPECT_FALSE(whole["choices"][0].contains("message"));
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(whole["usage"]["prompt_tokens_details"]["cached_tokens"], 80);
+  const json piece = json::parse(chunk_json(m, "Par", false, "", true));
+  EXPECT_EQ(piece["object"], "text_completion");
+  EXPECT_EQ(piece["choices"][0]["text"], "Par");
+  EXPECT_TRUE(piece["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(piece["usage"].is_null());
+  const json last = json::parse(chunk_json(m, "", false, "stop", false));
+  EXPECT_EQ(last["choices"][0]["text"], "");
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(json::parse(usage_chunk_json(m, result()))["object"], "text_completion");
+}
+
 TEST(ApiKeys, ConstantTimeEqualIsEquality) {
   EXPECT_TRUE(constant_time_equal("sk-abcdefgh", "sk-abcdefgh"));
   EXPECT_FALSE(constant_time_equal("sk-abcdefgh", "sk-abcdefgi"));

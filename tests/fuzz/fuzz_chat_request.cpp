@@ -1,4 +1,4 @@
-// libFuzzer target for the chat-completion body parser (http/openai_request.cpp), the
+// libFuzzer target for the chat- and text-completion body parsers (http/openai_request.cpp), the
 // document body's and /tokenize's and /detokenize's (http/tokenize_routes.cpp):
 // any bytes must either parse into a request whose fields hold the documented
 // ranges or be refused with an ApiError of status 400 — never crash, hang or throw
@@ -33,6 +33,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     (void)bs::http::parse_document_body(body);
+  } catch (const bs::http::ApiError& e) {
+    if (e.status != 400) std::abort();
+  }
+  try {
+    const auto t = bs::http::parse_text_completion(body, 512);
+    if (!t.request.raw || t.request.sampling.max_tokens < 1) std::abort();
+    if (t.prompt_is_ids ? t.prompt_ids.empty() : (t.prompt_text.empty() && t.request.documents.empty())) std::abort();
+    for (int32_t id : t.prompt_ids)
+      if (id < 0) std::abort();
   } catch (const bs::http::ApiError& e) {
     if (e.status != 400) std::abort();
   }
