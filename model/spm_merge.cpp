@@ -64,9 +64,9 @@ class Session {
     if (left < 0 || right < 0) return;
     const Symbol& l = symbols_[static_cast<size_t>(left)];
     const std::string text(text_.substr(l.off, l.n + symbols_[static_cast<size_t>(right)].n));
-    const auto it = v_.text_to_id->find(text);
-    if (it == v_.text_to_id->end() || it->second < 0 || static_cast<size_t>(it->second) >= v_.scores->size()) return;
-    queue_.push({left, right, (*v_.scores)[static_cast<size_t>(it->second)], text.size()});
+    const int32_t id = v_.text_to_id->find(*v_.tokens, text);
+    if (id < 0 || static_cast<size_t>(id) >= v_.scores->size()) return;
+    queue_.push({left, right, (*v_.scores)[static_cast<size_t>(id)], text.size()});
     rev_merge_[text] = {left, right};  // the latest pair that spells it, as llama.cpp keeps
   }
 
@@ -75,8 +75,8 @@ class Session {
   // in llama.cpp; past any sensible depth it goes out as bytes instead of looping.
   void resegment(const Symbol& s, std::vector<int32_t>& out, size_t depth = 0) {
     const std::string text(piece(s));
-    if (const auto it = v_.text_to_id->find(text); it != v_.text_to_id->end()) {
-      out.push_back(it->second);
+    if (const int32_t id = v_.text_to_id->find(*v_.tokens, text); id >= 0) {
+      out.push_back(id);
       return;
     }
     const auto m = rev_merge_.find(text);

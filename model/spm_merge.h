@@ -10,6 +10,8 @@
 // the two agree); the test vectors are llama.cpp's and Hugging Face's.
 #pragma once
 
+#include "model/token_index.h"
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -20,7 +22,8 @@
 namespace bs {
 
 struct SpmVocab {
-  const std::unordered_map<std::string, int32_t>* text_to_id;  // every token's text (any type)
+  const TokenIndex* text_to_id;                                // every token's text (any type) -> id
+  const std::vector<std::string>* tokens;                      // [vocab]: the texts it indexes
   const std::vector<float>* scores;                            // [vocab]: merge priority, higher first
   const std::array<int32_t, 256>* byte_token;                  // byte -> its byte token, -1: none
 };

@@ -37,6 +37,7 @@
 
 #include "model/gguf.h"
 #include "model/spm_merge.h"
+#include "model/token_index.h"
 
 namespace bs {
 
@@ -397,7 +398,7 @@ struct Tokenizer::Impl {
   PreKind pre_kind = PreKind::Gpt2;
   std::vector<std::string> bytes;                        // raw bytes per token
   std::vector<uint8_t> types;                            // token type per token
-  std::unordered_map<std::string, int32_t> text_to_id;   // vocabulary text -> id
+  TokenIndex text_to_id;                                 // vocabulary text (spec.tokens) -> id
   std::array<int32_t, 256> byte_token{};                 // byte -> token of its byte-level char
   std::unordered_map<uint64_t, MergeInfo, PairHash> merges;
   std::vector<int32_t> specials;                         // control/user-defined/unknown, longest first
@@ -495,11 +496,11 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     m.types[i] = (t >= 0 && t <= 6) ? static_cast<uint8_t>(t) : 1;
   }
 
-  m.text_to_id.reserve(spec.tokens.size() * 2);
+  m.text_to_id.build(spec.tokens);  // a duplicate text maps to its last id, as in llama.cpp
+  auto id_of = [&](std::string_view text) { return m.text_to_id.find(spec.tokens, text); };
   m.bytes.resize(spec.tokens.size());
   for (int32_t i = 0; i < n; ++i) {
     const std::string& t = spec.tokens[i];
-    m.text_to_id[t] = i;  // a duplicate text maps to its last id, as in llama.cpp
     const uint8_t ty = m.types[i];
     if (ty == 2 || ty == 3 || ty == 4) {  // unknown, control, user-defined: their text
       m.bytes[i] = t;
@@ -522,12 +523,11 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     if (m.spm) {  // "<0xAB>", else the byte itself (llama.cpp's byte_to_token)
       static const char* hex = "0123456789ABCDEF";
       s = std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
-      if (!m.text_to_id.count(s)) s = std::string(1, static_cast<char>(b));
+      if (id_of(s) < 0) s = std::string(1, static_cast<char>(b));
     } else {
       append_utf8(s, bm.byte_to_cp[b]);
     }
-    auto it = m.text_to_id.find(s);
-    m.byte_token[b] = it == m.text_to_id.end() ? -1 : it->second;
+    m.byte_token[b] = id_of(s);
   }
 
   if (m.spm) spec.merges.clear();  // merged by score instead
@@ -537,12 +537,12 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     const int32_t r = rank++;
     const size_t sp = mg.find(' ', 1);
     if (sp == std::string::npos) continue;
-    auto a = m.text_to_id.find(mg.substr(0, sp));
-    auto b = m.text_to_id.find(mg.substr(sp + 1));
-    if (a == m.text_to_id.end() || b == m.text_to_id.end()) continue;
-    auto res = m.text_to_id.find(a->first + b->first);
-    if (res == m.text_to_id.end()) continue;
-    m.merges.emplace(pair_key(a->second, b->second), MergeInfo{r, res->second});  // first rank wins
+    const std::string_view left = std::string_view(mg).substr(0, sp), right = std::string_view(mg).substr(sp + 1);
+    const int32_t a = id_of(left), b = id_of(right);
+    if (a < 0 || b < 0) continue;
+    const int32_t res = id_of(std::string(left) + std::string(right));
+    if (res < 0) continue;
+    m.merges.emplace(pair_key(a, b), MergeInfo{r, res});  // first rank wins
   }
 
   for (int32_t i = 0; i < n; ++i) {
@@ -553,9 +553,11 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     return spec.tokens[a].size() > spec.tokens[b].size();
   });
 
-  m.spec = std::move(spec);
+  m.spec = std::move(spec);  // the index's texts: the vector moves, its strings stay
   m.spec.merges.clear();  // folded into m.merges
   m.spec.merges.shrink_to_fit();
+  m.spec.token_types.clear();  // folded into m.types
+  m.spec.token_types.shrink_to_fit();
 }
 
 Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
@@ -705,8 +707,8 @@ void Tokenizer::Impl::encode_fragment(std::string_view text, std::vector<int32_t
     if (ignore_merges) {
       word.clear();
       for (size_t i = 0; i < n; ++i) append_utf8(word, byte_map().byte_to_cp[s[i]]);
-      if (const auto it = text_to_id.find(word); it != text_to_id.end()) {
-        out.push_back(it->second);
+      if (const int32_t id = text_to_id.find(spec.tokens, word); id >= 0) {
+        out.push_back(id);
         return;
       }
     }
@@ -749,7 +751,7 @@ void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space, std::
     else
       escaped.push_back(c);
   }
-  spm_tokenize(escaped, SpmVocab{&text_to_id, &spec.scores, &byte_token}, out);
+  spm_tokenize(escaped, SpmVocab{&text_to_id, &spec.tokens, &spec.scores, &byte_token}, out);
 }
 
 size_t Tokenizer::max_token_bytes() const { return impl_->max_bytes; }
@@ -782,9 +784,7 @@ std::vector<int32_t> Tokenizer::bos_prefix() const {
 int32_t Tokenizer::eos_id() const { return impl_->spec.eos_id; }
 
 int32_t Tokenizer::token_id(std::string_view text) const {
-  const auto& map = impl_->text_to_id;
-  auto it = map.find(std::string(text));
-  if (it != map.end()) return it->second;
+  if (const int32_t id = impl_->text_to_id.find(impl_->spec.tokens, text); id >= 0) return id;
   // Not a vocabulary string: try the vocabulary's form of the raw text (" the" ->
   // "Ġthe", SentencePiece: "▁the").
   std::string encoded;
@@ -794,8 +794,7 @@ int32_t Tokenizer::token_id(std::string_view text) const {
     else
       append_utf8(encoded, byte_map().byte_to_cp[b]);
   }
-  it = map.find(encoded);
-  return it == map.end() ? -1 : it->second;
+  return impl_->text_to_id.find(impl_->spec.tokens, encoded);
 }
 
 // ---- StreamDecoder -----------------------------------------------------------------
