@@ -28,12 +28,20 @@
 #include "model/gguf.h"
 #include "model/hf_checkpoint.h"
 #include "model/tokenizer.h"
+#include "http/tokenize_routes.h"
 
 namespace bs::http {
 namespace {
 
 using json = nlohmann::json;
 using clock_type = std::chrono::steady_clock;
+
+// The model's context length from its metadata (0 when the file has none).
+int64_t context_length_of(const gguf::GgufFile& f) {
+  const auto arch = f.get_string("general.architecture");
+  if (!arch) return 0;
+  return f.get_int(*arch + ".context_length").value_or(0);
+}
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
@@ -218,6 +226,7 @@ struct FrontendServer::Impl {
   ClusterMonitor& monitor;
   gguf::GgufFile gguf_file;
   Tokenizer tokenizer;
+  int64_t context_length;  // <architecture>.context_length: /tokenize's max_model_len
   RequestRouter router;
   httplib::Server svr;
   std::map<std::string, FrontendWorker> workers;
@@ -252,6 +261,7 @@ struct FrontendServer::Impl {
         monitor(m),
         gguf_file(open_model_file(opt.model_path)),
         tokenizer(Tokenizer::from_gguf(gguf_file)),
+        context_length(context_length_of(gguf_file)),
         router(opt.routing) {
     for (const auto& w : opt.workers) workers[w.name] = w;
     const int threads = opt.threads;
@@ -364,13 +374,32 @@ struct FrontendServer::Impl {
     } catch (const ApiError& e) {
       return send_error(res, e);
     }
+    relay_completion(req, res, "/v1/chat/completions", parsed.request.documents, parsed.stream);
+  }
+
+  // /v1/completions: routed by its documents as chat is (a worker assembles the prompt).
+  void text_completion(const httplib::Request& req, httplib::Response& res) {
+    if (refused_while_draining(res)) return;
+    TextCompletionRequest parsed;
+    try {
+      parsed = parse_text_completion(req.body, 16);
+    } catch (const ApiError& e) {
+      return send_error(res, e);
+    }
+    relay_completion(req, res, "/v1/completions", parsed.request.documents, parsed.stream);
+  }
+
+  // Sends a completion to the worker the router picks for its documents' chunks, once
+  // more elsewhere if that worker fails before anything reached the client, and relays
+  // the answer (streamed or whole).
+  void relay_completion(const httplib::Request& req, httplib::Response& res, const char* path,
+                        const std::vector<std::string>& documents, bool stream) {
     std::vector<std::vector<int32_t>> chunks;
     int64_t doc_tokens = 0;
-    for (const auto& d : parsed.request.documents) {
+    for (const auto& d : documents) {
       chunks.push_back(document_chunk_tokens(tokenizer, d));
       doc_tokens += static_cast<int64_t>(chunks.back().size());
     }
-    const bool stream = parsed.stream;
     std::set<std::string> exclude;
     std::string first_failure;
     for (int attempt = 0;; ++attempt) {
@@ -392,7 +421,7 @@ struct FrontendServer::Impl {
         storage_tokens += choice->storage_tokens;
         request_tokens += doc_tokens;
       }
-      auto u = start(w, "POST", "/v1/chat/completions", req.body, stream);
+      auto u = start(w, "POST", path, req.body, stream);
       if (u->refused) {
         router.finished(w.name);
         res.set_header("Retry-After", "1");
@@ -837,6 +866,25 @@ struct FrontendServer::Impl {
                       "application/json");
     });
     svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { chat(req, res); });
+    svr.Post("/v1/completions",
+             [this](const httplib::Request& req, httplib::Response& res) { text_completion(req, res); });
+    // The model's tokenizer, answered here: the frontend loads the same one the workers do.
+    svr.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        res.set_content(tokenize_response(tokenizer, parse_tokenize_request(req.body), context_length),
+                        "application/json");
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    });
+    svr.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        res.set_content(detokenize_response(tokenizer, parse_detokenize_request(req.body, tokenizer.vocab_size())),
+                        "application/json");
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    });
     svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       forward_whole(req, res, "/v1/models");
     });

@@ -192,6 +192,22 @@ class ClusterThroughTheOpenAIClient(unittest.TestCase):
         self.assertEqual(text, whole.choices[0].message.content)
         self.assertEqual(usage.completion_tokens, whole.usage.completion_tokens)
 
+    def test_2b_text_completions_and_tokenize_through_the_frontend_equal_one_node(self):
+        prompt = "Question: " + QUESTION + "\nAnswer:"
+        kw = dict(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, extra_body={"documents": DOCS})
+        reference = client(SINGLE.base).completions.create(**kw)
+        r = client(CLUSTER.base).completions.create(**kw)
+        self.assertEqual(r.object, "text_completion")
+        self.assertEqual(r.choices[0].text, reference.choices[0].text)
+        self.assertGreater(r.usage.prompt_tokens_details.cached_tokens, 0)
+        streamed = "".join(c.choices[0].text for c in client(CLUSTER.base).completions.create(stream=True, **kw)
+                           if c.choices)
+        self.assertEqual(streamed, reference.choices[0].text)
+        for path, body in (("/tokenize", {"prompt": prompt}), ("/detokenize", {"tokens": [1, 2, 3]})):
+            status, _, here = call(CLUSTER.base, "POST", path, body)
+            self.assertEqual(status, 200, here)
+            self.assertEqual(here, call(SINGLE.base, "POST", path, body)[2])
+
     def test_3_warm_loads_a_document_on_the_other_worker_from_the_node_and_delete_removes_it_everywhere(self):
         status, _, body = call(CLUSTER.base, "POST", "/v1/documents", {"text": WARM_DOC, "warm": True})
         self.assertEqual(status, 200, body)
