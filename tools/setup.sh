@@ -45,6 +45,8 @@ PACKAGES=(
   # (ncurses) in a real terminal
   chromium tmux libncurses-dev
   # a one-node Slurm runs a rendered cluster job (tools/slurm_one_node.sh)
+  # chat templates are checked against Python's own Jinja (tests/test_jinja_template.cpp)
+  python3-jinja2
   slurm-wlm munge
 )
 
@@ -173,11 +175,15 @@ fi
 # The llama-cpp-python sdist (PyPI) carries llama.cpp's models/: vocabulary-only GGUFs
 # of real tokenizers with the token ids Hugging Face's tokenizers give (.inp/.out) and
 # real chat templates. The tokenizer tests read them from models/llama.cpp/ (nothing is
-# downloaded at test time). Fetched only when the folder's stamp is not this sdist's.
+# downloaded at test time). It also carries llama.cpp's Jinja engine (common/jinja, with
+# the common/json and common/unicode it needs; MIT, llama.cpp's LICENSE beside it),
+# which the build compiles from models/llama.cpp/src/ to render models' chat templates
+# (model/jinja_template.h). Fetched only when the folder's stamp is not this layout's.
 LCPP_PKG="llama-cpp-python==0.3.36"
 LCPP_SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 LCPP_MODELS="$MODEL_DIR/llama.cpp"
-if [ -f "$LCPP_MODELS/.sdist-sha256" ] && [ "$(cat "$LCPP_MODELS/.sdist-sha256")" = "$LCPP_SDIST_SHA256" ]; then
+LCPP_STAMP="$LCPP_SDIST_SHA256 models+jinja"
+if [ -f "$LCPP_MODELS/.sdist-sha256" ] && [ "$(cat "$LCPP_MODELS/.sdist-sha256")" = "$LCPP_STAMP" ]; then
   log "llama.cpp vocabularies: present ($LCPP_PKG)"
 else
   log "llama.cpp vocabularies: fetching the $LCPP_PKG sdist from PyPI"
@@ -194,9 +200,14 @@ else
   mkdir -p "$LCPP_MODELS.part"
   tar -xzf "$sdist" -C "$LCPP_MODELS.part" --strip-components=4 llama_cpp_python-0.3.36/vendor/llama.cpp/models ||
     die "extracting llama.cpp's models/ failed"
-  echo "$LCPP_SDIST_SHA256" > "$LCPP_MODELS.part/.sdist-sha256"
+  mkdir -p "$LCPP_MODELS.part/src"
+  L=llama_cpp_python-0.3.36/vendor/llama.cpp
+  tar -xzf "$sdist" -C "$LCPP_MODELS.part/src" --strip-components=3 "$L/LICENSE" "$L/common/jinja" \
+    "$L/common/json.h" "$L/common/json.cpp" "$L/common/unicode.h" "$L/common/unicode.cpp" ||
+    die "extracting llama.cpp's Jinja engine failed"
+  echo "$LCPP_STAMP" > "$LCPP_MODELS.part/.sdist-sha256"
   mv "$LCPP_MODELS.part" "$LCPP_MODELS"
-  log "llama.cpp vocabularies: $(ls "$LCPP_MODELS" | grep -c '\.gguf$') vocabularies, $(ls "$LCPP_MODELS/templates" | wc -l) templates in $LCPP_MODELS"
+  log "llama.cpp vocabularies: $(ls "$LCPP_MODELS" | grep -c '\.gguf$') vocabularies, $(ls "$LCPP_MODELS/templates" | wc -l) templates, the Jinja engine in $LCPP_MODELS"
 fi
 
 # -------------------------------------------- OpenAI client for the server tests

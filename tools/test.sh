@@ -69,7 +69,7 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
     -DBLENDSERVE_SANITIZE=ON -DBLENDSERVE_FUZZ=ON >/dev/null
   # Only what runs under the sanitizers (tests/CMakeLists.txt: sanitizer_tests) and the fuzzers.
   cmake --build "$ROOT/build-asan" -j"$JOBS" --target sanitizer_tests fuzz_gguf fuzz_chat_request fuzz_remote_frame fuzz_pasted_prompt \
-    fuzz_config fuzz_kv_file fuzz_text_input fuzz_control_wire fuzz_safetensors
+    fuzz_config fuzz_kv_file fuzz_text_input fuzz_control_wire fuzz_safetensors fuzz_chat_template
   step "unit tests and the actor runtime under ASan+UBSan"
   # oneDNN's JIT and OpenMP runtime are not instrumented; leak checks stay on.
   # In parallel: most of these are single-threaded under the sanitizers; the unit tests
@@ -82,9 +82,9 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
   # fails, its last lines (final stats) when it does not.
   FUZZ_SECONDS="${BLENDSERVE_FUZZ_SECONDS:-30}"
   FUZZERS=(fuzz_gguf fuzz_chat_request fuzz_remote_frame fuzz_pasted_prompt fuzz_config fuzz_kv_file fuzz_text_input
-    fuzz_control_wire fuzz_safetensors)
+    fuzz_control_wire fuzz_safetensors fuzz_chat_template)
   FUZZ_FAILED=0
-  step "fuzzing the GGUF reader, the safetensors reader, the chat-completion request parser, the remote tier's frame codec, the pasted-passage search, the YAML loaders, the SSD file reader, the tokenizer with the chat template and the control plane's messages"
+  step "fuzzing the GGUF reader, the safetensors reader, the chat-completion request parser, the remote tier's frame codec, the pasted-passage search, the YAML loaders, the SSD file reader, the tokenizer with the chat template, the control plane's messages and chat templates' Jinja"
   for ((first = 0; first < ${#FUZZERS[@]}; first += JOBS)); do
     PIDS=()
     BATCH=("${FUZZERS[@]:first:JOBS}")
