@@ -11,7 +11,7 @@ json parse_object(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number out of range (1e309)
     throw bad_request(std::string("the body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw bad_request("the body must be a JSON object");
