@@ -51,9 +51,10 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
   } else {
     check(!q.messages.empty(), RequestErrc::invalid, "messages must not be empty");
     for (const auto& m : q.messages)
-      check(m.role == "system" || m.role == "user" || m.role == "assistant", RequestErrc::invalid,
-            "unknown role '" + m.role + "' (system, user, assistant)");
-    check(q.messages.back().role == "user", RequestErrc::invalid, "the last message must be the user's");
+      check(m.role == "system" || m.role == "user" || m.role == "assistant" || m.role == "tool", RequestErrc::invalid,
+            "unknown role '" + m.role + "' (system, user, assistant, tool)");
+    check(q.messages.back().role == "user" || q.messages.back().role == "tool", RequestErrc::invalid,
+          "the last message must be the user's or a tool's result");
   }
   const auto& s = q.sampling;
   check(s.max_tokens >= 1, RequestErrc::invalid, "max_tokens must be >= 1");
@@ -91,11 +92,11 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
   } else if (q.documents.empty() && ctx.pasted) {
     // No documents: the stored chunks pasted into the message, if any, become its parts.
     PastedMatch m;
-    r.prompt = assemble_pasted_prompt(model.tokenizer(), model.chat_template(), q.messages, *ctx.pasted, &m);
+    r.prompt = assemble_pasted_prompt(model.tokenizer(), model.chat_template(), q.messages, *ctx.pasted, &m, q.tools);
     rec.trace->set("pasted_chunks", m.chunks_found);
     rec.trace->set("pasted_chunk_tokens", m.chunk_tokens);
   } else {
-    r.prompt = assemble_rag_prompt(model.tokenizer(), model.chat_template(), q.messages, q.documents);
+    r.prompt = assemble_rag_prompt(model.tokenizer(), model.chat_template(), q.messages, q.documents, q.tools);
   }
   const int64_t n = r.prompt.size();
   check(n > 0, RequestErrc::invalid, "the prompt is empty");

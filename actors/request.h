@@ -22,7 +22,11 @@ namespace bs {
 // What a caller submits.
 struct RuntimeRequest {
   std::vector<ChatMessage> messages;   // the conversation; the last message is the user's question
+                                       // (or a tool's result)
   std::vector<std::string> documents;  // retrieved documents, one cached chunk each
+  // The tools offered to the model: OpenAI's JSON array, the chat template's `tools`
+  // (model/chat_template.h); empty: none.
+  std::string tools;
   SamplingParams sampling;             // max_tokens, temperature, top_p, top_k, seed, stop
   std::optional<BlendMode> mode;       // default: the config's
   std::optional<float> ratio;          // default: the controller's choice (>= the config's floor)

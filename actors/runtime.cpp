@@ -430,13 +430,27 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   const int tp = ctx.config.tp;
   if (tp < 1) throw ConfigError("device.tp: must be >= 1 (1 = no tensor parallelism)");
   // Rank r's shard of the model; a degree that does not divide it is a configuration error.
+  // The operator's chat template (model.chat_template) replaces the model's: checked once
+  // the first shard has loaded (its tokens come from the model's tokenizer), a wrong one
+  // refused as a configuration error, then given to every shard.
+  std::optional<ChatTemplate> chat_template;
   auto load_shard = [&](kernels::Backend& backend, int rank) {
+    std::unique_ptr<LlamaModel> m;
     try {
-      return std::make_unique<LlamaModel>(ctx.config.model_path, backend, ctx.precision, kv_dtype, TpShard{rank, tp});
+      m = std::make_unique<LlamaModel>(ctx.config.model_path, backend, ctx.precision, kv_dtype, TpShard{rank, tp});
     } catch (const std::invalid_argument& e) {
       if (tp > 1) throw ConfigError(std::string("device.tp: ") + e.what());
       throw;
     }
+    if (!ctx.config.chat_template.empty()) {
+      try {
+        if (!chat_template) chat_template = ChatTemplate::from_operator(ctx.config.chat_template, m->tokenizer());
+      } catch (const std::invalid_argument& e) {
+        throw ConfigError(std::string("model.chat_template: ") + e.what());
+      }
+      m->set_chat_template(*chat_template);
+    }
+    return m;
   };
   ctx.model = load_shard(*ctx.backend, 0);
   fit_check_layers_to_model(ctx.config.blend, ctx.model->config().n_layers);

@@ -198,10 +198,14 @@ void check_at_least(T v, T lo, const YAML::Node& n, const std::string& key, cons
 // ---- sections ----------------------------------------------------------------
 
 void parse_model(const YAML::Node& sec, RuntimeConfig& c) {
-  for_each_key(sec, "model", {"path", "precision", "decode_activations"}, [&](std::string_view k, const YAML::Node& v) {
+  for_each_key(sec, "model", {"path", "precision", "decode_activations", "chat_template"},
+               [&](std::string_view k, const YAML::Node& v) {
     const std::string key = join_path("model", k);
     if (k == "path") {
       c.model_path = get_string(v, key);
+    } else if (k == "chat_template") {
+      c.chat_template = get_string(v, key);
+      if (c.chat_template.empty()) fail(key, v, "give a Jinja file's path or the template itself, or leave the key out");
     } else if (k == "precision") {
       const std::string p = get_string(v, key);
       if (p != "auto" && p != "bf16" && p != "f32") fail(key, v, "unknown precision '" + p + "' (auto, bf16, f32)");

@@ -92,6 +92,9 @@ struct RuntimeConfig {
   // model
   std::string model_path;          // empty: $BLENDSERVE_MODEL or the embedded default model
   std::string precision = "auto";  // auto | bf16 | f32
+  // The chat template in place of the model's own (model/chat_template.h): a Jinja file's
+  // path, or the template itself; empty: the model's (--chat-template FILE sets it).
+  std::string chat_template;
   // Activations of the decode-size Q4 products (kernels::DecodeActivations): auto |
   // exact | int8; auto = $BLENDSERVE_DECODE_ACTIVATIONS, else exact.
   std::string decode_activations = "auto";

@@ -135,16 +135,16 @@ std::vector<PastedChunkIndex::Found> PastedChunkIndex::find(const Tokenizer& tok
 
 RagPrompt assemble_pasted_prompt(const Tokenizer& tok, const ChatTemplate& tmpl,
                                  const std::vector<ChatMessage>& messages, const PastedChunkIndex& index,
-                                 PastedMatch* match) {
-  if (messages.empty() || messages.back().role != "user")
-    throw std::invalid_argument("the last message must be the user's question");
+                                 PastedMatch* match, const std::string& tools) {
+  if (messages.empty() || (messages.back().role != "user" && messages.back().role != "tool"))
+    throw std::invalid_argument("the last message must be the user's question or a tool's result");
   // The prefix and the turn's close as a request with an empty message gets them.
   std::vector<ChatMessage> head = messages;
   const std::string content = std::move(head.back().content);
   head.back().content.clear();
-  RagPrompt p = assemble_rag_prompt(tok, tmpl, head, {});
+  RagPrompt p = assemble_rag_prompt(tok, tmpl, head, {}, tools);
   const std::vector<int32_t> close = std::move(p.suffix);
-  const std::vector<int32_t> ids = tok.encode(content, false);
+  const std::vector<int32_t> ids = tok.encode_continuation(content, false);  // it follows the prefix
   const auto found = index.find(tok, content, ids);
   if (match) {
     *match = PastedMatch{};
@@ -155,7 +155,7 @@ RagPrompt assemble_pasted_prompt(const Tokenizer& tok, const ChatTemplate& tmpl,
   } else {
     size_t cursor = 0;
     for (const auto& f : found) {
-      if (f.begin > cursor) p.chunks.push_back(tok.encode(content.substr(cursor, f.begin - cursor), false));
+      if (f.begin > cursor) p.chunks.push_back(tok.encode_continuation(content.substr(cursor, f.begin - cursor), false));
       p.chunks.push_back(f.tokens);
       cursor = f.end;
       if (match) {
@@ -163,7 +163,7 @@ RagPrompt assemble_pasted_prompt(const Tokenizer& tok, const ChatTemplate& tmpl,
         match->chunk_tokens += static_cast<int64_t>(f.tokens.size());
       }
     }
-    p.suffix = tok.encode(content.substr(cursor), false);
+    p.suffix = tok.encode_continuation(content.substr(cursor), false);
   }
   p.suffix.insert(p.suffix.end(), close.begin(), close.end());
   return p;

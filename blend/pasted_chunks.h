@@ -92,6 +92,6 @@ struct PastedMatch {
 // with the turn's close). With no chunk found it is assemble_rag_prompt(..., {}).
 RagPrompt assemble_pasted_prompt(const Tokenizer& tok, const ChatTemplate& tmpl,
                                  const std::vector<ChatMessage>& messages, const PastedChunkIndex& index,
-                                 PastedMatch* match = nullptr);
+                                 PastedMatch* match = nullptr, const std::string& tools = {});
 
 }  // namespace bs

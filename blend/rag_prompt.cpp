@@ -24,34 +24,28 @@ int64_t RagPrompt::chunk_offset(size_t i) const {
 }
 
 RagPrompt assemble_rag_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
-                              const std::vector<std::string>& documents) {
-  if (messages.empty() || messages.back().role != "user")
-    throw std::invalid_argument("the last message must be the user's question");
+                              const std::vector<std::string>& documents, const std::string& tools) {
+  if (messages.empty() || (messages.back().role != "user" && messages.back().role != "tool"))
+    throw std::invalid_argument("the last message must be the user's question or a tool's result");
   RagPrompt p;
-  // Render the conversation with an empty final user turn, and cut it where the
-  // user's content would start: everything before is the prefix. The markup comes
-  // from the template object (an unsupported template throws here).
-  std::vector<ChatMessage> head(messages.begin(), messages.end() - 1);
-  head.push_back({"user", ""});
-  const std::string rendered = tmpl.apply(head, false);
-  const std::string user_open = tmpl.turn_open("user");
-  const std::string empty_user_turn = user_open + tmpl.turn_close();
-  if (rendered.size() < empty_user_turn.size() ||
-      rendered.compare(rendered.size() - empty_user_turn.size(), empty_user_turn.size(), empty_user_turn) != 0)
-    throw std::logic_error("chat template did not end with the user turn it was given");
-  p.prefix = with_bos(tok, tok.encode(rendered.substr(0, rendered.size() - tmpl.turn_close().size()), true));
+  // The conversation rendered with its generation prompt, cut where the question is
+  // written: the documents go in front of it, in the user's turn.
+  const ChatTemplate::Cut cut = tmpl.cut_at_last_message(messages, tools);
+  p.prefix = with_bos(tok, tok.encode(cut.before, true));
   for (const auto& d : documents) {
     auto ids = document_chunk_tokens(tok, d);
     if (!ids.empty()) p.chunks.push_back(std::move(ids));
   }
-  p.suffix = tok.encode(messages.back().content, false);
-  const auto close = tok.encode(tmpl.turn_close() + tmpl.generation_prompt(), true);
+  // The question and the turn's close continue the text (no SentencePiece space prefix
+  // at their start: Tokenizer::encode_continuation).
+  p.suffix = tok.encode_continuation(messages.back().content, false);
+  const auto close = tok.encode_continuation(cut.after, true);
   p.suffix.insert(p.suffix.end(), close.begin(), close.end());
   return p;
 }
 
 std::vector<int32_t> document_chunk_tokens(const Tokenizer& tok, const std::string& document) {
-  return tok.encode(document + "\n\n", false);
+  return tok.encode_continuation(document + "\n\n", false);
 }
 
 std::vector<int32_t> with_bos(const Tokenizer& tok, std::vector<int32_t> ids) {

@@ -1,15 +1,18 @@
 // How a RAG chat request becomes prefix + chunks + suffix.
 //
 // For a conversation whose last message is the user's question and a list of
-// retrieved documents, with the model's chat template (every piece of markup
-// comes from the ChatTemplate object; ChatML for SmolLM2 shown):
+// retrieved documents, with the model's chat template (model/chat_template.h) rendering
+// the conversation and its generation prompt, cut where the question is written
+// (ChatTemplate::cut_at_last_message; ChatML for SmolLM2 shown):
 //
-//   prefix  = template(messages before the last user message, default system
-//             prompt included) + turn_open("user")            ("<|im_start|>user\n")
+//   prefix  = everything before the question: the system prompt (the template's default
+//             one too), earlier turns, the user turn's opening ("...<|im_start|>user\n")
 //   chunk_i = document_i + "\n\n"          (one per document, in request order)
-//   suffix  = question + turn_close() + generation_prompt()
-//             ("<|im_end|>\n<|im_start|>assistant\n")
-// A template of an unsupported family throws std::invalid_argument naming it.
+//   suffix  = question + everything after it: the turn's close and the assistant's
+//             opening ("<|im_end|>\n<|im_start|>assistant\n")
+// The concatenation is the template's rendering of the conversation with the documents
+// written in front of the question. A template that refuses the conversation (no system
+// role, roles that do not alternate) throws std::invalid_argument with its message.
 //
 // Each part is tokenized on its own, so a chunk's tokens never depend on its
 // neighbours and the same document is the same token sequence (and cache key) in
@@ -23,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 
 namespace bs {
@@ -39,11 +43,13 @@ struct RagPrompt {
   int64_t suffix_offset() const { return size() - static_cast<int64_t>(suffix.size()); }
 };
 
-// messages: the conversation; its last message must be the user's question. The prefix
-// starts with the model's BOS where it adds one (Tokenizer::bos_prefix) and the rendered
-// conversation does not already begin with it.
+// messages: the conversation; its last message must be the user's question (or a tool's
+// result, which the documents then precede). tools: the tools offered (the template's
+// `tools`, ChatTemplate::apply); empty: none. The prefix starts with the model's BOS
+// where it adds one (Tokenizer::bos_prefix) and the rendered conversation does not
+// already begin with it.
 RagPrompt assemble_rag_prompt(const Tokenizer& tok, const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
-                              const std::vector<std::string>& documents);
+                              const std::vector<std::string>& documents, const std::string& tools = {});
 
 // The chunk tokens of one document, exactly as assemble_rag_prompt makes them
 // (so a document stored ahead of time has the key a request will look up).

@@ -82,7 +82,7 @@ DecodeSession::Step DecodeSession::advance(int32_t id, bool can_continue) {
     st.done = true;
     return st;
   };
-  if (id == tok_.eos_id() || tok_.is_control(id)) return finish("stop", true);
+  if (tok_.ends_generation(id)) return finish("stop", true);
   tokens_.push_back(id);
   text_ += stream_.push(id);
   // Stop strings: cut the text at the first occurrence (searching only where a new

@@ -109,6 +109,66 @@ std::string pre_tokenizer_name(const json& pre, const fs::path& file) {
                    " is not one we implement (byte-level BPE as GPT-2, SmolLM, Llama 3 or Qwen2 split it)");
 }
 
+// A SentencePiece BPE's normalizer and pre-tokenizer, as Hugging Face's converters
+// write them, into how the space prefix is put (TokenizerSpec): spaces become U+2581
+// either by a Replace normalizer (with Prepend("▁") before it: llama.cpp's
+// add_space_prefix, Llama 2's legacy layout, Phi-3) or by a Metaspace pre-tokenizer
+// (prepend_scheme first / always / never, without split: Llama 2 and Mistral in
+// transformers' current layout); Gemma's Split(" ") after the Replace finds no space
+// left and does nothing. Anything else is refused by its JSON.
+void read_spm_layout(const json& tok, const fs::path& tj, std::unordered_map<std::string, MetaValue>& meta) {
+  const json norm = tok.contains("normalizer") ? tok["normalizer"] : json();
+  const json pre = tok.contains("pre_tokenizer") ? tok["pre_tokenizer"] : json();
+  auto is_replace_space = [](const json& n) {
+    return n.is_object() && n.value("type", "") == "Replace" && n.contains("pattern") && n["pattern"].is_object() &&
+           n["pattern"].value("String", "") == " " && n.value("content", "") == "\u2581";
+  };
+  auto is_prepend = [](const json& n) {
+    return n.is_object() && n.value("type", "") == "Prepend" && n.value("prepend", "") == "\u2581";
+  };
+  bool replace = false, prepend = false;
+  if (norm.is_null()) {
+  } else if (is_replace_space(norm)) {
+    replace = true;
+  } else if (norm.is_object() && norm.value("type", "") == "Sequence" && norm.contains("normalizers") &&
+             norm["normalizers"].is_array() && norm["normalizers"].size() == 2 && is_prepend(norm["normalizers"][0]) &&
+             is_replace_space(norm["normalizers"][1])) {
+    replace = prepend = true;
+  } else {
+    refuse(tj, "tokenizer.json: normalizer " + norm.dump().substr(0, 200) +
+                   " is not one we implement for a SentencePiece BPE (Replace(\" \", \"\u2581\"), after a "
+                   "Prepend(\"\u2581\") or not)");
+  }
+  bool first_only = false, unless_space = false;
+  if (pre.is_null()) {
+  } else if (pre.is_object() && pre.value("type", "") == "Metaspace" && !replace &&
+             pre.value("replacement", "") == "\u2581" && !pre.value("split", true)) {
+    const std::string scheme = pre.value("prepend_scheme", "always");
+    if (scheme != "first" && scheme != "always" && scheme != "never")
+      refuse(tj, "tokenizer.json: Metaspace prepend_scheme '" + scheme + "' is not supported");
+    replace = true;
+    prepend = scheme != "never";
+    first_only = scheme == "first";
+    unless_space = true;  // Metaspace adds no space before one
+  } else if (pre.is_object() && pre.value("type", "") == "Split" && replace && pre.contains("pattern") &&
+             pre["pattern"].is_object() && pre["pattern"].value("String", "") == " " && !pre.value("invert", false)) {
+    // Splits at spaces the Replace normalizer has already turned into U+2581: nothing.
+  } else {
+    refuse(tj, "tokenizer.json: pre_tokenizer " + pre.dump().substr(0, 200) +
+                   " is not one we implement for a SentencePiece BPE (Metaspace without split, or none)");
+  }
+  if (!replace)
+    refuse(tj, "tokenizer.json: a SentencePiece BPE whose spaces nothing turns into \u2581 is not supported");
+  meta["tokenizer.ggml.add_space_prefix"] = prepend;
+  meta["blendserve.tokenizer.spm_merge_by_rank"] = true;
+  meta["blendserve.tokenizer.space_prefix_first_only"] = first_only;
+  meta["blendserve.tokenizer.space_prefix_unless_space"] = unless_space;
+  if (tok["model"].value("ignore_merges", false))
+    refuse(tj, "tokenizer.json: ignore_merges in a SentencePiece BPE is not supported");
+  if (tok["model"].contains("dropout") && !tok["model"]["dropout"].is_null())
+    refuse(tj, "tokenizer.json: BPE dropout is not supported");
+}
+
 // tokenizer.json (+ tokenizer_config.json, generation_config.json) into GGUF's
 // tokenizer keys.
 void read_tokenizer(const fs::path& dir, std::unordered_map<std::string, MetaValue>& meta) {
@@ -117,20 +177,35 @@ void read_tokenizer(const fs::path& dir, std::unordered_map<std::string, MetaVal
   const json& model = tok.contains("model") ? tok["model"] : json();
   const std::string type = model.is_object() ? model.value("type", "") : "";
   if (type != "BPE")
-    refuse(tj, "tokenizer.json: model.type '" + type + "' is not supported (byte-level BPE only)");
-  if (model.value("byte_fallback", false))
-    refuse(tj, "tokenizer.json: a SentencePiece-style BPE (byte_fallback) is not supported (byte-level BPE only)");
-  if (tok.contains("normalizer") && !tok["normalizer"].is_null()) {
+    refuse(tj, "tokenizer.json: model.type '" + type +
+                   "' is not supported (BPE only: byte-level, or SentencePiece's with byte_fallback)");
+  // byte_fallback: a SentencePiece BPE (Llama 2, Mistral, Gemma, Phi-3) converted to
+  // Hugging Face's format; else byte-level BPE.
+  const bool spm = model.value("byte_fallback", false);
+  if (spm) {
+    read_spm_layout(tok, tj, meta);
+  } else if (tok.contains("normalizer") && !tok["normalizer"].is_null()) {
     const std::string nt = tok["normalizer"].value("type", "");
     // NFC: Qwen2's; llama.cpp's tokenizer applies none either (its inputs are NFC text).
     if (nt != "NFC") refuse(tj, "tokenizer.json: normalizer '" + nt + "' is not supported");
   }
   if (!model.contains("vocab") || !model["vocab"].is_object()) refuse(tj, "tokenizer.json: no model.vocab");
   std::map<int64_t, std::pair<std::string, int64_t>> by_id;  // id -> (token, GGUF token type)
+  // SentencePiece's byte tokens (<0x0A>) are its bytes (GGUF token type 6); its
+  // unknown token is type 2.
+  const std::string unk = spm && model.contains("unk_token") && model["unk_token"].is_string()
+                              ? model["unk_token"].get<std::string>()
+                              : std::string();
+  auto normal_type = [&](const std::string& piece) -> int64_t {
+    if (!spm) return 1;
+    if (piece == unk) return 2;
+    static const std::regex byte_token("<0x[0-9A-F]{2}>");
+    return std::regex_match(piece, byte_token) ? 6 : 1;
+  };
   for (const auto& [piece, id] : model["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (int64_t{1} << 24))
       refuse(tj, "tokenizer.json: token '" + piece + "' has an invalid id");
-    by_id[id.get<int64_t>()] = {piece, 1};
+    by_id[id.get<int64_t>()] = {piece, normal_type(piece)};
   }
   if (tok.contains("added_tokens") && tok["added_tokens"].is_array())
     for (const auto& a : tok["added_tokens"]) {
@@ -160,8 +235,12 @@ void read_tokenizer(const fs::path& dir, std::unordered_map<std::string, MetaVal
         merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
       else refuse(tj, "tokenizer.json: a merge is neither \"a b\" nor [a, b]");
     }
-  meta["tokenizer.ggml.model"] = std::string("gpt2");
-  meta["tokenizer.ggml.pre"] = pre_tokenizer_name(tok.contains("pre_tokenizer") ? tok["pre_tokenizer"] : json(), tj);
+  if (spm) {
+    meta["tokenizer.ggml.model"] = std::string("llama");
+  } else {
+    meta["tokenizer.ggml.model"] = std::string("gpt2");
+    meta["tokenizer.ggml.pre"] = pre_tokenizer_name(tok.contains("pre_tokenizer") ? tok["pre_tokenizer"] : json(), tj);
+  }
   meta["tokenizer.ggml.tokens"] = tokens;
   meta["tokenizer.ggml.token_type"] = types;
   meta["tokenizer.ggml.merges"] = merges;
@@ -197,11 +276,21 @@ void read_tokenizer(const fs::path& dir, std::unordered_map<std::string, MetaVal
     ss << in.rdbuf();
     meta["tokenizer.chat_template"] = ss.str();
   }
+  // generation_config.json's eos_token_id (one id or a list): the EOS where the
+  // tokenizer's config names none, and every one of them ends a generation
+  // (TokenizerSpec::end_ids).
   const json gen = read_json(dir / "generation_config.json", false);
-  if (gen.is_object() && !meta.count("tokenizer.ggml.eos_token_id") && gen.contains("eos_token_id")) {
+  if (gen.is_object() && gen.contains("eos_token_id")) {
     const json& e = gen["eos_token_id"];
-    if (e.is_number_integer()) meta["tokenizer.ggml.eos_token_id"] = e.get<int64_t>();
-    else if (e.is_array() && !e.empty() && e[0].is_number_integer()) meta["tokenizer.ggml.eos_token_id"] = e[0].get<int64_t>();
+    std::vector<int64_t> ids;
+    if (e.is_number_integer()) ids.push_back(e.get<int64_t>());
+    if (e.is_array())
+      for (const auto& v : e)
+        if (v.is_number_integer()) ids.push_back(v.get<int64_t>());
+    if (!ids.empty()) {
+      if (!meta.count("tokenizer.ggml.eos_token_id")) meta["tokenizer.ggml.eos_token_id"] = ids[0];
+      meta["blendserve.eos_token_ids"] = std::move(ids);
+    }
   }
 }
 
@@ -399,6 +488,12 @@ gguf::GgufFile open_hf_checkpoint(const std::string& dir_s) {
     refuse(cfg_path, "tie_word_embeddings is false but the checkpoint has no lm_head.weight");
   read_tokenizer(dir, meta);
   return gguf::GgufFile::assemble(std::move(meta), std::move(tensors), std::move(keep));
+}
+
+gguf::GgufFile open_hf_tokenizer(const std::string& dir) {
+  std::unordered_map<std::string, MetaValue> meta;
+  read_tokenizer(fs::path(dir), meta);
+  return gguf::GgufFile::assemble(std::move(meta), {}, {});
 }
 
 gguf::GgufFile open_model_file(const std::string& path) {

@@ -20,7 +20,7 @@
 // Whatever a config or tokenizer asks for that we do not compute is carried under the
 // GGUF key the loader refuses (soft-capping, partial rotary, experts, a sliding
 // window outside Gemma 3, YaRN) or refused here by name (a tokenizer other than
-// byte-level BPE, a dtype other than F32/F16/BF16, an activation other than the
+// byte-level BPE or SentencePiece's BPE with byte_fallback, a dtype other than F32/F16/BF16, an activation other than the
 // family's, a bidirectional encoder); an unknown tensor keeps its checkpoint name,
 // which the loader refuses.
 #pragma once
@@ -38,6 +38,10 @@ bool is_hf_checkpoint(const std::string& path);
 // problem for anything malformed or unsupported.
 gguf::GgufFile open_hf_checkpoint(const std::string& dir);
 
+// The tokenizer of the checkpoint at `dir` alone (tokenizer.json, tokenizer_config.json,
+// generation_config.json, no config or weights) as a view of tokenizer keys, which
+// Tokenizer::from_gguf reads: for tools and tests that need no weights.
+gguf::GgufFile open_hf_tokenizer(const std::string& dir);
 // Any model path a user gives (model.path, BLENDSERVE_MODEL, --model): a GGUF file,
 // a checkpoint directory, or a checkpoint's model.safetensors (its directory is read).
 // A .safetensors file without a config.json beside it is refused: it has no config.

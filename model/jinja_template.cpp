@@ -40,6 +40,12 @@ std::string JinjaTemplate::render(const std::string& context_json) const {
     const jinja::value results = runtime.execute(impl_->program);
     return jinja::runtime::gather_string_parts(results)->as_string().str();
   } catch (const std::exception& e) {
+    // raise_exception's message reaches here inside the engine's report of where it was
+    // raised ("... Error: Jinja Exception: MESSAGE").
+    const std::string what = e.what();
+    constexpr std::string_view kRaised = "Jinja Exception: ";
+    if (const size_t at = what.rfind(kRaised); at != std::string::npos)
+      throw TemplateRaised(what.substr(at + kRaised.size()));
     throw std::invalid_argument(std::string("chat template: ") + e.what());
   }
 }

@@ -11,9 +11,17 @@
 #pragma once
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace bs {
+
+// What JinjaTemplate::render throws where the template calls raise_exception: the
+// template's own message, word for word (it refuses the conversation, e.g. "System role
+// not supported"), apart from the engine's failures.
+struct TemplateRaised : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
 
 class JinjaTemplate {
  public:
@@ -26,8 +34,8 @@ class JinjaTemplate {
 
   // The text for `context_json`, a JSON object of the template's variables (messages,
   // add_generation_prompt, bos_token, eos_token, tools, ...). std::invalid_argument with
-  // the template's own message where it calls raise_exception (a system message it
-  // forbids, roles that do not alternate), or the engine's error.
+  // the engine's error; TemplateRaised where the template calls raise_exception (a
+  // system message it forbids, roles that do not alternate).
   std::string render(const std::string& context_json) const;
 
  private:

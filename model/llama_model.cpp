@@ -205,7 +205,7 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   }
 
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file_));
-  chat_template_ = ChatTemplate::from_gguf(file_);
+  chat_template_ = ChatTemplate::from_gguf(file_, *tokenizer_);
 
   // This rank's rows [first, first + rows) of a matrix: rows are contiguous, so a
   // view into the file.

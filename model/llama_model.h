@@ -13,6 +13,7 @@
 #include "model/architecture.h"
 #include "model/gguf.h"
 #include "model/tensor_parallel.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 
 namespace bs {
@@ -104,7 +105,11 @@ class LlamaModel {
   // (the ranks' logits are gathered), else the whole vocabulary.
   int64_t output_rows() const { return output_rows_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // The model's own chat template (model/chat_template.h), or the one given in its place.
   const ChatTemplate& chat_template() const { return chat_template_; }
+  // Renders chats with `t` instead (model.chat_template, --chat-template): before the
+  // model is shared, as nothing synchronizes it.
+  void set_chat_template(ChatTemplate t) { chat_template_ = std::move(t); }
   kernels::Backend& backend() const { return *backend_; }
   kernels::Precision precision() const { return precision_; }
   kernels::TensorType kv_dtype() const { return kv_dtype_; }

@@ -63,10 +63,21 @@ class Session {
   void try_add(int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
     const Symbol& l = symbols_[static_cast<size_t>(left)];
-    const std::string text(text_.substr(l.off, l.n + symbols_[static_cast<size_t>(right)].n));
-    const int32_t id = v_.text_to_id->find(*v_.tokens, text);
-    if (id < 0 || static_cast<size_t>(id) >= v_.scores->size()) return;
-    queue_.push({left, right, (*v_.scores)[static_cast<size_t>(id)], text.size()});
+    const Symbol& r = symbols_[static_cast<size_t>(right)];
+    const std::string text(text_.substr(l.off, l.n + r.n));
+    float score = 0;
+    if (v_.pair_ranks) {  // by the merge list: the pair must be one of its merges
+      const int32_t a = v_.text_to_id->find(*v_.tokens, piece(l)), b = v_.text_to_id->find(*v_.tokens, piece(r));
+      if (a < 0 || b < 0) return;
+      const auto it = v_.pair_ranks->find(spm_pair_key(a, b));
+      if (it == v_.pair_ranks->end()) return;
+      score = -static_cast<float>(it->second);  // exact: ranks stay below 2^24
+    } else {
+      const int32_t id = v_.text_to_id->find(*v_.tokens, text);
+      if (id < 0 || static_cast<size_t>(id) >= v_.scores->size()) return;
+      score = (*v_.scores)[static_cast<size_t>(id)];
+    }
+    queue_.push({left, right, score, text.size()});
     rev_merge_[text] = {left, right};  // the latest pair that spells it, as llama.cpp keeps
   }
 

@@ -21,11 +21,22 @@
 
 namespace bs {
 
+// (left id, right id) -> the merge's rank, lower first: spm_pair_key(left, right).
+using SpmPairRanks = std::unordered_map<uint64_t, int32_t>;
+inline uint64_t spm_pair_key(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
 struct SpmVocab {
   const TokenIndex* text_to_id;                                // every token's text (any type) -> id
   const std::vector<std::string>* tokens;                      // [vocab]: the texts it indexes
   const std::vector<float>* scores;                            // [vocab]: merge priority, higher first
   const std::array<int32_t, 256>* byte_token;                  // byte -> its byte token, -1: none
+  // A tokenizer.json's SentencePiece BPE (Hugging Face's BPE with byte_fallback) merges
+  // by its merge list, not by score: only a pair of tokens the list names merges, the
+  // lowest rank first (leftmost on equal ranks), as Hugging Face's BPE does. Null: by
+  // score, as llama.cpp merges a GGUF's vocabulary.
+  const SpmPairRanks* pair_ranks = nullptr;
 };
 
 // Appends the tokens of `text` (whitespace already escaped to U+2581 by the caller).

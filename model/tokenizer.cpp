@@ -19,7 +19,10 @@
 //      where add_space_prefix says (the input's start, after a special token), its
 //      spaces become U+2581, and it is merged by score (llama.cpp's SPM branch of
 //      tokenize_impl). Decoding turns U+2581 back into spaces and <0xAB> tokens into
-//      their byte.
+//      their byte. A tokenizer.json's SentencePiece BPE (Hugging Face's BPE with
+//      byte_fallback, model/hf_checkpoint.cpp) is merged by its merge list instead,
+//      and where a Metaspace pre-tokenizer says so gets the space as Hugging Face's
+//      tokenizers put it (TokenizerSpec::space_prefix_first_only, _unless_space).
 // Invalid UTF-8 in the input never throws: each offending byte is its own code
 // point of the "other" class and is byte-encoded like any other byte. Bytes with
 // no token of their own in the vocabulary are dropped, as in llama.cpp.
@@ -404,6 +407,7 @@ struct Tokenizer::Impl {
   std::vector<int32_t> specials;                         // control/user-defined/unknown, longest first
   size_t max_bytes = 1;                                  // the longest entry of `bytes`
   bool spm = false;                                      // SentencePiece BPE (spec.model "llama")
+  SpmPairRanks spm_ranks;                                // spec.spm_merge_by_rank: the merges' ranks
   // A pre-token that is a vocabulary entry as a whole is that token, merges or not
   // (Hugging Face's BPE ignore_merges; llama.cpp's for the Llama 3 pre-tokenizers).
   bool ignore_merges = false;
@@ -414,6 +418,8 @@ struct Tokenizer::Impl {
                  std::vector<std::pair<size_t, int32_t>>& frags) const;
   void bpe(const unsigned char* s, size_t n, std::vector<int32_t>& out, Work& w) const;
   void encode_fragment(std::string_view text, std::vector<int32_t>& out, Work& w) const;
+  // encode(); at_start: the text starts the input (Tokenizer::encode_continuation).
+  std::vector<int32_t> encode(std::string_view text, bool parse_special, bool at_start) const;
   // SentencePiece BPE of one raw fragment; prefix_space: a " " goes before it.
   void encode_spm(std::string_view text, bool prefix_space, std::vector<int32_t>& out) const;
 };
@@ -473,6 +479,7 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
                                 "; implemented: byte-level BPE ('gpt2') and SentencePiece BPE ('llama')");
   }
   m.spm = spec.model == "llama";
+  if (m.spm && spec.spm_merge_by_rank) spec.scores.assign(spec.tokens.size(), 0.0f);  // unused
   if (m.spm && spec.scores.size() != spec.tokens.size())
     throw std::invalid_argument("tokenizer: a SentencePiece vocabulary needs tokenizer.ggml.scores for every token (" +
                                 std::to_string(spec.scores.size()) + " for " + std::to_string(spec.tokens.size()) + ")");
@@ -530,7 +537,9 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     m.byte_token[b] = id_of(s);
   }
 
-  if (m.spm) spec.merges.clear();  // merged by score instead
+  if (m.spm && !spec.spm_merge_by_rank) spec.merges.clear();  // merged by score instead
+  if (spec.merges.size() >= (size_t{1} << 24))  // ranks are exact as floats (model/spm_merge.h)
+    throw std::invalid_argument("tokenizer: more than 2^24 merges");
   m.merges.reserve(spec.merges.size() * 2);
   int32_t rank = 0;
   for (const std::string& mg : spec.merges) {
@@ -543,6 +552,12 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     const int32_t res = id_of(std::string(left) + std::string(right));
     if (res < 0) continue;
     m.merges.emplace(pair_key(a, b), MergeInfo{r, res});  // first rank wins
+  }
+
+  if (m.spm) {  // SentencePiece by the merge list: the pairs' ranks (model/spm_merge.h)
+    m.spm_ranks.reserve(m.merges.size());
+    for (const auto& [key, info] : m.merges) m.spm_ranks.emplace(key, info.rank);
+    m.merges.clear();
   }
 
   for (int32_t i = 0; i < n; ++i) {
@@ -576,6 +591,10 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
   if (const auto* scores = file.get_float_array("tokenizer.ggml.scores"))
     s.scores.assign(scores->begin(), scores->end());
   if (auto v = file.get_bool("tokenizer.ggml.add_space_prefix")) s.add_space_prefix = *v;
+  // A tokenizer.json's SentencePiece BPE (model/hf_checkpoint.cpp writes these).
+  if (auto v = file.get_bool("blendserve.tokenizer.spm_merge_by_rank")) s.spm_merge_by_rank = *v;
+  if (auto v = file.get_bool("blendserve.tokenizer.space_prefix_first_only")) s.space_prefix_first_only = *v;
+  if (auto v = file.get_bool("blendserve.tokenizer.space_prefix_unless_space")) s.space_prefix_unless_space = *v;
   auto id = [&](const char* key) -> int32_t {
     auto v = file.get_int(key);
     return (v && *v >= 0 && *v <= INT32_MAX) ? static_cast<int32_t>(*v) : -1;
@@ -584,6 +603,11 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
   s.eos_id = id("tokenizer.ggml.eos_token_id");
   s.unk_id = id("tokenizer.ggml.unknown_token_id");
   s.pad_id = id("tokenizer.ggml.padding_token_id");
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+    if (const int32_t e = id(key); e >= 0) s.end_ids.push_back(e);
+  if (const auto* ends = file.get_int_array("blendserve.eos_token_ids"))
+    for (int64_t e : *ends)
+      if (e >= 0 && e <= INT32_MAX) s.end_ids.push_back(static_cast<int32_t>(e));
   // llama.cpp's default where the file does not say: SentencePiece and the Llama 3
   // pre-tokenizers add BOS.
   s.add_bos = s.model == "llama" || s.pre == "llama3" || s.pre == "llama-v3" || s.pre == "llama-bpe" ||
@@ -717,24 +741,37 @@ void Tokenizer::Impl::encode_fragment(std::string_view text, std::vector<int32_t
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
+  return impl_->encode(text, parse_special, /*at_start=*/true);
+}
+
+std::vector<int32_t> Tokenizer::encode_continuation(std::string_view text, bool parse_special) const {
+  return impl_->encode(text, parse_special, /*at_start=*/false);
+}
+
+std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool parse_special, bool at_start) const {
   std::vector<int32_t> out;
   if (text.empty()) return out;
   if (text.size() > UINT32_MAX) throw std::length_error("tokenizer: text too long");
   out.reserve(text.size() / 3 + 4);
   std::vector<std::pair<size_t, int32_t>> frags;
-  impl_->partition(text, parse_special, frags);
+  partition(text, parse_special, frags);
   Work w;
   size_t start = 0;
-  bool prev_special = true;  // SPM: the first fragment gets the space prefix too
+  bool prev_special = at_start;  // SPM: the text's first fragment gets the space prefix too
   for (const auto& [end, id] : frags) {
     if (id >= 0) {
       out.push_back(id);
       prev_special = true;
-    } else if (impl_->spm) {
-      impl_->encode_spm(text.substr(start, end - start), prev_special && impl_->spec.add_space_prefix, out);
+    } else if (spm) {
+      const std::string_view frag = text.substr(start, end - start);
+      // llama.cpp: at the input's start and after every special token; a Metaspace
+      // pre-tokenizer: only at the input's start ("first"), and not before a space.
+      bool prefix = spec.add_space_prefix && (spec.space_prefix_first_only ? at_start && start == 0 : prev_special);
+      if (spec.space_prefix_unless_space && !frag.empty() && frag.front() == ' ') prefix = false;
+      encode_spm(frag, prefix, out);
       prev_special = false;
     } else {
-      impl_->encode_fragment(text.substr(start, end - start), out, w);
+      encode_fragment(text.substr(start, end - start), out, w);
     }
     start = end;
   }
@@ -751,7 +788,9 @@ void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space, std::
     else
       escaped.push_back(c);
   }
-  spm_tokenize(escaped, SpmVocab{&text_to_id, &spec.tokens, &spec.scores, &byte_token}, out);
+  spm_tokenize(escaped, SpmVocab{&text_to_id, &spec.tokens, &spec.scores, &byte_token,
+                                 spec.spm_merge_by_rank ? &spm_ranks : nullptr},
+               out);
 }
 
 size_t Tokenizer::max_token_bytes() const { return impl_->max_bytes; }
@@ -782,6 +821,10 @@ std::vector<int32_t> Tokenizer::bos_prefix() const {
   return {};
 }
 int32_t Tokenizer::eos_id() const { return impl_->spec.eos_id; }
+bool Tokenizer::ends_generation(int32_t id) const {
+  const auto& ends = impl_->spec.end_ids;
+  return id == impl_->spec.eos_id || is_control(id) || std::find(ends.begin(), ends.end(), id) != ends.end();
+}
 
 int32_t Tokenizer::token_id(std::string_view text) const {
   if (const int32_t id = impl_->text_to_id.find(impl_->spec.tokens, text); id >= 0) return id;

@@ -22,9 +22,20 @@ struct TokenizerSpec {
   std::vector<float> scores;           // tokenizer.ggml.scores (SPM: merge priority, required)
   bool add_space_prefix = true;        // tokenizer.ggml.add_space_prefix (SPM: " " before text that
                                        // starts the input or follows a special token)
+  // How a tokenizer.json's Metaspace pre-tokenizer puts that space (Hugging Face's
+  // tokenizers), where it differs from llama.cpp's rule above:
+  bool space_prefix_first_only = false;   // prepend_scheme "first": only where the input starts
+  bool space_prefix_unless_space = false; // not before a text that starts with a space
+  // SPM merged by the merge list (`merges`, a tokenizer.json's BPE with byte_fallback),
+  // not by score (a GGUF's SentencePiece vocabulary, as llama.cpp merges it).
+  bool spm_merge_by_rank = false;
   std::vector<int64_t> token_types;    // tokenizer.ggml.token_type (1 normal, 3 control, 4 user-defined, ...)
   std::vector<std::string> merges;     // tokenizer.ggml.merges ("a b")
   int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
+  // Tokens besides eos_id that end a generation: tokenizer.ggml.eot_token_id and
+  // eom_token_id, and blendserve.eos_token_ids (a checkpoint's generation_config.json
+  // eos_token_id list: Llama 3.1's <|end_of_text|>, <|eom_id|>, <|eot_id|>).
+  std::vector<int32_t> end_ids;
   bool add_bos = false;                // tokenizer.ggml.add_bos_token (Tokenizer::add_bos)
 };
 
@@ -43,6 +54,12 @@ class Tokenizer {
   // parse_special: control tokens written in the text (e.g. "<|im_start|>") become
   // their ids; otherwise they are tokenized as plain text.
   std::vector<int32_t> encode(std::string_view text, bool parse_special) const;
+  // The tokens of `text` where it continues a longer text after other text (a RAG
+  // prompt's documents and question, blend/rag_prompt.h): as encode(), except that a
+  // SentencePiece vocabulary's space prefix (add_space_prefix) is not put at its start;
+  // it still follows every special token inside it, as encode() of the whole text puts
+  // it. Byte-level BPE: the same as encode().
+  std::vector<int32_t> encode_continuation(std::string_view text, bool parse_special) const;
   // Raw bytes of one token (control tokens render as their text).
   const std::string& token_bytes(int32_t id) const;
   // The most bytes of text one token stands for (the longest token_bytes): a text of B
@@ -54,6 +71,10 @@ class Tokenizer {
   bool is_control(int32_t id) const;
   int32_t bos_id() const;
   int32_t eos_id() const;
+  // Whether generating `id` ends the answer: the EOS, every end token the model declares
+  // (TokenizerSpec::end_ids), and any control token (a turn's markup, which no answer
+  // contains as text).
+  bool ends_generation(int32_t id) const;
   // Whether the model's prompts begin with BOS (tokenizer.ggml.add_bos_token; absent:
   // llama.cpp's default, true for SentencePiece and the Llama 3 pre-tokenizers). Gemma,
   // Llama 2 and 3 and Mistral are trained so; SmolLM2 and Qwen are not.
@@ -79,46 +100,6 @@ class StreamDecoder {
  private:
   const Tokenizer* tok_;
   std::string pending_;
-};
-
-struct ChatMessage {
-  std::string role;
-  std::string content;
-};
-
-// Chat template from the GGUF's tokenizer.chat_template. We do not run Jinja:
-// the known template families (ChatML, as used by SmolLM2 and Qwen2) are
-// recognised and rendered by a built-in equivalent, including a default system
-// prompt the template injects. A file without a template gets ChatML (as
-// llama.cpp does). A template of another family loads (raw completion still
-// works) but every rendering call throws std::invalid_argument naming it, so a
-// chat is never rendered in a format the model was not trained on.
-class ChatTemplate {
- public:
-  static ChatTemplate from_gguf(const gguf::GgufFile& file);
-  static ChatTemplate chatml(std::string default_system = "");
-  // A template of a family this code does not render (`source`: its text).
-  static ChatTemplate unsupported(std::string source);
-
-  bool supported() const { return supported_; }
-  std::string family() const { return supported_ ? "chatml" : "unsupported"; }
-  std::string apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
-  // The pieces of one turn, for callers that tokenize a turn's content apart from
-  // its markup (RAG prompt assembly): apply({{role, c}}, false) without the
-  // default system turn == turn_open(role) + c + turn_close().
-  std::string turn_open(const std::string& role) const;
-  std::string turn_close() const;
-  std::string generation_prompt() const;  // what add_generation_prompt appends
-  // Strings that end an assistant turn (e.g. "<|im_end|>").
-  const std::vector<std::string>& stop_strings() const { return stops_; }
-  const std::string& default_system() const { return default_system_; }
-
- private:
-  void require_supported() const;
-  bool supported_ = true;
-  std::string source_;  // unsupported: the template's text (start of it in errors)
-  std::string default_system_;
-  std::vector<std::string> stops_{"<|im_end|>"};
 };
 
 }  // namespace bs

@@ -4,11 +4,15 @@ HTTP API with the official OpenAI client: its SentencePiece tokenizer and BOS ov
 /tokenize, /v1/completions with and without a stream, and a documents request whose
 stored chunks are blended (cached_tokens > 0) in one order and then in the other.
 
-Chat is not exercised: Gemma's file holds no chat template and the model's own
-templates (Jinja, --chat-template) are not rendered yet (README "Models").
+Chat: the file is a base model and holds no chat template, so the server is started with
+Gemma's turn template given by --chat-template (Gemma 2's, from llama.cpp's
+models/templates: the same <start_of_turn> turns Gemma 3 is trained on). Chat answers,
+streamed and not; a documents chat hits its stored chunks in either order; a system
+message, which that template refuses, is a 400 with the template's own words.
 
     .venv-test/bin/python tests/openai_gemma_test.py --server build/blendserve \
-        --model models/gemma-3-270m-q4_k_m.gguf
+        --model models/gemma-3-270m-q4_k_m.gguf \
+        --chat-template models/llama.cpp/templates/google-gemma-2-2b-it.jinja
 """
 import argparse
 import json
@@ -77,17 +81,54 @@ class Gemma(unittest.TestCase):
             self.assertLess(details.cached_tokens, r.usage.prompt_tokens)
             self.assertIn(r.choices[0].finish_reason, ("stop", "length"))
 
+    def test_chat_with_the_given_template(self):
+        question = "What is the capital of France?"
+        whole = client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                                 max_tokens=12, temperature=0)
+        text = whole.choices[0].message.content
+        self.assertTrue(text.strip())
+        self.assertNotIn("<start_of_turn>", text)
+        self.assertNotIn("<end_of_turn>", text)
+        # The prompt is the template's: <bos><start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n.
+        rendered = "<bos><start_of_turn>user\n" + question + "<end_of_turn>\n<start_of_turn>model\n"
+        ids = post_json("/tokenize", {"prompt": rendered, "add_special_tokens": False})
+        self.assertEqual(ids["tokens"].count(GEMMA_BOS), 1)
+        self.assertEqual(whole.usage.prompt_tokens, ids["count"])
+        streamed = "".join(c.choices[0].delta.content or "" for c in client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=12, temperature=0,
+            stream=True) if c.choices)
+        self.assertEqual(streamed, text)
+
+    def test_chat_documents_hit_in_either_order(self):
+        docs, question = case()
+        for d in docs:
+            post_json("/v1/documents", {"text": d})
+        for order in (docs, docs[::-1]):
+            r = client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                                 max_tokens=8, temperature=0,
+                                                 extra_body={"documents": order, "mode": "blend"})
+            self.assertGreater(r.usage.prompt_tokens_details.cached_tokens, 0)
+            self.assertTrue(r.choices[0].message.content is not None)
+
+    def test_a_conversation_the_template_refuses_is_a_400_in_its_words(self):
+        with self.assertRaises(openai.BadRequestError) as e:
+            client().chat.completions.create(model=MODEL, max_tokens=4, messages=[
+                {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+        self.assertIn("System role not supported", str(e.exception))
+
 
 def main():
     global SERVER, MODEL
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", required=True, help="path to the blendserve binary")
     ap.add_argument("--model", required=True, help="the Gemma 3 270M GGUF")
+    ap.add_argument("--chat-template", required=True, help="Gemma's turn template (Jinja)")
     args, rest = ap.parse_known_args()
     if not os.path.exists(args.model):
         print("skipped: no " + args.model + " (tools/setup.sh installs it)")
         sys.exit(77)
-    SERVER = ServeProcess(args.server, "model:\n  path: %s\n" % os.path.abspath(args.model), prefix="bs_gemma_")
+    SERVER = ServeProcess(args.server, "model:\n  path: %s\n" % os.path.abspath(args.model), prefix="bs_gemma_",
+                          args=("--chat-template", os.path.abspath(args.chat_template)))
     ok = False
     try:
         MODEL = [m.id for m in client().models.list()][0]

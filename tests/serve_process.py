@@ -1,4 +1,4 @@
-"""`blendserve --config <yaml> serve --port 0` as a child process, for the Python
+"""`blendserve --config <yaml> [args] serve --port 0` as a child process, for the Python
 tests that drive it with the official OpenAI client: a temp dir holds its config,
 data and log; the constructor returns once the server said where it listens (or
 raises with its log), stop() ends it (SIGTERM, SIGKILL after 60 s) and removes the
@@ -12,7 +12,7 @@ import time
 
 
 class ServeProcess:
-    def __init__(self, binary, config_text, prefix="bs_serve_"):
+    def __init__(self, binary, config_text, prefix="bs_serve_", args=()):
         self.dir = tempfile.mkdtemp(prefix=prefix)
         config = os.path.join(self.dir, "config.yaml")
         with open(config, "w") as f:
@@ -20,7 +20,7 @@ class ServeProcess:
         env = dict(os.environ, BLENDSERVE_DATA_DIR=os.path.join(self.dir, "data"))
         self.log = open(os.path.join(self.dir, "stderr.log"), "w+")
         self.proc = subprocess.Popen(
-            [binary, "--config", config, "serve", "--port", "0"], stderr=self.log, stdout=self.log, env=env
+            [binary, "--config", config, *args, "serve", "--port", "0"], stderr=self.log, stdout=self.log, env=env
         )
         self.port = None
         deadline = time.time() + 120

@@ -269,7 +269,7 @@ TEST(Runtime, BadRequestsAreRefusedWithClearErrorsAndTheRuntimeGoesOn) {
   refused(r, RequestErrc::invalid, "unknown role 'robot'");
   r = ok;
   r.messages.push_back({"assistant", "hi"});
-  refused(r, RequestErrc::invalid, "last message must be the user's");
+  refused(r, RequestErrc::invalid, "last message must be the user's or a tool's");
   r = ok;
   r.sampling.temperature = 5;
   refused(r, RequestErrc::invalid, "temperature");

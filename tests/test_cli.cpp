@@ -79,9 +79,22 @@ std::vector<nlohmann::json> json_lines(const std::string& text) {
 }
 
 // The first `cases` cases of the shipped set with only their first `documents`
-// documents each, written under data_dir(): the eval tests check what eval prints, not
-// the answers' quality, and a case's full six documents (~2,300 tokens) made each full
-// prefill ~6 s on 2 AVX2 cores.
+// documents each, each cut to its first kWordsPerDocument words, written under
+// data_dir(): the eval tests check what eval prints, not the answers' quality, and a
+// case's full six documents (~2,300 tokens) made each full prefill ~6 s on 2 AVX2 cores
+// (two whole documents: ~820 tokens, 1.6 s on 2 AVX-512 cores, and these tests took
+// 150 s of the model tests' time).
+constexpr size_t kWordsPerDocument = 90;
+
+std::string first_words(const std::string& text, size_t n) {
+  size_t at = 0;
+  for (size_t w = 0; w < n && at != std::string::npos; ++w) {
+    at = text.find_first_not_of(' ', at);
+    if (at != std::string::npos) at = text.find(' ', at);
+  }
+  return at == std::string::npos ? text : text.substr(0, at);
+}
+
 std::string shortened_cases(const std::string& name, size_t cases, size_t documents) {
   const std::string source = std::string(BLENDSERVE_FIXTURES) + "/../data/rag_qa_small.jsonl";
   std::ifstream in(source);
@@ -93,6 +106,7 @@ std::string shortened_cases(const std::string& name, size_t cases, size_t docume
     auto c = nlohmann::json::parse(line);
     auto& docs = c.at("documents");
     docs.erase(docs.begin() + static_cast<std::ptrdiff_t>(std::min(documents, docs.size())), docs.end());
+    for (auto& d : docs) d = first_words(d.get<std::string>(), kWordsPerDocument);
     out << c.dump() << "\n";
   }
   return path.string();
@@ -103,6 +117,42 @@ TEST(Cli, GenerateAnswersAChatQuestion) {
   auto r = run("blendserve generate --chat --prompt 'What is the capital of France?' --max-tokens 32");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
+}
+
+// --chat-template FILE renders chats instead of the model's own template: SmolLM2's own
+// adds its default system prompt, a plain ChatML file does not, so the same question is a
+// shorter prompt; a file that is missing or does not parse stops the command before it
+// answers, naming the key and the file.
+TEST(Cli, ChatTemplateFromTheCommandLine) {
+  REQUIRE_MODEL();
+  const auto prompt_tokens = [](const std::string& out) {
+    const size_t at = out.find("; prompt ");
+    return at == std::string::npos ? -1 : std::stoi(out.substr(at + 9));
+  };
+  const std::string ask = " generate --chat --prompt 'What is the capital of France?' --max-tokens 4 --stats";
+  auto own = run("blendserve" + ask);
+  ASSERT_EQ(own.code, 0) << own.out;
+  const fs::path plain = data_dir() / "plain_chatml.jinja";
+  std::ofstream(plain) << "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+                          "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+                          "{% endif %}";
+  auto given = run("blendserve --chat-template " + plain.string() + ask);
+  ASSERT_EQ(given.code, 0) << given.out;
+  ASSERT_GT(prompt_tokens(own.out), 0) << own.out;
+  // SmolLM2's default system turn: "<|im_start|>system\nYou are a helpful AI assistant
+  // named SmolLM, trained by Hugging Face<|im_end|>\n".
+  EXPECT_GE(prompt_tokens(own.out) - prompt_tokens(given.out), 15) << own.out << given.out;
+
+  auto r = run("blendserve --chat-template /nonexistent/chat.jinja" + ask);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("model.chat_template"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent/chat.jinja"), std::string::npos) << r.out;
+  const fs::path broken = data_dir() / "broken.jinja";
+  std::ofstream(broken) << "{% for m in messages %}{{ m['content'] }}";
+  r = run("blendserve --chat-template " + broken.string() + ask);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(broken.string()), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("first token"), std::string::npos) << r.out;  // nothing answered
 }
 
 // The chosen kernels and precision are printed; bf16 where the CPU has no native bf16

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "model/generate.h"
 #include "model/hf_checkpoint.h"
 #include "model/llama_model.h"
 #include "model/safetensors.h"
@@ -232,6 +233,33 @@ TEST(HfCheckpoint, ConfigFeaturesWeDoNotComputeAreRefusedByName) {
   }
 }
 
+// generation_config.json's eos_token_id list (Llama 3.1 Instruct has three): every id in
+// it ends a generation, the first is the EOS where tokenizer_config.json names none, and
+// a token outside it (not a control token) does not end one.
+TEST(HfCheckpoint, EveryEosTokenOfTheGenerationConfigEndsAGeneration) {
+  Checkpoint c;
+  json tc = c.read("tokenizer_config.json");
+  tc.erase("eos_token");
+  c.write("tokenizer_config.json", tc);
+  c.write("generation_config.json", json{{"eos_token_id", {100, 120}}});
+  const auto m = load(c.dir.string());
+  const bs::Tokenizer& tok = m->tokenizer();
+  ASSERT_FALSE(tok.is_control(100) || tok.is_control(120) || tok.is_control(121));
+  EXPECT_EQ(tok.eos_id(), 100);
+  EXPECT_TRUE(tok.ends_generation(100));
+  EXPECT_TRUE(tok.ends_generation(120));
+  EXPECT_FALSE(tok.ends_generation(121));
+  // A generation that draws 120 stops there, with the text before it.
+  bs::SamplingParams p;
+  p.max_tokens = 8;
+  bs::DecodeSession s(tok, m->config().vocab, p);
+  EXPECT_FALSE(s.step_token(121, true).done);
+  const auto last = s.step_token(120, true);
+  EXPECT_TRUE(last.done);
+  EXPECT_EQ(s.finish_reason(), "stop");
+  EXPECT_EQ(s.tokens(), std::vector<int32_t>{121});
+}
+
 TEST(HfCheckpoint, TokenizersOtherThanByteLevelBpeAndMissingFilesAreRefusedByName) {
   {
     Checkpoint c;
@@ -245,7 +273,7 @@ TEST(HfCheckpoint, TokenizersOtherThanByteLevelBpeAndMissingFilesAreRefusedByNam
     json t = c.read("tokenizer.json");
     t["model"]["byte_fallback"] = true;
     c.write("tokenizer.json", t);
-    expect_refused(c.dir.string(), {"byte_fallback"});
+    expect_refused(c.dir.string(), {"pre_tokenizer", "SentencePiece BPE"});
   }
   {
     Checkpoint c;

@@ -3,8 +3,9 @@
 // apply_chat_template settings (tools/render_chat_template.py, run with the system
 // python3 and Debian's python3-jinja2): every one of the real templates in llama.cpp's
 // models/templates (tools/setup.sh puts them in models/llama.cpp/templates), each with
-// a one-turn chat, a system prompt and several turns, and a conversation that ends with
-// the assistant's turn (no generation prompt).
+// a one-turn chat, a system prompt and several turns, a conversation that ends with
+// the assistant's turn (no generation prompt), a question with tools offered, and a
+// tool's call and result.
 //
 // A template both accept must render the same bytes, and one that raises in Python
 // (raise_exception: a system message it forbids, roles that do not alternate) must be
@@ -55,8 +56,23 @@ std::vector<json> contexts() {
     return json{{"messages", std::move(messages)}, {"add_generation_prompt", gen},
                 {"bos_token", "<s>"},              {"eos_token", "</s>"}};
   };
+  // Tools: offered with a question, then a call of one and its result (the shapes
+  // model/chat_template.cpp passes: OpenAI's tools, the call's arguments as an object).
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "description": "The weather in a city", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+  const json weather = {{"role", "user"}, {"content", "What is the weather in Paris?"}};
+  const json call = {{"role", "assistant"},
+                     {"content", ""},
+                     {"tool_calls", json::parse(R"([{"id": "call_0", "type": "function",
+                         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}])")}};
+  const json result = {{"role", "tool"}, {"tool_call_id", "call_0"}, {"content", "{\"temperature\": 18}"}};
+  json offered = with(json::array({weather}), true);
+  offered["tools"] = tools;
+  json called = with(json::array({weather, call, result}), true);
+  called["tools"] = tools;
   return {with(json::array({user}), true), with(json::array({system, user, assistant, again}), true),
-          with(json::array({user, assistant}), false)};
+          with(json::array({user, assistant}), false), offered, called};
 }
 
 TEST(JinjaTemplate, RealTemplatesRenderAsPythonsJinja2Does) {
@@ -79,6 +95,18 @@ TEST(JinjaTemplate, RealTemplatesRenderAsPythonsJinja2Does) {
   const json results = json::parse(slurp(out))["results"];
   ASSERT_EQ(results.size(), files.size() * ctxs.size());
 
+  // The tool cases (3 and 4) where Python's jinja2 fails or differs for reasons of its
+  // own, by name, so a change either way is seen.
+  const std::map<std::string, std::string> python_tool_quirks = {
+      {"CohereForAI-c4ai-command-r-plus-tool_use.jinja", "reads a tool field our request leaves out: an error in "
+                                                         "Python, empty here"},
+      {"Kimi-K2-Instruct.jinja", "list.append, which Python's immutable sandbox refuses"},
+      {"Kimi-K2-Thinking.jinja", "list.append, which Python's immutable sandbox refuses"},
+      {"llama-cpp-deepseek-r1.jinja", "tojson of map(): a generator in Python, which it cannot serialize"},
+      {"meetkai-functionary-medium-v3.1.jinja", "'...'|safe + a string: Python's Markup HTML-escapes the string"},
+      {"meetkai-functionary-medium-v3.2.jinja", "a string + the arguments object: a TypeError in Python"},
+  };
+  std::set<std::string> quirks_seen;
   int same = 0, both_refused = 0, python_cannot = 0;
   std::map<std::string, std::string> we_refuse;  // template -> our engine's reason
   std::set<std::string> lenient_undefined;        // templates needing variables no request gives
@@ -108,6 +136,11 @@ TEST(JinjaTemplate, RealTemplatesRenderAsPythonsJinja2Does) {
       } catch (const std::invalid_argument& e) {
         error = e.what();
       }
+      if (c >= 3 && python_tool_quirks.count(name) &&
+          (!python_ok || !error.empty() || got != want["text"].get<std::string>())) {
+        quirks_seen.insert(name);
+        continue;
+      }
       if (!python_ok) {
         // The one known difference: a variable the request does not give (FireFunction's
         // `functions`) is an error in Python where used in an expression; the engine
@@ -127,12 +160,14 @@ TEST(JinjaTemplate, RealTemplatesRenderAsPythonsJinja2Does) {
       if (error.empty() && got == want["text"].get<std::string>()) ++same;
     }
   }
+  for (const auto& [name, why] : python_tool_quirks) EXPECT_TRUE(quirks_seen.count(name)) << name << ": " << why;
   std::printf("{\"templates\": %zu, \"cases_equal\": %d, \"cases_both_refused\": %d, "
               "\"cases_python_cannot_compile\": %d, \"templates_we_refuse\": %zu, "
-              "\"templates_with_undefined_variables\": %zu}\n",
-              files.size(), same, both_refused, python_cannot, we_refuse.size(), lenient_undefined.size());
+              "\"templates_with_undefined_variables\": %zu, \"tool_cases_python_quirks\": %zu}\n",
+              files.size(), same, both_refused, python_cannot, we_refuse.size(), lenient_undefined.size(),
+              quirks_seen.size());
   for (const auto& [name, why] : we_refuse) std::printf("refused: %s: %s\n", name.c_str(), why.substr(0, 200).c_str());
-  EXPECT_GE(same, 150);  // most of the 71 templates x 3 cases
+  EXPECT_GE(same, 250);  // most of the 71 templates x 5 cases
 }
 
 TEST(JinjaTemplate, SyntaxErrorsAndRaiseExceptionAreInvalidArgument) {

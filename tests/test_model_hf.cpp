@@ -144,8 +144,10 @@ TEST(ModelHf, SmolLM2AsACheckpointComputesTheGgufsLogitsAndTokens) {
   bs::LlamaModel hf(dir.string(), be, bs::kernels::Precision::F32);
   EXPECT_EQ(hf.config().rope_style, bs::kernels::RopeStyle::HalfSplit);
   EXPECT_EQ(gguf.config().rope_style, bs::kernels::RopeStyle::Interleaved);
-  EXPECT_EQ(hf.chat_template().family(), gguf.chat_template().family());
-  EXPECT_EQ(hf.chat_template().default_system(), gguf.chat_template().default_system());
+  // The checkpoint's tokenizer_config.json chat_template is the GGUF's: the same chats.
+  EXPECT_FALSE(hf.chat_template().builtin());
+  const std::vector<bs::ChatMessage> chat = {{"user", "Hi"}, {"assistant", "Hello."}, {"user", "Who are you?"}};
+  EXPECT_EQ(hf.chat_template().apply(chat, true), gguf.chat_template().apply(chat, true));
   for (const char* text : {"The Eiffel Tower is 330 metres tall, built in 1889.", "  code(x) == 42\n\t\u00e9t\u00e9 \u4e2d\u6587 \U0001F600",
                            "<|im_start|>user\nhi<|im_end|>"}) {
     EXPECT_EQ(hf.tokenizer().encode(text, true), gguf.tokenizer().encode(text, true)) << text;

@@ -30,7 +30,7 @@ Shared* shared() {
     if (!std::filesystem::exists(path)) return nullptr;
     gguf::GgufFile f = gguf::GgufFile::open(path);
     Tokenizer t = Tokenizer::from_gguf(f);
-    ChatTemplate c = ChatTemplate::from_gguf(f);
+    ChatTemplate c = ChatTemplate::from_gguf(f, t);
     return std::unique_ptr<Shared>(new Shared{std::move(f), std::move(t), std::move(c)});
   }();
   return s.get();

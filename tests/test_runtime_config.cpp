@@ -59,6 +59,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.model_path, b.model_path);
   EXPECT_EQ(a.precision, b.precision);
   EXPECT_EQ(a.decode_activations, b.decode_activations);
+  EXPECT_EQ(a.chat_template, b.chat_template);
   EXPECT_EQ(a.device_kind, b.device_kind);
   EXPECT_EQ(a.gpus, b.gpus);
   EXPECT_EQ(a.device_wait_timeout, b.device_wait_timeout);
@@ -204,6 +205,7 @@ model:
   path: /models/m.gguf
   precision: bf16
   decode_activations: int8
+  chat_template: /models/chat.jinja
 device:
   kind: cpu
   threads: 3
@@ -246,6 +248,7 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.model_path, "/models/m.gguf");
   EXPECT_EQ(c.precision, "bf16");
   EXPECT_EQ(c.decode_activations, "int8");
+  EXPECT_EQ(c.chat_template, "/models/chat.jinja");
   EXPECT_EQ(c.device_kind, "cpu");
   EXPECT_EQ(c.threads, 3);
   EXPECT_EQ(c.tp, 3);
@@ -370,7 +373,7 @@ TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
                        Not(HasSubstr("did you mean"))));
   EXPECT_THAT(error_of("limits: {max_request: 4}"), HasSubstr("limits.max_request: unknown key"));
   EXPECT_THAT(error_of("device: {gpu: 1}"), AllOf(HasSubstr("device.gpu: unknown key"), HasSubstr("kind, gpus, threads")));
-  EXPECT_THAT(error_of("model: {name: x}"), AllOf(HasSubstr("model.name"), HasSubstr("path, precision, decode_activations")));
+  EXPECT_THAT(error_of("model: {name: x}"), AllOf(HasSubstr("model.name"), HasSubstr("path, precision, decode_activations, chat_template")));
   EXPECT_THAT(error_of("server: {addr: x}"), AllOf(HasSubstr("server.addr"), HasSubstr("host, port")));
 }
 
@@ -422,7 +425,7 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
   EXPECT_THAT(error_of("limits: {restart_backoff: soon}"), HasSubstr("limits.restart_backoff:"));
   EXPECT_THAT(error_of("limits: {max_requests: }"), HasSubstr("limits.max_requests: expected an integer, got nothing"));
   // A section that is not a map.
-  EXPECT_THAT(error_of("model: 3"), HasSubstr("model: expected a map with keys (path, precision, decode_activations), got '3'"));
+  EXPECT_THAT(error_of("model: 3"), HasSubstr("model: expected a map with keys (path, precision, decode_activations, chat_template), got '3'"));
   EXPECT_THAT(error_of("tiers: [ram, ssd]"), HasSubstr("tiers: expected a map with keys (ram, ssd, remote), got a list"));
   EXPECT_THAT(error_of("tiers: {ssd: on}"), HasSubstr("tiers.ssd: expected a map"));
 }
@@ -495,6 +498,7 @@ TEST(RuntimeConfigErrors, Budgets) {
 
 TEST(RuntimeConfigErrors, UnknownNames) {
   EXPECT_THAT(error_of("model: {precision: fp16}"), HasSubstr("model.precision: unknown precision 'fp16' (auto, bf16, f32)"));
+  EXPECT_THAT(error_of("model: {chat_template: ''}"), HasSubstr("model.chat_template: give a Jinja file's path"));
   EXPECT_THAT(error_of("model: {decode_activations: int4}"),
               HasSubstr("model.decode_activations: unknown decode activations 'int4' (auto, exact, int8)"));
   EXPECT_THAT(error_of("blend: {mode: cacheblend}"),

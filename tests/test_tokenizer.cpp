@@ -21,13 +21,13 @@
 #include <vector>
 
 #include "model/gguf.h"
+#include "model/gguf_writer.h"
 #include "blend/rag_prompt.h"
 #include "model/tokenizer.h"
 
 namespace {
 
 using bs::ChatMessage;
-using bs::ChatTemplate;
 using bs::StreamDecoder;
 using bs::Tokenizer;
 using bs::TokenizerSpec;
@@ -222,6 +222,19 @@ TEST(Tokenizer, Metadata) {
   EXPECT_EQ(tok.token_bytes(tok.token_id("\n")), "\n");
   EXPECT_THROW(tok.token_bytes(-1), std::out_of_range);
   EXPECT_THROW(tok.token_bytes(49152), std::out_of_range);
+}
+
+// The end tokens a GGUF declares besides its EOS (tokenizer.ggml.eot_token_id,
+// eom_token_id: Llama 3.1's <|eot_id|> and <|eom_id|>) end a generation; other plain
+// tokens do not.
+TEST(Tokenizer, EndOfTurnTokensEndAGeneration) {
+  bs::GgufWriter w;
+  w.str("tokenizer.ggml.model", "gpt2").str_array("tokenizer.ggml.tokens", bs::byte_level_alphabet());
+  w.i32("tokenizer.ggml.eos_token_id", 10).i32("tokenizer.ggml.eot_token_id", 65).i32("tokenizer.ggml.eom_token_id", 66);
+  const auto bytes = w.bytes();
+  const Tokenizer tok = Tokenizer::from_gguf(GgufFile::parse(bytes.data(), bytes.size()));
+  for (int32_t id : {10, 65, 66}) EXPECT_TRUE(tok.ends_generation(id)) << id;
+  for (int32_t id : {11, 64, 67}) EXPECT_FALSE(tok.ends_generation(id)) << id;
 }
 
 TEST(Tokenizer, RejectsUnsupportedSpecs) {
@@ -481,144 +494,6 @@ TEST(Tokenizer, NoTextTakesFewerTokensThanItsBytesOverTheLongestToken) {
     for (int i = 0, n = static_cast<int>(rng() % 200); i < n; ++i) t += pool[rng() % pool.size()];
     check(t, iter % 2 == 0);
   }
-}
-
-// ---- chat template ----------------------------------------------------------------------
-
-const char* kSmolSystem = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-
-TEST(ChatTemplate, SmolLM2DefaultSystemPrompt) {
-  REQUIRE_MODEL();
-  const ChatTemplate tpl = ChatTemplate::from_gguf(shared()->file);
-  EXPECT_EQ(tpl.default_system(), kSmolSystem);
-  EXPECT_EQ(tpl.stop_strings(), (std::vector<std::string>{"<|im_end|>"}));
-
-  const std::string one = tpl.apply({{"user", "What is 2+2?"}}, true);
-  EXPECT_EQ(one, std::string("<|im_start|>system\n") + kSmolSystem +
-                     "<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n");
-  EXPECT_EQ(tpl.apply({{"user", "Hi"}}, false),
-            std::string("<|im_start|>system\n") + kSmolSystem + "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
-  EXPECT_EQ(tpl.apply({}, true), "<|im_start|>assistant\n");
-}
-
-TEST(ChatTemplate, ConversationWithSystem) {
-  REQUIRE_MODEL();
-  const ChatTemplate tpl = ChatTemplate::from_gguf(shared()->file);
-  const std::vector<ChatMessage> conv = {
-      {"system", "Be brief."}, {"user", "Capital of France?"}, {"assistant", "Paris."}};
-  const std::string s = tpl.apply(conv, false);
-  EXPECT_EQ(s,
-            "<|im_start|>system\nBe brief.<|im_end|>\n"
-            "<|im_start|>user\nCapital of France?<|im_end|>\n"
-            "<|im_start|>assistant\nParis.<|im_end|>\n");
-  EXPECT_EQ(tpl.apply(conv, true), s + "<|im_start|>assistant\n");
-
-  // Tokenized with special tokens recognised: every turn is <|im_start|> ... <|im_end|>.
-  const Tokenizer& tok = shared()->tok;
-  const auto ids = tok.encode(s, true);
-  ASSERT_FALSE(ids.empty());
-  EXPECT_EQ(ids.front(), 1);
-  EXPECT_EQ(std::count(ids.begin(), ids.end(), 1), 3);
-  EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 3);
-  EXPECT_EQ(tok.decode(ids), s);
-  const auto one = tok.encode(tpl.apply({{"user", "Hi"}}, true), true);
-  EXPECT_EQ(one.front(), 1);
-  EXPECT_EQ(std::count(one.begin(), one.end(), 1), 3);  // system, user, assistant
-  EXPECT_EQ(std::count(one.begin(), one.end(), 2), 2);
-}
-
-// Builds a minimal GGUF v3 file holding one string key.
-std::vector<uint8_t> gguf_with_string(const std::string& key, const std::string& value) {
-  std::vector<uint8_t> b;
-  auto put = [&](const void* p, size_t n) {
-    const auto* c = static_cast<const uint8_t*>(p);
-    b.insert(b.end(), c, c + n);
-  };
-  auto u32 = [&](uint32_t v) { put(&v, 4); };
-  auto u64 = [&](uint64_t v) { put(&v, 8); };
-  auto str = [&](const std::string& s) {
-    u64(s.size());
-    put(s.data(), s.size());
-  };
-  put("GGUF", 4);
-  u32(3);
-  u64(0);  // tensors
-  u64(2);  // key/values
-  str("general.alignment");
-  u32(4);  // uint32
-  u32(32);
-  str(key);
-  u32(8);  // string
-  str(value);
-  while (b.size() % 32) b.push_back(0);
-  return b;
-}
-
-TEST(ChatTemplate, Qwen2StyleTemplateAndFallbacks) {
-  // Qwen2.5-style: the first "<|im_start|>system" concatenates messages[0]['content'];
-  // the default prompt is the later literal, written with "\n" escapes.
-  const std::string qwen =
-      "{%- if messages[0]['role'] == 'system' %}\n"
-      "    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
-      "{%- else %}\n"
-      "    {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n"
-      "{%- endif %}\n"
-      "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
-      "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n";
-  const auto buf = gguf_with_string("tokenizer.chat_template", qwen);
-  const GgufFile f = GgufFile::parse(buf.data(), buf.size());
-  const ChatTemplate tpl = ChatTemplate::from_gguf(f);
-  EXPECT_EQ(tpl.default_system(), "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
-  EXPECT_EQ(tpl.apply({{"user", "x"}}, true),
-            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-            "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
-
-  // Another template family (Mistral style): it loads, but rendering a chat with it
-  // is a clear error naming the template, never a silent ChatML prompt.
-  const auto buf2 = gguf_with_string("tokenizer.chat_template", "{{ bos_token }}[INST] {{ m }} [/INST]");
-  const ChatTemplate other = ChatTemplate::from_gguf(GgufFile::parse(buf2.data(), buf2.size()));
-  EXPECT_FALSE(other.supported());
-  try {
-    other.apply({{"user", "x"}}, true);
-    ADD_FAILURE() << "rendered with an unsupported template";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("not supported"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("[INST]"), std::string::npos) << e.what();
-  }
-  EXPECT_THROW(other.turn_open("user"), std::invalid_argument);
-  EXPECT_THROW(other.generation_prompt(), std::invalid_argument);
-  // Missing template: ChatML, no system prompt (as llama.cpp).
-  const auto buf3 = gguf_with_string("general.name", "t");
-  const ChatTemplate missing = ChatTemplate::from_gguf(GgufFile::parse(buf3.data(), buf3.size()));
-  EXPECT_TRUE(missing.supported());
-  EXPECT_EQ(missing.default_system(), "");
-  EXPECT_EQ(missing.apply({{"user", "x"}}, true), "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
-  // The turn pieces compose to what apply renders.
-  const ChatTemplate plain = ChatTemplate::chatml();
-  EXPECT_EQ(plain.turn_open("user") + "u" + plain.turn_close() + plain.generation_prompt(),
-            plain.apply({{"user", "u"}}, true));
-  EXPECT_EQ(ChatTemplate::chatml("sys").apply({{"user", "u"}}, false),
-            "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nu<|im_end|>\n");
-}
-
-TEST(ChatTemplate, RagPromptAssemblyTakesItsMarkupFromTheTemplate) {
-  REQUIRE_MODEL();
-  const Tokenizer& tok = shared()->tok;
-  const ChatTemplate tpl = ChatTemplate::from_gguf(shared()->file);
-  const auto p = bs::assemble_rag_prompt(tok, tpl, {{"user", "Who?"}}, {"Doc one.", "Doc two."});
-  const std::string prefix = tok.decode(p.prefix), suffix = tok.decode(p.suffix);
-  EXPECT_EQ(prefix, tpl.apply({{"user", ""}}, false).substr(0, prefix.size()));
-  EXPECT_TRUE(prefix.ends_with(tpl.turn_open("user"))) << prefix;
-  EXPECT_EQ(suffix, "Who?" + tpl.turn_close() + tpl.generation_prompt());
-  ASSERT_EQ(p.chunks.size(), 2u);
-  EXPECT_EQ(tok.decode(p.chunks[1]), "Doc two.\n\n");
-  // The concatenation is exactly the chat the template renders with the documents
-  // in the user's turn.
-  EXPECT_EQ(tok.decode(p.concatenated()),
-            tpl.apply({{"user", "Doc one.\n\nDoc two.\n\nWho?"}}, true));
-  // A template of another family is refused, not replaced by ChatML.
-  EXPECT_THROW(bs::assemble_rag_prompt(tok, ChatTemplate::unsupported("{{ bos_token }}[INST]"), {{"user", "Who?"}}, {}),
-               std::invalid_argument);
 }
 
 // ---- speed (reported, not asserted) -------------------------------------------------------

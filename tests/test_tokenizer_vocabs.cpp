@@ -134,6 +134,28 @@ TEST(TokenizerVocabs, SentencePieceIdsDecodeBackToTheirText) {
   }
 }
 
+// A text that continues a longer one (a RAG prompt's documents and question) gets no
+// space prefix at its start, and still one after each special token in it: the tokens
+// encode() gives for the whole text, from where the continuation starts.
+TEST(TokenizerVocabs, AContinuationHasNoSpacePrefixAtItsStart) {
+  for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-llama-bpe.gguf"}) {
+    SCOPED_TRACE(name);
+    const auto tok = bs::Tokenizer::from_gguf(bs::gguf::GgufFile::open((kDir / name).string()));
+    const bool spm = std::string(name).find("spm") != std::string::npos || std::string(name).find("phi") != std::string::npos;
+    const std::string head = "Documents:\n";
+    const std::string rest = "The tower is 330 metres tall.</s>Next";
+    const auto whole = tok.encode(head + rest, true);
+    const auto first = tok.encode(head, true);
+    const auto cont = tok.encode_continuation(rest, true);
+    std::vector<int32_t> joined(first);
+    joined.insert(joined.end(), cont.begin(), cont.end());
+    EXPECT_EQ(joined, whole);
+    EXPECT_EQ(tok.decode(cont), spm ? "The tower is 330 metres tall.</s> Next" : rest);
+    // At the start of an input, encode() puts the space there (SentencePiece).
+    EXPECT_EQ(tok.decode(tok.encode(rest, true)).front() == ' ', spm);
+  }
+}
+
 // Whether prompts begin with BOS: the file's tokenizer.ggml.add_bos_token, else
 // llama.cpp's default (SentencePiece and the Llama 3 pre-tokenizers add it).
 TEST(TokenizerVocabs, AddBosFollowsTheFileOrLlamaCppsDefault) {

@@ -83,6 +83,17 @@ struct MemoryBenchOptions {
 };
 int bench_memory(const MemoryBenchOptions& opt);
 
+// `bench text`: encoding a MuSiQue prompt (the first --dataset case's documents and
+// question), rendering the chat template around a question, assembling the RAG prompt;
+// median and fastest of `repeats` (targets: 2 ms and 1 ms). Tokenizer and template only.
+struct TextBenchOptions {
+  std::string model_path;
+  std::string dataset;
+  std::string chat_template;  // a Jinja file instead of the model's own
+  int repeats = 50;
+};
+int bench_text(const TextBenchOptions& opt);
+
 // `bench decode`: N concurrent greedy streams through the runtime (continuous
 // batching) for each N in `streams`; the decode-phase tokens/s of each, and the
 // ratio of the last stream count to the first.
@@ -147,6 +158,7 @@ int print_trace(const TraceOptions& opt);
 struct EvalOptions {
   std::string model_path;
   std::string dataset;
+  std::string chat_template;  // --chat-template: a Jinja file rendering the chats instead of the model's own
   std::string precision = "auto";  // auto | bf16 | f32 (kernels::choose_precision)
   std::string kv_dtype = kDefaultKvDtype;  // f32 | f16 | bf16: how the KV cache holds K and V
   std::vector<std::string> modes{"blend"};

@@ -142,6 +142,14 @@ int main(int argc, char** argv) {
   memory->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
   memory->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
 
+  bs::tools::TextBenchOptions xopt;
+  xopt.dataset = topt.dataset;
+  auto* text = bench->add_subcommand(
+      "text", "Encoding a MuSiQue prompt, rendering the chat template, assembling the RAG prompt (targets 2 ms, 1 ms)");
+  text->add_option("--dataset", xopt.dataset, "JSON lines; the first case's documents and question")->capture_default_str();
+  text->add_option("--chat-template", xopt.chat_template, "Jinja chat template file instead of the model's own");
+  text->add_option("--repeats", xopt.repeats)->check(CLI::Range(1, 10000))->capture_default_str();
+
   std::string random_shape, random_weights = "q4_0", random_out;
   auto* make_random = app.add_subcommand(
       "make-random-model", "Write a random-weight model of a known shape as GGUF (benchmarks of shapes we have no file for)");
@@ -409,6 +417,8 @@ int main(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "RAG quality of full/prefix/reuse/blend on a QA set (JSON lines)");
   std::string modes = "blend";
   eval->add_option("--dataset", eopt.dataset, "JSON lines {id, documents, question, answers}")->required();
+  eval->add_option("--chat-template", eopt.chat_template,
+                   "Jinja chat template file to render the chats with instead of the model's own");
   eval->add_option("--mode", modes, "full|prefix|reuse|blend, or a comma list (the full reference runs once)");
   auto* eval_ratio =
       eval->add_option("--ratio", eopt.ratio, "Blend recompute ratio")->capture_default_str()->check(CLI::Range(0.0, 1.0));
@@ -513,6 +523,10 @@ int main(int argc, char** argv) {
       mopt.precision = precision;
       mopt.kv_dtype = kv_dtype;
       return bs::tools::bench_memory(mopt);
+    }
+    if (text->parsed()) {
+      xopt.model_path = opt.model_path;
+      return bs::tools::bench_text(xopt);
     }
     if (make_random->parsed()) {
       const auto type = random_weights == "q4_0"   ? bs::kernels::TensorType::Q4_0

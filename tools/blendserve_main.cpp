@@ -262,6 +262,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);  // none: --node
   std::string model_path, config_path, node;
   app.add_option("--model", model_path, "GGUF model file (default: the config's, else $BLENDSERVE_MODEL or the embedded default)");
+  std::string chat_template;
+  app.add_option("--chat-template", chat_template,
+                 "Jinja chat template file to render chats with instead of the model's own (model.chat_template)");
   std::string device_kind;
   int gpu = -1;
   app.add_option("--device", device_kind, "Compute backend: cpu or cuda (device.kind; cuda in builds made with nvcc)")
@@ -346,6 +349,7 @@ int main(int argc, char** argv) {
   try {
     bs::RuntimeConfig config = config_path.empty() ? bs::default_runtime_config() : bs::load_runtime_config(config_path);
     if (!model_path.empty()) config.model_path = model_path;
+    if (!chat_template.empty()) config.chat_template = chat_template;
     if (!device_kind.empty()) config.device_kind = device_kind;
     if (gpu >= 0) config.gpus = {gpu};
     if (tp > 0) config.tp = tp;

@@ -268,6 +268,7 @@ int eval_rag(const EvalOptions& opt) {
   if (!kernels::kv_dtype_from_name(opt.kv_dtype, kv_dtype))
     throw std::invalid_argument("unknown KV dtype '" + opt.kv_dtype + "' (f32, f16, bf16)");
   LlamaModel model(opt.model_path, *backend, precision, kv_dtype);
+  if (!opt.chat_template.empty()) model.set_chat_template(ChatTemplate::from_operator(opt.chat_template, model.tokenizer()));
   Transformer tf(model);
   MemoryKvStore store(int64_t{16} << 30);
   BlendEngine engine(tf, chunk_prelude_tokens(model.tokenizer(), opt.chunk_prelude));
@@ -281,6 +282,7 @@ int eval_rag(const EvalOptions& opt) {
   std::unique_ptr<StoreBackedBlend> ref_blend;
   if (!fp32_kv) {
     ref_model = std::make_unique<LlamaModel>(opt.model_path, *backend, precision, kernels::TensorType::F32);
+    ref_model->set_chat_template(model.chat_template());
     ref_tf = std::make_unique<Transformer>(*ref_model);
     ref_engine = std::make_unique<BlendEngine>(*ref_tf, chunk_prelude_tokens(ref_model->tokenizer(), opt.chunk_prelude));
     ref_blend = std::make_unique<StoreBackedBlend>(*ref_engine, store);
@@ -288,6 +290,16 @@ int eval_rag(const EvalOptions& opt) {
   const LlamaModel& reference_model = fp32_kv ? model : *ref_model;
   StoreBackedBlend& reference_blend = fp32_kv ? from_store : *ref_blend;
   const auto& tok = model.tokenizer();
+  // Whether the chat template takes the system prompt (Gemma's refuses a system role).
+  bool system_role = !opt.system_prompt.empty();
+  if (system_role) {
+    try {
+      model.chat_template().apply({{"system", opt.system_prompt}, {"user", "?"}}, true);
+    } catch (const TemplateRaised& e) {
+      std::fprintf(stderr, "eval: the chat template refuses a system prompt (%s): the question goes alone\n", e.what());
+      system_role = false;
+    }
+  }
   const int64_t V = model.config().vocab;
   std::vector<Totals> totals(runs.size());
 
@@ -317,7 +329,9 @@ int eval_rag(const EvalOptions& opt) {
              {"filtering", opt.filtering},
              {"sink_tokens", opt.sink_tokens},
              {"chunk_prelude", opt.chunk_prelude},
-             {"system_prompt", opt.system_prompt},
+             {"system_prompt", system_role ? opt.system_prompt : std::string()},
+             {"chat_template", model.chat_template().origin()},
+             {"chat_template_renders", model.chat_template().apply({{"user", "Q?"}}, true)},
              {"question_prefix", opt.question_prefix}};
     // Only when not the default: the logs of runs from before the rule existed resume.
     if (opt.selection != "deviation") settings["selection"] = opt.selection;
@@ -380,10 +394,15 @@ int eval_rag(const EvalOptions& opt) {
     const std::string question = c.at("question").get<std::string>();
     if (answers.empty()) throw std::runtime_error("case " + c.value("id", "?") + " has no answers");
     // The CacheBlend evaluation's instructions (blend_musique.py): a fixed system
-    // prompt (reused as the exact prefix) and the question after the passages.
-    RagPrompt prompt = assemble_rag_prompt(
-        tok, model.chat_template(),
-        {{"system", opt.system_prompt}, {"user", opt.question_prefix + question}}, docs);
+    // prompt (reused as the exact prefix) and the question after the passages. A template
+    // without a system role (Gemma's) gets the question alone: its prefix says the same.
+    const auto chat_of = [&](const std::string& user) {
+      std::vector<ChatMessage> chat;
+      if (system_role) chat.push_back(ChatMessage{"system", opt.system_prompt});
+      chat.push_back(ChatMessage{"user", user});
+      return chat;
+    };
+    RagPrompt prompt = assemble_rag_prompt(tok, model.chat_template(), chat_of(opt.question_prefix + question), docs);
     if (!opt.match_only) from_store.warm(prompt);  // cached modes find every chunk in RAM
     json pasted_facts;
     if (opt.pasted) {
@@ -399,7 +418,7 @@ int eval_rag(const EvalOptions& opt) {
       for (const auto& d : docs) message += d + "\n\n";
       message += opt.question_prefix + question;
       PastedMatch m;
-      const std::vector<ChatMessage> pasted_chat = {{"system", opt.system_prompt}, {"user", message}};
+      const std::vector<ChatMessage> pasted_chat = chat_of(message);
       // What the search costs beside the plain assembly of the same message (a hit
       // checks the text too, so a miss costs less).
       const auto m0 = std::chrono::steady_clock::now();

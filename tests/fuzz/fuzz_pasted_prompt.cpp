@@ -42,7 +42,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (!std::filesystem::exists(path)) std::abort();  // run tools/setup.sh first
   auto f = bs::gguf::GgufFile::open(path);
   auto tok = bs::Tokenizer::from_gguf(f);
-  auto tmpl = bs::ChatTemplate::from_gguf(f);
+  auto tmpl = bs::ChatTemplate::from_gguf(f, tok);
   shared = new Shared{std::move(f), std::move(tok), std::move(tmpl), bs::PastedChunkIndex(8), {}};
   for (const auto& d : kDocs) {
     shared->stored.push_back(bs::document_chunk_tokens(shared->tok, d));

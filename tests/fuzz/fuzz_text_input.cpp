@@ -10,7 +10,11 @@
 // every message's content in it and the generation prompt at its end. The same bytes
 // through Gemma 3's SentencePiece vocabulary (byte tokens for every byte, no space
 // prefix) give ids in the vocabulary, and valid UTF-8 comes back exactly, but for
-// U+2581, which SentencePiece spells a space with. Never a crash or a throw.
+// U+2581, which SentencePiece spells a space with. And through a tokenizer.json's
+// SentencePiece BPE merged by its merge list (Llama 2's vocabulary in transformers'
+// Metaspace layout, tests/fixtures/spm_tokenizer_json): valid UTF-8 comes back with the
+// one space Metaspace puts in front (none before a space, none for a continuation).
+// Never a crash or a throw.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -19,7 +23,11 @@
 #include <string_view>
 #include <vector>
 
+#include <unistd.h>
+
 #include "model/gguf.h"
+#include "model/chat_template.h"
+#include "model/hf_checkpoint.h"
 #include "model/tokenizer.h"
 
 namespace {
@@ -32,6 +40,7 @@ struct Shared {
 };
 Shared* shared = nullptr;
 bs::Tokenizer* spm = nullptr;  // Gemma 3's
+bs::Tokenizer* by_rank = nullptr;  // a tokenizer.json's SentencePiece BPE (Llama 2's vocabulary)
 
 // RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF.
 bool valid_utf8(std::string_view s) {
@@ -80,6 +89,19 @@ void check_spm(const std::string& text) {
     if (id < 0 || id >= spm->vocab_size()) std::abort();
 }
 
+// The tokenizer.json SentencePiece: ids in the vocabulary (which has a byte token for
+// every byte), valid UTF-8 back with Metaspace's one leading space.
+void check_by_rank(const std::string& text) {
+  for (bool start : {true, false}) {
+    const auto ids = start ? by_rank->encode(text, false) : by_rank->encode_continuation(text, false);
+    for (int32_t id : ids)
+      if (id < 0 || id >= by_rank->vocab_size()) std::abort();
+    if (!valid_utf8(text)) continue;
+    const bool prefix = start && !text.empty() && text.front() != ' ';
+    if (by_rank->decode(ids) != (prefix ? " " : "") + spm_round_trip(text)) std::abort();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -87,11 +109,23 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (!std::filesystem::exists(path)) std::abort();  // run tools/setup.sh first
   auto f = bs::gguf::GgufFile::open(path);
   auto tok = bs::Tokenizer::from_gguf(f);
-  auto tmpl = bs::ChatTemplate::from_gguf(f);
+  auto tmpl = bs::ChatTemplate::from_gguf(f, tok);
   shared = new Shared{std::move(f), std::move(tok), std::move(tmpl)};
   for (int b = 0; b < 256; ++b) shared->has_byte[b] = shared->tok.token_id(std::string(1, static_cast<char>(b))) >= 0;
   if (!std::filesystem::exists(BLENDSERVE_GEMMA3_MODEL)) std::abort();  // tools/setup.sh installs it
   spm = new bs::Tokenizer(bs::Tokenizer::from_gguf(bs::gguf::GgufFile::open(BLENDSERVE_GEMMA3_MODEL)));
+  {
+    const std::filesystem::path fixture = std::filesystem::path(BLENDSERVE_FIXTURES) / "spm_tokenizer_json" / "llama2-metaspace";
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("bs_fuzz_tokenizer_json_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(fixture / "tokenizer_config.json", dir / "tokenizer_config.json");
+    const std::string cmd =
+        "gzip -dc '" + (fixture / "tokenizer.json.gz").string() + "' > '" + (dir / "tokenizer.json").string() + "'";
+    if (std::system(cmd.c_str()) != 0) std::abort();
+    by_rank = new bs::Tokenizer(bs::Tokenizer::from_gguf(bs::open_hf_tokenizer(dir.string())));
+    std::filesystem::remove_all(dir);
+  }
   // Huge inputs, once per run (the fuzzed ones stay under -max_len for speed): 256 KiB
   // of one letter (the longest pre-tokenizer piece, the merge loop's worst case) and of
   // every byte in turn must encode and come back (less the bytes without a token).
@@ -103,6 +137,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       if (shared->has_byte[b]) kept.push_back(static_cast<char>(b));
     if (shared->tok.decode(shared->tok.encode(*t, false)) != kept) std::abort();
     check_spm(*t);
+    check_by_rank(*t);
   }
   return 0;
 }
@@ -145,6 +180,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (valid_utf8(back) && streamed != back) std::abort();
 
   check_spm(text);
+  check_by_rank(text);
 
   // Control tokens written in the text parse to ids in the vocabulary too.
   for (int32_t id : tok.encode(text, true))
@@ -162,9 +198,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   messages.back().role = "user";
   const std::string rendered = shared->tmpl.apply(messages, true);
-  const std::string prompt = shared->tmpl.generation_prompt();
-  if (rendered.size() < prompt.size() || rendered.compare(rendered.size() - prompt.size(), prompt.size(), prompt) != 0)
-    std::abort();
+  // The RAG prompt's cut (blend/rag_prompt.h) around the question is the same text.
+  const auto cut = shared->tmpl.cut_at_last_message(messages);
+  if (cut.before + messages.back().content + cut.after != rendered) std::abort();
   size_t at = 0;
   for (const auto& m : messages) {  // every content, in order
     const size_t found = rendered.find(m.content, at);
