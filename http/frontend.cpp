@@ -147,10 +147,14 @@ bool event_has_token(std::string_view event) {
   const json j = json::parse(payload, nullptr, false);
   if (!j.is_object() || !j.contains("choices") || !j["choices"].is_array()) return false;
   for (const auto& c : j["choices"]) {
+    // A text completion's text; a chat delta's content or tool calls.
+    if (const auto text = c.find("text"); text != c.end() && text->is_string() && !text->get<std::string>().empty())
+      return true;
     const auto d = c.find("delta");
     if (d == c.end() || !d->is_object()) continue;
     const auto content = d->find("content");
     if (content != d->end() && content->is_string() && !content->get<std::string>().empty()) return true;
+    if (const auto calls = d->find("tool_calls"); calls != d->end() && calls->is_array() && !calls->empty()) return true;
   }
   return false;
 }

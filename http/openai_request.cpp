@@ -1,6 +1,7 @@
 #include "http/openai_request.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -104,6 +105,33 @@ std::string join(const std::vector<std::string>& parts) {
   return out;
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments"}}] -> the array as JSON text.
+std::string parse_message_tool_calls(const json& v, const std::string& param) {
+  if (!v.is_array()) wrong_type(param, v, "an array");
+  if (v.empty()) throw bad_request("'" + param + "' must not be empty", param);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    const json& c = v[i];
+    if (!c.is_object()) wrong_type(p, c, "an object");
+    for (const auto& [k, f] : c.items())
+      if (k != "id" && k != "type" && k != "function" && k != "index")
+        throw bad_request("'" + p + "." + k + "' is not supported", p + "." + k, "unsupported_parameter");
+    if (!c.contains("id")) throw bad_request("'" + p + ".id' is required", p + ".id");
+    get_string(c["id"], p + ".id");
+    if (c.contains("type") && (!c["type"].is_string() || c["type"] != "function"))
+      throw bad_request("'" + p + ".type' must be \"function\"", p + ".type");
+    if (!c.contains("function") || !c["function"].is_object())
+      throw bad_request("'" + p + ".function' must be an object", p + ".function");
+    const json& f = c["function"];
+    if (!f.contains("name")) throw bad_request("'" + p + ".function.name' is required", p + ".function.name");
+    get_string(f["name"], p + ".function.name");
+    if (!f.contains("arguments")) throw bad_request("'" + p + ".function.arguments' is required", p + ".function.arguments");
+    get_string(f["arguments"], p + ".function.arguments");
+  }
+  return v.dump(-1, ' ', false, json::error_handler_t::strict);
+}
+
 struct Messages {
   std::vector<ChatMessage> messages;
   std::vector<std::string> documents;  // from the last user message's text parts
@@ -121,16 +149,31 @@ Messages parse_messages(const json& v) {
     if (role_it == m.end()) throw bad_request("'" + p + ".role' is required", p + ".role");
     std::string role = get_string(*role_it, p + ".role");
     if (role == "developer") role = "system";  // OpenAI's newer name for the system role
-    if (role != "system" && role != "user" && role != "assistant")
-      throw bad_request("unknown role '" + role + "' in '" + p + ".role' (system, developer, user, assistant)",
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      throw bad_request("unknown role '" + role + "' in '" + p + ".role' (system, developer, user, assistant, tool)",
                         p + ".role", "invalid_role");
     for (const auto& [k, f] : m.items())
-      if (k != "role" && k != "content" && k != "name")
+      if (k != "role" && k != "content" && k != "name" && !(k == "tool_calls" && role == "assistant") &&
+          !(k == "tool_call_id" && role == "tool"))
         throw bad_request("'" + p + "." + k + "' is not supported", p + "." + k, "unsupported_parameter");
+    // An assistant's earlier tool calls; its content may then be null.
+    std::string tool_calls;
+    if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null())
+      tool_calls = parse_message_tool_calls(*calls, p + ".tool_calls");
+    std::string tool_call_id;
+    if (role == "tool") {
+      const auto id = m.find("tool_call_id");
+      if (id == m.end()) throw bad_request("'" + p + ".tool_call_id' is required", p + ".tool_call_id");
+      tool_call_id = get_string(*id, p + ".tool_call_id");
+    }
     const auto content_it = m.find("content");
-    if (content_it == m.end() || content_it->is_null())
+    if ((content_it == m.end() || content_it->is_null()) && tool_calls.empty())
       throw bad_request("'" + p + ".content' is required", p + ".content");
     if (auto name = m.find("name"); name != m.end()) get_string(*name, p + ".name");
+    if (content_it == m.end() || content_it->is_null()) {
+      out.messages.emplace_back(role, "", std::move(tool_calls));
+      continue;
+    }
     auto parts = content_parts(*content_it, p + ".content");
     const bool last = i + 1 == v.size();
     if (last && role == "user" && parts.size() > 1) {
@@ -142,15 +185,60 @@ Messages parse_messages(const json& v) {
         }
       SplitMessage split = split_text_parts(parts);
       out.documents = std::move(split.documents);
-      out.messages.push_back({role, std::move(split.question)});
+      out.messages.emplace_back(role, std::move(split.question));
     } else {
-      out.messages.push_back({role, join(parts)});
+      out.messages.emplace_back(role, join(parts), std::move(tool_calls), std::move(tool_call_id));
     }
   }
-  if (out.messages.back().role != "user")
-    throw bad_request("the last message must be the user's (got '" + out.messages.back().role + "')",
+  if (out.messages.back().role != "user" && out.messages.back().role != "tool")
+    throw bad_request("the last message must be the user's or a tool's result (got '" + out.messages.back().role + "')",
                       "messages[" + std::to_string(v.size() - 1) + "].role");
   return out;
+}
+
+// A tool's or a call's function name: what OpenAI allows.
+const std::string& get_function_name(const json& v, const std::string& param) {
+  const std::string& name = get_string(v, param);
+  const bool ok = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+  if (!ok) throw bad_request("'" + param + "' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", param);
+  return name;
+}
+
+void check_keys(const json& o, const std::string& param, std::initializer_list<const char*> allowed) {
+  for (const auto& [k, f] : o.items())
+    if (std::none_of(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; }))
+      throw bad_request("'" + param + "." + k + "' is not supported", param + "." + k, "unsupported_parameter");
+}
+
+// tools: [{"type": "function", "function": {"name", "description"?, "parameters"?,
+// "strict"?}}] -> the array as JSON text and the names.
+void parse_tools(const json& v, ChatCompletionRequest& out) {
+  if (!v.is_array()) wrong_type("tools", v, "an array");
+  if (v.size() > 128) throw bad_request("'tools' holds at most 128 tools", "tools");
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = "tools[" + std::to_string(i) + "]";
+    const json& t = v[i];
+    if (!t.is_object()) wrong_type(p, t, "an object");
+    check_keys(t, p, {"type", "function"});
+    if (!t.contains("type") || !t["type"].is_string() || t["type"] != "function")
+      throw bad_request("'" + p + ".type' must be \"function\"", p + ".type");
+    if (!t.contains("function")) throw bad_request("'" + p + ".function' is required", p + ".function");
+    const json& f = t["function"];
+    if (!f.is_object()) wrong_type(p + ".function", f, "an object");
+    check_keys(f, p + ".function", {"name", "description", "parameters", "strict"});
+    if (!f.contains("name")) throw bad_request("'" + p + ".function.name' is required", p + ".function.name");
+    const std::string& name = get_function_name(f["name"], p + ".function.name");
+    if (std::find(out.tool_names.begin(), out.tool_names.end(), name) != out.tool_names.end())
+      throw bad_request("two tools are named '" + name + "'", p + ".function.name");
+    if (f.contains("description")) get_string(f["description"], p + ".function.description");
+    if (f.contains("parameters") && !f["parameters"].is_object())
+      wrong_type(p + ".function.parameters", f["parameters"], "an object (a JSON Schema)");
+    if (f.contains("strict")) get_bool(f["strict"], p + ".function.strict");
+    out.tool_names.push_back(name);
+  }
+  if (!v.empty()) out.request.tools = v.dump(-1, ' ', false, json::error_handler_t::strict);
 }
 
 std::vector<std::string> parse_stop(const json& v) {
@@ -278,7 +366,7 @@ ChatCompletionRequest parse_chat_completion(std::string_view body, int default_m
       "model",  "messages", "stream",    "stream_options", "max_tokens",        "max_completion_tokens",
       "temperature", "top_p", "seed",    "stop",           "n",                 "presence_penalty",
       "frequency_penalty", "logprobs", "response_format", "user", "metadata", "store", "service_tier",
-      "documents", "top_k", "mode",      "ratio"};
+      "documents", "top_k", "mode",      "ratio", "tools", "tool_choice", "parallel_tool_calls"};
   check_known(j, known);
 
   ChatCompletionRequest out;
@@ -298,6 +386,25 @@ ChatCompletionRequest parse_chat_completion(std::string_view body, int default_m
     req.documents = std::move(parsed.documents);
   }
 
+  if (const json* v = field("tools")) parse_tools(*v, out);
+  if (const json* v = field("tool_choice")) {
+    // none: the tools are not offered (the template renders without them); auto: the
+    // model may call one. Forcing a call (required, a named function) needs constrained
+    // decoding, which blendserve does not do.
+    if (v->is_string() && (*v == "none" || *v == "auto")) {
+      if (*v == "none") {
+        out.request.tools.clear();
+        out.tool_names.clear();
+      }
+    } else if (v->is_string() || v->is_object()) {
+      throw bad_request("'tool_choice' " + v->dump().substr(0, 80) +
+                            " is not supported: the model is not forced to call a tool (use \"auto\" or \"none\")",
+                        "tool_choice", "unsupported_parameter");
+    } else {
+      wrong_type("tool_choice", *v, "\"none\" or \"auto\"");
+    }
+  }
+  if (const json* v = field("parallel_tool_calls")) out.parallel_tool_calls = get_bool(*v, "parallel_tool_calls");
   if (const json* v = field("logprobs"))
     if (get_bool(*v, "logprobs"))
       throw bad_request("'logprobs' is not supported", "logprobs", "unsupported_parameter");

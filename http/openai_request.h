@@ -5,14 +5,17 @@
 //
 // What is accepted (OpenAI's chat completions, plus blendserve's RAG fields):
 //   model (required), messages (required, non-empty; roles system, developer
-//   (= system), user, assistant; content a string or an array of text parts),
+//   (= system), user, assistant, tool; content a string or an array of text parts),
 //   stream, stream_options.include_usage, max_tokens / max_completion_tokens
 //   (the latter wins), temperature [0, 2], top_p (0, 1], seed, stop (a string or
 //   up to 4), n (1 only), presence/frequency_penalty (0 only), logprobs (false
 //   only), response_format {"type":"text"} only, user/metadata/store/
 //   service_tier (ignored). Extensions: documents (array of non-empty strings:
 //   each one a cached chunk), top_k (>= 0), mode (full|prefix|reuse|blend),
-//   ratio [0, 1].
+//   ratio [0, 1]. Tools: tools (functions: name, description, parameters as a JSON
+//   Schema, strict), tool_choice "auto" or "none" (forcing a call is refused),
+//   parallel_tool_calls; messages of role tool (content, tool_call_id) and assistants'
+//   tool_calls (content then may be null); the last message is the user's or a tool's.
 // Documents given as several text parts of the last user message: all parts but
 // the last are documents (README "How a RAG prompt is assembled"); not together
 // with a `documents` array. An unknown field is an error (a misspelt parameter
@@ -36,7 +39,9 @@ struct CompletionCommon {
 };
 
 struct ChatCompletionRequest : CompletionCommon {
-  RuntimeRequest request;     // messages, documents, sampling, mode, ratio
+  RuntimeRequest request;     // messages, documents, sampling, mode, ratio, tools
+  std::vector<std::string> tool_names;  // the tools offered (request.tools), in order
+  bool parallel_tool_calls = true;      // false: at most one call in the answer
 };
 
 // POST /v1/completions (OpenAI's legacy completions, as vLLM serves them): `prompt` a

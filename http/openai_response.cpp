@@ -30,7 +30,27 @@ json head(const CompletionMeta& m, const char* object) {
           {"system_fingerprint", m.system_fingerprint}};
 }
 
+json tool_calls_json(const CompletionMeta& m, const std::vector<ToolCall>& calls, bool with_index) {
+  const size_t dash = m.id.find('-');
+  const std::string base = "call_" + (dash == std::string::npos ? m.id : m.id.substr(dash + 1)) + "_";
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", base + std::to_string(i)},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 }  // namespace
+
+ParsedAnswer read_answer(const CompletionMeta& m, std::string_view text) {
+  ParsedAnswer a = parse_tool_calls(text, m.tools.format, m.tools.names);
+  if (!m.tools.parallel && a.calls.size() > 1) a.calls.resize(1);
+  return a;
+}
 
 std::string client_finish_reason(const std::string& runtime_reason) {
   return runtime_reason == "length" ? "length" : "stop";
@@ -47,10 +67,18 @@ std::string completion_json(const CompletionMeta& m, const RequestResult& r) {
     return dump(j);
   }
   json j = head(m, "chat.completion");
-  j["choices"] = json::array({{{"index", 0},
-                               {"message", {{"role", "assistant"}, {"content", r.text}, {"refusal", nullptr}}},
-                               {"logprobs", nullptr},
-                               {"finish_reason", client_finish_reason(r.finish_reason)}}});
+  json message = {{"role", "assistant"}, {"content", r.text}, {"refusal", nullptr}};
+  std::string finish = client_finish_reason(r.finish_reason);
+  if (m.tools.format != ToolCallFormat::none) {
+    const ParsedAnswer a = read_answer(m, r.text);
+    if (!a.calls.empty()) {
+      message["content"] = a.content.empty() ? json(nullptr) : json(a.content);
+      message["tool_calls"] = tool_calls_json(m, a.calls, false);
+      finish = "tool_calls";
+    }
+  }
+  j["choices"] = json::array({{{"index", 0}, {"message", std::move(message)}, {"logprobs", nullptr},
+                               {"finish_reason", finish}}});
   j["usage"] = usage(r);
   return dump(j);
 }
@@ -72,6 +100,16 @@ std::string chunk_json(const CompletionMeta& m, std::string_view delta_content, 
   json choice = {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
   if (!finish_reason.empty()) choice["finish_reason"] = finish_reason;
   j["choices"] = json::array({choice});
+  if (usage_null) j["usage"] = nullptr;
+  return dump(j);
+}
+
+std::string tool_calls_chunk_json(const CompletionMeta& m, const std::vector<ToolCall>& calls, bool usage_null) {
+  json j = head(m, "chat.completion.chunk");
+  j["choices"] = json::array({{{"index", 0},
+                               {"delta", {{"tool_calls", tool_calls_json(m, calls, true)}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
   if (usage_null) j["usage"] = nullptr;
   return dump(j);
 }

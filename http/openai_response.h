@@ -12,8 +12,17 @@
 #include <string_view>
 
 #include "actors/request.h"
+#include "model/tool_calls.h"
 
 namespace bs::http {
+
+// The tools a chat request offered, and how its model writes calls (model/tool_calls.h);
+// format none: the answer is text.
+struct ToolsOffered {
+  ToolCallFormat format = ToolCallFormat::none;
+  std::vector<std::string> names;
+  bool parallel = true;  // parallel_tool_calls false: only the first call is kept
+};
 
 // What every response of one request shares.
 struct CompletionMeta {
@@ -24,19 +33,28 @@ struct CompletionMeta {
   // /v1/completions: "text_completion" objects whose choices carry `text`, no
   // message, no delta and no role chunk; else /v1/chat/completions' shapes.
   bool text = false;
+  ToolsOffered tools;
 };
+
+// The answer read for the offered tools' calls (all text when none were offered).
+ParsedAnswer read_answer(const CompletionMeta& m, std::string_view text);
 
 // {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details":
 //  {"cached_tokens", "recomputed_tokens"}, "blendserve": {chunks per tier, ratio, ttft}}
 std::string usage_json(const RequestResult& r);
 
-// The whole answer of a non-streaming request.
+// The whole answer of a non-streaming request; with tool calls in it, the message's
+// tool_calls (ids "call_<the response id's hex>_<i>"), its content the text before them
+// (null if none), finish_reason "tool_calls".
 std::string completion_json(const CompletionMeta& m, const RequestResult& r);
 
 // One `data:` payload of a stream. delta_content empty + role: the first chunk;
 // finish_reason set: the last choice chunk (empty delta).
 std::string chunk_json(const CompletionMeta& m, std::string_view delta_content, bool with_role,
                        const std::string& finish_reason, bool usage_null);
+// A stream's tool calls, all in one chunk (delta.tool_calls with each call's index, id,
+// name and whole arguments), sent when the answer ends.
+std::string tool_calls_chunk_json(const CompletionMeta& m, const std::vector<ToolCall>& calls, bool usage_null);
 // The usage chunk (empty choices) sent before [DONE] with include_usage.
 std::string usage_chunk_json(const CompletionMeta& m, const RequestResult& r);
 

@@ -447,15 +447,39 @@ struct Server::Impl {
 
   void chat_completion(const httplib::Request& req, httplib::Response& res) {
     ChatCompletionRequest parsed;
+    ToolsOffered tools;
     try {
       if (draining.load())
         throw ApiError(503, "the server is shutting down", "server_error", "", "service_unavailable");
       parsed = parse_chat_completion(req.body, context_length);
       check_model(parsed.model);
+      tools = offered_tools(parsed);
     } catch (const ApiError& e) {
       return send_error(res, e);
     }
-    serve_completion(req, res, std::move(parsed.request), parsed, false);
+    serve_completion(req, res, std::move(parsed.request), parsed, false, std::move(tools));
+  }
+
+  // A request's tools, where the model's template writes them into the prompt and its
+  // calls are in a format we read back (model/tool_calls.h); else a 400 saying which
+  // is missing.
+  ToolsOffered offered_tools(const ChatCompletionRequest& parsed) const {
+    ToolsOffered t;
+    if (parsed.request.tools.empty()) return t;
+    const ChatTemplate& tmpl = runtime.context().model->chat_template();
+    if (!tmpl.takes_tools())
+      throw bad_request(tmpl.origin() + " does not take tools (it renders the same prompt with them as without); "
+                            "serve the model with a template that does (--chat-template FILE)",
+                        "tools", "unsupported_parameter");
+    if (tmpl.tool_call_format() == ToolCallFormat::none)
+      throw bad_request(tmpl.origin() + " takes tools, but its model writes calls in a format blendserve does not "
+                            "read back (it reads Hermes' <tool_call> JSON, as Qwen 2.5 and 3 write it, and Llama 3's "
+                            "JSON)",
+                        "tools", "unsupported_parameter");
+    t.format = tmpl.tool_call_format();
+    t.names = parsed.tool_names;
+    t.parallel = parsed.parallel_tool_calls;
+    return t;
   }
 
   // POST /v1/completions: the prompt as given (no chat template), the model's BOS in
@@ -483,7 +507,10 @@ struct Server::Impl {
                           "prompt", "context_length_exceeded");
       RagPrompt prompt;
       for (const auto& d : parsed.request.documents) prompt.chunks.push_back(document_chunk_tokens(tok, d));
-      std::vector<int32_t> ids = parsed.prompt_is_ids ? parsed.prompt_ids : tok.encode(parsed.prompt_text, true);
+      // After documents the prompt continues the text (no SentencePiece space prefix).
+      std::vector<int32_t> ids = parsed.prompt_is_ids  ? parsed.prompt_ids
+                                 : prompt.chunks.empty() ? tok.encode(parsed.prompt_text, true)
+                                                         : tok.encode_continuation(parsed.prompt_text, true);
       if (prompt.chunks.empty()) {
         prompt.suffix = parsed.prompt_is_ids ? std::move(ids) : with_bos(tok, std::move(ids));
       } else {
@@ -501,7 +528,7 @@ struct Server::Impl {
   // Submits a parsed request and answers it, streaming or not, in chat's shapes or as
   // a text completion.
   void serve_completion(const httplib::Request& req, httplib::Response& res, RuntimeRequest request,
-                        const CompletionCommon& parsed, bool text) {
+                        const CompletionCommon& parsed, bool text, ToolsOffered tools = {}) {
     const std::string id_prefix = text ? "cmpl-" : "chatcmpl-";
     auto ex = std::make_shared<Exchange>();
     RequestCallbacks callbacks;
@@ -531,6 +558,14 @@ struct Server::Impl {
       return send_error(res, api_error_of(e));
     }
 
+    CompletionMeta meta;
+    meta.id = id_prefix + random_hex(24);
+    meta.created = unix_now();
+    meta.model = model;
+    meta.system_fingerprint = fingerprint;
+    meta.text = text;
+    meta.tools = std::move(tools);
+
     // Until the first text (or the end) nothing is sent, so a request that fails
     // in its prefill still gets a proper error status. Meanwhile the connection is
     // peeked at every kProbe: a client that hung up while its request is queued or
@@ -559,12 +594,8 @@ struct Server::Impl {
       if (ex->done && ex->result.finish_reason == "cancelled")
         return send_error(res, ApiError(503, "the request was cancelled: the server is shutting down", "server_error",
                                         "", "service_unavailable"));
-      if (ex->done && !parsed.stream) {
-        const CompletionMeta meta{id_prefix + random_hex(24), unix_now(), model, fingerprint, text};
-        return send_json(res, 200, completion_json(meta, ex->result));
-      }
+      if (ex->done && !parsed.stream) return send_json(res, 200, completion_json(meta, ex->result));
     }
-    const CompletionMeta meta{id_prefix + random_hex(24), unix_now(), model, fingerprint, text};
     // If the response ends before the request does (the client left, or the
     // server stops), the request is cancelled: its KV is freed at its next step.
     auto release = [this, ex, id](bool) {
@@ -595,8 +626,9 @@ struct Server::Impl {
     }
   }
 
-  // SSE: the role chunk, one chunk per batch of new text, the finish chunk, the
-  // usage chunk (include_usage), [DONE]. Comments keep a quiet stream probing.
+  // SSE: the role chunk, one chunk per batch of new text, the tool calls (one chunk,
+  // where the answer holds any), the finish chunk, the usage chunk (include_usage),
+  // [DONE]. Comments keep a quiet stream probing.
   bool stream_events(Exchange& ex, const CompletionMeta& meta, bool include_usage, httplib::DataSink& sink) {
     auto event = [&sink](const std::string& payload) {
       const std::string e = "data: " + payload + "\n\n";
@@ -604,6 +636,17 @@ struct Server::Impl {
     };
     // A chat stream opens with the assistant's role; a text completion has none.
     if (!meta.text && !event(chunk_json(meta, "", true, "", include_usage))) return false;
+    // With tools offered, text a call may start within is held (model/tool_calls.h) until
+    // more text or the end says whether it is a call.
+    const ToolCallFormat calls = meta.tools.format;
+    std::string answer;
+    size_t sent = 0;
+    auto send_content = [&](size_t upto) {
+      if (upto <= sent) return true;
+      const bool ok = event(chunk_json(meta, std::string_view(answer).substr(sent, upto - sent), false, "", include_usage));
+      sent = upto;
+      return ok;
+    };
     while (true) {
       std::string text;
       bool done = false;
@@ -613,7 +656,10 @@ struct Server::Impl {
         text.swap(ex.pending);
         done = ex.done;
       }
-      if (!text.empty()) {
+      if (!text.empty() && calls != ToolCallFormat::none) {
+        answer += text;
+        if (!send_content(tool_call_free_prefix(answer, calls))) return false;
+      } else if (!text.empty()) {
         if (!event(chunk_json(meta, text, false, "", include_usage))) return false;
       } else if (!done) {
         static const std::string ping = ": keep-alive\n\n";
@@ -625,7 +671,18 @@ struct Server::Impl {
     if (r.finish_reason == "error") {
       if (!event(error_body(failed_request_error(r)))) return false;
     } else {
-      if (!event(chunk_json(meta, "", false, client_finish_reason(r.finish_reason), include_usage))) return false;
+      std::string finish = client_finish_reason(r.finish_reason);
+      if (calls != ToolCallFormat::none) {
+        const ParsedAnswer a = read_answer(meta, answer);
+        if (a.calls.empty()) {
+          if (!send_content(answer.size())) return false;
+        } else {
+          if (!send_content(tool_call_free_prefix(answer, calls))) return false;  // the text before the calls
+          if (!event(tool_calls_chunk_json(meta, a.calls, include_usage))) return false;
+          finish = "tool_calls";
+        }
+      }
+      if (!event(chunk_json(meta, "", false, finish, include_usage))) return false;
       if (include_usage && !event(usage_chunk_json(meta, r))) return false;
     }
     static const std::string done_event = "data: [DONE]\n\n";

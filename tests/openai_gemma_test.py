@@ -116,6 +116,18 @@ class Gemma(unittest.TestCase):
                 {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
         self.assertIn("System role not supported", str(e.exception))
 
+    def test_tools_to_a_template_without_them_are_a_400_saying_so(self):
+        tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather",
+                                                   "parameters": {"type": "object", "properties": {}}}}]
+        with self.assertRaises(openai.BadRequestError) as e:
+            client().chat.completions.create(model=MODEL, max_tokens=4, tools=tools,
+                                             messages=[{"role": "user", "content": "Weather in Paris?"}])
+        self.assertIn("does not take tools", str(e.exception))
+        # tool_choice "none": the tools are not offered, and the chat is answered.
+        r = client().chat.completions.create(model=MODEL, max_tokens=4, tools=tools, tool_choice="none",
+                                             messages=[{"role": "user", "content": "Weather in Paris?"}])
+        self.assertIsNotNone(r.choices[0].message.content)
+
 
 def main():
     global SERVER, MODEL

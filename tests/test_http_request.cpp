@@ -32,6 +32,17 @@ ApiError refusal(const std::string& body) {
   return ApiError(0, "", "");
 }
 
+// The fields every response of one request shares (no tools offered).
+CompletionMeta meta(std::string id, int64_t created, std::string model, std::string fingerprint, bool text = false) {
+  CompletionMeta m;
+  m.id = std::move(id);
+  m.created = created;
+  m.model = std::move(model);
+  m.system_fingerprint = std::move(fingerprint);
+  m.text = text;
+  return m;
+}
+
 const std::string kMsg = R"("messages":[{"role":"user","content":"hi"}])";
 std::string with(const std::string& fields) { return R"({"model":"m",)" + kMsg + (fields.empty() ? "" : "," + fields) + "}"; }
 
@@ -119,7 +130,7 @@ TEST(ChatRequest, BadBodiesAreRefusedWith400NamingTheField) {
       {R"({"model":"m","messages":[5]})", "messages[0]", "must be an object"},
       {R"({"model":"m","messages":[{"content":"hi"}]})", "messages[0].role", "required"},
       {R"({"model":"m","messages":[{"role":"wizard","content":"hi"}]})", "messages[0].role", "unknown role 'wizard'"},
-      {R"({"model":"m","messages":[{"role":"tool","content":"hi"}]})", "messages[0].role", "unknown role"},
+      {R"({"model":"m","messages":[{"role":"tool","content":"hi"}]})", "messages[0].tool_call_id", "required"},
       {R"({"model":"m","messages":[{"role":"user"}]})", "messages[0].content", "required"},
       {R"({"model":"m","messages":[{"role":"user","content":null}]})", "messages[0].content", "required"},
       {R"({"model":"m","messages":[{"role":"user","content":42}]})", "messages[0].content", "must be a string or"},
@@ -131,7 +142,7 @@ TEST(ChatRequest, BadBodiesAreRefusedWith400NamingTheField) {
       {R"({"model":"m","messages":[{"role":"user","content":"hi","tool_calls":[]}]})", "messages[0].tool_calls",
        "not supported"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"x"}]})",
-       "messages[1].role", "last message must be the user's"},
+       "messages[1].role", "last message must be the user's or a tool's"},
       {R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"d"},{"type":"text","text":"q"}]}],
           "documents":["x"]})",
        "documents", "not both"},
@@ -171,7 +182,39 @@ TEST(ChatRequest, BadBodiesAreRefusedWith400NamingTheField) {
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":true})", "logprobs", "not supported"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})",
        "response_format", "only response_format"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[]})", "tools", "unrecognized"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":{}})", "tools", "must be an array"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]})",
+       "tools[0].function", "required"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"retrieval","function":{"name":"a"}}]})",
+       "tools[0].type", "must be \"function\""},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"a b"}}]})",
+       "tools[0].function.name", "1 to 64"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"a"}},
+          {"type":"function","function":{"name":"a"}}]})",
+       "tools[1].function.name", "two tools"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"a",
+          "parameters":"x"}}]})",
+       "tools[0].function.parameters", "must be an object"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"a",
+          "examples":[]}}]})",
+       "tools[0].function.examples", "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tool_choice":"required"})", "tool_choice",
+       "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tool_choice":{"type":"function","function":{"name":"a"}}})",
+       "tool_choice", "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tool_choice":5})", "tool_choice", "must be"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"parallel_tool_calls":"no"})",
+       "parallel_tool_calls", "boolean"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,
+          "tool_calls":[{"type":"function","function":{"name":"a","arguments":"{}"}}]},
+          {"role":"tool","tool_call_id":"c","content":"1"}]})",
+       "messages[1].tool_calls[0].id", "required"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,
+          "tool_calls":[{"id":"c","type":"function","function":{"name":"a","arguments":{}}}]},
+          {"role":"tool","tool_call_id":"c","content":"1"}]})",
+       "messages[1].tool_calls[0].function.arguments", "must be a string"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null}]})",
+       "messages[1].content", "required"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temprature":0.5})", "temprature",
        "unrecognized request argument supplied: temprature"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"mode":"fast"})", "mode", "unknown mode 'fast'"},
@@ -185,6 +228,36 @@ TEST(ChatRequest, BadBodiesAreRefusedWith400NamingTheField) {
     EXPECT_EQ(e.param, c.param);
     EXPECT_THAT(e.what(), HasSubstr(c.in_message));
   }
+}
+
+// Tools as the chat template reads them: the array as given, its names in order; an
+// assistant's calls (content null) and a tool's result, which may end the conversation.
+TEST(ChatRequest, ToolsAndTheirCallsMapOntoTheTemplatesVariables) {
+  const std::string body = R"({"model":"m","messages":[
+      {"role":"user","content":"Weather in Paris?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"call_0","type":"function",
+        "function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
+      {"role":"tool","tool_call_id":"call_0","content":"18 C"}],
+    "tools":[{"type":"function","function":{"name":"get_weather","description":"d",
+      "parameters":{"type":"object"},"strict":true}},{"type":"function","function":{"name":"get_time"}}],
+    "tool_choice":"auto","parallel_tool_calls":false})";
+  const auto r = parse_chat_completion(body, 64);
+  EXPECT_EQ(r.tool_names, (std::vector<std::string>{"get_weather", "get_time"}));
+  EXPECT_FALSE(r.parallel_tool_calls);
+  EXPECT_EQ(json::parse(r.request.tools).size(), 2u);
+  ASSERT_EQ(r.request.messages.size(), 3u);
+  EXPECT_EQ(r.request.messages[1].role, "assistant");
+  EXPECT_EQ(r.request.messages[1].content, "");
+  EXPECT_EQ(json::parse(r.request.messages[1].tool_calls)[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(r.request.messages[2].role, "tool");
+  EXPECT_EQ(r.request.messages[2].tool_call_id, "call_0");
+  EXPECT_EQ(r.request.messages[2].content, "18 C");
+  // tool_choice none: the tools are not offered.
+  json none = json::parse(body);
+  none["tool_choice"] = "none";
+  const auto n = parse_chat_completion(none.dump(), 64);
+  EXPECT_TRUE(n.request.tools.empty());
+  EXPECT_TRUE(n.tool_names.empty());
 }
 
 TEST(ChatRequest, ErrorBodyHasTheOpenAIShapeEvenForInvalidUtf8) {
@@ -222,7 +295,7 @@ RequestResult result() {
 }
 
 TEST(ChatResponse, CompletionAndUsage) {
-  const CompletionMeta m{"chatcmpl-abc", 1700000000, "model-x", "fp"};
+  const CompletionMeta m = meta("chatcmpl-abc", 1700000000, "model-x", "fp");
   const json j = json::parse(completion_json(m, result()));
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["id"], "chatcmpl-abc");
@@ -240,7 +313,7 @@ TEST(ChatResponse, CompletionAndUsage) {
 }
 
 TEST(ChatResponse, StreamChunks) {
-  const CompletionMeta m{"chatcmpl-abc", 1, "model-x", "fp"};
+  const CompletionMeta m = meta("chatcmpl-abc", 1, "model-x", "fp");
   const json first = json::parse(chunk_json(m, "", true, "", false));
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
@@ -257,6 +330,33 @@ TEST(ChatResponse, StreamChunks) {
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 3);
   EXPECT_EQ(usage["id"], "chatcmpl-abc");
+}
+
+// A chat answer read for the offered tools' calls: the message's tool_calls, its content
+// the text before them, finish_reason tool_calls; streamed as one tool-calls chunk.
+TEST(ChatResponse, ToolCallsInTheAnswer) {
+  CompletionMeta m = meta("chatcmpl-abc", 1, "model-x", "fp");
+  m.tools.format = bs::ToolCallFormat::hermes;
+  m.tools.names = {"get_weather"};
+  RequestResult r = result();
+  r.text = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  const json j = json::parse(completion_json(m, r));
+  const json& msg = j["choices"][0]["message"];
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(msg["content"], "Checking.");
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["id"], "call_abc_0");
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}}));
+  const json chunk = json::parse(tool_calls_chunk_json(m, read_answer(m, r.text).calls, false));
+  EXPECT_EQ(chunk["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+  EXPECT_EQ(chunk["choices"][0]["delta"]["tool_calls"][0]["id"], "call_abc_0");
+  // Without tools offered the same text is the content.
+  const CompletionMeta plain = meta("chatcmpl-abc", 1, "model-x", "fp");
+  const json t = json::parse(completion_json(plain, r));
+  EXPECT_EQ(t["choices"][0]["message"]["content"], r.text);
+  EXPECT_FALSE(t["choices"][0]["message"].contains("tool_calls"));
 }
 
 // POST /v1/completions: a prompt string or token ids (a one-element batch of either),
@@ -311,7 +411,7 @@ TEST(TextCompletionRequest, PromptAsTextOrIdsAndTheSharedFields) {
 }
 
 TEST(TextCompletionResponse, TextCompletionObjectsCarryText) {
-  const CompletionMeta m{"cmpl-abc", 1, "model-x", "fp", true};
+  const CompletionMeta m = meta("cmpl-abc", 1, "model-x", "fp", true);
   const json whole = json::parse(completion_json(m, result()));
   EXPECT_EQ(whole["object"], "text_completion");
   EXPECT_EQ(whole["choices"][0]["text"], "Paris.");

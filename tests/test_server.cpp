@@ -809,6 +809,116 @@ TEST_F(ServerTest, DrainingAnswers503) {
   EXPECT_EQ(json::parse(r->body)["error"]["code"], "service_unavailable");
 }
 
+// Tools: refused by name where the model's template takes none (SmolLM2's own); served
+// with a template that takes them (Qwen 2.5's, given as model.chat_template): the tools
+// are in the prompt, a tool's result may end the conversation, forcing a call is
+// refused, and a stream says what the whole answer says (its text, or its calls).
+TEST_F(ServerTest, ToolsAreRefusedByATemplateWithoutThem) {
+  auto c = served_->client();
+  json b = chat_body("What is the weather in Paris?", {}, 8);
+  b["tools"] = json::parse(R"([{"type": "function", "function": {"name": "get_weather"}}])");
+  auto r = post(c, "/v1/chat/completions", b.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("does not take tools"), std::string::npos) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "tools");
+  b["tool_choice"] = "none";  // not offered: answered as without them
+  auto none = post(c, "/v1/chat/completions", b.dump());
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 200) << none->body;
+}
+
+TEST(ServerTools, ATemplateWithToolsWritesThemAndTheAnswerIsReadForCalls) {
+  if (!testing::model_available()) GTEST_SKIP() << "model not found";
+  const fs::path qwen = fs::path(BLENDSERVE_LLAMACPP_MODELS) / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja";
+  ASSERT_TRUE(fs::exists(qwen)) << qwen << " (tools/setup.sh)";
+  TempDir dir;
+  RuntimeConfig config = config_in(dir.path());
+  config.chat_template = qwen.string();
+  Runtime runtime(config);
+  Served s(runtime, config);
+  auto c = s.client();
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "description": "The current weather in a city", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+  json plain = chat_body("What is the weather in Paris?", {}, 48);
+  json with = plain;
+  with["tools"] = tools;
+  auto a = post(c, "/v1/chat/completions", plain.dump());
+  auto b = post(c, "/v1/chat/completions", with.dump());
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->status, 200) << a->body;
+  ASSERT_EQ(b->status, 200) << b->body;
+  const json ja = json::parse(a->body), jb = json::parse(b->body);
+  // The tools' definitions are in the prompt.
+  EXPECT_GT(jb["usage"]["prompt_tokens"].get<int>(), ja["usage"]["prompt_tokens"].get<int>() + 40);
+  const json& msg = jb["choices"][0]["message"];
+  const std::string finish = jb["choices"][0]["finish_reason"];
+  if (msg.contains("tool_calls")) {
+    EXPECT_EQ(finish, "tool_calls");
+    for (const auto& call : msg["tool_calls"]) {
+      EXPECT_EQ(call["function"]["name"], "get_weather");
+      EXPECT_TRUE(json::parse(call["function"]["arguments"].get<std::string>()).is_object());
+    }
+  } else {
+    EXPECT_TRUE(finish == "stop" || finish == "length") << finish;
+    EXPECT_TRUE(msg["content"].is_string());
+  }
+  std::printf("{\"tools_answer\": %s}\n", msg.dump().c_str());
+
+  // Streamed: the same answer, as text or as one tool-calls chunk.
+  json streamed = with;
+  streamed["stream"] = true;
+  auto st = post(c, "/v1/chat/completions", streamed.dump());
+  ASSERT_TRUE(st);
+  ASSERT_EQ(st->status, 200) << st->body;
+  std::string content;
+  json calls = json::array();
+  std::string stream_finish;
+  for (const auto& p : sse_payloads(st->body)) {
+    if (p == "[DONE]") continue;
+    const json e = json::parse(p);
+    for (const auto& ch : e["choices"]) {
+      if (ch["delta"].contains("content") && ch["delta"]["content"].is_string()) content += ch["delta"]["content"];
+      if (ch["delta"].contains("tool_calls"))
+        for (auto call : ch["delta"]["tool_calls"]) {
+          EXPECT_EQ(call["index"], calls.size());
+          call.erase("index");
+          calls.push_back(call);
+        }
+      if (ch["finish_reason"].is_string()) stream_finish = ch["finish_reason"];
+    }
+  }
+  EXPECT_EQ(stream_finish, finish);
+  if (msg.contains("tool_calls")) {
+    ASSERT_EQ(calls.size(), msg["tool_calls"].size());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(calls[i]["function"], msg["tool_calls"][i]["function"]);
+    }
+  } else {
+    EXPECT_TRUE(calls.empty());
+    EXPECT_EQ(content, msg["content"].get<std::string>());
+  }
+
+  // A call's result ends the conversation: answered from it.
+  json result = with;
+  result["messages"] = json::parse(R"([{"role": "user", "content": "What is the weather in Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_0", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_0", "content": "{\"temperature_c\": 18, \"sky\": \"clear\"}"}])");
+  auto rr = post(c, "/v1/chat/completions", result.dump());
+  ASSERT_TRUE(rr);
+  EXPECT_EQ(rr->status, 200) << rr->body;
+
+  // Forcing a call is not something we do: refused, naming the parameter.
+  json forced = with;
+  forced["tool_choice"] = "required";
+  auto f = post(c, "/v1/chat/completions", forced.dump());
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->status, 400) << f->body;
+  EXPECT_EQ(json::parse(f->body)["error"]["param"], "tool_choice");
+}
+
 TEST(ServerOverload, BeyondTheQueueA429WithRetryAfter) {
   if (!testing::model_available()) GTEST_SKIP() << "model not found";
   TempDir dir;

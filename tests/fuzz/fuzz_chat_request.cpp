@@ -2,22 +2,36 @@
 // document body's and /tokenize's and /detokenize's (http/tokenize_routes.cpp):
 // any bytes must either parse into a request whose fields hold the documented
 // ranges or be refused with an ApiError of status 400 — never crash, hang or throw
-// anything else. The error body must always dump as JSON.
+// anything else. The error body must always dump as JSON. The same bytes are read as a
+// model's answer for tool calls (model/tool_calls.h).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
 #include "http/api_error.h"
 #include "http/openai_request.h"
 #include "http/tokenize_routes.h"
+#include "model/tool_calls.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
   try {
     const auto r = bs::http::parse_chat_completion(body, 512);
     const auto& s = r.request.sampling;
-    if (r.request.messages.empty() || r.request.messages.back().role != "user") std::abort();
+    const std::string& last = r.request.messages.empty() ? std::string() : r.request.messages.back().role;
+    if (last != "user" && last != "tool") std::abort();
+    // Offered tools: a JSON array the template can read, one name each.
+    if (!r.request.tools.empty()) {
+      const auto tools = nlohmann::json::parse(r.request.tools, nullptr, false);
+      if (!tools.is_array() || tools.size() != r.tool_names.size()) std::abort();
+    }
     if (s.max_tokens < 1 || !(s.temperature >= 0 && s.temperature <= 2) || !(s.top_p > 0 && s.top_p <= 1) ||
         s.top_k < 0 || s.stop.size() > 4)
       std::abort();
@@ -55,6 +69,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (id < 0 || id >= 49152) std::abort();
   } catch (const bs::http::ApiError& e) {
     if (e.status != 400) std::abort();
+  }
+  // The body as a model's answer: read for calls in each format, never a call of a tool
+  // not offered, arguments always a JSON object, and no call where the answer stays text.
+  static const std::vector<std::string> names = {"get_weather", "f"};
+  for (auto f : {bs::ToolCallFormat::hermes, bs::ToolCallFormat::llama3_json}) {
+    const auto a = bs::parse_tool_calls(body, f, names);
+    for (const auto& c : a.calls) {
+      if (std::find(names.begin(), names.end(), c.name) == names.end()) std::abort();
+      if (!nlohmann::json::parse(c.arguments, nullptr, false).is_object()) std::abort();
+    }
+    if (a.calls.empty() && a.content != body) std::abort();
+    if (bs::tool_call_free_prefix(body, f) > body.size()) std::abort();
   }
   return 0;
 }
