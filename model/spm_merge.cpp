@@ -1,6 +1,8 @@
 #include "model/spm_merge.h"
 
-#include <queue>
+#include <algorithm>
+#include <unordered_map>
+#include <utility>
 
 namespace bs {
 namespace {
@@ -28,9 +30,19 @@ size_t utf8_len(unsigned char b) {
   return lookup[b >> 4];  // llama.cpp's unicode_len_utf8: a stray continuation byte is 1
 }
 
+// The merge of one word, in scratch space a thread reuses (no allocation per word once
+// warm).
+struct Scratch {
+  std::vector<Symbol> symbols;
+  std::vector<Bigram> heap;
+};
+
 class Session {
  public:
-  Session(std::string_view text, const SpmVocab& v) : text_(text), v_(v) {}
+  Session(std::string_view text, const SpmVocab& v, Scratch& s) : text_(text), v_(v), symbols_(s.symbols), heap_(s.heap) {
+    symbols_.clear();
+    heap_.clear();
+  }
 
   void run(std::vector<int32_t>& out) {
     for (size_t off = 0; off < text_.size();) {
@@ -40,9 +52,10 @@ class Session {
       off += n;
     }
     for (int32_t i = 1; i < static_cast<int32_t>(symbols_.size()); ++i) try_add(i - 1, i);
-    while (!queue_.empty()) {
-      const Bigram b = queue_.top();
-      queue_.pop();
+    while (!heap_.empty()) {
+      std::pop_heap(heap_.begin(), heap_.end(), Lower());
+      const Bigram b = heap_.back();
+      heap_.pop_back();
       Symbol& l = symbols_[static_cast<size_t>(b.left)];
       Symbol& r = symbols_[static_cast<size_t>(b.right)];
       if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;  // one of them merged since
@@ -54,7 +67,7 @@ class Session {
       try_add(b.left, l.next);
     }
     for (int32_t i = symbols_.empty() ? -1 : 0; i != -1; i = symbols_[static_cast<size_t>(i)].next)
-      resegment(symbols_[static_cast<size_t>(i)], out);
+      emit(symbols_[static_cast<size_t>(i)], out);
   }
 
  private:
@@ -64,7 +77,6 @@ class Session {
     if (left < 0 || right < 0) return;
     const Symbol& l = symbols_[static_cast<size_t>(left)];
     const Symbol& r = symbols_[static_cast<size_t>(right)];
-    const std::string text(text_.substr(l.off, l.n + r.n));
     float score = 0;
     if (v_.pair_ranks) {  // by the merge list: the pair must be one of its merges
       const int32_t a = v_.text_to_id->find(*v_.tokens, piece(l)), b = v_.text_to_id->find(*v_.tokens, piece(r));
@@ -73,45 +85,116 @@ class Session {
       if (it == v_.pair_ranks->end()) return;
       score = -static_cast<float>(it->second);  // exact: ranks stay below 2^24
     } else {
-      const int32_t id = v_.text_to_id->find(*v_.tokens, text);
+      const int32_t id = v_.text_to_id->find(*v_.tokens, text_.substr(l.off, l.n + r.n));
       if (id < 0 || static_cast<size_t>(id) >= v_.scores->size()) return;
       score = (*v_.scores)[static_cast<size_t>(id)];
     }
-    queue_.push({left, right, score, text.size()});
-    rev_merge_[text] = {left, right};  // the latest pair that spells it, as llama.cpp keeps
+    heap_.push_back({left, right, score, l.n + r.n});
+    std::push_heap(heap_.begin(), heap_.end(), Lower());
   }
 
-  // depth bounds the recursion: a piece that is no token is re-split along the pair
-  // that last spelled it, whose symbols hold their final (possibly longer) extents, as
-  // in llama.cpp; past any sensible depth it goes out as bytes instead of looping.
-  void resegment(const Symbol& s, std::vector<int32_t>& out, size_t depth = 0) {
-    const std::string text(piece(s));
+  // A final symbol: its token, or its bytes as byte tokens. Every merged symbol is a
+  // token (a pair merges only into one), so only a lone character can be neither; where
+  // llama.cpp re-splits a symbol along the merges that made it, none is ever needed.
+  void emit(const Symbol& s, std::vector<int32_t>& out) const {
+    const std::string_view text = piece(s);
     if (const int32_t id = v_.text_to_id->find(*v_.tokens, text); id >= 0) {
       out.push_back(id);
       return;
     }
-    const auto m = rev_merge_.find(text);
-    if (m == rev_merge_.end() || depth > text_.size()) {  // no token: its bytes
-      for (unsigned char b : text)
-        if ((*v_.byte_token)[b] >= 0) out.push_back((*v_.byte_token)[b]);
-      return;
-    }
-    const auto [left, right] = m->second;
-    resegment(symbols_[static_cast<size_t>(left)], out, depth + 1);
-    resegment(symbols_[static_cast<size_t>(right)], out, depth + 1);
+    for (unsigned char b : text)
+      if ((*v_.byte_token)[b] >= 0) out.push_back((*v_.byte_token)[b]);
   }
 
   std::string_view text_;
   const SpmVocab& v_;
-  std::vector<Symbol> symbols_;
-  std::priority_queue<Bigram, std::vector<Bigram>, Lower> queue_;
-  std::unordered_map<std::string, std::pair<int32_t, int32_t>> rev_merge_;
+  std::vector<Symbol>& symbols_;
+  std::vector<Bigram>& heap_;  // a max-heap by Lower
 };
+
+constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581
+
+// Where `text` may be cut into words merged apart: before a U+2581 that follows another
+// character, unless one of the boundary tokens stands across it there.
+void word_ends(std::string_view text, const std::vector<std::string>& boundary_tokens, std::vector<size_t>& ends) {
+  ends.clear();
+  // Spans [from, to) no cut may fall inside: the boundary tokens' occurrences.
+  std::vector<std::pair<size_t, size_t>> keep;
+  for (const auto& t : boundary_tokens)
+    for (size_t at = text.find(t); at != std::string_view::npos; at = text.find(t, at + 1))
+      keep.emplace_back(at, at + t.size());
+  std::sort(keep.begin(), keep.end());
+  size_t k = 0;
+  for (size_t at = text.find(kSpace, 1); at != std::string_view::npos; at = text.find(kSpace, at + 1)) {
+    if (at >= 3 && text.substr(at - 3, 3) == kSpace) continue;  // inside a run of spaces
+    while (k < keep.size() && keep[k].second <= at) ++k;
+    bool inside = false;
+    for (size_t j = k; j < keep.size() && keep[j].first < at; ++j)
+      if (at > keep[j].first && at < keep[j].second) inside = true;
+    if (!inside) ends.push_back(at);
+  }
+  ends.push_back(text.size());
+}
 
 }  // namespace
 
+std::vector<std::string> spm_boundary_tokens(const std::vector<std::string>& tokens) {
+  std::vector<std::string> out;
+  for (const auto& t : tokens)
+    for (size_t at = t.find(kSpace, 1); at != std::string::npos; at = t.find(kSpace, at + 1))
+      if (at < 3 || std::string_view(t).substr(at - 3, 3) != kSpace) {
+        out.push_back(t);
+        break;
+      }
+  return out;
+}
+
 void spm_tokenize(std::string_view text, const SpmVocab& vocab, std::vector<int32_t>& out) {
-  Session(text, vocab).run(out);
+  thread_local Scratch scratch;
+  if (!vocab.boundary_tokens) {
+    Session(text, vocab, scratch).run(out);
+    return;
+  }
+  // Word by word (no merge crosses a cut: a piece across one would be a boundary token,
+  // which stands there), each word merged once: a word met before (in this text, or in
+  // the cache's earlier ones) is looked up.
+  thread_local std::vector<size_t> ends;
+  thread_local std::unordered_map<std::string_view, std::pair<size_t, size_t>> done;  // word -> its ids in `out`
+  word_ends(text, *vocab.boundary_tokens, ends);
+  done.clear();
+  size_t from = 0;
+  for (size_t end : ends) {
+    const std::string_view word = text.substr(from, end - from);
+    from = end;
+    if (word.empty()) continue;
+    if (const auto it = done.find(word); it != done.end()) {
+      const auto [at, n] = it->second;
+      for (size_t i = 0; i < n; ++i) out.push_back(out[at + i]);
+      continue;
+    }
+    const size_t at = out.size();
+    if (!vocab.cache || !vocab.cache->find(word, out)) {
+      Session(word, vocab, scratch).run(out);
+      if (vocab.cache) vocab.cache->add(word, out.data() + at, out.size() - at);
+    }
+    done.emplace(word, std::make_pair(at, out.size() - at));
+  }
+  done.clear();  // its keys point into `text`
+}
+
+bool SpmWordCache::find(std::string_view word, std::vector<int32_t>& out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = words_.find(word);
+  if (it == words_.end()) return false;
+  out.insert(out.end(), it->second.begin(), it->second.end());
+  return true;
+}
+
+void SpmWordCache::add(std::string_view word, const int32_t* ids, size_t n) {
+  if (word.size() > 64) return;  // long runs are rare and would crowd the cache
+  std::lock_guard<std::mutex> lock(mu_);
+  if (words_.size() >= kMaxWords) words_.clear();
+  words_.emplace(std::string(word), std::vector<int32_t>(ids, ids + n));
 }
 
 }  // namespace bs

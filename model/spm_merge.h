@@ -13,6 +13,7 @@
 #include "model/token_index.h"
 
 #include <array>
+#include <mutex>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -37,7 +38,40 @@ struct SpmVocab {
   // lowest rank first (leftmost on equal ranks), as Hugging Face's BPE does. Null: by
   // score, as llama.cpp merges a GGUF's vocabulary.
   const SpmPairRanks* pair_ranks = nullptr;
+  // The vocabulary's boundary tokens (spm_boundary_tokens): with them the text is merged
+  // word by word, each distinct word once (the same tokens: see below); null: whole.
+  const std::vector<std::string>* boundary_tokens = nullptr;
+  // Words merged before, kept across calls (word by word only); null: none.
+  class SpmWordCache* cache = nullptr;
 };
+
+// The words a tokenizer has merged, with their tokens, so a word met again (most of a
+// prompt's: "▁the", "▁of", a document's names) costs one lookup: as Hugging Face's BPE
+// keeps its words. Shared by the threads encoding with one tokenizer (a mutex); bounded
+// (kMaxWords, ~4 MB of short words): emptied when full.
+class SpmWordCache {
+ public:
+  static constexpr size_t kMaxWords = 32768;
+  // Appends the word's tokens and returns true if it is known.
+  bool find(std::string_view word, std::vector<int32_t>& out) const;
+  void add(std::string_view word, const int32_t* ids, size_t n);
+
+ private:
+  struct Hash {
+    using is_transparent = void;  // find() by string_view, no copy
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> words_;
+};
+
+// The tokens that hold a U+2581 after another character: a piece across a word boundary
+// (a space after a non-space) is one of them, as every merged piece is a token. So the
+// text can be cut before every such space where none of these stands across it, and
+// each word merged alone, with the same result: merges in different words never
+// compete for a symbol. Real vocabularies have few: none in Llama 2's or Phi-3's, one
+// in Gemma 3's (">▁</").
+std::vector<std::string> spm_boundary_tokens(const std::vector<std::string>& tokens);
 
 // Appends the tokens of `text` (whitespace already escaped to U+2581 by the caller).
 // A byte of a piece without a token and without a byte token is dropped, as llama.cpp's

@@ -1,5 +1,8 @@
 // Vocabulary text -> token id: an open-addressing table of ids over the texts the
-// tokenizer keeps anyway (TokenizerSpec::tokens). 8 bytes a token (two 4-byte slots);
+// tokenizer keeps anyway (TokenizerSpec::tokens). 16 bytes a token (two 8-byte slots,
+// each an id and 32 bits of its text's hash, so a probe compares a text only where the
+// hashes agree: most lookups are of pieces that are no token, SentencePiece's merge
+// asks one per adjacent pair, and they end at an empty slot without touching a text);
 // the std::unordered_map<std::string, int32_t> it replaces kept a third copy of every
 // token's text in a heap node of its own, ~20 MB of Gemma 3's 262k-token vocabulary
 // (README "Memory").
@@ -19,10 +22,13 @@ class TokenIndex {
   // The id of `text`, -1 when no token has it. `texts` must be the vector given to build.
   int32_t find(const std::vector<std::string>& texts, std::string_view text) const {
     if (slots_.empty()) return -1;
-    for (uint64_t at = hash(text) & mask_;; at = (at + 1) & mask_) {
-      const int32_t id = slots_[at];
-      if (id < 0) return -1;
-      if (texts[static_cast<size_t>(id)] == text) return id;
+    const uint64_t h = hash(text);
+    const uint64_t tag = h >> 32;
+    for (uint64_t at = h & mask_;; at = (at + 1) & mask_) {
+      const uint64_t slot = slots_[at];
+      if (slot == 0) return -1;
+      const auto id = static_cast<int32_t>((slot & 0xffffffffu) - 1);
+      if ((slot >> 32) == tag && texts[static_cast<size_t>(id)] == text) return id;
     }
   }
 
@@ -32,7 +38,8 @@ class TokenIndex {
     for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
     return h ^ (h >> 29);
   }
-  std::vector<int32_t> slots_;  // -1: empty; a power of two, at most half full
+  // (hash >> 32) << 32 | (id + 1); 0: empty. A power of two, at most half full.
+  std::vector<uint64_t> slots_;
   uint64_t mask_ = 0;
 };
 

@@ -408,6 +408,11 @@ struct Tokenizer::Impl {
   size_t max_bytes = 1;                                  // the longest entry of `bytes`
   bool spm = false;                                      // SentencePiece BPE (spec.model "llama")
   SpmPairRanks spm_ranks;                                // spec.spm_merge_by_rank: the merges' ranks
+  // SentencePiece: the tokens across a word boundary, where few enough to merge word by
+  // word (model/spm_merge.h); else the text merges whole.
+  std::vector<std::string> spm_boundary;
+  bool spm_by_word = false;
+  std::unique_ptr<SpmWordCache> spm_words = std::make_unique<SpmWordCache>();  // a mutex: not movable
   // A pre-token that is a vocabulary entry as a whole is that token, merges or not
   // (Hugging Face's BPE ignore_merges; llama.cpp's for the Llama 3 pre-tokenizers).
   bool ignore_merges = false;
@@ -554,6 +559,10 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     m.merges.emplace(pair_key(a, b), MergeInfo{r, res});  // first rank wins
   }
 
+  if (m.spm) {
+    m.spm_boundary = spm_boundary_tokens(spec.tokens);
+    m.spm_by_word = m.spm_boundary.size() <= 64;
+  }
   if (m.spm) {  // SentencePiece by the merge list: the pairs' ranks (model/spm_merge.h)
     m.spm_ranks.reserve(m.merges.size());
     for (const auto& [key, info] : m.merges) m.spm_ranks.emplace(key, info.rank);
@@ -789,7 +798,8 @@ void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space, std::
       escaped.push_back(c);
   }
   spm_tokenize(escaped, SpmVocab{&text_to_id, &spec.tokens, &spec.scores, &byte_token,
-                                 spec.spm_merge_by_rank ? &spm_ranks : nullptr},
+                                 spec.spm_merge_by_rank ? &spm_ranks : nullptr, spm_by_word ? &spm_boundary : nullptr,
+                                 spm_words.get()},
                out);
 }
 
