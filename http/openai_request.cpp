@@ -207,9 +207,11 @@ const std::string& get_function_name(const json& v, const std::string& param) {
 }
 
 void check_keys(const json& o, const std::string& param, std::initializer_list<const char*> allowed) {
-  for (const auto& [k, f] : o.items())
-    if (std::none_of(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; }))
+  for (const auto& item : o.items()) {
+    const std::string& k = item.key();
+    if (std::none_of(allowed.begin(), allowed.end(), [&k](const char* a) { return k == a; }))
       throw bad_request("'" + param + "." + k + "' is not supported", param + "." + k, "unsupported_parameter");
+  }
 }
 
 // tools: [{"type": "function", "function": {"name", "description"?, "parameters"?,

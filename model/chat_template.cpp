@@ -130,8 +130,16 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     if (!t.is_array()) throw std::invalid_argument("the request's tools are not a JSON array");
     context["tools"] = std::move(t);
   }
+  std::string variables;
   try {
-    return jinja_->render(context.dump());
+    variables = context.dump();
+  } catch (const json::type_error&) {
+    // Text the template's JSON cannot hold (only the CLI can send it: HTTP bodies are
+    // checked as JSON): refused, not rendered with stand-ins the model never sees.
+    throw std::invalid_argument("a message is not valid UTF-8 text");
+  }
+  try {
+    return jinja_->render(variables);
   } catch (const TemplateRaised&) {
     throw;  // the template's own refusal of this conversation, as it words it
   } catch (const std::invalid_argument& e) {

@@ -67,7 +67,7 @@ class ChatTemplate {
   // the assistant's turn. `tools`: the request's tools (OpenAI's JSON array of
   // {"type": "function", "function": {...}}), the template's `tools`; empty: none.
   // std::invalid_argument with the template's own message where it refuses the
-  // conversation.
+  // conversation, and where a message is not valid UTF-8.
   std::string apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                     const std::string& tools = {}) const;
 

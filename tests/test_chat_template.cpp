@@ -295,6 +295,12 @@ TEST(ChatTemplate, AConversationTheTemplateRefusesGetsItsOwnMessage) {
   EXPECT_EQ(gemma.apply(kOne, true),
             "<bos><start_of_turn>user\nHow tall is the Eiffel Tower?<end_of_turn>\n<start_of_turn>model\n");
   EXPECT_EQ(gemma.stop_strings(), (std::vector<std::string>{"<end_of_turn>"}));
+  // Text a template's variables cannot hold is refused, not rendered with stand-ins
+  // (found by fuzz_text_input); the cut never renders the question, so it takes any bytes.
+  EXPECT_THROW(gemma.apply({{"user", "caf\xE9"}}, true), std::invalid_argument);
+  EXPECT_THROW(gemma.cut_at_last_message({{"user", "caf\xE9"}, {"assistant", "ok"}, {"user", "q"}}),
+               std::invalid_argument);
+  EXPECT_NO_THROW(gemma.cut_at_last_message({{"user", "caf\xE9"}}));
 }
 
 TEST(ChatTemplate, InlineOrFromAFile) {

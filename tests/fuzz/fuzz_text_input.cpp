@@ -197,6 +197,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       start = i + 1;
     }
   messages.back().role = "user";
+  if (!valid_utf8(text)) {  // the template renders valid UTF-8 only: refused, never rendered
+    try {
+      (void)shared->tmpl.apply(messages, true);
+      std::abort();
+    } catch (const std::invalid_argument&) {
+    }
+    return 0;
+  }
   const std::string rendered = shared->tmpl.apply(messages, true);
   // The RAG prompt's cut (blend/rag_prompt.h) around the question is the same text.
   const auto cut = shared->tmpl.cut_at_last_message(messages);
