@@ -10,12 +10,14 @@ namespace {
 struct Symbol {
   int32_t prev, next;
   size_t off, n;  // bytes [off, off + n) of the text; n = 0: merged into its left neighbour
+  int32_t id;     // by the merge list: its token (-1: a character without one); by score: unused
 };
 
 struct Bigram {
   int32_t left, right;
   float score;
   size_t size;
+  int32_t result;  // by the merge list: the token the merge makes
 };
 
 // llama.cpp's llm_bigram_spm::comparator: the highest score on top, then the leftmost.
@@ -48,7 +50,8 @@ class Session {
     for (size_t off = 0; off < text_.size();) {
       const size_t n = std::min(utf8_len(static_cast<unsigned char>(text_[off])), text_.size() - off);
       const auto index = static_cast<int32_t>(symbols_.size());
-      symbols_.push_back({index - 1, off + n == text_.size() ? -1 : index + 1, off, n});
+      const int32_t id = v_.pair_ranks ? v_.text_to_id->find(*v_.tokens, text_.substr(off, n)) : -1;
+      symbols_.push_back({index - 1, off + n == text_.size() ? -1 : index + 1, off, n, id});
       off += n;
     }
     for (int32_t i = 1; i < static_cast<int32_t>(symbols_.size()); ++i) try_add(i - 1, i);
@@ -60,6 +63,7 @@ class Session {
       Symbol& r = symbols_[static_cast<size_t>(b.right)];
       if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;  // one of them merged since
       l.n += r.n;
+      l.id = b.result;
       r.n = 0;
       l.next = r.next;
       if (r.next >= 0) symbols_[static_cast<size_t>(r.next)].prev = b.left;
@@ -78,18 +82,19 @@ class Session {
     const Symbol& l = symbols_[static_cast<size_t>(left)];
     const Symbol& r = symbols_[static_cast<size_t>(right)];
     float score = 0;
+    int32_t result = -1;
     if (v_.pair_ranks) {  // by the merge list: the pair must be one of its merges
-      const int32_t a = v_.text_to_id->find(*v_.tokens, piece(l)), b = v_.text_to_id->find(*v_.tokens, piece(r));
-      if (a < 0 || b < 0) return;
-      const auto it = v_.pair_ranks->find(spm_pair_key(a, b));
+      if (l.id < 0 || r.id < 0) return;
+      const auto it = v_.pair_ranks->find(spm_pair_key(l.id, r.id));
       if (it == v_.pair_ranks->end()) return;
-      score = -static_cast<float>(it->second);  // exact: ranks stay below 2^24
+      score = -static_cast<float>(it->second.rank);  // exact: ranks stay below 2^24
+      result = it->second.result;
     } else {
       const int32_t id = v_.text_to_id->find(*v_.tokens, text_.substr(l.off, l.n + r.n));
       if (id < 0 || static_cast<size_t>(id) >= v_.scores->size()) return;
       score = (*v_.scores)[static_cast<size_t>(id)];
     }
-    heap_.push_back({left, right, score, l.n + r.n});
+    heap_.push_back({left, right, score, l.n + r.n, result});
     std::push_heap(heap_.begin(), heap_.end(), Lower());
   }
 
@@ -98,7 +103,7 @@ class Session {
   // llama.cpp re-splits a symbol along the merges that made it, none is ever needed.
   void emit(const Symbol& s, std::vector<int32_t>& out) const {
     const std::string_view text = piece(s);
-    if (const int32_t id = v_.text_to_id->find(*v_.tokens, text); id >= 0) {
+    if (const int32_t id = v_.pair_ranks ? s.id : v_.text_to_id->find(*v_.tokens, text); id >= 0) {
       out.push_back(id);
       return;
     }
@@ -156,8 +161,8 @@ void spm_tokenize(std::string_view text, const SpmVocab& vocab, std::vector<int3
     return;
   }
   // Word by word (no merge crosses a cut: a piece across one would be a boundary token,
-  // which stands there), each word merged once: a word met before (in this text, or in
-  // the cache's earlier ones) is looked up.
+  // which stands there), each word merged once: a word met before (in the cache's
+  // earlier texts and this one; without a cache, in this text) is looked up.
   thread_local std::vector<size_t> ends;
   thread_local std::unordered_map<std::string_view, std::pair<size_t, size_t>> done;  // word -> its ids in `out`
   word_ends(text, *vocab.boundary_tokens, ends);
@@ -167,34 +172,23 @@ void spm_tokenize(std::string_view text, const SpmVocab& vocab, std::vector<int3
     const std::string_view word = text.substr(from, end - from);
     from = end;
     if (word.empty()) continue;
+    if (vocab.cache) {
+      const size_t at = out.size();
+      if (word.size() > 3 && vocab.cache->find(word, out)) continue;  // 3 bytes: one character
+      Session(word, vocab, scratch).run(out);
+      if (word.size() > 3) vocab.cache->add(word, out.data() + at, out.size() - at);
+      continue;
+    }
     if (const auto it = done.find(word); it != done.end()) {
       const auto [at, n] = it->second;
       for (size_t i = 0; i < n; ++i) out.push_back(out[at + i]);
       continue;
     }
     const size_t at = out.size();
-    if (!vocab.cache || !vocab.cache->find(word, out)) {
-      Session(word, vocab, scratch).run(out);
-      if (vocab.cache) vocab.cache->add(word, out.data() + at, out.size() - at);
-    }
+    Session(word, vocab, scratch).run(out);
     done.emplace(word, std::make_pair(at, out.size() - at));
   }
   done.clear();  // its keys point into `text`
-}
-
-bool SpmWordCache::find(std::string_view word, std::vector<int32_t>& out) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  const auto it = words_.find(word);
-  if (it == words_.end()) return false;
-  out.insert(out.end(), it->second.begin(), it->second.end());
-  return true;
-}
-
-void SpmWordCache::add(std::string_view word, const int32_t* ids, size_t n) {
-  if (word.size() > 64) return;  // long runs are rare and would crowd the cache
-  std::lock_guard<std::mutex> lock(mu_);
-  if (words_.size() >= kMaxWords) words_.clear();
-  words_.emplace(std::string(word), std::vector<int32_t>(ids, ids + n));
 }
 
 }  // namespace bs

@@ -11,9 +11,9 @@
 #pragma once
 
 #include "model/token_index.h"
+#include "model/word_cache.h"
 
 #include <array>
-#include <mutex>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -22,8 +22,12 @@
 
 namespace bs {
 
-// (left id, right id) -> the merge's rank, lower first: spm_pair_key(left, right).
-using SpmPairRanks = std::unordered_map<uint64_t, int32_t>;
+// A merge of the list: its rank (lower first) and the token it makes.
+struct SpmMerge {
+  int32_t rank, result;
+};
+// (left id, right id) -> its merge: spm_pair_key(left, right).
+using SpmPairRanks = std::unordered_map<uint64_t, SpmMerge>;
 inline uint64_t spm_pair_key(int32_t left, int32_t right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
@@ -42,27 +46,7 @@ struct SpmVocab {
   // word by word, each distinct word once (the same tokens: see below); null: whole.
   const std::vector<std::string>* boundary_tokens = nullptr;
   // Words merged before, kept across calls (word by word only); null: none.
-  class SpmWordCache* cache = nullptr;
-};
-
-// The words a tokenizer has merged, with their tokens, so a word met again (most of a
-// prompt's: "▁the", "▁of", a document's names) costs one lookup: as Hugging Face's BPE
-// keeps its words. Shared by the threads encoding with one tokenizer (a mutex); bounded
-// (kMaxWords, ~4 MB of short words): emptied when full.
-class SpmWordCache {
- public:
-  static constexpr size_t kMaxWords = 32768;
-  // Appends the word's tokens and returns true if it is known.
-  bool find(std::string_view word, std::vector<int32_t>& out) const;
-  void add(std::string_view word, const int32_t* ids, size_t n);
-
- private:
-  struct Hash {
-    using is_transparent = void;  // find() by string_view, no copy
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> words_;
+  WordCache* cache = nullptr;
 };
 
 // The tokens that hold a U+2581 after another character: a piece across a word boundary

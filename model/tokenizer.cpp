@@ -6,7 +6,8 @@
 // the GGUF files are converted for:
 //   1. Special tokens: the text is split on exact occurrences of special-token
 //      texts, one token at a time, longest text first (tokenizer_st_partition).
-//      Control/unknown tokens only when parse_special; user-defined always.
+//      Control/unknown tokens only when parse_special; user-defined always
+//      (model/special_partition.h).
 //   2. Pre-tokenizer: hand-written state machines over code points equivalent to
 //      the regexes llama.cpp uses for the "pre" type (its unicode_regex_split
 //      fast paths). \s is the Unicode White_Space property, \p{L}/\p{N} are the
@@ -14,7 +15,8 @@
 //   3. Each piece is mapped to bytes -> GPT-2 byte-level symbols and merged by
 //      BPE rank (lowest rank first, leftmost first on ties); with the Llama 3
 //      pre-tokenizers a piece that is a token as a whole is that token
-//      (ignore_merges).
+//      (ignore_merges). A piece merged once is kept with its tokens
+//      (model/word_cache.h): most of a prompt's pieces are met again.
 //   4. SentencePiece BPE instead of 2 and 3: each text fragment gets a leading " "
 //      where add_space_prefix says (the input's start, after a special token), its
 //      spaces become U+2581, and it is merged by score (llama.cpp's SPM branch of
@@ -39,8 +41,10 @@
 #include <utility>
 
 #include "model/gguf.h"
+#include "model/special_partition.h"
 #include "model/spm_merge.h"
 #include "model/token_index.h"
+#include "model/word_cache.h"
 
 namespace bs {
 
@@ -404,7 +408,7 @@ struct Tokenizer::Impl {
   TokenIndex text_to_id;                                 // vocabulary text (spec.tokens) -> id
   std::array<int32_t, 256> byte_token{};                 // byte -> token of its byte-level char
   std::unordered_map<uint64_t, MergeInfo, PairHash> merges;
-  std::vector<int32_t> specials;                         // control/user-defined/unknown, longest first
+  SpecialPartition specials;                             // control/user-defined/unknown tokens' texts
   size_t max_bytes = 1;                                  // the longest entry of `bytes`
   bool spm = false;                                      // SentencePiece BPE (spec.model "llama")
   SpmPairRanks spm_ranks;                                // spec.spm_merge_by_rank: the merges' ranks
@@ -412,15 +416,14 @@ struct Tokenizer::Impl {
   // word (model/spm_merge.h); else the text merges whole.
   std::vector<std::string> spm_boundary;
   bool spm_by_word = false;
-  std::unique_ptr<SpmWordCache> spm_words = std::make_unique<SpmWordCache>();  // a mutex: not movable
+  // Pieces merged before (BPE: pre-tokens; SentencePiece: words), kept across calls.
+  std::unique_ptr<WordCache> words = std::make_unique<WordCache>();  // a mutex: not movable
   // A pre-token that is a vocabulary entry as a whole is that token, merges or not
   // (Hugging Face's BPE ignore_merges; llama.cpp's for the Llama 3 pre-tokenizers).
   bool ignore_merges = false;
 
   bool parse_always(int32_t id) const { return types[id] == 4; }  // user-defined
 
-  void partition(std::string_view text, bool parse_special,
-                 std::vector<std::pair<size_t, int32_t>>& frags) const;
   void bpe(const unsigned char* s, size_t n, std::vector<int32_t>& out, Work& w) const;
   void encode_fragment(std::string_view text, std::vector<int32_t>& out, Work& w) const;
   // encode(); at_start: the text starts the input (Tokenizer::encode_continuation).
@@ -563,19 +566,23 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     m.spm_boundary = spm_boundary_tokens(spec.tokens);
     m.spm_by_word = m.spm_boundary.size() <= 64;
   }
-  if (m.spm) {  // SentencePiece by the merge list: the pairs' ranks (model/spm_merge.h)
+  if (m.spm) {  // SentencePiece by the merge list: the pairs' ranks and results (model/spm_merge.h)
     m.spm_ranks.reserve(m.merges.size());
-    for (const auto& [key, info] : m.merges) m.spm_ranks.emplace(key, info.rank);
+    for (const auto& [key, info] : m.merges) m.spm_ranks.emplace(key, SpmMerge{info.rank, info.result});
     m.merges.clear();
   }
 
+  std::vector<int32_t> specials;  // control/user-defined/unknown, longest first (llama.cpp's order)
   for (int32_t i = 0; i < n; ++i) {
     const uint8_t ty = m.types[i];
-    if ((ty == 2 || ty == 3 || ty == 4) && !spec.tokens[i].empty()) m.specials.push_back(i);
+    if ((ty == 2 || ty == 3 || ty == 4) && !spec.tokens[i].empty()) specials.push_back(i);
   }
-  std::stable_sort(m.specials.begin(), m.specials.end(), [&](int32_t a, int32_t b) {
+  std::stable_sort(specials.begin(), specials.end(), [&](int32_t a, int32_t b) {
     return spec.tokens[a].size() > spec.tokens[b].size();
   });
+  std::vector<SpecialPartition::Special> cut;
+  for (int32_t id : specials) cut.push_back({spec.tokens[id], id, m.parse_always(id)});
+  m.specials = SpecialPartition(std::move(cut));
 
   m.spec = std::move(spec);  // the index's texts: the vector moves, its strings stay
   m.spec.merges.clear();  // folded into m.merges
@@ -628,42 +635,6 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
 Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
-
-// Splits text into raw-text and special-token fragments: frags holds (end offset, id)
-// with id -1 for raw text, like llama.cpp's tokenizer_st_partition.
-void Tokenizer::Impl::partition(std::string_view text, bool parse_special,
-                                std::vector<std::pair<size_t, int32_t>>& frags) const {
-  struct Frag {
-    size_t off, len;
-    int32_t id;
-  };
-  std::vector<Frag> cur{{0, text.size(), -1}}, next;
-  for (int32_t sid : specials) {
-    if (!parse_special && !parse_always(sid)) continue;
-    const std::string& st = spec.tokens[sid];
-    if (text.find(st) == std::string_view::npos) continue;
-    next.clear();
-    for (const Frag& f : cur) {
-      if (f.id >= 0) {
-        next.push_back(f);
-        continue;
-      }
-      const std::string_view window = text.substr(0, f.off + f.len);
-      size_t pos = f.off;
-      for (;;) {
-        const size_t m = window.find(st, pos);
-        if (m == std::string_view::npos) break;
-        if (m > pos) next.push_back({pos, m - pos, -1});
-        next.push_back({m, st.size(), sid});
-        pos = m + st.size();
-      }
-      if (pos < f.off + f.len) next.push_back({pos, f.off + f.len - pos, -1});
-    }
-    cur.swap(next);
-  }
-  frags.clear();
-  for (const Frag& f : cur) frags.emplace_back(f.off + f.len, f.id);
-}
 
 void Tokenizer::Impl::bpe(const unsigned char* s, size_t n, std::vector<int32_t>& out, Work& w) const {
   if (n == 1) {
@@ -737,15 +708,16 @@ void Tokenizer::Impl::encode_fragment(std::string_view text, std::vector<int32_t
     const unsigned char* s = p + w.offs[prev];
     const size_t n = w.offs[end] - w.offs[prev];
     prev = end;
+    const std::string_view piece(reinterpret_cast<const char*>(s), n);
+    if (n > 1 && words->find(piece, out)) return;
+    const size_t at = out.size();
+    word.clear();
     if (ignore_merges) {
-      word.clear();
       for (size_t i = 0; i < n; ++i) append_utf8(word, byte_map().byte_to_cp[s[i]]);
-      if (const int32_t id = text_to_id.find(spec.tokens, word); id >= 0) {
-        out.push_back(id);
-        return;
-      }
+      if (const int32_t id = text_to_id.find(spec.tokens, word); id >= 0) out.push_back(id);
     }
-    bpe(s, n, out, w);
+    if (out.size() == at) bpe(s, n, out, w);
+    if (n > 1) words->add(piece, out.data() + at, out.size() - at);
   });
 }
 
@@ -763,7 +735,7 @@ std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool parse_s
   if (text.size() > UINT32_MAX) throw std::length_error("tokenizer: text too long");
   out.reserve(text.size() / 3 + 4);
   std::vector<std::pair<size_t, int32_t>> frags;
-  partition(text, parse_special, frags);
+  specials.split(text, parse_special, frags);
   Work w;
   size_t start = 0;
   bool prev_special = at_start;  // SPM: the text's first fragment gets the space prefix too
@@ -799,11 +771,13 @@ void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space, std::
   }
   spm_tokenize(escaped, SpmVocab{&text_to_id, &spec.tokens, &spec.scores, &byte_token,
                                  spec.spm_merge_by_rank ? &spm_ranks : nullptr, spm_by_word ? &spm_boundary : nullptr,
-                                 spm_words.get()},
+                                 words.get()},
                out);
 }
 
 size_t Tokenizer::max_token_bytes() const { return impl_->max_bytes; }
+
+size_t Tokenizer::cached_words() const { return impl_->words->size(); }
 
 const std::string& Tokenizer::token_bytes(int32_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->bytes.size()) {

@@ -67,6 +67,9 @@ class Tokenizer {
   // before it pays for encode() (a prompt far over the context is refused at once).
   size_t max_token_bytes() const;
   std::string decode(std::span<const int32_t> ids) const;
+  // How many pieces the tokenizer keeps with their tokens from earlier texts (a BPE
+  // pre-token, a SentencePiece word: model/word_cache.h), which it looks up, not merges.
+  size_t cached_words() const;
   int32_t vocab_size() const;
   bool is_control(int32_t id) const;
   int32_t bos_id() const;

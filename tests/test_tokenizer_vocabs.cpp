@@ -98,16 +98,25 @@ TEST(TokenizerVocabs, EveryTestVectorOfEveryVocabularyWeLoadAndTheOthersRefusedB
     const Vectors v = read_vectors(path);
     ASSERT_EQ(v.inputs.size(), v.ids.size());
     ASSERT_GT(v.inputs.size(), 30u);
+    // Twice: the second pass, in reverse order, takes each piece the first merged
+    // from the tokenizer's word cache (model/word_cache.h).
     int wrong = 0;
-    for (size_t i = 0; i < v.inputs.size(); ++i) {
-      const auto got = tok->encode(v.inputs[i], /*parse_special=*/false);
-      if (got != v.ids[i] && ++wrong <= 5) {
-        std::string g, w;
-        for (int32_t id : got) g += std::to_string(id) + " ";
-        for (int32_t id : v.ids[i]) w += std::to_string(id) + " ";
-        ADD_FAILURE() << "input " << i << " '" << v.inputs[i] << "': got " << g << "want " << w;
+    for (const bool cached : {false, true}) {
+      for (size_t k = 0; k < v.inputs.size(); ++k) {
+        const size_t i = cached ? v.inputs.size() - 1 - k : k;
+        const auto got = tok->encode(v.inputs[i], /*parse_special=*/false);
+        if (got != v.ids[i] && ++wrong <= 5) {
+          std::string g, w;
+          for (int32_t id : got) g += std::to_string(id) + " ";
+          for (int32_t id : v.ids[i]) w += std::to_string(id) + " ";
+          ADD_FAILURE() << (cached ? "(cached) " : "") << "input " << i << " '" << v.inputs[i] << "': got " << g
+                        << "want " << w;
+        }
+        checked_inputs += !cached;
       }
-      ++checked_inputs;
+      if (!cached) {
+        EXPECT_GT(tok->cached_words(), 10u);
+      }
     }
     EXPECT_EQ(wrong, 0);
     ++checked_vocabs;

@@ -8,8 +8,8 @@
 // tokenizer.json (and its tokenizer_config.json). The median and the fastest of
 // --repeats runs; one JSON object on stdout. Encoding is timed three ways: the same prompt again (--repeats;
 // its words known), the first prompt of a freshly loaded tokenizer (cold), and the next
-// 20 cases' prompts once each (new documents, common words known): a SentencePiece
-// tokenizer keeps the words it has merged (model/spm_merge.h), as Hugging Face's BPE does.
+// 20 cases' prompts once each (new documents, common words known): the tokenizer keeps
+// the pieces it has merged (model/word_cache.h), as Hugging Face's BPE does.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -76,8 +76,8 @@ int bench_text(const TextBenchOptions& opt) {
   std::error_code ec;
   const bool tokenizer_only = std::filesystem::is_directory(opt.model_path, ec) && !is_hf_checkpoint(opt.model_path);
   const auto file = tokenizer_only ? open_hf_tokenizer(opt.model_path) : open_model_file(opt.model_path);
-  // Cold: the first prompt a freshly loaded tokenizer encodes (a SentencePiece
-  // tokenizer keeps the words it merged: model/spm_merge.h), three loads' median.
+  // Cold: the first prompt a freshly loaded tokenizer encodes (a tokenizer keeps the
+  // pieces it merged: model/word_cache.h), three loads' median.
   std::vector<double> cold_ms;
   for (int i = 0; i < 3; ++i) {
     const Tokenizer fresh = Tokenizer::from_gguf(file);
