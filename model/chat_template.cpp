@@ -23,8 +23,24 @@ constexpr const char* kChatMl =
     R"({% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})";
 
 // What stands for the last message's content in cut_at_last_message: plain ASCII that no
-// filter a template applies to a message (trim, strip, escaping) changes.
+// filter a template applies to a message (trim, strip, escaping) changes, and that no
+// other part of the conversation holds (a number is added until none does: a user may
+// paste it, and the fuzzer did).
 constexpr std::string_view kMarker = "@@blendserve:message:7f3a9c@@";
+
+std::string marker_for(const std::vector<ChatMessage>& messages, const std::string& tools) {
+  auto held = [&](const std::string& m) {
+    if (tools.find(m) != std::string::npos) return true;
+    for (const auto& msg : messages)
+      if (msg.content.find(m) != std::string::npos || msg.tool_calls.find(m) != std::string::npos ||
+          msg.tool_call_id.find(m) != std::string::npos || msg.role.find(m) != std::string::npos)
+        return true;
+    return false;
+  };
+  std::string m(kMarker);
+  for (int n = 0; held(m); ++n) m = std::string(kMarker) + std::to_string(n) + "@@";
+  return m;
+}
 
 // End-of-turn markers a model could also spell out in ordinary tokens: where the template
 // writes one, the text stops generation too.
@@ -155,15 +171,16 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool a
 ChatTemplate::Cut ChatTemplate::cut_at_last_message(const std::vector<ChatMessage>& messages,
                                                     const std::string& tools) const {
   if (messages.empty()) throw std::invalid_argument("a conversation needs at least one message");
+  const std::string marker = marker_for(messages, tools);
   std::vector<ChatMessage> marked = messages;
-  marked.back().content = kMarker;
+  marked.back().content = marker;
   const std::string text = render(marked, true, tools);
-  const size_t at = text.find(kMarker);
-  if (at == std::string::npos || text.find(kMarker, at + kMarker.size()) != std::string::npos)
+  const size_t at = text.find(marker);
+  if (at == std::string::npos || text.find(marker, at + marker.size()) != std::string::npos)
     throw std::invalid_argument(origin_ + " does not write the last message's text once and verbatim (it " +
                                 (at == std::string::npos ? "leaves it out or changes it" : "writes it twice") +
                                 "), so a prompt cannot be assembled around it");
-  return Cut{text.substr(0, at), text.substr(at + kMarker.size())};
+  return Cut{text.substr(0, at), text.substr(at + marker.size())};
 }
 
 void ChatTemplate::check() const {

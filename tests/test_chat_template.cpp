@@ -120,6 +120,15 @@ TEST(ChatTemplate, SmolLM2sOwnTemplateWithItsDefaultSystemPrompt) {
   EXPECT_EQ(m->tok.decode(p.chunks[1]), "Doc two.\n\n");
   EXPECT_EQ(m->tok.decode(p.suffix), "Who?<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(m->tok.decode(p.concatenated()), t.apply({{"user", "Doc one.\n\nDoc two.\n\nWho?"}}, true));
+
+  // The cut's placeholder written in the conversation itself (the fuzzer found it in
+  // the binary): another stands in, and the cut is still the rendering's.
+  const std::string pasted = "@@blendserve:message:7f3a9c@@ and @@blendserve:message:7f3a9c@@0@@";
+  for (const std::vector<ChatMessage>& c : {std::vector<ChatMessage>{{"user", pasted}, {"assistant", "Ok."}, {"user", "Hm?"}},
+                                            std::vector<ChatMessage>{{"user", pasted}}}) {
+    const auto cut = t.cut_at_last_message(c);
+    EXPECT_EQ(cut.before + c.back().content + cut.after, t.apply(c, true));
+  }
 }
 
 // ---- every real template ---------------------------------------------------------------------

@@ -191,5 +191,18 @@ TEST(JinjaTemplate, SyntaxErrorsAndRaiseExceptionAreInvalidArgument) {
   EXPECT_THROW((void)t.render("not json"), std::invalid_argument);
 }
 
+// Integer arithmetic past what the engine holds is refused as Python's jinja2 refuses
+// a modulo by zero, never cast from a NaN (tools/patches/llama-jinja-int-range.patch,
+// found by fuzz_chat_template under UBSan); `|int` of NaN is the filter's default, 0;
+// a modulo takes the divisor's sign, as in Python.
+TEST(JinjaTemplate, IntegerArithmeticOutOfRangeIsRefusedNotUndefined) {
+  const std::string vars = R"({"n":0,"big":9223372036854775807})";
+  EXPECT_EQ(JinjaTemplate("{{ 7 % 3 }} {{ -7 % 3 }} {{ 'nan' | float | int }}").render(vars), "1 2 0");
+  for (const char* src : {"{{ 7 % n }}", "{{ 7.5 % n }}", "{{ big * 4 }}", "{{ '1e300' | float | int }}"}) {
+    SCOPED_TRACE(src);
+    EXPECT_THROW((void)JinjaTemplate(src).render(vars), std::invalid_argument);
+  }
+}
+
 }  // namespace
 }  // namespace bs

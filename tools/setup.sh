@@ -34,7 +34,7 @@ OPENAI_PKG="openai==3.54.0"
 KUBE_VALIDATE_PKG="kubernetes-validate==1.37.0"
 
 PACKAGES=(
-  build-essential cmake g++ pkg-config python3 python3-pip python3-venv unzip ca-certificates curl
+  build-essential cmake g++ pkg-config python3 python3-pip python3-venv unzip ca-certificates curl patch
   libcaf-dev libyaml-cpp-dev libcpp-httplib-dev libboost-dev nlohmann-json3-dev
   libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev libssl-dev
   # the cluster's certificates are checked by the real tool (`openssl verify`) in the tests
@@ -178,11 +178,13 @@ fi
 # downloaded at test time). It also carries llama.cpp's Jinja engine (common/jinja, with
 # the common/json and common/unicode it needs; MIT, llama.cpp's LICENSE beside it),
 # which the build compiles from models/llama.cpp/src/ to render models' chat templates
-# (model/jinja_template.h). Fetched only when the folder's stamp is not this layout's.
+# (model/jinja_template.h), with our patches from tools/patches/ applied (each says
+# why). Fetched only when the folder's stamp is not this layout's and these patches'.
 LCPP_PKG="llama-cpp-python==0.3.36"
 LCPP_SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 LCPP_MODELS="$MODEL_DIR/llama.cpp"
-LCPP_STAMP="$LCPP_SDIST_SHA256 models+jinja"
+LCPP_PATCHES=("$ROOT"/tools/patches/llama-*.patch)
+LCPP_STAMP="$LCPP_SDIST_SHA256 models+jinja $(cat "${LCPP_PATCHES[@]}" | sha_of /dev/stdin)"
 if [ -f "$LCPP_MODELS/.sdist-sha256" ] && [ "$(cat "$LCPP_MODELS/.sdist-sha256")" = "$LCPP_STAMP" ]; then
   log "llama.cpp vocabularies: present ($LCPP_PKG)"
 else
@@ -205,6 +207,9 @@ else
   tar -xzf "$sdist" -C "$LCPP_MODELS.part/src" --strip-components=3 "$L/LICENSE" "$L/common/jinja" \
     "$L/common/json.h" "$L/common/json.cpp" "$L/common/unicode.h" "$L/common/unicode.cpp" ||
     die "extracting llama.cpp's Jinja engine failed"
+  for p in "${LCPP_PATCHES[@]}"; do
+    patch -s -d "$LCPP_MODELS.part/src" -p1 < "$p" || die "applying $p to llama.cpp's Jinja engine failed"
+  done
   echo "$LCPP_STAMP" > "$LCPP_MODELS.part/.sdist-sha256"
   mv "$LCPP_MODELS.part" "$LCPP_MODELS"
   log "llama.cpp vocabularies: $(ls "$LCPP_MODELS" | grep -c '\.gguf$') vocabularies, $(ls "$LCPP_MODELS/templates" | wc -l) templates, the Jinja engine in $LCPP_MODELS"
