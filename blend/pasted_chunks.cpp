@@ -109,7 +109,7 @@ std::vector<PastedChunkIndex::Found> PastedChunkIndex::find(const Tokenizer& tok
         if (begin < taken || begin + chunk_bytes > text.size()) continue;
         bool same = true;
         for (size_t k = 0, at = begin; k < c.size() && same; ++k) {
-          const std::string& piece = tok.token_bytes(c[k]);
+          const std::string_view piece = tok.token_bytes(c[k]);
           same = text.compare(at, piece.size(), piece) == 0;
           at += piece.size();
         }

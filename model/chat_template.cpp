@@ -47,7 +47,7 @@ std::string marker_for(const std::vector<ChatMessage>& messages, const std::stri
 constexpr const char* kTurnEnds[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"};
 
 std::string token_text(const Tokenizer& tok, int32_t id) {
-  return id >= 0 && id < tok.vocab_size() ? tok.token_bytes(id) : std::string();
+  return id >= 0 && id < tok.vocab_size() ? std::string(tok.token_bytes(id)) : std::string();
 }
 
 // The engine's message without its own "chat template: " (the origin replaces it).

@@ -1,5 +1,6 @@
 #include "model/llama_model.h"
 
+#include <malloc.h>
 #include <xxhash.h>
 
 #include <cmath>
@@ -206,6 +207,10 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
 
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file_));
   chat_template_ = ChatTemplate::from_gguf(file_, *tokenizer_);
+  // The tokenizer holds the vocabulary now; the file's parsed copy of it goes.
+  for (const char* key : {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                          "tokenizer.ggml.merges"})
+    file_.drop_metadata(key);
 
   // This rank's rows [first, first + rows) of a matrix: rows are contiguous, so a
   // view into the file.
@@ -362,6 +367,10 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   if (shard_.size > 1) add_str("tp:" + std::to_string(shard_.size));
   fingerprint_ = XXH3_64bits_digest(st);
   XXH3_freeState(st);
+  // Loading parsed and copied the vocabulary several times over (the file's arrays, the
+  // tokenizer's spec) and freed all but one compact copy: give those pages back, or
+  // they stay in the process's resident set for its whole life.
+  malloc_trim(0);
 }
 
 }  // namespace bs

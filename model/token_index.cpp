@@ -1,8 +1,23 @@
 #include "model/token_index.h"
 
+#include <stdexcept>
+
 namespace bs {
 
-void TokenIndex::build(const std::vector<std::string>& texts) {
+TokenTexts::TokenTexts(const std::vector<std::string>& texts) {
+  size_t total = 0;
+  for (const auto& t : texts) total += t.size();
+  if (total > UINT32_MAX) throw std::length_error("token texts: more than 4 GB");
+  blob_.reserve(total);
+  offsets_.reserve(texts.size() + 1);
+  offsets_.push_back(0);
+  for (const auto& t : texts) {
+    blob_ += t;
+    offsets_.push_back(static_cast<uint32_t>(blob_.size()));
+  }
+}
+
+void TokenIndex::build(const TokenTexts& texts) {
   uint64_t size = 16;
   while (size < texts.size() * 2) size *= 2;
   slots_.assign(size, 0);

@@ -403,9 +403,10 @@ struct Work {
 struct Tokenizer::Impl {
   TokenizerSpec spec;
   PreKind pre_kind = PreKind::Gpt2;
-  std::vector<std::string> bytes;                        // raw bytes per token
+  TokenTexts texts;                                      // the vocabulary's texts (spec.tokens, then dropped)
+  TokenTexts bytes;                                      // raw bytes per token
   std::vector<uint8_t> types;                            // token type per token
-  TokenIndex text_to_id;                                 // vocabulary text (spec.tokens) -> id
+  TokenIndex text_to_id;                                 // vocabulary text (texts) -> id
   std::array<int32_t, 256> byte_token{};                 // byte -> token of its byte-level char
   std::unordered_map<uint64_t, MergeInfo, PairHash> merges;
   SpecialPartition specials;                             // control/user-defined/unknown tokens' texts
@@ -511,25 +512,29 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     m.types[i] = (t >= 0 && t <= 6) ? static_cast<uint8_t>(t) : 1;
   }
 
-  m.text_to_id.build(spec.tokens);  // a duplicate text maps to its last id, as in llama.cpp
-  auto id_of = [&](std::string_view text) { return m.text_to_id.find(spec.tokens, text); };
-  m.bytes.resize(spec.tokens.size());
-  for (int32_t i = 0; i < n; ++i) {
-    const std::string& t = spec.tokens[i];
-    const uint8_t ty = m.types[i];
-    if (ty == 2 || ty == 3 || ty == 4) {  // unknown, control, user-defined: their text
-      m.bytes[i] = t;
-    } else if (ty == 6 && parse_byte_token(t) >= 0) {
-      m.bytes[i] = std::string(1, static_cast<char>(parse_byte_token(t)));
-    } else if (m.spm) {  // U+2581 (3 bytes) stands for a space
-      std::string text = t;
-      for (size_t at = text.find(kSpmSpace); at != std::string::npos; at = text.find(kSpmSpace, at + 1))
-        text.replace(at, 3, " ");
-      m.bytes[i] = std::move(text);
-    } else {
-      m.bytes[i] = decode_token_text(t);
+  m.texts = TokenTexts(spec.tokens);
+  m.text_to_id.build(m.texts);  // a duplicate text maps to its last id, as in llama.cpp
+  auto id_of = [&](std::string_view text) { return m.text_to_id.find(m.texts, text); };
+  {
+    std::vector<std::string> bytes(spec.tokens.size());
+    for (int32_t i = 0; i < n; ++i) {
+      const std::string& t = spec.tokens[i];
+      const uint8_t ty = m.types[i];
+      if (ty == 2 || ty == 3 || ty == 4) {  // unknown, control, user-defined: their text
+        bytes[i] = t;
+      } else if (ty == 6 && parse_byte_token(t) >= 0) {
+        bytes[i] = std::string(1, static_cast<char>(parse_byte_token(t)));
+      } else if (m.spm) {  // U+2581 (3 bytes) stands for a space
+        std::string text = t;
+        for (size_t at = text.find(kSpmSpace); at != std::string::npos; at = text.find(kSpmSpace, at + 1))
+          text.replace(at, 3, " ");
+        bytes[i] = std::move(text);
+      } else {
+        bytes[i] = decode_token_text(t);
+      }
+      m.max_bytes = std::max(m.max_bytes, bytes[i].size());
     }
-    m.max_bytes = std::max(m.max_bytes, m.bytes[i].size());
+    m.bytes = TokenTexts(bytes);
   }
 
   const ByteMap& bm = byte_map();
@@ -584,7 +589,9 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
   for (int32_t id : specials) cut.push_back({spec.tokens[id], id, m.parse_always(id)});
   m.specials = SpecialPartition(std::move(cut));
 
-  m.spec = std::move(spec);  // the index's texts: the vector moves, its strings stay
+  m.spec = std::move(spec);
+  m.spec.tokens.clear();  // held as m.texts
+  m.spec.tokens.shrink_to_fit();
   m.spec.merges.clear();  // folded into m.merges
   m.spec.merges.shrink_to_fit();
   m.spec.token_types.clear();  // folded into m.types
@@ -714,7 +721,7 @@ void Tokenizer::Impl::encode_fragment(std::string_view text, std::vector<int32_t
     word.clear();
     if (ignore_merges) {
       for (size_t i = 0; i < n; ++i) append_utf8(word, byte_map().byte_to_cp[s[i]]);
-      if (const int32_t id = text_to_id.find(spec.tokens, word); id >= 0) out.push_back(id);
+      if (const int32_t id = text_to_id.find(texts, word); id >= 0) out.push_back(id);
     }
     if (out.size() == at) bpe(s, n, out, w);
     if (n > 1) words->add(piece, out.data() + at, out.size() - at);
@@ -769,7 +776,7 @@ void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space, std::
     else
       escaped.push_back(c);
   }
-  spm_tokenize(escaped, SpmVocab{&text_to_id, &spec.tokens, &spec.scores, &byte_token,
+  spm_tokenize(escaped, SpmVocab{&text_to_id, &texts, &spec.scores, &byte_token,
                                  spec.spm_merge_by_rank ? &spm_ranks : nullptr, spm_by_word ? &spm_boundary : nullptr,
                                  words.get()},
                out);
@@ -779,7 +786,7 @@ size_t Tokenizer::max_token_bytes() const { return impl_->max_bytes; }
 
 size_t Tokenizer::cached_words() const { return impl_->words->size(); }
 
-const std::string& Tokenizer::token_bytes(int32_t id) const {
+std::string_view Tokenizer::token_bytes(int32_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->bytes.size()) {
     throw std::out_of_range("tokenizer: token id " + std::to_string(id) + " out of range");
   }
@@ -811,7 +818,7 @@ bool Tokenizer::ends_generation(int32_t id) const {
 }
 
 int32_t Tokenizer::token_id(std::string_view text) const {
-  if (const int32_t id = impl_->text_to_id.find(impl_->spec.tokens, text); id >= 0) return id;
+  if (const int32_t id = impl_->text_to_id.find(impl_->texts, text); id >= 0) return id;
   // Not a vocabulary string: try the vocabulary's form of the raw text (" the" ->
   // "Ġthe", SentencePiece: "▁the").
   std::string encoded;
@@ -821,7 +828,7 @@ int32_t Tokenizer::token_id(std::string_view text) const {
     else
       append_utf8(encoded, byte_map().byte_to_cp[b]);
   }
-  return impl_->text_to_id.find(impl_->spec.tokens, encoded);
+  return impl_->text_to_id.find(impl_->texts, encoded);
 }
 
 // ---- StreamDecoder -----------------------------------------------------------------

@@ -61,7 +61,7 @@ class Tokenizer {
   // it. Byte-level BPE: the same as encode().
   std::vector<int32_t> encode_continuation(std::string_view text, bool parse_special) const;
   // Raw bytes of one token (control tokens render as their text).
-  const std::string& token_bytes(int32_t id) const;
+  std::string_view token_bytes(int32_t id) const;
   // The most bytes of text one token stands for (the longest token_bytes): a text of B
   // bytes takes at least ceil(B / max_token_bytes()) tokens, a bound a caller can check
   // before it pays for encode() (a prompt far over the context is refused at once).

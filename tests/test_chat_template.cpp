@@ -66,7 +66,7 @@ Tokenizer bytes_only() {
   return Tokenizer(std::move(spec));
 }
 
-std::string text_of(const Tokenizer& tok, int32_t id) { return id >= 0 ? tok.token_bytes(id) : std::string(); }
+std::string text_of(const Tokenizer& tok, int32_t id) { return id >= 0 ? std::string(tok.token_bytes(id)) : std::string(); }
 
 const std::vector<ChatMessage> kOne = {{"user", "How tall is the Eiffel Tower?"}};
 const std::vector<ChatMessage> kWithSystem = {{"system", "You answer briefly."},

@@ -96,7 +96,7 @@ std::string show_ids(const std::vector<int32_t>& ids) {
 }
 
 // Strict UTF-8 validation (no overlongs, surrogates or values > U+10FFFF).
-bool valid_utf8(const std::string& s) {
+bool valid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   size_t i = 0, n = s.size();
   while (i < n) {
