@@ -11,7 +11,7 @@
 // integer dot product is exact, and 8 of them (8 rows of one token, or one row of up
 // to 8 tokens) are finished together into one vector, scaled and accumulated there.
 // K-quant super-blocks are read one 32-element sub-block at a time (its quants unpacked
-// with AVX2 integer ops, its scales by kernels/kquant_blocks.h), so every type runs
+// with AVX2 integer ops, its scales as kernels/kquant_blocks.h defines them, inline), so every type runs
 // through the same block loops. Q8_0 blocks expand cheaply and keep fp32 activations (the output projection's
 // logits stay within 1e-4 of llama.cpp's; int16 activations there measured up to
 // 1.5e-3, over the golden test's 1e-3).
@@ -24,7 +24,7 @@
 #include "kernels/cpu/variant/simd.h"  // first: see the note there
 #include "kernels/cpu/variant/variant_ops.h"
 #include "kernels/dequant.h"
-#include "kernels/kquant_blocks.h"  // out-of-line sub-block scales; no inline code used
+#include "kernels/kquant_blocks.h"  // KSubBlockScales; the scalar variant calls its functions
 
 namespace bs::kernels::cpu::BS_ISA_NS {
 namespace {
@@ -224,17 +224,50 @@ inline void load_block32(const uint8_t* blk, vf* w) {
 #endif
 }
 
+#if BS_ISA_LEVEL >= 1
+// kernels/kquant_blocks.h's k_sub_block_scales, inline and with the F16C conversion:
+// the same products of exactly converted values, so bit-identical to it. (The shared
+// function is out of line and converts fp16 in software in the baseline-ISA library:
+// a call and two software conversions per sub-block were 7% of Gemma 3 270M's decode.)
+template <TensorType T>
+inline KSubBlockScales k_scales(const uint8_t* super, int s) {
+  KSubBlockScales out;
+  if constexpr (T == TensorType::Q6_K) {
+    const float d = half_to_float(super + 208);
+    const auto* sc = reinterpret_cast<const int8_t*>(super + 192);
+    const int n = s / 4, k = s % 4;
+    out.scale[0] = d * static_cast<float>(sc[8 * n + 2 * k]);
+    out.scale[1] = d * static_cast<float>(sc[8 * n + 2 * k + 1]);
+    out.offset = 0.0f;
+  } else {  // Q4_K, Q5_K: ggml's get_scale_min_k4
+    const uint8_t* q = super + 4;
+    int sc, m;
+    if (s < 4) {
+      sc = q[s] & 63;
+      m = q[s + 4] & 63;
+    } else {
+      sc = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+      m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+    }
+    out.scale[0] = out.scale[1] = half_to_float(super) * static_cast<float>(sc);
+    out.offset = half_to_float(super + 2) * static_cast<float>(m);
+  }
+  return out;
+}
+#endif
+
 // Block b (of 32 elements) of a row of type T into kBlockVecs vectors.
 template <TensorType T>
 inline void load_block(const uint8_t* row, int64_t b, vf* w) {
   if constexpr (kSuperBlock<T>) {
     const uint8_t* super = row + (b >> 3) * kTypeBytes<T>;
     const int s = static_cast<int>(b & 7);
-    const KSubBlockScales sc = k_sub_block_scales(T, super, s);
 #if BS_ISA_LEVEL >= 1
+    const KSubBlockScales sc = k_scales<T>(super, s);
     if constexpr (T == TensorType::Q6_K) expand_int8<false>(k_quants<T>(super, s), sc.scale[0], sc.scale[1], 0.0f, w);
     else expand_int8<true>(k_quants<T>(super, s), sc.scale[0], sc.scale[1], -sc.offset, w);
 #else
+    const KSubBlockScales sc = k_sub_block_scales(T, super, s);
     int8_t q[kBlock];
     k_sub_block_quants(T, super, s, q);
     alignas(64) float tmp[kBlock];
