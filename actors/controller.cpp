@@ -54,11 +54,12 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         const auto& cfg = ctx->model->full_config();
         const auto& tiers = ctx->tiers;
         const bool use_chunks = r.options.mode == BlendMode::Reuse || r.options.mode == BlendMode::Blend;
-        const bool use_prefix = r.options.mode != BlendMode::Full && !r.prompt.prefix.empty();
+        const bool use_prefix = r.options.mode != BlendMode::Full;
         const size_t nchunks = r.prompt.chunks.size();
         r.chunk_tier.assign(nchunks, kMissTier);
-        r.prefix_tier = kMissTier;
+        r.prefix_block_tier.clear();
         r.loaded.chunk_loaded.assign(nchunks, 0);
+        r.loaded.prefix_cached = 0;
         int64_t cached_tokens = 0;
         std::vector<int64_t> bytes_by_tier(tiers.size(), 0);
         // Bytes a stored token's K and V take in its entry's dtype (f16 by default: the
@@ -68,12 +69,12 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         const int64_t token_elements = 2 * static_cast<int64_t>(cfg.n_layers) * cfg.kv_dim();
         // The first tier (in lookup order) that holds a usable entry. The entry is
         // opened to check it and closed again: the tier's loader opens it to read.
-        auto locate = [&](const ChunkKey& key, const std::vector<int32_t>& tokens) -> TierId {
+        auto locate = [&](const ChunkKey& key, std::span<const int32_t> tokens) -> TierId {
           if (tokens.empty()) return kMissTier;
           for (size_t t = 0; t < tiers.size(); ++t) {
             auto reader = tiers[t].store->open_layers(key);
             // A hash collision or a stale entry must never be used as this chunk's KV.
-            if (reader && reader->tokens() == tokens && reader->n_layers() == cfg.n_layers &&
+            if (reader && std::ranges::equal(reader->tokens(), tokens) && reader->n_layers() == cfg.n_layers &&
                 reader->kv_heads() == cfg.n_kv_heads && reader->head_dim() == cfg.head_dim) {
               bytes_by_tier[t] +=
                   static_cast<int64_t>(tokens.size()) * token_elements * kernels::kv_dtype_bytes(reader->dtype());
@@ -82,8 +83,28 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
           }
           return kMissTier;
         };
-        if (use_prefix) r.prefix_tier = locate(r.prefix_key, r.prompt.prefix);
-        r.loaded.prefix_loaded = r.prefix_tier != kMissTier;
+        // Automatic prefix caching: the run of stored blocks from block 0 (a block is
+        // valid only behind the very blocks before it: its key chains them).
+        if (use_prefix && r.prefix_block > 0) {
+          const auto all = r.prompt.concatenated();
+          for (size_t j = 0; j < r.prefix_block_keys.size(); ++j) {
+            const auto block = std::span<const int32_t>(all).subspan(j * static_cast<size_t>(r.prefix_block),
+                                                                     static_cast<size_t>(r.prefix_block));
+            const TierId t = locate(r.prefix_block_keys[j], block);
+            if (t == kMissTier) break;
+            r.prefix_block_tier.push_back(t);
+          }
+          const int64_t hit = static_cast<int64_t>(r.prefix_block_tier.size()) * r.prefix_block;
+          // Without chunks the blocks may reach past the template's prefix (an earlier
+          // turn's question, the same request again): the cut moves to cover them; the
+          // prompt's tokens are unchanged.
+          const int64_t P = static_cast<int64_t>(r.prompt.prefix.size());
+          if (hit > P && nchunks == 0) {
+            r.prompt.prefix.insert(r.prompt.prefix.end(), r.prompt.suffix.begin(), r.prompt.suffix.begin() + (hit - P));
+            r.prompt.suffix.erase(r.prompt.suffix.begin(), r.prompt.suffix.begin() + (hit - P));
+          }
+          r.loaded.prefix_cached = hit;
+        }
         if (use_chunks)
           for (size_t i = 0; i < nchunks; ++i) {
             r.chunk_tier[i] = locate(r.chunk_keys[i], r.prompt.chunks[i]);
@@ -97,8 +118,7 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         // (gradual filtering computes every cached row up to the first check layer
         // and narrows after each), at the measured seconds per row-layer, plus the
         // per-prompt-token overhead (embedding, selection outside the layers, logits).
-        const int64_t other_tokens = r.prompt.size() - cached_tokens -
-                                     (r.loaded.prefix_loaded ? static_cast<int64_t>(r.prompt.prefix.size()) : 0);
+        const int64_t other_tokens = r.prompt.size() - cached_tokens - r.loaded.prefix_cached;
         double est_load = 0;  // the tiers' loaders run in parallel
         for (size_t t = 0; t < tiers.size(); ++t)
           est_load = std::max(est_load, static_cast<double>(bytes_by_tier[t]) / st.tier_bytes_per_s[t]);
@@ -171,6 +191,7 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         nlohmann::json inputs = {{"compute_s_per_token_layer", st.compute_s_per_token_layer},
                                  {"overhead_s_per_prompt_token", st.overhead_s_per_prompt_token},
                                  {"cached_tokens", cached_tokens},
+                                 {"prefix_cached_tokens", r.loaded.prefix_cached},
                                  {"other_tokens", other_tokens}};
         for (size_t t = 0; t < tiers.size(); ++t) {
           inputs["bytes_" + tiers[t].name] = bytes_by_tier[t];

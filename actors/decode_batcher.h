@@ -42,6 +42,12 @@ struct DecodeSlot {
   uint64_t id = 0;
   KvCache cache;
   std::atomic<bool> cancelled{false};  // set by the worker; the next batch skips the compute
+  // Automatic prefix caching: the tokens at the cache's positions when its KV is what a
+  // full prefill of them gives (a prompt without blended chunks, then every token a
+  // step appends: the worker's, which stores their blocks when the request ends);
+  // empty otherwise.
+  std::vector<int32_t> exact_tokens;
+  int64_t prompt_tokens = 0;  // how many of them the prompt was (its blocks are stored at the first token)
 };
 using DecodeSlotPtr = std::shared_ptr<DecodeSlot>;
 

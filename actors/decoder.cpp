@@ -33,6 +33,8 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
     const auto& plan = d->prefill.plan;
     res.prompt_tokens = plan.prompt.size();
     res.cached_tokens = d->prefill.cached_tokens;
+    res.prefix_cached_tokens = d->prefill.prefix_cached_tokens;
+    trace.set("prefix_cached_tokens", res.prefix_cached_tokens);
     res.recomputed_tokens = d->prefill.recomputed_tokens;
     res.chunks = static_cast<int>(plan.prompt.chunks.size());
     for (TierId t : plan.chunk_tier) {

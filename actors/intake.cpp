@@ -93,8 +93,41 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
     // No documents: the stored chunks pasted into the message, if any, become its parts.
     PastedMatch m;
     r.prompt = assemble_pasted_prompt(model.tokenizer(), model.chat_template(), q.messages, *ctx.pasted, &m, q.tools);
+    // Stored passages found, but the message's exact prefix blocks save as much compute
+    // (the same request again, a conversation's next turn): the prompt is used as
+    // written, exact, instead of blending the passages (cut out, the text tokenizes
+    // into other blocks). Blending computes the rest and `ratio` of the passages' rows;
+    // the exact prefix everything after it.
+    if (m.chunks_found > 0 && ctx.config.prefix_block_tokens > 0) {
+      RagPrompt plain = assemble_rag_prompt(model.tokenizer(), model.chat_template(), q.messages, {}, q.tools);
+      const int64_t B = ctx.config.prefix_block_tokens;
+      const auto keys = ctx.engine->prefix_block_keys(plain.concatenated(), B, (plain.size() - 1) / B);
+      int64_t hit = 0;
+      while (hit < static_cast<int64_t>(keys.size()) && ctx.tiered->contains(keys[static_cast<size_t>(hit)])) ++hit;
+      const double ratio = q.ratio ? *q.ratio : ctx.config.blend.ratio;
+      if (static_cast<double>(hit * B) >= (1.0 - ratio) * static_cast<double>(m.chunk_tokens)) {
+        r.prompt = std::move(plain);
+        m = PastedMatch{};
+        rec.trace->set("pasted_chunks_over_prefix", true);
+      }
+    }
     rec.trace->set("pasted_chunks", m.chunks_found);
     rec.trace->set("pasted_chunk_tokens", m.chunk_tokens);
+    // Its paragraphs that were not found are learnt: stored, they are found next time.
+    if (ctx.config.learn_passage_tokens > 0 && ctx.config.write_back && !q.messages.empty() &&
+        q.messages.back().role == "user") {
+      int64_t learnt = 0;
+      for (const auto& para : blank_line_paragraphs(q.messages.back().content)) {
+        auto tokens = document_chunk_tokens(model.tokenizer(), para);
+        if (static_cast<int64_t>(tokens.size()) < ctx.config.learn_passage_tokens) continue;
+        if (std::find(r.prompt.chunks.begin(), r.prompt.chunks.end(), tokens) != r.prompt.chunks.end()) continue;
+        if (std::find(r.learn.begin(), r.learn.end(), tokens) != r.learn.end()) continue;
+        learnt += static_cast<int64_t>(tokens.size());
+        r.learn.push_back(std::move(tokens));
+      }
+      rec.trace->set("learn_passages", static_cast<int64_t>(r.learn.size()));
+      rec.trace->set("learn_passage_tokens", learnt);
+    }
   } else {
     r.prompt = assemble_rag_prompt(model.tokenizer(), model.chat_template(), q.messages, q.documents, q.tools);
   }
@@ -125,7 +158,11 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
         "the prompt (" + std::to_string(n) + " tokens) and max_tokens (" + std::to_string(r.sampling.max_tokens) +
             ") need " + std::to_string(pages) + " KV cache pages; the whole cache has " +
             std::to_string(pool.total_pages()) + " (device.kv_cache_bytes)");
-  r.prefix_key = ctx.engine->prefix_key(r.prompt.prefix);
+  // The blocks that may come stored: before the first chunk, or before the last token.
+  r.prefix_block = ctx.config.prefix_block_tokens;
+  const int64_t reusable = r.prompt.chunks.empty() ? n - 1 : static_cast<int64_t>(r.prompt.prefix.size());
+  r.prefix_block_keys = ctx.engine->prefix_block_keys(r.prompt.concatenated(), r.prefix_block,
+                                                      r.prefix_block > 0 ? reusable / r.prefix_block : 0);
   r.chunk_keys.clear();
   for (const auto& chunk : r.prompt.chunks) r.chunk_keys.push_back(ctx.engine->chunk_key(chunk));
 }

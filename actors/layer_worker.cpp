@@ -424,13 +424,13 @@ void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr
   // One background job per part, so a decode step waits for at most one chunk's
   // compute. The background queue is bounded (ComputeThread): a part refused there is
   // not stored now (counted; computed again at its next miss).
-  auto queue = [&](const std::vector<int32_t>& tokens, const ChunkKey& key, bool prefix) {
+  auto queue = [&](const std::vector<int32_t>& tokens, const ChunkKey& key) {
     if (tokens.empty()) return;
     const bool queued = ctx->compute->submit(
-        [ctx, h, batcher, tokens, key, prefix] {
+        [ctx, h, batcher, tokens, key] {
           if (ctx->tiered->contains(key)) return;
           try {
-            auto kv = compute_alone(ctx, h, batcher, tokens, prefix);
+            auto kv = compute_alone(ctx, h, batcher, tokens, false);
             caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv)});
           } catch (const std::exception& e) {
             // A cache: the chunk is computed again on its next miss.
@@ -441,9 +441,70 @@ void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr
         ComputeThread::Priority::Background);
     if (!queued) ctx->write_backs_refused.fetch_add(1);
   };
-  if (!plan.prompt.prefix.empty() && !plan.loaded.prefix_loaded) queue(plan.prompt.prefix, plan.prefix_key, true);
   for (size_t i = 0; i < plan.prompt.chunks.size(); ++i)
-    if (!plan.loaded.chunk_loaded[i]) queue(plan.prompt.chunks[i], plan.chunk_keys[i], false);
+    if (!plan.loaded.chunk_loaded[i]) queue(plan.prompt.chunks[i], plan.chunk_keys[i]);
+  // Passages learnt on first sight: computed alone like a document's chunk (the KV the
+  // blend was measured on), then stored and indexed for the pasted-passage search.
+  for (const auto& tokens : plan.learn) queue(tokens, ctx->engine->chunk_key(tokens));
+}
+
+// Automatic prefix caching: stores the whole `block`-token blocks of `tokens` (the
+// first tokens of a request's cache whose KV equals a full prefill's; every one of
+// them written there by a step that has ended) from block `first` on that are not
+// stored yet, each an entry of its own under its chained key (plan.h), so the next
+// prompt that begins with them loads them. The rows are copied from the request's own
+// cache here, on the worker's thread, before anything else is decided: a memcpy per
+// head and layer (SmolLM2, 64 tokens: 1.5 MB), and the next request's plan finds them.
+// Tensor parallel, where rank 0's cache holds only its KV heads: the tokens are
+// computed alone on every rank in the compute thread's background (exact at position
+// 0, where a prefix always is) and cut into blocks; a job its bounded queue refuses is
+// counted and not stored. The deepest block is stored first: a tier's LRU then evicts
+// a prompt's later blocks before the earlier ones every later block needs.
+void store_prefix_blocks(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher,
+                         std::vector<int32_t> tokens, int64_t block, int64_t first, const KvCache& cache) {
+  const int64_t B = block;
+  if (B <= 0) return;
+  const int64_t end = static_cast<int64_t>(tokens.size()) / B;
+  if (end <= first) return;
+  tokens.resize(static_cast<size_t>(end * B));
+  const auto keys = ctx->engine->prefix_block_keys(tokens, B, end);
+  std::vector<int64_t> missing;
+  for (int64_t j = end - 1; j >= first; --j)
+    if (!ctx->tiered->contains(keys[static_cast<size_t>(j)])) missing.push_back(j);
+  if (missing.empty()) return;
+  auto send = [ctx, h](const ChunkKey& key, std::shared_ptr<ChunkKv> kv) {
+    caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv), false});
+  };
+  if (ctx->tp) {
+    const bool queued = ctx->compute->submit(
+        [ctx, h, batcher, tokens = std::move(tokens), keys, missing, B, send] {
+          try {
+            const auto whole = compute_alone(ctx, h, batcher, tokens, true);
+            for (int64_t j : missing) send(keys[static_cast<size_t>(j)], slice_rows(*whole, j * B, B));
+          } catch (const std::exception& e) {
+            // A cache: the blocks are stored by the next prompt that begins with them.
+            std::fprintf(stderr, "blendserve: computing a prompt's prefix blocks failed: %s\n", e.what());
+          }
+        },
+        ComputeThread::Priority::Background);
+    if (!queued) ctx->write_backs_refused.fetch_add(1);
+    return;
+  }
+  const auto& cfg = ctx->model->full_config();
+  for (int64_t j : missing) {
+    auto kv = std::make_shared<ChunkKv>();
+    kv->tokens.assign(tokens.begin() + j * B, tokens.begin() + (j + 1) * B);
+    kv->n_layers = cfg.n_layers;
+    kv->kv_heads = cfg.n_kv_heads;
+    kv->head_dim = cfg.head_dim;
+    kv->dtype = cache.dtype();
+    kv->allocate();
+    const int64_t head_bytes = B * cfg.head_dim * kv->elem_bytes();
+    for (int l = 0; l < cfg.n_layers; ++l)
+      for (int kh = 0; kh < cfg.n_kv_heads; ++kh)
+        cache.read_rows_raw(l, kh, j * B, B, kv->k_layer(l) + kh * head_bytes, kv->v_layer(l) + kh * head_bytes);
+    send(keys[static_cast<size_t>(j)], std::move(kv));
+  }
 }
 
 // The prefill's facts in its trace: per-layer waits and computes (from the
@@ -493,6 +554,8 @@ void trace_prefill(const PrefillTask& t) {
 void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const TaskPtr& t) {
   t->phase = PrefillTask::Phase::Done;
   PrefillOutcome out;
+  std::vector<int32_t> exact_prompt;  // automatic prefix caching: the prompt's exact tokens
+  DecodeSlotPtr stored_slot;          // whose cache holds them
   out.fallback = t->fell_back;
   if (!t->work->finished) {
     out.error = t->work->error.empty() ? "the prefill failed" : t->work->error;
@@ -510,13 +573,27 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
       if (overhead > 0)
         caf::anon_send(h->controller(), profile_atom::value, std::string("overhead"), st.prompt_tokens, overhead);
     }
-    out.cached_tokens = st.cached_tokens + (st.prefix_hit ? st.prefix_tokens : 0);
+    out.cached_tokens = st.cached_tokens + st.prefix_cached_tokens;
+    out.prefix_cached_tokens = st.prefix_cached_tokens;
     out.recomputed_tokens = st.recomputed_tokens;
     out.logits = std::move(t->work->result.logits);
     auto slot = std::make_shared<DecodeSlot>();
     slot->id = t->plan->id;
     slot->cache = std::move(t->work->result.cache);
     w.batcher->expect(slot->id);  // back with its first step, or ended (forget)
+    // The prompt's exact KV: before the first chunk, or all of it where it has none
+    // (every row computed, or loaded as exact blocks); with no chunks the tokens the
+    // steps append are exact too, and their blocks are stored when the request ends.
+    // Stored after the outcome is sent (below), so the first token does not wait.
+    if (ctx->config.write_back && t->plan->prefix_block > 0 && !t->cancelled->load()) {
+      exact_prompt = t->plan->prompt.concatenated();
+      if (!t->plan->prompt.chunks.empty()) exact_prompt.resize(t->plan->prompt.prefix.size());
+      else {
+        slot->exact_tokens = exact_prompt;
+        slot->prompt_tokens = static_cast<int64_t>(exact_prompt.size());
+      }
+      stored_slot = slot;
+    }
     w.decodes[slot->id] = std::move(slot);
   }
   trace_prefill(*t);
@@ -526,6 +603,9 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
   if (t->work->finished && ctx->config.write_back && !t->cancelled->load()) queue_write_back(ctx, h, w.batcher, *t->plan);
   out.plan = *t->plan;
   caf::anon_send(h->decoder(), start_atom::value, std::move(out));
+  if (stored_slot)
+    store_prefix_blocks(ctx, h, w.batcher, std::move(exact_prompt), t->plan->prefix_block,
+                        static_cast<int64_t>(t->plan->prefix_block_tier.size()), stored_slot->cache);
   w.prefills.erase(id);
 }
 
@@ -554,9 +634,11 @@ void fall_back(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef
                PrefillTask& t) {
   auto plan = std::make_shared<RequestPlan>(*t.plan);
   auto compute = [&](size_t part) {
-    if (plan->is_prefix(part)) {
-      plan->prefix_tier = kMissTier;
-      plan->loaded.prefix_loaded = false;
+    if (plan->is_prefix_block(part)) {
+      // The blocks from this one on are computed (a block is used only behind the ones
+      // before it).
+      plan->prefix_block_tier.resize(plan->block_of(part));
+      plan->loaded.prefix_cached = static_cast<int64_t>(plan->prefix_block_tier.size()) * plan->prefix_block;
     } else {
       plan->chunk_tier[part] = kMissTier;
       plan->loaded.chunk_loaded[part] = 0;
@@ -909,6 +991,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         }
         // One drain job at a time: requests that arrive while it is queued (or held)
         // join it. Held while prefills go first (prefill_first).
+        if (!it->second->exact_tokens.empty()) it->second->exact_tokens.push_back(ask.token);
         if (w->batcher->add(it->second, ask.token, ask.next)) {
           if (prefill_first(ctx, *w)) w->drain_held = true;
           else submit_drain(self, ctx, h, *w);
@@ -920,6 +1003,16 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         // batch still stepping it holds its own reference.
         if (auto it = w->decodes.find(id); it != w->decodes.end()) {
           it->second->cancelled = true;  // a step that runs after this skips it (before the followers' End)
+          // The blocks the generated tokens completed (the prompt's were stored at the
+          // first token).
+          // The last token asked for may still be stepping (a cancel): its row is left out.
+          auto& slot = it->second;
+          if (ctx->config.write_back && ctx->config.prefix_block_tokens > 0 && !slot->exact_tokens.empty()) {
+            slot->exact_tokens.pop_back();
+            const int64_t B = ctx->config.prefix_block_tokens;
+            store_prefix_blocks(ctx, h, w->batcher, std::move(slot->exact_tokens), B, slot->prompt_tokens / B,
+                                slot->cache);
+          }
           w->decodes.erase(it);
         }
         w->batcher->forget(id);

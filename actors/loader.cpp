@@ -17,6 +17,7 @@
 // per tier: that many requests' loads proceed at once. Spawned detached: its reads
 // block its own thread, not CAF's scheduler. An exception ends the actor; the
 // runtime's supervisor fails the requests it held and starts a new one.
+#include <algorithm>
 #include <chrono>
 
 #include <caf/all.hpp>
@@ -60,9 +61,9 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   std::vector<Part> parts;
   for (size_t i = 0; i < r.parts(); ++i) {
     if (r.part_tier(i) != tier) continue;
-    const auto& tokens = r.part_tokens(i);
+    const auto tokens = r.part_tokens(i);
     auto reader = stored.store->open_layers(r.part_key(i));
-    if (!reader || reader->tokens() != tokens || reader->n_layers() != cfg.n_layers ||
+    if (!reader || !std::ranges::equal(reader->tokens(), tokens) || reader->n_layers() != cfg.n_layers ||
         reader->kv_heads() != cfg.n_kv_heads || reader->head_dim() != cfg.head_dim) {
       self->send(h->worker(), load_fail_atom::value, r.id, static_cast<int32_t>(i),
                  "chunk " + r.part_key(i).hex() + " is no longer in the " + stored.name + " tier");
@@ -71,7 +72,7 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
     Part p{static_cast<int32_t>(i), r.part_offset(i), static_cast<int64_t>(tokens.size()), r.part_key(i), std::move(reader), nullptr};
     if (promote) {  // staged whole
       auto kv = std::make_shared<ChunkKv>();
-      kv->tokens = tokens;
+      kv->tokens.assign(tokens.begin(), tokens.end());
       kv->n_layers = cfg.n_layers;
       kv->kv_heads = cfg.n_kv_heads;
       kv->head_dim = cfg.head_dim;

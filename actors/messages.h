@@ -41,6 +41,9 @@ using PrefillWorkPtr = std::shared_ptr<PrefillWork>;
 struct KeyedKv {
   ChunkKey key;
   std::shared_ptr<const ChunkKv> kv;
+  // A chunk, which plain requests that paste its text find (blend/pasted_chunks.h); a
+  // prefix block is not a passage: only a prompt that begins with it uses it.
+  bool pasted_passage = true;
 };
 
 // A document's KV computed for Runtime::store_document, sent by the compute job

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,28 +32,50 @@ struct RequestPlan {
   uint64_t id = 0;
   // -- the intake: what to compute
   RagPrompt prompt;
-  ChunkKey prefix_key;
   std::vector<ChunkKey> chunk_keys;  // one per prompt chunk
+  // Automatic prefix caching: the prompt's first tokens in blocks of prefix_block
+  // (blend.prefix_block_tokens; 0: off), the keys of the blocks that may come stored
+  // (make_prefix_block_key: each chains every token before it) — the whole blocks
+  // before the first chunk, or, with no chunks, before the last prompt token (which is
+  // always computed: its logits are the first token's).
+  int64_t prefix_block = 0;
+  std::vector<ChunkKey> prefix_block_keys;
+  // Passages learnt on first sight (blend.learn_passage_tokens): the chunk tokens of the
+  // pasted message's paragraphs that were not found stored; the worker computes each
+  // alone in the background and stores it, so a later paste finds it.
+  std::vector<std::vector<int32_t>> learn;
   BlendOptions options;              // the config's, with the request's mode and ratio
   bool ratio_requested = false;      // the caller set the ratio: the controller keeps it
   SamplingParams sampling;           // final: max_tokens clamped to the context, the template's stops added
   // -- the controller: where each part comes from and at which ratio (options.ratio)
   std::vector<TierId> chunk_tier;    // per chunk
-  TierId prefix_tier = kMissTier;
+  // The tier of each stored prefix block, a run from block 0 (their tokens are
+  // loaded.prefix_cached; the controller moves the prompt's prefix/suffix cut to cover
+  // them where the prompt has no chunks).
+  std::vector<TierId> prefix_block_tier;
   PrefillPlan loaded;                // the same, as the engine takes it
   std::string decision;              // the controller's decision and its inputs (JSON, for the trace)
 
   // Positions the request's cache holds: the prompt and every token it may generate.
   int64_t cache_capacity() const { return prompt.size() + sampling.max_tokens; }
-  // Tokens of part `part` (chunks 0..n-1, then the prefix at index n) and its key.
-  bool is_prefix(size_t part) const { return part == prompt.chunks.size(); }
-  const std::vector<int32_t>& part_tokens(size_t part) const {
-    return is_prefix(part) ? prompt.prefix : prompt.chunks[part];
+  // Parts that may come from a tier: chunks 0..n-1, then the stored prefix blocks.
+  size_t parts() const { return prompt.chunks.size() + prefix_block_tier.size(); }
+  bool is_prefix_block(size_t part) const { return part >= prompt.chunks.size(); }
+  size_t block_of(size_t part) const { return part - prompt.chunks.size(); }
+  std::span<const int32_t> part_tokens(size_t part) const {
+    if (!is_prefix_block(part)) return prompt.chunks[part];
+    return std::span<const int32_t>(prompt.prefix).subspan(block_of(part) * static_cast<size_t>(prefix_block),
+                                                           static_cast<size_t>(prefix_block));
   }
-  const ChunkKey& part_key(size_t part) const { return is_prefix(part) ? prefix_key : chunk_keys[part]; }
-  TierId part_tier(size_t part) const { return is_prefix(part) ? prefix_tier : chunk_tier[part]; }
-  int64_t part_offset(size_t part) const { return is_prefix(part) ? 0 : prompt.chunk_offset(part); }
-  size_t parts() const { return prompt.chunks.size() + 1; }
+  const ChunkKey& part_key(size_t part) const {
+    return is_prefix_block(part) ? prefix_block_keys[block_of(part)] : chunk_keys[part];
+  }
+  TierId part_tier(size_t part) const {
+    return is_prefix_block(part) ? prefix_block_tier[block_of(part)] : chunk_tier[part];
+  }
+  int64_t part_offset(size_t part) const {
+    return is_prefix_block(part) ? static_cast<int64_t>(block_of(part)) * prefix_block : prompt.chunk_offset(part);
+  }
 };
 
 // What the worker hands the decoder when a prefill ended: the plan it ran, the
@@ -63,6 +86,7 @@ struct PrefillOutcome {
   std::string error;
   std::vector<float> logits;       // [vocab]
   int64_t cached_tokens = 0;       // prompt tokens whose KV came from a tier (chunks and prefix)
+  int64_t prefix_cached_tokens = 0; // of those, the prefix's (automatic prefix caching)
   int64_t recomputed_tokens = 0;   // of those, recomputed by the blend
   bool fallback = false;           // a stored entry failed mid-load: begun again with it computed
 };
@@ -103,7 +127,7 @@ typename Inspector::result_type inspect(Inspector& f, BlendOptions& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, PrefillPlan& x) {
-  return f(x.prefix_loaded, x.chunk_loaded);
+  return f(x.prefix_cached, x.chunk_loaded);
 }
 
 template <class Inspector>
@@ -113,13 +137,13 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RequestPlan& x) {
-  return f(x.id, x.prompt, x.prefix_key, x.chunk_keys, x.options, x.ratio_requested, x.sampling, x.chunk_tier,
-           x.prefix_tier, x.loaded, x.decision);
+  return f(x.id, x.prompt, x.chunk_keys, x.prefix_block, x.prefix_block_keys, x.learn, x.options,
+           x.ratio_requested, x.sampling, x.chunk_tier, x.prefix_block_tier, x.loaded, x.decision);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, PrefillOutcome& x) {
-  return f(x.plan, x.error, x.logits, x.cached_tokens, x.recomputed_tokens, x.fallback);
+  return f(x.plan, x.error, x.logits, x.cached_tokens, x.prefix_cached_tokens, x.recomputed_tokens, x.fallback);
 }
 
 template <class Inspector>

@@ -420,7 +420,7 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
   for_each_key(sec, "blend",
                {"mode", "ratio", "adaptive_ratio", "check_layers", "schedule", "min_tokens", "deviation", "quota",
                 "filtering", "selection", "sink_tokens", "query_first_from_layer", "chunk_prelude", "write_back",
-                "find_pasted"},
+                "find_pasted", "prefix_block_tokens", "learn_passage_tokens"},
                [&](std::string_view k, const YAML::Node& v) {
                  const std::string key = join_path("blend", k);
                  if (k == "mode") {
@@ -464,6 +464,13 @@ void parse_blend(const YAML::Node& sec, RuntimeConfig& c) {
                    c.write_back = get_bool(v, key);
                  } else if (k == "find_pasted") {
                    c.find_pasted = get_bool(v, key);
+                 } else if (k == "prefix_block_tokens") {
+                   c.prefix_block_tokens = get_int(v, key);
+                   if (c.prefix_block_tokens != 0 && (c.prefix_block_tokens < 16 || c.prefix_block_tokens > 4096))
+                     fail(key, v, "must be 0 (off) or 16..4096 tokens, got " + v.Scalar());
+                 } else if (k == "learn_passage_tokens") {
+                   c.learn_passage_tokens = get_int(v, key);
+                   check_at_least(c.learn_passage_tokens, 0, v, key);
                  }
                });
   // The checks below tie keys together, so they run once every key is read.

@@ -142,6 +142,16 @@ struct RuntimeConfig {
   BlendOptions blend;
   bool adaptive_ratio = true;      // the loading controller may raise the ratio above the floor
   bool write_back = true;          // store missed chunks after the first token
+  // Automatic prefix caching (blend.prefix_block_tokens): every prompt's first tokens
+  // are stored in blocks of this many (their exact KV, from the request's own cache),
+  // and a later prompt that begins with the same blocks loads them instead of computing
+  // them. 0 turns it off.
+  int prefix_block_tokens = 64;
+  // Passages learnt on first sight (blend.learn_passage_tokens): a plain message's
+  // blank-line separated paragraphs of at least this many tokens that are not stored
+  // yet are computed alone in the background and stored like documents, so the next
+  // message that pastes them is blended. 0 turns it off.
+  int learn_passage_tokens = 48;
   // A plain request (no documents) is searched for stored chunks pasted into its
   // message (blend/pasted_chunks.h); found ones are blended like documents.
   bool find_pasted = true;

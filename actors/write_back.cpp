@@ -1,5 +1,7 @@
 // write-back: stores the chunks the worker computed alone for a request that
-// missed them (in the compute thread's background, after the first token) — in
+// missed them (in the compute thread's background, after the first token), and the
+// prefix blocks of every prompt (automatic prefix caching: copied from the request's
+// cache, actors/layer_worker.cpp store_prefix_blocks) — in
 // RAM, through the SSD writer so they survive a restart, and through the remote
 // writer to the storage node (tiers.remote.write_back) so other workers find
 // them; the next request with these documents loads them, and so does a plain
@@ -21,9 +23,9 @@ write_back_actor::behavior_type write_back(write_back_actor::pointer self, Runti
       [=](kv_ready_atom, KeyedKv kk) {
         BusyScope busy(*c, self->mailbox().size());
         if (ctx->ram) ctx->ram->put(kk.key, kk.kv);
-        // Plain requests that paste this chunk's text find it (a prefix's tokens are
-        // indexed too: harmless, a prefix is rarely pasted).
-        if (ctx->pasted && kk.kv) ctx->pasted->add(kk.kv->tokens);
+        // Plain requests that paste this chunk's text find it (a prefix block is only
+        // ever the beginning of a prompt: not indexed).
+        if (ctx->pasted && kk.kv && kk.pasted_passage) ctx->pasted->add(kk.kv->tokens);
         if (ctx->remote && ctx->config.remote.write_back) enqueue_remote_write(*ctx, h->remote_writer(), kk);
         if (ctx->ssd) enqueue_write(*ctx, h->ssd_writer(), std::move(kk));
       },

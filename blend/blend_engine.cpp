@@ -431,6 +431,18 @@ ChunkKey BlendEngine::chunk_key(std::span<const int32_t> tokens) const {
 ChunkKey BlendEngine::prefix_key(std::span<const int32_t> tokens) const {
   return make_chunk_key(tf_.model().fingerprint(), KvKind::Prefix, tokens);
 }
+std::vector<ChunkKey> BlendEngine::prefix_block_keys(std::span<const int32_t> tokens, int64_t block,
+                                                     int64_t max_blocks) const {
+  std::vector<ChunkKey> keys;
+  if (block <= 0) return keys;
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()) / block, max_blocks);
+  ChunkKey previous{};
+  for (int64_t j = 0; j < n; ++j) {
+    previous = make_prefix_block_key(tf_.model().fingerprint(), previous, tokens.subspan(j * block, block));
+    keys.push_back(previous);
+  }
+  return keys;
+}
 
 void copy_chunk_layer(const std::byte* k, const std::byte* v, kernels::TensorType dtype, int64_t m, int layer,
                       int64_t offset, KvCache& cache, int first_head, kernels::Stream* stream) {
@@ -705,9 +717,12 @@ PrefillRun BlendEngine::begin(const RagPrompt& prompt, const PrefillPlan& plan, 
     start_final_pass(s, {});
     return run;
   }
-  st.prefix_hit = plan.prefix_loaded;
-  if (!plan.prefix_loaded)
-    for (int64_t p = 0; p < P; ++p) active.push_back(static_cast<int32_t>(p));
+  if (plan.prefix_cached < 0 || plan.prefix_cached > P)
+    throw std::invalid_argument("blend: the plan delivers " + std::to_string(plan.prefix_cached) +
+                                " prefix tokens of " + std::to_string(P));
+  st.prefix_hit = plan.prefix_cached > 0;
+  st.prefix_cached_tokens = plan.prefix_cached;
+  for (int64_t p = plan.prefix_cached; p < P; ++p) active.push_back(static_cast<int32_t>(p));
   std::vector<int32_t> cached;  // positions whose KV came from the store
   sel.chunk_of.assign(static_cast<size_t>(N - S), -1);
   sel.chunk_cached.assign(prompt.chunks.size(), 0);

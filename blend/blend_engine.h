@@ -119,7 +119,8 @@ struct BlendOptions {
 
 struct BlendStats {
   int64_t prompt_tokens = 0, prefix_tokens = 0, chunk_tokens = 0, suffix_tokens = 0;
-  bool prefix_hit = false;
+  bool prefix_hit = false;             // some of the prefix came stored
+  int64_t prefix_cached_tokens = 0;    // how many of its tokens (PrefillPlan::prefix_cached)
   int chunks = 0, chunks_hit = 0;
   int64_t cached_tokens = 0;                 // chunk tokens whose KV came from the store
   int64_t recomputed_tokens = 0;             // cached tokens selected for recompute
@@ -159,7 +160,10 @@ struct BlendStats {
 // 0..m-1) into the cache at the part's offset, layer by layer; the engine repairs
 // the positions of a layer once it is there.
 struct PrefillPlan {
-  bool prefix_loaded = false;      // the exact prefix's KV is delivered (position 0)
+  // The prefix's first prefix_cached tokens (all of it, or a run of whole blocks from
+  // position 0: automatic prefix caching) are delivered with their exact KV at their
+  // own positions: no repair, no recompute. The rest of the prefix is computed.
+  int64_t prefix_cached = 0;
   std::vector<char> chunk_loaded;  // per chunk: its stored KV is delivered
 };
 
@@ -268,6 +272,9 @@ class BlendEngine {
 
   ChunkKey chunk_key(std::span<const int32_t> tokens) const;
   ChunkKey prefix_key(std::span<const int32_t> tokens) const;
+  // The keys of the whole `block`-token blocks of `tokens` (make_prefix_block_key,
+  // chained from the first), at most max_blocks of them.
+  std::vector<ChunkKey> prefix_block_keys(std::span<const int32_t> tokens, int64_t block, int64_t max_blocks) const;
 
  private:
   // KV of `tokens` computed behind `before` (positions 0..p-1, dropped): rows p.. of

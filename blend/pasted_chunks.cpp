@@ -169,4 +169,17 @@ RagPrompt assemble_pasted_prompt(const Tokenizer& tok, const ChatTemplate& tmpl,
   return p;
 }
 
+std::vector<std::string> blank_line_paragraphs(std::string_view text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t cut = text.find("\n\n", at);
+    const size_t end = cut == std::string_view::npos ? text.size() : cut;
+    if (end > at) out.emplace_back(text.substr(at, end - at));
+    if (cut == std::string_view::npos) break;
+    at = cut + 2;
+  }
+  return out;
+}
+
 }  // namespace bs

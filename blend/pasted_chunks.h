@@ -79,6 +79,14 @@ class PastedChunkIndex {
   std::unordered_map<uint64_t, uint32_t> whole_;  // hash of a chunk's tokens -> serial (no duplicates)
 };
 
+// Passages learnt on first sight (blend.learn_passage_tokens): the paragraphs of a
+// pasted message, cut at blank lines ("\n\n", the way RAG frameworks join retrieved
+// passages), each exactly as it stands between them; empty pieces dropped. Stored as
+// document_chunk_tokens(paragraph) (the paragraph and "\n\n", as a document is), a
+// paragraph pasted again between blank lines, in any order and with any other text
+// around it, is found by PastedChunkIndex::find and blended.
+std::vector<std::string> blank_line_paragraphs(std::string_view text);
+
 // What assemble_pasted_prompt found.
 struct PastedMatch {
   int chunks_found = 0;

@@ -50,7 +50,7 @@ PrefillPlan StoreBackedBlend::read_stored(const RagPrompt& prompt, const BlendOp
       store_.put(key, kv);
     }
     for (int l = 0; l < c.n_layers; ++l) copy_chunk_layer(kv->k_layer(l), kv->v_layer(l), kv->dtype, P, l, 0, cache);
-    plan.prefix_loaded = true;
+    plan.prefix_cached = P;
   }
   if (opt.mode == BlendMode::Prefix) return plan;
   for (size_t i = 0; i < prompt.chunks.size(); ++i) {

@@ -13,6 +13,7 @@ json usage(const RequestResult& r) {
   const int64_t completion = static_cast<int64_t>(r.tokens.size());
   json blend = {{"chunks", r.chunks},
                 {"chunks_missed", r.chunks_missed},
+                {"prefix_cached_tokens", r.prefix_cached_tokens},
                 {"ratio", r.ratio},
                 {"ttft_seconds", r.ttft_seconds},
                 {"total_seconds", r.total_seconds}};

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 
 #include "kernels/dequant.h"
@@ -65,6 +66,39 @@ ChunkKey make_chunk_key(uint64_t model_fingerprint, KvKind kind, std::span<const
   const XXH128_hash_t h = XXH3_128bits_digest(st);
   XXH3_freeState(st);
   return ChunkKey{h.high64, h.low64};
+}
+
+ChunkKey make_prefix_block_key(uint64_t model_fingerprint, const ChunkKey& previous, std::span<const int32_t> block) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  const KvKind kind = KvKind::PrefixBlock;
+  XXH3_128bits_update(st, &model_fingerprint, sizeof model_fingerprint);
+  XXH3_128bits_update(st, &kind, sizeof kind);
+  XXH3_128bits_update(st, &previous.hi, sizeof previous.hi);
+  XXH3_128bits_update(st, &previous.lo, sizeof previous.lo);
+  XXH3_128bits_update(st, block.data(), block.size_bytes());
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  return ChunkKey{h.high64, h.low64};
+}
+
+std::shared_ptr<ChunkKv> slice_rows(const ChunkKv& kv, int64_t from, int64_t m) {
+  if (from < 0 || m < 0 || from + m > kv.length()) throw std::out_of_range("slice_rows: rows outside the entry");
+  auto out = std::make_shared<ChunkKv>();
+  out->tokens.assign(kv.tokens.begin() + from, kv.tokens.begin() + from + m);
+  out->n_layers = kv.n_layers;
+  out->kv_heads = kv.kv_heads;
+  out->head_dim = kv.head_dim;
+  out->dtype = kv.dtype;
+  out->allocate();
+  const int64_t row = kv.head_dim * kv.elem_bytes();
+  for (int l = 0; l < kv.n_layers; ++l)
+    for (int h = 0; h < kv.kv_heads; ++h) {
+      const int64_t src = h * kv.length() * row + from * row, dst = h * m * row;
+      std::memcpy(out->k_layer(l) + dst, kv.k_layer(l) + src, static_cast<size_t>(m * row));
+      std::memcpy(out->v_layer(l) + dst, kv.v_layer(l) + src, static_cast<size_t>(m * row));
+    }
+  return out;
 }
 
 }  // namespace bs

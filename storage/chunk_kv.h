@@ -67,11 +67,24 @@ struct ChunkKeyHash {
 
 // Chunks and exact prefixes are different kinds of entries: a prefix's KV is only
 // valid at position 0, a chunk's anywhere after repair.
-enum class KvKind : uint8_t { Chunk = 1, Prefix = 2 };
+// PrefixBlock: one block of a prompt's first tokens (automatic prefix caching), its K
+// at its own positions; the key chains every token before it (make_prefix_block_key).
+enum class KvKind : uint8_t { Chunk = 1, Prefix = 2, PrefixBlock = 3 };
 
 // `prelude`: tokens the chunk was computed behind (then dropped); they shape its KV,
 // so they are part of the key. Empty: the key of a chunk computed alone (unchanged).
 ChunkKey make_chunk_key(uint64_t model_fingerprint, KvKind kind, std::span<const int32_t> tokens,
                         std::span<const int32_t> prelude = {});
+
+// The key of block j of a prompt (automatic prefix caching, as vLLM's hashed blocks):
+// XXH3-128 of (model fingerprint, PrefixBlock, the key of block j-1, the block's
+// tokens); block 0 chains from the zero key. Two prompts' block j keys are equal only
+// where their first (j+1) blocks are, so an entry found under it holds the KV of exactly
+// these tokens at exactly these positions, whatever the prompt goes on with.
+ChunkKey make_prefix_block_key(uint64_t model_fingerprint, const ChunkKey& previous, std::span<const int32_t> block);
+
+// Rows [from, from + m) of every layer and head of `kv` as an entry of their own (their
+// tokens, the same dtype and shape, K as it was: at the source's positions).
+std::shared_ptr<ChunkKv> slice_rows(const ChunkKv& kv, int64_t from, int64_t m);
 
 }  // namespace bs

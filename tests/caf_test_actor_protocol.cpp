@@ -324,7 +324,8 @@ struct fixture : context_base, test_coordinator_fixture<test_config> {
     if (ratio) r.options.ratio = *ratio;
     r.ratio_requested = ratio.has_value();
     r.sampling = rec->request.sampling;
-    r.prefix_key = ctx->engine->prefix_key(r.prompt.prefix);
+    r.prefix_block = ctx->config.prefix_block_tokens;
+    r.prefix_block_keys = ctx->engine->prefix_block_keys(r.prompt.prefix, r.prefix_block, 1000);
     for (const auto& c : r.prompt.chunks) r.chunk_keys.push_back(ctx->engine->chunk_key(c));
     r.chunk_tier.assign(r.prompt.chunks.size(), kMissTier);
     r.loaded.chunk_loaded.assign(r.prompt.chunks.size(), 0);
@@ -471,8 +472,10 @@ CAF_TEST_FIXTURE_SCOPE(actor_protocol_tests, fixture)
 CAF_TEST(a_plan_and_an_outcome_survive_serialization_and_are_registered_by_name) {
   auto r = intake_output({kDocs[0], kDocs[1]}, 0.3f, BlendMode::Blend);
   r.chunk_tier = {kRam, kMissTier};
-  r.prefix_tier = kSsd;
-  r.loaded.prefix_loaded = true;
+  r.prefix_block = 16;
+  r.prefix_block_keys = {ChunkKey{1, 2}, ChunkKey{3, 4}};
+  r.prefix_block_tier = {kSsd, kRam};
+  r.loaded.prefix_cached = 32;
   r.loaded.chunk_loaded = {1, 0};
   r.options.schedule = {0.5f, 0.25f};
   r.options.sink_tokens = 3;
@@ -481,7 +484,7 @@ CAF_TEST(a_plan_and_an_outcome_survive_serialization_and_are_registered_by_name)
   r.sampling.stop = {"</s>", "\n\n"};
   r.sampling.seed = 77;
   r.decision = R"({"ratio":0.3})";
-  PrefillOutcome out{r, "", {1.5f, -2.0f}, 120, 12, true};
+  PrefillOutcome out{r, "", {1.5f, -2.0f}, 120, 32, 12, true};
   std::vector<char> buf;
   caf::binary_serializer sink{sys, buf};
   CAF_REQUIRE(!sink(out));
@@ -493,7 +496,8 @@ CAF_TEST(a_plan_and_an_outcome_survive_serialization_and_are_registered_by_name)
   CAF_CHECK_EQUAL(p.prompt.prefix, r.prompt.prefix);
   CAF_CHECK_EQUAL(p.prompt.chunks, r.prompt.chunks);
   CAF_CHECK_EQUAL(p.prompt.suffix, r.prompt.suffix);
-  CAF_CHECK(p.prefix_key == r.prefix_key);
+  CAF_CHECK_EQUAL(p.prefix_block, 16);
+  CAF_CHECK(p.prefix_block_keys == r.prefix_block_keys);
   CAF_CHECK(p.chunk_keys == r.chunk_keys);
   CAF_CHECK(p.options.mode == BlendMode::Blend);
   CAF_CHECK_EQUAL(p.options.ratio, 0.3f);
@@ -509,12 +513,13 @@ CAF_TEST(a_plan_and_an_outcome_survive_serialization_and_are_registered_by_name)
   CAF_CHECK_EQUAL(p.sampling.seed, 77u);
   CAF_CHECK_EQUAL(p.sampling.max_tokens, 8);
   CAF_CHECK_EQUAL(p.chunk_tier, r.chunk_tier);
-  CAF_CHECK_EQUAL(p.prefix_tier, kSsd);
-  CAF_CHECK(p.loaded.prefix_loaded);
+  CAF_CHECK_EQUAL(p.prefix_block_tier, (std::vector<TierId>{kSsd, kRam}));
+  CAF_CHECK_EQUAL(p.loaded.prefix_cached, 32);
   CAF_CHECK_EQUAL(p.loaded.chunk_loaded, r.loaded.chunk_loaded);
   CAF_CHECK_EQUAL(p.decision, r.decision);
   CAF_CHECK_EQUAL(back.logits, out.logits);
   CAF_CHECK_EQUAL(back.cached_tokens, 120);
+  CAF_CHECK_EQUAL(back.prefix_cached_tokens, 32);
   CAF_CHECK_EQUAL(back.recomputed_tokens, 12);
   CAF_CHECK(back.fallback);
   // Registered under the names another node knows them by.
@@ -548,7 +553,12 @@ CAF_TEST(intake_answers_the_id_and_hands_the_prepared_plan_to_the_controller) {
   CAF_CHECK(!(r.chunk_keys[0] == r.chunk_keys[1]));
   CAF_CHECK(!r.prompt.prefix.empty());
   CAF_CHECK(!r.prompt.suffix.empty());
-  CAF_CHECK(r.prefix_key == ctx->engine->prefix_key(r.prompt.prefix));
+  // The prefix's whole blocks (before the first chunk), chained keys.
+  CAF_CHECK_EQUAL(r.prefix_block, ctx->config.prefix_block_tokens);
+  CAF_CHECK_EQUAL(static_cast<int64_t>(r.prefix_block_keys.size()),
+                  static_cast<int64_t>(r.prompt.prefix.size()) / ctx->config.prefix_block_tokens);
+  CAF_CHECK(r.prefix_block_keys ==
+            ctx->engine->prefix_block_keys(r.prompt.prefix, r.prefix_block, 1000));
   // Options from the config; sampling completed with the template's stops.
   CAF_CHECK(r.options.mode == ctx->config.blend.mode);
   CAF_CHECK_EQUAL(r.options.ratio, ctx->config.blend.ratio);
@@ -903,8 +913,8 @@ CAF_TEST(controller_plans_ram_ssd_and_missed_chunks_and_hands_the_plan_to_the_wo
   CAF_CHECK(!sched.has_job());
   CAF_CHECK_EQUAL(r.chunk_tier, (std::vector<TierId>{kRam, kSsd, kMissTier}));
   CAF_CHECK_EQUAL(r.loaded.chunk_loaded, (std::vector<char>{1, 1, 0}));
-  CAF_CHECK(!r.loaded.prefix_loaded);
-  CAF_CHECK_EQUAL(r.prefix_tier, kMissTier);
+  CAF_CHECK_EQUAL(r.loaded.prefix_cached, 0);
+  CAF_CHECK(r.prefix_block_tier.empty());
   CAF_CHECK_EQUAL(r.cache_capacity(), r.prompt.size() + r.sampling.max_tokens);
   // The controller only looked: the SSD file is closed again, the RAM entry not pinned.
   // Default profiles: loading is far faster than the recompute, the ratio is the floor.
@@ -1603,7 +1613,7 @@ CAF_TEST(decoder_ends_a_running_request_frees_its_cache_and_slot_and_finishes_a_
   ctx->in_flight = 1;
   running.sampling.stop = ctx->model->chat_template().stop_strings();
   running.chunk_tier = {kRam, kMissTier};
-  PrefillOutcome out{running, "", std::vector<float>(static_cast<size_t>(vocab), 0.0f), 40, 4, false};
+  PrefillOutcome out{running, "", std::vector<float>(static_cast<size_t>(vocab), 0.0f), 40, 0, 4, false};
   out.logits[static_cast<size_t>(ctx->model->tokenizer().eos_id())] = 1.0f;
   self->send(h->decoder(), start_atom::value, out);
   expect((start_atom, PrefillOutcome), from(self).to(h->decoder()).with(_, _));
@@ -1639,7 +1649,7 @@ CAF_TEST(decoder_ends_a_running_request_frees_its_cache_and_slot_and_finishes_a_
   auto failing = intake_output({kDocs[2]});
   ctx->requests.find(failing.id)->admitted = true;
   ctx->requests.find(failing.id)->callbacks.on_done = [results](const RequestResult& r) { results->push_back(r); };
-  self->send(h->decoder(), start_atom::value, PrefillOutcome{failing, "loading the stored KV failed: boom", {}, 0, 0, false});
+  self->send(h->decoder(), start_atom::value, PrefillOutcome{failing, "loading the stored KV failed: boom", {}, 0, 0, 0, false});
   expect((start_atom, PrefillOutcome), from(self).to(h->decoder()).with(_, _));
   expect((trace_atom, std::string), from(h->decoder()).to(h->inspector()).with(_, _));
   expect((end_atom, uint64_t), from(h->decoder()).to(h->worker()).with(_, failing.id));

@@ -144,6 +144,32 @@ class OpenAIClient(unittest.TestCase):
         self.assertLess(details.cached_tokens, r.usage.prompt_tokens)
         self.assertTrue(r.choices[0].message.content)
 
+    def test_prefix_caching(self):
+        """Automatic prefix caching (blend.prefix_block_tokens, 64): an identical request
+        loads all of its prompt but the last block's rest and answers the same; turn 3 of
+        a conversation loads at least 90% of turn 2's prompt (turn 2's prompt and the
+        answer generated for it)."""
+        notes = "\n".join("Note %d: the archive lists item %d under shelf %d, row %d." % (i, 7 * i, i % 9, i % 4)
+                          for i in range(40))
+        system = {"role": "system", "content": "You answer from these notes.\n" + notes}
+        ask = [system, {"role": "user", "content": "Which shelf holds item 91?"}]
+        first = client().chat.completions.create(model=MODEL, messages=ask, max_tokens=12, temperature=0)
+        again = client().chat.completions.create(model=MODEL, messages=ask, max_tokens=12, temperature=0)
+        prompt = again.usage.prompt_tokens
+        self.assertGreater(prompt, 400)
+        self.assertGreaterEqual(again.usage.prompt_tokens_details.cached_tokens, 0.95 * prompt)
+        self.assertEqual(again.choices[0].message.content, first.choices[0].message.content)
+        conversation = list(ask)
+        conversation.append({"role": "assistant", "content": first.choices[0].message.content})
+        conversation.append({"role": "user", "content": "And which row?"})
+        turn2 = client().chat.completions.create(model=MODEL, messages=conversation, max_tokens=12, temperature=0)
+        conversation.append({"role": "assistant", "content": turn2.choices[0].message.content})
+        conversation.append({"role": "user", "content": "Thank you. Which item is on shelf 3?"})
+        turn3 = client().chat.completions.create(model=MODEL, messages=conversation, max_tokens=12, temperature=0)
+        self.assertGreaterEqual(turn3.usage.prompt_tokens_details.cached_tokens, 0.9 * turn2.usage.prompt_tokens)
+        self.assertGreaterEqual(turn3.usage.model_extra["blendserve"]["prefix_cached_tokens"],
+                                0.9 * turn2.usage.prompt_tokens)
+
     def test_errors_are_the_clients_exception_types(self):
         msgs = [{"role": "user", "content": "hi"}]
         with self.assertRaises(openai.BadRequestError) as e:

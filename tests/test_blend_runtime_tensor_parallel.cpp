@@ -247,6 +247,37 @@ TEST(TensorParallelRuntime, ChunksStoredAtOneDegreeAreNotServedAtAnother) {
   EXPECT_EQ(r.cached_tokens, 0);
 }
 
+// Automatic prefix caching at three ranks: the blocks of a plain prompt are stored
+// (computed alone on every rank and gathered: rank 0's cache holds one KV head of three)
+// and loaded by the same request again, each rank its heads; the answer is the first's.
+TEST(TensorParallelRuntime, APromptsStoredPrefixBlocksAreLoadedOnEveryRankAndAnswerTheSame) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  Runtime rt(config_in(dir.path(), 3, /*ram=*/true, /*ssd=*/false));
+  const auto c = rag_cases(1)[0];
+  std::string text;
+  for (const auto& d : c.documents) text += d + "\n\n";
+  RuntimeRequest req;
+  req.messages = {{"system", "You answer from the passages."}, {"user", text + c.question}};
+  req.sampling.max_tokens = 12;
+  const auto first = rt.run(req);
+  ASSERT_NE(first.finish_reason, "error") << first.error;
+  EXPECT_EQ(first.prefix_cached_tokens, 0);
+  auto& ctx = rt.context();
+  const int64_t B = ctx.config.prefix_block_tokens;
+  const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, {});
+  const auto keys = ctx.engine->prefix_block_keys(prompt.concatenated(), B, 1 << 20);
+  ASSERT_GE(keys.size(), 3u);
+  // (Stored deepest first: block 0 is the last.)
+  EXPECT_TRUE(testing::settles(
+      [&] { return std::all_of(keys.begin(), keys.end(), [&](const ChunkKey& k) { return ctx.tiered->contains(k); }); },
+      120));
+  const auto second = rt.run(req);
+  ASSERT_NE(second.finish_reason, "error") << second.error;
+  EXPECT_EQ(second.prefix_cached_tokens, (second.prompt_tokens - 1) / B * B);
+  EXPECT_EQ(second.tokens, first.tokens);
+}
+
 TEST(TensorParallelRuntime, AStoredEntryThatFailsMidLoadIsComputedOnEveryRankAndTheOthersLoadedAgain) {
   REQUIRE_MODEL();
   TempDir dir;

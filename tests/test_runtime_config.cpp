@@ -87,6 +87,8 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.adaptive_ratio, b.adaptive_ratio);
   EXPECT_EQ(a.write_back, b.write_back);
   EXPECT_EQ(a.find_pasted, b.find_pasted);
+  EXPECT_EQ(a.prefix_block_tokens, b.prefix_block_tokens);
+  EXPECT_EQ(a.learn_passage_tokens, b.learn_passage_tokens);
   EXPECT_EQ(a.max_requests, b.max_requests);
   EXPECT_EQ(a.max_queue, b.max_queue);
   EXPECT_EQ(a.max_decode_batch, b.max_decode_batch);
@@ -239,6 +241,8 @@ blend:
   query_first_from_layer: 3
   chunk_prelude: "<|im_start|>system\n"
   write_back: no
+  prefix_block_tokens: 32
+  learn_passage_tokens: 0
 limits: {max_requests: 2, max_queue: 0, max_decode_batch: 4, decode_interleave: 0.2, max_prompt_tokens: 4096,
          trace_history: 0, load_timeout: 5.5, max_request_seconds: 0, max_restarts: 2, restart_window: 1m,
          restart_backoff: 250ms, restart_backoff_max: 3s}
@@ -278,6 +282,8 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.blend.query_first_from_layer, 3);
   EXPECT_EQ(c.chunk_prelude, "<|im_start|>system\n");
   EXPECT_FALSE(c.write_back);
+  EXPECT_EQ(c.prefix_block_tokens, 32);
+  EXPECT_EQ(c.learn_passage_tokens, 0);
   EXPECT_EQ(c.max_requests, 2);
   EXPECT_EQ(c.max_queue, 0);
   EXPECT_EQ(c.max_decode_batch, 4);
@@ -369,9 +375,11 @@ TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
   EXPECT_THAT(e, AllOf(HasSubstr("blend.zzzzzzzz: unknown key"),
                        HasSubstr("mode, ratio, adaptive_ratio, check_layers, schedule, min_tokens, deviation, quota, "
                                  "filtering, selection, sink_tokens, query_first_from_layer, chunk_prelude, write_back, "
-                                 "find_pasted"),
+                                 "find_pasted, prefix_block_tokens, learn_passage_tokens"),
                        Not(HasSubstr("did you mean"))));
   EXPECT_THAT(error_of("limits: {max_request: 4}"), HasSubstr("limits.max_request: unknown key"));
+  EXPECT_THAT(error_of("blend: {prefix_block_tokens: 8}"),
+              HasSubstr("blend.prefix_block_tokens: must be 0 (off) or 16..4096 tokens, got 8"));
   EXPECT_THAT(error_of("device: {gpu: 1}"), AllOf(HasSubstr("device.gpu: unknown key"), HasSubstr("kind, gpus, threads")));
   EXPECT_THAT(error_of("model: {name: x}"), AllOf(HasSubstr("model.name"), HasSubstr("path, precision, decode_activations, chat_template")));
   EXPECT_THAT(error_of("server: {addr: x}"), AllOf(HasSubstr("server.addr"), HasSubstr("host, port")));

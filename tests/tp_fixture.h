@@ -90,7 +90,7 @@ inline BlendRun blend_on(TpGroup& group, const RagPrompt& prompt, const BlendOpt
   std::vector<KvCache> caches;
   for (int r = 0; r < size; ++r) caches.push_back(group.transformer(r).make_cache(prompt.size() + answer));
   PrefillPlan plan;
-  plan.prefix_loaded = true;
+  plan.prefix_cached = static_cast<int64_t>(prompt.prefix.size());
   plan.chunk_loaded.assign(prompt.chunks.size(), 1);
   std::vector<int32_t> next;
   group.run([&](int r) {

@@ -1,0 +1,196 @@
+// Automatic prefix caching through the actor runtime on the real model: a prompt's
+// first tokens are stored in chained blocks (blend.prefix_block_tokens) from the
+// request's own cache, and a later prompt that begins with the same blocks loads them.
+// Exact: the tokens a request gives with its prefix loaded equal those a cold runtime
+// gives on the same prompt (greedy). A conversation's next turn loads the blocks of the
+// turn before; an identical request loads all of its prompt but the last block's rest;
+// a tiny RAM budget evicts blocks and never serves one that is not the prompt's.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "actors/runtime.h"
+#include "actors/runtime_context.h"
+#include "blend/rag_prompt.h"
+#include "model_fixture.h"
+#include "settles.h"
+#include "rag_runtime_fixture.h"
+#include "temp_dir.h"
+
+namespace bs {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+RuntimeConfig config_in(const fs::path& dir, bool ssd = true) {
+  RuntimeConfig c = default_runtime_config();
+  c.data_dir = dir.string();
+  c.ssd.path = (dir / "kv").string();
+  c.ssd.enabled = ssd;
+  return c;
+}
+
+// A plain conversation (no documents): a system prompt and the user's long message.
+RuntimeRequest chat(std::vector<ChatMessage> messages, int max_tokens = 12) {
+  RuntimeRequest r;
+  r.messages = std::move(messages);
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+std::string long_message(int i) {
+  const auto c = testing::rag_cases(i + 1)[static_cast<size_t>(i)];
+  std::string text;
+  for (const auto& d : c.documents) text += d + "\n\n";
+  return text + c.question;
+}
+
+// Waits until every whole block of the request's prompt that can be stored is stored
+// (blocks are copied after the first token, on the compute thread's background).
+void wait_blocks(Runtime& rt, const RuntimeRequest& req) {
+  auto& ctx = rt.context();
+  const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, {});
+  const auto all = prompt.concatenated();
+  const auto keys = ctx.engine->prefix_block_keys(all, ctx.config.prefix_block_tokens, 1 << 20);
+  ASSERT_FALSE(keys.empty());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  auto stored = [&] {
+    return std::all_of(keys.begin(), keys.end(), [&](const ChunkKey& k) { return ctx.tiered->contains(k); });
+  };
+  while (!stored() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(stored()) << "the prompt's blocks were not stored";
+}
+
+RequestResult cold(const RuntimeRequest& req) {
+  TempDir dir;
+  Runtime rt(config_in(dir.path()));
+  return rt.run(req);
+}
+
+TEST(PrefixCache, AnIdenticalRequestLoadsItsPromptAndAnswersTheSame) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  Runtime rt(config_in(dir.path()));
+  const auto req = chat({{"system", "You answer from the passages."}, {"user", long_message(0)}});
+  const auto first = rt.run(req);
+  ASSERT_NE(first.finish_reason, "error") << first.error;
+  EXPECT_EQ(first.prefix_cached_tokens, 0);
+  wait_blocks(rt, req);
+  const auto second = rt.run(req);
+  ASSERT_NE(second.finish_reason, "error") << second.error;
+  const int64_t B = rt.context().config.prefix_block_tokens;
+  // Every whole block before the last token.
+  EXPECT_EQ(second.prefix_cached_tokens, (second.prompt_tokens - 1) / B * B);
+  EXPECT_GE(second.cached_tokens, second.prompt_tokens * 95 / 100) << second.prompt_tokens;
+  EXPECT_EQ(second.tokens, first.tokens);
+  EXPECT_EQ(second.text, first.text);
+}
+
+TEST(PrefixCache, TheNextTurnLoadsTheTurnBeforeAndAnswersAsAColdRuntime) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  Runtime rt(config_in(dir.path()));
+  std::vector<ChatMessage> conversation = {{"system", "You answer from the passages."}, {"user", long_message(1)}};
+  const auto turn1 = chat(conversation);
+  const auto a1 = rt.run(turn1);
+  ASSERT_NE(a1.finish_reason, "error") << a1.error;
+  wait_blocks(rt, turn1);
+  conversation.push_back({"assistant", a1.text});
+  conversation.push_back({"user", "Say that again in other words."});
+  const auto turn2 = chat(conversation);
+  const auto a2 = rt.run(turn2);
+  ASSERT_NE(a2.finish_reason, "error") << a2.error;
+  // Turn 1's whole blocks (all of its prompt but the last block's rest) came stored.
+  const int64_t B = rt.context().config.prefix_block_tokens;
+  EXPECT_GE(a2.prefix_cached_tokens, (a1.prompt_tokens - 1) / B * B);
+  EXPECT_GE(a2.prefix_cached_tokens, a1.prompt_tokens * 90 / 100);
+  EXPECT_EQ(a2.tokens, cold(turn2).tokens);
+}
+
+TEST(PrefixCache, ATinyBudgetEvictsBlocksAndNeverServesAnotherPromptsKv) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  RuntimeConfig c = config_in(dir.path(), /*ssd=*/false);
+  // Four blocks of SmolLM2's KV (64 tokens x 30 layers x 2 x 192 x 2 bytes each) and a bit.
+  const int64_t block_bytes = int64_t{64} * 30 * 2 * 192 * 2;
+  c.ram.budget_bytes = 4 * block_bytes + 4096;
+  Runtime rt(c);
+  // Prompts that share a long system prompt (two blocks and more), then part, each
+  // longer than the budget: the shared blocks stay (used by every prompt), the others
+  // are evicted; each answer equals a cold runtime's.
+  const std::string system = "You answer from these notes.\n\n" + testing::rag_cases(1)[0].documents[0];
+  std::vector<RuntimeRequest> reqs;
+  std::vector<std::vector<int32_t>> cold_tokens;
+  for (int i = 1; i < 4; ++i) {
+    reqs.push_back(chat({{"system", system}, {"user", long_message(i)}}));
+    cold_tokens.push_back(cold(reqs.back()).tokens);
+  }
+  int64_t loaded = 0;
+  for (int round = 0; round < 2; ++round)
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const auto r = rt.run(reqs[i]);
+      ASSERT_NE(r.finish_reason, "error") << r.error;
+      EXPECT_LE(r.prefix_cached_tokens, 4 * 64);
+      if (round == 1) loaded += r.prefix_cached_tokens;
+      EXPECT_EQ(r.tokens, cold_tokens[i]) << "round " << round << " prompt " << i;
+    }
+  EXPECT_GT(loaded, 0) << "the shared blocks were never loaded";
+  const auto st = rt.context().ram->stats();
+  EXPECT_LE(st.bytes, c.ram.budget_bytes);
+  EXPECT_GT(st.evictions, 0);
+}
+
+// Passages learnt on first sight (blend.learn_passage_tokens): three passages pasted
+// into a plain message are stored (computed alone in the background, as documents are)
+// and found when pasted again in the reverse order with another question: blended,
+// at least 80% of the prompt from stored KV.
+TEST(LearntPassages, PassagesPastedOnceAreBlendedWhenPastedAgainInAnotherOrder) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  Runtime rt(config_in(dir.path()));
+  auto c = testing::rag_cases(1)[0];
+  // One paragraph each (the dataset's documents hold blank lines of their own).
+  for (auto& d : c.documents)
+    for (size_t at; (at = d.find("\n\n")) != std::string::npos;) d.replace(at, 2, "\n");
+  auto pasted = [](const std::vector<std::string>& docs, const std::string& question) {
+    std::string text = "Use these passages.\n\n";
+    for (const auto& d : docs) text += d + "\n\n";
+    return chat({{"user", text + question}});
+  };
+  const auto first = rt.run(pasted(c.documents, c.question));
+  ASSERT_NE(first.finish_reason, "error") << first.error;
+  EXPECT_EQ(first.chunks, 0);
+  auto& ctx = rt.context();
+  EXPECT_TRUE(testing::settles(
+      [&] {
+        for (const auto& d : c.documents)
+          if (!ctx.tiered->contains(ctx.engine->chunk_key(document_chunk_tokens(ctx.model->tokenizer(), d))))
+            return false;
+        return true;
+      },
+      120));
+  std::vector<std::string> reversed(c.documents.rbegin(), c.documents.rend());
+  const auto second = rt.run(pasted(reversed, "Answer in one word: " + c.question));
+  ASSERT_NE(second.finish_reason, "error") << second.error;
+  // The three passages came stored (the text before them is a part of its own, computed).
+  EXPECT_EQ(second.chunks - second.chunks_missed, 3);
+  EXPECT_GE(second.cached_tokens, second.prompt_tokens * 80 / 100) << second.prompt_tokens;
+  // Off: nothing is learnt.
+  TempDir off_dir;
+  RuntimeConfig off = config_in(off_dir.path());
+  off.learn_passage_tokens = 0;
+  Runtime rt_off(off);
+  rt_off.run(pasted(c.documents, c.question));
+  const auto again = rt_off.run(pasted(reversed, c.question));
+  EXPECT_EQ(again.chunks, 0);
+}
+
+}  // namespace
+}  // namespace bs
