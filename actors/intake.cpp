@@ -113,20 +113,21 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
     }
     rec.trace->set("pasted_chunks", m.chunks_found);
     rec.trace->set("pasted_chunk_tokens", m.chunk_tokens);
-    // Its paragraphs that were not found are learnt: stored, they are found next time.
+    // The text around found passages is not stored as chunks; the message's paragraphs
+    // are learnt instead (those stored already are skipped by the write-back).
+    r.store_missed_chunks = false;
     if (ctx.config.learn_passage_tokens > 0 && ctx.config.write_back && !q.messages.empty() &&
         q.messages.back().role == "user") {
       int64_t learnt = 0;
       for (const auto& para : blank_line_paragraphs(q.messages.back().content)) {
         auto tokens = document_chunk_tokens(model.tokenizer(), para);
         if (static_cast<int64_t>(tokens.size()) < ctx.config.learn_passage_tokens) continue;
-        if (std::find(r.prompt.chunks.begin(), r.prompt.chunks.end(), tokens) != r.prompt.chunks.end()) continue;
         if (std::find(r.learn.begin(), r.learn.end(), tokens) != r.learn.end()) continue;
         learnt += static_cast<int64_t>(tokens.size());
         r.learn.push_back(std::move(tokens));
       }
-      rec.trace->set("learn_passages", static_cast<int64_t>(r.learn.size()));
-      rec.trace->set("learn_passage_tokens", learnt);
+      rec.trace->set("learn_candidates", static_cast<int64_t>(r.learn.size()));
+      rec.trace->set("learn_candidate_tokens", learnt);
     }
   } else {
     r.prompt = assemble_rag_prompt(model.tokenizer(), model.chat_template(), q.messages, q.documents, q.tools);

@@ -441,8 +441,9 @@ void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr
         ComputeThread::Priority::Background);
     if (!queued) ctx->write_backs_refused.fetch_add(1);
   };
-  for (size_t i = 0; i < plan.prompt.chunks.size(); ++i)
-    if (!plan.loaded.chunk_loaded[i]) queue(plan.prompt.chunks[i], plan.chunk_keys[i]);
+  if (plan.store_missed_chunks)
+    for (size_t i = 0; i < plan.prompt.chunks.size(); ++i)
+      if (!plan.loaded.chunk_loaded[i]) queue(plan.prompt.chunks[i], plan.chunk_keys[i]);
   // Passages learnt on first sight: computed alone like a document's chunk (the KV the
   // blend was measured on), then stored and indexed for the pasted-passage search.
   for (const auto& tokens : plan.learn) queue(tokens, ctx->engine->chunk_key(tokens));

@@ -44,6 +44,10 @@ struct RequestPlan {
   // pasted message's paragraphs that were not found stored; the worker computes each
   // alone in the background and stores it, so a later paste finds it.
   std::vector<std::vector<int32_t>> learn;
+  // Whether the chunks computed for want of stored KV are stored afterwards (write-back):
+  // a request's documents are; the text between passages found pasted in a plain message
+  // is not (its paragraphs are learnt instead).
+  bool store_missed_chunks = true;
   BlendOptions options;              // the config's, with the request's mode and ratio
   bool ratio_requested = false;      // the caller set the ratio: the controller keeps it
   SamplingParams sampling;           // final: max_tokens clamped to the context, the template's stops added
@@ -137,7 +141,7 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RequestPlan& x) {
-  return f(x.id, x.prompt, x.chunk_keys, x.prefix_block, x.prefix_block_keys, x.learn, x.options,
+  return f(x.id, x.prompt, x.chunk_keys, x.prefix_block, x.prefix_block_keys, x.learn, x.store_missed_chunks, x.options,
            x.ratio_requested, x.sampling, x.chunk_tier, x.prefix_block_tier, x.loaded, x.decision);
 }
 

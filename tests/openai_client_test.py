@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import threading
+import time
 import unittest
 import urllib.request
 
@@ -169,6 +170,33 @@ class OpenAIClient(unittest.TestCase):
         self.assertGreaterEqual(turn3.usage.prompt_tokens_details.cached_tokens, 0.9 * turn2.usage.prompt_tokens)
         self.assertGreaterEqual(turn3.usage.model_extra["blendserve"]["prefix_cached_tokens"],
                                 0.9 * turn2.usage.prompt_tokens)
+
+    def test_pasted_passages_are_learnt(self):
+        """Passages pasted into a plain message (blank-line separated, as RAG frameworks
+        paste them) are learnt in the background after the answer's first token; pasted
+        again in the reverse order with another question they are blended: >= 80% of the
+        prompt from stored KV. The learning is not instant: the reordered request is
+        retried until it is (at most 60 s)."""
+        passages = [
+            "Passage %d. " % i + " ".join("The %s committee of district %d met on day %d and filed report %d."
+                                          % (w, i, d, 10 * i + d) for d, w in enumerate(
+                                              ["budget", "water", "roads", "schools", "parks", "health"]))
+            for i in range(3)]
+        def paste(order, question):
+            text = "Use these passages.\n\n" + "".join(passages[i] + "\n\n" for i in order) + question
+            return client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
+                                                    max_tokens=8, temperature=0)
+        first = paste([0, 1, 2], "Which committee met on day 3 in district 1?")
+        self.assertEqual(first.usage.prompt_tokens_details.cached_tokens, 0)
+        deadline = time.time() + 60
+        while True:
+            again = paste([2, 1, 0], "Which report did the parks committee of district 2 file?")
+            found = again.usage.model_extra["blendserve"].get("chunks_ram", 0)
+            if found >= 3 or time.time() > deadline:
+                break
+            time.sleep(1)
+        self.assertEqual(found, 3, again.usage)
+        self.assertGreaterEqual(again.usage.prompt_tokens_details.cached_tokens, 0.8 * again.usage.prompt_tokens)
 
     def test_errors_are_the_clients_exception_types(self):
         msgs = [{"role": "user", "content": "hi"}]
