@@ -146,7 +146,7 @@ struct RuntimeConfig {
   // are stored in blocks of this many (their exact KV, from the request's own cache),
   // and a later prompt that begins with the same blocks loads them instead of computing
   // them. 0 turns it off.
-  int prefix_block_tokens = 64;
+  int prefix_block_tokens = 16;
   // Passages learnt on first sight (blend.learn_passage_tokens): a plain message's
   // blank-line separated paragraphs of at least this many tokens that are not stored
   // yet are computed alone in the background and stored like documents, so the next

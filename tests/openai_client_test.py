@@ -146,7 +146,7 @@ class OpenAIClient(unittest.TestCase):
         self.assertTrue(r.choices[0].message.content)
 
     def test_prefix_caching(self):
-        """Automatic prefix caching (blend.prefix_block_tokens, 64): an identical request
+        """Automatic prefix caching (blend.prefix_block_tokens, 16): an identical request
         loads all of its prompt but the last block's rest and answers the same; turn 3 of
         a conversation loads at least 90% of turn 2's prompt (turn 2's prompt and the
         answer generated for it)."""
@@ -187,7 +187,10 @@ class OpenAIClient(unittest.TestCase):
             return client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
                                                     max_tokens=8, temperature=0)
         first = paste([0, 1, 2], "Which committee met on day 3 in district 1?")
-        self.assertEqual(first.usage.prompt_tokens_details.cached_tokens, 0)
+        # Nothing of it stored but prefix blocks (the default system prompt's).
+        self.assertEqual(first.usage.model_extra["blendserve"].get("chunks_ram", 0), 0)
+        self.assertEqual(first.usage.prompt_tokens_details.cached_tokens,
+                         first.usage.model_extra["blendserve"]["prefix_cached_tokens"])
         deadline = time.time() + 60
         while True:
             again = paste([2, 1, 0], "Which report did the parks committee of district 2 file?")

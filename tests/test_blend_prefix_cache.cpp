@@ -118,8 +118,9 @@ TEST(PrefixCache, ATinyBudgetEvictsBlocksAndNeverServesAnotherPromptsKv) {
   REQUIRE_MODEL();
   TempDir dir;
   RuntimeConfig c = config_in(dir.path(), /*ssd=*/false);
-  // Four blocks of SmolLM2's KV (64 tokens x 30 layers x 2 x 192 x 2 bytes each) and a bit.
-  const int64_t block_bytes = int64_t{64} * 30 * 2 * 192 * 2;
+  // Four blocks of SmolLM2's KV (B tokens x 30 layers x 2 x 192 x 2 bytes each) and a bit.
+  const int64_t B = c.prefix_block_tokens;
+  const int64_t block_bytes = B * 30 * 2 * 192 * 2;
   c.ram.budget_bytes = 4 * block_bytes + 4096;
   Runtime rt(c);
   // Prompts that share a long system prompt (two blocks and more), then part, each
@@ -137,7 +138,7 @@ TEST(PrefixCache, ATinyBudgetEvictsBlocksAndNeverServesAnotherPromptsKv) {
     for (size_t i = 0; i < reqs.size(); ++i) {
       const auto r = rt.run(reqs[i]);
       ASSERT_NE(r.finish_reason, "error") << r.error;
-      EXPECT_LE(r.prefix_cached_tokens, 4 * 64);
+      EXPECT_LE(r.prefix_cached_tokens, 4 * B);
       if (round == 1) loaded += r.prefix_cached_tokens;
       EXPECT_EQ(r.tokens, cold_tokens[i]) << "round " << round << " prompt " << i;
     }

@@ -10,6 +10,10 @@ drives each with the official OpenAI client, streaming, greedy:
              the turns before, and, for blendserve, on a cold server (a fresh one per
              turn, the same messages: what no reuse costs)
   identical  one request, then the same request again: the second's TTFT
+  pasted     six retrieved passages (MuSiQue-like, from tests/data/rag_qa_small.jsonl)
+             pasted into a plain message, then, --learn-wait seconds later (blendserve
+             learns pasted passages in the background), the same passages reversed
+             with another question: the second's TTFT
 
 Progress on stderr, one JSON object per measurement on stdout:
   {"engine":"blendserve","workload":"chat","turn":4,"prompt_tokens":...,"cached_tokens":...,"ttft_s":...}
@@ -52,9 +56,24 @@ def notes_prompt():
 
 
 class BlendServe(ServeProcess):
-    def __init__(self, binary, model):
+    def __init__(self, binary, model, block_tokens):
         args = ("--model", model) if model else ()
-        super().__init__(binary, "limits:\n  max_requests: 1\n", prefix="bs_bench_prefix_", args=args)
+        config = "limits:\n  max_requests: 1\n"
+        if block_tokens is not None:
+            config += "blend:\n  prefix_block_tokens: %d\n" % block_tokens
+        super().__init__(binary, config, prefix="bs_bench_prefix_", args=args)
+
+
+def pasted_cases():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "rag_qa_small.jsonl")
+    with open(path) as f:
+        rows = [json.loads(l) for l in f if l.strip()]
+    docs = [d.replace("\n\n", "\n") for d in rows[0]["documents"][:6]]
+    return docs, rows[0]["question"], rows[1]["question"]
+
+
+def pasted_message(docs, question):
+    return [{"role": "user", "content": "Use these passages.\n\n" + "".join(d + "\n\n" for d in docs) + question}]
 
 
 class LlamaServer:
@@ -122,7 +141,7 @@ def cached_of(usage):
     return getattr(d, "cached_tokens", None) if d else None
 
 
-def run_engine(name, start, turns, max_tokens, cold):
+def run_engine(name, start, turns, max_tokens, cold, learn_wait):
     """One run of both workloads on fresh servers: {(workload, turn): row}."""
     rows = {}
     server = start()
@@ -140,6 +159,12 @@ def run_engine(name, start, turns, max_tokens, cold):
         ttft, _, usage = ask(server.base, model, one, max_tokens)
         rows[("identical", 2)] = {"ttft_s": ttft, "prompt_tokens": usage.prompt_tokens if usage else None,
                                   "cached_tokens": cached_of(usage)}
+        docs, q1, q2 = pasted_cases()
+        ask(server.base, model, pasted_message(docs, q1), max_tokens)
+        time.sleep(learn_wait)
+        ttft, _, usage = ask(server.base, model, pasted_message(list(reversed(docs)), q2), max_tokens)
+        rows[("pasted", 2)] = {"ttft_s": ttft, "prompt_tokens": usage.prompt_tokens if usage else None,
+                               "cached_tokens": cached_of(usage)}
     finally:
         server.stop()
     if cold:
@@ -168,17 +193,20 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--block-tokens", type=int, help="blendserve's blend.prefix_block_tokens (default: its own)")
+    ap.add_argument("--learn-wait", type=float, default=2.0,
+                    help="seconds between the pasted workload's two requests (default 2)")
     args = ap.parse_args()
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     model = args.model or os.path.join(root, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    engines = [("blendserve", lambda: BlendServe(args.server, args.model), True)]
+    engines = [("blendserve", lambda: BlendServe(args.server, args.model, args.block_tokens), True)]
     if args.llama_server:
         engines.append(("llama-server", lambda: LlamaServer(args.llama_server, model, args.threads), False))
     results = {}
     for rep in range(args.repeats):
         for name, start, cold in engines:
             log("run %d/%d: %s" % (rep + 1, args.repeats, name))
-            for key, row in run_engine(name, start, args.turns, args.max_tokens, cold).items():
+            for key, row in run_engine(name, start, args.turns, args.max_tokens, cold, args.learn_wait).items():
                 results.setdefault((name,) + key, []).append(row)
     medians = {}
     for (name, workload, turn), rows in sorted(results.items()):
@@ -203,7 +231,8 @@ def main():
                               "value": v / medians[("blendserve", "chat-cold", turn)]}), flush=True)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
                platform.processor())
-    print(json.dumps({"cpu": cpu, "threads": args.threads, "model": os.path.basename(model)}), flush=True)
+    print(json.dumps({"cpu": cpu, "threads": args.threads, "model": os.path.basename(model),
+                      "block_tokens": args.block_tokens, "learn_wait_s": args.learn_wait}), flush=True)
 
 
 if __name__ == "__main__":
