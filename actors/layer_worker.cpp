@@ -473,7 +473,7 @@ void store_prefix_blocks(RuntimeContext* ctx, const HandlesRef& h, const Batcher
   for (int64_t j = end - 1; j >= first; --j)
     if (!ctx->tiered->contains(keys[static_cast<size_t>(j)])) missing.push_back(j);
   if (missing.empty()) return;
-  auto send = [ctx, h](const ChunkKey& key, std::shared_ptr<ChunkKv> kv) {
+  auto send = [h](const ChunkKey& key, std::shared_ptr<ChunkKv> kv) {
     caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv), false});
   };
   if (ctx->tp) {
