@@ -455,14 +455,15 @@ void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr
 // stored yet, each an entry of its own under its chained key (plan.h), so the next
 // prompt that begins with them loads them. The rows are copied from the request's own
 // cache here, on the worker's thread, before anything else is decided: a memcpy per
-// head and layer (SmolLM2, 64 tokens: 1.5 MB), and the next request's plan finds them.
+// head and layer (SmolLM2, 16 tokens: 0.4 MB), and the next request's plan finds them
+// (a device cache: copied by a background job, below).
 // Tensor parallel, where rank 0's cache holds only its KV heads: the tokens are
 // computed alone on every rank in the compute thread's background (exact at position
 // 0, where a prefix always is) and cut into blocks; a job its bounded queue refuses is
 // counted and not stored. The deepest block is stored first: a tier's LRU then evicts
 // a prompt's later blocks before the earlier ones every later block needs.
 void store_prefix_blocks(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher,
-                         std::vector<int32_t> tokens, int64_t block, int64_t first, const KvCache& cache) {
+                         std::vector<int32_t> tokens, int64_t block, int64_t first, const DecodeSlotPtr& slot) {
   const int64_t B = block;
   if (B <= 0) return;
   const int64_t end = static_cast<int64_t>(tokens.size()) / B;
@@ -491,21 +492,30 @@ void store_prefix_blocks(RuntimeContext* ctx, const HandlesRef& h, const Batcher
     if (!queued) ctx->write_backs_refused.fetch_add(1);
     return;
   }
-  const auto& cfg = ctx->model->full_config();
-  for (int64_t j : missing) {
-    auto kv = std::make_shared<ChunkKv>();
-    kv->tokens.assign(tokens.begin() + j * B, tokens.begin() + (j + 1) * B);
-    kv->n_layers = cfg.n_layers;
-    kv->kv_heads = cfg.n_kv_heads;
-    kv->head_dim = cfg.head_dim;
-    kv->dtype = cache.dtype();
-    kv->allocate();
-    const int64_t head_bytes = B * cfg.head_dim * kv->elem_bytes();
-    for (int l = 0; l < cfg.n_layers; ++l)
-      for (int kh = 0; kh < cfg.n_kv_heads; ++kh)
-        cache.read_rows_raw(l, kh, j * B, B, kv->k_layer(l) + kh * head_bytes, kv->v_layer(l) + kh * head_bytes);
-    send(keys[static_cast<size_t>(j)], std::move(kv));
-  }
+  // The copies: a memcpy per head and layer where the cache is host memory; a device
+  // cache's rows cross to the host synchronously, which does not belong on the worker's
+  // (CAF scheduler) thread: there they are copied by a background job on the compute
+  // thread, which the slot keeps the cache alive for.
+  auto copy = [ctx, tokens = std::move(tokens), keys, missing, B, send](const KvCache& cache) {
+    const auto& cfg = ctx->model->full_config();
+    for (int64_t j : missing) {
+      auto kv = std::make_shared<ChunkKv>();
+      kv->tokens.assign(tokens.begin() + j * B, tokens.begin() + (j + 1) * B);
+      kv->n_layers = cfg.n_layers;
+      kv->kv_heads = cfg.n_kv_heads;
+      kv->head_dim = cfg.head_dim;
+      kv->dtype = cache.dtype();
+      kv->allocate();
+      const int64_t head_bytes = B * cfg.head_dim * kv->elem_bytes();
+      for (int l = 0; l < cfg.n_layers; ++l)
+        for (int kh = 0; kh < cfg.n_kv_heads; ++kh)
+          cache.read_rows_raw(l, kh, j * B, B, kv->k_layer(l) + kh * head_bytes, kv->v_layer(l) + kh * head_bytes);
+      send(keys[static_cast<size_t>(j)], std::move(kv));
+    }
+  };
+  if (ctx->backend->host_accessible()) return copy(slot->cache);
+  const bool queued = ctx->compute->submit([copy, slot] { copy(slot->cache); }, ComputeThread::Priority::Background);
+  if (!queued) ctx->write_backs_refused.fetch_add(1);
 }
 
 // The prefill's facts in its trace: per-layer waits and computes (from the
@@ -606,7 +616,7 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
   caf::anon_send(h->decoder(), start_atom::value, std::move(out));
   if (stored_slot)
     store_prefix_blocks(ctx, h, w.batcher, std::move(exact_prompt), t->plan->prefix_block,
-                        static_cast<int64_t>(t->plan->prefix_block_tier.size()), stored_slot->cache);
+                        static_cast<int64_t>(t->plan->prefix_block_tier.size()), stored_slot);
   w.prefills.erase(id);
 }
 
@@ -1011,8 +1021,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           if (ctx->config.write_back && ctx->config.prefix_block_tokens > 0 && !slot->exact_tokens.empty()) {
             slot->exact_tokens.pop_back();
             const int64_t B = ctx->config.prefix_block_tokens;
-            store_prefix_blocks(ctx, h, w->batcher, std::move(slot->exact_tokens), B, slot->prompt_tokens / B,
-                                slot->cache);
+            store_prefix_blocks(ctx, h, w->batcher, std::move(slot->exact_tokens), B, slot->prompt_tokens / B, slot);
           }
           w->decodes.erase(it);
         }

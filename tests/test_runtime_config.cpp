@@ -380,6 +380,8 @@ TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
   EXPECT_THAT(error_of("limits: {max_request: 4}"), HasSubstr("limits.max_request: unknown key"));
   EXPECT_THAT(error_of("blend: {prefix_block_tokens: 8}"),
               HasSubstr("blend.prefix_block_tokens: must be 0 (off) or 16..4096 tokens, got 8"));
+  EXPECT_THAT(error_of("blend: {learn_passage_tokens: -1}"),
+              HasSubstr("blend.learn_passage_tokens: must be >= 0, got -1"));
   EXPECT_THAT(error_of("device: {gpu: 1}"), AllOf(HasSubstr("device.gpu: unknown key"), HasSubstr("kind, gpus, threads")));
   EXPECT_THAT(error_of("model: {name: x}"), AllOf(HasSubstr("model.name"), HasSubstr("path, precision, decode_activations, chat_template")));
   EXPECT_THAT(error_of("server: {addr: x}"), AllOf(HasSubstr("server.addr"), HasSubstr("host, port")));
