@@ -100,8 +100,8 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
 // A tensor-parallel follower rank's load targets and the door to its compute thread.
 rank_worker_actor::behavior_type rank_worker(rank_worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
                                              int rank, CountersPtr c);
-// Stores chunks the worker computed for write-back: RAM, the SSD writer, and the
-// remote writer where tiers.remote.write_back says so.
+// Stores what the worker sends for write-back (chunks, learnt passages, prefix
+// blocks): RAM, the SSD writer, and the remote writer where tiers.remote.write_back says so.
 write_back_actor::behavior_type write_back(write_back_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
                                            CountersPtr c);
 // The decoder's per-request state, by id: sampling, text, stop conditions, and

@@ -7,8 +7,9 @@
 //     loaders --rankkv(RankKv) / rankend--> rank workers (each its heads, as values) --layer / rankend--> layer worker
 //   layer worker --start(PrefillOutcome)--> decoder --decode(id, token)--> worker --logits(id, ...)--> decoder ...
 //   decoder --end(id)--> worker (the cache is freed); decoder --release--> intake (the next queued request starts)
-//   worker: missed chunks computed alone (background) --kvready--> write-back (RAM put) --store--> ssd writer,
-//     and --store--> remote writer (tiers.remote.write_back); RAM evictions --store--> ssd writer (demotion)
+//   worker: missed chunks and learnt passages computed alone (background), prefix blocks copied from the cache
+//     --kvready--> write-back (RAM put) --store--> ssd writer, and --store--> remote writer
+//     (tiers.remote.write_back); RAM evictions --store--> ssd writer (demotion)
 //   caller (Runtime::store_document) --document--> worker: the KV of one document, computed alone
 //   caller --cancel(id)--> intake (queued: --finish(id)--> decoder) and worker (running: stops at a boundary)
 //   tensor parallel: rank 0's compute thread --rankjob(RankJob)--> rank workers (ranks 1..), in its order
@@ -64,8 +65,9 @@ using rank_worker_actor =
     caf::typed_actor<caf::reacts_to<rank_job_atom, RankJob>, caf::reacts_to<rank_open_atom, uint64_t, int64_t>,
                      caf::reacts_to<rank_kv_atom, RankKv>, caf::reacts_to<rank_load_end_atom, uint64_t, uint64_t>>;
 
-// Stores chunks computed for write-back in the tiers: RAM itself, the SSD through the
-// SSD writer, the storage node through the remote writer (tiers.remote.write_back).
+// Stores what the worker sends for write-back (chunks, learnt passages, prefix blocks)
+// in the tiers: RAM itself, the SSD through the SSD writer, the storage node through
+// the remote writer (tiers.remote.write_back).
 // flush: answers once every store it forwarded before is written (the remote
 // writer's, then the SSD writer's).
 using write_back_actor = caf::typed_actor<caf::reacts_to<kv_ready_atom, KeyedKv>, caf::replies_to<flush_atom>::with<bool>>;

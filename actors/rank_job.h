@@ -34,7 +34,7 @@ struct RankJob {
   int32_t kind = Prefill;
   uint64_t id = 0;
   RequestPlan plan;              // Prefill: the prompt, what is loaded, the options (read when it begins)
-  bool restart = false;          // Prefill: begin again (a failed stored entry: every part computed)
+  bool restart = false;          // Prefill: begin again from `plan` (a stored entry failed: its part computed)
   std::vector<uint64_t> ids;     // Decode: the requests of the batch
   std::vector<int32_t> tokens;   // Decode: each request's token; Chunk: the chunk
   bool prefix = false;           // Chunk: an exact prefix (BlendEngine::compute_prefix_kv)

@@ -105,8 +105,9 @@ struct RuntimeContext {
   std::unique_ptr<DiskKvStore> ssd;    // null when the tier is off
   // A storage node's SSD over the network (tiers.remote); null when the tier is off.
   // Not in `tiered`: its synchronous whole-entry users (write-back's "stored
-  // already?", erase_document, store_document's local check and put) never wait on
-  // the network; store_document and erase_document ask the node themselves.
+  // already?", the intake's prefix-block count, erase_document, store_document's
+  // local check and put) never wait on the network; store_document and
+  // erase_document ask the node themselves.
   std::unique_ptr<ReplicatedKvStore> remote;
   std::vector<StoredTier> tiers;        // lookup order
   std::unique_ptr<TieredKvStore> tiered;

@@ -1,13 +1,13 @@
 // writer (one per tier that writes to a device: the SSD, and the remote tier's
-// storage node): stores entries — the write-back of missed chunks, demotions from
-// RAM to the SSD, pushes to the storage node — apart from the tier's loader, so a
-// load never waits behind a write, its fsync or its network transfer. Its queue is
-// bounded in bytes (tiers.ssd.write_queue; the remote writer's queue has the same
-// limit): senders go through enqueue_write() / enqueue_remote_write(), which drop an
-// entry that does not fit (counted; the tier is a cache and the chunk is recomputed
-// on a later miss) instead of letting the mailbox pin unbounded chunk KV while the
-// device is slow. Spawned detached: its writes block its own thread (the remote
-// store's calls are bounded by its I/O timeout).
+// storage node): stores entries — the write-back (missed chunks, learnt passages,
+// prefix blocks), demotions from RAM to the SSD, pushes to the storage node — apart
+// from the tier's loader, so a load never waits behind a write, its fsync or its
+// network transfer. Its queue is bounded in bytes (tiers.ssd.write_queue; the remote
+// writer's queue has the same limit): senders go through enqueue_write() /
+// enqueue_remote_write(), which drop an entry that does not fit (counted; the tier is
+// a cache and the chunk is recomputed on a later miss) instead of letting the mailbox
+// pin unbounded chunk KV while the device is slow. Spawned detached: its writes block
+// its own thread (the remote store's calls are bounded by its I/O timeout).
 #include <caf/all.hpp>
 
 #include "actors/actor_counters.h"

@@ -394,8 +394,8 @@ struct Server::Impl {
           g.push_back({std::string("blendserve_store_") + field, std::string("KV store tier ") + field +
                                                                      " since start (monotonic).",
                        "tier=\"" + tier + "\"", st.value(field, 0.0)});
-      // The writer's queue of a tier that writes to a device (ssd): bounded in bytes;
-      // what did not fit was dropped (a cache: the chunk is computed again on a miss).
+      // The writer's queue of a tier that writes to a device (ssd, remote): bounded in
+      // bytes; what did not fit was dropped (a cache: the chunk is computed again on a miss).
       const std::pair<const char*, const char*> writer_fields[] = {
           {"write_queue_bytes", "Chunk KV waiting for the tier's writer."},
           {"write_queue_limit", "The bound of that queue in bytes (tiers.<tier>.write_queue)."},

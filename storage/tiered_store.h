@@ -1,8 +1,9 @@
 // Stores in lookup order (fastest first: RAM, then SSD, ...) behind the one
 // KvStore interface, for callers that want whole entries synchronously: in the
-// runtime, write-back's "stored already?", Runtime::store_document (POST
-// /v1/documents, warm included) and erase_document; in tests and tools, a
-// StoreBackedBlend over the runtime's tiers. A hit in a later tier is promoted into
+// runtime, write-back's "stored already?" (chunks, learnt passages, prefix blocks),
+// the intake's count of a pasted-passage prompt's stored prefix blocks,
+// Runtime::store_document (POST /v1/documents, warm included) and erase_document;
+// in tests and tools, a StoreBackedBlend over the runtime's tiers. A hit in a later tier is promoted into
 // the first. put() writes through to every tier, so the persistent ones hold what
 // survives a restart. No prefill reads it: the runtime's loaders stream from the
 // tiers directly, and a stored entry that fails mid-load makes the prefill begin

@@ -20,10 +20,12 @@
 //   our GEMV, gemv_bf16.cuh, instead), either way every row bit-identical whatever the
 //   row count (a batched decode step equals one-token forwards). Precision::F32 is not supported:
 //   choose_precision names bf16 as the alternative.
-// - Attention: decode rows and prompts of under 64 rows in fp32 over K/V widened from
-//   the cache dtype (attention_rows.cuh: flash-decoding, split by each row's length);
-//   from 64 rows the fused flash kernel on the tensor cores (attention_flash.cuh: bf16
-//   products, fp32 softmax and accumulation, the Backend's BF16 precision).
+// - Attention: decode rows (attention_rows.cuh: flash-decoding, split by each row's
+//   length) and prompts of under 64 rows (attention.cuh: a warp per query and head)
+//   in fp32 over K/V widened from the cache dtype; from 64 rows the fused flash kernel
+//   on the tensor cores (attention_flash.cuh, head_dim 64 and 128: bf16 products, fp32
+//   softmax and accumulation, the Backend's BF16 precision), other head dims through
+//   cuBLAS (attention_gemm.cuh).
 // - A decode step (decode_step) uploads every layer's views once and runs as a CUDA
 //   graph per (rows, capacity bucket), captured on its second sight and replayed after;
 //   BLENDSERVE_CUDA_GRAPHS=0 runs it op by op (the same results).
