@@ -9,7 +9,8 @@
 #      the fuzz targets reuse its objects); the unit tests (label "unit") under it, and the
 #      actor runtime's protocol tests and quick runtime tests (label "asan_model"), -j nproc
 #   4. the libFuzzer targets (GGUF reader, safetensors reader, request parser, remote frame codec, pasted-passage
-#      search, YAML loaders, SSD file reader, tokenizer and chat template), built in
+#      search, YAML loaders, SSD file reader, tokenizer and chat template, control plane's messages, chat
+#      templates' Jinja: FUZZERS below), built in
 #      build-asan/, one process each, as many side by side as there are cores, for
 #      BLENDSERVE_FUZZ_SECONDS each (default 20)
 # Set BLENDSERVE_SKIP_SANITIZE=1 to skip steps 3 and 4 while iterating.
