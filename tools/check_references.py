@@ -16,7 +16,9 @@ added; they are scanned once tracked). Build outputs and other ignored files do 
 count, so the answer is the one a clone gets. A token is from the repository root:
 after a space or punctuation, `./`, or `$ROOT/` / `${CMAKE_SOURCE_DIR}/`; anything else
 with a `/` before it is elsewhere. Tokens with `*`, `<`, `{`, `$` or `%` in them are
-patterns or templates, not paths, and are skipped.
+patterns or templates, not paths, and are skipped; so are tokens with an elided part
+(`kernels/.../x.h`) or a capitalised placeholder for a name or number
+(`tests/test_N.cpp`, `tools/fuzz_TARGET.sh`: the tree's own names are lower case).
 
 Why the tree and not the disk: a comment that cites a file the build writes (build/,
 models/, data/: all ignored) would pass here and fail for every reader of a clean
@@ -65,6 +67,10 @@ PATH_RE = re.compile(
 ROOT_PREFIX_RE = re.compile(r'(?:\$ROOT|\$\{ROOT\}|"\$ROOT"|\$\{CMAKE_SOURCE_DIR\}|\$\{PROJECT_SOURCE_DIR\})/$')
 DESIGN_RE = re.compile(r"(?<![\w\-])([\w./\-]*" + re.escape(DESIGN_DOC) + r")")
 PATTERN_CHARS = set("*<{$%")
+# A placeholder in a path: a piece between `/`, `_`, `-` and `.` that is N (NN, ...) or an
+# upper-case word (TARGET, NAME); the tree's capitalised names are not placeholders.
+PLACEHOLDER_RE = re.compile(r"^(?:N+|[A-Z]{2,})$")
+REAL_UPPER = {"README", "DESIGN"}
 TRAILING = ".,:;)>]}'\"`-"
 
 # Tokens that look like paths and are not: what they are, for each.
@@ -102,12 +108,15 @@ def scanned(path):
 
 
 def normalise(token):
-    """The path a token names, or None for a pattern, a bare top-level folder or a
-    token of NOT_PATHS."""
+    """The path a token names, or None for a pattern, a placeholder, a bare top-level
+    folder or a token of NOT_PATHS."""
     if any(c in PATTERN_CHARS for c in token):
         return None
     token = token.rstrip(TRAILING)
     if "/" not in token:  # only the folder and punctuation were left
+        return None
+    if "..." in token or any(PLACEHOLDER_RE.match(piece) and piece not in REAL_UPPER
+                             for piece in re.split(r"[/_.\-]", token)):
         return None
     path = os.path.normpath(token)
     if path in TOP_DIRS or path in NOT_PATHS:
