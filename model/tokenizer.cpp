@@ -11,13 +11,16 @@
 //   2. Pre-tokenizer: hand-written state machines over code points equivalent to
 //      the regexes llama.cpp uses for the "pre" type (its unicode_regex_split
 //      fast paths). \s is the Unicode White_Space property, \p{L}/\p{N} are the
-//      general categories (from ICU).
+//      general categories (from ICU). The rarer pre-tokenizers that are sequences
+//      of regexes (DeepSeek, Falcon, Qwen 3.5) run those regexes with ICU
+//      (model/pre_tokenizer_regex.h).
 //   3. Each piece is mapped to bytes -> GPT-2 byte-level symbols and merged by
 //      BPE rank (lowest rank first, leftmost first on ties); with the Llama 3
 //      pre-tokenizers a piece that is a token as a whole is that token
 //      (ignore_merges). A piece merged once is kept with its tokens
 //      (model/word_cache.h): most of a prompt's pieces are met again.
-//   4. SentencePiece BPE instead of 2 and 3: each text fragment gets a leading " "
+//   4. SentencePiece BPE instead of 2 and 3 (also Gemma 4's "gemma4" BPE, which is
+//      one by its merge list): each text fragment gets a leading " "
 //      where add_space_prefix says (the input's start, after a special token), its
 //      spaces become U+2581, and it is merged by score (llama.cpp's SPM branch of
 //      tokenize_impl). Decoding turns U+2581 back into spaces and <0xAB> tokens into
@@ -41,6 +44,7 @@
 #include <utility>
 
 #include "model/gguf.h"
+#include "model/pre_tokenizer_regex.h"
 #include "model/special_partition.h"
 #include "model/spm_merge.h"
 #include "model/token_index.h"
@@ -422,11 +426,17 @@ struct Tokenizer::Impl {
   // A pre-token that is a vocabulary entry as a whole is that token, merges or not
   // (Hugging Face's BPE ignore_merges; llama.cpp's for the Llama 3 pre-tokenizers).
   bool ignore_merges = false;
+  // The pre-tokenizers written as regex sequences (model/pre_tokenizer_regex.h); null:
+  // pre_kind's state machine.
+  std::unique_ptr<RegexPreTokenizer> regex_pre;
 
   bool parse_always(int32_t id) const { return types[id] == 4; }  // user-defined
 
   void bpe(const unsigned char* s, size_t n, std::vector<int32_t>& out, Work& w) const;
   void encode_fragment(std::string_view text, std::vector<int32_t>& out, Work& w) const;
+  void encode_fragment_regex(std::string_view text, std::vector<int32_t>& out, Work& w) const;
+  // One pre-token's tokens: from the word cache, as a whole token (ignore_merges), or merged.
+  void encode_piece(const unsigned char* s, size_t n, std::vector<int32_t>& out, Work& w, std::string& word) const;
   // encode(); at_start: the text starts the input (Tokenizer::encode_continuation).
   std::vector<int32_t> encode(std::string_view text, bool parse_special, bool at_start) const;
   // SentencePiece BPE of one raw fragment; prefix_space: a " " goes before it.
@@ -476,6 +486,14 @@ int parse_byte_token(const std::string& t) {
 
 Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
+  if (spec.model == "gemma4") {
+    // Gemma 4: BPE over the raw UTF-8 text with U+2581 for its spaces and <0xAB> byte
+    // tokens, merged by its merge list (llama.cpp's "gemma4"; Hugging Face's BPE with
+    // byte_fallback): a SentencePiece BPE by rank, without a space prefix.
+    spec.model = "llama";
+    spec.spm_merge_by_rank = true;
+    spec.add_space_prefix = false;
+  }
   if (spec.model != "gpt2" && spec.model != "llama") {
     // llama.cpp's tokenizer.ggml.model values, named by what they are.
     static const std::unordered_map<std::string, const char*> kinds = {
@@ -485,7 +503,7 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     const auto kind = kinds.find(spec.model);
     throw std::invalid_argument("tokenizer: unsupported tokenizer.ggml.model '" + spec.model + "'" +
                                 (kind != kinds.end() ? std::string(" (") + kind->second + ")" : std::string()) +
-                                "; implemented: byte-level BPE ('gpt2') and SentencePiece BPE ('llama')");
+                                "; implemented: byte-level BPE ('gpt2'), SentencePiece BPE ('llama', 'gemma4')");
   }
   m.spm = spec.model == "llama";
   if (m.spm && spec.spm_merge_by_rank) spec.scores.assign(spec.tokens.size(), 0.0f);  // unused
@@ -502,7 +520,12 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
   for (int32_t* id : {&spec.bos_id, &spec.eos_id, &spec.unk_id, &spec.pad_id}) {
     if (*id < -1 || *id >= n) *id = -1;  // out of range ids are treated as absent
   }
-  if (!m.spm) m.pre_kind = pre_kind_for(spec.pre);
+  if (!m.spm) {
+    if (const auto* splits = regex_pre_tokenizer_splits(spec.pre))
+      m.regex_pre = std::make_unique<RegexPreTokenizer>(*splits);
+    else
+      m.pre_kind = pre_kind_for(spec.pre);
+  }
   m.ignore_merges = !m.spm && (spec.pre == "llama3" || spec.pre == "llama-v3" || spec.pre == "llama-bpe" ||
                                spec.pre == "falcon3");
 
@@ -633,9 +656,10 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
       if (e >= 0 && e <= INT32_MAX) s.end_ids.push_back(static_cast<int32_t>(e));
   // llama.cpp's default where the file does not say: SentencePiece and the Llama 3
   // pre-tokenizers add BOS.
-  s.add_bos = s.model == "llama" || s.pre == "llama3" || s.pre == "llama-v3" || s.pre == "llama-bpe" ||
-              s.pre == "falcon3";
+  s.add_bos = s.model == "llama" || s.model == "gemma4" || s.pre == "llama3" || s.pre == "llama-v3" ||
+              s.pre == "llama-bpe" || s.pre == "falcon3";
   if (auto v = file.get_bool("tokenizer.ggml.add_bos_token")) s.add_bos = *v;
+  if (s.model == "gemma4") s.add_bos = true;  // llama.cpp overrides a file's false: Gemma 4 needs its BOS
   return Tokenizer(std::move(s));
 }
 
@@ -688,8 +712,26 @@ void Tokenizer::Impl::bpe(const unsigned char* s, size_t n, std::vector<int32_t>
   }
 }
 
+inline void Tokenizer::Impl::encode_piece(const unsigned char* s, size_t n, std::vector<int32_t>& out, Work& w,
+                                          std::string& word) const {
+  const std::string_view piece(reinterpret_cast<const char*>(s), n);
+  if (n > 1 && words->find(piece, out)) return;
+  const size_t at = out.size();
+  word.clear();
+  if (ignore_merges) {
+    for (size_t i = 0; i < n; ++i) append_utf8(word, byte_map().byte_to_cp[s[i]]);
+    if (const int32_t id = text_to_id.find(texts, word); id >= 0) out.push_back(id);
+  }
+  if (out.size() == at) bpe(s, n, out, w);
+  if (n > 1) words->add(piece, out.data() + at, out.size() - at);
+}
+
 void Tokenizer::Impl::encode_fragment(std::string_view text, std::vector<int32_t>& out, Work& w) const {
   if (text.empty()) return;
+  if (regex_pre) {
+    encode_fragment_regex(text, out, w);
+    return;
+  }
   const auto* p = reinterpret_cast<const unsigned char*>(text.data());
   w.cps.clear();
   w.cls.clear();
@@ -715,17 +757,20 @@ void Tokenizer::Impl::encode_fragment(std::string_view text, std::vector<int32_t
     const unsigned char* s = p + w.offs[prev];
     const size_t n = w.offs[end] - w.offs[prev];
     prev = end;
-    const std::string_view piece(reinterpret_cast<const char*>(s), n);
-    if (n > 1 && words->find(piece, out)) return;
-    const size_t at = out.size();
-    word.clear();
-    if (ignore_merges) {
-      for (size_t i = 0; i < n; ++i) append_utf8(word, byte_map().byte_to_cp[s[i]]);
-      if (const int32_t id = text_to_id.find(texts, word); id >= 0) out.push_back(id);
-    }
-    if (out.size() == at) bpe(s, n, out, w);
-    if (n > 1) words->add(piece, out.data() + at, out.size() - at);
+    encode_piece(s, n, out, w, word);
   });
+}
+
+void Tokenizer::Impl::encode_fragment_regex(std::string_view text, std::vector<int32_t>& out, Work& w) const {
+  thread_local std::vector<uint32_t> ends;
+  regex_pre->split(text, ends);
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  std::string word;
+  uint32_t from = 0;
+  for (const uint32_t to : ends) {
+    encode_piece(p + from, to - from, out, w, word);
+    from = to;
+  }
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {

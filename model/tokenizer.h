@@ -1,7 +1,7 @@
 // The tokenizer built from GGUF metadata (tokenizer.ggml.*): byte-level BPE ("gpt2")
 // with the model's pre-tokenizer (tokenizer.ggml.pre), or SentencePiece BPE ("llama":
-// Llama 2, Mistral, Gemma; model/spm_merge.h), with special (control) tokens and
-// streaming UTF-8-safe decoding.
+// Llama 2, Mistral, Gemma; "gemma4": Gemma 4's, by its merge list; model/spm_merge.h),
+// with special (control) tokens and streaming UTF-8-safe decoding.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@ namespace bs {
 namespace gguf { class GgufFile; }
 
 struct TokenizerSpec {
-  std::string model = "gpt2";          // tokenizer.ggml.model: "gpt2" or "llama" (SentencePiece BPE)
+  std::string model = "gpt2";          // tokenizer.ggml.model: "gpt2", "llama" (SentencePiece BPE) or "gemma4"
   std::string pre = "default";         // tokenizer.ggml.pre (byte-level BPE only)
   std::vector<std::string> tokens;     // tokenizer.ggml.tokens (byte-level unicode form; SPM: U+2581 for spaces)
   std::vector<float> scores;           // tokenizer.ggml.scores (SPM: merge priority, required)
