@@ -37,10 +37,22 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
     trace.set("prefix_cached_tokens", res.prefix_cached_tokens);
     res.recomputed_tokens = d->prefill.recomputed_tokens;
     res.chunks = static_cast<int>(plan.prompt.chunks.size());
-    for (TierId t : plan.chunk_tier) {
-      if (t == kMissTier) ++res.chunks_missed;
-      else ++res.chunks_by_tier[ctx->tiers[static_cast<size_t>(t)].name];
+    int64_t chunk_tokens = 0;  // from stored chunks (blended)
+    for (size_t i = 0; i < plan.chunk_tier.size(); ++i) {
+      const TierId t = plan.chunk_tier[i];
+      if (t == kMissTier) {
+        ++res.chunks_missed;
+      } else {
+        ++res.chunks_by_tier[ctx->tiers[static_cast<size_t>(t)].name];
+        if (plan.loaded.chunk_loaded[i]) chunk_tokens += static_cast<int64_t>(plan.prompt.chunks[i].size());
+      }
     }
+    if (plan.pasted) res.pasted_tokens = chunk_tokens;
+    // Where the prompt's stored KV came from: the prefix cache (exact), documents'
+    // chunks and passages found pasted in the message (both blended).
+    trace.set("reused", {{"prefix_cache_tokens", res.prefix_cached_tokens},
+                         {"document_tokens", plan.pasted ? 0 : chunk_tokens},
+                         {"pasted_passage_tokens", res.pasted_tokens}});
     res.ratio = plan.options.ratio;
     if (d->steps > 0)
       trace.set("decode", {{"steps", d->steps},

@@ -13,7 +13,7 @@ namespace {
 void copy_request_fields(const nlohmann::json& from, nlohmann::json& to) {
   for (const char* key : {"mode", "prompt_tokens", "chunks", "chunk_tiers", "ratio", "first_token_s", "tokens_out",
                           "recomputed_tokens", "selection", "recomputed_per_chunk", "computed_tokens", "fallback", "finish_reason", "total_s", "error",
-                          "load_bytes", "load_hidden_fraction"})
+                          "load_bytes", "load_hidden_fraction", "reused"})
     if (from.contains(key)) to[key] = from.at(key);
   if (from.contains("controller")) to["ratio_reason"] = from.at("controller").value("reason", "");
 }

@@ -116,6 +116,7 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
     // The text around found passages is not stored as chunks; the message's paragraphs
     // are learnt instead (those stored already are skipped by the write-back).
     r.store_missed_chunks = false;
+    r.pasted = true;
     if (ctx.config.learn_passage_tokens > 0 && ctx.config.write_back && !q.messages.empty() &&
         q.messages.back().role == "user") {
       int64_t learnt = 0;

@@ -419,27 +419,35 @@ std::shared_ptr<const ChunkKv> compute_alone(RuntimeContext* ctx, const HandlesR
 // or failed when loaded: the plan after a fallback marks them computed): each
 // alone, to the write-back actor. Every
 // mode stores what it computed: a `full` request warms the cache for the blend
-// requests after it.
+// requests after it. Single flight (chunk_flights.h): a chunk whose compute another
+// request queued already joins it; a provisional entry stored meanwhile is no reason
+// to skip (the compute replaces it).
 void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher, const RequestPlan& plan) {
   // One background job per part, so a decode step waits for at most one chunk's
   // compute. The background queue is bounded (ComputeThread): a part refused there is
   // not stored now (counted; computed again at its next miss).
   auto queue = [&](const std::vector<int32_t>& tokens, const ChunkKey& key) {
     if (tokens.empty()) return;
+    if (!ctx->flights.claim(key)) return;  // queued or running for another request
     const bool queued = ctx->compute->submit(
         [ctx, h, batcher, tokens, key] {
-          if (ctx->tiered->contains(key)) return;
+          if (ctx->tiered->contains(key) && !ctx->flights.provisional(key)) return ctx->flights.release(key);
           try {
             auto kv = compute_alone(ctx, h, batcher, tokens, false);
+            ctx->flights.computed(key);
             caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv)});
           } catch (const std::exception& e) {
             // A cache: the chunk is computed again on its next miss.
             std::fprintf(stderr, "blendserve: the write-back compute of chunk %s failed: %s\n", key.hex().c_str(),
                          e.what());
           }
+          ctx->flights.release(key);
         },
         ComputeThread::Priority::Background);
-    if (!queued) ctx->write_backs_refused.fetch_add(1);
+    if (!queued) {
+      ctx->flights.release(key);
+      ctx->write_backs_refused.fetch_add(1);
+    }
   };
   if (plan.store_missed_chunks)
     for (size_t i = 0; i < plan.prompt.chunks.size(); ++i)
@@ -447,6 +455,38 @@ void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr
   // Passages learnt on first sight: computed alone like a document's chunk (the KV the
   // blend was measured on), then stored and indexed for the pasted-passage search.
   for (const auto& tokens : plan.learn) queue(tokens, ctx->engine->chunk_key(tokens));
+}
+
+// Reusable at once (chunk_flights.h): each chunk this prefill had to compute, not
+// stored yet, is put in RAM from the request's own cache as a provisional entry
+// (BlendEngine::chunk_in_context: its rows in context, K rotated back to positions
+// 0..m-1), before the first token goes out, so a request that comes after this
+// one's answer finds it even if the chunk's compute alone is still queued; that
+// compute replaces it. Not passages to learn: a paragraph's chunk tokens end with
+// "\n\n" as one token, which the message holds as other tokens before the next
+// paragraph, so its rows are not the chunk's (its compute alone stores it). RAM only,
+// and only where the cache is host
+// memory holding every head (not a device cache: a device-to-host copy on this
+// thread; not a tensor-parallel rank's). A memcpy and a rotation of K per layer:
+// SmolLM2, 1,800 tokens of documents, ~40 MB.
+void store_provisional_chunks(RuntimeContext* ctx, const RequestPlan& plan, const KvCache& cache) {
+  if (!ctx->ram || ctx->tp || !ctx->backend->host_accessible()) return;
+  auto store = [&](const ChunkKey& key, int64_t offset, std::span<const int32_t> tokens) {
+    if (tokens.empty() || ctx->tiered->contains(key)) return;
+    try {
+      auto kv = ctx->engine->chunk_in_context(cache, offset, tokens);
+      ctx->flights.mark_provisional(key);
+      if (!ctx->ram->put(key, kv)) return ctx->flights.unmark_provisional(key);
+      if (ctx->pasted) ctx->pasted->add(kv->tokens);
+    } catch (const std::exception& e) {
+      // A cache: the chunk's compute alone stores it.
+      std::fprintf(stderr, "blendserve: a provisional entry of chunk %s was not stored: %s\n", key.hex().c_str(),
+                   e.what());
+    }
+  };
+  if (!plan.store_missed_chunks) return;
+  for (size_t i = 0; i < plan.prompt.chunks.size(); ++i)
+    if (!plan.loaded.chunk_loaded[i]) store(plan.chunk_keys[i], plan.prompt.chunk_offset(i), plan.prompt.chunks[i]);
 }
 
 // Automatic prefix caching: stores the whole `block`-token blocks of `tokens` (the
@@ -611,7 +651,10 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
   t->trace->add_event({"worker", "prefill", -1, t->begin_s, t->trace->now_s(), 0});
   // A loader that has not stopped keeps its own reference to the target.
   const uint64_t id = t->plan->id;
-  if (t->work->finished && ctx->config.write_back && !t->cancelled->load()) queue_write_back(ctx, h, w.batcher, *t->plan);
+  if (t->work->finished && ctx->config.write_back && !t->cancelled->load()) {
+    store_provisional_chunks(ctx, *t->plan, w.decodes.at(id)->cache);
+    queue_write_back(ctx, h, w.batcher, *t->plan);
+  }
   out.plan = *t->plan;
   caf::anon_send(h->decoder(), start_atom::value, std::move(out));
   if (stored_slot)

@@ -48,6 +48,9 @@ struct RequestPlan {
   // a request's documents are; the text between passages found pasted in a plain message
   // is not (its paragraphs are learnt instead).
   bool store_missed_chunks = true;
+  // The chunks are passages found in a plain message's text (blend.find_pasted), stored
+  // before by documents or learnt: the trace and usage count their tokens apart.
+  bool pasted = false;
   BlendOptions options;              // the config's, with the request's mode and ratio
   bool ratio_requested = false;      // the caller set the ratio: the controller keeps it
   SamplingParams sampling;           // final: max_tokens clamped to the context, the template's stops added
@@ -141,7 +144,7 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RequestPlan& x) {
-  return f(x.id, x.prompt, x.chunk_keys, x.prefix_block, x.prefix_block_keys, x.learn, x.store_missed_chunks, x.options,
+  return f(x.id, x.prompt, x.chunk_keys, x.prefix_block, x.prefix_block_keys, x.learn, x.store_missed_chunks, x.pasted, x.options,
            x.ratio_requested, x.sampling, x.chunk_tier, x.prefix_block_tier, x.loaded, x.decision);
 }
 

@@ -49,6 +49,7 @@ struct RequestResult {
   bool deadline_exceeded = false;      // the error is limits.max_request_seconds (HTTP 504)
   int64_t prompt_tokens = 0, cached_tokens = 0, recomputed_tokens = 0;
   int64_t prefix_cached_tokens = 0;    // of cached_tokens, from stored prefix blocks (automatic prefix caching)
+  int64_t pasted_tokens = 0;           // of cached_tokens, passages found pasted in the message (learnt or stored)
   int chunks = 0, chunks_missed = 0;
   std::map<std::string, int> chunks_by_tier;  // chunks whose KV came from each stored tier ("ram", "ssd")
   float ratio = 0;                     // the ratio the prefill ran at

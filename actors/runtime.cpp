@@ -624,10 +624,12 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   a.supervisor = sys.spawn(supervisor, std::move(hooks), a.counters["supervisor"] = make_counters("supervisor"));
   caf::anon_send(h->inspector(), register_atom::value, a.counters["supervisor"]);
   for (size_t i = 0; i < names.size(); ++i) caf::anon_send(a.supervisor, supervise_atom::value, spawned[i], names[i]);
-  // Demotion: an entry evicted from RAM goes to the SSD unless it is there already.
+  // Demotion: an entry evicted from RAM goes to the SSD unless it is there already, or
+  // is a provisional entry (a request's in-context KV: RAM only, actors/chunk_flights.h).
   if (ctx.ram && ctx.ssd) {
     ctx.ram->set_eviction_listener([c, h](const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
-      if (!c->ssd->contains(key)) enqueue_write(*c, h->ssd_writer(), KeyedKv{key, std::move(kv)});
+      if (!c->ssd->contains(key) && !c->flights.provisional(key))
+        enqueue_write(*c, h->ssd_writer(), KeyedKv{key, std::move(kv)});
     });
   }
 }
@@ -719,6 +721,11 @@ int64_t Runtime::actor_restarts() const { return ctx_->restarts.load(); }
 
 Runtime::DecodeStats Runtime::decode_stats() const {
   return {ctx_->decode_steps.load(), ctx_->decode_tokens.load(), ctx_->interleaved_steps.load()};
+}
+
+Runtime::ReuseStats Runtime::reuse_stats() const {
+  const auto f = ctx_->flights.stats();
+  return {f.computed, f.joined, f.provisional, f.in_flight, ctx_->write_backs_refused.load()};
 }
 
 Runtime::TensorParallelStats Runtime::tensor_parallel_stats() const {
@@ -863,6 +870,12 @@ std::string Runtime::snapshot_json() {
   const auto ds = decode_stats();
   node["decode"] = {{"steps", ds.steps}, {"tokens", ds.tokens}, {"interleaved_steps", ds.interleaved_steps}};
   node["tiers"] = nlohmann::json::parse(stores_json());
+  const auto rs = reuse_stats();
+  node["reuse"] = {{"chunks_computed", rs.chunks_computed},
+                   {"computes_joined", rs.computes_joined},
+                   {"provisional_entries", rs.provisional_entries},
+                   {"computes_in_flight", rs.computes_in_flight},
+                   {"write_backs_refused", rs.write_backs_refused}};
   node["actor_restarts"] = actor_restarts();
   std::string table;
   {

@@ -71,6 +71,16 @@ class Runtime {
   };
   TensorParallelStats tensor_parallel_stats() const;
 
+  // KV reuse beyond what a request loads (actors/chunk_flights.h): chunks computed alone
+  // in the background, computes a request joined instead of queueing its own (single
+  // flight), provisional entries stored from a request's cache, computes now claimed,
+  // and computes the full background queue refused.
+  struct ReuseStats {
+    int64_t chunks_computed = 0, computes_joined = 0, provisional_entries = 0, computes_in_flight = 0,
+            write_backs_refused = 0;
+  };
+  ReuseStats reuse_stats() const;
+
   // The paged KV cache (device.kv_cache_bytes): pages in all, in use by caches,
   // promised to admitted requests (admission counts these), and their size.
   struct KvPages {

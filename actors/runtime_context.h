@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 
+#include "actors/chunk_flights.h"
 #include "actors/compute_thread.h"
 #include "actors/load_target.h"
 #include "actors/plan.h"
@@ -132,6 +133,9 @@ struct RuntimeContext {
   // Write-back computes not queued because the compute thread's background queue was
   // full (ComputeThread::kDefaultMaxBackground); those chunks are computed again at their next miss.
   std::atomic<int64_t> write_backs_refused{0};
+  // The write-back's chunk computes in flight (one per chunk: single flight) and the
+  // provisional entries that serve a chunk until it is computed alone (chunk_flights.h).
+  ChunkFlights flights;
   WriteQueue ssd_write_queue;
   WriteQueue remote_write_queue;  // pushes to the storage node (tiers.remote.write_back)
   // Actors the supervisor started again after they died, since start.

@@ -493,6 +493,36 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_prefix_kv(std::span<const in
   return compute_kv_behind({}, tokens, between_layers);
 }
 
+std::shared_ptr<ChunkKv> BlendEngine::chunk_in_context(const KvCache& cache, int64_t offset,
+                                                       std::span<const int32_t> tokens) const {
+  const auto& c = tf_.model().config();
+  auto& be = tf_.model().backend();
+  const int64_t m = static_cast<int64_t>(tokens.size());
+  if (tf_.comm()) throw std::logic_error("chunk_in_context: a tensor-parallel rank's cache holds only its KV heads");
+  if (!be.host_accessible()) throw std::logic_error("chunk_in_context: the cache is device memory");
+  if (m == 0 || offset < 0 || offset + m > cache.length)
+    throw std::out_of_range("chunk_in_context: rows [" + std::to_string(offset) + ", " + std::to_string(offset + m) +
+                            ") outside the cache's " + std::to_string(cache.length));
+  auto kv = std::make_shared<ChunkKv>();
+  kv->tokens.assign(tokens.begin(), tokens.end());
+  kv->n_layers = c.n_layers;
+  kv->kv_heads = c.n_kv_heads;
+  kv->head_dim = c.head_dim;
+  kv->dtype = cache.dtype();
+  kv->allocate();
+  const int64_t head_bytes = m * c.head_dim * kv->elem_bytes();
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (int h = 0; h < c.n_kv_heads; ++h)
+      cache.read_rows_raw(l, h, offset, m, kv->k_layer(l) + h * head_bytes, kv->v_layer(l) + h * head_bytes);
+    // R(i) = R(-offset)·R(offset + i), on the copy ([kv_heads, m, head_dim]: one page).
+    if (offset > 0)
+      be.rope_kv_rows(kernels::KvView::contiguous(kv->k_layer(l), kv->v_layer(l), c.n_kv_heads, m, c.head_dim,
+                                                  kv->dtype),
+                      0, m, static_cast<int32_t>(-offset), tf_.model().rope(l));
+  }
+  return kv;
+}
+
 std::shared_ptr<const ChunkKv> BlendEngine::compute_kv_behind(std::span<const int32_t> before,
                                                               std::span<const int32_t> tokens,
                                                               const LayerWait& between_layers) const {

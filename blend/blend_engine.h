@@ -263,6 +263,14 @@ class BlendEngine {
   // KV of an exact prefix: computed alone at positions 0..m-1 (it is used only there).
   std::shared_ptr<const ChunkKv> compute_prefix_kv(std::span<const int32_t> tokens,
                                                    const LayerWait& between_layers = {}) const;
+  // A chunk's KV as it stands in a request's cache: rows [offset, offset + m) of every
+  // layer (in context: they attended to the prompt before them), copied, K rotated
+  // back by -offset to positions 0..m-1, the stored convention. The runtime stores it as
+  // a provisional entry (actors/chunk_flights.h) until the chunk's KV computed alone
+  // replaces it. The cache must be host memory (the rotation runs on the copy with
+  // the backend's rope_kv_rows) and hold every KV head (not a tensor-parallel rank's).
+  std::shared_ptr<ChunkKv> chunk_in_context(const KvCache& cache, int64_t offset,
+                                            std::span<const int32_t> tokens) const;
   const std::vector<int32_t>& chunk_prelude() const { return chunk_prelude_; }
   const Transformer& transformer() const { return tf_; }
 

@@ -14,6 +14,7 @@ json usage(const RequestResult& r) {
   json blend = {{"chunks", r.chunks},
                 {"chunks_missed", r.chunks_missed},
                 {"prefix_cached_tokens", r.prefix_cached_tokens},
+                {"pasted_passage_tokens", r.pasted_tokens},
                 {"ratio", r.ratio},
                 {"ttft_seconds", r.ttft_seconds},
                 {"total_seconds", r.total_seconds}};

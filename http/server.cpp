@@ -382,7 +382,16 @@ struct Server::Impl {
                  "(monotonic).", "", static_cast<double>(ds.interleaved_steps)});
     g.push_back({"blendserve_write_backs_refused", "Missed chunks not stored because the compute thread's "
                  "background queue was full (computed again at their next miss; monotonic).", "",
-                 static_cast<double>(runtime.context().write_backs_refused.load())});
+                 static_cast<double>(runtime.reuse_stats().write_backs_refused)});
+    const auto rs = runtime.reuse_stats();
+    g.push_back({"blendserve_chunks_computed", "Chunks computed alone in the background and stored (monotonic).", "",
+                 static_cast<double>(rs.chunks_computed)});
+    g.push_back({"blendserve_chunk_computes_joined", "Requests that missed a chunk whose compute another request had "
+                 "queued, and joined it (single flight; monotonic).", "", static_cast<double>(rs.computes_joined)});
+    g.push_back({"blendserve_chunk_computes_in_flight", "Background chunk computes claimed now (queued or running).",
+                 "", static_cast<double>(rs.computes_in_flight)});
+    g.push_back({"blendserve_provisional_entries", "Chunks stored at once from a request's own cache, serving until "
+                 "computed alone (monotonic).", "", static_cast<double>(rs.provisional_entries)});
     try {
       const json stores = json::parse(runtime.stores_json());
       for (const char* field : {"bytes", "entries", "budget"})

@@ -193,5 +193,78 @@ TEST(LearntPassages, PassagesPastedOnceAreBlendedWhenPastedAgainInAnotherOrder) 
   EXPECT_EQ(again.chunks, 0);
 }
 
+// Reusable at once (actors/chunk_flights.h): documents sent with a request and then at
+// once in the reverse order. The second request loads every chunk: the first
+// request's rows of them, stored in RAM as provisional entries before its first token;
+// their KV computed alone replaces them in the background, each chunk computed once.
+TEST(ReuseAtOnce, DocumentsSentThenAtOnceReversedHitEveryChunk) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  Runtime rt(config_in(dir.path()));
+  const auto c = testing::rag_cases(1)[0];
+  RuntimeRequest a = chat({{"user", c.question}}, 4);
+  a.documents = c.documents;
+  const auto first = rt.run(a);
+  ASSERT_NE(first.finish_reason, "error") << first.error;
+  const int n = static_cast<int>(c.documents.size());
+  EXPECT_EQ(first.chunks_missed, n);
+  RuntimeRequest b = a;
+  std::reverse(b.documents.begin(), b.documents.end());
+  const auto second = rt.run(b);
+  ASSERT_NE(second.finish_reason, "error") << second.error;
+  EXPECT_EQ(second.chunks, n);
+  EXPECT_EQ(second.chunks_missed, 0);
+  EXPECT_EQ(second.chunks_from("ram"), n);
+  EXPECT_EQ(rt.reuse_stats().provisional_entries, n);
+  // The clean entries replace them: each chunk computed alone once, none provisional.
+  auto& ctx = rt.context();
+  EXPECT_TRUE(testing::settles(
+      [&] {
+        const auto rs = rt.reuse_stats();
+        return rs.chunks_computed >= n && rs.computes_in_flight == 0;
+      },
+      120));
+  EXPECT_EQ(rt.reuse_stats().chunks_computed, n);
+  for (const auto& d : c.documents) {
+    const auto key = ctx.engine->chunk_key(document_chunk_tokens(ctx.model->tokenizer(), d));
+    EXPECT_TRUE(ctx.tiered->contains(key));
+    EXPECT_FALSE(ctx.flights.provisional(key));
+  }
+  // The clean entries serve as the provisional ones did.
+  const auto third = rt.run(b);
+  ASSERT_NE(third.finish_reason, "error") << third.error;
+  EXPECT_EQ(third.chunks_missed, 0);
+  EXPECT_EQ(third.chunks_from("ram"), n);
+}
+
+// Single flight: eight requests at once about the same new documents. Every one is
+// answered; each chunk is computed alone once, whichever requests missed it.
+TEST(ReuseAtOnce, EightRequestsAtOnceOnTheSameNewDocumentsComputeEachChunkOnce) {
+  REQUIRE_MODEL();
+  TempDir dir;
+  RuntimeConfig cfg = config_in(dir.path());
+  cfg.max_requests = 8;
+  Runtime rt(cfg);
+  const auto c = testing::rag_cases(1)[0];
+  std::vector<std::thread> clients;
+  std::vector<RequestResult> results(8);
+  for (int i = 0; i < 8; ++i)
+    clients.emplace_back([&, i] {
+      RuntimeRequest r = chat({{"user", c.question + (i % 2 ? " Answer briefly." : "")}}, 4);
+      r.documents = c.documents;
+      if (i % 3 == 1) std::reverse(r.documents.begin(), r.documents.end());
+      results[static_cast<size_t>(i)] = rt.run(r);
+    });
+  for (auto& t : clients) t.join();
+  for (const auto& r : results) ASSERT_NE(r.finish_reason, "error") << r.error;
+  const int n = static_cast<int>(c.documents.size());
+  EXPECT_TRUE(testing::settles([&] { return rt.reuse_stats().computes_in_flight == 0; }, 120));
+  const auto rs = rt.reuse_stats();
+  EXPECT_EQ(rs.chunks_computed, n);
+  auto& ctx = rt.context();
+  for (const auto& d : c.documents)
+    EXPECT_TRUE(ctx.tiered->contains(ctx.engine->chunk_key(document_chunk_tokens(ctx.model->tokenizer(), d))));
+}
+
 }  // namespace
 }  // namespace bs

@@ -138,6 +138,15 @@ TEST_F(ConsoleTest, SnapshotAndMetricsShowEveryActorAndABlockedOne) {
               last.at("selection") == "none")
       << last.dump();
   EXPECT_EQ(last.at("recomputed_per_chunk").size(), 2u) << last.dump();
+  // Where its stored KV came from: its two documents' chunks, missed (computed in
+  // place, then stored at once as provisional entries and computed alone once each).
+  const json& reused = last.at("reused");
+  EXPECT_EQ(reused.at("document_tokens").get<int64_t>(), 0) << last.dump();
+  EXPECT_EQ(reused.at("pasted_passage_tokens").get<int64_t>(), 0) << last.dump();
+  EXPECT_GE(reused.at("prefix_cache_tokens").get<int64_t>(), 0) << last.dump();
+  const json& reuse = node.at("reuse");
+  EXPECT_EQ(reuse.at("provisional_entries").get<int64_t>(), 2) << reuse.dump();
+  EXPECT_LE(reuse.at("chunks_computed").get<int64_t>(), 2) << reuse.dump();
   EXPECT_EQ(get("/v1/inspect/requests/" + std::to_string(first)).at("id").get<uint64_t>(), first);
   get("/v1/inspect/requests/987654", 404);
   // Prometheus: per actor and per tier.

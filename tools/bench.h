@@ -198,6 +198,13 @@ struct EvalOptions {
   bool pasted = false;
   std::string paste_lead;
   bool match_only = false;  // --pasted without the model's runs: only what was found
+  // --reverse-documents: each case's documents in the reverse order (the request that
+  // comes after one that sent them in the case's order).
+  bool reverse_documents = false;
+  // --stored-in-context: each chunk stored as a runtime's provisional entry
+  // (actors/chunk_flights.h) is: its rows of a full prefill of the case in the case's
+  // own order (BlendEngine::chunk_in_context), not its KV computed alone.
+  bool stored_in_context = false;
   std::string system_prompt =
       "You will be asked a question after reading several passages. Please directly answer the question based on "
       "the given passages. Do NOT repeat the question. The answer should be within 5 words.";

@@ -483,6 +483,11 @@ int main(int argc, char** argv) {
   eval->add_option("--paste-lead", eopt.paste_lead, "Text before the pasted passages (with --pasted)")->needs(pasted_flag);
   eval->add_flag("--match-only", eopt.match_only, "With --pasted: only report what was found, run no model pass")
       ->needs(pasted_flag);
+  eval->add_flag("--reverse-documents", eopt.reverse_documents,
+                 "Each case's documents in the reverse order (as a request after one that sent them in order)");
+  eval->add_flag("--stored-in-context", eopt.stored_in_context,
+                 "Store each chunk as the runtime's provisional entry is: its rows of a full prefill of the case in "
+                 "its own order (K rotated back), not its KV computed alone");
   eval->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
   eval->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
 

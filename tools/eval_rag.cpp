@@ -338,6 +338,8 @@ int eval_rag(const EvalOptions& opt) {
     // Likewise: logs of query-first runs over every layer (0) resume.
     if (opt.selection == "query-first" && opt.query_first_from_layer != 0)
       settings["query_first_from_layer"] = opt.query_first_from_layer;
+    if (opt.reverse_documents) settings["reverse_documents"] = true;
+    if (opt.stored_in_context) settings["stored_in_context"] = true;
     log = std::make_unique<CaseLog>(opt.resume_path, settings);
     int found = 0;
     for (int case_no = first; case_no < last; ++case_no)
@@ -389,7 +391,7 @@ int eval_rag(const EvalOptions& opt) {
     }
     const std::string& line = lines[static_cast<size_t>(case_no)];
     json c = json::parse(line);
-    const auto docs = c.at("documents").get<std::vector<std::string>>();
+    auto docs = c.at("documents").get<std::vector<std::string>>();
     const auto answers = c.at("answers").get<std::vector<std::string>>();
     const std::string question = c.at("question").get<std::string>();
     if (answers.empty()) throw std::runtime_error("case " + c.value("id", "?") + " has no answers");
@@ -403,6 +405,21 @@ int eval_rag(const EvalOptions& opt) {
       return chat;
     };
     RagPrompt prompt = assemble_rag_prompt(tok, model.chat_template(), chat_of(opt.question_prefix + question), docs);
+    if (opt.stored_in_context && !opt.match_only) {
+      // The chunks as the request that sent them first left them (a runtime's
+      // provisional entries): its full prefill's rows of each, K rotated back.
+      BlendOptions full_opt;
+      full_opt.mode = BlendMode::Full;
+      const auto first = from_store.prefill(prompt, full_opt);
+      for (size_t i = 0; i < prompt.chunks.size(); ++i)
+        if (!prompt.chunks[i].empty())
+          store.put(engine.chunk_key(prompt.chunks[i]),
+                    engine.chunk_in_context(first.cache, prompt.chunk_offset(i), prompt.chunks[i]));
+    }
+    if (opt.reverse_documents) {  // also the order they are pasted in (--pasted)
+      std::reverse(docs.begin(), docs.end());
+      prompt = assemble_rag_prompt(tok, model.chat_template(), chat_of(opt.question_prefix + question), docs);
+    }
     if (!opt.match_only) from_store.warm(prompt);  // cached modes find every chunk in RAM
     json pasted_facts;
     if (opt.pasted) {
