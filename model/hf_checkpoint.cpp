@@ -169,6 +169,53 @@ void read_spm_layout(const json& tok, const fs::path& tj, std::unordered_map<std
     refuse(tj, "tokenizer.json: BPE dropout is not supported");
 }
 
+// The type names of a normalizer or pre-tokenizer, nested ones in brackets
+// ("Sequence[Precompiled, Replace]"): what a refusal names (a Precompiled normalizer's
+// JSON is mostly its character map).
+std::string type_names(const json& j) {
+  if (!j.is_object()) return j.is_null() ? "none" : j.dump().substr(0, 60);
+  std::string out = j.value("type", "?");
+  for (const char* list : {"normalizers", "pretokenizers"})
+    if (j.contains(list) && j[list].is_array()) {
+      out += "[";
+      for (size_t i = 0; i < j[list].size(); ++i) out += (i ? ", " : "") + type_names(j[list][i]);
+      out += "]";
+    }
+  return out;
+}
+
+// A Unigram's normalizer, pre-tokenizer and model options (model/unigram.h: Hugging
+// Face's rules): no normalizer, a Metaspace pre-tokenizer (prepend_scheme first /
+// always / never, split or not), an unknown piece. Anything else is refused by name:
+// T5's Precompiled normalizer (SentencePiece's character map), WhitespaceSplit, subword
+// sampling.
+void read_unigram_layout(const json& tok, const fs::path& tj, std::unordered_map<std::string, MetaValue>& meta) {
+  const json norm = tok.contains("normalizer") ? tok["normalizer"] : json();
+  const json pre = tok.contains("pre_tokenizer") ? tok["pre_tokenizer"] : json();
+  const json& model = tok["model"];
+  if (!norm.is_null())
+    refuse(tj, "tokenizer.json: normalizer " + type_names(norm) +
+                   " is not one we implement for a Unigram (none; Precompiled is SentencePiece's character map)");
+  if (!(pre.is_object() && pre.value("type", "") == "Metaspace" && pre.value("replacement", "") == "\u2581"))
+    refuse(tj, "tokenizer.json: pre_tokenizer " + type_names(pre) +
+                   " is not one we implement for a Unigram (Metaspace with \u2581)");
+  const std::string scheme = pre.value("prepend_scheme", "always");
+  if (scheme != "first" && scheme != "always" && scheme != "never")
+    refuse(tj, "tokenizer.json: Metaspace prepend_scheme '" + scheme + "' is not supported");
+  for (const char* key : {"alpha", "nbest_size"})
+    if (model.contains(key) && !model[key].is_null())
+      refuse(tj, std::string("tokenizer.json: Unigram ") + key + " (subword sampling) is not supported");
+  if (!model.contains("unk_id") || !model["unk_id"].is_number_integer())
+    refuse(tj, "tokenizer.json: a Unigram without unk_id is not supported");
+  meta["tokenizer.ggml.add_space_prefix"] = scheme != "never";
+  meta["tokenizer.ggml.unknown_token_id"] = model["unk_id"].get<int64_t>();
+  meta["blendserve.tokenizer.unigram_hf"] = true;
+  meta["blendserve.tokenizer.byte_fallback"] = model.value("byte_fallback", false);
+  meta["blendserve.tokenizer.metaspace_split"] = pre.value("split", true);
+  meta["blendserve.tokenizer.space_prefix_first_only"] = scheme == "first";
+  meta["blendserve.tokenizer.space_prefix_unless_space"] = true;  // Metaspace adds no space before one
+}
+
 // tokenizer.json (+ tokenizer_config.json, generation_config.json) into GGUF's
 // tokenizer keys.
 void read_tokenizer(const fs::path& dir, std::unordered_map<std::string, MetaValue>& meta) {
@@ -176,21 +223,26 @@ void read_tokenizer(const fs::path& dir, std::unordered_map<std::string, MetaVal
   const json tok = read_json(tj, true);
   const json& model = tok.contains("model") ? tok["model"] : json();
   const std::string type = model.is_object() ? model.value("type", "") : "";
-  if (type != "BPE")
+  if (type != "BPE" && type != "Unigram")
     refuse(tj, "tokenizer.json: model.type '" + type +
-                   "' is not supported (BPE only: byte-level, or SentencePiece's with byte_fallback)");
+                   "' is not supported (BPE: byte-level, or SentencePiece's with byte_fallback; Unigram)");
   // byte_fallback: a SentencePiece BPE (Llama 2, Mistral, Gemma, Phi-3) converted to
   // Hugging Face's format; else byte-level BPE.
-  const bool spm = model.value("byte_fallback", false);
-  if (spm) {
+  const bool unigram = type == "Unigram";
+  const bool spm = !unigram && model.value("byte_fallback", false);
+  if (unigram) {
+    read_unigram_layout(tok, tj, meta);
+  } else if (spm) {
     read_spm_layout(tok, tj, meta);
   } else if (tok.contains("normalizer") && !tok["normalizer"].is_null()) {
     const std::string nt = tok["normalizer"].value("type", "");
     // NFC: Qwen2's; llama.cpp's tokenizer applies none either (its inputs are NFC text).
     if (nt != "NFC") refuse(tj, "tokenizer.json: normalizer '" + nt + "' is not supported");
   }
-  if (!model.contains("vocab") || !model["vocab"].is_object()) refuse(tj, "tokenizer.json: no model.vocab");
+  if (!model.contains("vocab") || !(unigram ? model["vocab"].is_array() : model["vocab"].is_object()))
+    refuse(tj, "tokenizer.json: no model.vocab");
   std::map<int64_t, std::pair<std::string, int64_t>> by_id;  // id -> (token, GGUF token type)
+  std::map<int64_t, double> scores;                           // Unigram: id -> its score
   // SentencePiece's byte tokens (<0x0A>) are its bytes (GGUF token type 6); its
   // unknown token is type 2.
   const std::string unk = spm && model.contains("unk_token") && model["unk_token"].is_string()
@@ -202,10 +254,28 @@ void read_tokenizer(const fs::path& dir, std::unordered_map<std::string, MetaVal
     static const std::regex byte_token("<0x[0-9A-F]{2}>");
     return std::regex_match(piece, byte_token) ? 6 : 1;
   };
-  for (const auto& [piece, id] : model["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (int64_t{1} << 24))
-      refuse(tj, "tokenizer.json: token '" + piece + "' has an invalid id");
-    by_id[id.get<int64_t>()] = {piece, normal_type(piece)};
+  if (unigram) {  // [[piece, score], ...]: the id is the place; the unknown piece type 2, byte pieces 6
+    const int64_t unk_id = model["unk_id"].get<int64_t>();
+    const bool bytes = model.value("byte_fallback", false);
+    static const std::regex byte_token("<0x[0-9A-F]{2}>");
+    const json& vocab = model["vocab"];
+    if (vocab.size() > (size_t{1} << 24)) refuse(tj, "tokenizer.json: vocabulary too large");
+    for (size_t i = 0; i < vocab.size(); ++i) {
+      const json& e = vocab[i];
+      if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_number())
+        refuse(tj, "tokenizer.json: a Unigram piece is not [text, score]");
+      const auto id = static_cast<int64_t>(i);
+      const std::string piece = e[0].get<std::string>();
+      by_id[id] = {piece, id == unk_id ? 2 : bytes && std::regex_match(piece, byte_token) ? 6 : 1};
+      scores[id] = e[1].get<double>();
+    }
+    if (unk_id < 0 || unk_id >= static_cast<int64_t>(vocab.size())) refuse(tj, "tokenizer.json: unk_id out of range");
+  } else {
+    for (const auto& [piece, id] : model["vocab"].items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (int64_t{1} << 24))
+        refuse(tj, "tokenizer.json: token '" + piece + "' has an invalid id");
+      by_id[id.get<int64_t>()] = {piece, normal_type(piece)};
+    }
   }
   if (tok.contains("added_tokens") && tok["added_tokens"].is_array())
     for (const auto& a : tok["added_tokens"]) {
@@ -235,7 +305,12 @@ void read_tokenizer(const fs::path& dir, std::unordered_map<std::string, MetaVal
         merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
       else refuse(tj, "tokenizer.json: a merge is neither \"a b\" nor [a, b]");
     }
-  if (spm) {
+  if (unigram) {
+    meta["tokenizer.ggml.model"] = std::string("t5");
+    std::vector<double> by_id_scores;  // an added token outside the model's pieces: 0 (it never matches)
+    for (const auto& [id, t] : by_id) by_id_scores.push_back(scores.count(id) ? scores[id] : 0.0);
+    meta["tokenizer.ggml.scores"] = std::move(by_id_scores);
+  } else if (spm) {
     meta["tokenizer.ggml.model"] = std::string("llama");
   } else {
     meta["tokenizer.ggml.model"] = std::string("gpt2");

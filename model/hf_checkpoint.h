@@ -20,7 +20,8 @@
 // Whatever a config or tokenizer asks for that we do not compute is carried under the
 // GGUF key the loader refuses (soft-capping, partial rotary, experts, a sliding
 // window outside Gemma 3, YaRN) or refused here by name (a tokenizer other than
-// byte-level BPE or SentencePiece's BPE with byte_fallback, a dtype other than
+// byte-level BPE, SentencePiece's BPE with byte_fallback or a Unigram with a Metaspace
+// and no normalizer, a dtype other than
 // F32/F16/BF16, an activation other than the family's, a bidirectional encoder); an
 // unknown tensor keeps its checkpoint name, which the loader refuses.
 #pragma once

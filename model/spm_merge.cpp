@@ -15,7 +15,7 @@ struct Symbol {
 
 struct Bigram {
   int32_t left, right;
-  float score;
+  double score;  // a GGUF's float scores, or the negated rank (exact either way)
   size_t size;
   int32_t result;  // by the merge list: the token the merge makes
 };
@@ -81,13 +81,13 @@ class Session {
     if (left < 0 || right < 0) return;
     const Symbol& l = symbols_[static_cast<size_t>(left)];
     const Symbol& r = symbols_[static_cast<size_t>(right)];
-    float score = 0;
+    double score = 0;
     int32_t result = -1;
     if (v_.pair_ranks) {  // by the merge list: the pair must be one of its merges
       if (l.id < 0 || r.id < 0) return;
       const auto it = v_.pair_ranks->find(spm_pair_key(l.id, r.id));
       if (it == v_.pair_ranks->end()) return;
-      score = -static_cast<float>(it->second.rank);  // exact: ranks stay below 2^24
+      score = -static_cast<double>(it->second.rank);
       result = it->second.result;
     } else {
       const int32_t id = v_.text_to_id->find(*v_.tokens, text_.substr(l.off, l.n + r.n));

@@ -35,7 +35,7 @@ inline uint64_t spm_pair_key(int32_t left, int32_t right) {
 struct SpmVocab {
   const TokenIndex* text_to_id;                                // every token's text (any type) -> id
   const TokenTexts* tokens;                                    // [vocab]: the texts it indexes
-  const std::vector<float>* scores;                            // [vocab]: merge priority, higher first
+  const std::vector<double>* scores;                           // [vocab]: merge priority, higher first
   const std::array<int32_t, 256>* byte_token;                  // byte -> its byte token, -1: none
   // A tokenizer.json's SentencePiece BPE (Hugging Face's BPE with byte_fallback) merges
   // by its merge list, not by score: only a pair of tokens the list names merges, the

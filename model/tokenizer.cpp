@@ -1,6 +1,7 @@
 // Byte-level BPE tokenizer (tokenizer.ggml.model == "gpt2") with llama.cpp's
-// pre-tokenizers, SentencePiece BPE ("llama": model/spm_merge.h, steps 1 and 4 below),
-// special-token partitioning and UTF-8-safe streaming decode.
+// pre-tokenizers, SentencePiece BPE ("llama": model/spm_merge.h, steps 1 and 4 below)
+// and Unigram ("t5": step 5), special-token partitioning and UTF-8-safe streaming
+// decode.
 //
 // Behaviour follows llama.cpp (src/llama-vocab.cpp, src/unicode.cpp), the runtime
 // the GGUF files are converted for:
@@ -28,6 +29,9 @@
 //      byte_fallback, model/hf_checkpoint.cpp) is merged by its merge list instead,
 //      and where a Metaspace pre-tokenizer says so gets the space as Hugging Face's
 //      tokenizers put it (TokenizerSpec::space_prefix_first_only, _unless_space).
+//   5. SentencePiece Unigram ("t5", model/unigram.h) instead of 2 and 3: spaces and
+//      the space prefix as in 4 (a GGUF's as llama.cpp's UGM normalizer puts them),
+//      then the pieces of the best segmentation by score.
 // Invalid UTF-8 in the input never throws: each offending byte is its own code
 // point of the "other" class and is byte-encoded like any other byte. Bytes with
 // no token of their own in the vocabulary are dropped, as in llama.cpp.
@@ -48,6 +52,7 @@
 #include "model/special_partition.h"
 #include "model/spm_merge.h"
 #include "model/token_index.h"
+#include "model/unigram.h"
 #include "model/word_cache.h"
 
 namespace bs {
@@ -416,6 +421,7 @@ struct Tokenizer::Impl {
   SpecialPartition specials;                             // control/user-defined/unknown tokens' texts
   size_t max_bytes = 1;                                  // the longest entry of `bytes`
   bool spm = false;                                      // SentencePiece BPE (spec.model "llama")
+  std::unique_ptr<UnigramModel> unigram;                 // SentencePiece Unigram (spec.model "t5"), else null
   SpmPairRanks spm_ranks;                                // spec.spm_merge_by_rank: the merges' ranks
   // SentencePiece: the tokens across a word boundary, where few enough to merge word by
   // word (model/spm_merge.h); else the text merges whole.
@@ -441,6 +447,10 @@ struct Tokenizer::Impl {
   std::vector<int32_t> encode(std::string_view text, bool parse_special, bool at_start) const;
   // SentencePiece BPE of one raw fragment; prefix_space: a " " goes before it.
   void encode_spm(std::string_view text, bool prefix_space, std::vector<int32_t>& out) const;
+  // SentencePiece Unigram of one raw fragment, the same.
+  void encode_unigram(std::string_view text, bool prefix_space, std::vector<int32_t>& out) const;
+  // Spaces are U+2581 in the vocabulary's texts (SentencePiece BPE and Unigram).
+  bool sentencepiece() const { return spm || unigram; }
 };
 
 namespace {
@@ -494,20 +504,25 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     spec.spm_merge_by_rank = true;
     spec.add_space_prefix = false;
   }
-  if (spec.model != "gpt2" && spec.model != "llama") {
+  if (spec.model != "gpt2" && spec.model != "llama" && spec.model != "t5") {
     // llama.cpp's tokenizer.ggml.model values, named by what they are.
     static const std::unordered_map<std::string, const char*> kinds = {
-        {"t5", "SentencePiece Unigram"}, {"bert", "WordPiece"}, {"rwkv", "RWKV greedy"},
+        {"bert", "WordPiece"}, {"rwkv", "RWKV greedy"},
         {"plamo2", "PLaMo-2 Aho-Corasick"}, {"no_vocab", "no vocabulary"},
     };
     const auto kind = kinds.find(spec.model);
     throw std::invalid_argument("tokenizer: unsupported tokenizer.ggml.model '" + spec.model + "'" +
                                 (kind != kinds.end() ? std::string(" (") + kind->second + ")" : std::string()) +
-                                "; implemented: byte-level BPE ('gpt2'), SentencePiece BPE ('llama', 'gemma4')");
+                                "; implemented: byte-level BPE ('gpt2'), SentencePiece BPE ('llama', 'gemma4'), "
+                                "SentencePiece Unigram ('t5')");
   }
   m.spm = spec.model == "llama";
-  if (m.spm && spec.spm_merge_by_rank) spec.scores.assign(spec.tokens.size(), 0.0f);  // unused
-  if (m.spm && spec.scores.size() != spec.tokens.size())
+  const bool unigram = spec.model == "t5";
+  if (unigram && spec.precompiled_charsmap)
+    throw std::invalid_argument("tokenizer: SentencePiece's Precompiled normalizer (tokenizer.ggml.precompiled_charsmap, "
+                                "a character map: NFKC and more) is not implemented");
+  if (m.spm && spec.spm_merge_by_rank) spec.scores.assign(spec.tokens.size(), 0.0);  // unused
+  if ((m.spm || unigram) && spec.scores.size() != spec.tokens.size())
     throw std::invalid_argument("tokenizer: a SentencePiece vocabulary needs tokenizer.ggml.scores for every token (" +
                                 std::to_string(spec.scores.size()) + " for " + std::to_string(spec.tokens.size()) + ")");
   if (spec.tokens.empty()) throw std::invalid_argument("tokenizer: empty vocabulary");
@@ -520,13 +535,13 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
   for (int32_t* id : {&spec.bos_id, &spec.eos_id, &spec.unk_id, &spec.pad_id}) {
     if (*id < -1 || *id >= n) *id = -1;  // out of range ids are treated as absent
   }
-  if (!m.spm) {
+  if (!m.spm && !unigram) {
     if (const auto* splits = regex_pre_tokenizer_splits(spec.pre))
       m.regex_pre = std::make_unique<RegexPreTokenizer>(*splits);
     else
       m.pre_kind = pre_kind_for(spec.pre);
   }
-  m.ignore_merges = !m.spm && (spec.pre == "llama3" || spec.pre == "llama-v3" || spec.pre == "llama-bpe" ||
+  m.ignore_merges = !m.spm && !unigram && (spec.pre == "llama3" || spec.pre == "llama-v3" || spec.pre == "llama-bpe" ||
                                spec.pre == "falcon3");
 
   m.types.resize(spec.tokens.size());
@@ -547,7 +562,7 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
         bytes[i] = t;
       } else if (ty == 6 && parse_byte_token(t) >= 0) {
         bytes[i] = std::string(1, static_cast<char>(parse_byte_token(t)));
-      } else if (m.spm) {  // U+2581 (3 bytes) stands for a space
+      } else if (m.spm || unigram) {  // U+2581 (3 bytes) stands for a space
         std::string text = t;
         for (size_t at = text.find(kSpmSpace); at != std::string::npos; at = text.find(kSpmSpace, at + 1))
           text.replace(at, 3, " ");
@@ -563,10 +578,10 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
   const ByteMap& bm = byte_map();
   for (int b = 0; b < 256; ++b) {
     std::string s;
-    if (m.spm) {  // "<0xAB>", else the byte itself (llama.cpp's byte_to_token)
+    if (m.spm || unigram) {  // "<0xAB>", else (BPE) the byte itself (llama.cpp's byte_to_token)
       static const char* hex = "0123456789ABCDEF";
       s = std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
-      if (id_of(s) < 0) s = std::string(1, static_cast<char>(b));
+      if (id_of(s) < 0 && m.spm) s = std::string(1, static_cast<char>(b));
     } else {
       append_utf8(s, bm.byte_to_cp[b]);
     }
@@ -574,8 +589,7 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
   }
 
   if (m.spm && !spec.spm_merge_by_rank) spec.merges.clear();  // merged by score instead
-  if (spec.merges.size() >= (size_t{1} << 24))  // ranks are exact as floats (model/spm_merge.h)
-    throw std::invalid_argument("tokenizer: more than 2^24 merges");
+  if (spec.merges.size() > static_cast<size_t>(INT32_MAX)) throw std::invalid_argument("tokenizer: too many merges");
   m.merges.reserve(spec.merges.size() * 2);
   int32_t rank = 0;
   for (const std::string& mg : spec.merges) {
@@ -590,6 +604,15 @@ Tokenizer::Tokenizer(TokenizerSpec spec) : impl_(std::make_unique<Impl>()) {
     m.merges.emplace(pair_key(a, b), MergeInfo{r, res});  // first rank wins
   }
 
+  if (unigram) {  // model/unigram.h: the pieces as the vocabulary's texts, with their scores and types
+    std::vector<UnigramModel::Piece> pieces(spec.tokens.size());
+    for (size_t i = 0; i < pieces.size(); ++i) pieces[i] = {m.texts[i], spec.scores[i], m.types[i]};
+    m.unigram = std::make_unique<UnigramModel>(
+        pieces, spec.unk_id, spec.unigram_hf ? UnigramModel::Rules::HuggingFace : UnigramModel::Rules::LlamaCpp,
+        spec.byte_fallback, m.byte_token, m.text_to_id, m.texts);
+    spec.scores.clear();  // the model keeps what it needs
+    spec.scores.shrink_to_fit();
+  }
   if (m.spm) {
     m.spm_boundary = spm_boundary_tokens(spec.tokens);
     m.spm_by_word = m.spm_boundary.size() <= 64;
@@ -636,11 +659,21 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
   if (const auto* merges = file.get_string_array("tokenizer.ggml.merges")) s.merges = *merges;
   if (const auto* scores = file.get_float_array("tokenizer.ggml.scores"))
     s.scores.assign(scores->begin(), scores->end());
+  s.add_space_prefix = s.model != "t5";  // llama.cpp's default: SentencePiece BPE yes, its UGM no
   if (auto v = file.get_bool("tokenizer.ggml.add_space_prefix")) s.add_space_prefix = *v;
+  if (auto v = file.get_bool("tokenizer.ggml.remove_extra_whitespaces")) s.remove_extra_whitespaces = *v;
+  if (file.has("tokenizer.ggml.precompiled_charsmap")) {
+    const auto* map = file.get_int_array("tokenizer.ggml.precompiled_charsmap");
+    s.precompiled_charsmap = !map || !map->empty();
+  }
   // A tokenizer.json's SentencePiece BPE (model/hf_checkpoint.cpp writes these).
   if (auto v = file.get_bool("blendserve.tokenizer.spm_merge_by_rank")) s.spm_merge_by_rank = *v;
   if (auto v = file.get_bool("blendserve.tokenizer.space_prefix_first_only")) s.space_prefix_first_only = *v;
   if (auto v = file.get_bool("blendserve.tokenizer.space_prefix_unless_space")) s.space_prefix_unless_space = *v;
+  // A tokenizer.json's Unigram (model/hf_checkpoint.cpp writes these).
+  if (auto v = file.get_bool("blendserve.tokenizer.unigram_hf")) s.unigram_hf = *v;
+  if (auto v = file.get_bool("blendserve.tokenizer.byte_fallback")) s.byte_fallback = *v;
+  if (auto v = file.get_bool("blendserve.tokenizer.metaspace_split")) s.metaspace_split = *v;
   auto id = [&](const char* key) -> int32_t {
     auto v = file.get_int(key);
     return (v && *v >= 0 && *v <= INT32_MAX) ? static_cast<int32_t>(*v) : -1;
@@ -649,6 +682,11 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& file) {
   s.eos_id = id("tokenizer.ggml.eos_token_id");
   s.unk_id = id("tokenizer.ggml.unknown_token_id");
   s.pad_id = id("tokenizer.ggml.padding_token_id");
+  if (s.model == "t5") {  // llama.cpp's defaults for a UGM vocabulary without these keys
+    if (!file.has("tokenizer.ggml.eos_token_id")) s.eos_id = 1;
+    if (!file.has("tokenizer.ggml.unknown_token_id")) s.unk_id = 2;
+    if (!file.has("tokenizer.ggml.padding_token_id")) s.pad_id = 0;
+  }
   for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
     if (const int32_t e = id(key); e >= 0) s.end_ids.push_back(e);
   if (const auto* ends = file.get_int_array("blendserve.eos_token_ids"))
@@ -795,13 +833,17 @@ std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool parse_s
     if (id >= 0) {
       out.push_back(id);
       prev_special = true;
-    } else if (spm) {
+    } else if (sentencepiece()) {
       const std::string_view frag = text.substr(start, end - start);
       // llama.cpp: at the input's start and after every special token; a Metaspace
-      // pre-tokenizer: only at the input's start ("first"), and not before a space.
+      // pre-tokenizer: only at the input's start ("first"), and not before a space
+      // (nor before a U+2581 written in the text: Hugging Face looks after the Replace).
       bool prefix = spec.add_space_prefix && (spec.space_prefix_first_only ? at_start && start == 0 : prev_special);
-      if (spec.space_prefix_unless_space && !frag.empty() && frag.front() == ' ') prefix = false;
-      encode_spm(frag, prefix, out);
+      if (spec.space_prefix_unless_space && (frag.starts_with(' ') || frag.starts_with(kSpmSpace))) prefix = false;
+      if (unigram)
+        encode_unigram(frag, prefix, out);
+      else
+        encode_spm(frag, prefix, out);
       prev_special = false;
     } else {
       encode_fragment(text.substr(start, end - start), out, w);
@@ -825,6 +867,40 @@ void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space, std::
                                  spec.spm_merge_by_rank ? &spm_ranks : nullptr, spm_by_word ? &spm_boundary : nullptr,
                                  words.get()},
                out);
+}
+
+void Tokenizer::Impl::encode_unigram(std::string_view text, bool prefix_space, std::vector<int32_t>& out) const {
+  std::string escaped;
+  if (!spec.unigram_hf) {  // llama.cpp: its normalizer, then the whole fragment
+    unigram_normalize_llamacpp(text, prefix_space, spec.remove_extra_whitespaces, escaped);
+    unigram->encode(escaped, out);
+    return;
+  }
+  // Hugging Face's Metaspace: spaces as U+2581, the prefix; with split, each word (a
+  // U+2581 and what follows it up to the next) alone, as its MergedWithNext split
+  // makes them, a word met before looked up (model/word_cache.h).
+  escaped.reserve(text.size() + text.size() / 2 + 3);
+  if (prefix_space) escaped += kSpmSpace;
+  for (char c : text) {
+    if (c == ' ')
+      escaped += kSpmSpace;
+    else
+      escaped.push_back(c);
+  }
+  if (!spec.metaspace_split) {
+    unigram->encode(escaped, out);
+    return;
+  }
+  const std::string_view all = escaped;
+  for (size_t from = 0; from < all.size();) {
+    const size_t to = std::min(all.find(kSpmSpace, from + 1), all.size());
+    const std::string_view word = all.substr(from, to - from);
+    from = to;
+    if (word.size() > 3 && words->find(word, out)) continue;  // 3 bytes: one character
+    const size_t at = out.size();
+    unigram->encode(word, out);
+    if (word.size() > 3) words->add(word, out.data() + at, out.size() - at);
+  }
 }
 
 size_t Tokenizer::max_token_bytes() const { return impl_->max_bytes; }
@@ -868,7 +944,7 @@ int32_t Tokenizer::token_id(std::string_view text) const {
   // "Ġthe", SentencePiece: "▁the").
   std::string encoded;
   for (unsigned char b : text) {
-    if (impl_->spm)
+    if (impl_->sentencepiece())
       encoded += b == ' ' ? std::string(kSpmSpace) : std::string(1, static_cast<char>(b));
     else
       append_utf8(encoded, byte_map().byte_to_cp[b]);

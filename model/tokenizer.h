@@ -1,7 +1,8 @@
 // The tokenizer built from GGUF metadata (tokenizer.ggml.*): byte-level BPE ("gpt2")
-// with the model's pre-tokenizer (tokenizer.ggml.pre), or SentencePiece BPE ("llama":
-// Llama 2, Mistral, Gemma; "gemma4": Gemma 4's, by its merge list; model/spm_merge.h),
-// with special (control) tokens and streaming UTF-8-safe decoding.
+// with the model's pre-tokenizer (tokenizer.ggml.pre), SentencePiece BPE ("llama":
+// Llama 2, Mistral, Gemma; "gemma4": Gemma 4's, by its merge list; model/spm_merge.h)
+// or SentencePiece Unigram ("t5": model/unigram.h), with special (control) tokens and
+// streaming UTF-8-safe decoding.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +17,12 @@ namespace bs {
 namespace gguf { class GgufFile; }
 
 struct TokenizerSpec {
-  std::string model = "gpt2";          // tokenizer.ggml.model: "gpt2", "llama" (SentencePiece BPE) or "gemma4"
+  std::string model = "gpt2";          // tokenizer.ggml.model: "gpt2", "llama" (SentencePiece BPE), "gemma4", "t5"
   std::string pre = "default";         // tokenizer.ggml.pre (byte-level BPE only)
   std::vector<std::string> tokens;     // tokenizer.ggml.tokens (byte-level unicode form; SPM: U+2581 for spaces)
-  std::vector<float> scores;           // tokenizer.ggml.scores (SPM: merge priority, required)
+  // tokenizer.ggml.scores (SPM: merge priority; Unigram: log probabilities, summed in
+  // doubles as Hugging Face and llama.cpp sum them; required for both).
+  std::vector<double> scores;
   bool add_space_prefix = true;        // tokenizer.ggml.add_space_prefix (SPM: " " before text that
                                        // starts the input or follows a special token)
   // How a tokenizer.json's Metaspace pre-tokenizer puts that space (Hugging Face's
@@ -29,6 +32,16 @@ struct TokenizerSpec {
   // SPM merged by the merge list (`merges`, a tokenizer.json's BPE with byte_fallback),
   // not by score (a GGUF's SentencePiece vocabulary, as llama.cpp merges it).
   bool spm_merge_by_rank = false;
+  // Unigram ("t5"): Hugging Face's rules (a tokenizer.json's Unigram, with the space
+  // prefix above as its Metaspace puts it) or llama.cpp's (a GGUF's: its UGM
+  // normalizer, remove_extra_whitespaces below); model/unigram.h says how they differ.
+  bool unigram_hf = false;
+  bool byte_fallback = false;             // Hugging Face: an unknown run as its <0xAB> pieces
+  bool metaspace_split = false;           // Hugging Face's Metaspace split: each word (from a U+2581) alone
+  bool remove_extra_whitespaces = false;  // tokenizer.ggml.remove_extra_whitespaces (llama.cpp)
+  // tokenizer.ggml.precompiled_charsmap is there: SentencePiece's Precompiled
+  // normalizer, which we do not implement (refused).
+  bool precompiled_charsmap = false;
   std::vector<int64_t> token_types;    // tokenizer.ggml.token_type (1 normal, 3 control, 4 user-defined, ...)
   std::vector<std::string> merges;     // tokenizer.ggml.merges ("a b")
   int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;

@@ -264,9 +264,18 @@ TEST(HfCheckpoint, TokenizersOtherThanByteLevelBpeAndMissingFilesAreRefusedByNam
   {
     Checkpoint c;
     json t = c.read("tokenizer.json");
+    t["model"]["type"] = "WordPiece";
+    c.write("tokenizer.json", t);
+    expect_refused(c.dir.string(), {"model.type 'WordPiece'"});
+  }
+  {
+    // A Unigram model is read (tests/test_tokenizer_unigram.cpp), with a Metaspace
+    // pre-tokenizer, not a byte-level one.
+    Checkpoint c;
+    json t = c.read("tokenizer.json");
     t["model"]["type"] = "Unigram";
     c.write("tokenizer.json", t);
-    expect_refused(c.dir.string(), {"model.type 'Unigram'"});
+    expect_refused(c.dir.string(), {"pre_tokenizer ByteLevel", "Unigram"});
   }
   {
     Checkpoint c;

@@ -1,7 +1,7 @@
 // Model features this runtime does not implement fail loudly, never silently: a tiny
 // synthetic Llama GGUF that loads and generates (the baseline), and copies of it that
 // each change exactly one thing (YaRN RoPE scaling, an unsupported quant type, a Unigram
-// tokenizer, an unknown architecture, an unknown pre-tokenizer, a key or tensor of a
+// tokenizer with SentencePiece's character map, an unknown architecture, an unknown pre-tokenizer, a key or tensor of a
 // feature we do not compute). Each must fail
 // through LlamaModel and through the `blendserve` CLI with an error naming the
 // feature; the CLI exits non-zero by itself (not by a signal). Supported neighbours of
@@ -407,9 +407,10 @@ TEST(ModelUnsupported, Llama3ScalingReadsTheFilesOriginalContext) {
 
 // A llama.cpp SentencePiece vocabulary: <unk> <s> </s>, 256 byte tokens, "▁" pieces
 // with scores, no merges. It loads (SentencePiece BPE: tests/test_tokenizer_vocabs.cpp
-// checks real ones token for token); without its scores, or as a Unigram vocabulary
-// ("t5"), it is refused by name.
-TEST(ModelUnsupported, SentencePieceTokenizerLoadsAndUnigramOrMissingScoresAreRefused) {
+// checks real ones token for token); without its scores it is refused by name. As a
+// Unigram vocabulary ("t5", llama.cpp's UGM) it loads too, and with SentencePiece's
+// character map (precompiled_charsmap, which we do not implement) it is refused.
+TEST(ModelUnsupported, SentencePieceAndUnigramTokenizersLoadAndACharacterMapOrMissingScoresAreRefused) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
   std::vector<int32_t> types = {2, 3, 3};
   static const char* hex = "0123456789ABCDEF";
@@ -459,7 +460,16 @@ TEST(ModelUnsupported, SentencePieceTokenizerLoadsAndUnigramOrMissingScoresAreRe
   expect_refused(write(no_scores, "sentencepiece_no_scores"), {"tokenizer.ggml.scores"});
   GgufWriter unigram = w;
   unigram.str("tokenizer.ggml.model", "t5");
-  expect_refused(write(unigram, "unigram"), {"SentencePiece Unigram", "tokenizer.ggml.model", "'t5'"});
+  unigram.boolean("tokenizer.ggml.add_space_prefix", true);  // llama.cpp's UGM default is false
+  std::unique_ptr<bs::LlamaModel> u;
+  ASSERT_NO_THROW(u = load(write(unigram, "unigram")));
+  // The best segmentation by score: "▁hello" and "▁world" are pieces.
+  const auto& ut = u->tokenizer();
+  EXPECT_EQ(ut.encode("hello world", false),
+            (std::vector<int32_t>{ut.token_id(space + "hello"), ut.token_id(space + "world")}));
+  GgufWriter charsmap = unigram;
+  charsmap.i32_array("tokenizer.ggml.precompiled_charsmap", {1, 2, 3, 4});
+  expect_refused(write(charsmap, "unigram_charsmap"), {"Precompiled", "tokenizer.ggml.precompiled_charsmap"});
 }
 
 // A byte-level BPE vocabulary with a pre-tokenizer this code has no splitter for
