@@ -81,9 +81,9 @@ struct BlendOptions {
   // The default is query-first at 0.16. At 0.13 (what gradual filtering by deviation
   // at 0.10, the default before, costs) it won on each of two halves of the generated
   // set and of MuSiQue half A (lower first-token KL, higher agreement along full's own
-  // answer; README "The default: query-first"); 0.16 brings the generated set's KL under
-  // 0.05 (0.050 -> 0.044) and improves every measure on both sets, at 0.28-0.29x
-  // full's TTFT (README "The ratio: 0.16").
+  // answer; tools/eval/RESULTS.md, "query-first becomes the default"); 0.16 brings
+  // the generated set's KL under 0.05 (0.050 -> 0.044) and improves every measure on
+  // both sets, at 0.28-0.29x full's TTFT (tools/eval/RESULTS.md, "The ratio 0.16").
   float ratio = 0.16f;                             // fraction of cached chunk tokens recomputed
   // For selection deviation: the deviation is measured after each of these layers,
   // the candidates narrowing linearly from all cached tokens to `ratio` (gradual
@@ -110,8 +110,9 @@ struct BlendOptions {
   int sink_tokens = 0;
   // query-first sums the question's attention over layers query_first_from_layer..last
   // only (a model with fewer layers: its last layer alone). Leaving out layers 0-1 was
-  // tried as the default and lost on one of the four halves (README "The ratio: 0.16"),
-  // so every layer is summed by default. A model's local (sliding-window) layers are
+  // tried as the default and lost on one of the four halves (tools/eval/RESULTS.md,
+  // "Ways of scoring query-first's candidates that did not win"), so every layer is
+  // summed by default. A model's local (sliding-window) layers are
   // never summed: their question sees only its window (Gemma 3: its global layers score).
   // Other rules do not use it.
   int query_first_from_layer = 0;

@@ -17,7 +17,7 @@
 //   parallel_tool_calls; messages of role tool (content, tool_call_id) and assistants'
 //   tool_calls (content then may be null); the last message is the user's or a tool's.
 // Documents given as several text parts of the last user message: all parts but
-// the last are documents (README "How a RAG prompt is assembled"); not together
+// the last are documents (blend/README.md, "How a RAG prompt is assembled"); not together
 // with a `documents` array. An unknown field is an error (a misspelt parameter
 // must not be silently ignored).
 #pragma once

@@ -2,7 +2,7 @@
 // actor Runtime (actors/runtime.h): every completion is one Runtime::submit, its
 // text streamed by the runtime's callbacks. cpp-httplib stays inside server.cpp.
 //
-// Routes (README "HTTP API" has the full contract):
+// Routes (http/README.md has the full contract):
 //   POST /v1/chat/completions   stream or not; RAG documents; usage with cached tokens
 //   GET  /v1/models, /v1/models/{id}
 //   POST /v1/documents          precompute + store a document's KV -> its key

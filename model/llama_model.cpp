@@ -362,8 +362,8 @@ LlamaModel::LlamaModel(const std::string& gguf_path, kernels::Backend& backend, 
   if (kv_dtype != kernels::TensorType::F32) add_str(std::string("kv:") + kernels::type_traits(kv_dtype).name);
   // So is the tensor parallel degree: the row-split projections' partial sums are added
   // in another order, so KV computed at tp 3 differs in its last bits from tp 1's
-  // (README "Tensor parallelism"). Not the rank: the ranks' shards make one chunk. (tp 1
-  // adds nothing: keys as before.)
+  // (model/README.md, "Tensor parallelism: the split"). Not the rank: the ranks' shards
+  // make one chunk. (tp 1 adds nothing: keys as before.)
   if (shard_.size > 1) add_str("tp:" + std::to_string(shard_.size));
   fingerprint_ = XXH3_64bits_digest(st);
   XXH3_freeState(st);

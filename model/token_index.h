@@ -5,7 +5,7 @@
 // asks one per adjacent pair, and they end at an empty slot without touching a text);
 // the std::unordered_map<std::string, int32_t> it replaces kept a third copy of every
 // token's text in a heap node of its own, ~20 MB of Gemma 3's 262k-token vocabulary
-// (README "Memory").
+// (tools/bench/RESULTS.md, "Memory").
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@ namespace bs {
 // Every token's text in one buffer, by id: a vocabulary as std::vector<std::string> costs
 // 32 bytes a token before its text (Gemma 3's 262k tokens: 8 MB a copy, and the tokenizer
 // keeps two, the vocabulary's texts and the bytes they stand for); here 4 bytes and the
-// text (README "Memory").
+// text (tools/bench/RESULTS.md, "Memory").
 class TokenTexts {
  public:
   TokenTexts() = default;

@@ -133,7 +133,8 @@ TEST(ChatTemplate, SmolLM2sOwnTemplateWithItsDefaultSystemPrompt) {
 
 // ---- every real template ---------------------------------------------------------------------
 
-// The templates llama.cpp's engine cannot run, and why (README "Models" lists them).
+// The templates llama.cpp's engine cannot run, and why (model/README.md, "Chat templates",
+// lists them).
 // Anything else that fails to load is a regression.
 const std::map<std::string, std::string> kRefused = {};
 

@@ -11,7 +11,8 @@
 // (raise_exception: a system message it forbids, roles that do not alternate) must be
 // refused here too. Templates Python's jinja2 cannot compile (an extension tag such as
 // {% generation %}) are not compared; templates our engine refuses at parse are listed
-// with the reason (README "Models" names them). One difference is known and asserted:
+// with the reason (model/README.md, "Chat templates", names them). One difference is known
+// and asserted:
 // a variable no chat request gives, used in an expression, is an error in Python and
 // empty here (FireFunction v2's `functions`).
 #include <gtest/gtest.h>

@@ -39,7 +39,8 @@
 # gemv profile; a later call on what changed since runs only those it names.
 # Every benchmark line goes to $OUT/bench.jsonl tagged {"run": NAME, "engine":
 # "after"|"before"|"torch"|"torch_graphs"}; tools/gpu_results.py turns that file into
-# tools/gpu_results/<date>_<gpu>.jsonl (one line per target) and the README's table.
+# tools/gpu_results/<date>_<gpu>.jsonl (one line per target) and the GPU tables of
+# tools/bench/RESULTS.md.
 # $OUT also gets gpu_ab.json (each step's result and seconds), machine.txt and
 # gpu_ab_logs.tgz (every step's log). Progress on stderr. Exit 0 when every step passed.
 set -uo pipefail

@@ -9,7 +9,7 @@
 # Here, once:  tools/fetch_gpu_debs.sh         (into the git-ignored gpu-debs/)
 # Then:        device tool `run`, carry ["gpu-debs"],
 #              command "GPU_CHECK_BUDGET_S=540 bash tools/gpu_check.sh", timeout_s 600
-#              (README, "GPU"). Without $OUT it writes to gpu-check-out/.
+#              (tools/README.md, "The GPU check"). Without $OUT it writes to gpu-check-out/.
 # Stages:      bash tools/gpu_check.sh [build] [tests] [sanitize] [bench] [profile]   (default: all;
 #              a later call on the same warm machine reuses build-gpu/).
 # Budget:      GPU_CHECK_BUDGET_S=N ends the whole check within N seconds: every step

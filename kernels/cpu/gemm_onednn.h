@@ -4,8 +4,8 @@
 //
 // The weights are read from their stored rows (the memory-mapped file) on every call:
 // no packed or dequantized copy is kept, so a loaded model's resident memory stays near
-// its file size (README "Memory"). Rows stored at the GEMM's precision (F32 at F32, BF16
-// at BF16) are multiplied in place; any other type is dequantized by chunks of rows into
+// its file size (tools/bench/RESULTS.md, "Memory"). Rows stored at the GEMM's precision
+// (F32 at F32, BF16 at BF16) are multiplied in place; any other type is dequantized by chunks of rows into
 // a per-thread scratch of a few MB just before its chunk is multiplied. Measured against
 // keeping a packed bf16 copy: tools/bench_results/streamed_gemm_*.
 #pragma once
