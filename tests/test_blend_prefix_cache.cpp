@@ -44,10 +44,11 @@ RuntimeRequest chat(std::vector<ChatMessage> messages, int max_tokens = 12) {
   return r;
 }
 
-std::string long_message(int i) {
+// Case i's documents (its first `docs`) and question as one message.
+std::string long_message(int i, size_t docs = 3) {
   const auto c = testing::rag_cases(i + 1)[static_cast<size_t>(i)];
   std::string text;
-  for (const auto& d : c.documents) text += d + "\n\n";
+  for (size_t d = 0; d < std::min(docs, c.documents.size()); ++d) text += c.documents[d] + "\n\n";
   return text + c.question;
 }
 
@@ -68,11 +69,20 @@ void wait_blocks(Runtime& rt, const RuntimeRequest& req) {
   ASSERT_TRUE(stored()) << "the prompt's blocks were not stored";
 }
 
-RequestResult cold(const RuntimeRequest& req) {
+// The answers of a runtime that reuses nothing (no prefix blocks, no write-back, no
+// SSD: for these chats without documents, every request as on a cold runtime), one
+// runtime for all of a test's requests.
+std::vector<RequestResult> cold(const std::vector<RuntimeRequest>& reqs) {
   TempDir dir;
-  Runtime rt(config_in(dir.path()));
-  return rt.run(req);
+  RuntimeConfig c = config_in(dir.path(), /*ssd=*/false);
+  c.prefix_block_tokens = 0;
+  c.write_back = false;
+  Runtime rt(c);
+  std::vector<RequestResult> out;
+  for (const auto& r : reqs) out.push_back(rt.run(r));
+  return out;
 }
+RequestResult cold(const RuntimeRequest& req) { return cold(std::vector<RuntimeRequest>{req})[0]; }
 
 TEST(PrefixCache, AnIdenticalRequestLoadsItsPromptAndAnswersTheSame) {
   REQUIRE_MODEL();
@@ -128,11 +138,9 @@ TEST(PrefixCache, ATinyBudgetEvictsBlocksAndNeverServesAnotherPromptsKv) {
   // are evicted; each answer equals a cold runtime's.
   const std::string system = "You answer from these notes.\n\n" + testing::rag_cases(1)[0].documents[0];
   std::vector<RuntimeRequest> reqs;
+  for (int i = 1; i < 4; ++i) reqs.push_back(chat({{"system", system}, {"user", long_message(i, 1)}}, 6));
   std::vector<std::vector<int32_t>> cold_tokens;
-  for (int i = 1; i < 4; ++i) {
-    reqs.push_back(chat({{"system", system}, {"user", long_message(i)}}));
-    cold_tokens.push_back(cold(reqs.back()).tokens);
-  }
+  for (const auto& r : cold(reqs)) cold_tokens.push_back(r.tokens);
   int64_t loaded = 0;
   for (int round = 0; round < 2; ++round)
     for (size_t i = 0; i < reqs.size(); ++i) {
