@@ -43,14 +43,17 @@ inline std::vector<RagCase> rag_cases(int n, int docs = 3) {
 }
 
 // Write-back happens after the first token, in the background: waits (at most 120 s)
-// until every chunk of the request is stored.
+// until every chunk of the request is stored as computed alone (a provisional entry,
+// the request's own rows stored at once, does not count: actors/chunk_flights.h).
 inline void wait_stored(Runtime& rt, const RuntimeRequest& req) {
   auto& ctx = rt.context();
   const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, req.documents);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   auto stored = [&] {
-    for (const auto& c : prompt.chunks)
-      if (!ctx.tiered->contains(ctx.engine->chunk_key(c))) return false;
+    for (const auto& c : prompt.chunks) {
+      const ChunkKey key = ctx.engine->chunk_key(c);
+      if (!ctx.tiered->contains(key) || ctx.flights.provisional(key)) return false;
+    }
     return true;
   };
   while (!stored() && std::chrono::steady_clock::now() < deadline)
