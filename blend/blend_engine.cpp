@@ -16,6 +16,19 @@
 namespace bs {
 namespace {
 
+// An entry for `tokens` in the model's KV shape and `dtype`, K and V allocated.
+std::shared_ptr<ChunkKv> allocated_chunk(std::span<const int32_t> tokens, const LlamaConfig& c,
+                                         kernels::TensorType dtype) {
+  auto kv = std::make_shared<ChunkKv>();
+  kv->tokens.assign(tokens.begin(), tokens.end());
+  kv->n_layers = c.n_layers;
+  kv->kv_heads = c.n_kv_heads;
+  kv->head_dim = c.head_dim;
+  kv->dtype = dtype;
+  kv->allocate();
+  return kv;
+}
+
 using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
@@ -503,13 +516,7 @@ std::shared_ptr<ChunkKv> BlendEngine::chunk_in_context(const KvCache& cache, int
   if (m == 0 || offset < 0 || offset + m > cache.length)
     throw std::out_of_range("chunk_in_context: rows [" + std::to_string(offset) + ", " + std::to_string(offset + m) +
                             ") outside the cache's " + std::to_string(cache.length));
-  auto kv = std::make_shared<ChunkKv>();
-  kv->tokens.assign(tokens.begin(), tokens.end());
-  kv->n_layers = c.n_layers;
-  kv->kv_heads = c.n_kv_heads;
-  kv->head_dim = c.head_dim;
-  kv->dtype = cache.dtype();
-  kv->allocate();
+  auto kv = allocated_chunk(tokens, c, cache.dtype());
   const int64_t head_bytes = m * c.head_dim * kv->elem_bytes();
   for (int l = 0; l < c.n_layers; ++l) {
     for (int h = 0; h < c.n_kv_heads; ++h)
@@ -547,13 +554,7 @@ std::shared_ptr<const ChunkKv> BlendEngine::compute_kv_behind(std::span<const in
     if (between_layers) between_layers(l);
     tf_.run_layer(l, hidden.as<float>(), pos_dev.as<int32_t>(), n, cache, n);
   }
-  auto kv = std::make_shared<ChunkKv>();
-  kv->tokens.assign(tokens.begin(), tokens.end());
-  kv->n_layers = c.n_layers;
-  kv->kv_heads = c.n_kv_heads;
-  kv->head_dim = c.head_dim;
-  kv->dtype = cache.dtype();
-  kv->allocate();
+  auto kv = allocated_chunk(tokens, c, cache.dtype());
   const int64_t head_elems = m * c.head_dim;
   for (int l = 0; l < c.n_layers; ++l) {
     // R(i) = R(-p)·R(p + i): the stored convention (positions 0..m-1), rotated in this
