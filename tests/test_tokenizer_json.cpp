@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -36,8 +37,9 @@ json read_json(const fs::path& p) {
 // A checkpoint directory holding only the fixture's tokenizer files (tokenizer.json
 // unpacked from its .gz), removed at the end of the test.
 struct TokenizerDir {
+  std::string name;  // the fixture: tests/fixtures/<name>/
   fs::path dir;
-  explicit TokenizerDir(const std::string& name) {
+  explicit TokenizerDir(const std::string& fixture) : name(fixture) {
     std::random_device rd;
     dir = fs::temp_directory_path() / ("bs_tokenizer_json_" + name + "_" + std::to_string(rd()));
     fs::create_directories(dir);
@@ -50,7 +52,15 @@ struct TokenizerDir {
     std::error_code ec;
     fs::remove_all(dir, ec);
   }
-  json tokenizer_json() const { return read_json(dir / "tokenizer.json"); }
+  // The fixture's file as it was copied, parsed once per fixture for the whole test
+  // binary (these files are megabytes; under ASan each parse in the test's -O0 code
+  // took seconds). Tests change a copy.
+  json tokenizer_json() const {
+    static std::map<std::string, json> parsed;
+    auto it = parsed.find(name);
+    if (it == parsed.end()) it = parsed.emplace(name, read_json(dir / "tokenizer.json")).first;
+    return it->second;
+  }
   void write_tokenizer_json(const json& j) const { std::ofstream(dir / "tokenizer.json") << j.dump(); }
   bs::Tokenizer load() const { return bs::Tokenizer::from_gguf(bs::open_hf_tokenizer(dir.string())); }
 };

@@ -51,6 +51,9 @@ SERVE_PACKAGES=(
 )
 PACKAGES=(
   "${SERVE_PACKAGES[@]}" python3-venv
+  # the test command's two builds (tools/test.sh uses Ninja where it is installed, and
+  # pgrep to stop the one in the background when a step fails)
+  ninja-build procps
   # the cluster's certificates are checked by the real tool (`openssl verify`) in the tests
   openssl
   # the sanitizer + fuzz build (clang, its sanitizer runtimes, its OpenMP runtime)
