@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "kernels/kv_view.h"
+#include "storage/layer_checksum.h"
 
 namespace bs {
 
@@ -69,17 +70,6 @@ bool layout(uint64_t n_layers, uint64_t kv_heads, uint64_t head_dim, uint64_t m,
     return false;
   file_bytes = header_bytes + static_cast<int64_t>(data);
   return true;
-}
-
-// XXH3-64 over one layer's K bytes then its V bytes.
-uint64_t layer_sum(const void* k, const void* v, size_t bytes_each) {
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  XXH3_64bits_update(st, k, bytes_each);
-  XXH3_64bits_update(st, v, bytes_each);
-  const uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
 }
 
 // 4096-aligned buffer, as O_DIRECT needs; harmless for buffered reads.
@@ -369,7 +359,7 @@ bool DiskKvStore::put(const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
   store(hdr, static_cast<uint64_t>(kv->tokens.size()));
   for (int32_t t : kv->tokens) store(hdr, t);
   const size_t layer_bytes = static_cast<size_t>(kv->layer_bytes());
-  for (int l = 0; l < kv->n_layers; ++l) store(hdr, layer_sum(kv->k_layer(l), kv->v_layer(l), layer_bytes));
+  for (int l = 0; l < kv->n_layers; ++l) store(hdr, layer_checksum(kv->k_layer(l), kv->v_layer(l), layer_bytes));
   store(hdr, XXH3_64bits(hdr.data(), hdr.size()));
   hdr.resize(static_cast<size_t>(header_bytes), 0);
 
@@ -558,7 +548,7 @@ bool DiskKvStore::read_layer_raw(const Entry& e, int layer, std::byte* k, std::b
     const bool read_ok = e.layer_span_ <= 0 || read_exact(*io_, e.fd_, buf, e.layer_span_, off, &got) == 0;
     throttle(got, started);
     if (!read_ok) return false;
-    if (layer_sum(buf, buf + bytes_each, static_cast<size_t>(bytes_each)) != e.layer_sums_[layer]) return false;
+    if (layer_checksum(buf, buf + bytes_each, static_cast<size_t>(bytes_each)) != e.layer_sums_[layer]) return false;
     std::memcpy(k, buf, static_cast<size_t>(bytes_each));
     std::memcpy(v, buf + bytes_each, static_cast<size_t>(bytes_each));
     return true;
@@ -568,7 +558,7 @@ bool DiskKvStore::read_layer_raw(const Entry& e, int layer, std::byte* k, std::b
       read_exact(*io_, e.fd_, v, bytes_each, off + bytes_each, &got) == 0;
   throttle(got, started);
   if (!read_ok) return false;
-  return layer_sum(k, v, static_cast<size_t>(bytes_each)) == e.layer_sums_[layer];
+  return layer_checksum(k, v, static_cast<size_t>(bytes_each)) == e.layer_sums_[layer];
 }
 
 void DiskKvStore::set_read_throttle(double bytes_per_s) {

@@ -112,6 +112,11 @@ class DiskKvStore final : public KvStore {
       return static_cast<int64_t>(kv_heads) * length() * head_dim * (dtype == kernels::TensorType::F32 ? 4 : 2);
     }
     int64_t layer_offset(int layer) const { return header_bytes_ + layer * layer_span_; }
+    // The per-layer checksums of this file's header (n_layers values: XXH3-64 over a
+    // layer's K then V bytes, storage/layer_checksum.h), as read and checked at open().
+    // The storage node sends them with the entry, so a worker checks each slice end to
+    // end against the file it came from.
+    const std::vector<uint64_t>& layer_sums() const { return layer_sums_; }
 
    private:
     friend class DiskKvStore;

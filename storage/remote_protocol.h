@@ -57,6 +57,7 @@
 
 #include "storage/chunk_kv.h"
 #include "storage/kv_store.h"
+#include "storage/layer_checksum.h"
 
 namespace bs::remote {
 
@@ -202,8 +203,7 @@ struct PutMsg {
 // Verifies the trailing checksum before it copies anything.
 std::optional<PutMsg> decode_put(std::span<const uint8_t> payload);
 
-// XXH3-64 over `k_bytes` of K then `v_bytes` of V: what ENTRY's layer_sum holds for
-// a layer (the same as disk_store.cpp computes for its files).
-uint64_t layer_checksum(const void* k, const void* v, size_t bytes_each);
+// What ENTRY's layer_sums hold for a layer: the SSD file's own per-layer checksum.
+using bs::layer_checksum;
 
 }  // namespace bs::remote

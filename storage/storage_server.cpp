@@ -1,9 +1,5 @@
 #include "storage/storage_server.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-#include <xxhash.h>
-
 // <utility> first: Boost 1.74's asio/awaitable.hpp uses std::exchange without it (GCC 12, C++20).
 #include <utility>
 // clang-format off
@@ -37,50 +33,6 @@ using remote::MsgType;
 
 std::chrono::steady_clock::duration seconds(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
-}
-
-// The per-layer checksums `key`'s file keeps in its header (disk_store.h documents
-// the format): the values the worker checks each slice against, end to end from
-// the file. DiskKvStore::Entry keeps them too, privately, so they are read here
-// from the file once per OPEN (a few KiB, in the page cache after open()). The
-// header must match the opened entry (key, shape) and its own checksum; nullopt
-// otherwise. If the file was replaced since open(), the sums belong to the new
-// file and the old file's slices fail the worker's check: a miss, never a wrong
-// answer.
-std::optional<std::vector<uint64_t>> file_layer_sums(const std::string& path, const DiskKvStore::Entry& e) {
-  constexpr size_t kFixed = 48;  // magic .. m
-  const uint64_t m = e.tokens.size();
-  const size_t raw = kFixed + 4 * m + 8 * static_cast<size_t>(e.n_layers);
-  std::vector<uint8_t> buf(raw + 8);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  size_t got = 0;
-  while (got < buf.size()) {
-    const ssize_t r = ::pread(fd, buf.data() + got, buf.size() - got, static_cast<off_t>(got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    got += static_cast<size_t>(r);
-  }
-  ::close(fd);
-  if (got != buf.size()) return std::nullopt;
-  auto u32 = [&](size_t off) {
-    uint32_t x;
-    std::memcpy(&x, buf.data() + off, 4);
-    return x;
-  };
-  auto u64 = [&](size_t off) {
-    uint64_t x;
-    std::memcpy(&x, buf.data() + off, 8);
-    return x;
-  };
-  if (std::memcmp(buf.data(), "BSKV", 4) != 0 || u32(4) != DiskKvStore::kVersion || u64(8) != e.key.hi ||
-      u64(16) != e.key.lo || u32(24) != static_cast<uint32_t>(e.dtype) || u32(28) != static_cast<uint32_t>(e.n_layers) ||
-      u32(32) != static_cast<uint32_t>(e.kv_heads) || u32(36) != static_cast<uint32_t>(e.head_dim) || u64(40) != m ||
-      std::memcmp(buf.data() + kFixed, e.tokens.data(), 4 * m) != 0 || XXH3_64bits(buf.data(), raw) != u64(raw))
-    return std::nullopt;
-  std::vector<uint64_t> sums(static_cast<size_t>(e.n_layers));
-  std::memcpy(sums.data(), buf.data() + kFixed + 4 * m, 8 * sums.size());
-  return sums;
 }
 
 class Session;
@@ -354,26 +306,19 @@ class Session : public std::enable_shared_from_this<Session> {
     if (handles_.size() >= StorageServer::kMaxHandles) return reply(remote::encode_error("too many open entries"));
     asio::post(srv_.disk, [self = shared_from_this(), key = *key] {
       std::shared_ptr<DiskKvStore::Entry> e;
-      std::optional<std::vector<uint64_t>> sums;
-      if (auto opened = self->srv_.store.open(key)) {
-        e = std::make_shared<DiskKvStore::Entry>(std::move(*opened));
-        sums = file_layer_sums(self->srv_.store.path_of(key), *e);
-      }
-      asio::dispatch(self->executor(), [self, e = std::move(e), sums = std::move(sums)]() mutable {
-        self->opened(std::move(e), std::move(sums));
-      });
+      if (auto opened = self->srv_.store.open(key)) e = std::make_shared<DiskKvStore::Entry>(std::move(*opened));
+      asio::dispatch(self->executor(), [self, e = std::move(e)]() mutable { self->opened(std::move(e)); });
     });
   }
 
-  void opened(std::shared_ptr<DiskKvStore::Entry> e, std::optional<std::vector<uint64_t>> sums) {
+  void opened(std::shared_ptr<DiskKvStore::Entry> e) {
     if (!e) return reply(remote::encode_empty(MsgType::NotFound));
-    if (!sums) return reply(remote::encode_empty(MsgType::NotFound));  // replaced or removed meanwhile
     remote::EntryInfo info;
     info.handle = next_handle_++;
     info.dtype = e->dtype;
     info.n_layers = e->n_layers, info.kv_heads = e->kv_heads, info.head_dim = e->head_dim;
     info.tokens = e->tokens;
-    info.layer_sums = std::move(*sums);
+    info.layer_sums = e->layer_sums();  // checked with the header at open(): the file this entry reads
     if (2 * e->layer_bytes() + static_cast<int64_t>(remote::kSliceHeadBytes) > srv_.opt.max_frame_bytes)
       return reply(remote::encode_error("entry's layers exceed the frame bound"));
     handles_.emplace(info.handle, std::move(e));
