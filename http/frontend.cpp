@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "blend/rag_prompt.h"
+#include "http/api_access.h"
 #include "http/api_error.h"
 #include "http/cluster_tls.h"
 #include "http/console_page.h"
@@ -41,12 +42,6 @@ int64_t context_length_of(const gguf::GgufFile& f) {
   const auto arch = f.get_string("general.architecture");
   if (!arch) return 0;
   return f.get_int(*arch + ".context_length").value_or(0);
-}
-
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
-  res.set_content(error_body(e), "application/json");
 }
 
 ApiError no_worker(const std::string& why) {
@@ -325,12 +320,7 @@ struct FrontendServer::Impl {
     }
   }
 
-  bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health" || req.path == "/ready" || req.path == "/live" || req.path == "/console") return true;
-    const auto refusal = api_key_refusal(opt.api_keys, req.get_header_value("Authorization"));
-    if (refusal) send_error(res, *refusal);
-    return !refusal;
-  }
+  bool authorized(const httplib::Request& req, httplib::Response& res) { return http::authorized(opt.api_keys, req, res); }
 
   int workers_up(const ClusterView& v) const {
     int n = 0;

@@ -19,6 +19,7 @@
 
 #include "actors/runtime_context.h"
 #include "blend/rag_prompt.h"
+#include "http/api_access.h"
 #include "http/api_error.h"
 #include "http/connection_socket.h"
 #include "http/cluster_tls.h"
@@ -61,11 +62,6 @@ struct Exchange {
 void send_json(httplib::Response& res, int status, const std::string& body) {
   res.status = status;
   res.set_content(body, "application/json");
-}
-
-void send_error(httplib::Response& res, const ApiError& e) {
-  send_json(res, e.status, error_body(e));
-  if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
 }
 
 // The runtime's refusals -> the status the OpenAI SDKs map to their exceptions.
@@ -122,32 +118,6 @@ std::string model_id_of(const RuntimeContext& ctx) {
 
 }  // namespace
 
-bool constant_time_equal(const std::string& a, const std::string& b) {
-  // Every byte of the longer string is touched whatever the contents; the length
-  // difference is folded in without a branch on the data.
-  const size_t n = std::max(a.size(), b.size());
-  unsigned char diff = static_cast<unsigned char>(a.size() != b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= static_cast<unsigned char>(x ^ y);
-  }
-  return diff == 0;
-}
-
-std::optional<ApiError> api_key_refusal(const std::vector<std::string>& keys, const std::string& authorization) {
-  if (keys.empty()) return std::nullopt;
-  if (authorization.empty())
-    return ApiError(401, "You didn't provide an API key: send 'Authorization: Bearer <key>'.", "invalid_request_error",
-                    "", "missing_api_key");
-  const std::string prefix = "Bearer ";
-  const std::string key = authorization.rfind(prefix, 0) == 0 ? authorization.substr(prefix.size()) : std::string();
-  bool ok = false;
-  for (const auto& k : keys) ok |= constant_time_equal(key, k);  // no early exit
-  if (ok) return std::nullopt;
-  return ApiError(401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key");
-}
-
 struct Server::Impl {
   Impl(Runtime& rt, const RuntimeConfig& cfg)
       : runtime(rt), config(cfg), owned_svr(make_member_server(cfg.server_tls, cfg.server_tls_peers)),
@@ -175,12 +145,7 @@ struct Server::Impl {
 
   // ---- helpers --------------------------------------------------------------
 
-  bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health" || req.path == "/ready" || req.path == "/live" || req.path == "/console") return true;
-    const auto refusal = api_key_refusal(config.api_keys, req.get_header_value("Authorization"));
-    if (refusal) send_error(res, *refusal);
-    return !refusal;
-  }
+  bool authorized(const httplib::Request& req, httplib::Response& res) { return http::authorized(config.api_keys, req, res); }
 
   int retry_after_seconds() const {
     const double mean = metrics_latency_mean.load();

@@ -57,13 +57,4 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
-// Equal-length-independent, data-independent comparison of a presented API key
-// with one configured key (no early exit on the first differing byte).
-bool constant_time_equal(const std::string& a, const std::string& b);
-
-// The refusal for a request whose Authorization header ("Bearer <key>") does not
-// present one of `keys` (401, missing_api_key or invalid_api_key), or nullopt when
-// it does or no keys are configured. Every key is compared (no early exit).
-std::optional<ApiError> api_key_refusal(const std::vector<std::string>& keys, const std::string& authorization);
-
 }  // namespace bs::http

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "http/api_access.h"
 #include "http/api_error.h"
 #include "http/metrics.h"
 #include "http/openai_request.h"
