@@ -95,8 +95,9 @@ struct RuntimeConfig {
   // The chat template in place of the model's own (model/chat_template.h): a Jinja file's
   // path, or the template itself; empty: the model's (--chat-template FILE sets it).
   std::string chat_template;
-  // Activations of the decode-size Q4 products (kernels::DecodeActivations): auto |
-  // exact | int8; auto = $BLENDSERVE_DECODE_ACTIVATIONS, else exact.
+  // Activations of the decode-size products of block-quantized weights
+  // (kernels::DecodeActivations): auto | exact | int8; auto =
+  // $BLENDSERVE_DECODE_ACTIVATIONS, else exact.
   std::string decode_activations = "auto";
   // device
   // cpu | cuda (kernels/backend_choice.h; cuda only in a build configured with nvcc).

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/dequant.h"
+#include "kernels/kquant_blocks.h"
 
 namespace bs::kernels {
 
@@ -19,15 +20,81 @@ float quantize_block_int8(const float* x, int8_t* q) {
   return scale;
 }
 
+namespace {
+
+// Block b (of 32 elements) of a row as integers: element e is scale[e / 16] * q[e] + add
+// (the type's dequantizer, exactly: Q4_0 q = nibble - 8, Q5_0 q = 5-bit value - 16,
+// Q4_1/Q5_1 add = m, Q8_0 q as stored, the K-quants as kernels/kquant_blocks.h).
+void block_as_integers(TensorType type, const uint8_t* row, int64_t b, int* q, float* scale, float& add) {
+  add = 0.0f;
+  if (is_k_quant(type)) {
+    const int64_t bytes = type == TensorType::Q4_K ? kBlockBytesQ4_K : type == TensorType::Q5_K ? kBlockBytesQ5_K
+                                                                                               : kBlockBytesQ6_K;
+    const uint8_t* super = row + (b / kKSubBlocks) * bytes;
+    const int s = static_cast<int>(b % kKSubBlocks);
+    const KSubBlockScales sc = k_sub_block_scales(type, super, s);
+    int8_t q8[32];
+    k_sub_block_quants(type, super, s, q8);
+    for (int e = 0; e < 32; ++e) q[e] = q8[e];
+    scale[0] = sc.scale[0];
+    scale[1] = sc.scale[1];
+    add = -sc.offset;
+    return;
+  }
+  const int64_t bytes = type_row_bytes(type, 32);
+  const uint8_t* blk = row + b * bytes;
+  uint16_t dh;
+  std::memcpy(&dh, blk, 2);
+  scale[0] = scale[1] = fp16_to_fp32(dh);
+  if (type == TensorType::Q8_0) {
+    for (int e = 0; e < 32; ++e) q[e] = static_cast<int8_t>(blk[2 + e]);
+    return;
+  }
+  const bool has_min = type == TensorType::Q4_1 || type == TensorType::Q5_1;
+  if (has_min) {
+    uint16_t mh;
+    std::memcpy(&mh, blk + 2, 2);
+    add = fp16_to_fp32(mh);
+  }
+  const bool five = type == TensorType::Q5_0 || type == TensorType::Q5_1;
+  uint32_t qh = 0;
+  if (five) std::memcpy(&qh, blk + (has_min ? 4 : 2), 4);
+  const uint8_t* qs = blk + (has_min ? 4 : 2) + (five ? 4 : 0);
+  const int bias = type == TensorType::Q4_0 ? 8 : type == TensorType::Q5_0 ? 16 : 0;
+  for (int j = 0; j < 16; ++j) {
+    int lo = qs[j] & 0x0F, hi = qs[j] >> 4;
+    if (five) {
+      lo |= static_cast<int>((qh >> j) & 1u) << 4;
+      hi |= static_cast<int>((qh >> (j + 16)) & 1u) << 4;
+    }
+    q[j] = lo - bias;
+    q[j + 16] = hi - bias;
+  }
+}
+
+}  // namespace
+
+bool has_int8_decode_product(TensorType type) {
+  switch (type) {
+    case TensorType::Q4_0: case TensorType::Q4_1: case TensorType::Q5_0: case TensorType::Q5_1:
+    case TensorType::Q8_0: case TensorType::Q4_K: case TensorType::Q5_K: case TensorType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void reference_gemv_int8_activations(TensorType type, const void* w, const float* x, float* y, int64_t n,
                                      int64_t in_features, int64_t out_features) {
-  if (type != TensorType::Q4_0 && type != TensorType::Q4_1)
-    throw std::invalid_argument("reference_gemv_int8_activations: Q4_0 or Q4_1 weights only");
-  if (in_features % 32 != 0)
+  if (!has_int8_decode_product(type))
+    throw std::invalid_argument(std::string("reference_gemv_int8_activations: no int8 product for ") +
+                                type_traits(type).name + " weights");
+  const int64_t elements = is_k_quant(type) ? kQK_K : 32;
+  if (in_features % elements != 0)
     throw std::invalid_argument("reference_gemv_int8_activations: in_features " + std::to_string(in_features) +
-                                " is not a multiple of 32");
+                                " is not a multiple of " + std::to_string(elements));
   const int64_t blocks = in_features / 32;
-  const int64_t bbytes = type == TensorType::Q4_1 ? 20 : 18;
+  const int64_t row_bytes = type_row_bytes(type, in_features);
   std::vector<int8_t> q(static_cast<size_t>(n * in_features));
   std::vector<float> scale(static_cast<size_t>(n * blocks));
   for (int64_t t = 0; t < n; ++t)
@@ -38,23 +105,19 @@ void reference_gemv_int8_activations(TensorType type, const void* w, const float
     for (int64_t o = 0; o < out_features; ++o) {
       double acc = 0.0;
       for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* blk = base + (o * blocks + b) * bbytes;
-        uint16_t dh, mh = 0;
-        std::memcpy(&dh, blk, 2);
-        if (type == TensorType::Q4_1) std::memcpy(&mh, blk + 2, 2);
-        const uint8_t* qs = blk + (type == TensorType::Q4_1 ? 4 : 2);
+        int wq[32];
+        float wscale[2], add;
+        block_as_integers(type, base + o * row_bytes, b, wq, wscale, add);
         const int8_t* qx = &q[t * in_features + b * 32];
-        int64_t isum = 0;
-        for (int j = 0; j < 16; ++j) {
-          const int lo = qs[j] & 0x0F, hi = qs[j] >> 4;
-          const int off = type == TensorType::Q4_0 ? 8 : 0;
-          isum += static_cast<int64_t>(lo - off) * qx[j] + static_cast<int64_t>(hi - off) * qx[j + 16];
+        for (int half = 0; half < 2; ++half) {
+          int64_t isum = 0;
+          for (int e = 16 * half; e < 16 * half + 16; ++e) isum += static_cast<int64_t>(wq[e]) * qx[e];
+          acc += static_cast<double>(wscale[half]) * scale[t * blocks + b] * static_cast<double>(isum);
         }
-        acc += static_cast<double>(fp16_to_fp32(dh)) * scale[t * blocks + b] * static_cast<double>(isum);
-        if (type == TensorType::Q4_1) {
+        if (add != 0.0f) {
           double xsum = 0.0;
           for (int i = 0; i < 32; ++i) xsum += x[t * in_features + b * 32 + i];
-          acc += static_cast<double>(fp16_to_fp32(mh)) * xsum;
+          acc += static_cast<double>(add) * xsum;
         }
       }
       y[t * out_features + o] = static_cast<float>(acc);

@@ -1,13 +1,14 @@
-// Decode-size products of 4-bit weights with activations rounded to 8 bits: the scalar
+// Decode-size products of block-quantized weights with activations rounded to 8 bits: the scalar
 // reference of what the CPU's int8 decode path computes (the path itself:
 // kernels/cpu/variant/gemv_quantized.cpp; which path runs: DecodeActivations,
 // kernels/backend.h).
 //
-// Why: on AVX2 one-token decode is compute-bound (unpacking 4-bit blocks and multiplying
-// them with fp32 or int16 activations). llama.cpp multiplies Q4 blocks with activations
-// quantized to Q8_0 (int8 per block of 32, one fp32 scale): vpmaddubsw then does 32
-// products in one instruction. The rounding error is <= scale / 2 = max|x| / 254 per
-// element of a block; the golden tests bound what it does to the model.
+// Why: one-token decode of 4-6-bit blocks is compute-bound on 2 cores (expanding every
+// weight to fp32 costs more than reading it). llama.cpp multiplies quantized blocks
+// with activations rounded to int8 (Q8_0 or Q8_K blocks, one fp32 scale each):
+// vpmaddubsw then does 32 products in one instruction. Ours are rounded per block of
+// 32 for every type. The rounding error is <= scale / 2 = max|x| / 254 per element of
+// a block; the golden tests bound what it does to the model.
 #pragma once
 
 #include <cstdint>
@@ -22,12 +23,20 @@ namespace bs::kernels {
 float quantize_block_int8(const float* x,  // [32]
                           int8_t* q);      // [32]
 
-// y[t, o] = sum over blocks b of the block's product, computed in double:
-//   Q4_0: d[o][b] * scale[t][b] * sum_i (w_q[o][i] - 8) * q[t][i]
-//   Q4_1: d[o][b] * scale[t][b] * sum_i  w_q[o][i]      * q[t][i]  +  m[o][b] * sum_i x[t][i]
-// with w_q the stored nibbles and q, scale from quantize_block_int8 (Q4_1's offset term
-// multiplies the fp32 activations, as the kernels do). Throws std::invalid_argument for
-// other types or in_features not a multiple of 32.
+// The block types whose decode-size product has an int8-activation form: Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (every block type; not F32/F16/BF16).
+bool has_int8_decode_product(TensorType type);
+
+// y[t, o] = sum over 32-element blocks b of the block's product, computed in double.
+// Block b of row o, as its dequantizer defines it, is  w[e] = s[e / 16] * wq[e] + add
+// with integers wq (Q4_0: nibble - 8; Q5_0: 5-bit value - 16; Q4_1, Q5_1: the stored
+// value, add = m; Q8_0: as stored; Q4_K, Q5_K, Q6_K: sub-block b % 8 of super-block
+// b / 8, kernels/kquant_blocks.h, add = -offset), so
+//   product = sum over halves h of s[h] * scale[t][b] * sum_{e in h} wq[e] * q[t][e]
+//             + add * sum_i x[t][i]
+// with q, scale from quantize_block_int8 (the additive term multiplies the fp32
+// activations, as the kernels do). Throws std::invalid_argument for types without
+// the form (has_int8_decode_product) or in_features not a multiple of the type's block.
 void reference_gemv_int8_activations(TensorType type,
                                      const void* w,   // [out_features] rows of `type` blocks
                                      const float* x,  // [n, in_features]

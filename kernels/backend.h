@@ -397,11 +397,12 @@ Backend& host_backend();
 std::unique_ptr<Backend> make_reference_backend();
 
 // How the CPU backend's decode-size products (up to linear_exact_rows() rows) of
-// Q4_0/Q4_1 weights treat the activations. Exact: fp32 (the AVX2 kernels round them to
-// int16 per block, <= 2^-16 of the block's largest value). Int8: rounded to int8 per
-// block of 32, as llama.cpp does (kernels/activation_quant.h), on kernel variants that
-// have the path (AVX2, where decode is compute-bound); elsewhere Exact runs. When Int8
-// runs, kernel_id() ends in "+int8", so it is part of every chunk key.
+// block-quantized weights (Q4_0 ... Q6_K) treat the activations. Exact: fp32 (the AVX2
+// kernels round those of Q4_0/Q4_1 to int16 per block, <= 2^-16 of the block's largest
+// value). Int8: rounded to int8 per block of 32, as llama.cpp's CPU backend does
+// (kernels/activation_quant.h), on every kernel variant from AVX2 up; the scalar one
+// runs Exact. When Int8 runs, kernel_id() ends in "+int8", so it is part of every
+// chunk key.
 enum class DecodeActivations { Exact, Int8 };
 const char* decode_activations_name(DecodeActivations d);  // "exact", "int8"
 // "exact" or "int8"; false for anything else.

@@ -569,24 +569,30 @@ TEST_P(BackendOps, LinearRowsAreExactAloneOrBatched) {
   }
 }
 
-// DecodeActivations::Int8: where the variant has the int8 path (AVX2) the decode-size
-// Q4 products equal the scalar reference of that product (activations rounded by
-// quantize_block_int8, exact integer block sums; the kernel differs only in rounding
-// d * scale to fp32 and summing blocks in fp32), their rows are bit-identical alone or
-// batched, the path stays a close approximation of the exact product, and prefill-size
-// products and other types are the exact backend's bit for bit. Elsewhere the setting
+// DecodeActivations::Int8: where the variant has the int8 path (every variant but the
+// scalar one) the decode-size products of every block type equal the scalar reference
+// of that product (activations rounded by quantize_block_int8, exact integer block
+// sums; the kernel differs only in rounding factor * scale to fp32 and summing blocks
+// in fp32), their rows are bit-identical alone or batched, the path stays a close
+// approximation of the exact product, and prefill-size products and F32/F16/BF16
+// weights are the exact backend's bit for bit. In the scalar variant the setting
 // changes nothing (and kernel_id says so).
 TEST_P(BackendOps, Int8DecodeActivationsEqualTheirReference) {
   auto int8 = make_cpu_backend_for(GetParam(), DecodeActivations::Int8);
-  const bool has_path = GetParam() == CpuIsa::Avx2;
+  const bool has_path = GetParam() != CpuIsa::Scalar;
   EXPECT_EQ(int8->kernel_id(), cpu->kernel_id() + (has_path ? "+int8" : ""));
   struct Case { TensorType type; int64_t out, in; };
   for (auto c : {Case{TensorType::Q4_0, 40, 96}, Case{TensorType::Q4_1, 96, 576}, Case{TensorType::Q4_1, 13, 64},
-                 Case{TensorType::Q4_0, 70, 32}, Case{TensorType::Q8_0, 33, 64}}) {
+                 Case{TensorType::Q4_0, 70, 32}, Case{TensorType::Q8_0, 33, 64}, Case{TensorType::Q5_0, 21, 128},
+                 Case{TensorType::Q5_1, 72, 96}, Case{TensorType::Q4_K, 19, 512}, Case{TensorType::Q5_K, 64, 256},
+                 Case{TensorType::Q6_K, 27, 512}, Case{TensorType::F16, 16, 64}}) {
     auto wf = random_vec(c.out * c.in, 21, 0.05f);
     std::vector<uint8_t> raw = c.type == TensorType::Q4_1   ? quantize_q4_1(wf, c.out, c.in)
                                : c.type == TensorType::Q4_0 ? quantize_q4_0(wf, c.out, c.in)
-                                                            : quantize_q8_0(wf, c.out, c.in);
+                               : c.type == TensorType::Q8_0 ? quantize_q8_0(wf, c.out, c.in)
+                               : c.type == TensorType::F16  ? encode_16bit(wf, fp32_to_fp16)
+                                                            : random_typed_blocks(c.type, c.out, c.in, 23);
+    ASSERT_FALSE(raw.empty());
     WeightView view{c.type, raw.data(), c.out, c.in};
     auto p8 = int8->prepare(view, Precision::F32);
     auto pe = cpu->prepare(view, Precision::F32);
@@ -595,13 +601,12 @@ TEST_P(BackendOps, Int8DecodeActivationsEqualTheirReference) {
     auto x = random_vec((rows + 1) * c.in, 22);
     x[5] = 0.0f;  // an exact zero and a block of zeros (scale 1, q 0)
     std::fill_n(x.begin() + c.in, 32, 0.0f);
-    const bool q4 = c.type != TensorType::Q8_0;
     for (int64_t n = 1; n <= rows + 1; ++n) {
       std::vector<float> a(n * c.out), exact(n * c.out), want(n * c.out);
       int8->linear(*p8, x.data(), a.data(), n, nullptr);
       cpu->linear(*pe, x.data(), exact.data(), n, nullptr);
-      const std::string what = "type " + std::to_string(static_cast<int>(c.type)) + " n " + std::to_string(n);
-      if (!has_path || !q4 || n > rows) {
+      const std::string what = std::string(type_traits(c.type).name) + " n " + std::to_string(n);
+      if (!has_path || !has_int8_decode_product(c.type) || n > rows) {
         EXPECT_EQ(std::memcmp(a.data(), exact.data(), a.size() * sizeof(float)), 0) << what;
         continue;
       }
@@ -638,8 +643,42 @@ TEST(ActivationQuant, Int8BlocksRoundToNearestEvenWithinPlusMinus127) {
   EXPECT_EQ(q[30], 4);
   for (int i = 0; i < 32; ++i) EXPECT_LE(std::fabs(x[i] - scale * q[i]), scale / 2 * 1.0001f) << i;
   std::vector<float> y(1);
-  EXPECT_THROW(reference_gemv_int8_activations(TensorType::Q8_0, nullptr, x, y.data(), 1, 32, 1),
+  EXPECT_THROW(reference_gemv_int8_activations(TensorType::F16, nullptr, x, y.data(), 1, 32, 1),
                std::invalid_argument);
+  EXPECT_THROW(reference_gemv_int8_activations(TensorType::Q4_K, nullptr, x, y.data(), 1, 32, 1),
+               std::invalid_argument);  // a K-quant row is whole super-blocks of 256
+}
+
+// The reference's reading of every block type is the dequantizer's: with activations
+// that round to int8 exactly (integers k times 2^-7, a block's largest |k| 127), the
+// int8 product is the exact product of the dequantized weights.
+TEST(ActivationQuant, TheInt8ReferenceReadsEveryBlockTypeAsItsDequantizer) {
+  const int64_t out = 5, in = 512;
+  std::vector<float> x(in);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> k(-127, 127);
+  for (int64_t i = 0; i < in; ++i) x[i] = std::ldexp(static_cast<float>(i % 32 == 7 ? -127 : k(rng)), -7);
+  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0,
+                          TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K}) {
+    ASSERT_TRUE(has_int8_decode_product(type));
+    std::vector<uint8_t> raw = type == TensorType::Q4_0   ? quantize_q4_0(random_vec(out * in, 3, 0.05f), out, in)
+                               : type == TensorType::Q4_1 ? quantize_q4_1(random_vec(out * in, 3, 0.05f), out, in)
+                               : type == TensorType::Q8_0 ? quantize_q8_0(random_vec(out * in, 3, 0.05f), out, in)
+                                                          : random_typed_blocks(type, out, in, 29);
+    std::vector<float> w(out * in), y(out);
+    const int64_t row_bytes = type_row_bytes(type, in);
+    for (int64_t o = 0; o < out; ++o) dequantize_row(type, raw.data() + o * row_bytes, w.data() + o * in, in);
+    reference_gemv_int8_activations(type, raw.data(), x.data(), y.data(), 1, in, out);
+    for (int64_t o = 0; o < out; ++o) {
+      double want = 0.0, mag = 0.0;
+      for (int64_t i = 0; i < in; ++i) {
+        want += static_cast<double>(w[o * in + i]) * x[i];
+        mag += std::fabs(static_cast<double>(w[o * in + i]) * x[i]);
+      }
+      EXPECT_NEAR(y[o], want, 1e-6 * mag + 1e-30) << type_traits(type).name << " row " << o;
+    }
+  }
+  EXPECT_FALSE(has_int8_decode_product(TensorType::BF16));
 }
 
 TEST(DecodeActivations, NamesAndTheEnvironmentChoice) {

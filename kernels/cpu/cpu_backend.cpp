@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/activation_quant.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/gemm_onednn.h"
 #include "kernels/cpu/kernel_table.h"
@@ -91,9 +92,7 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(const cpu::CpuKernels& kernels, DecodeActivations decode)
       : k_(kernels), bf16_(bf16_supported(kernels)),
-        gemv_q4_(decode == DecodeActivations::Int8 && kernels.gemv_q4_int8 ? kernels.gemv_q4_int8
-                                                                            : kernels.gemv_quantized),
-        int8_decode_(gemv_q4_ != kernels.gemv_quantized),
+        int8_decode_(decode == DecodeActivations::Int8 && kernels.gemv_int8 != nullptr),
         // Only the AVX2 variant's int16 and int8 decode products read them
         // (kernels/cpu/variant/gemv_quantized.cpp): elsewhere they would be memory for nothing.
         reads_block_scales_(kernels.isa == cpu::CpuIsa::Avx2) {}
@@ -165,11 +164,12 @@ class CpuBackend final : public Backend {
   // where the part spans the row or there is one row, else through a small buffer.
   void gemv_part(const CpuPart& part, const float* x, float* y, int64_t n, int64_t ldy) {
     const auto& v = part.view;
+    const uint16_t* scales = part.block_scales.empty() ? nullptr : part.block_scales.data();  // AVX2 Q4_0/Q4_1
     auto run = [&](float* dst) {
-      if (!part.block_scales.empty())  // Q4_0/Q4_1
-        gemv_q4_(v.type, v.data, part.block_scales.data(), x, dst, n, v.in_features, v.out_features);
+      if (int8_decode_ && has_int8_decode_product(v.type))
+        k_.gemv_int8(v.type, v.data, scales, x, dst, n, v.in_features, v.out_features);
       else
-        k_.gemv_quantized(v.type, v.data, nullptr, x, dst, n, v.in_features, v.out_features);
+        k_.gemv_quantized(v.type, v.data, scales, x, dst, n, v.in_features, v.out_features);
     };
     if (n == 1 || v.out_features == ldy) {
       run(y + part.col0);
@@ -448,8 +448,8 @@ class CpuBackend final : public Backend {
 
   const cpu::CpuKernels& k_;
   const bool bf16_;
-  // Q4_0/Q4_1 decode products: the int8-activation kernel when asked for and present.
-  decltype(cpu::CpuKernels::gemv_quantized) const gemv_q4_;
+  // Decode products of block types through the int8-activation kernel (asked for, and
+  // present in this variant).
   const bool int8_decode_;
   const bool reads_block_scales_;
 };

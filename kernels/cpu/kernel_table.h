@@ -84,12 +84,13 @@ struct CpuKernels {
                          float* y,        // [n, out_features]
                          int64_t n, int64_t in_features, int64_t out_features);
 
-  // gemv_quantized of Q4_0/Q4_1 weights with the activations rounded to int8 per block
-  // of 32 (kernels/activation_quant.h: quantize_block_int8; the reference product is
+  // gemv_quantized of block-quantized weights (Q4_0 ... Q6_K:
+  // kernels/activation_quant.h's has_int8_decode_product) with the activations rounded
+  // to int8 per block of 32 (quantize_block_int8; the reference product is
   // reference_gemv_int8_activations) and blocks multiplied in integers (vpmaddubsw);
-  // rows bit-identical alone or batched, as gemv_quantized. nullptr in variants without
-  // it: only AVX2 has it, where decode is compute-bound (DecodeActivations, backend.h).
-  decltype(gemv_quantized) gemv_q4_int8;
+  // rows bit-identical alone or batched, as gemv_quantized; F32/F16/BF16 weights go to
+  // gemv_quantized. nullptr in the scalar variant (DecodeActivations, backend.h).
+  decltype(gemv_quantized) gemv_int8;
 
   // dst = bf16(src), round to nearest even (the activations of bf16 GEMMs); nullptr in
   // variants without bf16 arithmetic.

@@ -16,11 +16,14 @@
 // logits stay within 1e-4 of llama.cpp's; int16 activations there measured up to
 // 1.5e-3, over the golden test's 1e-3).
 //
-// gemv_q4_int8 (AVX2, chosen by DecodeActivations::Int8, kernels/backend.h): the same
-// integer scheme with activations rounded to int8 (scale max|x| / 127, as llama.cpp's
-// Q8_0 activations) and weights as the stored unsigned nibbles, so one vpmaddubsw and
-// one vpmaddwd make a block's 32 products per token instead of two vpmaddwd, two
-// 16-bit weight vectors and an add; Q4_0's -8 comes off the exact integer sum.
+// gemv_int8 (every variant from AVX2 up, chosen by DecodeActivations::Int8,
+// kernels/backend.h): the integer scheme for every block type, with activations rounded
+// to int8 (scale max|x| / 127, as llama.cpp's Q8_0 activations) and weights as stored
+// integers, so one vpmaddubsw and one vpmaddwd make a block's 32 products per token;
+// an offset (Q4_0's -8, Q5_0's -16) comes off the exact integer sum, a minimum (Q4_1,
+// Q5_1, the K-quants' mins) multiplies the block's fp32 sum, Q6_K's two 16-element
+// scales go into the vpmaddwd. 256-bit integer ops on AVX-512 too (they are what it
+// spends the time on; measured in tools/bench/RESULTS.md, "int8 decode activations").
 #include "kernels/cpu/variant/simd.h"  // first: see the note there
 #include "kernels/cpu/variant/variant_ops.h"
 #include "kernels/dequant.h"
@@ -395,20 +398,79 @@ void gemv_tokens(const uint8_t* base, int64_t row_bytes, int64_t blocks, const f
 #endif
 }
 
-#if BS_ISA_LEVEL == 1
+#if BS_ISA_LEVEL >= 1
+// The integer products' activations (AVX2 integer and 256-bit float ops, which every
+// variant from AVX2 up executes). Lane sums as the AVX2 variant's hsum and hmax.
+inline float hsum256(__m256 v) {
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+inline float hmax256(__m256 v) {
+  const __m128 b = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 c = _mm_max_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_max_ss(c, _mm_movehdup_ps(c)));
+}
+
 // A block of 32 activations into v[4]; returns max |x| over the block.
 inline float load_block_amax(const float* xb, __m256* v) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
-  return hmax(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]))));
+  return hmax256(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                               _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]))));
 }
 
-// The fp32 sum of a block loaded by load_block_amax (Q4_1's offset term).
+// The fp32 sum of a block loaded by load_block_amax (the offset term of the types that add).
 inline float block_sum(const __m256* v) {
-  return hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+  return hsum256(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
 }
 
+// x rounded to int8 per block of 32, as kernels/activation_quant.h's scalar reference
+// (llama.cpp's Q8_0 activations): q = round(x / scale), scale = max|x| / 127, so q is in
+// [-127, 127]; qsum[t][b] = the block's sum of q (what a weight offset such as Q4_0's
+// -8 takes off the integer dot product); sum[t][b] = the block's fp32 sum.
+void quantize_int8(const float* x, int64_t nt, int64_t in, int8_t* q, float* scale, int32_t* qsum, float* sum) {
+  const int64_t blocks = in / kBlock;
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
+  for (int64_t t = 0; t < nt; ++t)
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m256 v[4];
+      const float amax = load_block_amax(x + t * in + b * kBlock, v);
+      const float sc = amax > 0.0f ? amax / 127.0f : 1.0f;
+      const __m256 inv = _mm256_set1_ps(1.0f / sc);
+      __m256i i32[4];
+      for (int i = 0; i < 4; ++i) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // nearest even
+      const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + t * in + b * kBlock), _mm256_permutevar8x32_epi32(q8, order));
+      const __m256i isum = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+      alignas(32) int32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), isum);
+      int32_t total = 0;
+      for (int i = 0; i < 8; ++i) total += lanes[i];
+      scale[t * blocks + b] = sc;
+      qsum[t * blocks + b] = total;
+      sum[t * blocks + b] = block_sum(v);
+    }
+}
+
+// Lane i of the result = the sum of p[i]'s 8 lanes. Integers: exact, so the order of
+// the additions does not matter.
+inline __m256i reduce8_epi32(const __m256i* p) {
+  __m256i a[4];
+  for (int i = 0; i < 4; ++i)
+    a[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
+  const __m256i b03 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1]));
+  const __m256i b47 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(b03, b47, 0x20), _mm256_permute2x128_si256(b03, b47, 0x31));
+}
+
+// Eight fp16 values widened to fp32 (F16C).
+inline __m256 load8_fp16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
+#if BS_ISA_LEVEL == 1
 // x rounded per block of 32: q[t][i] = round(x[t][i] / scale[t][b]), scale = max|x| / 32767;
 // sum[t][b] = the block's fp32 sum (Q4_1's offset term).
 void quantize_int16(const float* x, int64_t nt, int64_t in, int16_t* q, float* scale, float* sum) {
@@ -428,34 +490,6 @@ void quantize_int16(const float* x, int64_t nt, int64_t in, int16_t* q, float* s
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), _mm256_permute4x64_epi64(q01, 0xD8));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), _mm256_permute4x64_epi64(q23, 0xD8));
       scale[t * blocks + b] = sc;
-      sum[t * blocks + b] = block_sum(v);
-    }
-}
-
-// x rounded to int8 per block of 32, as kernels/activation_quant.h's scalar reference
-// (llama.cpp's Q8_0 activations): q = round(x / scale), scale = max|x| / 127, so q is in
-// [-127, 127]; offset8[t][b] = 8 * the block's sum of q (Q4_0's weight offset, taken
-// off the integer dot product); sum[t][b] = the block's fp32 sum (Q4_1's offset term).
-void quantize_int8(const float* x, int64_t nt, int64_t in, int8_t* q, float* scale, int32_t* offset8, float* sum) {
-  const int64_t blocks = in / kBlock;
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
-  for (int64_t t = 0; t < nt; ++t)
-    for (int64_t b = 0; b < blocks; ++b) {
-      __m256 v[4];
-      const float amax = load_block_amax(x + t * in + b * kBlock, v);
-      const float sc = amax > 0.0f ? amax / 127.0f : 1.0f;
-      const __m256 inv = _mm256_set1_ps(1.0f / sc);
-      __m256i i32[4];
-      for (int i = 0; i < 4; ++i) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // nearest even
-      const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + t * in + b * kBlock), _mm256_permutevar8x32_epi32(q8, order));
-      const __m256i isum = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
-      alignas(32) int32_t lanes[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), isum);
-      int32_t qsum = 0;
-      for (int i = 0; i < 8; ++i) qsum += lanes[i];
-      scale[t * blocks + b] = sc;
-      offset8[t * blocks + b] = 8 * qsum;
       sum[t * blocks + b] = block_sum(v);
     }
 }
@@ -495,17 +529,6 @@ inline __m256i block_dot(__m256i w0, __m256i w1, const A* xq) {
   }
 }
 
-// Lane i of the result = the sum of p[i]'s 8 lanes. Integers: exact, so the order of
-// the additions does not matter.
-inline __m256i reduce8_epi32(const __m256i* p) {
-  __m256i a[4];
-  for (int i = 0; i < 4; ++i)
-    a[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
-  const __m256i b03 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1]));
-  const __m256i b47 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(b03, b47, 0x20), _mm256_permute2x128_si256(b03, b47, 0x31));
-}
-
 // Every (row o, token t) product is, whatever the number of tokens:
 //   isum_b = the exact integer dot product of block b (int16: weights as stored, Q4_0
 //            minus 8; int8: the stored nibbles, minus offset8[t][b] for Q4_0)
@@ -524,11 +547,6 @@ struct IntActivations {
   const float* sum_by_block;      // [blocks, 8]: sum[t][b] at [b][t], 0 past nt
   const int32_t* offset_by_block;  // [blocks, 8]: offset8[t][b] at [b][t] (int8 only), 0 past nt
 };
-
-// Eight fp16 values widened to fp32 (F16C).
-inline __m256 load8_fp16(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
 
 // One token, 8 rows per lane group. scale/sum/offset8: [blocks] (offset8: int8 only).
 template <TensorType T, typename A>
@@ -606,8 +624,12 @@ void gemv_int(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes,
   float* scale = f_buf.as<float>();
   float* sum = scale + n * blocks;
   int32_t* offset8 = reinterpret_cast<int32_t*>(sum + n * blocks);
-  if constexpr (sizeof(A) == 1) quantize_int8(x, n, in, q, scale, offset8, sum);
-  else quantize_int16(x, n, in, q, scale, sum);
+  if constexpr (sizeof(A) == 1) {
+    quantize_int8(x, n, in, q, scale, offset8, sum);  // the block sums of q, then
+    for (int64_t i = 0; i < n * blocks; ++i) offset8[i] *= 8;
+  } else {
+    quantize_int16(x, n, in, q, scale, sum);
+  }
   Scratch t_buf(static_cast<size_t>(3 * blocks * kMaxTokens) * sizeof(float));
   float* scale_by_block = t_buf.as<float>();
   float* sum_by_block = scale_by_block + blocks * kMaxTokens;
@@ -635,6 +657,192 @@ void gemv_int(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes,
       case 6: gemv_int_tokens<T, A, 6>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
       case 7: gemv_int_tokens<T, A, 7>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
       default: gemv_int_tokens<T, A, 8>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+    }
+  }
+}
+#endif
+
+#if BS_ISA_LEVEL >= 1
+// ---- The int8 product of every block type (gemv_int8) ----
+// Block b of a row as gemv_int8 multiplies it: 32 stored integers w as bytes in element
+// order, and what turns their integer sum with a block of int8 activations into the
+// product:
+//   product = factor * scale[t][b] * (isum - bias * qsum[t][b]) + add * sum[t][b]
+// isum = sum_e w[e] * q[t][e] (Q6_K: each half's sum times its int8 scale), exact in
+// int32. Q4_0 and Q5_0 store their values offset by +8 and +16 (bias), which comes off
+// the exact integer sum; Q8_0 and Q6_K hold signed values (kernels/activation_quant.h
+// has the scalar form of every type: reference_gemv_int8_activations).
+template <TensorType T>
+constexpr bool kIntSigned = T == TensorType::Q8_0 || T == TensorType::Q6_K;
+template <TensorType T>
+constexpr int kIntBias = T == TensorType::Q4_0 ? 8 : T == TensorType::Q5_0 ? 16 : 0;
+template <TensorType T>
+constexpr bool kIntAdds = T == TensorType::Q4_1 || T == TensorType::Q5_1 || T == TensorType::Q4_K ||
+                          T == TensorType::Q5_K;
+
+struct Int8Block {
+  __m256i w;       // unsigned (<= 31) or, where kIntSigned, signed (|w| <= 128) bytes
+  __m256i scales;  // Q6_K: the int16 multipliers of vpmaddwd (lanes 0-7 the first half's scale)
+  float factor;
+  float add;
+};
+
+template <TensorType T>
+inline void load_int8_block(const uint8_t* row, int64_t b, Int8Block& k) {
+  if constexpr (kSuperBlock<T>) {
+    const uint8_t* super = row + (b >> 3) * kTypeBytes<T>;
+    const int s = static_cast<int>(b & 7);
+    k.w = k_quants<T>(super, s);
+    if constexpr (T == TensorType::Q6_K) {
+      const auto* sc = reinterpret_cast<const int8_t*>(super + 192);
+      const int n = s / 4, j = s % 4;
+      k.scales = _mm256_set_m128i(_mm_set1_epi16(sc[8 * n + 2 * j + 1]), _mm_set1_epi16(sc[8 * n + 2 * j]));
+      k.factor = half_to_float(super + 208);
+      k.add = 0.0f;
+    } else {
+      const KSubBlockScales sc = k_scales<T>(super, s);
+      k.factor = sc.scale[0];
+      k.add = -sc.offset;
+    }
+  } else {
+    const uint8_t* blk = row + b * kTypeBytes<T>;
+    k.factor = half_to_float(blk);
+    k.add = 0.0f;
+    if constexpr (T == TensorType::Q8_0) {
+      k.w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    } else if constexpr (T == TensorType::Q5_0) {
+      k.w = q5_quants(blk + 2, blk + 6);
+    } else if constexpr (T == TensorType::Q5_1) {
+      k.w = q5_quants(blk + 4, blk + 8);
+      k.add = half_to_float(blk + 2);
+    } else {  // Q4_0, Q4_1
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == TensorType::Q4_1 ? 4 : 2)));
+      k.w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+      if constexpr (T == TensorType::Q4_1) k.add = half_to_float(blk + 2);
+    }
+  }
+}
+
+// The block's integer sum with 32 int8 activations, as 8 partial sums. vpmaddubsw
+// multiplies unsigned by signed bytes: signed weights go in as |w| with the
+// activations' signs flipped where w < 0 (llama.cpp's trick). No pair saturates:
+// |pair| <= 2 * 128 * 127 < 32768.
+template <TensorType T>
+inline __m256i int8_block_dot(const Int8Block& k, const int8_t* xq) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  __m256i pairs;
+  if constexpr (kIntSigned<T>) pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(k.w), _mm256_sign_epi8(x, k.w));
+  else pairs = _mm256_maddubs_epi16(k.w, x);
+  if constexpr (T == TensorType::Q6_K) return _mm256_madd_epi16(pairs, k.scales);
+  else return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+// One token, 8 rows per lane group: lane r of main and off is row r's. The products of a
+// (row, token) pair take the same steps here and in int8_tokens (factor * scale, one
+// FMA per block; add * sum, one FMA per block; main + off), so a row is bit-identical
+// alone or batched (Transformer::decode_step relies on it).
+template <TensorType T>
+void int8_rows(const uint8_t* base, int64_t row_bytes, int64_t blocks, const int8_t* xq, const float* scale,
+               const int32_t* qsum, const float* sum, float* y, int64_t out) {
+  const int64_t groups = (out + 7) / 8;
+#pragma omp parallel for schedule(static) if (out >= 64)
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = base + imin(g * 8 + r, out - 1) * row_bytes;
+    const uint8_t* next = base + (g + 1) * 8 * row_bytes;  // the next group, prefetched a block's share at a time
+    const int64_t share = 8 * row_bytes / blocks;
+    __m256 main = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t at = b * share; at < (b + 1) * share; at += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T0);
+      __m256i p[8];
+      alignas(32) float factor[8], add[8];
+      for (int r = 0; r < 8; ++r) {
+        Int8Block k;
+        load_int8_block<T>(rows[r], b, k);
+        p[r] = int8_block_dot<T>(k, xq + b * kBlock);
+        factor[r] = k.factor;
+        add[r] = k.add;
+      }
+      __m256i isum = reduce8_epi32(p);
+      if constexpr (kIntBias<T> != 0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(kIntBias<T> * qsum[b]));
+      const __m256 fs = _mm256_mul_ps(_mm256_load_ps(factor), _mm256_broadcast_ss(scale + b));
+      main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), fs, main);
+      if constexpr (kIntAdds<T>) off = _mm256_fmadd_ps(_mm256_load_ps(add), _mm256_broadcast_ss(sum + b), off);
+    }
+    alignas(32) float res[8];
+    _mm256_store_ps(res, _mm256_add_ps(main, off));
+    for (int64_t r = 0; r < 8 && g * 8 + r < out; ++r) y[g * 8 + r] = res[r];
+  }
+}
+
+// One row per lane group, NT (2..8) tokens in the lanes. By block b: scale, sum and
+// bias * qsum of token t at [b * 8 + t] (0 past NT).
+template <TensorType T, int NT>
+void int8_tokens(const uint8_t* base, int64_t row_bytes, int64_t blocks, const int8_t* xq, int64_t in,
+                 const float* scale_by_block, const float* sum_by_block, const int32_t* bias_by_block, float* y,
+                 int64_t out) {
+#pragma omp parallel for schedule(static) if (out >= 64)
+  for (int64_t o = 0; o < out; ++o) {
+    const uint8_t* row = base + o * row_bytes;
+    const uint8_t* next = row + 4 * row_bytes;  // prefetched a block's share at a time
+    __m256 main = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + b * row_bytes / blocks), _MM_HINT_T0);
+      Int8Block k;
+      load_int8_block<T>(row, b, k);
+      __m256i p[8];
+      for (int t = 0; t < 8; ++t) p[t] = t < NT ? int8_block_dot<T>(k, xq + t * in + b * kBlock) : _mm256_setzero_si256();
+      __m256i isum = reduce8_epi32(p);
+      if constexpr (kIntBias<T> != 0)
+        isum = _mm256_sub_epi32(isum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias_by_block + b * 8)));
+      const __m256 fs = _mm256_mul_ps(_mm256_set1_ps(k.factor), _mm256_loadu_ps(scale_by_block + b * 8));
+      main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), fs, main);
+      if constexpr (kIntAdds<T>) off = _mm256_fmadd_ps(_mm256_set1_ps(k.add), _mm256_loadu_ps(sum_by_block + b * 8), off);
+    }
+    alignas(32) float res[8];
+    _mm256_store_ps(res, _mm256_add_ps(main, off));
+    for (int t = 0; t < NT; ++t) y[t * out + o] = res[t];
+  }
+}
+
+template <TensorType T>
+void gemv_int8_typed(const uint8_t* base, const float* x, float* y, int64_t n, int64_t in, int64_t out) {
+  const int64_t blocks = in / kBlock;
+  const int64_t row_bytes = in / kTypeElements<T> * kTypeBytes<T>;
+  Scratch q_buf(static_cast<size_t>(n * in) + 64);
+  Scratch f_buf(static_cast<size_t>(3 * n * blocks) * sizeof(float));
+  int8_t* q = q_buf.as<int8_t>();
+  float* scale = f_buf.as<float>();
+  float* sum = scale + n * blocks;
+  int32_t* qsum = reinterpret_cast<int32_t*>(sum + n * blocks);
+  quantize_int8(x, n, in, q, scale, qsum, sum);
+  Scratch t_buf(static_cast<size_t>(3 * blocks * kMaxTokens) * sizeof(float));
+  float* scale_by_block = t_buf.as<float>();
+  float* sum_by_block = scale_by_block + blocks * kMaxTokens;
+  int32_t* bias_by_block = reinterpret_cast<int32_t*>(sum_by_block + blocks * kMaxTokens);
+  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
+    const int64_t nt = imin(kMaxTokens, n - t0);
+    float* yt = y + t0 * out;
+    const int8_t* qt = q + t0 * in;
+    if (nt == 1) {
+      int8_rows<T>(base, row_bytes, blocks, qt, scale + t0 * blocks, qsum + t0 * blocks, sum + t0 * blocks, yt, out);
+      continue;
+    }
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t t = 0; t < kMaxTokens; ++t) {
+        scale_by_block[b * kMaxTokens + t] = t < nt ? scale[(t0 + t) * blocks + b] : 0.0f;
+        sum_by_block[b * kMaxTokens + t] = t < nt ? sum[(t0 + t) * blocks + b] : 0.0f;
+        bias_by_block[b * kMaxTokens + t] = t < nt ? kIntBias<T> * qsum[(t0 + t) * blocks + b] : 0;
+      }
+    switch (nt) {
+#define BS_INT8_TOKENS(N)                                                                                          \
+  case N:                                                                                                          \
+    int8_tokens<T, N>(base, row_bytes, blocks, qt, in, scale_by_block, sum_by_block, bias_by_block, yt, out); \
+    break;
+      BS_INT8_TOKENS(2) BS_INT8_TOKENS(3) BS_INT8_TOKENS(4) BS_INT8_TOKENS(5) BS_INT8_TOKENS(6) BS_INT8_TOKENS(7)
+#undef BS_INT8_TOKENS
+      default: int8_tokens<T, 8>(base, row_bytes, blocks, qt, in, scale_by_block, sum_by_block, bias_by_block, yt, out);
     }
   }
 }
@@ -676,16 +884,30 @@ void gemv_quantized(TensorType type, const void* w, const uint16_t* block_scales
   }
 }
 
-#if BS_ISA_LEVEL == 1
-void gemv_q4_int8(TensorType type, const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n,
-                  int64_t in_features, int64_t out_features) {
+#if BS_ISA_LEVEL >= 1
+void gemv_int8(TensorType type, const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n,
+               int64_t in_features, int64_t out_features) {
   const auto* base = static_cast<const uint8_t*>(w);
+#if BS_ISA_LEVEL == 1
+  // AVX2 keeps the Q4 blocks' scales beside the weights (extract_block_scales): the
+  // same product, with the scales of 8 rows in one load.
   const int64_t blocks = in_features / kBlock;
-  if (type == TensorType::Q4_0)
+  if (block_scales && type == TensorType::Q4_0)
     return gemv_int<TensorType::Q4_0, int8_t>(base, block_scales, 18, blocks, x, y, n, in_features, out_features);
-  if (type == TensorType::Q4_1)
+  if (block_scales && type == TensorType::Q4_1)
     return gemv_int<TensorType::Q4_1, int8_t>(base, block_scales, 20, blocks, x, y, n, in_features, out_features);
-  gemv_quantized(type, w, block_scales, x, y, n, in_features, out_features);  // other types: as ever
+#endif
+  switch (type) {
+    case TensorType::Q4_0: return gemv_int8_typed<TensorType::Q4_0>(base, x, y, n, in_features, out_features);
+    case TensorType::Q4_1: return gemv_int8_typed<TensorType::Q4_1>(base, x, y, n, in_features, out_features);
+    case TensorType::Q5_0: return gemv_int8_typed<TensorType::Q5_0>(base, x, y, n, in_features, out_features);
+    case TensorType::Q5_1: return gemv_int8_typed<TensorType::Q5_1>(base, x, y, n, in_features, out_features);
+    case TensorType::Q8_0: return gemv_int8_typed<TensorType::Q8_0>(base, x, y, n, in_features, out_features);
+    case TensorType::Q4_K: return gemv_int8_typed<TensorType::Q4_K>(base, x, y, n, in_features, out_features);
+    case TensorType::Q5_K: return gemv_int8_typed<TensorType::Q5_K>(base, x, y, n, in_features, out_features);
+    case TensorType::Q6_K: return gemv_int8_typed<TensorType::Q6_K>(base, x, y, n, in_features, out_features);
+    default: return gemv_quantized(type, w, block_scales, x, y, n, in_features, out_features);  // F32, F16, BF16
+  }
 }
 #endif
 

@@ -21,8 +21,8 @@ const CpuKernels kKernels = {
     nullptr,
 #endif
     gemv_quantized,
-#if BS_ISA_LEVEL == 1
-    gemv_q4_int8,
+#if BS_ISA_LEVEL >= 1
+    gemv_int8,
 #else
     nullptr,
 #endif
