@@ -707,31 +707,6 @@ bool Runtime::cancel(uint64_t id) {
   return true;
 }
 
-int Runtime::in_flight() const { return ctx_->in_flight.load(); }
-
-int Runtime::queued() const { return ctx_->queued.load(); }
-
-Runtime::KvPages Runtime::kv_pages() const {
-  const auto& pool = *ctx_->kv_pool;
-  return {pool.total_pages(), pool.total_pages() - pool.free_pages(), pool.reserved_pages(), pool.page_positions(),
-          pool.page_bytes()};
-}
-
-int64_t Runtime::actor_restarts() const { return ctx_->restarts.load(); }
-
-Runtime::DecodeStats Runtime::decode_stats() const {
-  return {ctx_->decode_steps.load(), ctx_->decode_tokens.load(), ctx_->interleaved_steps.load()};
-}
-
-Runtime::ReuseStats Runtime::reuse_stats() const {
-  const auto f = ctx_->flights.stats();
-  return {f.computed, f.joined, f.provisional, f.in_flight, ctx_->write_backs_refused.load()};
-}
-
-Runtime::TensorParallelStats Runtime::tensor_parallel_stats() const {
-  if (!ctx_->tp) return {};
-  return {ctx_->tp->size(), ctx_->tp->failures(), ctx_->tp->rebuilds()};
-}
 
 Runtime::StoredDocument Runtime::store_document(const std::string& text) {
   const auto tokens = document_chunk_tokens(ctx_->model->tokenizer(), text);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,11 @@
 namespace bs {
 
 struct RuntimeContext;
+class LlamaModel;
+namespace kernels {
+class Backend;
+enum class Precision;
+}  // namespace kernels
 
 // The model file a runtime of `config` loads: model.path, else $BLENDSERVE_MODEL,
 // else the embedded default.
@@ -54,6 +60,20 @@ class Runtime {
   int in_flight() const;  // running (prefilling or decoding)
   int64_t actor_restarts() const;  // actors the supervisor started again after they died
   int queued() const;     // waiting for a slot
+
+  // What the runtime serves, read-only (actors/runtime_view.cpp): for the HTTP layer
+  // and tools, which see the runtime through these and not through its context.
+  const LlamaModel& model() const;            // its tokenizer, chat template, configuration
+  const kernels::Backend& backend() const;    // the backend its compute runs on (name, kernel id, device)
+  kernels::Precision precision() const;       // of its GEMMs
+  // The model's name as users see it: model.name, else model_display_name(path)
+  // (a checkpoint's directory, a GGUF file's name without its quantization suffix).
+  std::string model_id() const;
+  std::vector<std::string> tier_names() const;  // the KV tiers in lookup order ("ram", "ssd", "remote")
+  bool has_storage_node() const;                // tiers.remote is on
+  // The storage node's last error when it cannot be reached now; nullopt when it can
+  // or there is none.
+  std::optional<std::string> storage_node_unreachable() const;
 
   // Continuous batching so far: decode steps run, tokens they produced (tokens /
   // steps = the mean batch), and the steps run between the layers of a long

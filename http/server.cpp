@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime_context.h"
+#include "actors/runtime.h"
 #include "blend/rag_prompt.h"
 #include "http/api_access.h"
 #include "http/api_error.h"
@@ -30,7 +30,7 @@
 #include "http/openai_response.h"
 #include "http/tokenize_routes.h"
 #include "kernels/backend.h"
-#include "model/hf_checkpoint.h"
+#include "model/llama_model.h"
 #include "model/random_model.h"
 #include "kernels/kv_view.h"
 
@@ -108,30 +108,22 @@ std::string route_of(const std::string& path) {
   return "other";
 }
 
-// What users call the model (model_display_name: a checkpoint's directory, a GGUF
-// file's name without its quantization suffix; general.name is often a training-run
-// label), unless the config names it.
-std::string model_id_of(const RuntimeContext& ctx) {
-  if (!ctx.config.model_name.empty()) return ctx.config.model_name;
-  return model_display_name(ctx.model->path());
-}
-
 }  // namespace
 
 struct Server::Impl {
   Impl(Runtime& rt, const RuntimeConfig& cfg)
       : runtime(rt), config(cfg), owned_svr(make_member_server(cfg.server_tls, cfg.server_tls_peers)),
         svr(*owned_svr) {
-    const auto& ctx = runtime.context();
-    model = model_id_of(ctx);
-    fingerprint = "blendserve-" + ctx.backend->kernel_id() + "-" + kernels::precision_name(ctx.precision);
-    if (ctx.model->kv_dtype() != kernels::TensorType::F32)
-      fingerprint += std::string("-kv") + kernels::kv_dtype_name(ctx.model->kv_dtype());
+    // What users call the model (model_display_name: a checkpoint's directory, a GGUF
+    // file's name without its quantization suffix; general.name is often a
+    // training-run label), unless the config names it.
+    model = runtime.model_id();
+    fingerprint = "blendserve-" + runtime.backend().kernel_id() + "-" + kernels::precision_name(runtime.precision());
+    if (runtime.model().kv_dtype() != kernels::TensorType::F32)
+      fingerprint += std::string("-kv") + kernels::kv_dtype_name(runtime.model().kv_dtype());
     created = unix_now();
-    context_length = ctx.model->config().context_length;
-    std::vector<std::string> tiers;
-    for (const auto& t : ctx.tiers) tiers.push_back(t.name);
-    metrics.declare_tiers(tiers);
+    context_length = runtime.model().config().context_length;
+    metrics.declare_tiers(runtime.tier_names());
     // Every admitted or queued completion holds its connection's thread until it
     // ends; a few more answer health checks, metrics and refusals meanwhile.
     const int threads = cfg.server_threads > 0 ? cfg.server_threads : cfg.max_requests + cfg.max_queue + 8;
@@ -263,7 +255,7 @@ struct Server::Impl {
         const auto d = runtime.store_document(text);
         json out{{"id", d.id},         {"object", "document"}, {"tokens", d.tokens}, {"already_stored", d.already_stored},
                  {"source", d.source}, {"tiers", d.tiers}};
-        if (runtime.context().remote) out["on_storage_node"] = d.on_storage_node;
+        if (runtime.has_storage_node()) out["on_storage_node"] = d.on_storage_node;
         send_json(res, 200, out.dump());
       } catch (const ApiError& e) {
         send_error(res, e);
@@ -287,8 +279,7 @@ struct Server::Impl {
     // The model's tokenizer (http/tokenize_routes.h says what each takes and answers).
     svr.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
       try {
-        const auto& ctx = runtime.context();
-        send_json(res, 200, tokenize_response(ctx.model->tokenizer(), parse_tokenize_request(req.body),
+        send_json(res, 200, tokenize_response(runtime.model().tokenizer(), parse_tokenize_request(req.body),
                                               context_length));
       } catch (const ApiError& e) {
         send_error(res, e);
@@ -296,7 +287,7 @@ struct Server::Impl {
     });
     svr.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
       try {
-        const auto& tok = runtime.context().model->tokenizer();
+        const auto& tok = runtime.model().tokenizer();
         send_json(res, 200, detokenize_response(tok, parse_detokenize_request(req.body, tok.vocab_size())));
       } catch (const ApiError& e) {
         send_error(res, e);
@@ -307,7 +298,7 @@ struct Server::Impl {
   std::vector<Gauge> gauges() {
     std::vector<Gauge> g;
     {  // Which backend and hardware compute (Prometheus' info idiom: labels, value 1).
-      const auto& be = *runtime.context().backend;
+      const auto& be = runtime.backend();
       g.push_back({"blendserve_backend_info", "The compute backend (device.kind), its kernels and device.",
                    "backend=\"" + label_escape(be.name()) + "\",kernels=\"" + label_escape(be.kernel_id()) +
                        "\",device=\"" + label_escape(be.device_name().empty() ? "cpu" : be.device_name()) + "\"",
@@ -440,7 +431,7 @@ struct Server::Impl {
   ToolsOffered offered_tools(const ChatCompletionRequest& parsed) const {
     ToolsOffered t;
     if (parsed.request.tools.empty()) return t;
-    const ChatTemplate& tmpl = runtime.context().model->chat_template();
+    const ChatTemplate& tmpl = runtime.model().chat_template();
     if (!tmpl.takes_tools())
       throw bad_request(tmpl.origin() + " does not take tools (it renders the same prompt with them as without); "
                             "serve the model with a template that does (--chat-template FILE)",
@@ -469,7 +460,7 @@ struct Server::Impl {
         throw ApiError(503, "the server is shutting down", "server_error", "", "service_unavailable");
       parsed = parse_text_completion(req.body, context_length);
       check_model(parsed.model);
-      const Tokenizer& tok = runtime.context().model->tokenizer();
+      const Tokenizer& tok = runtime.model().tokenizer();
       // As the runtime refuses a chat prompt too long by its bytes alone before
       // tokenizing it (actors/intake.cpp).
       size_t bytes = parsed.prompt_text.size();
@@ -689,8 +680,8 @@ struct Server::Impl {
       send_json(res, 503, nlohmann::json{{"status", "failed"}, {"reason", failure}}.dump());
     else if (draining.load())
       send_json(res, 503, R"({"status":"draining"})");
-    else if (ReplicatedKvStore* remote = runtime.context().remote.get(); with_peers && remote && !remote->reachable())
-      send_json(res, 503, nlohmann::json{{"status", "storage_unreachable"}, {"reason", remote->last_error()}}.dump());
+    else if (const auto why = with_peers ? runtime.storage_node_unreachable() : std::nullopt)
+      send_json(res, 503, nlohmann::json{{"status", "storage_unreachable"}, {"reason", *why}}.dump());
     else
       send_json(res, 200, R"({"status":"ok"})");
   }

@@ -64,7 +64,7 @@ struct StreamRun {
 };
 
 StreamRun run_streams(Runtime& rt, int streams, int tokens, int prompt_tokens, int seed) {
-  const auto& tok = rt.context().model->tokenizer();
+  const auto& tok = rt.model().tokenizer();
   std::mutex mu;
   std::condition_variable cv;
   int started = 0, finished = 0;
