@@ -179,7 +179,7 @@ struct BlendPrefill {
   std::vector<int32_t> recomputed_positions;  // positions of cached tokens that were recomputed
 };
 
-struct BlendSelection;  // blend_engine.cpp: candidates, forced tokens, budget shape
+struct BlendSelection;  // blend/selection_rules.h: candidates, forced tokens, budget shape
 
 // A prefill in progress: what the engine carries from one layer to the next
 // (BlendEngine::begin / step / finish). Whoever holds it decides when each step
