@@ -93,7 +93,7 @@ class CpuBackend final : public Backend {
   CpuBackend(const cpu::CpuKernels& kernels, DecodeActivations decode)
       : k_(kernels), bf16_(bf16_supported(kernels)),
         int8_decode_(decode == DecodeActivations::Int8 && kernels.gemv_int8 != nullptr),
-        // Only the AVX2 variant's int16 and int8 decode products read them
+        // Only the AVX2 variant's int16 decode product reads them
         // (kernels/cpu/variant/gemv_quantized.cpp): elsewhere they would be memory for nothing.
         reads_block_scales_(kernels.isa == cpu::CpuIsa::Avx2) {}
 

@@ -425,6 +425,20 @@ inline float block_sum(const __m256* v) {
   return hsum256(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
 }
 
+// Every block of 32 of nt tokens' activations x [nt, in]: emit(t, b, v, scale, inv) with
+// its values in v[4], scale = max|x| / qmax (1 for a block of zeros) and inv = 1 / scale.
+template <class Emit>
+inline void for_each_scaled_block(const float* x, int64_t nt, int64_t in, float qmax, Emit emit) {
+  const int64_t blocks = in / kBlock;
+  for (int64_t t = 0; t < nt; ++t)
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m256 v[4];
+      const float amax = load_block_amax(x + t * in + b * kBlock, v);
+      const float sc = amax > 0.0f ? amax / qmax : 1.0f;
+      emit(t, b, v, sc, _mm256_set1_ps(1.0f / sc));
+    }
+}
+
 // x rounded to int8 per block of 32, as kernels/activation_quant.h's scalar reference
 // (llama.cpp's Q8_0 activations): q = round(x / scale), scale = max|x| / 127, so q is in
 // [-127, 127]; qsum[t][b] = the block's sum of q (what a weight offset such as Q4_0's
@@ -432,25 +446,20 @@ inline float block_sum(const __m256* v) {
 void quantize_int8(const float* x, int64_t nt, int64_t in, int8_t* q, float* scale, int32_t* qsum, float* sum) {
   const int64_t blocks = in / kBlock;
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
-  for (int64_t t = 0; t < nt; ++t)
-    for (int64_t b = 0; b < blocks; ++b) {
-      __m256 v[4];
-      const float amax = load_block_amax(x + t * in + b * kBlock, v);
-      const float sc = amax > 0.0f ? amax / 127.0f : 1.0f;
-      const __m256 inv = _mm256_set1_ps(1.0f / sc);
-      __m256i i32[4];
-      for (int i = 0; i < 4; ++i) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // nearest even
-      const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + t * in + b * kBlock), _mm256_permutevar8x32_epi32(q8, order));
-      const __m256i isum = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
-      alignas(32) int32_t lanes[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), isum);
-      int32_t total = 0;
-      for (int i = 0; i < 8; ++i) total += lanes[i];
-      scale[t * blocks + b] = sc;
-      qsum[t * blocks + b] = total;
-      sum[t * blocks + b] = block_sum(v);
-    }
+  for_each_scaled_block(x, nt, in, 127.0f, [&](int64_t t, int64_t b, const __m256* v, float sc, __m256 inv) {
+    __m256i i32[4];
+    for (int i = 0; i < 4; ++i) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // nearest even
+    const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + t * in + b * kBlock), _mm256_permutevar8x32_epi32(q8, order));
+    const __m256i isum = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), isum);
+    int32_t total = 0;
+    for (int i = 0; i < 8; ++i) total += lanes[i];
+    scale[t * blocks + b] = sc;
+    qsum[t * blocks + b] = total;
+    sum[t * blocks + b] = block_sum(v);
+  });
 }
 
 // Lane i of the result = the sum of p[i]'s 8 lanes. Integers: exact, so the order of
@@ -468,6 +477,31 @@ inline __m256i reduce8_epi32(const __m256i* p) {
 inline __m256 load8_fp16(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+
+// A group of up to kMaxTokens tokens' per-block activation values, transposed for the
+// kernels with tokens in the lanes: token t's value of block b at [b * kMaxTokens + t],
+// 0 past the group. `bias` (int8 path) multiplies the blocks' sums of q.
+struct TokenBlocks {
+  Scratch buf;
+  float* scale;
+  float* sum;
+  int32_t* bias_qsum;
+  explicit TokenBlocks(int64_t blocks)
+      : buf(static_cast<size_t>(3 * blocks * kMaxTokens) * sizeof(float)), scale(buf.as<float>()),
+        sum(scale + blocks * kMaxTokens), bias_qsum(reinterpret_cast<int32_t*>(sum + blocks * kMaxTokens)) {}
+  // From the [token][block] arrays of all tokens (qsum may be null), tokens t0 .. t0 + nt.
+  void fill(const float* all_scale, const float* all_sum, const int32_t* all_qsum, int32_t bias, int64_t blocks,
+            int64_t t0, int64_t nt) {
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t t = 0; t < kMaxTokens; ++t) {
+        const bool in = t < nt;
+        const int64_t at = (t0 + t) * blocks + b;
+        scale[b * kMaxTokens + t] = in ? all_scale[at] : 0.0f;
+        sum[b * kMaxTokens + t] = in ? all_sum[at] : 0.0f;
+        bias_qsum[b * kMaxTokens + t] = in && all_qsum ? bias * all_qsum[at] : 0;
+      }
+  }
+};
 #endif
 
 #if BS_ISA_LEVEL == 1
@@ -475,63 +509,43 @@ inline __m256 load8_fp16(const uint16_t* p) {
 // sum[t][b] = the block's fp32 sum (Q4_1's offset term).
 void quantize_int16(const float* x, int64_t nt, int64_t in, int16_t* q, float* scale, float* sum) {
   const int64_t blocks = in / kBlock;
-  for (int64_t t = 0; t < nt; ++t)
-    for (int64_t b = 0; b < blocks; ++b) {
-      __m256 v[4];
-      const float amax = load_block_amax(x + t * in + b * kBlock, v);
-      const float sc = amax > 0.0f ? amax / 32767.0f : 1.0f;
-      const __m256 inv = _mm256_set1_ps(1.0f / sc);
-      // round to nearest even (the default rounding mode, as lrintf), pack to int16
-      const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)),
-                                             _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv)));
-      const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)),
-                                             _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv)));
-      int16_t* qb = q + t * in + b * kBlock;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), _mm256_permute4x64_epi64(q01, 0xD8));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), _mm256_permute4x64_epi64(q23, 0xD8));
-      scale[t * blocks + b] = sc;
-      sum[t * blocks + b] = block_sum(v);
-    }
+  for_each_scaled_block(x, nt, in, 32767.0f, [&](int64_t t, int64_t b, const __m256* v, float sc, __m256 inv) {
+    // round to nearest even (the default rounding mode, as lrintf), pack to int16
+    const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)),
+                                           _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv)));
+    const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)),
+                                           _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv)));
+    int16_t* qb = q + t * in + b * kBlock;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), _mm256_permute4x64_epi64(q01, 0xD8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), _mm256_permute4x64_epi64(q23, 0xD8));
+    scale[t * blocks + b] = sc;
+    sum[t * blocks + b] = block_sum(v);
+  });
 }
 
-// One block's 32 weights in the form the integer dot product of activations of type A
-// takes. int16: elements 0..15 in w0 and 16..31 in w1 as int16 (Q4_0: q - 8). int8: w0
-// holds the 32 nibbles q as unsigned bytes in element order (vpmaddubsw multiplies
-// unsigned by signed bytes; Q4_0's -8 is applied to the sum, exactly), w1 unused.
-template <TensorType T, typename A>
-inline void load_block_int(const uint8_t* blk, __m256i& w0, __m256i& w1) {
+// One block's 32 weights as int16 for the integer dot product: elements 0..15 in w0 and
+// 16..31 in w1 (Q4_0: q - 8).
+template <TensorType T>
+inline void load_block_int16(const uint8_t* blk, __m256i& w0, __m256i& w1) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == TensorType::Q4_1 ? 4 : 2)));
   const __m128i mask = _mm_set1_epi8(0x0F);
-  if constexpr (sizeof(A) == 1) {
-    w0 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
-    w1 = w0;
-  } else {
-    w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
-    w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
-    if constexpr (T == TensorType::Q4_0) {
-      w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(8));
-      w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(8));
-    }
+  w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
+  w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
+  if constexpr (T == TensorType::Q4_0) {
+    w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(8));
+    w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(8));
   }
 }
 
 // The integer dot product of one block's weights with one token's 32 activations, as
-// 8 partial sums. int8: |pair sum| <= 2 * 15 * 127, so vpmaddubsw never saturates.
-template <typename A>
-inline __m256i block_dot(__m256i w0, __m256i w1, const A* xq) {
-  if constexpr (sizeof(A) == 1) {
-    (void)w1;
-    const __m256i pairs = _mm256_maddubs_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-  } else {
-    return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
-                            _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
-  }
+// 8 partial sums.
+inline __m256i block_dot_int16(__m256i w0, __m256i w1, const int16_t* xq) {
+  return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
+                          _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
 }
 
-// Every (row o, token t) product is, whatever the number of tokens:
-//   isum_b = the exact integer dot product of block b (int16: weights as stored, Q4_0
-//            minus 8; int8: the stored nibbles, minus offset8[t][b] for Q4_0)
+// Every (row o, token t) product of the int16 path is, whatever the number of tokens:
+//   isum_b = the exact integer dot product of block b (weights as stored, Q4_0 minus 8)
 //   main   = fma(float(isum_b), d[o][b] * scale[t][b], main)   over b = 0, 1, ... from 0
 //   off    = fma(m[o][b], sum[t][b], off)                        (Q4_1; 0 otherwise)
 //   y      = main + off
@@ -539,19 +553,13 @@ inline __m256i block_dot(__m256i w0, __m256i w1, const A* xq) {
 // (gemv_int_rows) or one row, up to 8 tokens (gemv_int_tokens). The 8 integer
 // sums of a block are finished together (reduce8_epi32), so a block costs one
 // conversion and one FMA for 8 products, and the rows are bit-identical alone or
-// batched (Transformer::decode_step relies on it).
-template <typename A>
-struct IntActivations {
-  const A* q;                     // [nt, in]
-  const float* scale_by_block;    // [blocks, 8]: scale[t][b] at [b][t], 0 past nt
-  const float* sum_by_block;      // [blocks, 8]: sum[t][b] at [b][t], 0 past nt
-  const int32_t* offset_by_block;  // [blocks, 8]: offset8[t][b] at [b][t] (int8 only), 0 past nt
-};
+// batched (Transformer::decode_step relies on it). d and m come from the block scales
+// extracted beside the weights (extract_block_scales: fp16, 8 rows per load).
 
-// One token, 8 rows per lane group. scale/sum/offset8: [blocks] (offset8: int8 only).
-template <TensorType T, typename A>
-void gemv_int_rows(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes, int64_t blocks, const A* xq,
-                   const float* scale, const float* sum, const int32_t* offset8, float* y, int64_t out) {
+// One token, 8 rows per lane group. scale/sum: [blocks].
+template <TensorType T>
+void gemv_int_rows(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes, int64_t blocks,
+                   const int16_t* xq, const float* scale, const float* sum, float* y, int64_t out) {
   const int64_t row_bytes = blocks * bbytes;
   const int64_t groups = (out + 7) / 8;
 #pragma omp parallel for schedule(static) if (out >= 64)
@@ -567,11 +575,10 @@ void gemv_int_rows(const uint8_t* base, const uint16_t* block_scales, int64_t bb
       __m256i p[8];
       for (int r = 0; r < 8; ++r) {
         __m256i w0, w1;
-        load_block_int<T, A>(rows[r] + b * bbytes, w0, w1);
-        p[r] = block_dot<A>(w0, w1, xq + b * kBlock);
+        load_block_int16<T>(rows[r] + b * bbytes, w0, w1);
+        p[r] = block_dot_int16(w0, w1, xq + b * kBlock);
       }
-      __m256i isum = reduce8_epi32(p);
-      if constexpr (sizeof(A) == 1 && T == TensorType::Q4_0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(offset8[b]));
+      const __m256i isum = reduce8_epi32(p);
       const __m256 ds = _mm256_mul_ps(load8_fp16(gs + b * 16), _mm256_broadcast_ss(scale + b));
       main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ds, main);
       if constexpr (T == TensorType::Q4_1)
@@ -583,10 +590,12 @@ void gemv_int_rows(const uint8_t* base, const uint16_t* block_scales, int64_t bb
   }
 }
 
-// One row per lane group, NT (2..8) tokens in the lanes.
-template <TensorType T, typename A, int NT>
+// One row per lane group, NT (2..8) tokens in the lanes; scale and sum of token t at
+// [b * 8 + t] (TokenBlocks).
+template <TensorType T, int NT>
 void gemv_int_tokens(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes, int64_t blocks,
-                     IntActivations<A> xa, int64_t in, float* y, int64_t out) {
+                     const int16_t* xq, int64_t in, const float* scale_by_block, const float* sum_by_block, float* y,
+                     int64_t out) {
   const int64_t row_bytes = blocks * bbytes;
 #pragma omp parallel for schedule(static) if (out >= 64)
   for (int64_t o = 0; o < out; ++o) {
@@ -597,16 +606,14 @@ void gemv_int_tokens(const uint8_t* base, const uint16_t* block_scales, int64_t 
     for (int64_t b = 0; b < blocks; ++b) {
       if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + b * bbytes), _MM_HINT_T0);
       __m256i w0, w1;
-      load_block_int<T, A>(row + b * bbytes, w0, w1);
+      load_block_int16<T>(row + b * bbytes, w0, w1);
       __m256i p[8];
-      for (int t = 0; t < 8; ++t) p[t] = t < NT ? block_dot<A>(w0, w1, xa.q + t * in + b * kBlock) : _mm256_setzero_si256();
-      __m256i isum = reduce8_epi32(p);
-      if constexpr (sizeof(A) == 1 && T == TensorType::Q4_0)
-        isum = _mm256_sub_epi32(isum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa.offset_by_block + b * 8)));
-      const __m256 ds = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(gs[b * 16])), _mm256_loadu_ps(xa.scale_by_block + b * 8));
+      for (int t = 0; t < 8; ++t) p[t] = t < NT ? block_dot_int16(w0, w1, xq + t * in + b * kBlock) : _mm256_setzero_si256();
+      const __m256i isum = reduce8_epi32(p);
+      const __m256 ds = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(gs[b * 16])), _mm256_loadu_ps(scale_by_block + b * 8));
       main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ds, main);
       if constexpr (T == TensorType::Q4_1)
-        off = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(gs[b * 16 + 8])), _mm256_loadu_ps(xa.sum_by_block + b * 8), off);
+        off = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(gs[b * 16 + 8])), _mm256_loadu_ps(sum_by_block + b * 8), off);
     }
     alignas(32) float res[8];
     _mm256_store_ps(res, _mm256_add_ps(main, off));
@@ -614,49 +621,35 @@ void gemv_int_tokens(const uint8_t* base, const uint16_t* block_scales, int64_t 
   }
 }
 
-// The Q4_0/Q4_1 product with activations rounded to A (int16_t or int8_t) per block.
-template <TensorType T, typename A>
+// The Q4_0/Q4_1 product with activations rounded to int16 per block.
+template <TensorType T>
 void gemv_int(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes, int64_t blocks, const float* x,
               float* y, int64_t n, int64_t in, int64_t out) {
-  Scratch q_buf(static_cast<size_t>(n * in) * sizeof(A) + 64);
-  Scratch f_buf(static_cast<size_t>(3 * n * blocks) * sizeof(float));
-  A* q = q_buf.as<A>();
+  Scratch q_buf(static_cast<size_t>(n * in) * sizeof(int16_t) + 64);
+  Scratch f_buf(static_cast<size_t>(2 * n * blocks) * sizeof(float));
+  int16_t* q = q_buf.as<int16_t>();
   float* scale = f_buf.as<float>();
   float* sum = scale + n * blocks;
-  int32_t* offset8 = reinterpret_cast<int32_t*>(sum + n * blocks);
-  if constexpr (sizeof(A) == 1) {
-    quantize_int8(x, n, in, q, scale, offset8, sum);  // the block sums of q, then
-    for (int64_t i = 0; i < n * blocks; ++i) offset8[i] *= 8;
-  } else {
-    quantize_int16(x, n, in, q, scale, sum);
-  }
-  Scratch t_buf(static_cast<size_t>(3 * blocks * kMaxTokens) * sizeof(float));
-  float* scale_by_block = t_buf.as<float>();
-  float* sum_by_block = scale_by_block + blocks * kMaxTokens;
-  int32_t* offset_by_block = reinterpret_cast<int32_t*>(sum_by_block + blocks * kMaxTokens);
+  quantize_int16(x, n, in, q, scale, sum);
+  TokenBlocks by_block(blocks);
   for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
     const int64_t nt = imin(kMaxTokens, n - t0);
     float* yt = y + t0 * out;
+    const int16_t* qt = q + t0 * in;
     if (nt == 1) {
-      gemv_int_rows<T, A>(base, block_scales, bbytes, blocks, q + t0 * in, scale + t0 * blocks, sum + t0 * blocks,
-                          offset8 + t0 * blocks, yt, out);
+      gemv_int_rows<T>(base, block_scales, bbytes, blocks, qt, scale + t0 * blocks, sum + t0 * blocks, yt, out);
       continue;
     }
-    for (int64_t b = 0; b < blocks; ++b)
-      for (int64_t t = 0; t < kMaxTokens; ++t) {
-        scale_by_block[b * kMaxTokens + t] = t < nt ? scale[(t0 + t) * blocks + b] : 0.0f;
-        sum_by_block[b * kMaxTokens + t] = t < nt ? sum[(t0 + t) * blocks + b] : 0.0f;
-        offset_by_block[b * kMaxTokens + t] = t < nt && sizeof(A) == 1 ? offset8[(t0 + t) * blocks + b] : 0;
-      }
-    const IntActivations<A> xa{q + t0 * in, scale_by_block, sum_by_block, offset_by_block};
+    by_block.fill(scale, sum, nullptr, 0, blocks, t0, nt);
     switch (nt) {
-      case 2: gemv_int_tokens<T, A, 2>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-      case 3: gemv_int_tokens<T, A, 3>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-      case 4: gemv_int_tokens<T, A, 4>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-      case 5: gemv_int_tokens<T, A, 5>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-      case 6: gemv_int_tokens<T, A, 6>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-      case 7: gemv_int_tokens<T, A, 7>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
-      default: gemv_int_tokens<T, A, 8>(base, block_scales, bbytes, blocks, xa, in, yt, out); break;
+#define BS_INT16_TOKENS(N)                                                                                  \
+  case N:                                                                                                   \
+    gemv_int_tokens<T, N>(base, block_scales, bbytes, blocks, qt, in, by_block.scale, by_block.sum, yt, out); \
+    break;
+      BS_INT16_TOKENS(2) BS_INT16_TOKENS(3) BS_INT16_TOKENS(4) BS_INT16_TOKENS(5) BS_INT16_TOKENS(6)
+      BS_INT16_TOKENS(7)
+#undef BS_INT16_TOKENS
+      default: gemv_int_tokens<T, 8>(base, block_scales, bbytes, blocks, qt, in, by_block.scale, by_block.sum, yt, out);
     }
   }
 }
@@ -817,10 +810,10 @@ void gemv_int8_typed(const uint8_t* base, const float* x, float* y, int64_t n, i
   float* sum = scale + n * blocks;
   int32_t* qsum = reinterpret_cast<int32_t*>(sum + n * blocks);
   quantize_int8(x, n, in, q, scale, qsum, sum);
-  Scratch t_buf(static_cast<size_t>(3 * blocks * kMaxTokens) * sizeof(float));
-  float* scale_by_block = t_buf.as<float>();
-  float* sum_by_block = scale_by_block + blocks * kMaxTokens;
-  int32_t* bias_by_block = reinterpret_cast<int32_t*>(sum_by_block + blocks * kMaxTokens);
+  TokenBlocks by_block(blocks);
+  float* scale_by_block = by_block.scale;
+  float* sum_by_block = by_block.sum;
+  int32_t* bias_by_block = by_block.bias_qsum;
   for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
     const int64_t nt = imin(kMaxTokens, n - t0);
     float* yt = y + t0 * out;
@@ -829,12 +822,7 @@ void gemv_int8_typed(const uint8_t* base, const float* x, float* y, int64_t n, i
       int8_rows<T>(base, row_bytes, blocks, qt, scale + t0 * blocks, qsum + t0 * blocks, sum + t0 * blocks, yt, out);
       continue;
     }
-    for (int64_t b = 0; b < blocks; ++b)
-      for (int64_t t = 0; t < kMaxTokens; ++t) {
-        scale_by_block[b * kMaxTokens + t] = t < nt ? scale[(t0 + t) * blocks + b] : 0.0f;
-        sum_by_block[b * kMaxTokens + t] = t < nt ? sum[(t0 + t) * blocks + b] : 0.0f;
-        bias_by_block[b * kMaxTokens + t] = t < nt ? kIntBias<T> * qsum[(t0 + t) * blocks + b] : 0;
-      }
+    by_block.fill(scale, sum, qsum, kIntBias<T>, blocks, t0, nt);
     switch (nt) {
 #define BS_INT8_TOKENS(N)                                                                                          \
   case N:                                                                                                          \
@@ -856,7 +844,7 @@ void gemv_typed(const void* w, const uint16_t* block_scales, const float* x, flo
   const auto* base = static_cast<const uint8_t*>(w);
 #if BS_ISA_LEVEL == 1
   if constexpr (T == TensorType::Q4_0 || T == TensorType::Q4_1) {
-    if (block_scales) return gemv_int<T, int16_t>(base, block_scales, kTypeBytes<T>, blocks, x, y, n, in, out);
+    if (block_scales) return gemv_int<T>(base, block_scales, kTypeBytes<T>, blocks, x, y, n, in, out);
   }
 #else
   (void)block_scales;  // only the AVX2 int16 path reads them
@@ -888,15 +876,6 @@ void gemv_quantized(TensorType type, const void* w, const uint16_t* block_scales
 void gemv_int8(TensorType type, const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n,
                int64_t in_features, int64_t out_features) {
   const auto* base = static_cast<const uint8_t*>(w);
-#if BS_ISA_LEVEL == 1
-  // AVX2 keeps the Q4 blocks' scales beside the weights (extract_block_scales): the
-  // same product, with the scales of 8 rows in one load.
-  const int64_t blocks = in_features / kBlock;
-  if (block_scales && type == TensorType::Q4_0)
-    return gemv_int<TensorType::Q4_0, int8_t>(base, block_scales, 18, blocks, x, y, n, in_features, out_features);
-  if (block_scales && type == TensorType::Q4_1)
-    return gemv_int<TensorType::Q4_1, int8_t>(base, block_scales, 20, blocks, x, y, n, in_features, out_features);
-#endif
   switch (type) {
     case TensorType::Q4_0: return gemv_int8_typed<TensorType::Q4_0>(base, x, y, n, in_features, out_features);
     case TensorType::Q4_1: return gemv_int8_typed<TensorType::Q4_1>(base, x, y, n, in_features, out_features);
