@@ -1,15 +1,14 @@
 // blendctl bench control (tools/bench_control.h): a storage node's control-plane
 // round trip, idle and behind a stream of large data-plane transfers.
 #include "tools/bench_control.h"
+#include "tools/child_process.h"
 #include "tools/interrupt.h"
 #include "tools/scratch_dir.h"
 #include "tools/process_report.h"
 #include "tools/tcp_probe.h"
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -120,31 +119,7 @@ class NodeProcess {
   NodeProcess(const std::string& bin, const std::string& config, const std::string& log) : log_(log) {
     if (::access(bin.c_str(), X_OK) != 0)
       throw std::runtime_error("no executable " + bin + " (build the blendserve target, or pass --blendserve)");
-    std::vector<std::string> args{bin, "--config", config, "--node", kNode};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (log_fd < 0) throw std::runtime_error("cannot write " + log + ": " + std::strerror(errno));
-    std::fflush(nullptr);
-    const pid_t parent = ::getpid();
-    pid_ = ::fork();
-    if (pid_ < 0) {
-      ::close(log_fd);
-      throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-    }
-    if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlive the benchmark
-      if (::getppid() != parent) ::_exit(127);
-      const int null_fd = ::open("/dev/null", O_RDONLY);
-      ::dup2(null_fd, 0);
-      ::dup2(log_fd, 1);
-      ::dup2(log_fd, 2);
-      ::execv(argv[0], argv.data());
-      ::dprintf(2, "blendctl: cannot run %s: %s\n", argv[0], std::strerror(errno));
-      ::_exit(127);
-    }
-    ::close(log_fd);
+    pid_ = spawn_child({bin, "--config", config, "--node", kNode}, log);
     set_interrupt_child(pid_);
   }
   ~NodeProcess() { stop(); }
@@ -170,18 +145,9 @@ class NodeProcess {
   // SIGTERM, then SIGKILL after 10 s; reaped. Idempotent.
   void stop() {
     if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    const auto t0 = Clock::now();
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-      if (seconds_since(t0) > 10) {
-        std::fprintf(stderr, "bench control: the storage node did not exit 10 s after SIGTERM; killing it\n");
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    bool killed = false;
+    stop_child(pid_, 10, &killed);
+    if (killed) std::fprintf(stderr, "bench control: the storage node did not exit 10 s after SIGTERM; killed it\n");
     pid_ = 0;
     set_interrupt_child(0);
   }

@@ -15,12 +15,11 @@
 // keeping up, and blend/full. A 429 counts as rejected and is never retried inside a
 // measurement. The default SLO is 2x full's median TTFT at its lowest load.
 #include "tools/bench_serve.h"
+#include "tools/child_process.h"
 #include "tools/interrupt.h"
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -454,33 +453,13 @@ class SpawnedServer {
     for (char** e = environ; *e; ++e)
       if (std::strncmp(*e, "BLENDSERVE_DATA_DIR=", 20) != 0) env.emplace_back(*e);
     env.push_back("BLENDSERVE_DATA_DIR=" + dir_ + "/data");
-    std::vector<char*> argv, envp;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    const int logfd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (logfd < 0) throw std::runtime_error("cannot create " + log_);
-    const pid_t parent = getpid();
     std::string cmdline;
     for (auto& a : args) cmdline += (cmdline.empty() ? "" : " ") + a;
     std::fprintf(stderr, "bench serve: starting %s (BLENDSERVE_DATA_DIR=%s/data, log %s)\n", cmdline.c_str(),
                  dir_.c_str(), log_.c_str());
-    pid_ = fork();
-    if (pid_ < 0) {
-      close(logfd);
-      throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-    }
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlive the benchmark
-      if (getppid() != parent) _exit(127);
-      dup2(logfd, STDOUT_FILENO);
-      dup2(logfd, STDERR_FILENO);
-      close(logfd);
-      execve(argv[0], argv.data(), envp.data());
-      _exit(127);
-    }
-    close(logfd);
+    ChildOptions child;
+    child.env = &env;
+    pid_ = spawn_child(args, log_, child);
     set_interrupt_child(pid_);
     wait_healthy(timeout_s, api_key);
   }
@@ -498,18 +477,9 @@ class SpawnedServer {
 
   void stop() {
     if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    const auto t0 = Clock::now();
-    int status = 0;
-    while (waitpid(pid_, &status, WNOHANG) == 0) {
-      if (seconds_since(t0) > 15) {
-        std::fprintf(stderr, "bench serve: server did not exit 15 s after SIGTERM; killing it\n");
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    bool killed = false;
+    stop_child(pid_, 15, &killed);
+    if (killed) std::fprintf(stderr, "bench serve: server did not exit 15 s after SIGTERM; killed it\n");
     pid_ = 0;
     set_interrupt_child(0);
   }

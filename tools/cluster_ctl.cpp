@@ -1,6 +1,7 @@
 // blendctl cluster up|status|down (tools/cluster_ctl.h): members as processes of
 // this host, their pid files and logs under the cluster's data dir.
 #include "tools/cluster_ctl.h"
+#include "tools/child_process.h"
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -21,7 +22,6 @@
 #include <thread>
 #include <vector>
 
-#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -137,31 +137,9 @@ bool ready(const ClusterConfig& c, const ClusterNode& n, double timeout_s) {
 // stderr to its log, stdin from /dev/null. Returns the child's pid.
 pid_t spawn_member(const std::string& blendserve, const std::string& config, const ClusterNode& n,
                    const std::string& log) {
-  std::vector<std::string> args{blendserve, "--config", config, "--node", n.name};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (log_fd < 0) throw std::runtime_error("cannot write " + log + ": " + std::strerror(errno));
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(log_fd);
-    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  }
-  if (pid == 0) {
-    ::setsid();
-    const int null_fd = ::open("/dev/null", O_RDONLY);
-    ::dup2(null_fd, 0);
-    ::dup2(log_fd, 1);
-    ::dup2(log_fd, 2);
-    ::close_range(3, ~0U, 0);  // nothing of blendctl's (a caller's pipe) stays open in the member
-    ::execv(argv[0], argv.data());
-    ::dprintf(2, "blendctl: cannot run %s: %s\n", argv[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  ::close(log_fd);
-  return pid;
+  ChildOptions child;
+  child.die_with_parent = false;  // a member outlives `cluster up`: `cluster down` stops it
+  return spawn_child({blendserve, "--config", config, "--node", n.name}, log, child);
 }
 
 // blendserve beside this blendctl.
