@@ -11,16 +11,17 @@
 
 namespace bs::kernels {
 
-float quantize_block_int8(const float* x, int8_t* q) {
+namespace {
+
+template <class Q>
+float quantize_block(const float* x, Q* q, float qmax) {
   float amax = 0.0f;
   for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-  const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+  const float scale = amax > 0.0f ? amax / qmax : 1.0f;
   const float inv = 1.0f / scale;
-  for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(std::lrintf(x[i] * inv));
+  for (int i = 0; i < 32; ++i) q[i] = static_cast<Q>(std::lrintf(x[i] * inv));
   return scale;
 }
-
-namespace {
 
 // Block b (of 32 elements) of a row as integers: element e is scale[e / 16] * q[e] + add
 // (the type's dequantizer, exactly: Q4_0 q = nibble - 8, Q5_0 q = 5-bit value - 16,
@@ -74,6 +75,9 @@ void block_as_integers(TensorType type, const uint8_t* row, int64_t b, int* q, f
 
 }  // namespace
 
+float quantize_block_int8(const float* x, int8_t* q) { return quantize_block(x, q, 127.0f); }
+float quantize_block_int16(const float* x, int16_t* q) { return quantize_block(x, q, 32767.0f); }
+
 bool has_int8_decode_product(TensorType type) {
   switch (type) {
     case TensorType::Q4_0: case TensorType::Q4_1: case TensorType::Q5_0: case TensorType::Q5_1:
@@ -84,22 +88,42 @@ bool has_int8_decode_product(TensorType type) {
   }
 }
 
-void reference_gemv_int8_activations(TensorType type, const void* w, const float* x, float* y, int64_t n,
-                                     int64_t in_features, int64_t out_features) {
-  if (!has_int8_decode_product(type))
-    throw std::invalid_argument(std::string("reference_gemv_int8_activations: no int8 product for ") +
-                                type_traits(type).name + " weights");
+bool has_int16_decode_product(TensorType type) {
+  switch (type) {
+    case TensorType::Q4_0: case TensorType::Q4_1: case TensorType::Q5_0: case TensorType::Q5_1:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void reference_gemv_rounded_activations(TensorType type, int bits, const void* w, const float* x, float* y, int64_t n,
+                                        int64_t in_features, int64_t out_features) {
+  const std::string what = "reference_gemv_rounded_activations: ";
+  if (bits != 8 && bits != 16) throw std::invalid_argument(what + std::to_string(bits) + "-bit activations (8 or 16)");
+  if (!(bits == 8 ? has_int8_decode_product(type) : has_int16_decode_product(type)))
+    throw std::invalid_argument(what + "no int" + std::to_string(bits) + " product for " + type_traits(type).name +
+                                " weights");
   const int64_t elements = is_k_quant(type) ? kQK_K : 32;
   if (in_features % elements != 0)
-    throw std::invalid_argument("reference_gemv_int8_activations: in_features " + std::to_string(in_features) +
-                                " is not a multiple of " + std::to_string(elements));
+    throw std::invalid_argument(what + "in_features " + std::to_string(in_features) + " is not a multiple of " +
+                                std::to_string(elements));
   const int64_t blocks = in_features / 32;
   const int64_t row_bytes = type_row_bytes(type, in_features);
-  std::vector<int8_t> q(static_cast<size_t>(n * in_features));
+  std::vector<int16_t> q(static_cast<size_t>(n * in_features));
   std::vector<float> scale(static_cast<size_t>(n * blocks));
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t b = 0; b < blocks; ++b)
-      scale[t * blocks + b] = quantize_block_int8(x + t * in_features + b * 32, &q[t * in_features + b * 32]);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + t * in_features + b * 32;
+      int16_t* qb = &q[t * in_features + b * 32];
+      if (bits == 16) {
+        scale[t * blocks + b] = quantize_block_int16(xb, qb);
+      } else {
+        int8_t q8[32];
+        scale[t * blocks + b] = quantize_block_int8(xb, q8);
+        for (int i = 0; i < 32; ++i) qb[i] = q8[i];
+      }
+    }
   const auto* base = static_cast<const uint8_t*>(w);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t o = 0; o < out_features; ++o) {
@@ -108,7 +132,7 @@ void reference_gemv_int8_activations(TensorType type, const void* w, const float
         int wq[32];
         float wscale[2], add;
         block_as_integers(type, base + o * row_bytes, b, wq, wscale, add);
-        const int8_t* qx = &q[t * in_features + b * 32];
+        const int16_t* qx = &q[t * in_features + b * 32];
         for (int half = 0; half < 2; ++half) {
           int64_t isum = 0;
           for (int e = 16 * half; e < 16 * half + 16; ++e) isum += static_cast<int64_t>(wq[e]) * qx[e];

@@ -459,6 +459,36 @@ TEST(Cli, TtftBenchRunsAllFourModes) {
   EXPECT_EQ(lines[4].at("bench"), "ttft_summary");
 }
 
+// `bench gemv` needs no model: a row per (type, shape, tokens, activations), the
+// activations' kernel named in each, and a clear refusal of what is not a block type
+// or a shape.
+TEST(Cli, GemvBenchTimesEachTypeWithBothActivations) {
+  auto r = run("blendctl bench gemv --types q4_0 Q8_0 q4_k --shapes 16x256 --tokens 1 3 --repeats 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 12u) << r.out;  // 3 types x 2 activations x 2 token counts
+  std::set<std::string> seen;
+  for (const auto& l : lines) {
+    EXPECT_EQ(l.at("bench"), "gemv");
+    EXPECT_EQ(l.at("rows"), 16);
+    EXPECT_EQ(l.at("in"), 256);
+    EXPECT_GT(l.at("us").get<double>(), 0.0);
+    EXPECT_GT(l.at("weight_gb_s").get<double>(), 0.0);
+    const std::string kernel = l.at("kernel");
+    EXPECT_EQ(kernel.rfind("cpu/", 0), 0u) << kernel;
+    seen.insert(l.at("type").get<std::string>() + "/" + l.at("activations").get<std::string>() + "/" +
+                std::to_string(l.at("tokens").get<int>()));
+  }
+  EXPECT_EQ(seen.size(), 12u);
+  EXPECT_TRUE(seen.count("Q8_0/int8/3")) << "the type as given";
+  r = run("blendctl bench gemv --types bf16");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("'bf16' is not a block type"), std::string::npos) << r.out;
+  r = run("blendctl bench gemv --shapes 12x");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("is not ROWSxIN"), std::string::npos) << r.out;
+}
+
 // `bench ttft --tier` runs the blend by the rule asked for (it dropped --selection,
 // so an A/B of two rules measured the default twice): the rows name the rule each
 // measured run blended by (the runtime's from its trace; the engine's runs what the

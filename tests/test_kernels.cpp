@@ -430,11 +430,11 @@ TEST_P(BackendOps, LinearQuantizedMatchesReference) {
         std::vector<float> a(n * c.out), b(n * c.out);
         cpu->linear(*pc, x.data(), a.data(), n, bias.data());
         ref->linear(*pr, x.data(), b.data(), n, bias.data());
-        // bf16 GEMM rounds activations and weights to 8 mantissa bits; AVX2's decode
-        // product rounds 4/8-bit weights' activations to int16 per block (2^-16 of the
-        // block's largest value, kernels/cpu/variant/gemv_quantized.cpp)
-        const bool int16_activations = GetParam() == CpuIsa::Avx2 && n <= gemv_rows &&
-                                       (c.type == TensorType::Q4_0 || c.type == TensorType::Q4_1);
+        // bf16 GEMM rounds activations and weights to 8 mantissa bits; from AVX2 up the
+        // decode product of 4/5-bit weights rounds activations to int16 per block (2^-16
+        // of the block's largest value, kernels/cpu/variant/gemv_quantized.cpp)
+        const bool int16_activations =
+            GetParam() != CpuIsa::Scalar && n <= gemv_rows && has_int16_decode_product(c.type);
         const double tol = (prec == Precision::BF16 && n > gemv_rows) ? 2e-2 : int16_activations ? 1e-4 : 1e-5;
         EXPECT_LT(rel_max_err(a, b), tol) << "type " << static_cast<int>(c.type) << " n " << n;
       }
@@ -513,7 +513,7 @@ TEST_P(BackendOps, LinearFusedPartsEqualTheirConcatenation) {
       std::vector<float> a(n * out), b(n * out);
       cpu->linear(*fused, x.data(), a.data(), n, bias.data());
       ref->linear(*reference, x.data(), b.data(), n, bias.data());
-      const bool int16_activations = GetParam() == CpuIsa::Avx2 && n <= gemv_rows;
+      const bool int16_activations = GetParam() != CpuIsa::Scalar && n <= gemv_rows;  // its Q4_K and Q4_1 parts
       const double tol = (prec == Precision::BF16 && n > gemv_rows) ? 2e-2 : int16_activations ? 1e-4 : 1e-5;
       EXPECT_LT(rel_max_err(a, b), tol) << precision_name(prec) << " n " << n;
       if (n > gemv_rows) continue;
@@ -610,7 +610,7 @@ TEST_P(BackendOps, Int8DecodeActivationsEqualTheirReference) {
         EXPECT_EQ(std::memcmp(a.data(), exact.data(), a.size() * sizeof(float)), 0) << what;
         continue;
       }
-      reference_gemv_int8_activations(c.type, raw.data(), x.data(), want.data(), n, c.in, c.out);
+      reference_gemv_rounded_activations(c.type, 8, raw.data(), x.data(), want.data(), n, c.in, c.out);
       EXPECT_LT(rel_max_err(a, want), 1e-5) << what;
       ref->linear(*pr, x.data(), exact.data(), n, nullptr);
       const double err = rel_max_err(a, exact);
@@ -643,42 +643,119 @@ TEST(ActivationQuant, Int8BlocksRoundToNearestEvenWithinPlusMinus127) {
   EXPECT_EQ(q[30], 4);
   for (int i = 0; i < 32; ++i) EXPECT_LE(std::fabs(x[i] - scale * q[i]), scale / 2 * 1.0001f) << i;
   std::vector<float> y(1);
-  EXPECT_THROW(reference_gemv_int8_activations(TensorType::F16, nullptr, x, y.data(), 1, 32, 1),
+  EXPECT_THROW(reference_gemv_rounded_activations(TensorType::F16, 8, nullptr, x, y.data(), 1, 32, 1),
                std::invalid_argument);
-  EXPECT_THROW(reference_gemv_int8_activations(TensorType::Q4_K, nullptr, x, y.data(), 1, 32, 1),
+  EXPECT_THROW(reference_gemv_rounded_activations(TensorType::Q4_K, 8, nullptr, x, y.data(), 1, 32, 1),
                std::invalid_argument);  // a K-quant row is whole super-blocks of 256
+  EXPECT_THROW(reference_gemv_rounded_activations(TensorType::Q4_0, 4, nullptr, x, y.data(), 1, 32, 1),
+               std::invalid_argument);  // 8 or 16 bits
+  EXPECT_THROW(reference_gemv_rounded_activations(TensorType::Q8_0, 16, nullptr, x, y.data(), 1, 32, 1),
+               std::invalid_argument);  // Q8_0 has no int16 product
 }
 
 // The reference's reading of every block type is the dequantizer's: with activations
-// that round to int8 exactly (integers k times 2^-7, a block's largest |k| 127), the
-// int8 product is the exact product of the dequantized weights.
-TEST(ActivationQuant, TheInt8ReferenceReadsEveryBlockTypeAsItsDequantizer) {
+// that round exactly (integers k times 2^-(bits - 1), a block's largest |k| 2^(bits - 1)
+// - 1), the rounded product is the exact product of the dequantized weights.
+TEST(ActivationQuant, TheReferenceReadsEveryBlockTypeAsItsDequantizer) {
   const int64_t out = 5, in = 512;
-  std::vector<float> x(in);
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int> k(-127, 127);
-  for (int64_t i = 0; i < in; ++i) x[i] = std::ldexp(static_cast<float>(i % 32 == 7 ? -127 : k(rng)), -7);
-  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0,
-                          TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K}) {
-    ASSERT_TRUE(has_int8_decode_product(type));
-    std::vector<uint8_t> raw = type == TensorType::Q4_0   ? quantize_q4_0(random_vec(out * in, 3, 0.05f), out, in)
-                               : type == TensorType::Q4_1 ? quantize_q4_1(random_vec(out * in, 3, 0.05f), out, in)
-                               : type == TensorType::Q8_0 ? quantize_q8_0(random_vec(out * in, 3, 0.05f), out, in)
-                                                          : random_typed_blocks(type, out, in, 29);
-    std::vector<float> w(out * in), y(out);
-    const int64_t row_bytes = type_row_bytes(type, in);
-    for (int64_t o = 0; o < out; ++o) dequantize_row(type, raw.data() + o * row_bytes, w.data() + o * in, in);
-    reference_gemv_int8_activations(type, raw.data(), x.data(), y.data(), 1, in, out);
-    for (int64_t o = 0; o < out; ++o) {
-      double want = 0.0, mag = 0.0;
-      for (int64_t i = 0; i < in; ++i) {
-        want += static_cast<double>(w[o * in + i]) * x[i];
-        mag += std::fabs(static_cast<double>(w[o * in + i]) * x[i]);
+  for (int bits : {8, 16}) {
+    const int kmax = (1 << (bits - 1)) - 1;
+    std::vector<float> x(in);
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<int> k(-kmax, kmax);
+    for (int64_t i = 0; i < in; ++i) x[i] = std::ldexp(static_cast<float>(i % 32 == 7 ? -kmax : k(rng)), 1 - bits);
+    int checked = 0;
+    for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0,
+                            TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K}) {
+      ASSERT_TRUE(has_int8_decode_product(type));
+      if (bits == 16 && !has_int16_decode_product(type)) continue;
+      ++checked;
+      std::vector<uint8_t> raw = type == TensorType::Q4_0   ? quantize_q4_0(random_vec(out * in, 3, 0.05f), out, in)
+                                 : type == TensorType::Q4_1 ? quantize_q4_1(random_vec(out * in, 3, 0.05f), out, in)
+                                 : type == TensorType::Q8_0 ? quantize_q8_0(random_vec(out * in, 3, 0.05f), out, in)
+                                                            : random_typed_blocks(type, out, in, 29);
+      std::vector<float> w(out * in), y(out);
+      const int64_t row_bytes = type_row_bytes(type, in);
+      for (int64_t o = 0; o < out; ++o) dequantize_row(type, raw.data() + o * row_bytes, w.data() + o * in, in);
+      reference_gemv_rounded_activations(type, bits, raw.data(), x.data(), y.data(), 1, in, out);
+      for (int64_t o = 0; o < out; ++o) {
+        double want = 0.0, mag = 0.0;
+        for (int64_t i = 0; i < in; ++i) {
+          want += static_cast<double>(w[o * in + i]) * x[i];
+          mag += std::fabs(static_cast<double>(w[o * in + i]) * x[i]);
+        }
+        EXPECT_NEAR(y[o], want, 1e-6 * mag + 1e-30) << bits << " bits, " << type_traits(type).name << " row " << o;
       }
-      EXPECT_NEAR(y[o], want, 1e-6 * mag + 1e-30) << type_traits(type).name << " row " << o;
     }
+    EXPECT_EQ(checked, bits == 8 ? 8 : 4);
   }
   EXPECT_FALSE(has_int8_decode_product(TensorType::BF16));
+  EXPECT_FALSE(has_int16_decode_product(TensorType::Q8_0));
+  EXPECT_FALSE(has_int16_decode_product(TensorType::Q6_K));
+  EXPECT_FALSE(has_int16_decode_product(TensorType::Q4_K));
+}
+
+TEST(ActivationQuant, Int16BlocksRoundToNearestEvenWithinPlusMinus32767) {
+  float x[32];
+  int16_t q[32];
+  for (int i = 0; i < 32; ++i) x[i] = 0.0f;
+  EXPECT_EQ(quantize_block_int16(x, q), 1.0f);  // a zero block: scale 1, all q 0
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(q[i], 0);
+  for (int i = 0; i < 32; ++i) x[i] = static_cast<float>(i - 16) * 0.25f;  // max |x| = 4 at i = 0
+  x[31] = 2.5f * 4.0f / 32767.0f;  // x / scale = 2.5 (within fp32): rounds to 2
+  x[30] = 3.5f * 4.0f / 32767.0f;  // 3.5: rounds to 4
+  const float scale = quantize_block_int16(x, q);
+  EXPECT_FLOAT_EQ(scale, 4.0f / 32767.0f);
+  EXPECT_EQ(q[0], -32767);
+  EXPECT_EQ(q[16], 0);
+  EXPECT_EQ(q[31], 2);
+  EXPECT_EQ(q[30], 4);
+  for (int i = 0; i < 32; ++i) EXPECT_LE(std::fabs(x[i] - scale * q[i]), scale / 2 * 1.0001f) << i;
+}
+
+// The default decode product of the 4/5-bit types of 32-element blocks (from AVX2 up:
+// int16 activations)
+// equals its scalar reference within fp32 rounding, stays within 1e-4 of the exact
+// product, and its rows are bit-identical alone or batched; the other types keep fp32
+// activations (the scalar backend's product within 1e-5).
+TEST_P(BackendOps, Int16DecodeActivationsEqualTheirReference) {
+  const bool has_path = GetParam() != CpuIsa::Scalar;
+  struct Case { TensorType type; int64_t out, in; };
+  for (auto c : {Case{TensorType::Q4_0, 40, 96}, Case{TensorType::Q4_1, 96, 576}, Case{TensorType::Q5_0, 21, 128},
+                 Case{TensorType::Q5_1, 72, 96}, Case{TensorType::Q4_K, 19, 512}, Case{TensorType::Q5_K, 64, 256},
+                 Case{TensorType::Q8_0, 33, 64}, Case{TensorType::Q6_K, 27, 512}}) {
+    auto wf = random_vec(c.out * c.in, 41, 0.05f);
+    std::vector<uint8_t> raw = c.type == TensorType::Q4_1   ? quantize_q4_1(wf, c.out, c.in)
+                               : c.type == TensorType::Q4_0 ? quantize_q4_0(wf, c.out, c.in)
+                               : c.type == TensorType::Q8_0 ? quantize_q8_0(wf, c.out, c.in)
+                                                            : random_typed_blocks(c.type, c.out, c.in, 43);
+    WeightView view{c.type, raw.data(), c.out, c.in};
+    auto pc = cpu->prepare(view, Precision::F32);
+    auto pr = ref->prepare(view, Precision::F32);
+    const int64_t rows = cpu->linear_exact_rows();
+    auto x = random_vec(rows * c.in, 42);
+    std::fill_n(x.begin() + c.in, 32, 0.0f);  // a block of zeros (scale 1, q 0)
+    for (int64_t n = 1; n <= rows; ++n) {
+      std::vector<float> a(n * c.out), exact(n * c.out), want(n * c.out);
+      cpu->linear(*pc, x.data(), a.data(), n, nullptr);
+      ref->linear(*pr, x.data(), exact.data(), n, nullptr);
+      const std::string what = std::string(type_traits(c.type).name) + " n " + std::to_string(n);
+      const double err = rel_max_err(a, exact);
+      if (!has_path || !has_int16_decode_product(c.type)) {
+        EXPECT_LT(err, 1e-5) << what;
+        continue;
+      }
+      reference_gemv_rounded_activations(c.type, 16, raw.data(), x.data(), want.data(), n, c.in, c.out);
+      EXPECT_LT(rel_max_err(a, want), 1e-5) << what;
+      EXPECT_LT(err, 1e-4) << what;
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<float> alone(c.out);
+        cpu->linear(*pc, x.data() + t * c.in, alone.data(), 1, nullptr);
+        EXPECT_EQ(std::memcmp(alone.data(), a.data() + t * c.out, c.out * sizeof(float)), 0)
+            << what << ": row " << t << " differs from the row alone";
+      }
+    }
+  }
 }
 
 TEST(DecodeActivations, NamesAndTheEnvironmentChoice) {

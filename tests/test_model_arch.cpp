@@ -187,7 +187,11 @@ TEST_P(ModelArch, BlendAtRatioOneEqualsFullAndEveryRuleRuns) {
       err = std::max(err, static_cast<double>(std::fabs(got.logits[i] - want[i])));
       mag = std::max(mag, static_cast<double>(std::fabs(want[i])));
     }
-    EXPECT_LT(err / mag, 1e-5) << c.stem;
+    // 1e-5 where every product multiplies fp32 activations; the K-quant files' 4/5-bit
+    // tensors of 32-element blocks (Q5_0 here) round a decode-size product's activations
+    // to int16 (2^-16 of a block's largest value), and the blend's few-row passes take
+    // that product where full prefill's GEMM does not (measured 1.1e-5)
+    EXPECT_LT(err / mag, std::string(c.stem).find("kq") != std::string::npos ? 1e-4 : 1e-5) << c.stem;
     o.ratio = 0.3f;  // a partial recompute runs on this architecture too
     const auto partial = from_store.prefill(prompt, o, 1);
     EXPECT_EQ(partial.logits.size(), want.size());

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/runtime_config.h"
@@ -82,6 +83,17 @@ struct MemoryBenchOptions {
   int decode_tokens = 8;  // greedy tokens decoded after it
 };
 int bench_memory(const MemoryBenchOptions& opt);
+
+// `bench gemv`: the decode-size product of one random block-quantized matrix per
+// (type, shape, token count), with the default and with int8 activations, on the CPU
+// kernels this machine selects: microseconds and weight GB/s, fastest of `repeats`.
+struct GemvBenchOptions {
+  std::vector<std::string> types{"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"};
+  std::vector<std::pair<int64_t, int64_t>> shapes{{2048, 640}, {640, 2048}, {32768, 640}};  // rows x in
+  std::vector<int64_t> tokens{1, 8};
+  int repeats = 5;
+};
+int bench_gemv(const GemvBenchOptions& opt);
 
 // `bench text`: encoding a MuSiQue prompt (the first --dataset case's documents and
 // question), rendering the chat template around a question, assembling the RAG prompt;

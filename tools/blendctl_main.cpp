@@ -142,6 +142,16 @@ int main(int argc, char** argv) {
   memory->add_option("--precision", precision)->check(CLI::IsMember({"auto", "bf16", "f32"}));
   memory->add_option("--kv-dtype", kv_dtype, kv_dtype_help)->check(kv_dtypes);
 
+  bs::tools::GemvBenchOptions gopt;
+  std::vector<std::string> gemv_shapes;
+  auto* gemv = bench->add_subcommand(
+      "gemv", "Decode-size products of one random block-quantized matrix per type and shape, default vs int8 "
+              "activations, on this CPU's kernels (no model)");
+  gemv->add_option("--types", gopt.types, "Block types")->capture_default_str();
+  gemv->add_option("--shapes", gemv_shapes, "ROWSxIN (default 2048x640 640x2048 32768x640)");
+  gemv->add_option("--tokens", gopt.tokens, "Tokens per product")->check(CLI::Range(1, 8))->capture_default_str();
+  gemv->add_option("--repeats", gopt.repeats)->check(CLI::Range(1, 100))->capture_default_str();
+
   bs::tools::TextBenchOptions xopt;
   xopt.dataset = topt.dataset;
   auto* text = bench->add_subcommand(
@@ -528,6 +538,23 @@ int main(int argc, char** argv) {
       mopt.precision = precision;
       mopt.kv_dtype = kv_dtype;
       return bs::tools::bench_memory(mopt);
+    }
+    if (gemv->parsed()) {
+      if (!gemv_shapes.empty()) gopt.shapes.clear();
+      for (const auto& sh : gemv_shapes) {
+        const auto x = sh.find('x');
+        size_t used_rows = 0, used_in = 0;
+        int64_t rows = 0, in = 0;
+        try {
+          rows = std::stoll(sh.substr(0, x), &used_rows);
+          in = std::stoll(sh.substr(x + 1), &used_in);
+        } catch (const std::exception&) {
+        }
+        if (x == std::string::npos || used_rows != x || used_in != sh.size() - x - 1 || rows <= 0 || in <= 0)
+          throw std::invalid_argument("--shapes: '" + sh + "' is not ROWSxIN with positive numbers");
+        gopt.shapes.emplace_back(rows, in);
+      }
+      return bs::tools::bench_gemv(gopt);
     }
     if (text->parsed()) {
       xopt.model_path = opt.model_path;

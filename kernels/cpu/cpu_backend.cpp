@@ -36,12 +36,10 @@ constexpr int64_t kGemvMaxRows = 8;
 constexpr int64_t kDecodeMaxQueries = 4;
 
 // A prepared weight reads the file's rows in place: one part per fused matrix (query,
-// key, value; gate, up), each writing its columns of the output. Nothing is copied
-// but the Q4_0/Q4_1 block scales the decode GEMV wants as fp32.
+// key, value; gate, up), each writing its columns of the output. Nothing is copied.
 struct CpuPart {
   WeightView view;
-  int64_t col0 = 0;                 // its first output column
-  std::vector<uint16_t> block_scales;  // Q4_0/Q4_1 where the kernels read them: cpu::extract_block_scales
+  int64_t col0 = 0;  // its first output column
 };
 struct CpuWeights final : PreparedWeights {
   std::vector<CpuPart> parts;
@@ -92,10 +90,7 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(const cpu::CpuKernels& kernels, DecodeActivations decode)
       : k_(kernels), bf16_(bf16_supported(kernels)),
-        int8_decode_(decode == DecodeActivations::Int8 && kernels.gemv_int8 != nullptr),
-        // Only the AVX2 variant's int16 decode product reads them
-        // (kernels/cpu/variant/gemv_quantized.cpp): elsewhere they would be memory for nothing.
-        reads_block_scales_(kernels.isa == cpu::CpuIsa::Avx2) {}
+        int8_decode_(decode == DecodeActivations::Int8 && kernels.gemv_int8 != nullptr) {}
 
   std::string name() const override { return "cpu"; }
   std::string kernel_id() const override {
@@ -127,10 +122,6 @@ class CpuBackend final : public Backend {
       out->views.push_back(w);
       part.col0 = col;
       col += w.out_features;
-      if (reads_block_scales_ && (w.type == TensorType::Q4_0 || w.type == TensorType::Q4_1)) {
-        part.block_scales.resize(static_cast<size_t>(cpu::block_scales_count(w.out_features, w.in_features)));
-        cpu::extract_block_scales(w.type, w.data, w.out_features, w.in_features, part.block_scales.data());
-      }
     }
     // The whole matrix's shape; its rows are in `parts` (data is not one array).
     out->view = WeightView{parts[0].type, parts.size() == 1 ? parts[0].data : nullptr, col, in};
@@ -164,12 +155,11 @@ class CpuBackend final : public Backend {
   // where the part spans the row or there is one row, else through a small buffer.
   void gemv_part(const CpuPart& part, const float* x, float* y, int64_t n, int64_t ldy) {
     const auto& v = part.view;
-    const uint16_t* scales = part.block_scales.empty() ? nullptr : part.block_scales.data();  // AVX2 Q4_0/Q4_1
     auto run = [&](float* dst) {
       if (int8_decode_ && has_int8_decode_product(v.type))
-        k_.gemv_int8(v.type, v.data, scales, x, dst, n, v.in_features, v.out_features);
+        k_.gemv_int8(v.type, v.data, x, dst, n, v.in_features, v.out_features);
       else
-        k_.gemv_quantized(v.type, v.data, scales, x, dst, n, v.in_features, v.out_features);
+        k_.gemv_quantized(v.type, v.data, x, dst, n, v.in_features, v.out_features);
     };
     if (n == 1 || v.out_features == ldy) {
       run(y + part.col0);
@@ -451,7 +441,6 @@ class CpuBackend final : public Backend {
   // Decode products of block types through the int8-activation kernel (asked for, and
   // present in this variant).
   const bool int8_decode_;
-  const bool reads_block_scales_;
 };
 
 }  // namespace
@@ -501,23 +490,6 @@ Precision choose_precision(std::string_view name, const Backend& backend) {
 }
 
 namespace cpu {
-void extract_block_scales(TensorType type, const void* w, int64_t rows, int64_t in_features, uint16_t* out) {
-  const TensorTypeTraits& t = type_traits(type);
-  const int64_t blocks = in_features / t.block_elements;
-  const auto* p = static_cast<const uint8_t*>(w);
-  std::fill_n(out, block_scales_count(rows, in_features), uint16_t{0});  // fp16 +0
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < blocks; ++b, p += t.block_bytes) {
-      uint16_t h[2] = {0, 0};
-      std::memcpy(h, p, type == TensorType::Q4_1 ? 4 : 2);
-      uint16_t* at = out + ((r / 8) * blocks + b) * 16 + r % 8;
-      at[0] = h[0];
-      at[8] = h[1];
-    }
-}
-
-int64_t block_scales_count(int64_t rows, int64_t in_features) { return (rows + 7) / 8 * (in_features / 32) * 16; }
-
 const CpuKernels& kernels_for(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Scalar: return isa_scalar::kKernels;

@@ -73,13 +73,13 @@ struct CpuKernels {
   decltype(attention) attention_bf16;
 
   // y[t, o] = sum_i W[o, i] x[t, i] straight from the stored (quantized) rows, fp32
-  // accumulation; for the few rows of decode steps.
+  // accumulation; for the few rows of decode steps. From AVX2 up, the 4/5-bit block
+  // types of 32 (Q4_0, Q4_1, Q5_0, Q5_1: has_int16_decode_product) round the
+  // activations to int16 per block of 32 (the reference product:
+  // reference_gemv_rounded_activations, kernels/activation_quant.h); the others multiply
+  // fp32 activations.
   void (*gemv_quantized)(TensorType type,
                          const void* w,   // [out_features] rows of `type` blocks
-                         // Q4_0/Q4_1: the block scales d and offsets m regrouped
-                         // (extract_block_scales), else nullptr; read by the AVX2
-                         // variant only
-                         const uint16_t* block_scales,
                          const float* x,  // [n, in_features]
                          float* y,        // [n, out_features]
                          int64_t n, int64_t in_features, int64_t out_features);
@@ -87,7 +87,7 @@ struct CpuKernels {
   // gemv_quantized of block-quantized weights (Q4_0 ... Q6_K:
   // kernels/activation_quant.h's has_int8_decode_product) with the activations rounded
   // to int8 per block of 32 (quantize_block_int8; the reference product is
-  // reference_gemv_int8_activations) and blocks multiplied in integers (vpmaddubsw);
+  // reference_gemv_rounded_activations with 8 bits) and blocks multiplied in integers (vpmaddubsw);
   // rows bit-identical alone or batched, as gemv_quantized; F32/F16/BF16 weights go to
   // gemv_quantized. nullptr in the scalar variant (DecodeActivations, backend.h).
   decltype(gemv_quantized) gemv_int8;
@@ -107,14 +107,6 @@ struct CpuKernels {
                          void* dst,        // [n] fp32, or bf16 bits where bf16
                          int64_t n, bool bf16);
 };
-
-// The block scales of a Q4_0/Q4_1 matrix for gemv_quantized, by groups of 8 rows, fp16
-// as stored (so exact, and a fifth of the file's Q4_1 bytes rather than two fifths):
-// [ceil(rows / 8), in_features / 32, 16], per group and block d of its 8 rows, then m
-// of its 8 rows (0 for Q4_0, and for the rows past `rows`).
-// block_scales_count(rows, in_features) values.
-void extract_block_scales(TensorType type, const void* w, int64_t rows, int64_t in_features, uint16_t* out);
-int64_t block_scales_count(int64_t rows, int64_t in_features);
 
 // One table per variant, defined in kernels/cpu/variant/kernel_table.cpp.
 namespace isa_scalar { extern const CpuKernels kKernels; }

@@ -1,20 +1,23 @@
 // Decode-size products read the stored weights (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, the
 // K-quants Q4_K/Q5_K/Q6_K, F16/BF16/F32) directly: decode is memory-bound, and
-// 4/8-bit rows are 4-8x fewer bytes than bf16. Each 32-element block is expanded to fp32 in registers and multiplied
-// with fp32 activations (no activation quantization, so no extra error).
+// 4/8-bit rows are 4-8x fewer bytes than bf16.
 //
-// AVX2 exception: expanding every 4/8-bit weight to fp32 costs ~25 instructions per
-// block, which makes decode compute-bound at a third of the memory bandwidth on AVX2.
-// There the activations of Q4_0/Q4_1 products are rounded to int16 per block of 32
-// (scale max|x| / 32767: error <= 2^-16 of the block's largest value, far below the
-// weights' own 4-bit error), and blocks multiply as integers (vpmaddwd); each block's
-// integer dot product is exact, and 8 of them (8 rows of one token, or one row of up
-// to 8 tokens) are finished together into one vector, scaled and accumulated there.
+// The default product (DecodeActivations::Exact) of each type:
+// - Q8_0, the K-quants, F32/F16/BF16: each 32-element block expanded to fp32 in
+//   registers and multiplied with fp32 activations (no activation rounding, so no extra
+//   error).
+// - Q4_0, Q4_1, Q5_0, Q5_1 (kInt16Product): expanding every 4/5-bit weight to fp32 made
+//   their decode compute-bound (AVX2: ~25 instructions a block, a third of the memory
+//   bandwidth; AVX-512 on an EPYC Zen 4: 1.3-1.4x the time of the integer form, measured
+//   on Gemma 3 270M's and SmolLM2's shapes). So their activations are rounded to int16 per block
+//   of 32 (scale max|x| / 32767: error <= 2^-16 of the block's largest value, far below
+//   the weights' own 4/5-bit error and the bf16 rounding of prefill), the weights widened
+//   to int16 as stored, and blocks multiply as integers (vpmaddwd); each block's integer
+//   dot product is exact, and 8 of them (8 rows of one token, or one row of up to 8
+//   tokens) are finished together into one vector, scaled and accumulated there.
 // K-quant super-blocks are read one 32-element sub-block at a time (its quants unpacked
-// with AVX2 integer ops, its scales as kernels/kquant_blocks.h defines them, inline), so every type runs
-// through the same block loops. Q8_0 blocks expand cheaply and keep fp32 activations (the output projection's
-// logits stay within 1e-4 of llama.cpp's; int16 activations there measured up to
-// 1.5e-3, over the golden test's 1e-3).
+// with AVX2 integer ops, its scales as kernels/kquant_blocks.h defines them, inline), so
+// every type runs through the same block loops.
 //
 // gemv_int8 (every variant from AVX2 up, chosen by DecodeActivations::Int8,
 // kernels/backend.h): the integer scheme for every block type, with activations rounded
@@ -24,6 +27,7 @@
 // Q5_1, the K-quants' mins) multiplies the block's fp32 sum, Q6_K's two 16-element
 // scales go into the vpmaddwd. 256-bit integer ops on AVX-512 too (they are what it
 // spends the time on; measured in tools/bench/RESULTS.md, "int8 decode activations").
+// The scalar forms of both integer products: kernels/activation_quant.h.
 #include "kernels/cpu/variant/simd.h"  // first: see the note there
 #include "kernels/cpu/variant/variant_ops.h"
 #include "kernels/dequant.h"
@@ -439,18 +443,29 @@ inline void for_each_scaled_block(const float* x, int64_t nt, int64_t in, float 
     }
 }
 
-// x rounded to int8 per block of 32, as kernels/activation_quant.h's scalar reference
-// (llama.cpp's Q8_0 activations): q = round(x / scale), scale = max|x| / 127, so q is in
-// [-127, 127]; qsum[t][b] = the block's sum of q (what a weight offset such as Q4_0's
-// -8 takes off the integer dot product); sum[t][b] = the block's fp32 sum.
-void quantize_int8(const float* x, int64_t nt, int64_t in, int8_t* q, float* scale, int32_t* qsum, float* sum) {
+// x rounded to A (int8_t or int16_t) per block of 32, as kernels/activation_quant.h's
+// scalar reference (int8: llama.cpp's Q8_0 activations): q = round(x / scale), scale =
+// max|x| / qmax (127 or 32767), so |q| <= qmax; qsum[t][b] = the block's sum of q (what
+// a weight offset such as Q4_0's -8 takes off the integer dot product); sum[t][b] = the
+// block's fp32 sum (what a weight minimum multiplies).
+template <class A>
+void quantize_blocks(const float* x, int64_t nt, int64_t in, A* q, float* scale, int32_t* qsum, float* sum) {
+  constexpr bool kInt8 = sizeof(A) == 1;  // int8_t (else int16_t)
   const int64_t blocks = in / kBlock;
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
-  for_each_scaled_block(x, nt, in, 127.0f, [&](int64_t t, int64_t b, const __m256* v, float sc, __m256 inv) {
+  for_each_scaled_block(x, nt, in, kInt8 ? 127.0f : 32767.0f, [&](int64_t t, int64_t b, const __m256* v, float sc,
+                                                                   __m256 inv) {
     __m256i i32[4];
     for (int i = 0; i < 4; ++i) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // nearest even
-    const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + t * in + b * kBlock), _mm256_permutevar8x32_epi32(q8, order));
+    A* qb = q + t * in + b * kBlock;
+    const __m256i q01 = _mm256_packs_epi32(i32[0], i32[1]), q23 = _mm256_packs_epi32(i32[2], i32[3]);
+    if constexpr (kInt8) {
+      const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
+                          _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23), order));
+    } else {  // one pack: 64-bit quarters (0, 2, 1, 3) put the elements in order
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), _mm256_permute4x64_epi64(q01, 0xD8));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), _mm256_permute4x64_epi64(q23, 0xD8));
+    }
     const __m256i isum = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
     alignas(32) int32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), isum);
@@ -504,167 +519,17 @@ struct TokenBlocks {
 };
 #endif
 
-#if BS_ISA_LEVEL == 1
-// x rounded per block of 32: q[t][i] = round(x[t][i] / scale[t][b]), scale = max|x| / 32767;
-// sum[t][b] = the block's fp32 sum (Q4_1's offset term).
-void quantize_int16(const float* x, int64_t nt, int64_t in, int16_t* q, float* scale, float* sum) {
-  const int64_t blocks = in / kBlock;
-  for_each_scaled_block(x, nt, in, 32767.0f, [&](int64_t t, int64_t b, const __m256* v, float sc, __m256 inv) {
-    // round to nearest even (the default rounding mode, as lrintf), pack to int16
-    const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)),
-                                           _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv)));
-    const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)),
-                                           _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv)));
-    int16_t* qb = q + t * in + b * kBlock;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), _mm256_permute4x64_epi64(q01, 0xD8));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), _mm256_permute4x64_epi64(q23, 0xD8));
-    scale[t * blocks + b] = sc;
-    sum[t * blocks + b] = block_sum(v);
-  });
-}
-
-// One block's 32 weights as int16 for the integer dot product: elements 0..15 in w0 and
-// 16..31 in w1 (Q4_0: q - 8).
-template <TensorType T>
-inline void load_block_int16(const uint8_t* blk, __m256i& w0, __m256i& w1) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == TensorType::Q4_1 ? 4 : 2)));
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
-  w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
-  if constexpr (T == TensorType::Q4_0) {
-    w0 = _mm256_sub_epi16(w0, _mm256_set1_epi16(8));
-    w1 = _mm256_sub_epi16(w1, _mm256_set1_epi16(8));
-  }
-}
-
-// The integer dot product of one block's weights with one token's 32 activations, as
-// 8 partial sums.
-inline __m256i block_dot_int16(__m256i w0, __m256i w1, const int16_t* xq) {
-  return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
-                          _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
-}
-
-// Every (row o, token t) product of the int16 path is, whatever the number of tokens:
-//   isum_b = the exact integer dot product of block b (weights as stored, Q4_0 minus 8)
-//   main   = fma(float(isum_b), d[o][b] * scale[t][b], main)   over b = 0, 1, ... from 0
-//   off    = fma(m[o][b], sum[t][b], off)                        (Q4_1; 0 otherwise)
-//   y      = main + off
-// computed in the 8 lanes of a vector: one token, 8 rows per lane group
-// (gemv_int_rows) or one row, up to 8 tokens (gemv_int_tokens). The 8 integer
-// sums of a block are finished together (reduce8_epi32), so a block costs one
-// conversion and one FMA for 8 products, and the rows are bit-identical alone or
-// batched (Transformer::decode_step relies on it). d and m come from the block scales
-// extracted beside the weights (extract_block_scales: fp16, 8 rows per load).
-
-// One token, 8 rows per lane group. scale/sum: [blocks].
-template <TensorType T>
-void gemv_int_rows(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes, int64_t blocks,
-                   const int16_t* xq, const float* scale, const float* sum, float* y, int64_t out) {
-  const int64_t row_bytes = blocks * bbytes;
-  const int64_t groups = (out + 7) / 8;
-#pragma omp parallel for schedule(static) if (out >= 64)
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* rows[8];
-    for (int r = 0; r < 8; ++r) rows[r] = base + imin(g * 8 + r, out - 1) * row_bytes;
-    const uint16_t* gs = block_scales + g * blocks * 16;  // fp16 [blocks][d of 8 rows, m of 8 rows]
-    const uint8_t* next = base + (g + 1) * 8 * row_bytes;  // the next group, prefetched a block's share at a time
-    __m256 main = _mm256_setzero_ps(), off = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      for (int64_t at = b * 8 * bbytes; at < (b + 1) * 8 * bbytes; at += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T0);
-      __m256i p[8];
-      for (int r = 0; r < 8; ++r) {
-        __m256i w0, w1;
-        load_block_int16<T>(rows[r] + b * bbytes, w0, w1);
-        p[r] = block_dot_int16(w0, w1, xq + b * kBlock);
-      }
-      const __m256i isum = reduce8_epi32(p);
-      const __m256 ds = _mm256_mul_ps(load8_fp16(gs + b * 16), _mm256_broadcast_ss(scale + b));
-      main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ds, main);
-      if constexpr (T == TensorType::Q4_1)
-        off = _mm256_fmadd_ps(load8_fp16(gs + b * 16 + 8), _mm256_broadcast_ss(sum + b), off);
-    }
-    alignas(32) float res[8];
-    _mm256_store_ps(res, _mm256_add_ps(main, off));
-    for (int64_t r = 0; r < 8 && g * 8 + r < out; ++r) y[g * 8 + r] = res[r];
-  }
-}
-
-// One row per lane group, NT (2..8) tokens in the lanes; scale and sum of token t at
-// [b * 8 + t] (TokenBlocks).
-template <TensorType T, int NT>
-void gemv_int_tokens(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes, int64_t blocks,
-                     const int16_t* xq, int64_t in, const float* scale_by_block, const float* sum_by_block, float* y,
-                     int64_t out) {
-  const int64_t row_bytes = blocks * bbytes;
-#pragma omp parallel for schedule(static) if (out >= 64)
-  for (int64_t o = 0; o < out; ++o) {
-    const uint8_t* row = base + o * row_bytes;
-    const uint16_t* gs = block_scales + (o / 8) * blocks * 16 + o % 8;  // fp16 d at gs[b * 16], m at gs[b * 16 + 8]
-    const uint8_t* next = row + 4 * row_bytes;  // prefetched a block's share at a time
-    __m256 main = _mm256_setzero_ps(), off = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + b * bbytes), _MM_HINT_T0);
-      __m256i w0, w1;
-      load_block_int16<T>(row + b * bbytes, w0, w1);
-      __m256i p[8];
-      for (int t = 0; t < 8; ++t) p[t] = t < NT ? block_dot_int16(w0, w1, xq + t * in + b * kBlock) : _mm256_setzero_si256();
-      const __m256i isum = reduce8_epi32(p);
-      const __m256 ds = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(gs[b * 16])), _mm256_loadu_ps(scale_by_block + b * 8));
-      main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ds, main);
-      if constexpr (T == TensorType::Q4_1)
-        off = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(gs[b * 16 + 8])), _mm256_loadu_ps(sum_by_block + b * 8), off);
-    }
-    alignas(32) float res[8];
-    _mm256_store_ps(res, _mm256_add_ps(main, off));
-    for (int t = 0; t < NT; ++t) y[t * out + o] = res[t];
-  }
-}
-
-// The Q4_0/Q4_1 product with activations rounded to int16 per block.
-template <TensorType T>
-void gemv_int(const uint8_t* base, const uint16_t* block_scales, int64_t bbytes, int64_t blocks, const float* x,
-              float* y, int64_t n, int64_t in, int64_t out) {
-  Scratch q_buf(static_cast<size_t>(n * in) * sizeof(int16_t) + 64);
-  Scratch f_buf(static_cast<size_t>(2 * n * blocks) * sizeof(float));
-  int16_t* q = q_buf.as<int16_t>();
-  float* scale = f_buf.as<float>();
-  float* sum = scale + n * blocks;
-  quantize_int16(x, n, in, q, scale, sum);
-  TokenBlocks by_block(blocks);
-  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
-    const int64_t nt = imin(kMaxTokens, n - t0);
-    float* yt = y + t0 * out;
-    const int16_t* qt = q + t0 * in;
-    if (nt == 1) {
-      gemv_int_rows<T>(base, block_scales, bbytes, blocks, qt, scale + t0 * blocks, sum + t0 * blocks, yt, out);
-      continue;
-    }
-    by_block.fill(scale, sum, nullptr, 0, blocks, t0, nt);
-    switch (nt) {
-#define BS_INT16_TOKENS(N)                                                                                  \
-  case N:                                                                                                   \
-    gemv_int_tokens<T, N>(base, block_scales, bbytes, blocks, qt, in, by_block.scale, by_block.sum, yt, out); \
-    break;
-      BS_INT16_TOKENS(2) BS_INT16_TOKENS(3) BS_INT16_TOKENS(4) BS_INT16_TOKENS(5) BS_INT16_TOKENS(6)
-      BS_INT16_TOKENS(7)
-#undef BS_INT16_TOKENS
-      default: gemv_int_tokens<T, 8>(base, block_scales, bbytes, blocks, qt, in, by_block.scale, by_block.sum, yt, out);
-    }
-  }
-}
-#endif
-
 #if BS_ISA_LEVEL >= 1
-// ---- The int8 product of every block type (gemv_int8) ----
-// Block b of a row as gemv_int8 multiplies it: 32 stored integers w as bytes in element
-// order, and what turns their integer sum with a block of int8 activations into the
-// product:
+// ---- The integer products: int8 activations (gemv_int8, every block type) and int16
+// activations (the default product of the 4/5-bit types, kInt16Product) ----
+// Block b of a row as the integer products multiply it: 32 stored integers w as bytes in
+// element order, and what turns their integer sum with a block of rounded activations
+// into the product:
 //   product = factor * scale[t][b] * (isum - bias * qsum[t][b]) + add * sum[t][b]
 // isum = sum_e w[e] * q[t][e] (Q6_K: each half's sum times its int8 scale), exact in
-// int32. Q4_0 and Q5_0 store their values offset by +8 and +16 (bias), which comes off
+// int32 (int16 activations: |w| <= 31, so |isum| <= 32 * 31 * 32767 < 2^25). Q4_0 and Q5_0 store their values offset by +8 and +16 (bias), which comes off
 // the exact integer sum; Q8_0 and Q6_K hold signed values (kernels/activation_quant.h
-// has the scalar form of every type: reference_gemv_int8_activations).
+// has the scalar form of every type: reference_gemv_rounded_activations).
 template <TensorType T>
 constexpr bool kIntSigned = T == TensorType::Q8_0 || T == TensorType::Q6_K;
 template <TensorType T>
@@ -672,6 +537,18 @@ constexpr int kIntBias = T == TensorType::Q4_0 ? 8 : T == TensorType::Q5_0 ? 16 
 template <TensorType T>
 constexpr bool kIntAdds = T == TensorType::Q4_1 || T == TensorType::Q5_1 || T == TensorType::Q4_K ||
                           T == TensorType::Q5_K;
+// The types whose default (DecodeActivations::Exact) decode product rounds activations
+// to int16: their stored integers are unsigned and small, so widening them to int16 and
+// one vpmaddwd per 16 pairs replaces expanding each weight to fp32 (what made their
+// decode compute-bound: 1.3-1.4x the time on an EPYC Zen 4, AVX-512). Q8_0 keeps fp32
+// activations: its expansion is cheap, its product (the output projection, in most
+// files) runs at the memory bandwidth either way, and its logits stay within 1e-4 of the
+// F32 reference (int16 activations there measured 1.5e-3). The K-quants keep them too:
+// their sub-block scales cost as much as the products (Q4_K measured the same time both
+// ways), and Q6_K's int8 scales times int16 activations can pass int32 over a block.
+template <TensorType T>
+constexpr bool kInt16Product = T == TensorType::Q4_0 || T == TensorType::Q4_1 || T == TensorType::Q5_0 ||
+                               T == TensorType::Q5_1;
 
 struct Int8Block {
   __m256i w;       // unsigned (<= 31) or, where kIntSigned, signed (|w| <= 128) bytes
@@ -716,26 +593,35 @@ inline void load_int8_block(const uint8_t* row, int64_t b, Int8Block& k) {
   }
 }
 
-// The block's integer sum with 32 int8 activations, as 8 partial sums. vpmaddubsw
-// multiplies unsigned by signed bytes: signed weights go in as |w| with the
-// activations' signs flipped where w < 0 (llama.cpp's trick). No pair saturates:
-// |pair| <= 2 * 128 * 127 < 32768.
-template <TensorType T>
-inline __m256i int8_block_dot(const Int8Block& k, const int8_t* xq) {
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-  __m256i pairs;
-  if constexpr (kIntSigned<T>) pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(k.w), _mm256_sign_epi8(x, k.w));
-  else pairs = _mm256_maddubs_epi16(k.w, x);
-  if constexpr (T == TensorType::Q6_K) return _mm256_madd_epi16(pairs, k.scales);
-  else return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+// The block's integer sum with 32 activations rounded to A, as 8 partial sums.
+// int8: vpmaddubsw multiplies unsigned by signed bytes: signed weights go in as |w| with
+// the activations' signs flipped where w < 0 (llama.cpp's trick). No pair saturates:
+// |pair| <= 2 * 128 * 127 < 32768. int16 (kInt16Product types: unsigned w <= 31): the
+// weights widened to int16, two vpmaddwd.
+template <TensorType T, class A>
+inline __m256i block_dot(const Int8Block& k, const A* xq) {
+  if constexpr (sizeof(A) == 2) {
+    static_assert(kInt16Product<T>, "int16 activations multiply unsigned <= 5-bit weights");
+    const __m256i w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(k.w));
+    const __m256i w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(k.w, 1));
+    return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
+                            _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
+  } else {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+    __m256i pairs;
+    if constexpr (kIntSigned<T>) pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(k.w), _mm256_sign_epi8(x, k.w));
+    else pairs = _mm256_maddubs_epi16(k.w, x);
+    if constexpr (T == TensorType::Q6_K) return _mm256_madd_epi16(pairs, k.scales);
+    else return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  }
 }
 
 // One token, 8 rows per lane group: lane r of main and off is row r's. The products of a
-// (row, token) pair take the same steps here and in int8_tokens (factor * scale, one
+// (row, token) pair take the same steps here and in int_tokens (factor * scale, one
 // FMA per block; add * sum, one FMA per block; main + off), so a row is bit-identical
 // alone or batched (Transformer::decode_step relies on it).
-template <TensorType T>
-void int8_rows(const uint8_t* base, int64_t row_bytes, int64_t blocks, const int8_t* xq, const float* scale,
+template <TensorType T, class A>
+void int_rows(const uint8_t* base, int64_t row_bytes, int64_t blocks, const A* xq, const float* scale,
                const int32_t* qsum, const float* sum, float* y, int64_t out) {
   const int64_t groups = (out + 7) / 8;
 #pragma omp parallel for schedule(static) if (out >= 64)
@@ -753,7 +639,7 @@ void int8_rows(const uint8_t* base, int64_t row_bytes, int64_t blocks, const int
       for (int r = 0; r < 8; ++r) {
         Int8Block k;
         load_int8_block<T>(rows[r], b, k);
-        p[r] = int8_block_dot<T>(k, xq + b * kBlock);
+        p[r] = block_dot<T>(k, xq + b * kBlock);
         factor[r] = k.factor;
         add[r] = k.add;
       }
@@ -771,8 +657,8 @@ void int8_rows(const uint8_t* base, int64_t row_bytes, int64_t blocks, const int
 
 // One row per lane group, NT (2..8) tokens in the lanes. By block b: scale, sum and
 // bias * qsum of token t at [b * 8 + t] (0 past NT).
-template <TensorType T, int NT>
-void int8_tokens(const uint8_t* base, int64_t row_bytes, int64_t blocks, const int8_t* xq, int64_t in,
+template <TensorType T, class A, int NT>
+void int_tokens(const uint8_t* base, int64_t row_bytes, int64_t blocks, const A* xq, int64_t in,
                  const float* scale_by_block, const float* sum_by_block, const int32_t* bias_by_block, float* y,
                  int64_t out) {
 #pragma omp parallel for schedule(static) if (out >= 64)
@@ -785,7 +671,7 @@ void int8_tokens(const uint8_t* base, int64_t row_bytes, int64_t blocks, const i
       Int8Block k;
       load_int8_block<T>(row, b, k);
       __m256i p[8];
-      for (int t = 0; t < 8; ++t) p[t] = t < NT ? int8_block_dot<T>(k, xq + t * in + b * kBlock) : _mm256_setzero_si256();
+      for (int t = 0; t < 8; ++t) p[t] = t < NT ? block_dot<T>(k, xq + t * in + b * kBlock) : _mm256_setzero_si256();
       __m256i isum = reduce8_epi32(p);
       if constexpr (kIntBias<T> != 0)
         isum = _mm256_sub_epi32(isum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias_by_block + b * 8)));
@@ -799,17 +685,19 @@ void int8_tokens(const uint8_t* base, int64_t row_bytes, int64_t blocks, const i
   }
 }
 
-template <TensorType T>
-void gemv_int8_typed(const uint8_t* base, const float* x, float* y, int64_t n, int64_t in, int64_t out) {
+// The product with activations rounded to A (int8_t: gemv_int8; int16_t: the default of
+// the kInt16Product types) per block of 32.
+template <TensorType T, class A>
+void gemv_int_typed(const uint8_t* base, const float* x, float* y, int64_t n, int64_t in, int64_t out) {
   const int64_t blocks = in / kBlock;
   const int64_t row_bytes = in / kTypeElements<T> * kTypeBytes<T>;
-  Scratch q_buf(static_cast<size_t>(n * in) + 64);
+  Scratch q_buf(static_cast<size_t>(n * in) * sizeof(A) + 64);
   Scratch f_buf(static_cast<size_t>(3 * n * blocks) * sizeof(float));
-  int8_t* q = q_buf.as<int8_t>();
+  A* q = q_buf.as<A>();
   float* scale = f_buf.as<float>();
   float* sum = scale + n * blocks;
   int32_t* qsum = reinterpret_cast<int32_t*>(sum + n * blocks);
-  quantize_int8(x, n, in, q, scale, qsum, sum);
+  quantize_blocks(x, n, in, q, scale, qsum, sum);
   TokenBlocks by_block(blocks);
   float* scale_by_block = by_block.scale;
   float* sum_by_block = by_block.sum;
@@ -817,75 +705,70 @@ void gemv_int8_typed(const uint8_t* base, const float* x, float* y, int64_t n, i
   for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
     const int64_t nt = imin(kMaxTokens, n - t0);
     float* yt = y + t0 * out;
-    const int8_t* qt = q + t0 * in;
+    const A* qt = q + t0 * in;
     if (nt == 1) {
-      int8_rows<T>(base, row_bytes, blocks, qt, scale + t0 * blocks, qsum + t0 * blocks, sum + t0 * blocks, yt, out);
+      int_rows<T>(base, row_bytes, blocks, qt, scale + t0 * blocks, qsum + t0 * blocks, sum + t0 * blocks, yt, out);
       continue;
     }
     by_block.fill(scale, sum, qsum, kIntBias<T>, blocks, t0, nt);
     switch (nt) {
-#define BS_INT8_TOKENS(N)                                                                                          \
-  case N:                                                                                                          \
-    int8_tokens<T, N>(base, row_bytes, blocks, qt, in, scale_by_block, sum_by_block, bias_by_block, yt, out); \
+#define BS_INT_TOKENS(N)                                                                                        \
+  case N:                                                                                                       \
+    int_tokens<T, A, N>(base, row_bytes, blocks, qt, in, scale_by_block, sum_by_block, bias_by_block, yt, out); \
     break;
-      BS_INT8_TOKENS(2) BS_INT8_TOKENS(3) BS_INT8_TOKENS(4) BS_INT8_TOKENS(5) BS_INT8_TOKENS(6) BS_INT8_TOKENS(7)
-#undef BS_INT8_TOKENS
-      default: int8_tokens<T, 8>(base, row_bytes, blocks, qt, in, scale_by_block, sum_by_block, bias_by_block, yt, out);
+      BS_INT_TOKENS(2) BS_INT_TOKENS(3) BS_INT_TOKENS(4) BS_INT_TOKENS(5) BS_INT_TOKENS(6) BS_INT_TOKENS(7)
+#undef BS_INT_TOKENS
+      default: int_tokens<T, A, 8>(base, row_bytes, blocks, qt, in, scale_by_block, sum_by_block, bias_by_block, yt, out);
     }
   }
 }
 #endif
 
 template <TensorType T>
-void gemv_typed(const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n, int64_t in,
-                int64_t out) {
+void gemv_typed(const void* w, const float* x, float* y, int64_t n, int64_t in, int64_t out) {
+  const auto* base = static_cast<const uint8_t*>(w);
+#if BS_ISA_LEVEL >= 1
+  if constexpr (kInt16Product<T>) return gemv_int_typed<T, int16_t>(base, x, y, n, in, out);
+#endif
   const int64_t blocks = in / kBlock;
   const int64_t row_bytes = in / kTypeElements<T> * kTypeBytes<T>;
-  const auto* base = static_cast<const uint8_t*>(w);
-#if BS_ISA_LEVEL == 1
-  if constexpr (T == TensorType::Q4_0 || T == TensorType::Q4_1) {
-    if (block_scales) return gemv_int<T>(base, block_scales, kTypeBytes<T>, blocks, x, y, n, in, out);
-  }
-#else
-  (void)block_scales;  // only the AVX2 int16 path reads them
-#endif
   for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens)
     gemv_tokens<T>(base, row_bytes, blocks, x + t0 * in, in, y + t0 * out, out, imin(kMaxTokens, n - t0));
 }
 
 }  // namespace
 
-void gemv_quantized(TensorType type, const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n,
-                    int64_t in_features, int64_t out_features) {
+void gemv_quantized(TensorType type, const void* w, const float* x, float* y, int64_t n, int64_t in_features,
+                    int64_t out_features) {
   switch (type) {
-    case TensorType::Q4_0: return gemv_typed<TensorType::Q4_0>(w, block_scales, x, y, n, in_features, out_features);
-    case TensorType::Q4_1: return gemv_typed<TensorType::Q4_1>(w, block_scales, x, y, n, in_features, out_features);
-    case TensorType::Q5_0: return gemv_typed<TensorType::Q5_0>(w, block_scales, x, y, n, in_features, out_features);
-    case TensorType::Q5_1: return gemv_typed<TensorType::Q5_1>(w, block_scales, x, y, n, in_features, out_features);
-    case TensorType::Q8_0: return gemv_typed<TensorType::Q8_0>(w, block_scales, x, y, n, in_features, out_features);
-    case TensorType::Q4_K: return gemv_typed<TensorType::Q4_K>(w, block_scales, x, y, n, in_features, out_features);
-    case TensorType::Q5_K: return gemv_typed<TensorType::Q5_K>(w, block_scales, x, y, n, in_features, out_features);
-    case TensorType::Q6_K: return gemv_typed<TensorType::Q6_K>(w, block_scales, x, y, n, in_features, out_features);
-    case TensorType::F32: return gemv_typed<TensorType::F32>(w, block_scales, x, y, n, in_features, out_features);
-    case TensorType::F16: return gemv_typed<TensorType::F16>(w, block_scales, x, y, n, in_features, out_features);
-    case TensorType::BF16: return gemv_typed<TensorType::BF16>(w, block_scales, x, y, n, in_features, out_features);
+    case TensorType::Q4_0: return gemv_typed<TensorType::Q4_0>(w, x, y, n, in_features, out_features);
+    case TensorType::Q4_1: return gemv_typed<TensorType::Q4_1>(w, x, y, n, in_features, out_features);
+    case TensorType::Q5_0: return gemv_typed<TensorType::Q5_0>(w, x, y, n, in_features, out_features);
+    case TensorType::Q5_1: return gemv_typed<TensorType::Q5_1>(w, x, y, n, in_features, out_features);
+    case TensorType::Q8_0: return gemv_typed<TensorType::Q8_0>(w, x, y, n, in_features, out_features);
+    case TensorType::Q4_K: return gemv_typed<TensorType::Q4_K>(w, x, y, n, in_features, out_features);
+    case TensorType::Q5_K: return gemv_typed<TensorType::Q5_K>(w, x, y, n, in_features, out_features);
+    case TensorType::Q6_K: return gemv_typed<TensorType::Q6_K>(w, x, y, n, in_features, out_features);
+    case TensorType::F32: return gemv_typed<TensorType::F32>(w, x, y, n, in_features, out_features);
+    case TensorType::F16: return gemv_typed<TensorType::F16>(w, x, y, n, in_features, out_features);
+    case TensorType::BF16: return gemv_typed<TensorType::BF16>(w, x, y, n, in_features, out_features);
   }
 }
 
 #if BS_ISA_LEVEL >= 1
-void gemv_int8(TensorType type, const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n,
-               int64_t in_features, int64_t out_features) {
+void gemv_int8(TensorType type, const void* w, const float* x, float* y, int64_t n, int64_t in_features,
+               int64_t out_features) {
   const auto* base = static_cast<const uint8_t*>(w);
   switch (type) {
-    case TensorType::Q4_0: return gemv_int8_typed<TensorType::Q4_0>(base, x, y, n, in_features, out_features);
-    case TensorType::Q4_1: return gemv_int8_typed<TensorType::Q4_1>(base, x, y, n, in_features, out_features);
-    case TensorType::Q5_0: return gemv_int8_typed<TensorType::Q5_0>(base, x, y, n, in_features, out_features);
-    case TensorType::Q5_1: return gemv_int8_typed<TensorType::Q5_1>(base, x, y, n, in_features, out_features);
-    case TensorType::Q8_0: return gemv_int8_typed<TensorType::Q8_0>(base, x, y, n, in_features, out_features);
-    case TensorType::Q4_K: return gemv_int8_typed<TensorType::Q4_K>(base, x, y, n, in_features, out_features);
-    case TensorType::Q5_K: return gemv_int8_typed<TensorType::Q5_K>(base, x, y, n, in_features, out_features);
-    case TensorType::Q6_K: return gemv_int8_typed<TensorType::Q6_K>(base, x, y, n, in_features, out_features);
-    default: return gemv_quantized(type, w, block_scales, x, y, n, in_features, out_features);  // F32, F16, BF16
+    case TensorType::Q4_0: return gemv_int_typed<TensorType::Q4_0, int8_t>(base, x, y, n, in_features, out_features);
+    case TensorType::Q4_1: return gemv_int_typed<TensorType::Q4_1, int8_t>(base, x, y, n, in_features, out_features);
+    case TensorType::Q5_0: return gemv_int_typed<TensorType::Q5_0, int8_t>(base, x, y, n, in_features, out_features);
+    case TensorType::Q5_1: return gemv_int_typed<TensorType::Q5_1, int8_t>(base, x, y, n, in_features, out_features);
+    case TensorType::Q8_0: return gemv_int_typed<TensorType::Q8_0, int8_t>(base, x, y, n, in_features, out_features);
+    case TensorType::Q4_K: return gemv_int_typed<TensorType::Q4_K, int8_t>(base, x, y, n, in_features, out_features);
+    case TensorType::Q5_K: return gemv_int_typed<TensorType::Q5_K, int8_t>(base, x, y, n, in_features, out_features);
+    case TensorType::Q6_K: return gemv_int_typed<TensorType::Q6_K, int8_t>(base, x, y, n, in_features, out_features);
+    default: return gemv_quantized(type, w, x, y, n, in_features, out_features);  // F32, F16, BF16
   }
 }
 #endif

@@ -21,12 +21,14 @@
 #error "kernels/cpu/variant sources are compiled per ISA with BS_ISA_NS and BS_ISA_LEVEL (kernels/CMakeLists.txt)"
 #endif
 
-// GCC 12 (bug 105593) reports -Wmaybe-uninitialized inside the AVX-512 headers' own
-// _mm512_undefined_* uses; the state at the header's lines decides, so the headers are
-// included here, first, with that one warning off.
+// GCC 12 (bug 105593) reports -Wmaybe-uninitialized, or -Wuninitialized where it
+// inlines further, inside the AVX-512 headers' own _mm512_undefined_* uses; the state at
+// the header's lines decides, so the headers are included here, first, with those two
+// warnings off.
 #pragma GCC diagnostic push
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop

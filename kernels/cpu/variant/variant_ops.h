@@ -18,12 +18,12 @@ void attention_decode(const float* q, const int32_t* qpos, const KvView& kv, flo
                       int64_t n_kv, float scale);
 void attention_decode_rows(const float* q, const int32_t* qpos, const KvView* kv, float* out, int64_t n,
                            int64_t q_heads, float scale);
-void gemv_quantized(TensorType type, const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n, int64_t in_features,
+void gemv_quantized(TensorType type, const void* w, const float* x, float* y, int64_t n, int64_t in_features,
                     int64_t out_features);
 bool dequantize_row_fast(TensorType type, const void* src, void* dst, int64_t n, bool bf16);
 #if BS_ISA_LEVEL >= 1
-void gemv_int8(TensorType type, const void* w, const uint16_t* block_scales, const float* x, float* y, int64_t n,
-               int64_t in_features, int64_t out_features);
+void gemv_int8(TensorType type, const void* w, const float* x, float* y, int64_t n, int64_t in_features,
+               int64_t out_features);
 #endif
 #if BS_ISA_LEVEL >= 3
 void attention_bf16(const float* q, const int32_t* qpos, const KvView& kv, float* out, int64_t n, int64_t q_heads,
