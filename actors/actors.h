@@ -144,6 +144,8 @@ struct InspectorState {
 struct SupervisorHooks {
   std::function<caf::actor(const std::string& name, uint64_t id, const caf::error& reason, double backoff_s)> restart;
   std::function<void(const std::string& name, uint64_t id, const caf::error& reason, int deaths)> give_up;
+  // fail_atom: request `id` (if it is still known) ends with the error `why` now.
+  std::function<void(uint64_t id, const std::string& why)> fail;
   RestartLimits limits;
 };
 struct SupervisorState {

@@ -17,10 +17,12 @@ namespace {
 
 using Self = decoder_actor::stateful_pointer<DecoderState>;
 
-// Ends request `id` (error empty: as its decode session says, or cancelled).
+// Ends request `id` (error empty: as its decode session says, or cancelled: by the
+// record, which the intake marks, or `cancelled_here`, what the decoder itself saw: the
+// caller stopped reading, the request never ran or its step was not computed).
 // `d` is its decoding state, null for a request that never ran.
 void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& rec, Decoding* d,
-            const std::string& error) {
+            const std::string& error, bool cancelled_here = false) {
   const uint64_t id = rec->id;
   if (rec->finished.exchange(true)) {  // the runtime failed it already
     self->state.requests.erase(id);
@@ -75,7 +77,7 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
   } else if (!error.empty()) {
     res.finish_reason = "error";
     res.error = error;
-  } else if (d && d->session && !rec->cancelled.load()) {
+  } else if (d && d->session && !cancelled_here && !rec->cancelled.load()) {
     res.text = d->session->text();
     res.tokens = d->session->tokens();
     res.finish_reason = d->session->finish_reason();
@@ -111,7 +113,8 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
 // request gets the same tokens on every backend.
 void step(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& rec, Decoding& d,
           const std::vector<float>& logits, int32_t picked, bool first) {
-  if (rec->cancelled.load() || (logits.empty() && picked < 0)) return finish(self, ctx, h, rec, &d, "");
+  // A step the worker did not compute (it was cancelled there, or shutting down).
+  if (rec->cancelled.load() || (logits.empty() && picked < 0)) return finish(self, ctx, h, rec, &d, "", true);
   const auto& plan = d.prefill.plan;
   const int64_t done_tokens = static_cast<int64_t>(d.session->tokens().size());
   // Room for the sampled token's KV: the cache holds prompt + max_tokens positions.
@@ -126,10 +129,8 @@ void step(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& 
     rec->trace->set("first_token_s", t);
   }
   rec->trace->set("tokens_out", static_cast<int64_t>(d.session->tokens().size()));
-  if (!st.text.empty() && rec->callbacks.on_text && !rec->callbacks.on_text(st.text)) {
-    rec->cancelled = true;
-    return finish(self, ctx, h, rec, &d, "");
-  }
+  if (!st.text.empty() && rec->callbacks.on_text && !rec->callbacks.on_text(st.text))
+    return finish(self, ctx, h, rec, &d, "", /*cancelled_here=*/true);  // the caller stopped reading
   if (st.done) return finish(self, ctx, h, rec, &d, "");
   d.next = d.session->next_row();
   self->send(h->worker(), decode_atom::value, rec->id, DecodeAsk{st.token, d.next});
@@ -176,10 +177,7 @@ decoder_actor::behavior_type decoder(Self self, RuntimeContext* ctx, HandlesRef 
       [=](finish_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
         // It never ran (cancelled while queued, or the runtime shut down).
-        if (const RecordPtr rec = ctx->requests.find(id)) {
-          rec->cancelled = true;
-          finish(self, ctx, h, rec, nullptr, "");
-        }
+        if (const RecordPtr rec = ctx->requests.find(id)) finish(self, ctx, h, rec, nullptr, "", true);
       },
   };
 }

@@ -15,7 +15,7 @@
 // submit. Then this actor cancels it (queued: it leaves the queue; running: it stops
 // at its next step) and marks it expired, so it ends as an error that says so; if it
 // has still not ended kExpiryGrace later, it is failed where it stands
-// (RuntimeContext::fail_request: on_done now, its slot and cache given back).
+// (by the supervisor, fail_atom: on_done now, its slot and cache given back).
 //
 // The slots and pages are this actor's state (IntakeState::admitted, and the
 // pool's reservations, which only its thread writes): whoever ends a request sends
@@ -364,9 +364,10 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
           self->delayed_send(self, kExpiryGrace, expire_atom::value, id, int32_t{1});
           return;
         }
-        if (ctx->fail_request)
-          ctx->fail_request(rec, deadline_error(*ctx) + " and had not stopped " +
-                                     std::to_string(kExpiryGrace.count()) + " s later");
+        // The supervisor ends it (on_done once; its slot back; the worker drops what it
+        // holds for it), as it ends what a dead actor held.
+        self->send(h->supervisor(), fail_atom::value, id,
+                   deadline_error(*ctx) + " and had not stopped " + std::to_string(kExpiryGrace.count()) + " s later");
       },
       [=](resume_atom) {
         BusyScope busy(*c, self->mailbox().size());
@@ -394,8 +395,15 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
       },
       [=](cancel_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
-        // Not queued: a running request ends at its next step (the worker was told too).
-        leave_queue(self, ctx, h, id);
+        // The caller's cancel (Runtime::cancel) or shutdown's. The intake is the one writer
+        // of a record's `cancelled`: set before the worker hears of it, so whoever sees the
+        // request stop sees why.
+        const auto rec = ctx->requests.find(id);
+        if (!rec) return;  // it ended already
+        rec->cancelled = true;
+        // Queued: it leaves the queue and the decoder finishes it. Running: it ends at its
+        // next step.
+        if (!leave_queue(self, ctx, h, id)) self->send(h->worker(), cancel_atom::value, id);
       },
   };
 }

@@ -82,7 +82,10 @@ using inspector_actor = caf::typed_actor<caf::reacts_to<register_atom, CountersP
 
 // Monitors the actors it is told about; one that dies is handed to the runtime's
 // restart hook (actors/actors.h: SupervisorHooks) and its successor is monitored.
-using supervisor_actor = caf::typed_actor<caf::reacts_to<supervise_atom, caf::actor, std::string>>;
+// fail: a request ended with an error however far it got (the intake's last resort
+// for one that did not stop at its deadline), by the same policy code as a death's.
+using supervisor_actor = caf::typed_actor<caf::reacts_to<supervise_atom, caf::actor, std::string>,
+                                          caf::reacts_to<fail_atom, uint64_t, std::string>>;
 
 // The actors of one runtime. loaders[tier] is the tier's pool (TierId order of
 // RuntimeContext::tiers).
@@ -97,6 +100,7 @@ struct ActorSet {
   write_back_actor write_back;
   decoder_actor decoder;
   inspector_actor inspector;
+  supervisor_actor supervisor;  // never restarted: set once, after the others
 };
 
 // The handles every actor may need. Filled after spawning; the supervisor replaces
@@ -123,6 +127,7 @@ class Handles {
   write_back_actor write_back() const { return read(&ActorSet::write_back); }
   decoder_actor decoder() const { return read(&ActorSet::decoder); }
   inspector_actor inspector() const { return read(&ActorSet::inspector); }
+  supervisor_actor supervisor() const { return read(&ActorSet::supervisor); }
   ActorSet all() const {
     std::lock_guard<std::mutex> lock(mu_);
     return set_;

@@ -97,6 +97,7 @@ using logits_atom = caf::atom_constant<caf::atom("logits")>;      // (request id
 using finish_atom = caf::atom_constant<caf::atom("finish")>;      // (request id): it never ran (cancelled in the queue): finish it
 // supervisor
 using supervise_atom = caf::atom_constant<caf::atom("supervise")>; // (actor, name): monitor it, restart it when it dies
+using fail_atom = caf::atom_constant<caf::atom("fail")>;            // (request id, why): end it with this error now (to the supervisor)
 // inspector
 using register_atom = caf::atom_constant<caf::atom("register")>;  // (CountersPtr)
 using trace_atom = caf::atom_constant<caf::atom("trace")>;        // (trace JSON)

@@ -32,7 +32,12 @@ struct RequestRecord {
   // ledger from the records still admitted.
   std::atomic<bool> admitted{false};
   std::atomic<int64_t> kv_pages{0};  // the KV pool pages promised to it (set by the intake with `admitted`)
-  std::atomic<bool> cancelled{false};  // the caller (Runtime::cancel, on_text false), shutdown, a failure
+  // Cancelled by the caller (Runtime::cancel), shutdown or an expiry: written by the intake
+  // only (the others send it cancel_atom), before it tells the worker; read by the
+  // decoder (it ends the request at its next message) and inspection. A caller that
+  // stops reading (on_text false) is the decoder's own business: it ends the request
+  // itself and writes nothing here.
+  std::atomic<bool> cancelled{false};
   // Ran past limits.max_request_seconds (set by the intake with `cancelled`): it ends
   // as the error `expiry_error`, not as cancelled. The intake writes expiry_error
   // once, before it sets `expired`; others read it only after they saw `expired`.

@@ -371,8 +371,6 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   auto& sys = *a.system;
   auto h = a.h;
   RuntimeContext* c = ctx_.get();
-  // Before any actor exists: the intake calls it from its own thread.
-  ctx.fail_request = [&a, c](const RecordPtr& r, const std::string& why) { a.fail_request(c, r, why); };
   // The compute threads report as actors do; the inspector registers every counter
   // of this table when it starts.
   a.counters[ctx.compute->counters()->name] = ctx.compute->counters();
@@ -401,9 +399,13 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   hooks.give_up = [actors, c](const std::string& name, uint64_t id, const caf::error& why, int deaths) {
     actors->give_up(c, name, id, why, deaths);
   };
+  hooks.fail = [actors, c](uint64_t id, const std::string& why) {
+    if (const RecordPtr r = c->requests.find(id)) actors->fail_request(c, r, why);
+  };
   hooks.limits = RestartLimits{ctx.config.max_restarts, ctx.config.restart_window, ctx.config.restart_backoff,
                                ctx.config.restart_backoff_max};
   a.supervisor = sys.spawn(supervisor, std::move(hooks), a.counters["supervisor"] = make_counters("supervisor"));
+  h->update([&](ActorSet& set) { set.supervisor = a.supervisor; });
   caf::anon_send(h->inspector(), register_atom::value, a.counters["supervisor"]);
   for (size_t i = 0; i < names.size(); ++i) caf::anon_send(a.supervisor, supervise_atom::value, spawned[i], names[i]);
   // Demotion: an entry evicted from RAM goes to the SSD unless it is there already, or
@@ -479,13 +481,11 @@ std::string Runtime::failure() const { return ctx_->failure.why(); }
 bool Runtime::cancel(uint64_t id) {
   std::lock_guard<std::mutex> lock(actors_->mu);
   if (actors_->stopped) return false;  // shutdown cancels everything itself
-  const RecordPtr r = ctx_->requests.find(id);
-  if (!r) return false;
-  r->cancelled = true;
-  // A queued request leaves the queue now; a running one ends at its next step
-  // (a prefill at its next layer boundary, its loaders at their next layer).
+  if (!ctx_->requests.find(id)) return false;
+  // The intake marks it cancelled (it is the one writer of a record's cancel) and tells
+  // the worker: a queued request leaves the queue now; a running one ends at its next
+  // step (a prefill at its next layer boundary, its loaders at their next layer).
   caf::anon_send(actors_->h->intake(), cancel_atom::value, id);
-  caf::anon_send(actors_->h->worker(), cancel_atom::value, id);
   return true;
 }
 
@@ -498,11 +498,9 @@ void Runtime::shutdown(bool finish_write_back) {
     a.stopped = true;
     // First: the intake refuses whatever reaches it from now on.
     ctx_->shutting_down = true;
-    for (const auto& r : ctx_->requests.all()) {
-      r->cancelled = true;
-      caf::anon_send(a.h->intake(), cancel_atom::value, r->id);  // queued: finished now
-      caf::anon_send(a.h->worker(), cancel_atom::value, r->id);  // running: stops at its next step
-    }
+    // Every request cancelled by the intake (queued: finished now; running: the worker
+    // is told, and it stops at its next step).
+    for (const auto& r : ctx_->requests.all()) caf::anon_send(a.h->intake(), cancel_atom::value, r->id);
   }
   // Requests in flight end at their next step (a prefill at its next layer
   // boundary); every accepted request has had its on_done when the book is empty.

@@ -51,7 +51,8 @@ class Runtime {
   // submit() and wait for the result.
   RequestResult run(RuntimeRequest request, std::function<bool(std::string_view)> on_text = {});
   // Cancels a request in flight (its KV is freed at its next step) or waiting in
-  // the queue (it ends at once); it finishes "cancelled". False if unknown.
+  // the queue (it ends as soon as the intake reads the cancel); it finishes
+  // "cancelled". False if unknown.
   bool cancel(uint64_t id);
   // Empty while the runtime serves; else why it no longer does: a role of its actors
   // died more often than limits.max_restarts allows within limits.restart_window.

@@ -146,10 +146,6 @@ struct RuntimeContext {
   std::atomic<int64_t> admit_after_ns{0};
   // A role the supervisor gave up on: every request is refused with this, /health answers 503.
   RuntimeFailure failure;
-  // Ends a request with an error now, however far it got (on_done once; its slot back;
-  // the worker drops what it holds for it): the intake's last resort for a request
-  // that did not stop at its deadline. Set by the Runtime before any actor starts.
-  std::function<void(const RecordPtr&, const std::string&)> fail_request;
   // Test hooks (set before the first request, never while one runs): called by a
   // loader before it reads each layer, and by the SSD writer before each write; a
   // hook may throw (an actor that dies) or sleep (a slow device).

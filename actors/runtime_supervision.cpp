@@ -19,7 +19,8 @@ namespace bs {
 using namespace runtime_detail;
 
 void Runtime::Actors::fail_request(RuntimeContext* ctx, const RecordPtr& r, const std::string& why) {
-  r->cancelled = true;  // what still runs for it stops at its next step
+  // Finished here: the decoder drops it at its next message, and the worker, told to
+  // end it below, stops what still runs for it at its next step.
   if (r->finished.exchange(true)) return;
   RequestResult res;
   res.id = r->id;

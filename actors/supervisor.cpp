@@ -6,7 +6,9 @@
 // request-carrying actor died), puts a successor in its place (with the backoff the
 // intensity asks for), and this actor monitors the successor; a role that died more
 // often than allowed gets the give-up hook instead and no successor. Exits of
-// user_shutdown are the runtime stopping: nothing is restarted then.
+// user_shutdown are the runtime stopping: nothing is restarted then. A request the
+// intake gives up on (past its deadline, not stopped) is failed here too (fail_atom),
+// so every restart, give-up and fail decision runs on this actor.
 #include <chrono>
 #include <cstdio>
 
@@ -59,6 +61,10 @@ supervisor_actor::behavior_type supervisor(supervisor_actor::stateful_pointer<Su
         if (!child) return;
         self->monitor(child);
         self->state.children.emplace(child.address(), name);
+      },
+      [=](fail_atom, uint64_t id, const std::string& why) {
+        BusyScope busy(*c, self->mailbox().size());
+        hooks.fail(id, why);
       },
   };
 }

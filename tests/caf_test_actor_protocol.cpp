@@ -155,6 +155,13 @@ write_back_actor::behavior_type write_back_double(write_back_actor::pointer, Log
   };
 }
 
+supervisor_actor::behavior_type supervisor_double(supervisor_actor::pointer, Log log) {
+  return {
+      [=](supervise_atom, const caf::actor&, const std::string&) { log->push_back("supervisor:supervise"); },
+      [=](fail_atom, uint64_t, const std::string&) { log->push_back("supervisor:fail"); },
+  };
+}
+
 decoder_actor::behavior_type decoder_double(decoder_actor::pointer, Log log) {
   return {
       [=](start_atom, const PrefillOutcome&) { log->push_back("decoder:start"); },
@@ -263,6 +270,7 @@ struct fixture : context_base, test_coordinator_fixture<test_config> {
     put(&ActorSet::write_back, sys.spawn(write_back_double, log));
     put(&ActorSet::decoder, sys.spawn(decoder_double, log));
     put(&ActorSet::inspector, sys.spawn(inspector_double, log));
+    put(&ActorSet::supervisor, sys.spawn(supervisor_double, log));
     sched.run();  // the spawned actors start
   }
 
@@ -685,18 +693,27 @@ CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue
   CAF_CHECK_EQUAL(ctx->queued.load(), 1);
   CAF_CHECK_EQUAL(ctx->in_flight.load(), 1);
   CAF_CHECK(q1->admitted.load());
-  // A queued request cancelled by id leaves the queue and goes to the decoder, which
-  // finishes it (cancelled); it never held a slot.
-  q2->cancelled = true;
+  // A queued request cancelled by id (the intake marks it: it is the one writer of a
+  // record's cancel) leaves the queue and goes to the decoder, which finishes it
+  // (cancelled); it never held a slot.
+  CAF_CHECK(!q2->cancelled.load());
   self->send(h->intake(), cancel_atom::value, q2->id);
   expect((cancel_atom, uint64_t), from(self).to(h->intake()).with(_, q2->id));
   expect((finish_atom, uint64_t), from(h->intake()).to(h->decoder()).with(_, q2->id));
+  CAF_CHECK(q2->cancelled.load());
   CAF_CHECK_EQUAL(ctx->queued.load(), 0);
   CAF_CHECK(!q2->admitted.load());
   CAF_CHECK_EQUAL(count_events(*q2->trace, "intake", "queued"), 1);
-  // Cancelling a request that is not queued sends nothing.
+  // Cancelling a running request marks it and tells the worker (it stops at its next
+  // step), after the mark.
   self->send(h->intake(), cancel_atom::value, q1->id);
   expect((cancel_atom, uint64_t), from(self).to(h->intake()).with(_, q1->id));
+  CAF_CHECK(q1->cancelled.load());
+  expect((cancel_atom, uint64_t), from(h->intake()).to(h->worker()).with(_, q1->id));
+  CAF_CHECK(!sched.has_job());
+  // An unknown (finished) request: nothing.
+  self->send(h->intake(), cancel_atom::value, uint64_t{987654});
+  expect((cancel_atom, uint64_t), from(self).to(h->intake()).with(_, uint64_t{987654}));
   CAF_CHECK(!sched.has_job());
   // A slot with nobody waiting: nothing to start. A second release of the same
   // request changes nothing.
@@ -709,22 +726,22 @@ CAF_TEST(intake_queues_beyond_max_requests_in_order_and_refuses_beyond_the_queue
   }
   CAF_CHECK_EQUAL(ctx->kv_pool->reserved_pages(), 0);
   CAF_CHECK_EQUAL(ctx->kv_pool->foreign_reservation_writes(), 0);
-  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"controller:plan", "controller:plan", "decoder:finish"}));
+  CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"controller:plan", "controller:plan", "decoder:finish",
+                                                  "worker:cancel"}));
 }
 
 // limits.max_request_seconds, on the test clock: at the deadline the intake cancels
 // a running request (the worker is told; it ends as an error at its next step) and
 // finishes a queued one through the decoder (it leaves the queue, its wait traced);
 // both are marked expired with the sentence they end with. 10 s later a request that
-// has still not ended is failed where it stands; one that ended is left alone.
+// has still not ended is failed where it stands (the supervisor is asked to: it runs
+// every fail decision); one that ended is left alone.
 CAF_TEST(intake_expires_requests_at_max_request_seconds_running_or_queued) {
   put(&ActorSet::intake, sys.spawn(intake, ctx.get(), h, make_counters("intake")));
   sched.run();
   ctx->config.max_requests = 1;
   ctx->config.max_queue = 1;
   ctx->config.max_request_seconds = 5;
-  std::vector<std::pair<uint64_t, std::string>> failed;
-  ctx->fail_request = [&failed](const RecordPtr& r, const std::string& why) { failed.emplace_back(r->id, why); };
   auto running = new_record({kDocs[0]});
   CAF_CHECK_EQUAL(submit(running).id.value_or(0), running->id);
   CAF_CHECK_EQUAL(planned_by_intake().id, running->id);
@@ -759,13 +776,11 @@ CAF_TEST(intake_expires_requests_at_max_request_seconds_running_or_queued) {
   ctx->requests.erase(queued->id);
   advance_time(std::chrono::seconds(9));  // the running one's stage 0 + 10 s
   expect((expire_atom, uint64_t, int32_t), from(h->intake()).to(h->intake()).with(_, running->id, 1));
+  expect((fail_atom, uint64_t, std::string), from(h->intake()).to(h->supervisor()).with(
+      _, running->id, "the request ran longer than limits.max_request_seconds (5 s) and had not stopped 10 s later"));
   advance_time(std::chrono::seconds(1));
   expect((expire_atom, uint64_t, int32_t), from(h->intake()).to(h->intake()).with(_, queued->id, 1));
-  CAF_REQUIRE_EQUAL(failed.size(), 1u);
-  CAF_CHECK_EQUAL(failed[0].first, running->id);
-  CAF_CHECK_EQUAL(failed[0].second,
-                  "the request ran longer than limits.max_request_seconds (5 s) and had not stopped 10 s later");
-  ctx->fail_request = nullptr;
+  CAF_CHECK(!sched.has_job());  // the queued one had ended: nothing is failed
   ctx->config.max_request_seconds = 0;
 }
 
