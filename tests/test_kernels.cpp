@@ -626,22 +626,31 @@ TEST_P(BackendOps, Int8DecodeActivationsEqualTheirReference) {
   }
 }
 
-TEST(ActivationQuant, Int8BlocksRoundToNearestEvenWithinPlusMinus127) {
+// quantize (quantize_block_int8 or _int16) on a zero block (scale 1, all q 0) and on a
+// block whose largest |x| is 4: scale 4 / qmax, that element at -qmax, halves rounded
+// to even, every element within scale / 2.
+template <class Q>
+void check_block_rounding(float (*quantize)(const float*, Q*), float qmax) {
   float x[32];
-  int8_t q[32];
+  Q q[32];
   for (int i = 0; i < 32; ++i) x[i] = 0.0f;
-  EXPECT_EQ(quantize_block_int8(x, q), 1.0f);  // a zero block: scale 1, all q 0
+  EXPECT_EQ(quantize(x, q), 1.0f);
   for (int i = 0; i < 32; ++i) EXPECT_EQ(q[i], 0);
   for (int i = 0; i < 32; ++i) x[i] = static_cast<float>(i - 16) * 0.25f;  // max |x| = 4 at i = 0
-  x[31] = 2.5f * 4.0f / 127.0f;   // x / scale = 2.5 (within fp32): rounds to 2
-  x[30] = 3.5f * 4.0f / 127.0f;   // 3.5: rounds to 4
-  const float scale = quantize_block_int8(x, q);
-  EXPECT_FLOAT_EQ(scale, 4.0f / 127.0f);
-  EXPECT_EQ(q[0], -127);
+  x[31] = 2.5f * 4.0f / qmax;  // x / scale = 2.5 (within fp32): rounds to 2
+  x[30] = 3.5f * 4.0f / qmax;  // 3.5: rounds to 4
+  const float scale = quantize(x, q);
+  EXPECT_FLOAT_EQ(scale, 4.0f / qmax);
+  EXPECT_EQ(q[0], -static_cast<int>(qmax));
   EXPECT_EQ(q[16], 0);
   EXPECT_EQ(q[31], 2);
   EXPECT_EQ(q[30], 4);
   for (int i = 0; i < 32; ++i) EXPECT_LE(std::fabs(x[i] - scale * q[i]), scale / 2 * 1.0001f) << i;
+}
+
+TEST(ActivationQuant, Int8BlocksRoundToNearestEvenWithinPlusMinus127) {
+  check_block_rounding(quantize_block_int8, 127.0f);
+  const float x[32] = {};
   std::vector<float> y(1);
   EXPECT_THROW(reference_gemv_rounded_activations(TensorType::F16, 8, nullptr, x, y.data(), 1, 32, 1),
                std::invalid_argument);
@@ -696,21 +705,7 @@ TEST(ActivationQuant, TheReferenceReadsEveryBlockTypeAsItsDequantizer) {
 }
 
 TEST(ActivationQuant, Int16BlocksRoundToNearestEvenWithinPlusMinus32767) {
-  float x[32];
-  int16_t q[32];
-  for (int i = 0; i < 32; ++i) x[i] = 0.0f;
-  EXPECT_EQ(quantize_block_int16(x, q), 1.0f);  // a zero block: scale 1, all q 0
-  for (int i = 0; i < 32; ++i) EXPECT_EQ(q[i], 0);
-  for (int i = 0; i < 32; ++i) x[i] = static_cast<float>(i - 16) * 0.25f;  // max |x| = 4 at i = 0
-  x[31] = 2.5f * 4.0f / 32767.0f;  // x / scale = 2.5 (within fp32): rounds to 2
-  x[30] = 3.5f * 4.0f / 32767.0f;  // 3.5: rounds to 4
-  const float scale = quantize_block_int16(x, q);
-  EXPECT_FLOAT_EQ(scale, 4.0f / 32767.0f);
-  EXPECT_EQ(q[0], -32767);
-  EXPECT_EQ(q[16], 0);
-  EXPECT_EQ(q[31], 2);
-  EXPECT_EQ(q[30], 4);
-  for (int i = 0; i < 32; ++i) EXPECT_LE(std::fabs(x[i] - scale * q[i]), scale / 2 * 1.0001f) << i;
+  check_block_rounding(quantize_block_int16, 32767.0f);
 }
 
 // The default decode product of the 4/5-bit types of 32-element blocks (from AVX2 up:
