@@ -1209,23 +1209,37 @@ TEST(ServerKvPages, ABurstBeyondTheCacheWaitsForPagesAndEveryRequestCompletes) {
   config.max_requests = 16;  // pages, not slots, bound what runs
   config.max_queue = 16;
   config.kv_cache_bytes = 8 * page_bytes;
+  const int64_t prefix_block = config.prefix_block_tokens;
+  ASSERT_GT(prefix_block, 0);
   auto runtime = std::make_unique<Runtime>(config);
   ASSERT_EQ(runtime->kv_pages().total, 8);
   auto s = std::make_unique<Served>(*runtime, config);
   const std::vector<std::string> questions = {"What is 2+2?", "Name a colour.", "Say hello.", "What is the sun?"};
   constexpr int kAnswer = 60;  // prompt (~40 tokens) + 60: 2 pages of 64 positions
+  // Each question alone, twice: the second time finds the prompt's blocks the first
+  // stored (prefix caching), as every request of the burst does, and computes the same
+  // last tokens in the same number of rows. That answer is the one the burst must give:
+  // how a prompt is split between stored and computed rows changes the float rounding
+  // of the computed rows (a product's kernel depends on its row count), which in a
+  // near-tie changes a greedy token (AVX2, f32 prefill: "Say hello." cold and with 32
+  // tokens stored differ at the second token), and that is not what this test is about.
   std::vector<std::string> alone;
-  for (const auto& q : questions) {
-    auto c = s->client();
-    auto r = post(c, "/v1/chat/completions", chat_body(q, {}, kAnswer).dump());
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->status, 200) << r->body;
-    const json j = json::parse(r->body);
-    const int64_t positions = j["usage"]["prompt_tokens"].get<int64_t>() + kAnswer;
-    ASSERT_GT(positions, page_positions) << "the test wants two pages a request";
-    ASSERT_LE(positions, 2 * page_positions) << "the test wants two pages a request";
-    alone.push_back(j["choices"][0]["message"]["content"]);
-  }
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i = 0; i < questions.size(); ++i) {
+      auto c = s->client();
+      auto r = post(c, "/v1/chat/completions", chat_body(questions[i], {}, kAnswer).dump());
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      const json j = json::parse(r->body);
+      const int64_t positions = j["usage"]["prompt_tokens"].get<int64_t>() + kAnswer;
+      ASSERT_GT(positions, page_positions) << "the test wants two pages a request";
+      ASSERT_LE(positions, 2 * page_positions) << "the test wants two pages a request";
+      if (pass == 0) continue;
+      EXPECT_GE(j["usage"]["blendserve"].value("prefix_cached_tokens", int64_t{0}),
+                j["usage"]["prompt_tokens"].get<int64_t>() - prefix_block)
+          << "the prompt's full blocks, stored the first time";
+      alone.push_back(j["choices"][0]["message"]["content"]);
+    }
   ASSERT_TRUE(kv_pool_back_to_full(*runtime));
 
   std::atomic<bool> sampling{true};
