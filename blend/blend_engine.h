@@ -267,7 +267,7 @@ class BlendEngine {
   // A chunk's KV as it stands in a request's cache: rows [offset, offset + m) of every
   // layer (in context: they attended to the prompt before them), copied, K rotated
   // back by -offset to positions 0..m-1, the stored convention. The runtime stores it as
-  // a provisional entry (actors/chunk_flights.h) until the chunk's KV computed alone
+  // a provisional entry (actors/runtime/chunk_flights.h) until the chunk's KV computed alone
   // replaces it. The cache must be host memory (the rotation runs on the copy with
   // the backend's rope_kv_rows) and hold every KV head (not a tensor-parallel rank's).
   std::shared_ptr<ChunkKv> chunk_in_context(const KvCache& cache, int64_t offset,

@@ -1,7 +1,7 @@
 // The cluster's frontend (`blendserve --config cluster.yaml --node <frontend>`):
 // the OpenAI-compatible endpoint users call, with no model weights of its own. It
-// sends each chat completion to a worker (actors/request_router.h: where the
-// request's document KV already is, by the reports actors/cluster_monitor.h
+// sends each chat completion to a worker (actors/cluster/request_router.h: where the
+// request's document KV already is, by the reports actors/cluster/cluster_monitor.h
 // collects over the cluster's control plane: storage/framed_link.h, TLS 1.3 with
 // mutual authentication unless the cluster file asks for plaintext; CAF's network
 // layer is not used) and relays the answer, streamed or not.
@@ -30,15 +30,15 @@
 // node's), GET /v1/inspect/requests/<id>?node=<worker> (that worker's trace), GET
 // /console (the inspection page over all of them). Users' API keys are checked
 // here; workers are called
-// with the key derived from the cluster secret (tools/cluster_member.h).
+// with the key derived from the cluster secret (tools/cluster/cluster_member.h).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "actors/cluster_monitor.h"
-#include "actors/request_router.h"
+#include "actors/cluster/cluster_monitor.h"
+#include "actors/cluster/request_router.h"
 #include "storage/tls.h"
 
 namespace bs::http {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/request.h"
+#include "actors/runtime/request.h"
 
 namespace bs::http {
 

@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/request.h"
+#include "actors/runtime/request.h"
 
 namespace bs::http {
 

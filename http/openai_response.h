@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "actors/request.h"
+#include "actors/runtime/request.h"
 #include "model/tool_calls.h"
 
 namespace bs::http {

@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime.h"
+#include "actors/runtime/runtime.h"
 #include "blend/rag_prompt.h"
 #include "http/api_access.h"
 #include "http/api_error.h"
@@ -462,7 +462,7 @@ struct Server::Impl {
       check_model(parsed.model);
       const Tokenizer& tok = runtime.model().tokenizer();
       // As the runtime refuses a chat prompt too long by its bytes alone before
-      // tokenizing it (actors/intake.cpp).
+      // tokenizing it (actors/runtime/intake.cpp).
       size_t bytes = parsed.prompt_text.size();
       for (const auto& d : parsed.request.documents) bytes += d.size();
       const size_t at_least = (bytes + tok.max_token_bytes() - 1) / tok.max_token_bytes();

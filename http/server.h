@@ -1,5 +1,5 @@
 // The OpenAI-compatible REST server of `blendserve serve`, a front end of the
-// actor Runtime (actors/runtime.h): every completion is one Runtime::submit, its
+// actor Runtime (actors/runtime/runtime.h): every completion is one Runtime::submit, its
 // text streamed by the runtime's callbacks. cpp-httplib stays inside server.cpp.
 //
 // Routes (http/README.md has the full contract):
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/runtime.h"
+#include "actors/runtime/runtime.h"
 #include "http/api_error.h"
 
 namespace bs::http {

@@ -193,7 +193,7 @@ class KvCache {
   // The same rows as stored elements of the cache's dtype, copied unchanged from / to
   // host arrays. On `stream` (a loader's copy stream) the write is ordered on it, not
   // before the compute that follows: the caller records an event there and the compute
-  // waits for it (actors/load_target.h's LayerEvents).
+  // waits for it (actors/runtime/load_target.h's LayerEvents).
   void write_rows_raw(int l, int h, int64_t pos, int64_t m, const void* k, const void* v,
                       kernels::Stream* stream = nullptr);
   void read_rows_raw(int l, int h, int64_t pos, int64_t m, void* k, void* v) const;

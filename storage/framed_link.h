@@ -1,8 +1,8 @@
 // A small request/reply link between cluster members: TCP, TLS 1.3 with mutual
 // authentication under the cluster CA (storage/tls.h) unless the config asks for
 // plaintext by name, and messages framed as a 4-byte little-endian length followed
-// by that many bytes. The cluster's control plane runs on it (actors/control_endpoint.h,
-// actors/cluster_monitor.h): CAF 0.17's own network layer (BASP) is neither encrypted
+// by that many bytes. The cluster's control plane runs on it (actors/cluster/control_endpoint.h,
+// actors/cluster/cluster_monitor.h): CAF 0.17's own network layer (BASP) is neither encrypted
 // nor authenticated, and its OpenSSL module speaks only TLS 1.2 (SSL_CTX_new with
 // TLSv1_2_method in libcaf_openssl 0.17.6), so the control messages travel here, and
 // CAF's middleman is not used.

@@ -12,7 +12,7 @@
 // - TLS 1.3 only (OpenSSL 3): authenticated encryption on every record, so a byte
 //   changed on the wire fails the record's MAC — an error, never a wrong answer.
 // - Certificates are made here with OpenSSL's libcrypto (EC P-256 keys, SHA-256
-//   signatures) by `blendctl cluster init` / `cluster up` (tools/cluster_ctl.cpp);
+//   signatures) by `blendctl cluster init` / `cluster up` (tools/cluster/cluster_ctl.cpp);
 //   `openssl verify` accepts them (tests/test_remote_tls.cpp runs it on the ones
 //   tests/tls_fixture.h makes as `blendctl cluster init` does, tests/test_cli_cluster.cpp
 //   on the ones blendctl itself made).

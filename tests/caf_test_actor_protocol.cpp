@@ -2,7 +2,7 @@
 // test coordinator (caf/test/dsl.hpp): every actor is a plain scheduled actor, so
 // nothing runs until the test lets it (`expect`, `allow`, `sched.run()`), and the
 // messages an actor sends can be checked one by one, in order, before anyone
-// handles them. The actors under test are the real ones (actors/*.cpp) over a
+// handles them. The actors under test are the real ones (actors/runtime/*.cpp) over a
 // RuntimeContext on the real model; the actors around them are test doubles that
 // only log what they receive. Requests travel as values (RequestPlan,
 // PrefillOutcome, ids); the worker's prefills run on the compute thread, which a
@@ -30,8 +30,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/actor_counters.h"
-#include "actors/actors.h"
+#include "actors/runtime/actor_counters.h"
+#include "actors/runtime/actors.h"
 #include "blend/rag_prompt.h"
 #include "kernels/backend.h"
 

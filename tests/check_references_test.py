@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/check_references.py on this repository (nothing missing: exit 0) and on a small
+"""tools/ci/check_references.py on this repository (nothing missing: exit 0) and on a small
 fake repository whose one file cites a header that is not there and the design document
 that is not in any tree (exit 1, both named with their file and line); the JSON line on
 stdout counts them; placeholders (`tests/test_N.cpp`, `kernels/.../x.h`, patterns) and
@@ -17,7 +17,7 @@ import tempfile
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tools", "check_references.py")
+SCRIPT = os.path.join(ROOT, "tools", "ci", "check_references.py")
 
 
 def check(root=None):

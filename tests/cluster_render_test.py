@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`blendctl cluster render` (tools/cluster_render.h) with the real tools.
+"""`blendctl cluster render` (tools/cluster/cluster_render.h) with the real tools.
 
 Kubernetes: the manifests of the shipped example and of a GPU cluster pass the
 offline schema validation of several Kubernetes versions (PyPI kubernetes-validate,
@@ -21,7 +21,7 @@ import unittest
 
 import yaml
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "ci"))
 from free_ports import free_ports  # noqa: E402
 
 ARGS = None

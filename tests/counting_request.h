@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "actors/request.h"
+#include "actors/runtime/request.h"
 
 namespace bs::testing {
 

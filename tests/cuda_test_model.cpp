@@ -24,9 +24,9 @@
 #include <thread>
 #include <vector>
 
-#include "actors/runtime.h"
-#include "actors/runtime_config.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/config/runtime_config.h"
+#include "actors/runtime/runtime_context.h"
 #include "blend/blend_engine.h"
 #include "blend/store_backed_blend.h"
 #include "http/server.h"

@@ -24,9 +24,9 @@
 #include <thread>
 #include <vector>
 
-#include "actors/runtime.h"
-#include "actors/runtime_config.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/config/runtime_config.h"
+#include "actors/runtime/runtime_context.h"
 #include "kernels/cuda/cuda_device.h"
 #include "tests/rag_runtime_fixture.h"
 #include "tests/temp_dir.h"

@@ -1,4 +1,4 @@
-// llama.cpp's golden outputs (made by tools/make_golden.py on an F32 export of the
+// llama.cpp's golden outputs (made by tools/fixtures/make_golden.py on an F32 export of the
 // same weights): for SmolLM2 tests/fixtures/golden_logits.json (32 greedy tokens), for
 // Gemma 3 golden_gemma3_logits.json (--gemma3: 16). Each prompt's text and ids,
 // final-position logits, the greedy tokens and the teacher-forced top-1 per position

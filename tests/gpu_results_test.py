@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""tools/gpu_results.py on a bench.jsonl shaped as tools/gpu_ab.sh writes it (lines of
-`blendctl bench decode|prefill|ttft` and of tools/peer_torch.py, tagged with run and
+"""tools/gpu/gpu_results.py on a bench.jsonl shaped as tools/gpu/gpu_ab.sh writes it (lines of
+`blendctl bench decode|prefill|ttft` and of tools/gpu/peer_torch.py, tagged with run and
 engine): each target's ours / peer / ratio / met / before, nulls for a benchmark that
 did not run (never dropped), the file name from the date and the GPU, and the README
 block rewritten between its markers and nowhere else.
@@ -15,7 +15,7 @@ import tempfile
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tools", "gpu_results.py")
+SCRIPT = os.path.join(ROOT, "tools", "gpu", "gpu_results.py")
 
 
 def read(path):

@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "actors/runtime_config.h"
+#include "actors/config/runtime_config.h"
 
 namespace bs::testing {
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/ncu_summary.py on rows of a real Nsight Compute log (random:llama-3.2-1b decode
+"""tools/gpu/ncu_summary.py on rows of a real Nsight Compute log (random:llama-3.2-1b decode
 on an H200, 2026-11-26) mixed with the profiled program's own output: the sums per
 (kernel, grid), largest first, and a clear failure on a log without ncu rows.
 
@@ -13,7 +13,7 @@ import tempfile
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tools", "ncu_summary.py")
+SCRIPT = os.path.join(ROOT, "tools", "gpu", "ncu_summary.py")
 
 HEADER = ('"Process ID","Process Name","Host Name","Kernel Name","Block Size","Grid Size","Device","CC",'
           '"Invocations","Section Name","Metric Name","Metric Unit","Minimum","Maximum","Average"')

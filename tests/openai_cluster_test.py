@@ -35,7 +35,7 @@ import openai
 
 from serve_process import ServeProcess
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "ci"))
 from free_ports import free_ports  # noqa: E402
 
 ARGS = None

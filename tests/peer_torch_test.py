@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""tools/peer_torch.py, the PyTorch peer of the GPU benchmarks, on the CPU with its tiny
+"""tools/gpu/peer_torch.py, the PyTorch peer of the GPU benchmarks, on the CPU with its tiny
 shape: every mode runs and prints the JSON lines blendctl's benchmarks print (the
-field names of tools/bench_prefill.cpp and tools/bench_decode.cpp, plus the peer's
+field names of tools/bench/bench_prefill.cpp and tools/bench/bench_decode.cpp, plus the peer's
 "engine" and "torch_version"), progress on stderr; the shape table equals
 model/random_model.cpp's; `check` (prefill vs cached decode vs batched decode, and the
 static decode step of --cuda-graphs, run eagerly here) passes; `decode --cuda-graphs`
@@ -25,11 +25,11 @@ except ImportError:
     sys.exit(77)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tools", "peer_torch.py")
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+SCRIPT = os.path.join(ROOT, "tools", "gpu", "peer_torch.py")
+sys.path.insert(0, os.path.join(ROOT, "tools", "gpu"))
 import peer_torch  # noqa: E402
 
-# The fields blendctl prints (tools/bench_prefill.cpp, tools/bench_decode.cpp).
+# The fields blendctl prints (tools/bench/bench_prefill.cpp, tools/bench/bench_decode.cpp).
 GEMM_FIELDS = {"bench", "isa", "device", "precision", "shape", "m", "gflops"}
 PREFILL_FIELDS = {"bench", "isa", "device", "model", "precision", "kv_dtype", "tokens", "seconds", "tokens_per_s",
                   "gemm_gflops_effective", "gemm_share_of_layer_mix", "mfu", "threads", "breakdown_last_run"}

@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/runtime/runtime_context.h"
 #include "blend/rag_prompt.h"
 
 namespace bs::testing {
@@ -44,7 +44,7 @@ inline std::vector<RagCase> rag_cases(int n, int docs = 3) {
 
 // Write-back happens after the first token, in the background: waits (at most 120 s)
 // until every chunk of the request is stored as computed alone (a provisional entry,
-// the request's own rows stored at once, does not count: actors/chunk_flights.h).
+// the request's own rows stored at once, does not count: actors/runtime/chunk_flights.h).
 inline void wait_stored(Runtime& rt, const RuntimeRequest& req) {
   auto& ctx = rt.context();
   const auto prompt = assemble_rag_prompt(ctx.model->tokenizer(), ctx.model->chat_template(), req.messages, req.documents);

@@ -8,8 +8,8 @@
 #include <chrono>
 #include <thread>
 
-#include "actors/runtime.h"
-#include "actors/runtime_config.h"
+#include "actors/runtime/runtime.h"
+#include "actors/config/runtime_config.h"
 #include "http/server.h"
 
 namespace bs::testing {

@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "actors/runtime.h"
-#include "actors/runtime_config.h"
+#include "actors/runtime/runtime.h"
+#include "actors/config/runtime_config.h"
 #include "kernels/backend_choice.h"
 #include "kernels/communicator_choice.h"
 

@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/runtime/runtime_context.h"
 #include "interleave_config.h"
 #include "counting_request.h"
 #include "model_fixture.h"

@@ -13,8 +13,8 @@
 #include <string>
 #include <thread>
 
-#include "actors/runtime.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/runtime/runtime_context.h"
 #include "blend/rag_prompt.h"
 #include "model_fixture.h"
 #include "settles.h"
@@ -201,7 +201,7 @@ TEST(LearntPassages, PassagesPastedOnceAreBlendedWhenPastedAgainInAnotherOrder) 
   EXPECT_EQ(again.chunks, 0);
 }
 
-// Reusable at once (actors/chunk_flights.h): documents sent with a request and then at
+// Reusable at once (actors/runtime/chunk_flights.h): documents sent with a request and then at
 // once in the reverse order. The second request loads every chunk: the first
 // request's rows of them, stored in RAM as provisional entries before its first token;
 // their KV computed alone replaces them in the background, each chunk computed once.

@@ -16,10 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/actors.h"
-#include "actors/runtime.h"
+#include "actors/runtime/actors.h"
+#include "actors/runtime/runtime.h"
 #include "blend/store_backed_blend.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime_context.h"
 #include "blend/rag_prompt.h"
 #include "kernels/kv_view.h"
 #include "model_fixture.h"

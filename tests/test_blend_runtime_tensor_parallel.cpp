@@ -23,8 +23,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/runtime/runtime_context.h"
 #include "blend/rag_prompt.h"
 #include "model_fixture.h"
 #include "rag_runtime_fixture.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "actors/runtime.h"
+#include "actors/runtime/runtime.h"
 #include "counting_request.h"
 #include "model_fixture.h"
 #include "settles.h"

@@ -252,7 +252,7 @@ TEST(Cli, EvalPrintsCasesAndASummaryPerMode) {
   EXPECT_NE(r.out.find("/nonexistent.jsonl"), std::string::npos) << r.out;
 }
 
-// Full's own greedy answer as a second reference (tools/eval_rag.cpp): full (fp32 K/V,
+// Full's own greedy answer as a second reference (tools/eval/eval_rag.cpp): full (fp32 K/V,
 // its own reference) gives that answer and agrees along it; another mode's
 // same_answer_as_full is whether its output is full's. --reference-dir keeps the
 // teacher-forced reference and the answer per case: a second run reads both and prints
@@ -325,7 +325,7 @@ TEST(Cli, EvalAgreesAlongFullsOwnAnswerAndKeepsItsReferences) {
   }
 }
 
-// --forced-rows (tools/eval_rag.cpp): one line per gold-answer row and run. Full with
+// --forced-rows (tools/eval/eval_rag.cpp): one line per gold-answer row and run. Full with
 // fp32 K/V is the reference itself (its token is full's on every row, deficit 0); every
 // mode has the same rows, gold and full tokens and leads; the rows where a mode's token
 // is full's give its top1_agreement; the gold texts spell the answer. With --resume the

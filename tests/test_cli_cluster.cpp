@@ -33,8 +33,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "actors/cluster_secret.h"
-#include "actors/control_wire.h"
+#include "actors/config/cluster_secret.h"
+#include "actors/cluster/control_wire.h"
 #include "storage/framed_link.h"
 #include "tests/console_fixture.h"
 #include "tests/model_fixture.h"

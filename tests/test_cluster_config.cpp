@@ -1,8 +1,8 @@
-// The cluster config (actors/cluster_config.h): the shipped example, what each
+// The cluster config (actors/config/cluster_config.h): the shipped example, what each
 // member runs with, and for every mistake an error naming the dotted key and its
 // line. Also the runtime config's tiers.remote section, durations and secrets.
-#include "actors/cluster_config.h"
-#include "actors/cluster_secret.h"
+#include "actors/config/cluster_config.h"
+#include "actors/config/cluster_secret.h"
 #include "kernels/backend_choice.h"
 
 #include <gmock/gmock.h>

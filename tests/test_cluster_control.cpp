@@ -17,9 +17,9 @@
 #include <mutex>
 #include <thread>
 
-#include "actors/cluster_monitor.h"
-#include "actors/control_endpoint.h"
-#include "actors/control_wire.h"
+#include "actors/cluster/cluster_monitor.h"
+#include "actors/cluster/control_endpoint.h"
+#include "actors/cluster/control_wire.h"
 #include "storage/framed_link.h"
 #include "tests/process_fixture.h"
 #include "tests/tls_fixture.h"

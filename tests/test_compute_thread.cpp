@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/compute_thread.h"
+#include "actors/runtime/compute_thread.h"
 
 namespace bs {
 namespace {

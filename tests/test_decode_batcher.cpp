@@ -1,4 +1,4 @@
-// DecodeBatcher's clock (actors/decode_batcher.h): when a step is due is measured per
+// DecodeBatcher's clock (actors/runtime/decode_batcher.h): when a step is due is measured per
 // waiting request, from when its last step began, or from when it was added before its
 // first step — not from the batcher's last step, which for a stream that has just had
 // its first token says nothing of how long it waited. The layer worker holds the
@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/decode_batcher.h"
+#include "actors/runtime/decode_batcher.h"
 
 namespace bs {
 namespace {

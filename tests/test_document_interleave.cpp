@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "actors/runtime.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/runtime/runtime_context.h"
 #include "blend/rag_prompt.h"
 #include "interleave_config.h"
 #include "model_fixture.h"

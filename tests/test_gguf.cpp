@@ -349,13 +349,13 @@ TEST(GgufRealModel, TruncatedPrefixesThrow) {
 // ---- dequantization against gguf-py ---------------------------------------------------
 
 // Slices of rows of a real file's tensors against gguf-py's dequantization of the same
-// rows (tools/make_dequant_fixture.py), bit for bit, fp32 and bf16; the types seen.
+// rows (tools/fixtures/make_dequant_fixture.py), bit for bit, fp32 and bf16; the types seen.
 void expect_rows_match_gguf_py(const std::string& model, const std::string& fixture_name,
                                const std::set<std::string>& types) {
   if (!file_exists(model)) FAIL() << "model not found (run tools/setup.sh): " << model;
   const std::string fixture = kFixtures + "/" + fixture_name;
   std::ifstream in(fixture);
-  ASSERT_TRUE(in) << "missing " << fixture << " (tools/make_dequant_fixture.py)";
+  ASSERT_TRUE(in) << "missing " << fixture << " (tools/fixtures/make_dequant_fixture.py)";
   const nlohmann::json doc = nlohmann::json::parse(in);
   const GgufFile f = GgufFile::open(model);
   std::set<std::string> types_seen;
@@ -409,7 +409,7 @@ TEST(GgufDequant, RealKQuantFileMatchesGgufPyReference) {
 TEST(GgufDequant, RandomBlocksOfEveryBlockTypeMatchGgufPy) {
   const std::string fixture = kFixtures + "/dequant_blocks_reference.json";
   std::ifstream in(fixture);
-  ASSERT_TRUE(in) << "missing " << fixture << " (tools/make_dequant_fixture.py)";
+  ASSERT_TRUE(in) << "missing " << fixture << " (tools/fixtures/make_dequant_fixture.py)";
   const nlohmann::json doc = nlohmann::json::parse(in);
   std::set<std::string> seen;
   for (const auto& jt : doc.at("types")) {

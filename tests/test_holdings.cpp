@@ -1,4 +1,4 @@
-// A member's holdings as the frontend learns them (actors/holdings.h): the whole set
+// A member's holdings as the frontend learns them (actors/cluster/holdings.h): the whole set
 // first, then only what was added and removed; the keys listed again only when the
 // tiers' counters moved; a frontend that has an old version, another epoch (the
 // member restarted) or nothing gets the whole set; a delta from a base the frontend
@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "actors/holdings.h"
+#include "actors/cluster/holdings.h"
 
 namespace bs {
 namespace {

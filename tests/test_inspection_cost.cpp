@@ -1,13 +1,13 @@
-// actors/inspection_cost.h: the collection of the inspection data times itself only
+// actors/runtime/inspection_cost.h: the collection of the inspection data times itself only
 // while asked to (blendctl bench decode --inspection-cost), and then counts every
 // collecting call — an actor's per-message counters, a trace's events and fields, the
 // finished trace's JSON.
-#include "actors/inspection_cost.h"
+#include "actors/runtime/inspection_cost.h"
 
 #include <gtest/gtest.h>
 
-#include "actors/actor_counters.h"
-#include "actors/trace.h"
+#include "actors/runtime/actor_counters.h"
+#include "actors/runtime/trace.h"
 
 namespace bs {
 namespace {

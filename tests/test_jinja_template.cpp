@@ -1,6 +1,6 @@
 // Chat templates rendered by blendserve (model/jinja_template.h: llama.cpp's Jinja
 // engine) byte for byte as Python's jinja2 renders them with transformers'
-// apply_chat_template settings (tools/render_chat_template.py, run with the system
+// apply_chat_template settings (tools/fixtures/render_chat_template.py, run with the system
 // python3 and Debian's python3-jinja2): every one of the real templates in llama.cpp's
 // models/templates (tools/setup.sh puts them in models/llama.cpp/templates), each with
 // a one-turn chat, a system prompt and several turns, a conversation that ends with
@@ -38,7 +38,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 const fs::path kTemplates = fs::path(BLENDSERVE_LLAMACPP_MODELS) / "templates";
-const fs::path kRenderer = fs::path(BLENDSERVE_FIXTURES) / ".." / ".." / "tools" / "render_chat_template.py";
+const fs::path kRenderer = fs::path(BLENDSERVE_FIXTURES) / ".." / ".." / "tools" / "fixtures" / "render_chat_template.py";
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -1,6 +1,6 @@
 // The forward pass against llama.cpp (an implementation we did not write), run on
 // an F32 export of the same weights: tests/fixtures/golden_logits.json, made by
-// tools/make_golden.py. Then the fast bf16 path against our fp32 path.
+// tools/fixtures/make_golden.py. Then the fast bf16 path against our fp32 path.
 #include <gtest/gtest.h>
 
 #include <algorithm>

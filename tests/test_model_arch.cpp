@@ -7,7 +7,7 @@
 // K-quant mix (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q8_0), Llama (F16), Qwen3 and Gemma 3
 // (BF16) also as Hugging Face checkpoint
 // directories (model/hf_checkpoint.h: safetensors, config.json, tokenizer.json), made with transformers' logits for the exact weights each file
-// holds by tools/make_arch_reference.py (tests/fixtures/arch/). Every position of
+// holds by tools/fixtures/make_arch_reference.py (tests/fixtures/arch/). Every position of
 // every prompt must match within a relative bound, with the same top-1 wherever the
 // reference leads by more than 0.1, in prefill, decode steps and at tensor parallel
 // degree 2; the blend at ratio 1 must equal full prefill.
@@ -43,7 +43,7 @@ struct Reference {
 Reference read_reference(const std::string& stem) {
   Reference r;
   std::ifstream meta(kDir + stem + ".json");
-  EXPECT_TRUE(meta) << "missing " << kDir << stem << ".json (tools/make_arch_reference.py)";
+  EXPECT_TRUE(meta) << "missing " << kDir << stem << ".json (tools/fixtures/make_arch_reference.py)";
   if (!meta) return r;
   const auto j = nlohmann::json::parse(meta);
   r.vocab = j.at("vocab");

@@ -1,6 +1,6 @@
 // The real Gemma 3 270M (Q4_K_M: Q5_0, Q4_K, Q6_K and Q8_0 tensors; tools/setup.sh
 // installs it) against llama.cpp on an F32 export of the same weights
-// (tests/fixtures/golden_gemma3_*, made by tools/make_golden.py --gemma3): its
+// (tests/fixtures/golden_gemma3_*, made by tools/fixtures/make_golden.py --gemma3): its
 // SentencePiece vocabulary token for token, its configuration (18 layers, 5 local
 // with a 512-token window for each global one, head_dim 256 apart from the width 640,
 // one KV head), the final-position logits, the teacher-forced top-1 at every position

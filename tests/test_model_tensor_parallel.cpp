@@ -17,7 +17,7 @@
 #include <cstring>
 #include <set>
 
-#include "actors/runtime_config.h"
+#include "actors/config/runtime_config.h"
 #include "kernels/dequant.h"
 #include "kernels/kv_view.h"
 #include "model/tp_group.h"

@@ -1,4 +1,4 @@
-// The synthetic RAG QA set written by tools/make_rag_qa.py: tests/data/rag_qa.jsonl
+// The synthetic RAG QA set written by tools/eval/make_rag_qa.py: tests/data/rag_qa.jsonl
 // (and its first-12-cases subset rag_qa_small.jsonl).
 #include "tools/eval/metrics.h"
 

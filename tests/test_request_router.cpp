@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <map>
 
-#include "actors/request_router.h"
+#include "actors/cluster/request_router.h"
 #include "storage/chunk_kv.h"
 
 namespace bs {

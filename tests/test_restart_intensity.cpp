@@ -1,9 +1,9 @@
-// The supervisor's restart intensity (actors/restart_intensity.h) on its own: how
+// The supervisor's restart intensity (actors/runtime/restart_intensity.h) on its own: how
 // many deaths a sliding window allows, the backoff each asks for, and that deaths
 // older than the window stop counting.
 #include <gtest/gtest.h>
 
-#include "actors/restart_intensity.h"
+#include "actors/runtime/restart_intensity.h"
 
 namespace bs {
 namespace {

@@ -1,6 +1,6 @@
 // The runtime's YAML configuration: the embedded default, every key, and an error
 // naming the key for each kind of mistake.
-#include "actors/runtime_config.h"
+#include "actors/config/runtime_config.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "actors/runtime.h"
-#include "actors/runtime_config.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/config/runtime_config.h"
+#include "actors/runtime/runtime_context.h"
 #include "tests/temp_dir.h"
 #include "tests/tiny_model.h"
 

@@ -28,8 +28,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/runtime/runtime_context.h"
 #include "http/connection_socket.h"
 #include "http/server.h"
 #include "kernels/kv_view.h"
@@ -650,7 +650,7 @@ TEST_F(ServerTest, ConcurrentClientsGetWhatOneAtATimeGets) {
     ASSERT_EQ(d->status, 200);
   }
   // The ratio is asked for explicitly (the configured floor), so the loading controller
-  // keeps it (actors/controller.cpp): left to it, the ratio follows the measured load
+  // keeps it (actors/runtime/controller.cpp): left to it, the ratio follows the measured load
   // and compute speeds, which the requests running together change, and a request
   // recomputing other tokens may answer otherwise (it did, about one run in eight on a
   // 2-core EPYC). What this test checks is that running together does not change the

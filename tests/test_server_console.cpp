@@ -22,8 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/runtime/runtime_context.h"
 #include "console_fixture.h"
 #include "model_fixture.h"
 #include "process_fixture.h"

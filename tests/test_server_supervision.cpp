@@ -24,8 +24,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime.h"
-#include "actors/runtime_context.h"
+#include "actors/runtime/runtime.h"
+#include "actors/runtime/runtime_context.h"
 #include "counting_request.h"
 #include "model_fixture.h"
 #include "served_fixture.h"

@@ -1,4 +1,4 @@
-// Per-stream delivery of callers' callbacks (actors/stream_delivery.h) on its own: text
+// Per-stream delivery of callers' callbacks (actors/runtime/stream_delivery.h) on its own: text
 // and the end arrive in order on a delivery thread, never on the caller of the wrapper;
 // a stuck callback holds only its own stream; a caller that falls behind by more than
 // the bound is cancelled and told why; shutdown leaves a stuck callback behind after
@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/stream_delivery.h"
+#include "actors/runtime/stream_delivery.h"
 #include "settles.h"
 
 namespace bs {

@@ -3,7 +3,7 @@
 // Reference ids come from implementations we did not write:
 //   tests/fixtures/golden_tokens.json          llama.cpp (llama-cpp-python), parse_special=True
 //   tests/fixtures/tokenizer_hf_reference.json HuggingFace tokenizers rebuilt from the GGUF
-//                                              vocab/merges (tools/make_tokenizer_fixture.py)
+//                                              vocab/merges (tools/fixtures/make_tokenizer_fixture.py)
 // llama.cpp is the runtime the model was converted for, so where the two differ
 // llama.cpp's ids are the ones to match.
 #include <gtest/gtest.h>
@@ -272,7 +272,7 @@ TEST(Tokenizer, BpeTiesMergeLeftmostFirst) {
 TEST(Tokenizer, MatchesHuggingFaceReference) {
   REQUIRE_MODEL();
   auto j = load_json("tokenizer_hf_reference.json");
-  ASSERT_TRUE(j) << "missing fixture tokenizer_hf_reference.json (tools/make_tokenizer_fixture.py)";
+  ASSERT_TRUE(j) << "missing fixture tokenizer_hf_reference.json (tools/fixtures/make_tokenizer_fixture.py)";
   const auto cases = hf_cases(*j);
   ASSERT_GE(cases.size(), 40u);
   EXPECT_EQ(compare_cases(shared()->tok, cases, "hf"), 0u);

@@ -1,7 +1,7 @@
 // A Hugging Face checkpoint's SentencePiece tokenizer.json (BPE with byte_fallback:
 // Llama 2, Mistral, Gemma, Phi-3), read by model/hf_checkpoint.cpp, gives the ids
 // Hugging Face's tokenizers gives, in each layout the checkpoints people download have
-// (tools/make_spm_tokenizer_fixture.py made the tokenizer.json files with transformers'
+// (tools/fixtures/make_spm_tokenizer_fixture.py made the tokenizer.json files with transformers'
 // own converter from llama.cpp's test vocabularies, and the expected ids with
 // tokenizers; tests/fixtures/spm_tokenizer_json/). Layouts we do not implement are
 // refused by what they are.

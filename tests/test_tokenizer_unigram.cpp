@@ -1,6 +1,6 @@
 // SentencePiece Unigram (model/unigram.h) against Hugging Face's tokenizers: a small
 // Unigram model trained with tokenizers on MuSiQue passages, in two layouts
-// (tools/make_unigram_tokenizer_fixture.py made them and the ids tokenizers gives;
+// (tools/fixtures/make_unigram_tokenizer_fixture.py made them and the ids tokenizers gives;
 // tests/fixtures/unigram_tokenizer_json/), read through a checkpoint's tokenizer.json
 // (model/hf_checkpoint.cpp): every text's ids as Hugging Face's. The same vocabulary
 // under llama.cpp's rules (a GGUF's "t5") gives them where the two rules agree, and

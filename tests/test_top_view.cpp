@@ -1,4 +1,4 @@
-// blendctl top's text (tools/top_view.*, a pure function of a snapshot): a single
+// blendctl top's text (tools/cli/top_view.*, a pure function of a snapshot): a single
 // server's node line, and a cluster frontend's snapshot, where the frontend lists its
 // members, a storage node and a member that is down have their own lines, and
 // requests say which worker runs them (ids are each worker's own).
@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tools/top_view.h"
+#include "tools/cli/top_view.h"
 
 namespace bs::tools {
 namespace {

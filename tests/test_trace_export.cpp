@@ -1,4 +1,4 @@
-// tools/trace_chrome: a request trace as Chrome trace-event JSON. On a trace a real
+// tools/cli/trace_chrome: a request trace as Chrome trace-event JSON. On a trace a real
 // run wrote (tensor parallel at 3 ranks, documents from the SSD tier; trimmed to its
 // first two layers) and on hand-written edge cases. tests/test_cli.cpp runs the real
 // binaries end to end.
@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tools/trace_chrome.h"
+#include "tools/cli/trace_chrome.h"
 
 namespace {
 

@@ -61,7 +61,7 @@ PACKAGES=(
   # the inspection views' tests: the console page in a headless browser, `blendctl top`
   # (ncurses) in a real terminal
   chromium tmux
-  # a one-node Slurm runs a rendered cluster job (tools/slurm_one_node.sh)
+  # a one-node Slurm runs a rendered cluster job (tools/cluster/slurm_one_node.sh)
   # chat templates are checked against Python's own Jinja (tests/test_jinja_template.cpp)
   python3-jinja2
   slurm-wlm munge

@@ -87,7 +87,7 @@ if [ "${BLENDSERVE_SKIP_SANITIZE:-0}" != "1" ]; then
     # The idle class before anything starts: the compilers inherit it. Where it is
     # refused (it never is for lowering one's own priority on Linux), nice 19.
     chrt --idle -p 0 "$BASHPID" >/dev/null 2>&1 || renice -n 19 -p "$BASHPID" >/dev/null 2>&1 || true
-    # The same configuration as the fuzz scripts (tools/fuzz_lib.sh).
+    # The same configuration as the fuzz scripts (tools/ci/fuzz_lib.sh).
     CC=clang CXX=clang++ cmake -S "$ROOT" -B "$ROOT/build-asan" $(generator_args "$ROOT/build-asan") \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_SANITIZE=ON -DBLENDSERVE_FUZZ=ON
     # Only what runs under the sanitizers (tests/CMakeLists.txt: sanitizer_tests) and the fuzzers.
@@ -146,7 +146,7 @@ if [ -n "$ASAN_PID" ]; then
     BATCH=("${FUZZERS[@]:first:JOBS}")
     echo "[test] fuzzing for $FUZZ_SECONDS s, side by side: ${BATCH[*]}"
     for f in "${BATCH[@]}"; do
-      FUZZ_PREBUILT=1 "$ROOT/tools/$f.sh" "$FUZZ_SECONDS" >"$ROOT/build-asan/$f.log" 2>&1 &
+      FUZZ_PREBUILT=1 "$ROOT/tools/ci/$f.sh" "$FUZZ_SECONDS" >"$ROOT/build-asan/$f.log" 2>&1 &
       PIDS+=($!)
     done
     for i in "${!BATCH[@]}"; do

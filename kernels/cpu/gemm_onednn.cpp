@@ -102,7 +102,7 @@ dnnl::primitive_attr user_scratchpad() {
 // its slower gemm:jit (ONEDNN_VERBOSE), hence a dense output copied into place. The
 // reorders take ~5% of a 512-token prefill of SmolLM2; against the packed copy once
 // kept at load, a 512-token prefill runs at 0.87-0.95x, a 3072-token one at 1.02-1.17x
-// (tools/bench_results/streamed_gemm_*).
+// (tools/bench/results/streamed_gemm_*).
 constexpr int64_t kLayoutRows = 512;
 
 memory::data_type dt(Precision p) { return p == Precision::BF16 ? memory::data_type::bf16 : memory::data_type::f32; }

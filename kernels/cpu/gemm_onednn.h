@@ -7,7 +7,7 @@
 // its file size (tools/bench/RESULTS.md, "Memory"). Rows stored at the GEMM's precision
 // (F32 at F32, BF16 at BF16) are multiplied in place; any other type is dequantized by chunks of rows into
 // a per-thread scratch of a few MB just before its chunk is multiplied. Measured against
-// keeping a packed bf16 copy: tools/bench_results/streamed_gemm_*.
+// keeping a packed bf16 copy: tools/bench/results/streamed_gemm_*.
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 // refuses it the same way; as a model's chat template (model/chat_template.h) it loads or
 // is refused, and is cut around the last message or refuses. Never a
 // crash, a hang (-timeout) or another exception.
-// tools/fuzz_chat_template.sh seeds it with the 70 real templates.
+// tools/ci/fuzz_chat_template.sh seeds it with the 70 real templates.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

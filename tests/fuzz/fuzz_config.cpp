@@ -1,5 +1,5 @@
-// libFuzzer target for the YAML loaders: the runtime config (actors/runtime_config.h)
-// and the cluster file (actors/cluster_config.h). The first byte picks which (even:
+// libFuzzer target for the YAML loaders: the runtime config (actors/config/runtime_config.h)
+// and the cluster file (actors/config/cluster_config.h). The first byte picks which (even:
 // runtime, odd: cluster), the rest is the YAML text. Any text must either parse into
 // a config whose values hold the documented ranges, or throw ConfigError with a
 // message — never crash, hang, or escape as another exception (a yaml-cpp conversion
@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "actors/cluster_config.h"
-#include "actors/runtime_config.h"
+#include "actors/config/cluster_config.h"
+#include "actors/config/runtime_config.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// libFuzzer target for the control plane's messages (actors/control_wire.h): any
+// libFuzzer target for the control plane's messages (actors/cluster/control_wire.h): any
 // bytes, read as a member would read a request and as the frontend reads a reply,
 // must decode into a value or be refused (nullopt with a reason) — never crash,
 // hang or throw. Whatever decodes must encode and decode again to the same value,
@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "actors/control_wire.h"
+#include "actors/cluster/control_wire.h"
 
 namespace {
 

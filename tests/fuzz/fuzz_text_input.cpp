@@ -1,7 +1,7 @@
 // libFuzzer target for what every request's text goes through first, with SmolLM2's
 // real tokenizer and chat template (model/tokenizer.h): any bytes — invalid UTF-8,
 // control tokens written in the text, NULs, inputs up to -max_len (16 KiB in
-// tools/fuzz_text_input.sh; -timeout catches a tokenizer that turns superlinear; two
+// tools/ci/fuzz_text_input.sh; -timeout catches a tokenizer that turns superlinear; two
 // 256 KiB texts are checked once at start) —
 // must tokenize to ids inside the vocabulary that decode back to the text less the
 // bytes the vocabulary has no token for, the

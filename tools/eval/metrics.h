@@ -1,4 +1,4 @@
-// Answer-quality and fidelity metrics for the RAG evals (tools/eval_rag.cpp): token
+// Answer-quality and fidelity metrics for the RAG evals (tools/eval/eval_rag.cpp): token
 // F1 and Rouge-L of an answer against the gold answers, and the KL divergence of a
 // mode's logits from a reference's (`full`'s).
 //

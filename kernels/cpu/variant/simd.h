@@ -13,7 +13,7 @@
 // symbol, and the linker may keep that copy for a baseline caller, which then dies
 // with SIGILL on an AVX2 CPU. So variant code uses no STL, no inline code of other
 // headers (C library calls such as expf are fine: they are not compiled here), and
-// tools/check_variant_symbols.sh fails the build if a variant object defines a weak
+// tools/ci/check_variant_symbols.sh fails the build if a variant object defines a weak
 // symbol outside its own namespace.
 #pragma once
 

@@ -1,0 +1,57 @@
+// write-back: stores the chunks the worker computed alone for a request that
+// missed them (in the compute thread's background, after the first token), and the
+// prefix blocks of every prompt (automatic prefix caching: copied from the request's
+// cache, actors/runtime/layer_worker.cpp store_prefix_blocks) — in
+// RAM, through the SSD writer so they survive a restart, and through the remote
+// writer to the storage node (tiers.remote.write_back) so other workers find
+// them; the next request with these documents loads them, and so does a plain
+// request that pastes their text (the pasted-chunk index learns them). Detached: a
+// RAM put is a map insert on the CPU backends, but on a device backend it
+// page-locks the entry first (MemoryKvStore's pinner, a driver call); the writes
+// are the writers' (their queues are bounded: a full one drops the entry, counted).
+#include <caf/all.hpp>
+
+#include "actors/runtime/actor_counters.h"
+#include "actors/runtime/actors.h"
+
+namespace bs {
+
+write_back_actor::behavior_type write_back(write_back_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
+                                           CountersPtr c) {
+  self->set_exception_handler(exit_on_exception(c->name));
+  return {
+      [=](kv_ready_atom, KeyedKv kk) {
+        BusyScope busy(*c, self->mailbox().size());
+        if (ctx->ram) ctx->ram->put(kk.key, kk.kv);
+        // Plain requests that paste this chunk's text find it (a prefix block is only
+        // ever the beginning of a prompt: not indexed).
+        if (ctx->pasted && kk.kv && kk.pasted_passage) ctx->pasted->add(kk.kv->tokens);
+        if (ctx->remote && ctx->config.remote.write_back) enqueue_remote_write(*ctx, h->remote_writer(), kk);
+        if (ctx->ssd) enqueue_write(*ctx, h->ssd_writer(), std::move(kk));
+      },
+      [=](flush_atom) -> caf::result<bool> {
+        BusyScope busy(*c, self->mailbox().size());
+        // Each writer handles messages in order: its answer comes after every store
+        // sent above. The remote writer's, then the SSD writer's.
+        const writer_actor remote = ctx->remote ? h->remote_writer() : writer_actor{};
+        if (!remote) {
+          if (ctx->ssd) return self->delegate(h->ssd_writer(), flush_atom::value);
+          return true;
+        }
+        auto done = self->make_response_promise<bool>();
+        const auto bound = std::chrono::seconds(120);
+        self->request(remote, bound, flush_atom::value)
+            .then(
+                [=](bool) mutable {
+                  if (ctx->ssd)
+                    done.delegate(h->ssd_writer(), flush_atom::value);
+                  else
+                    done.deliver(true);
+                },
+                [=](caf::error& e) mutable { done.deliver(std::move(e)); });
+        return done;
+      },
+  };
+}
+
+}  // namespace bs
