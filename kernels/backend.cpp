@@ -1,7 +1,9 @@
 // The backend's memory and ordering defaults (host memory, work done when issued), the
 // default block write into a paged cache, the host defaults of geglu and scale,
-// DeviceBuffer and Workspace.
+// DeviceBuffer and Workspace, and the release of a thread's scratch.
 #include "kernels/backend.h"
+
+#include <malloc.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -13,6 +15,7 @@
 
 #include "kernels/dequant.h"
 #include "kernels/op_math.h"
+#include "kernels/sampling.h"
 
 namespace bs::kernels {
 namespace {
@@ -22,6 +25,9 @@ struct HostStream final : Stream {};
 struct HostEvent final : Event {};
 
 constexpr std::align_val_t kAlignment{64};
+
+// sample_rows' host copy of the logits ([n, vocab]), this thread's; freed by release_scratch.
+thread_local std::vector<float> sampled_logits;
 
 }  // namespace
 
@@ -91,6 +97,16 @@ void Backend::scale(float* x, int64_t count, float s) {
   for (int64_t i = 0; i < count; ++i) x[i] *= s;
 }
 
+void Backend::release_scratch() {
+  {
+    std::lock_guard<std::mutex> lock(workspaces_mu_);
+    workspaces_.erase(std::this_thread::get_id());
+  }
+  std::vector<float>().swap(sampled_logits);
+  release_sampling_scratch();
+  malloc_trim(0);
+}
+
 void Backend::release_workspaces() {
   std::lock_guard<std::mutex> lock(workspaces_mu_);
   workspaces_.clear();
@@ -117,7 +133,7 @@ void Backend::synchronize() {}
 
 void Backend::sample_rows(const float* logits, int64_t n, int64_t vocab, const SampleRow* rows, int32_t* tokens) {
   if (n <= 0) return;
-  thread_local std::vector<float> host;
+  auto& host = sampled_logits;
   host.resize(static_cast<size_t>(n * vocab));
   copy_to_host(host.data(), logits, n * vocab * static_cast<int64_t>(sizeof(float)));
   for (int64_t r = 0; r < n; ++r) tokens[r] = pick_token(host.data() + r * vocab, vocab, rows[r]);

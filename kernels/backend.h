@@ -129,6 +129,17 @@ class Backend {
   DeviceBuffer upload(const void* host, int64_t bytes);
   // The calling thread's scratch slots on this backend (kernels/workspace.h).
   Workspace& workspace();
+  // Frees the calling thread's scratch: its workspace slots, the per-thread buffers the
+  // ops grow (the host copy of sampled logits; on the CPU, the GEMMs' dequantized
+  // chunks and the ops' staging vectors), and gives the freed heap back to the system
+  // (malloc_trim). Why: a prefill's activations are tens of MB that only grow, so a
+  // server that answered one long prompt would hold them for ever; the runtime's
+  // compute threads call this once they have been idle a while
+  // (actors/runtime/compute_thread.h), so memory between requests is the model, its
+  // KV pool and little else. The next op allocates again. Never while an op of this
+  // thread runs. The CUDA backend keeps its device memory (its CUDA graphs hold the
+  // workspace's addresses, and a free waits for the device).
+  virtual void release_scratch();
 
   virtual std::unique_ptr<Stream> make_stream();
   virtual std::unique_ptr<Event> make_event();

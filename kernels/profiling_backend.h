@@ -26,6 +26,11 @@ class ProfilingBackend final : public Backend {
   bool supports(Precision p) const override { return inner_.supports(p); }
   int64_t linear_exact_rows() const override { return inner_.linear_exact_rows(); }
   bool sliding_window_attention() const override { return inner_.sliding_window_attention(); }
+  // Its own workspaces and the inner backend's.
+  void release_scratch() override {
+    inner_.release_scratch();
+    Backend::release_scratch();
+  }
   const std::map<std::string, OpStats>& stats() const { return stats_; }
   void reset() { stats_.clear(); }
 

@@ -11,19 +11,29 @@ int32_t argmax_logit(const float* logits, int64_t vocab) {
   return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
 }
 
+namespace {
+// pick_token's scratch, this thread's: the ids being ordered ([vocab]) and the kept
+// candidates' probabilities.
+thread_local std::vector<int32_t> idx;
+thread_local std::vector<double> probs;
+}  // namespace
+
+void release_sampling_scratch() {
+  std::vector<int32_t>().swap(idx);
+  std::vector<double>().swap(probs);
+}
+
 int32_t pick_token(const float* logits, int64_t vocab, const SampleRow& row) {
   if (row.temperature <= 0.0f || vocab <= 1) return argmax_logit(logits, vocab);
   int64_t keep = vocab;
   if (row.top_k > 0 && row.top_k < vocab) keep = row.top_k;
   keep = std::min(keep, kMaxCandidates);
-  thread_local std::vector<int32_t> idx;
   idx.resize(static_cast<size_t>(vocab));
   std::iota(idx.begin(), idx.end(), 0);
   std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   });
   const float inv_t = 1.0f / row.temperature;
-  thread_local std::vector<double> probs;
   probs.resize(static_cast<size_t>(keep));
   const double mx = logits[idx[0]];
   double sum = 0;

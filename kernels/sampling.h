@@ -33,6 +33,9 @@ int32_t argmax_logit(const float* logits, int64_t vocab);
 // (std::discrete_distribution's arithmetic in libstdc++).
 int32_t pick_token(const float* logits, int64_t vocab, const SampleRow& row);
 
+// Frees pick_token's scratch of the calling thread (Backend::release_scratch).
+void release_sampling_scratch();
+
 // One draw in [0, 1) from `rng`: what std::discrete_distribution draws (one
 // generate_canonical<double, 53>), so a seeded request draws the same numbers as before
 // the pick moved here.

@@ -4,7 +4,9 @@
 // vectors, zero-filling) fresh buffers for every op costs more than the element-wise
 // ops themselves. A workspace keeps numbered slots that only grow. One workspace per
 // thread per backend (Backend::workspace): compute may run on several threads (a
-// runtime's compute thread, a tool's threads) and each needs its own slots.
+// runtime's compute thread, a tool's threads) and each needs its own slots. A thread
+// that goes idle drops its workspace (Backend::release_scratch), so the slots are as
+// large as the longest prompt only while there is work.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,8 @@
 // background jobs (write-back), but a background job that has waited its bound runs
 // even while urgent work keeps coming, so many decoding streams cannot starve the
 // write-back for ever; stop() finishes urgent work and runs or drops the background;
-// the background queue is bounded.
+// the background queue is bounded; the idle hook (where the runtime frees a thread's
+// scratch) runs on the thread once it has had no job for its pause, once per idle spell.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -126,6 +127,41 @@ TEST(ComputeThread, TheBackgroundQueueIsBounded) {
   ct.stop(true);
   EXPECT_EQ(ran.load(), 14);
   EXPECT_EQ(ct.background_refused(), 1);
+}
+
+TEST(ComputeThread, TheIdleHookRunsOnTheThreadOnceItHasHadNoJobForItsPause) {
+  const auto pause = 1s;
+  std::thread::id hook_thread, job_thread;
+  ComputeThread ct(1, 2s, nullptr, ComputeThread::kDefaultMaxBackground,
+                   {pause, [&] { hook_thread = std::this_thread::get_id(); }});
+  std::this_thread::sleep_for(pause + 200ms);
+  EXPECT_EQ(ct.idle_runs(), 0);  // no job has run: nothing to free
+  // Twenty jobs, each queueing the next (the queue never runs dry, as a stream's
+  // steps or back-to-back requests): the hook does not run between them.
+  int left = 20;
+  std::promise<void> chain_done;
+  std::function<void()> step = [&] {
+    job_thread = std::this_thread::get_id();
+    if (--left > 0) ct.submit(step);
+    else chain_done.set_value();
+  };
+  const auto t0 = clock_type::now();
+  ASSERT_TRUE(ct.submit(step));
+  chain_done.get_future().wait();
+  EXPECT_EQ(ct.idle_runs(), 0);
+  const auto wait_for_runs = [&](int64_t n) {
+    const auto deadline = clock_type::now() + 20s;
+    while (ct.idle_runs() < n && clock_type::now() < deadline) std::this_thread::sleep_for(5ms);
+    return ct.idle_runs();
+  };
+  EXPECT_EQ(wait_for_runs(1), 1);
+  EXPECT_GE(clock_type::now() - t0, pause);
+  EXPECT_EQ(hook_thread, job_thread);  // on the compute thread itself (read after idle_runs' lock)
+  std::this_thread::sleep_for(2 * pause + 200ms);
+  EXPECT_EQ(ct.idle_runs(), 1);  // once per idle spell
+  ASSERT_TRUE(ct.submit([] {}, ComputeThread::Priority::Background));
+  EXPECT_EQ(wait_for_runs(2), 2);  // and again after the next job
+  ct.stop();
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -148,6 +149,36 @@ TEST_P(ModelArch, DecodeStepsMatchTransformers) {
   const Agreement a = compare(ours, ref.logits[0], ref.vocab);
   EXPECT_LT(a.rel_max, 1e-4) << c.stem;
   EXPECT_EQ(a.decisive_flips, 0) << c.stem;
+}
+
+// A compute thread that frees its scratch when it goes idle (Backend::release_scratch:
+// the workspace, the GEMMs' chunk buffers, the ops' staging vectors) computes the same
+// logits afterwards, bit for bit, in prefill and in a decode step.
+TEST_P(ModelArch, FreeingTheThreadsScratchChangesNoLogit) {
+  const Case c = GetParam();
+  const Reference ref = read_reference(c.stem);
+  ASSERT_FALSE(ref.prompts.empty());
+  auto& backend = bs::testing::shared_backend();
+  bs::LlamaModel model(model_of(c), backend, bs::kernels::Precision::F32);
+  bs::Transformer tf(model);
+  const auto& ids = ref.prompts[0];
+  const std::vector<int32_t> prompt(ids.begin(), ids.end() - 1);
+  auto run = [&] {
+    auto cache = tf.make_cache(static_cast<int64_t>(ids.size()));
+    auto logits = tf.forward(prompt, cache, /*all_logits=*/true);
+    bs::KvCache* one[] = {&cache};
+    const auto step = tf.decode_step(std::vector<int32_t>{ids.back()}, one);
+    logits.insert(logits.end(), step.begin(), step.end());
+    return logits;
+  };
+  const auto before = run();
+  backend.release_scratch();
+  const auto after = run();
+  ASSERT_EQ(before.size(), after.size());
+  EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.size() * sizeof(float))) << c.stem;
+  backend.release_scratch();  // twice in a row, and with nothing grown: harmless
+  backend.release_scratch();
+  EXPECT_EQ(0, std::memcmp(before.data(), run().data(), before.size() * sizeof(float))) << c.stem;
 }
 
 // The blend at ratio 1 recomputes every token: it equals full prefill on every

@@ -10,9 +10,10 @@
 namespace bs {
 
 ComputeThread::ComputeThread(int threads, std::chrono::steady_clock::duration background_max_wait,
-                             CountersPtr counters, size_t max_background)
+                             CountersPtr counters, size_t max_background, IdleHook idle)
     : background_max_wait_(background_max_wait),
       max_background_(max_background),
+      idle_(std::move(idle)),
       counters_(std::move(counters)),
       thread_([this, threads] { loop(threads); }) {}
 
@@ -61,20 +62,43 @@ double ComputeThread::busy_seconds() const {
   return busy_;
 }
 
+int64_t ComputeThread::idle_runs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return idle_runs_;
+}
+
 int64_t ComputeThread::jobs_done() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;
+}
+
+void ComputeThread::run_idle_hook() {
+  try {
+    idle_.run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "blendserve: the compute thread's idle hook failed: %s\n", e.what());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++idle_runs_;
 }
 
 void ComputeThread::loop(int threads) {
   // The OpenMP thread count is a per-thread setting: this one sizes the team of
   // every parallel region this thread starts (oneDNN's and ours).
   if (threads > 0) omp_set_num_threads(threads);
+  bool idle_due = false;  // a job ran since the idle hook last did
   while (true) {
     std::function<void()> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !urgent_.empty() || !background_.empty(); });
+      const auto ready = [&] { return stopping_ || !urgent_.empty() || !background_.empty(); };
+      if (idle_due && idle_.run && !cv_.wait_for(lock, idle_.after, ready)) {
+        idle_due = false;
+        lock.unlock();
+        run_idle_hook();
+        continue;
+      }
+      cv_.wait(lock, ready);
       const bool overdue = !background_.empty() &&
                            std::chrono::steady_clock::now() - background_.front().queued >= background_max_wait_;
       if (!urgent_.empty() && !overdue) {
@@ -99,6 +123,7 @@ void ComputeThread::loop(int threads) {
       if (counters_) counters_->set_error(std::string("a compute job failed: ") + e.what());
     }
     busy.reset();
+    idle_due = true;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::lock_guard<std::mutex> lock(mu_);
     busy_ += dt;

@@ -12,6 +12,10 @@
 // recomputed on the next miss), the urgent one by what submits to it — each admitted
 // request has at most one prefill step or document compute queued, and the decoding
 // streams one step between them (limits.max_requests bounds it).
+// When it has run out of jobs for `IdleHook::after`, it runs the idle hook once, on
+// itself (the runtime frees the thread's scratch there: Backend::release_scratch), so
+// a server between requests does not hold the activations of its longest prompt; the
+// short gaps between one stream's decode steps never reach it.
 #pragma once
 
 #include <chrono>
@@ -26,16 +30,25 @@
 
 namespace bs {
 
+// What a compute thread runs, on itself, once it has had no job for `after` (again only
+// after another job). No `run`: nothing.
+struct ComputeIdleHook {
+  std::chrono::steady_clock::duration after{};
+  std::function<void()> run;
+};
+
 class ComputeThread {
  public:
   enum class Priority { Urgent, Background };
+  using IdleHook = ComputeIdleHook;
   // threads: OpenMP threads for the jobs (0 = all cores). counters: where it
   // reports to the inspector as an actor would (jobs as messages, the queue as
   // its mailbox); may be null.
   // max_background: background jobs queued at most.
   explicit ComputeThread(int threads,
                          std::chrono::steady_clock::duration background_max_wait = std::chrono::seconds(2),
-                         CountersPtr counters = nullptr, size_t max_background = kDefaultMaxBackground);
+                         CountersPtr counters = nullptr, size_t max_background = kDefaultMaxBackground,
+                         IdleHook idle = {});
   static constexpr size_t kDefaultMaxBackground = 256;
   ~ComputeThread();  // stop(false)
   ComputeThread(const ComputeThread&) = delete;
@@ -51,10 +64,13 @@ class ComputeThread {
   int64_t queued() const;
   double busy_seconds() const;
   int64_t jobs_done() const;
+  // How many times the idle hook ran.
+  int64_t idle_runs() const;
   const CountersPtr& counters() const { return counters_; }
 
  private:
   void loop(int threads);
+  void run_idle_hook();
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -69,6 +85,8 @@ class ComputeThread {
   int64_t background_refused_ = 0;
   bool stopping_ = false;
   int64_t done_ = 0;
+  IdleHook idle_;
+  int64_t idle_runs_ = 0;
   double busy_ = 0;
   CountersPtr counters_;
   std::thread thread_;

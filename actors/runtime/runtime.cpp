@@ -64,6 +64,17 @@ void fit_query_first_to_model(BlendOptions& blend, int n_layers) {
   blend.query_first_from_layer = n_layers - 1;
 }
 
+// A compute thread frees its scratch (Backend::release_scratch) once it has had no job
+// for this long: longer than the gaps between one stream's decode steps and between
+// requests that arrive back to back, so busy traffic never pays for growing it again
+// (a 512-token prefill's ~40 MB of page faults, a few ms beside its ~1 s); an idle
+// server then holds its model, KV pool and caches, not its longest prompt's activations.
+constexpr auto kScratchIdleRelease = std::chrono::seconds(1);
+
+ComputeThread::IdleHook release_scratch_when_idle(kernels::Backend& backend) {
+  return {kScratchIdleRelease, [&backend] { backend.release_scratch(); }};
+}
+
 }  // namespace
 
 
@@ -346,8 +357,9 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   ctx.tiered = std::make_unique<TieredKvStore>(stores);
   const std::vector<int32_t> prelude = chunk_prelude_tokens(ctx.model->tokenizer(), ctx.config.chunk_prelude);
   ctx.engine = std::make_unique<BlendEngine>(*ctx.tf, prelude);
-  ctx.compute = std::make_unique<ComputeThread>(rank_threads, std::chrono::seconds(2),
-                                                make_counters(tp > 1 ? "compute-thread-rank-0" : "compute-thread"));
+  ctx.compute = std::make_unique<ComputeThread>(
+      rank_threads, std::chrono::seconds(2), make_counters(tp > 1 ? "compute-thread-rank-0" : "compute-thread"),
+      ComputeThread::kDefaultMaxBackground, release_scratch_when_idle(*ctx.backend));
   if (tp > 1) {
     ctx.tp = std::make_unique<TpRanks>(std::move(comms), std::move(make_comms), *ctx.tf, timeout);
     for (int r = 1; r < tp; ++r) {
@@ -357,8 +369,9 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
       p.tf = std::make_unique<Transformer>(*p.model, &ctx.tp->comm(r), timeout);
       p.kv_pool = make_pool(*p.backend, p.model->config());
       p.engine = std::make_unique<BlendEngine>(*p.tf, prelude);
-      p.compute = std::make_unique<ComputeThread>(rank_threads, std::chrono::seconds(2),
-                                                  make_counters("compute-thread-rank-" + std::to_string(r)));
+      p.compute = std::make_unique<ComputeThread>(
+          rank_threads, std::chrono::seconds(2), make_counters("compute-thread-rank-" + std::to_string(r)),
+          ComputeThread::kDefaultMaxBackground, release_scratch_when_idle(*p.backend));
       ctx.tp->add_follower(std::make_unique<RankFollower>(r, std::move(p), *ctx.tp, ctx.traces));
     }
   }

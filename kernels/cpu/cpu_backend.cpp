@@ -81,6 +81,18 @@ struct CpuRope final : PreparedRope {
   }
 };
 
+// The ops' staging vectors, the calling thread's, grown as needed; release_scratch
+// frees them.
+struct ThreadScratch {
+  std::vector<uint16_t> bf16_x;      // linear: the activations as bf16, [n, in]
+  std::vector<float> part_out;       // gemv_part: one part's columns, [n, out]
+  std::vector<float> rope_cos_sin;   // rope: [n, head_dim/2, 2]
+  std::vector<int32_t> top_k_ids;    // top_k: [n]
+  std::vector<float> kv_cos_sin;     // rope_kv_rows: [rows of a page run, head_dim]
+  std::vector<float> kv_rows;        // rope_kv_rows: [rows of a page run, head_dim]
+};
+thread_local ThreadScratch thread_scratch;
+
 // bf16 needs native bf16 dot products for attention and a oneDNN bf16 matmul.
 bool bf16_supported(const cpu::CpuKernels& k) {
   return k.attention_bf16 && k.to_bf16 && cpu::onednn_bf16_matmul_available();
@@ -97,6 +109,11 @@ class CpuBackend final : public Backend {
     return std::string("cpu/") + cpu::isa_name(k_.isa) + (int8_decode_ ? "+int8" : "");
   }
   double setup_seconds() const override { return cpu::onednn_primitive_creation_seconds(); }
+  void release_scratch() override {
+    thread_scratch = ThreadScratch{};
+    cpu::release_gemm_thread_buffers();
+    Backend::release_scratch();  // last: it gives the freed heap back
+  }
   bool supports(Precision precision) const override { return precision == Precision::F32 || bf16_; }
   // The GEMV kernels compute rows independently, in the same order for any count.
   int64_t linear_exact_rows() const override { return kGemvMaxRows; }
@@ -137,7 +154,7 @@ class CpuBackend final : public Backend {
     } else {
       // The activations in the GEMM's precision once, for every part.
       const void* xs = x;
-      thread_local std::vector<uint16_t> xb;
+      auto& xb = thread_scratch.bf16_x;
       if (w.precision == Precision::BF16) {
         xb.resize(static_cast<size_t>(n * in));
         k_.to_bf16(x, xb.data(), n * in);
@@ -165,7 +182,7 @@ class CpuBackend final : public Backend {
       run(y + part.col0);
       return;
     }
-    thread_local std::vector<float> tmp;
+    auto& tmp = thread_scratch.part_out;
     tmp.resize(static_cast<size_t>(n * v.out_features));
     run(tmp.data());
     for (int64_t t = 0; t < n; ++t)
@@ -198,7 +215,7 @@ class CpuBackend final : public Backend {
   void rope(float* x, const int32_t* pos, int64_t n, int64_t heads, const PreparedRope& prepared) override {
     auto& rope = cpu_rope(prepared);
     const int64_t half = rope.table.head_dim / 2;
-    thread_local std::vector<float> cos_sin;
+    auto& cos_sin = thread_scratch.rope_cos_sin;
     cos_sin.resize(static_cast<size_t>(n * half * 2));
     rope.fill(pos, n, cos_sin.data());
     k_.rope(x, cos_sin.data(), n, heads, rope.table.head_dim, rope.table.style);
@@ -332,7 +349,7 @@ class CpuBackend final : public Backend {
 
   void top_k(const double* score, int64_t n, int64_t k, int32_t* out) override {
     if (k < 0 || k > n) throw std::invalid_argument("top_k: k must be in [0, n]");
-    thread_local std::vector<int32_t> idx;
+    auto& idx = thread_scratch.top_k_ids;
     idx.resize(static_cast<size_t>(n));
     std::iota(idx.begin(), idx.end(), 0);
     const auto above = [score](int32_t a, int32_t b) {
@@ -354,7 +371,8 @@ class CpuBackend final : public Backend {
     if (hd != rope.table.head_dim) throw std::invalid_argument("rope_kv_rows: head_dim differs from the table");
     if (m == 0) return;
     const int64_t run_max = std::min(m, kv.page_positions());
-    thread_local std::vector<float> cos_sin, rows;
+    auto& cos_sin = thread_scratch.kv_cos_sin;
+    auto& rows = thread_scratch.kv_rows;
     cos_sin.resize(static_cast<size_t>(run_max * hd));
     rope.fill(&delta, 1, cos_sin.data());
     for (int64_t r = 1; r < run_max; ++r) std::copy_n(cos_sin.data(), hd, cos_sin.data() + r * hd);

@@ -63,28 +63,45 @@ dnnl::stream& thread_stream() {
   return stream;
 }
 
-// This thread's scratchpad: grows to the largest any primitive asked for, and is
-// used by one execution at a time (each waits for its stream before returning).
-// Adds it to `args` where the primitive needs one.
-void add_scratchpad(const dnnl::memory::desc& desc, std::unordered_map<int, dnnl::memory>& args) {
-  if (desc.get_size() == 0) return;
+// A 4096-aligned buffer (oneDNN's loads), grown to the largest asked, contents undefined.
+class AlignedScratch {
+ public:
+  void* at_least(size_t bytes) {
+    if (bytes > capacity_) {
+      const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+      data_.reset(std::aligned_alloc(kAlign, size));
+      if (!data_) {
+        capacity_ = 0;
+        throw std::bad_alloc();
+      }
+      capacity_ = size;
+    }
+    return data_.get();
+  }
+
+ private:
+  static constexpr size_t kAlign = 4096;
   struct Free {
     void operator()(void* p) const { std::free(p); }
   };
-  thread_local std::unique_ptr<void, Free> buf;
-  thread_local size_t capacity = 0;
-  constexpr size_t kAlign = 4096;
-  const size_t need = desc.get_size();
-  if (need > capacity) {
-    const size_t size = (need + kAlign - 1) / kAlign * kAlign;
-    buf.reset(std::aligned_alloc(kAlign, size));
-    if (!buf) {
-      capacity = 0;
-      throw std::bad_alloc();
-    }
-    capacity = size;
-  }
-  args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(desc, engine(), buf.get()));
+  std::unique_ptr<void, Free> data_;
+  size_t capacity_ = 0;
+};
+
+// This thread's buffers: the scratchpad (used by one execution at a time: each waits
+// for its stream before returning) and gemm_stored's chunk buffers (thread_buffer).
+// release_gemm_thread_buffers frees them.
+enum class Buffer { Plain, Packed, Dense, kCount };
+struct ThreadBuffers {
+  AlignedScratch scratchpad;
+  AlignedScratch chunk[static_cast<int>(Buffer::kCount)];
+};
+thread_local ThreadBuffers thread_buffers;
+
+// Adds this thread's scratchpad to `args` where the primitive needs one.
+void add_scratchpad(const dnnl::memory::desc& desc, std::unordered_map<int, dnnl::memory>& args) {
+  if (desc.get_size() == 0) return;
+  args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(desc, engine(), thread_buffers.scratchpad.at_least(desc.get_size())));
 }
 
 // Every primitive here takes its scratchpad from the caller, per execution.
@@ -178,25 +195,9 @@ CachedMatmul matmul_for(const MatmulKey& key, const memory::desc& packed) {
 // its product.
 constexpr int64_t kChunkBytes = int64_t{4} << 20;
 
-// One of this thread's buffers (aligned for oneDNN's loads), grown to the largest asked.
-enum class Buffer { Plain, Packed, Dense, kCount };
+// One of this thread's chunk buffers, at least `bytes` long.
 void* thread_buffer(Buffer which, int64_t bytes) {
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  thread_local std::unique_ptr<void, Free> bufs[static_cast<int>(Buffer::kCount)];
-  thread_local int64_t capacity[static_cast<int>(Buffer::kCount)] = {};
-  const int i = static_cast<int>(which);
-  if (bytes > capacity[i]) {
-    const int64_t size = (bytes + 4095) / 4096 * 4096;
-    bufs[i].reset(std::aligned_alloc(4096, static_cast<size_t>(size)));
-    if (!bufs[i]) {
-      capacity[i] = 0;
-      throw std::bad_alloc();
-    }
-    capacity[i] = size;
-  }
-  return bufs[i].get();
+  return thread_buffers.chunk[static_cast<int>(which)].at_least(static_cast<size_t>(bytes));
 }
 
 void execute(const dnnl::primitive& prim, const memory::desc& scratchpad, std::unordered_map<int, memory> args) {
@@ -207,6 +208,8 @@ void execute(const dnnl::primitive& prim, const memory::desc& scratchpad, std::u
 }
 
 }  // namespace
+
+void release_gemm_thread_buffers() { thread_buffers = ThreadBuffers{}; }
 
 double onednn_primitive_creation_seconds() { return creation_ns.load() * 1e-9; }
 

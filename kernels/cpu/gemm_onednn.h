@@ -37,4 +37,8 @@ void gemm_stored(const CpuKernels& kernels,
                  float* y,             // [n, sum of the parts' out_features]
                  int64_t n);
 
+// Frees the calling thread's GEMM buffers (the dequantized chunks, the dense output, the
+// oneDNN scratchpad): Backend::release_scratch. The cached primitives stay.
+void release_gemm_thread_buffers();
+
 }  // namespace bs::kernels::cpu

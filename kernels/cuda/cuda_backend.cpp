@@ -577,6 +577,11 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // Device memory stays: the decode graphs hold the workspace's addresses, a free waits
+  // for the device and the next prefill would pay cudaMalloc again (GPU memory is the
+  // KV pool's budget, sized at start, not the host's resident set).
+  void release_scratch() override {}
+
   void sample_rows(const float* logits, int64_t n, int64_t vocab, const SampleRow* rows, int32_t* tokens) override {
     if (n <= 0) return;
     DeviceScope scope(device_);
