@@ -23,9 +23,11 @@
 #include "http/api_error.h"
 #include "http/cluster_tls.h"
 #include "http/console_page.h"
+#include "http/frontend_reports.h"
 #include "http/listen_backlog.h"
 #include "http/openai_request.h"
 #include "http/server.h"
+#include "http/upstream.h"
 #include "model/gguf.h"
 #include "model/hf_checkpoint.h"
 #include "model/tokenizer.h"
@@ -50,174 +52,6 @@ ApiError no_worker(const std::string& why) {
 
 double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
 
-// One request forwarded to a worker, read by a thread of the forward pool: the HTTP
-// thread waits on it (for the first token, or the whole answer) and then relays
-// what it holds. The fields below `mu` are the reader's to write, under mu.
-struct Upstream {
-  std::mutex mu;
-  std::condition_variable cv;
-  // A duplicate of the reader's socket while its request runs: abort() shuts the
-  // socket down through it (a shutdown acts on the socket, whichever descriptor
-  // names it, and this one cannot be reused for another socket while held), which
-  // ends a blocked connect, TLS handshake or read at once. (httplib's
-  // Client::stop() would wait for a TLS handshake to finish.)
-  int socket_dup = -1;
-  std::string pending;  // bytes received and not yet relayed
-  std::string scan;     // streamed bytes not yet split into SSE events (first-token detection)
-  bool got_status = false;
-  int status = 0;
-  std::string content_type;
-  bool first_token = false, done = false, failed = false;
-  bool refused = false;  // never sent: the forward pool was full
-  std::string error;  // transport failure (refused, reset, timeout)
-  std::atomic<bool> cancel{false};
-
-  // Ends the forward now: the reader's socket is shut down (a frozen worker holds
-  // no thread past this), and the worker sees its caller gone and cancels the
-  // request. Safe from any thread, before, during or after the request.
-  void abort() {
-    cancel = true;
-    std::lock_guard<std::mutex> lock(mu);
-    if (socket_dup >= 0) ::shutdown(socket_dup, SHUT_RDWR);
-  }
-};
-
-// The threads that run forwards: a fixed number, started once, with a queue as long
-// as there are threads (a forward waits only while every thread is busy). Full: the
-// forward is refused at once (the caller answers 503). No thread per request, none
-// detached: the destructor aborts nothing itself (the server aborts its upstreams
-// first) and joins.
-class ForwardPool {
- public:
-  explicit ForwardPool(size_t threads) : bound_(threads) {
-    for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
-  }
-  ~ForwardPool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  // False when `bound` forwards wait already, or after shutdown.
-  bool submit(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stop_ || queue_.size() >= bound_) return false;
-      queue_.push_back(std::move(job));
-    }
-    cv_.notify_one();
-    return true;
-  }
-  size_t size() const { return threads_.size(); }
-
- private:
-  void run() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, nothing left
-        job = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      job();
-    }
-  }
-  const size_t bound_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
-};
-
-// Whether one SSE event ("data: {...}") carries generated text.
-bool event_has_token(std::string_view event) {
-  if (event.rfind("data: ", 0) != 0) return false;
-  const auto payload = event.substr(6);
-  if (payload == "[DONE]") return false;
-  const json j = json::parse(payload, nullptr, false);
-  if (!j.is_object() || !j.contains("choices") || !j["choices"].is_array()) return false;
-  for (const auto& c : j["choices"]) {
-    // A text completion's text; a chat delta's content or tool calls.
-    if (const auto text = c.find("text"); text != c.end() && text->is_string() && !text->get<std::string>().empty())
-      return true;
-    const auto d = c.find("delta");
-    if (d == c.end() || !d->is_object()) continue;
-    const auto content = d->find("content");
-    if (content != d->end() && content->is_string() && !content->get<std::string>().empty()) return true;
-    if (const auto calls = d->find("tool_calls"); calls != d->end() && calls->is_array() && !calls->empty()) return true;
-  }
-  return false;
-}
-
-void run_upstream(std::shared_ptr<Upstream> u, FrontendWorker w, const tls::Files& tls, std::string key,
-                  std::string method, std::string path, std::string body, double connect_s, double idle_s,
-                  bool stream) {
-  const auto client = make_member_client(w.host, w.http_port, tls, w.name);  // HTTPS in a TLS cluster
-  httplib::Client& cli = *client;
-  cli.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(connect_s)));
-  cli.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(idle_s)));
-  cli.set_write_timeout(30, 0);
-  httplib::Request req;
-  req.method = method;
-  req.path = path;
-  req.headers.emplace("Authorization", "Bearer " + key);
-  if (!body.empty()) req.headers.emplace("Content-Type", "application/json");
-  req.body = std::move(body);
-  req.response_handler = [u](const httplib::Response& r) {
-    std::lock_guard<std::mutex> lock(u->mu);
-    u->got_status = true;
-    u->status = r.status;
-    u->content_type = r.get_header_value("Content-Type");
-    u->cv.notify_all();
-    return !u->cancel.load();
-  };
-  req.content_receiver = [u, stream](const char* data, size_t n, uint64_t, uint64_t) {
-    std::lock_guard<std::mutex> lock(u->mu);
-    u->pending.append(data, n);
-    if (stream && !u->first_token) {
-      u->scan.append(data, n);
-      for (size_t end; !u->first_token && (end = u->scan.find("\n\n")) != std::string::npos;) {
-        u->first_token = event_has_token(std::string_view(u->scan).substr(0, end));
-        u->scan.erase(0, end + 2);
-      }
-    }
-    u->cv.notify_all();
-    return !u->cancel.load();
-  };
-  {
-    std::lock_guard<std::mutex> lock(u->mu);
-    if (u->cancel.load()) {  // aborted before it started
-      u->done = u->failed = true;
-      u->error = "cancelled";
-      u->cv.notify_all();
-      return;
-    }
-  }
-  cli.set_socket_options([u](socket_t sock) {
-    std::lock_guard<std::mutex> lock(u->mu);
-    if (u->socket_dup >= 0) ::close(u->socket_dup);
-    u->socket_dup = ::dup(sock);
-    if (u->cancel.load() && u->socket_dup >= 0) ::shutdown(u->socket_dup, SHUT_RDWR);  // aborted meanwhile
-  });
-  httplib::Response res;
-  httplib::Error err = httplib::Error::Success;
-  const bool ok = cli.send(req, res, err);
-  std::lock_guard<std::mutex> lock(u->mu);
-  if (u->socket_dup >= 0) ::close(u->socket_dup);
-  u->socket_dup = -1;
-  u->done = true;
-  if (!ok) {
-    u->failed = true;
-    u->error = u->cancel.load() ? "cancelled" : httplib::to_string(err);
-  }
-  u->cv.notify_all();
-}
-
 }  // namespace
 
 struct FrontendServer::Impl {
@@ -229,12 +63,7 @@ struct FrontendServer::Impl {
   RequestRouter router;
   httplib::Server svr;
   std::map<std::string, FrontendWorker> workers;
-  // /metrics
-  std::mutex metrics_mu;
-  std::map<std::string, int64_t> routed, failed;  // per worker
-  int64_t retries = 0, refused_no_worker = 0, mid_stream_failures = 0, held_tokens = 0, storage_tokens = 0,
-          request_tokens = 0;
-  int64_t heartbeat_failures = 0, forwards_refused = 0;
+  FrontendMetrics metrics;  // /metrics
   // The forwards in flight (aborted at shutdown), pruned as they end.
   std::mutex live_mu;
   std::vector<std::weak_ptr<Upstream>> live;
@@ -342,8 +171,8 @@ struct FrontendServer::Impl {
       std::lock_guard<std::mutex> lock(u->mu);
       u->done = u->failed = u->refused = true;
       u->error = "the frontend has " + std::to_string(pool->size()) + " forwards in flight, its limit";
-      std::lock_guard<std::mutex> mlock(metrics_mu);
-      ++forwards_refused;
+      std::lock_guard<std::mutex> mlock(metrics.mu);
+      ++metrics.forwards_refused;
       return u;
     }
     std::lock_guard<std::mutex> lock(live_mu);
@@ -400,8 +229,8 @@ struct FrontendServer::Impl {
       const auto view = monitor.view();
       const auto choice = router.choose(*view, chunks, exclude);
       if (!choice) {
-        std::lock_guard<std::mutex> lock(metrics_mu);
-        ++refused_no_worker;
+        std::lock_guard<std::mutex> lock(metrics.mu);
+        ++metrics.refused_no_worker;
         res.set_header("Retry-After", "1");
         return send_error(res, no_worker(first_failure.empty() ? "no worker is up" : first_failure +
                                                                                        "; no other worker is up"));
@@ -409,11 +238,11 @@ struct FrontendServer::Impl {
       const FrontendWorker& w = workers.at(choice->worker);
       router.started(*view, w.name, chunks);
       {
-        std::lock_guard<std::mutex> lock(metrics_mu);
-        ++routed[w.name];
-        held_tokens += choice->held_tokens;
-        storage_tokens += choice->storage_tokens;
-        request_tokens += doc_tokens;
+        std::lock_guard<std::mutex> lock(metrics.mu);
+        ++metrics.routed[w.name];
+        metrics.held_tokens += choice->held_tokens;
+        metrics.storage_tokens += choice->storage_tokens;
+        metrics.request_tokens += doc_tokens;
       }
       auto u = start(w, "POST", path, req.body, stream);
       if (u->refused) {
@@ -441,8 +270,8 @@ struct FrontendServer::Impl {
                        : lost;
       }
       if (waited == Waited::worker_lost) {
-        std::lock_guard<std::mutex> lock(metrics_mu);
-        ++heartbeat_failures;
+        std::lock_guard<std::mutex> lock(metrics.mu);
+        ++metrics.heartbeat_failures;
       }
       bool failed_here;
       {
@@ -453,10 +282,10 @@ struct FrontendServer::Impl {
       if (failed_here) {
         u->abort();
         router.finished(w.name);
-        std::lock_guard<std::mutex> lock(metrics_mu);
-        ++failed[w.name];
+        std::lock_guard<std::mutex> lock(metrics.mu);
+        ++metrics.failed[w.name];
         if (attempt == 0) {  // nothing went to the client yet: once more, elsewhere
-          ++retries;
+          ++metrics.retries;
           exclude.insert(w.name);
           continue;
         }
@@ -513,10 +342,10 @@ struct FrontendServer::Impl {
               if (waited != Waited::ready) u->abort();  // the worker's request ends too
               if (upstream_failed) {
                 {
-                  std::lock_guard<std::mutex> lock(metrics_mu);
-                  ++mid_stream_failures;
-                  ++failed[worker];
-                  if (waited == Waited::worker_lost) ++heartbeat_failures;
+                  std::lock_guard<std::mutex> lock(metrics.mu);
+                  ++metrics.mid_stream_failures;
+                  ++metrics.failed[worker];
+                  if (waited == Waited::worker_lost) ++metrics.heartbeat_failures;
                 }
                 const json err = {{"error",
                                    {{"message", "worker " + worker + " failed after the first token: " + why},
@@ -704,120 +533,6 @@ struct FrontendServer::Impl {
                              "document_not_found"));
   }
 
-  json members_json(const ClusterView& v) const {
-    json out = json::array();
-    const double now = std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
-    for (const auto& m : v.members) {
-      json j = {{"name", m.member.name},
-                {"role", m.member.role},
-                {"host", m.member.host},
-                {"control_port", m.member.port},
-                {"up", m.up},
-                {"downs", m.downs},
-                {"last_error", m.last_error},
-                {"report_age_s", m.last_report_s > 0 ? now - m.last_report_s : -1.0}};
-      if (m.member.role == "worker")
-        j["report"] = {{"in_flight", m.report.in_flight},
-                       {"queued", m.report.queued},
-                       {"max_requests", m.report.max_requests},
-                       {"chunks_held", m.report.chunks_held},
-                       {"keys_known", m.held->size()},
-                       {"holdings_version", m.held->version()},
-                       {"uses_storage", m.report.uses_storage},
-                       {"routed_in_flight", router.in_flight(m.member.name)}};
-      else
-        j["report"] = {{"bytes", m.report.store_bytes},
-                       {"entries", m.report.store_entries},
-                       {"budget", m.report.store_budget},
-                       {"keys_known", m.held->size()},
-                       {"holdings_version", m.held->version()}};
-      out.push_back(std::move(j));
-    }
-    return out;
-  }
-
-  std::string snapshot() {
-    const auto view = monitor.view();
-    json nodes = json::array();
-    nodes.push_back({{"name", opt.node}, {"role", "frontend"}, {"members", members_json(*view)}, {"actors", json::array()},
-                     {"requests", json::array()}});
-    for (const auto& m : view->members) {
-      if (m.member.role == "storage") {
-        nodes.push_back({{"name", m.member.name},
-                         {"role", "storage"},
-                         {"up", m.up},
-                         {"tiers", {{"ssd", {{"bytes", m.report.store_bytes}, {"entries", m.report.store_entries},
-                                             {"budget", m.report.store_budget}}}}},
-                         {"actors", json::array()},
-                         {"requests", json::array()}});
-        continue;
-      }
-      json node = {{"name", m.member.name}, {"role", "worker"}, {"up", m.up}, {"actors", json::array()},
-                   {"requests", json::array()}};
-      const auto wit = workers.find(m.member.name);
-      if (m.up && wit != workers.end()) {
-        const auto cli = make_member_client(wit->second.host, wit->second.http_port, opt.tls, wit->second.name);
-        cli->set_connection_timeout(2, 0);
-        cli->set_read_timeout(2, 0);
-        auto r = cli->Get("/v1/inspect/snapshot", {{"Authorization", "Bearer " + opt.worker_api_key}});
-        const json j = r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
-        if (j.is_object() && j.contains("nodes") && j["nodes"].is_array() && !j["nodes"].empty()) {
-          node = j["nodes"][0];
-          node["role"] = "worker";
-          node["up"] = true;
-        } else {
-          node["error"] = "no snapshot from the worker";
-        }
-      }
-      nodes.push_back(std::move(node));
-    }
-    return json{{"nodes", std::move(nodes)}}.dump();
-  }
-
-  std::string metrics_text() {
-    const auto view = monitor.view();
-    std::string out;
-    auto line = [&](const std::string& s) { out += s + "\n"; };
-    line("# HELP blendserve_cluster_member_up Whether a member answers its heartbeat (1) or not (0).");
-    line("# TYPE blendserve_cluster_member_up gauge");
-    for (const auto& m : view->members)
-      line("blendserve_cluster_member_up{member=\"" + m.member.name + "\",role=\"" + m.member.role + "\"} " +
-           (m.up ? "1" : "0"));
-    line("# HELP blendserve_cluster_member_downs_total Times a member was marked down.");
-    line("# TYPE blendserve_cluster_member_downs_total counter");
-    for (const auto& m : view->members)
-      line("blendserve_cluster_member_downs_total{member=\"" + m.member.name + "\"} " + std::to_string(m.downs));
-    std::lock_guard<std::mutex> lock(metrics_mu);
-    line("# HELP blendserve_frontend_routed_total Completions sent to each worker (retries included).");
-    line("# TYPE blendserve_frontend_routed_total counter");
-    for (const auto& [w, n] : routed) line("blendserve_frontend_routed_total{worker=\"" + w + "\"} " + std::to_string(n));
-    line("# HELP blendserve_frontend_worker_failures_total Completions a worker failed.");
-    line("# TYPE blendserve_frontend_worker_failures_total counter");
-    for (const auto& [w, n] : failed)
-      line("blendserve_frontend_worker_failures_total{worker=\"" + w + "\"} " + std::to_string(n));
-    line("# TYPE blendserve_frontend_retries_total counter");
-    line("blendserve_frontend_retries_total " + std::to_string(retries));
-    line("# TYPE blendserve_frontend_no_worker_total counter");
-    line("blendserve_frontend_no_worker_total " + std::to_string(refused_no_worker));
-    line("# TYPE blendserve_frontend_mid_stream_failures_total counter");
-    line("blendserve_frontend_mid_stream_failures_total " + std::to_string(mid_stream_failures));
-    line("# HELP blendserve_frontend_heartbeat_failures_total Forwards ended because their worker missed its heartbeats.");
-    line("# TYPE blendserve_frontend_heartbeat_failures_total counter");
-    line("blendserve_frontend_heartbeat_failures_total " + std::to_string(heartbeat_failures));
-    line("# HELP blendserve_frontend_forwards_refused_total Forwards refused: every forward thread was busy.");
-    line("# TYPE blendserve_frontend_forwards_refused_total counter");
-    line("blendserve_frontend_forwards_refused_total " + std::to_string(forwards_refused));
-    line("# HELP blendserve_frontend_routed_held_tokens_total Document tokens the chosen worker held when routed.");
-    line("# TYPE blendserve_frontend_routed_held_tokens_total counter");
-    line("blendserve_frontend_routed_held_tokens_total " + std::to_string(held_tokens));
-    line("# HELP blendserve_frontend_routed_storage_tokens_total Document tokens the chosen worker did not hold that a storage node did.");
-    line("# TYPE blendserve_frontend_routed_storage_tokens_total counter");
-    line("blendserve_frontend_routed_storage_tokens_total " + std::to_string(storage_tokens));
-    line("# TYPE blendserve_frontend_routed_document_tokens_total counter");
-    line("blendserve_frontend_routed_document_tokens_total " + std::to_string(request_tokens));
-    return out;
-  }
-
   void routes() {
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       return authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
@@ -889,10 +604,11 @@ struct FrontendServer::Impl {
     svr.Delete(R"(/v1/documents/([^/]+))",
                [this](const httplib::Request& req, httplib::Response& res) { erase_document(req, res); });
     svr.Get("/v1/inspect/cluster", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(json{{"node", opt.node}, {"members", members_json(*monitor.view())}}.dump(), "application/json");
+      res.set_content(json{{"node", opt.node}, {"members", cluster_members_json(*monitor.view(), router)}}.dump(),
+                      "application/json");
     });
     svr.Get("/v1/inspect/snapshot", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(snapshot(), "application/json");
+      res.set_content(cluster_snapshot(opt, *monitor.view(), router, workers), "application/json");
     });
     svr.Get("/console", [](const httplib::Request&, httplib::Response& res) { send_console_page(res); });
     // A request's trace lives on the worker that ran it: ?node=<worker> says which
@@ -916,7 +632,7 @@ struct FrontendServer::Impl {
       res.set_content(a.body, a.content_type);
     });
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics_text(), "text/plain; version=0.0.4");
+      res.set_content(metrics.text(*monitor.view()), "text/plain; version=0.0.4");
     });
   }
 };

@@ -27,7 +27,9 @@
 // (limits.decode_interleave since a waiting stream's last step began), so requests
 // that arrive together are prefilled back to back and decode together. The chunks a
 // prefill had to compute are computed alone in the background and go to the
-// write-back actor. Every decision is made in this actor's handlers from what they
+// write-back actor. The compute jobs themselves are beside it: prefill_step.h (a
+// prefill's steps), decode_steps.h (decode batches, and the step between layers),
+// prefill_write_back.h (what a prefill leaves in the stores). Every decision is made in this actor's handlers from what they
 // were told by message; at tp > 1 each compute job is sent to the follower ranks as
 // it starts and every choice inside it is broadcast first (TpRanks::dispatch /
 // announce).
@@ -45,131 +47,14 @@
 #include "actors/runtime/actor_counters.h"
 #include "actors/runtime/actors.h"
 #include "actors/runtime/decode_batcher.h"
+#include "actors/runtime/decode_steps.h"
+#include "actors/runtime/prefill_step.h"
+#include "actors/runtime/prefill_write_back.h"
 
 namespace bs {
 namespace {
 
-// How long a drain job waits at most for the requests of the previous step to come
-// back from the decoder before it steps without them (DecodeBatcher::take). Each
-// of them comes back or finishes (forget), usually within a millisecond; the bound
-// only matters when the decoder is slow (a loaded machine, a slow on_text), and
-// the decoder is then what every stream waits for anyway.
-constexpr auto kGather = std::chrono::milliseconds(50);
-
-// The worker's decode batcher (WorkerState::batcher): its compute jobs hold a
-// reference, so one that runs after the worker died still finds it.
-using BatcherPtr = std::shared_ptr<DecodeBatcher>;
-
-// limits.decode_interleave as a clock duration (capped at a day: "never").
-std::chrono::steady_clock::duration interleave_interval(const RuntimeContext* ctx) {
-  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(std::clamp(ctx->config.decode_interleave, 0.0, 86400.0)));
-}
-
-// One decode step for the taken entries. A cancelled request is not computed, but
-// still goes back to the decoder, which finishes it. If the batched step throws,
-// each request is stepped alone, so only the one that fails gets the error.
-void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& batcher,
-                      std::vector<DecodeBatcher::Entry> entries, bool interleaved) {
-  std::vector<DecodeBatcher::Entry> live;
-  for (auto& e : entries) {
-    if (e.slot->cancelled.load()) caf::anon_send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
-    else live.push_back(std::move(e));
-  }
-  TpRanks* tp = ctx->tp.get();
-  if (live.empty()) {
-    // Tensor parallel, between two layers: the followers wait for a decision.
-    if (tp && interleaved) tp->announce(RankDecision{RankDecision::Continue, {}, {}});
-    return;
-  }
-  const int64_t B = static_cast<int64_t>(live.size());
-  const int64_t vocab = ctx->model->full_config().vocab;
-  std::vector<int32_t> tokens;
-  std::vector<uint64_t> ids;
-  std::vector<KvCache*> caches;
-  for (const auto& e : live) {
-    tokens.push_back(e.token);
-    ids.push_back(e.slot->id);
-    caches.push_back(&e.slot->cache);
-  }
-  batcher.step_began(ids);
-  std::vector<DecodeStep> out(static_cast<size_t>(B));
-  try {
-    if (tp) {
-      // The followers step the same requests: told inside the running job, or as a job.
-      if (interleaved) tp->announce(RankDecision{RankDecision::Decode, ids, tokens});
-      else tp->dispatch(RankJob{RankJob::Decode, 0, {}, false, ids, tokens, false});
-    }
-    if (!tp && !ctx->backend->host_accessible()) {
-      // A device backend picks the next tokens where the logits are (one id per request
-      // crosses to the host), with the draws the decoder made for them.
-      std::vector<kernels::SampleRow> rows;
-      for (const auto& e : live) rows.push_back(e.next);
-      const std::vector<int32_t> picked = ctx->tf->decode_step_sampled(tokens, caches, rows);
-      for (int64_t b = 0; b < B; ++b) out[b].token = picked[b];
-    } else {
-      const std::vector<float> logits = ctx->tf->decode_step(tokens, caches);
-      for (int64_t b = 0; b < B; ++b)
-        out[b].logits.assign(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
-    }
-  } catch (const std::exception& e) {
-    if (tp) {
-      // A rank failed (or a collective): every request of the batch fails with it;
-      // the group is rebuilt before the next job.
-      tp->fail(e.what());
-      for (auto& o : out) o.error = std::string("tensor-parallel decode step failed: ") + e.what();
-    } else {
-      // decode_step checks every cache before it writes any: stepping alone is safe.
-      for (int64_t b = 0; b < B; ++b) {
-        try {
-          out[b].logits = ctx->tf->forward(std::span<const int32_t>(&tokens[b], 1), live[b].slot->cache);
-        } catch (const std::exception& e) {
-          out[b].error = e.what();
-        }
-      }
-    }
-  }
-  ctx->decode_steps.fetch_add(1);
-  ctx->decode_tokens.fetch_add(B);
-  if (interleaved) ctx->interleaved_steps.fetch_add(1);
-  for (int64_t b = 0; b < B; ++b) {
-    out[b].batch = static_cast<int32_t>(B);
-    out[b].interleaved = interleaved;
-    caf::anon_send(h->decoder(), logits_atom::value, live[b].slot->id, std::move(out[b]));
-  }
-}
-
-// The compute job behind decode_atom: one batched step of the waiting requests.
-void drain_decode(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher) {
-  bool more = false;
-  auto entries = batcher->take(ctx->config.max_decode_batch, kGather, more);
-  if (more && !ctx->compute->submit([ctx, h, batcher] { drain_decode(ctx, h, batcher); })) {
-    // Shutting down: whatever waits goes back to the decoder uncomputed (cancelled).
-    for (auto& e : batcher->take_all()) {
-      e.slot->cancelled = true;
-      entries.push_back(std::move(e));
-    }
-  }
-  run_decode_batch(ctx, h, *batcher, std::move(entries), false);
-}
-
-// Between the layers of a long compute on the compute thread: one decode step
-// when one is due (a waiting stream's last step began decode_interleave ago).
-// Nothing of the interrupted compute is live in the Transformer's scratch buffers
-// here (they are only used inside one Transformer call), and the step touches
-// only the decoding requests' own caches.
-//
-// Tensor parallel: the followers wait between the same two layers for rank 0's
-// decision, so exactly one is announced here, a step or none.
-double interleave_decode(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& batcher) {
-  if (!batcher.due(interleave_interval(ctx))) {
-    if (ctx->tp) ctx->tp->announce(RankDecision{RankDecision::Continue, {}, {}});
-    return 0;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  run_decode_batch(ctx, h, batcher, batcher.take_now(ctx->config.max_decode_batch), true);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+using WorkPtr = PrefillWorkPtr;
 
 // limits.load_timeout as a clock duration.
 std::chrono::steady_clock::duration load_timeout(const RuntimeContext* ctx) {
@@ -183,46 +68,6 @@ std::chrono::steady_clock::duration poll_interval(const RuntimeContext* ctx) {
   return std::clamp<std::chrono::steady_clock::duration>(interleave_interval(ctx), std::chrono::milliseconds(1),
                                                          std::chrono::milliseconds(50));
 }
-
-}  // namespace
-
-// What a prefill's step job works on: the engine run and what the job finds out. One
-// owner at a time: the worker's task holds it while no job runs; the worker moves it
-// into the job it submits, and the job hands it back in its stepped_atom message (as
-// OTP hands state between processes). The worker never touches it while it is away
-// (its task's `work` is empty then), the job never after it sent it.
-struct PrefillWork {
-  uint64_t id = 0;
-  // Immutable: the worker makes a new plan to change it (the fallback).
-  std::shared_ptr<const RequestPlan> plan;
-  LoadTargetPtr target;  // the gate and copy events are thread-safe; the cache is the job's while it runs
-  BatcherPtr batcher;    // the worker's: the decode steps due between this prefill's layers
-  TracePtr trace;
-  // The worker's cancel (a cancel_atom, the request's end): the one flag both sides
-  // read while the job runs.
-  std::shared_ptr<const std::atomic<bool>> cancelled;
-  PrefillRun run;
-  bool begun = false;
-  // Tensor parallel: the next step job begins the prefill again on every rank, with
-  // the plan it carries (the fallback after a stored entry failed).
-  bool restart = false;
-  // When the wait for the next layer began (the step's per-layer wait).
-  std::chrono::steady_clock::time_point waiting_since;
-  // Set by a step job that ended it: finished (`result` holds the prefill), or
-  // failed with `error` (the gate is failed too, so the loaders stop). The worker
-  // sets `error` too, for failures it finds (a timeout, a missing loader).
-  bool finished = false;
-  BlendPrefill result;
-  std::string error;
-  // Decode steps of other requests run between this prefill's layers, and their time.
-  int64_t pauses = 0;
-  double pause_seconds = 0;
-  double collective_seconds = 0;  // tensor parallel: rank 0's waits in collectives
-};
-
-namespace {
-
-using WorkPtr = PrefillWorkPtr;
 
 // One prefill in the worker, touched only by the worker's handlers; its compute state
 // (PrefillWork) goes to the compute thread and back by message.
@@ -263,97 +108,6 @@ struct PrefillTask {
   std::vector<int32_t> failed_parts;  // the plan's parts whose stored entries failed (load_fail_atom)
 };
 using TaskPtr = std::shared_ptr<PrefillTask>;
-
-// Between two layers of a prefill: a due decode step of the other requests, its
-// time counted in the prefill's pauses (and in its wait for the next layer).
-void pause_for_decode(RuntimeContext* ctx, const HandlesRef& h, PrefillWork& t) {
-  const double s = interleave_decode(ctx, h, *t.batcher);
-  if (s > 0) {
-    ++t.pauses;
-    t.pause_seconds += s;
-  }
-}
-
-std::string cancelled_before(const PrefillWork& t) {
-  return "cancelled before layer " + std::to_string(t.run.next_layer());
-}
-
-// The compute job of one prefill: steps while its next layer is delivered (the
-// first job begins it), runs a due decode step between layers, and ends the
-// prefill after its last layer. Stops at a cancel, a failed gate or an undelivered
-// layer; the worker decides what comes next (stepped_atom).
-void step_prefill(RuntimeContext* ctx, const HandlesRef& h, WorkPtr t) {
-  auto& gate = t->target->gate;
-  TpRanks* tp = ctx->tp.get();
-  try {
-    if (t->cancelled->load()) {
-      // Before any rank is told: a request that ended is never begun again on a follower.
-      t->error = cancelled_before(*t);
-    } else {
-      if (tp) {
-        // Every rank runs this job; a follower begins with the plan it is sent.
-        RankJob job{RankJob::Prefill, t->id, {}, t->restart, {}, {}, false};
-        if (!t->begun || t->restart) job.plan = *t->plan;
-        tp->dispatch(job);
-        t->restart = false;
-      }
-      if (!t->begun) {
-        t->run = ctx->engine->begin(t->plan->prompt, t->plan->loaded, t->target->cache, t->plan->options, 1,
-                                    t->trace->submitted());
-        t->begun = true;
-      }
-      // Each choice is announced before it is acted on (a no-op at tp 1).
-      auto decide = [&](RankDecision::Kind k) {
-        if (tp) tp->announce(RankDecision{k, {}, {}});
-        return k;
-      };
-      RankDecision::Kind last = RankDecision::Stop;
-      while (true) {
-        if (t->run.done()) {
-          last = decide(gate.failed() ? RankDecision::Stop : RankDecision::Finish);
-          break;
-        }
-        if (t->cancelled->load()) {
-          t->error = cancelled_before(*t);
-          last = decide(RankDecision::Stop);
-          break;
-        }
-        if (gate.failed() || (t->run.needs_delivery() && !gate.delivered(t->run.next_layer()))) {
-          last = decide(RankDecision::Stop);
-          break;
-        }
-        decide(RankDecision::Step);
-        const int layer = t->run.next_layer();
-        // The loaders' copies of this layer (each on its copy stream) come before its
-        // compute: the device waits, this thread does not.
-        for (const auto& copied : t->target->copied.take(layer)) ctx->backend->wait(*copied);
-        const double waited = ctx->tf->collective_stats().seconds;
-        ctx->engine->step(t->run, t->waiting_since);
-        t->trace->set("prefill_layer", layer + 1);  // progress, for the live view of requests in flight
-        if (tp) {
-          const double wait = ctx->tf->collective_stats().seconds - waited, end = t->trace->now_s();
-          t->collective_seconds += wait;
-          t->trace->add_event({"rank-0", "collective wait", layer, end - wait, end, 0});
-        }
-        // The wait for the next layer starts now; a decode step run here counts in it.
-        t->waiting_since = std::chrono::steady_clock::now();
-        pause_for_decode(ctx, h, *t);
-      }
-      if (last == RankDecision::Finish) {
-        t->result = ctx->engine->finish(std::move(t->run));
-        t->finished = true;
-        if (tp) t->trace->set("rank-0_collective_s", t->collective_seconds);
-      }
-    }
-  } catch (const std::exception& e) {
-    t->error = e.what();
-    if (tp) tp->fail(t->error);  // the followers stop at once
-  }
-  // The loaders stop at their next layer.
-  if (!t->error.empty()) gate.fail(t->error);
-  const uint64_t id = t->id;
-  caf::anon_send(h->worker(), stepped_atom::value, id, std::move(t));  // back to the worker: not touched here after
-}
 
 // The requests of one worker, owned by its handlers.
 struct WorkerState {
@@ -397,207 +151,6 @@ void submit_drain(worker_actor::pointer self, RuntimeContext* ctx, const Handles
   const BatcherPtr batcher = w.batcher;
   if (!ctx->compute->submit([ctx, h, batcher] { drain_decode(ctx, h, batcher); }))
     for (auto& e : batcher->take_all()) self->send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
-}
-
-// The KV of a chunk (or an exact prefix) computed alone, on the compute thread, with
-// due decode steps between its layers (a long document must not stall the
-// streams). Tensor parallel: on every rank (rank 0 gets the whole chunk); a
-// failure stops the other ranks too.
-std::shared_ptr<const ChunkKv> compute_alone(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher,
-                                             const std::vector<int32_t>& tokens, bool prefix) {
-  try {
-    if (ctx->tp) ctx->tp->dispatch(RankJob{RankJob::Chunk, 0, {}, false, {}, tokens, prefix});
-    const LayerWait between = [ctx, h, &batcher](int) { interleave_decode(ctx, h, *batcher); };
-    return prefix ? ctx->engine->compute_prefix_kv(tokens, between) : ctx->engine->compute_chunk_kv(tokens, between);
-  } catch (const std::exception& e) {
-    if (ctx->tp) ctx->tp->fail(e.what());
-    throw;
-  }
-}
-
-// Queues the background computes of the parts a prefill had to compute (missed,
-// or failed when loaded: the plan after a fallback marks them computed): each
-// alone, to the write-back actor. Every
-// mode stores what it computed: a `full` request warms the cache for the blend
-// requests after it. Single flight (chunk_flights.h): a chunk whose compute another
-// request queued already joins it; a provisional entry stored meanwhile is no reason
-// to skip (the compute replaces it).
-void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher, const RequestPlan& plan) {
-  // One background job per part, so a decode step waits for at most one chunk's
-  // compute. The background queue is bounded (ComputeThread): a part refused there is
-  // not stored now (counted; computed again at its next miss).
-  auto queue = [&](const std::vector<int32_t>& tokens, const ChunkKey& key) {
-    if (tokens.empty()) return;
-    if (!ctx->flights.claim(key)) return;  // queued or running for another request
-    const bool queued = ctx->compute->submit(
-        [ctx, h, batcher, tokens, key] {
-          if (ctx->tiered->contains(key) && !ctx->flights.provisional(key)) return ctx->flights.release(key);
-          try {
-            auto kv = compute_alone(ctx, h, batcher, tokens, false);
-            ctx->flights.computed(key);
-            caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv)});
-          } catch (const std::exception& e) {
-            // A cache: the chunk is computed again on its next miss.
-            std::fprintf(stderr, "blendserve: the write-back compute of chunk %s failed: %s\n", key.hex().c_str(),
-                         e.what());
-          }
-          ctx->flights.release(key);
-        },
-        ComputeThread::Priority::Background);
-    if (!queued) {
-      ctx->flights.release(key);
-      ctx->write_backs_refused.fetch_add(1);
-    }
-  };
-  if (plan.store_missed_chunks)
-    for (size_t i = 0; i < plan.prompt.chunks.size(); ++i)
-      if (!plan.loaded.chunk_loaded[i]) queue(plan.prompt.chunks[i], plan.chunk_keys[i]);
-  // Passages learnt on first sight: computed alone like a document's chunk (the KV the
-  // blend was measured on), then stored and indexed for the pasted-passage search.
-  for (const auto& tokens : plan.learn) queue(tokens, ctx->engine->chunk_key(tokens));
-}
-
-// Reusable at once (chunk_flights.h): each chunk this prefill had to compute, not
-// stored yet, is put in RAM from the request's own cache as a provisional entry
-// (BlendEngine::chunk_in_context: its rows in context, K rotated back to positions
-// 0..m-1), before the first token goes out, so a request that comes after this
-// one's answer finds it even if the chunk's compute alone is still queued; that
-// compute replaces it. Not passages to learn: a paragraph's chunk tokens end with
-// "\n\n" as one token, which the message holds as other tokens before the next
-// paragraph, so its rows are not the chunk's (its compute alone stores it). RAM only,
-// and only where the cache is host
-// memory holding every head (not a device cache: a device-to-host copy on this
-// thread; not a tensor-parallel rank's). A memcpy and a rotation of K per layer:
-// SmolLM2, 1,800 tokens of documents, ~40 MB.
-void store_provisional_chunks(RuntimeContext* ctx, const RequestPlan& plan, const KvCache& cache) {
-  if (!ctx->ram || ctx->tp || !ctx->backend->host_accessible()) return;
-  auto store = [&](const ChunkKey& key, int64_t offset, std::span<const int32_t> tokens) {
-    if (tokens.empty() || ctx->tiered->contains(key)) return;
-    try {
-      auto kv = ctx->engine->chunk_in_context(cache, offset, tokens);
-      ctx->flights.mark_provisional(key);
-      if (!ctx->ram->put(key, kv)) return ctx->flights.unmark_provisional(key);
-      if (ctx->pasted) ctx->pasted->add(kv->tokens);
-    } catch (const std::exception& e) {
-      // A cache: the chunk's compute alone stores it.
-      std::fprintf(stderr, "blendserve: a provisional entry of chunk %s was not stored: %s\n", key.hex().c_str(),
-                   e.what());
-    }
-  };
-  if (!plan.store_missed_chunks) return;
-  for (size_t i = 0; i < plan.prompt.chunks.size(); ++i)
-    if (!plan.loaded.chunk_loaded[i]) store(plan.chunk_keys[i], plan.prompt.chunk_offset(i), plan.prompt.chunks[i]);
-}
-
-// Automatic prefix caching: stores the whole `block`-token blocks of `tokens` (the
-// first tokens of a request's cache whose KV equals a full prefill's; every one of
-// them written there by a step that has ended) from block `first` on that are not
-// stored yet, each an entry of its own under its chained key (plan.h), so the next
-// prompt that begins with them loads them. The rows are copied from the request's own
-// cache here, on the worker's thread, before anything else is decided: a memcpy per
-// head and layer (SmolLM2, 16 tokens: 0.4 MB), and the next request's plan finds them
-// (a device cache: copied by a background job, below).
-// Tensor parallel, where rank 0's cache holds only its KV heads: the tokens are
-// computed alone on every rank in the compute thread's background (exact at position
-// 0, where a prefix always is) and cut into blocks; a job its bounded queue refuses is
-// counted and not stored. The deepest block is stored first: a tier's LRU then evicts
-// a prompt's later blocks before the earlier ones every later block needs.
-void store_prefix_blocks(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher,
-                         std::vector<int32_t> tokens, int64_t block, int64_t first, const DecodeSlotPtr& slot) {
-  const int64_t B = block;
-  if (B <= 0) return;
-  const int64_t end = static_cast<int64_t>(tokens.size()) / B;
-  if (end <= first) return;
-  tokens.resize(static_cast<size_t>(end * B));
-  const auto keys = ctx->engine->prefix_block_keys(tokens, B, end);
-  std::vector<int64_t> missing;
-  for (int64_t j = end - 1; j >= first; --j)
-    if (!ctx->tiered->contains(keys[static_cast<size_t>(j)])) missing.push_back(j);
-  if (missing.empty()) return;
-  auto send = [h](const ChunkKey& key, std::shared_ptr<ChunkKv> kv) {
-    caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv), false});
-  };
-  if (ctx->tp) {
-    const bool queued = ctx->compute->submit(
-        [ctx, h, batcher, tokens = std::move(tokens), keys, missing, B, send] {
-          try {
-            const auto whole = compute_alone(ctx, h, batcher, tokens, true);
-            for (int64_t j : missing) send(keys[static_cast<size_t>(j)], slice_rows(*whole, j * B, B));
-          } catch (const std::exception& e) {
-            // A cache: the blocks are stored by the next prompt that begins with them.
-            std::fprintf(stderr, "blendserve: computing a prompt's prefix blocks failed: %s\n", e.what());
-          }
-        },
-        ComputeThread::Priority::Background);
-    if (!queued) ctx->write_backs_refused.fetch_add(1);
-    return;
-  }
-  // The copies: a memcpy per head and layer where the cache is host memory; a device
-  // cache's rows cross to the host synchronously, which does not belong on the worker's
-  // (CAF scheduler) thread: there they are copied by a background job on the compute
-  // thread, which the slot keeps the cache alive for.
-  auto copy = [ctx, tokens = std::move(tokens), keys, missing, B, send](const KvCache& cache) {
-    const auto& cfg = ctx->model->full_config();
-    for (int64_t j : missing) {
-      auto kv = std::make_shared<ChunkKv>();
-      kv->tokens.assign(tokens.begin() + j * B, tokens.begin() + (j + 1) * B);
-      kv->n_layers = cfg.n_layers;
-      kv->kv_heads = cfg.n_kv_heads;
-      kv->head_dim = cfg.head_dim;
-      kv->dtype = cache.dtype();
-      kv->allocate();
-      const int64_t head_bytes = B * cfg.head_dim * kv->elem_bytes();
-      for (int l = 0; l < cfg.n_layers; ++l)
-        for (int kh = 0; kh < cfg.n_kv_heads; ++kh)
-          cache.read_rows_raw(l, kh, j * B, B, kv->k_layer(l) + kh * head_bytes, kv->v_layer(l) + kh * head_bytes);
-      send(keys[static_cast<size_t>(j)], std::move(kv));
-    }
-  };
-  if (ctx->backend->host_accessible()) return copy(slot->cache);
-  const bool queued = ctx->compute->submit([copy, slot] { copy(slot->cache); }, ComputeThread::Priority::Background);
-  if (!queued) ctx->write_backs_refused.fetch_add(1);
-}
-
-// The prefill's facts in its trace: per-layer waits and computes (from the
-// prefill's own timings), how much of the load was hidden behind compute.
-void trace_prefill(const PrefillTask& t) {
-  auto& trace = *t.trace;
-  const auto& st = t.work->result.stats;
-  for (size_t l = 0; l < st.layers.size(); ++l) {
-    const auto& lt = st.layers[l];
-    if (lt.wait_begin >= 0)
-      trace.add_event({"worker", "wait+repair", static_cast<int>(l), lt.wait_begin, lt.ready, 0});
-    if (lt.compute_begin >= 0)
-      trace.add_event({"worker", "compute", static_cast<int>(l), lt.compute_begin, lt.compute_end, 0});
-  }
-  double load_begin = -1, load_end = -1;
-  int64_t load_bytes = 0;
-  for (const auto& e : trace.events())
-    if (e.what == "load") {
-      load_begin = load_begin < 0 ? e.begin : std::min(load_begin, e.begin);
-      load_end = std::max(load_end, e.end);
-      load_bytes += e.bytes;
-    }
-  trace.set("fallback", t.fell_back);
-  trace.set("wait_s", st.wait_seconds);
-  trace.set("select_s", st.select_seconds);
-  trace.set("recomputed_tokens", st.recomputed_tokens);
-  // Which rule chose the recomputed tokens, and how many came from each chunk.
-  trace.set("selection", st.selection);
-  trace.set("recomputed_per_chunk", st.recomputed_per_chunk);
-  trace.set("computed_tokens", st.computed_tokens);
-  if (load_begin >= 0) {
-    const double span = load_end - load_begin;
-    trace.set("load_span_s", span);
-    trace.set("load_bytes", load_bytes);
-    // Load time the worker did not spend waiting was hidden behind compute.
-    trace.set("load_hidden_fraction", span > 0 ? std::clamp(1.0 - st.wait_seconds / span, 0.0, 1.0) : 1.0);
-  }
-  if (t.work->pauses > 0) {
-    // Decode steps of other requests ran between this prefill's layers (counted in wait_s).
-    trace.set("prefill_pauses", t.work->pauses);
-    trace.set("prefill_pause_s", t.work->pause_seconds);
-  }
 }
 
 // Ends a prefill: its profile to the controller, the outcome to the decoder, a
@@ -647,7 +200,7 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
     }
     w.decodes[slot->id] = std::move(slot);
   }
-  trace_prefill(*t);
+  trace_prefill(*t->work, t->fell_back);
   t->trace->add_event({"worker", "prefill", -1, t->begin_s, t->trace->now_s(), 0});
   // A loader that has not stopped keeps its own reference to the target.
   const uint64_t id = t->plan->id;

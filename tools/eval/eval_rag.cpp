@@ -61,6 +61,7 @@
 #include "storage/memory_store.h"
 #include "tools/eval/case_log.h"
 #include "tools/eval/metrics.h"
+#include "tools/eval/reference_cache.h"
 #include "tools/eval/sweep_plot.h"
 #include "model/generate.h"
 #include "tools/bench/bench.h"
@@ -78,97 +79,6 @@ struct Totals {
   int forced_cases = 0;  // cases whose answer has tokens (teacher-forced KL and agreement)
   int full_answer_cases = 0;  // cases with a non-empty greedy answer of full's (see the header)
 };
-
-// What the metrics need of full's teacher-forced logits: the first row (KL) and
-// every row's argmax (agreement); with --forced-rows each row's lead too.
-struct Reference {
-  std::vector<float> first;     // [vocab]
-  std::vector<int64_t> argmax;  // [answer tokens]
-  std::vector<float> lead;      // [answer tokens] argmax's logit minus the runner-up's; empty unless --forced-rows
-};
-
-int64_t argmax_row(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return best;
-}
-
-// x[best] minus the largest other logit of the row (n >= 2).
-float lead_over_runner_up(const float* x, int64_t n, int64_t best) {
-  int64_t second = best == 0 ? 1 : 0;
-  for (int64_t i = 0; i < n; ++i)
-    if (i != best && x[i] > x[second]) second = i;
-  return x[best] - x[second];
-}
-
-// The reference file of one case: named by everything that determines its content.
-std::filesystem::path reference_file(const std::string& dir, uint64_t fingerprint, const std::string& precision,
-                                     const std::vector<int32_t>& tokens, int64_t answer_rows) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the token ids
-  for (int32_t t : tokens)
-    for (int b = 0; b < 4; ++b) h = (h ^ ((static_cast<uint32_t>(t) >> (8 * b)) & 0xffu)) * 1099511628211ull;
-  char name[96];
-  std::snprintf(name, sizeof name, "%016llx-%s-%016llx-%lld.ref", static_cast<unsigned long long>(fingerprint),
-                precision.c_str(), static_cast<unsigned long long>(h), static_cast<long long>(answer_rows));
-  return std::filesystem::path(dir) / name;
-}
-
-// Reads a reference file; false if it is missing or does not have the expected size.
-bool read_reference(const std::filesystem::path& file, int64_t V, int64_t A, Reference& ref) {
-  std::ifstream f(file, std::ios::binary);
-  if (!f) return false;
-  ref.first.resize(static_cast<size_t>(V));
-  ref.argmax.resize(static_cast<size_t>(A));
-  f.read(reinterpret_cast<char*>(ref.first.data()), static_cast<std::streamsize>(V * sizeof(float)));
-  f.read(reinterpret_cast<char*>(ref.argmax.data()), static_cast<std::streamsize>(A * sizeof(int64_t)));
-  return static_cast<bool>(f) && f.peek() == std::ifstream::traits_type::eof();
-}
-
-// Full's greedy answer of one case: named by the model, precision, prompt and the
-// token limit. The file: the answer's token ids (int32), nothing else.
-std::filesystem::path full_answer_file(const std::string& dir, uint64_t fingerprint, const std::string& precision,
-                                       const std::vector<int32_t>& prompt, int max_tokens) {
-  auto name = reference_file(dir, fingerprint, precision, prompt, max_tokens).filename().string();
-  name.replace(name.size() - 4, 4, ".answer");
-  return std::filesystem::path(dir) / name;
-}
-
-// False (recompute it) unless the file holds at most max_tokens ids, each in [0, V):
-// the ids are fed to the model.
-bool read_full_answer(const std::filesystem::path& file, int max_tokens, int64_t V, std::vector<int32_t>& answer) {
-  std::ifstream f(file, std::ios::binary | std::ios::ate);
-  if (!f) return false;
-  const auto bytes = static_cast<int64_t>(f.tellg());
-  if (bytes < 0 || bytes % 4 != 0 || bytes / 4 > max_tokens) return false;
-  answer.resize(static_cast<size_t>(bytes / 4));
-  f.seekg(0);
-  f.read(reinterpret_cast<char*>(answer.data()), static_cast<std::streamsize>(bytes));
-  return static_cast<bool>(f) && std::all_of(answer.begin(), answer.end(), [V](int32_t t) { return t >= 0 && t < V; });
-}
-
-// Writes `parts` (pointer, bytes) one after the other to a temporary file renamed over
-// `file`: a reader finds the file whole or absent.
-void write_whole(const std::filesystem::path& file, std::initializer_list<std::pair<const void*, size_t>> parts) {
-  std::filesystem::create_directories(file.parent_path());
-  const auto tmp = file.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    for (const auto& [data, bytes] : parts)
-      f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-    if (!f) throw std::runtime_error("cannot write " + tmp);
-  }
-  std::filesystem::rename(tmp, file);
-}
-
-void write_full_answer(const std::filesystem::path& file, const std::vector<int32_t>& answer) {
-  write_whole(file, {{answer.data(), answer.size() * sizeof(int32_t)}});
-}
-
-void write_reference(const std::filesystem::path& file, int64_t V, const Reference& ref) {
-  write_whole(file, {{ref.first.data(), static_cast<size_t>(V) * sizeof(float)},
-                     {ref.argmax.data(), ref.argmax.size() * sizeof(int64_t)}});
-}
 
 // A ratio as given (0.1, not the float's 0.10000000149011612): six decimals.
 double clean_ratio(float r) { return std::round(static_cast<double>(r) * 1e6) / 1e6; }
