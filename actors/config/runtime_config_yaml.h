@@ -6,12 +6,8 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <functional>
-#include <initializer_list>
-#include <string>
-#include <string_view>
-
 #include "actors/config/runtime_config.h"
+#include "actors/config/yaml_reader.h"
 
 namespace bs {
 
@@ -23,34 +19,7 @@ namespace bs {
 // enabled remote tier need not name its host, port and secret: the caller fills them.
 void apply_runtime_config(const YAML::Node& root, RuntimeConfig& config);
 
-// The runtime config's reading helpers, for other configs of the same style (the
-// messages read alike: "key: what (line L, column C)").
-namespace config_yaml {
-
-using Keys = std::initializer_list<std::string_view>;
-
-// The one document of a YAML text (an empty text: a null node); ConfigError "invalid
-// YAML at line L, column C: ..." or for several documents.
-YAML::Node load_document(const std::string& yaml_text);
-// " (line L, column C)" where yaml-cpp kept the node's position, else "".
-std::string position(const YAML::Node& node);
-// Throws ConfigError("<key>: <what><position of node>").
-[[noreturn]] void fail(const std::string& key, const YAML::Node& node, const std::string& what);
-// Walks a map whose keys must be among `keys`, each at most once (else a ConfigError
-// naming `path`.key, the valid keys and a close spelling); `on` gets each entry. A
-// null node is an empty map. `path` is the map's dotted path ("" at the top level).
-void for_each_key(const YAML::Node& map, const std::string& path, Keys keys,
-                  const std::function<void(std::string_view, const YAML::Node&)>& on);
-// A scalar's value as a string, an int, true/false, or a duration in seconds (> 0:
-// a number or "500ms", "2s"); ConfigError naming `key` otherwise.
-std::string get_string(const YAML::Node& node, const std::string& key);
-int get_int(const YAML::Node& node, const std::string& key);
-bool get_bool(const YAML::Node& node, const std::string& key);
-double get_duration(const YAML::Node& node, const std::string& key);
-// The node at a path of map keys, or an undefined node where the path stops (never
-// adds a key to `root`).
-YAML::Node find_node(const YAML::Node& root, std::initializer_list<const char*> path);
-
-}  // namespace config_yaml
+// The reading helpers it uses, for other configs of the same style, are in
+// actors/config/yaml_reader.h.
 
 }  // namespace bs
