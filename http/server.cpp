@@ -268,9 +268,13 @@ struct Server::Impl {
     });
     svr.Delete(R"(/v1/documents/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
       const std::string key = req.matches[1];
-      if (!runtime.erase_document(key))
-        return send_error(res, ApiError(404, "no stored document with id '" + key + "'", "invalid_request_error", "id",
-                                        "document_not_found"));
+      try {
+        if (!runtime.erase_document(key))
+          return send_error(res, ApiError(404, "no stored document with id '" + key + "'", "invalid_request_error",
+                                          "id", "document_not_found"));
+      } catch (const RequestError& e) {  // shutting down, or the write-back actor did not answer in time
+        return send_error(res, api_error_of(e));
+      }
       send_json(res, 200, json{{"id", key}, {"object", "document"}, {"deleted", true}}.dump());
     });
     svr.Post("/v1/chat/completions",

@@ -152,6 +152,14 @@ write_back_actor::behavior_type write_back_double(write_back_actor::pointer, Log
   return {
       [=](kv_ready_atom, KeyedKv) { log->push_back("write-back:kvready"); },
       [=](flush_atom) -> bool { return true; },
+      [=](doc_write_atom, const DocumentWrite&) -> DocumentWritten {
+        log->push_back("write-back:docwrite");
+        return {};
+      },
+      [=](doc_erase_atom, const ChunkKey&) -> bool {
+        log->push_back("write-back:docerase");
+        return false;
+      },
   };
 }
 
@@ -1609,6 +1617,33 @@ CAF_TEST(write_back_stores_computed_chunks_in_ram_and_through_the_ssd_writer) {
   // flush: delegated to the SSD writer, whose answer comes after its stores.
   CAF_CHECK_EQUAL(ask<bool>(h->write_back(), flush_atom::value), true);
   CAF_CHECK_EQUAL(*log, (std::vector<std::string>{"ssd_writer:store", "ssd_writer:flush"}));
+}
+
+// A document is written by the write-back actor at once (not queued through the SSD
+// writer: its caller waits for the answer): the answer names the tiers that hold it
+// and the pasted-passage index learns its tokens; erase removes it from every tier.
+CAF_TEST(write_back_writes_and_erases_documents_at_once_and_answers_where_they_are) {
+  put(&ActorSet::write_back, sys.spawn(write_back, ctx.get(), h, make_counters("write-back")));
+  sched.run();  // the spawned actors start
+  ctx->pasted = std::make_unique<PastedChunkIndex>();
+  const ChunkKey key = key_of(kDocs[1]);
+  const auto kv = kv_of(kDocs[1]);
+  CAF_REQUIRE(!ctx->tiered->contains(key));
+  const auto written =
+      ask<DocumentWritten>(h->write_back(), doc_write_atom::value, DocumentWrite{key, kv, kv->tokens, false, false});
+  CAF_CHECK(ctx->ram->get(key) == kv);
+  CAF_CHECK(ctx->ssd->contains(key));  // written here, not queued
+  CAF_CHECK_EQUAL(written.tiers, (std::vector<std::string>{"ram", "ssd"}));
+  CAF_CHECK(!written.on_storage_node);
+  CAF_CHECK(log->empty());  // no writer was asked
+  CAF_CHECK_EQUAL(ctx->pasted->size(), 1u);
+  // Stored already: nothing is written again, the answer still names the tiers.
+  const auto again = ask<DocumentWritten>(h->write_back(), doc_write_atom::value,
+                                          DocumentWrite{key, nullptr, kv->tokens, true, false});
+  CAF_CHECK_EQUAL(again.tiers, (std::vector<std::string>{"ram", "ssd"}));
+  CAF_CHECK_EQUAL(ask<bool>(h->write_back(), doc_erase_atom::value, key), true);
+  CAF_CHECK(!ctx->tiered->contains(key));
+  CAF_CHECK_EQUAL(ask<bool>(h->write_back(), doc_erase_atom::value, key), false);  // gone
 }
 
 // -- 8. decoder ------------------------------------------------------------------

@@ -70,7 +70,10 @@ using rank_worker_actor =
 // the remote writer (tiers.remote.write_back).
 // flush: answers once every store it forwarded before is written (the remote
 // writer's, then the SSD writer's).
-using write_back_actor = caf::typed_actor<caf::reacts_to<kv_ready_atom, KeyedKv>, caf::replies_to<flush_atom>::with<bool>>;
+using write_back_actor =
+    caf::typed_actor<caf::reacts_to<kv_ready_atom, KeyedKv>, caf::replies_to<flush_atom>::with<bool>,
+                     caf::replies_to<doc_write_atom, DocumentWrite>::with<DocumentWritten>,
+                     caf::replies_to<doc_erase_atom, ChunkKey>::with<bool>>;
 
 using decoder_actor = caf::typed_actor<caf::reacts_to<start_atom, PrefillOutcome>,
                                        caf::reacts_to<logits_atom, uint64_t, DecodeStep>,

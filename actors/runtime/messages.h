@@ -54,6 +54,21 @@ struct DocumentKv {
   std::string error;  // why it failed
 };
 
+// A document to store (Runtime::store_document, to the write-back actor, which owns
+// the writes of the tiers): its KV, computed or fetched by the caller (null: it is
+// held here already), whether this node's tiers hold it already and whether the
+// storage node does. The answer says where it is now.
+struct DocumentWrite {
+  ChunkKey key;
+  std::shared_ptr<const ChunkKv> kv;
+  std::vector<int32_t> tokens;  // for the pasted-passage index
+  bool already_stored = false;
+  bool on_storage_node = false;
+};
+struct DocumentWritten {
+  std::vector<std::string> tiers;  // this node's tiers that hold it
+  bool on_storage_node = false;
+};
 
 // intake
 using submit_atom = caf::atom_constant<caf::atom("submit")>;      // (request id) -> request id: its record is in the RequestBook
@@ -91,6 +106,8 @@ using rank_kv_atom = caf::atom_constant<caf::atom("rankkv")>;     // (RankKv): o
 using rank_load_end_atom = caf::atom_constant<caf::atom("rankend")>; // loader -> rank: (request id, loader id); rank -> worker: (.., rank)
 // write-back
 using kv_ready_atom = caf::atom_constant<caf::atom("kvready")>;   // (KeyedKv): a chunk computed for write-back
+using doc_write_atom = caf::atom_constant<caf::atom("docwrite")>; // (DocumentWrite) -> DocumentWritten: store a document
+using doc_erase_atom = caf::atom_constant<caf::atom("docerase")>; // (ChunkKey) -> bool: erase it here and on the storage node
 // decoder
 using start_atom = caf::atom_constant<caf::atom("start")>;        // (PrefillOutcome): decode from the prefill's logits (or fail)
 using logits_atom = caf::atom_constant<caf::atom("logits")>;      // (request id, DecodeStep): one step's logits
@@ -124,6 +141,8 @@ inline void add_runtime_message_types(caf::actor_system_config& cfg) {
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::KeyedKv)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::DocumentKv)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::DocumentWrite)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::DocumentWritten)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::CountersPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::LoadTargetPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(bs::PrefillWorkPtr)

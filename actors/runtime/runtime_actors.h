@@ -113,7 +113,7 @@ struct Runtime::Actors {
   supervisor_actor supervisor;
   std::unordered_map<std::string, CountersPtr> counters;  // by actor name, kept across restarts
   std::mutex mu;
-  int documents = 0;  // store_document calls waiting for the worker (shutdown waits for them)
+  int documents = 0;  // store_document and erase_document calls in flight (shutdown waits for them)
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::vector<caf::actor> reporting;  // spawn_reporting_actor's: stopped at shutdown with the others
   bool stopped = false;

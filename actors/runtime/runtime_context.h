@@ -106,17 +106,17 @@ struct RuntimeContext {
   std::unique_ptr<DiskKvStore> ssd;    // null when the tier is off
   // A storage node's SSD over the network (tiers.remote); null when the tier is off.
   // Not in `tiered`: its synchronous whole-entry users (write-back's "stored
-  // already?", the intake's prefix-block count, erase_document, store_document's
-  // local check and put) never wait on the network; store_document and
-  // erase_document ask the node themselves.
+  // already?", the intake's prefix-block count, a document's local check and put)
+  // never wait on the network; a document's store and erase ask the node themselves
+  // (store_document its reads, the write-back actor its writes).
   std::unique_ptr<ReplicatedKvStore> remote;
   std::vector<StoredTier> tiers;        // lookup order
   std::unique_ptr<TieredKvStore> tiered;
   std::unique_ptr<BlendEngine> engine;
   // The token sequences of chunks stored by this runtime (write-back, documents),
   // where plain requests look for pasted passages (blend.find_pasted); null when off.
-  // A locked index, as the stores are: written by the write-back actor and
-  // store_document, read by the intake.
+  // A locked index, as the stores are: written by the write-back actor (documents
+  // included), read by the intake.
   std::unique_ptr<PastedChunkIndex> pasted;
   std::unique_ptr<ComputeThread> compute;
   TraceBook traces;              // requests' timelines, closed by whoever finishes the request

@@ -9,6 +9,10 @@
 // RAM put is a map insert on the CPU backends, but on a device backend it
 // page-locks the entry first (MemoryKvStore's pinner, a driver call); the writes
 // are the writers' (their queues are bounded: a full one drops the entry, counted).
+// Documents stored and erased through the runtime (POST and DELETE /v1/documents)
+// are written here too, so the tiers have one writer outside the background writers:
+// a document's caller waits for its answer (which tiers hold it, whether the storage
+// node took it), so its writes are made in the handler, not queued.
 #include <caf/all.hpp>
 
 #include "actors/runtime/actor_counters.h"
@@ -28,6 +32,29 @@ write_back_actor::behavior_type write_back(write_back_actor::pointer self, Runti
         if (ctx->pasted && kk.kv && kk.pasted_passage) ctx->pasted->add(kk.kv->tokens);
         if (ctx->remote && ctx->config.remote.write_back) enqueue_remote_write(*ctx, h->remote_writer(), kk);
         if (ctx->ssd) enqueue_write(*ctx, h->ssd_writer(), std::move(kk));
+      },
+      [=](doc_write_atom, DocumentWrite w) -> DocumentWritten {
+        BusyScope busy(*c, self->mailbox().size());
+        DocumentWritten out;
+        out.on_storage_node = w.on_storage_node;
+        std::shared_ptr<const ChunkKv> kv = std::move(w.kv);
+        if (ctx->remote && ctx->config.remote.write_back && !w.on_storage_node) {
+          if (!kv) kv = ctx->tiered->get(w.key);  // held here only: the node gets this node's copy
+          // Synchronous (bounded by the remote tier's I/O timeout): the caller learns
+          // whether the cluster has the document, unlike write-back's best-effort queue.
+          out.on_storage_node = kv && ctx->remote->put(w.key, kv);
+        }
+        if (!w.already_stored && kv) ctx->tiered->put(w.key, std::move(kv));
+        for (const auto& t : ctx->tiers)
+          if (t.store != ctx->remote.get() && t.store->contains(w.key)) out.tiers.push_back(t.name);
+        if (ctx->pasted && (!out.tiers.empty() || out.on_storage_node)) ctx->pasted->add(w.tokens);
+        return out;
+      },
+      [=](doc_erase_atom, ChunkKey key) -> bool {
+        BusyScope busy(*c, self->mailbox().size());
+        const bool here = ctx->tiered->erase(key);
+        const bool on_node = ctx->remote && ctx->remote->erase(key);
+        return here || on_node;
       },
       [=](flush_atom) -> caf::result<bool> {
         BusyScope busy(*c, self->mailbox().size());
