@@ -110,6 +110,15 @@ class Backend {
   // a batched decode step equals one-token forwards (Transformer::decode_step splits
   // larger batches). 1 is always true.
   virtual int64_t linear_exact_rows() const { return 1; }
+  // Whether every row of linear() and attention() is bit-identical to that row
+  // computed alone, for any row count and whatever rows are beside it
+  // (model.batch_invariant). Then a prompt's KV and logits do not depend on how it was
+  // split into prefills, so a prefix-cache hit (the stored rows, then the rest computed)
+  // answers exactly what one cold prefill of the whole prompt does. Without it the CPU's
+  // prefill-size products (oneDNN) and attention tiles round differently from its
+  // decode-size ones, which can flip a greedy token in a near-tie. When true,
+  // kernel_id() says so (stored KV of the other mode is never served as this one's).
+  virtual bool batch_invariant() const { return false; }
 
   // ---- Memory and ordering (kernels/device_memory.h) ----
 
@@ -427,7 +436,11 @@ inline constexpr DecodeActivations kDefaultDecodeActivations = DecodeActivations
 // kernels/cpu/isa.h), decode activations as default_decode_activations() says.
 // make_cpu_backend_for (kernels/cpu/cpu_backend.h) picks the variant.
 std::unique_ptr<Backend> make_cpu_backend();
-std::unique_ptr<Backend> make_cpu_backend(DecodeActivations decode);
+// batch_invariant: every prefill product and attention through the decode-size kernels
+// (rows of linear_exact_rows() at a time, attention reading the cache per row), so
+// Backend::batch_invariant() holds; bf16 products are then not offered (they are the
+// prefill GEMM's). Costs prefill speed (tools/bench/RESULTS.md, "Batch-invariant prefill").
+std::unique_ptr<Backend> make_cpu_backend(DecodeActivations decode, bool batch_invariant = false);
 // Threads the CPU kernels run on (OpenMP).
 int cpu_compute_threads();
 

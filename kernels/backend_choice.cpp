@@ -30,14 +30,18 @@ int cuda_devices_visible() {
 
 std::unique_ptr<Backend> make_backend(const BackendChoice& choice) {
   if (choice.kind == "cpu") {
-    if (choice.decode_activations == "auto") return make_cpu_backend();
-    DecodeActivations decode{};
-    if (!decode_activations_from_name(choice.decode_activations, decode))
+    DecodeActivations decode = DecodeActivations::Exact;
+    if (choice.decode_activations == "auto")
+      decode = default_decode_activations();
+    else if (!decode_activations_from_name(choice.decode_activations, decode))
       throw std::invalid_argument("unknown decode activations '" + choice.decode_activations + "' (auto, exact, int8)");
-    return make_cpu_backend(decode);
+    return make_cpu_backend(decode, choice.batch_invariant);
   }
   if (choice.kind == "cuda") {
 #if defined(BLENDSERVE_HAVE_CUDA)
+    if (choice.batch_invariant)
+      throw std::invalid_argument("cuda: batch_invariant is not implemented on the CUDA backend (cuBLAS picks its "
+                                  "kernels by row count); use device.kind cpu or leave model.batch_invariant off");
     if (!(choice.wait_timeout_s > 0) || choice.wait_timeout_s > 86400)
       throw std::invalid_argument("wait timeout must be in (0, 86400] seconds");
     return make_cuda_backend(choice.gpu, std::chrono::duration_cast<std::chrono::nanoseconds>(

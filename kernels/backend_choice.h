@@ -25,6 +25,8 @@ struct BackendChoice {
   int gpu = 0;               // cuda: the device index (device.gpus[rank])
   // cpu: "auto" (default_decode_activations()), "exact" or "int8".
   std::string decode_activations = "auto";
+  // cpu: Backend::batch_invariant() (model.batch_invariant); cuda refuses it, by name.
+  bool batch_invariant = false;
   // cuda: seconds the host waits at most for the device (device.wait_timeout); past
   // them the device is treated as lost (kernels/cuda/device_waits.h).
   double wait_timeout_s = 60;

@@ -25,6 +25,7 @@ class ProfilingBackend final : public Backend {
   double setup_seconds() const override { return inner_.setup_seconds(); }
   bool supports(Precision p) const override { return inner_.supports(p); }
   int64_t linear_exact_rows() const override { return inner_.linear_exact_rows(); }
+  bool batch_invariant() const override { return inner_.batch_invariant(); }
   bool sliding_window_attention() const override { return inner_.sliding_window_attention(); }
   // Its own workspaces and the inner backend's.
   void release_scratch() override {

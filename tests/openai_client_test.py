@@ -182,6 +182,43 @@ class OpenAIClient(unittest.TestCase):
         self.assertGreaterEqual(turn3.usage.model_extra["blendserve"]["prefix_cached_tokens"],
                                 0.9 * turn2.usage.prompt_tokens)
 
+    def test_batch_invariant_prefix_caching_answers_as_a_cold_server(self):
+        """model.batch_invariant: a request with all but its last token loaded from the
+        prefix cache answers a cold server's greedy tokens, also in a near-tie ("Say
+        hello." computed after a 16-token hit, then with 32 stored, answers "Hello there,
+        welcome..." with the default products on an AVX2 EPYC, where a cold server
+        answers "Hello! I'm here..."). Two more servers: one reusing, one reusing
+        nothing."""
+        config = "model:\n  batch_invariant: true\nblend:\n  prefix_block_tokens: %d\n"
+        warm = ServeProcess(SERVER_BINARY, config % 16, prefix="bs_openai_inv_")
+        cold = None
+        try:
+            cold = ServeProcess(SERVER_BINARY, config % 0, prefix="bs_openai_cold_")
+            def ask(server, question):
+                c = openai.OpenAI(base_url=server.base + "/v1", api_key="none", max_retries=0, timeout=300)
+                return c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                                 max_tokens=40, temperature=0)
+            # "Name a colour." first: it stores the chat template's first block, so "Say
+            # hello." is computed after a 16-token hit, then loaded with 32 stored.
+            for question in ["Name a colour.", "Say hello."]:
+                first = ask(warm, question)
+                deadline = time.time() + 60  # the blocks are stored after the first token
+                blocks = (first.usage.prompt_tokens - 1) // 16 * 16  # all but the last token's block
+                time.sleep(1)  # then they are mostly there: the first request's rows, not a retry's
+                again = ask(warm, question)
+                while again.usage.prompt_tokens_details.cached_tokens < blocks and time.time() < deadline:
+                    time.sleep(0.2)
+                    again = ask(warm, question)
+                self.assertEqual(again.usage.prompt_tokens_details.cached_tokens, blocks, again.usage)
+                reference = ask(cold, question)
+                self.assertEqual(reference.usage.prompt_tokens_details.cached_tokens, 0)
+                self.assertEqual(first.choices[0].message.content, reference.choices[0].message.content)
+                self.assertEqual(again.choices[0].message.content, reference.choices[0].message.content)
+        finally:
+            warm.stop()
+            if cold:
+                cold.stop()
+
     def test_pasted_passages_are_learnt(self):
         """Passages pasted into a plain message (blank-line separated, as RAG frameworks
         paste them) are learnt in the background after the answer's first token; pasted

@@ -64,6 +64,27 @@ TEST(BackendChoice, UnknownWordsAreNamed) {
   EXPECT_THROW(make_backend(odd), std::invalid_argument);
 }
 
+// model.batch_invariant: the CPU backend says so in its kernel id (its stored KV is its
+// own); the CUDA backend does not implement it and refuses it by name, GPU or not.
+TEST(BackendChoice, BatchInvariantIsACpuBackendOrARefusal) {
+  BackendChoice inv;
+  inv.batch_invariant = true;
+  auto be = make_backend(inv);
+  EXPECT_TRUE(be->batch_invariant());
+  EXPECT_EQ(be->kernel_id(), make_backend(BackendChoice{})->kernel_id() + "+batch-invariant");
+  inv.kind = "cuda";
+  try {
+    make_backend(inv);
+    ADD_FAILURE() << "a batch-invariant CUDA backend";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(cuda_built());
+    EXPECT_THAT(e.what(), HasSubstr("batch_invariant is not implemented on the CUDA backend"));
+  } catch (const std::runtime_error& e) {
+    EXPECT_FALSE(cuda_built());
+    EXPECT_THAT(e.what(), HasSubstr("this build has no CUDA backend"));
+  }
+}
+
 // Without a GPU (every CI machine): cuda says why it cannot be had.
 TEST(BackendChoice, CudaWithoutAGpuIsRefusedWithAReason) {
   if (cuda_devices_visible() > 0) GTEST_SKIP() << "this machine has a GPU: tests/cuda_test_backend.cpp covers it";

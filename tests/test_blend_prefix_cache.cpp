@@ -156,6 +156,72 @@ TEST(PrefixCache, ATinyBudgetEvictsBlocksAndNeverServesAnotherPromptsKv) {
   EXPECT_GT(st.evictions, 0);
 }
 
+// model.batch_invariant at tp 1 and 3: every prompt row is computed as that row alone,
+// so a request with its prefix loaded (the stored rows, then the rest in a prefill of
+// another row count) answers a cold runtime's greedy tokens whatever the prompt.
+// "Say hello." is a near-tie: with the default products (AVX2 EPYC, f32), computed
+// after a 16-token hit (the questions before it stored the chat template's first
+// block) and then asked again with 32 of its 33 tokens stored, it answers "Hello
+// there..." where one prefill answers "Hello! I'm here..." (a product of 17 or 1 rows
+// rounds otherwise than one of 33).
+// Here: short questions asked again (their blocks stored, the last token computed),
+// and a conversation's next turn (turn 1's blocks stored, the rest computed).
+class BatchInvariantPrefix : public ::testing::TestWithParam<int> {};
+
+TEST_P(BatchInvariantPrefix, ARequestWithItsPrefixLoadedAnswersAsAColdRuntime) {
+  REQUIRE_MODEL();
+  const int tp = GetParam();
+  auto config = [&](const fs::path& dir, bool reuse) {
+    RuntimeConfig c = config_in(dir, /*ssd=*/false);
+    c.batch_invariant = true;
+    c.tp = tp;
+    if (!reuse) {
+      c.prefix_block_tokens = 0;
+      c.write_back = false;
+    }
+    return c;
+  };
+  std::vector<RuntimeRequest> again;
+  for (const char* q : {"What is 2+2?", "Name a colour.", "Say hello.", "What is the sun?"})
+    again.push_back(chat({{"user", q}}, 24));
+  std::vector<ChatMessage> conversation = {{"system", "You answer from the passages."}, {"user", long_message(2, 2)}};
+  const auto turn1 = chat(conversation, 8);
+  TempDir warm_dir;
+  Runtime rt(config(warm_dir.path(), true));
+  EXPECT_NE(rt.context().backend->kernel_id().find("+batch-invariant"), std::string::npos);
+  const int64_t B = rt.context().config.prefix_block_tokens;
+  std::vector<RequestResult> warm;  // each request's answer with its blocks stored
+  for (const auto& req : again) {
+    ASSERT_NE(rt.run(req).finish_reason, "error");
+    wait_blocks(rt, req);
+    warm.push_back(rt.run(req));
+    ASSERT_NE(warm.back().finish_reason, "error") << warm.back().error;
+    EXPECT_EQ(warm.back().prefix_cached_tokens, (warm.back().prompt_tokens - 1) / B * B);
+    EXPECT_GT(warm.back().prefix_cached_tokens, 0);
+  }
+  const auto a1 = rt.run(turn1);
+  ASSERT_NE(a1.finish_reason, "error") << a1.error;
+  wait_blocks(rt, turn1);
+  conversation.push_back({"assistant", a1.text});
+  conversation.push_back({"user", "Say that again in other words."});
+  again.push_back(chat(conversation, 8));
+  warm.push_back(rt.run(again.back()));
+  ASSERT_NE(warm.back().finish_reason, "error") << warm.back().error;
+  EXPECT_GE(warm.back().prefix_cached_tokens, (a1.prompt_tokens - 1) / B * B);
+
+  TempDir cold_dir;
+  Runtime cold_rt(config(cold_dir.path(), false));
+  for (size_t i = 0; i < again.size(); ++i) {
+    const auto cold_answer = cold_rt.run(again[i]);
+    EXPECT_EQ(cold_answer.prefix_cached_tokens, 0);
+    EXPECT_EQ(warm[i].tokens, cold_answer.tokens) << "request " << i << ": " << warm[i].text << " | "
+                                                  << cold_answer.text;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp, BatchInvariantPrefix, ::testing::Values(1, 3),
+                         [](const auto& info) { return "tp" + std::to_string(info.param); });
+
 // Passages learnt on first sight (blend.learn_passage_tokens): three passages pasted
 // into a plain message are stored (computed alone in the background, as documents are)
 // and found when pasted again in the reverse order with another question: blended,

@@ -569,6 +569,90 @@ TEST_P(BackendOps, LinearRowsAreExactAloneOrBatched) {
   }
 }
 
+// model.batch_invariant: every row of a product and of attention is bit-identical to
+// that row computed alone, for any row count (prefill sizes included, a fused product's
+// parts too) and any KV dtype, so a prompt split anywhere computes the same KV and
+// logits as one prefill. Up to linear_exact_rows() rows it is the default backend's
+// product bit for bit (the same kernel); bf16 is refused by name.
+TEST_P(BackendOps, BatchInvariantBackendComputesEveryRowAsItAlone) {
+  auto inv = make_cpu_backend_for(GetParam(), DecodeActivations::Exact, /*batch_invariant=*/true);
+  EXPECT_TRUE(inv->batch_invariant());
+  EXPECT_FALSE(cpu->batch_invariant());
+  EXPECT_EQ(inv->kernel_id(), cpu->kernel_id() + "+batch-invariant");
+  EXPECT_FALSE(inv->supports(Precision::BF16));
+  EXPECT_EQ(inv->default_precision(), Precision::F32);
+  try {
+    choose_precision("bf16", *inv);
+    ADD_FAILURE() << "bf16 accepted by a batch-invariant backend";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("batch-invariant"), std::string::npos) << e.what();
+  }
+  struct Case { TensorType type; int64_t out, in; };
+  const std::vector<int64_t> counts = {1, 3, 9, 17, 33};
+  for (auto c : {Case{TensorType::Q4_1, 96, 576}, Case{TensorType::Q8_0, 70, 576}, Case{TensorType::F32, 33, 96},
+                 Case{TensorType::BF16, 19, 128}, Case{TensorType::Q4_K, 37, 512}, Case{TensorType::Q6_K, 29, 768}}) {
+    auto wf = random_vec(c.out * c.in, 31, 0.05f);
+    std::vector<uint8_t> raw;
+    if (c.type == TensorType::Q4_1) raw = quantize_q4_1(wf, c.out, c.in);
+    else if (c.type == TensorType::Q8_0) raw = quantize_q8_0(wf, c.out, c.in);
+    else if (c.type == TensorType::BF16) raw = encode_16bit(wf, fp32_to_bf16);
+    else if (c.type != TensorType::F32) raw = random_typed_blocks(c.type, c.out, c.in, 33);
+    else raw.assign(reinterpret_cast<uint8_t*>(wf.data()), reinterpret_cast<uint8_t*>(wf.data() + wf.size()));
+    const WeightView view{c.type, raw.data(), c.out, c.in};
+    // One matrix, and the same rows as a fused product of two parts (columns split).
+    const int64_t first = c.out / 3;
+    const int64_t row_bytes = static_cast<int64_t>(raw.size()) / c.out;
+    const WeightView top{c.type, raw.data(), first, c.in}, rest{c.type, raw.data() + first * row_bytes,
+                                                                 c.out - first, c.in};
+    auto one = inv->prepare(view, Precision::F32);
+    auto fused = inv->prepare_fused({top, rest}, Precision::F32);
+    auto plain = cpu->prepare(view, Precision::F32);
+    auto x = random_vec(counts.back() * c.in, 32);
+    std::vector<float> alone(c.out * counts.back());
+    for (int64_t t = 0; t < counts.back(); ++t)
+      inv->linear(*one, x.data() + t * c.in, alone.data() + t * c.out, 1, nullptr);
+    for (int64_t n : counts) {
+      std::vector<float> batch(n * c.out), parts(n * c.out), base(n * c.out);
+      inv->linear(*one, x.data(), batch.data(), n, nullptr);
+      inv->linear(*fused, x.data(), parts.data(), n, nullptr);
+      const std::string what = std::string(type_traits(c.type).name) + ", " + std::to_string(n) + " rows";
+      EXPECT_EQ(0, std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float))) << what;
+      EXPECT_EQ(0, std::memcmp(parts.data(), alone.data(), parts.size() * sizeof(float))) << what << ", fused";
+      if (n <= cpu->linear_exact_rows()) {
+        cpu->linear(*plain, x.data(), base.data(), n, nullptr);
+        EXPECT_EQ(0, std::memcmp(base.data(), batch.data(), base.size() * sizeof(float))) << what << ", default";
+      }
+    }
+  }
+  // Attention: a prefill's rows (every query count, a sliding window too) are each that
+  // query alone over the keys up to it, over f32 and f16 caches.
+  const int64_t q_heads = 9, kv_heads = 3, hd = 64, n_kv = 70;
+  for (const TensorType dtype : {TensorType::F32, TensorType::F16}) {
+    for (const int64_t window : {int64_t{0}, int64_t{24}}) {
+      auto k = random_vec(kv_heads * n_kv * hd, 34), v = random_vec(kv_heads * n_kv * hd, 35);
+      const auto kw = test::as_stored(k, dtype), vw = test::as_stored(v, dtype);
+      KvView kv = KvView::contiguous(kw.data(), vw.data(), kv_heads, n_kv, hd, dtype);
+      kv.window = window;
+      auto q = random_vec(n_kv * q_heads * hd, 36);
+      const float scale = 0.125f;
+      std::vector<int32_t> pos(n_kv);
+      std::iota(pos.begin(), pos.end(), 0);
+      std::vector<float> alone(q.size());
+      for (int64_t t = 0; t < n_kv; ++t)
+        inv->attention(q.data() + t * q_heads * hd, pos.data() + t, kv, alone.data() + t * q_heads * hd, 1, q_heads,
+                       t + 1, scale, Precision::F32);
+      for (const int64_t from : {int64_t{0}, int64_t{33}, int64_t{66}}) {  // rows [from, n_kv): a suffix's prefill
+        const int64_t n = n_kv - from;
+        std::vector<float> got(n * q_heads * hd, NAN);
+        inv->attention(q.data() + from * q_heads * hd, pos.data() + from, kv, got.data(), n, q_heads, n_kv, scale,
+                       Precision::F32);
+        EXPECT_EQ(0, std::memcmp(got.data(), alone.data() + from * q_heads * hd, got.size() * sizeof(float)))
+            << kv_dtype_name(dtype) << ", window " << window << ", rows from " << from;
+      }
+    }
+  }
+}
+
 // DecodeActivations::Int8: where the variant has the int8 path (every variant but the
 // scalar one) the decode-size products of every block type equal the scalar reference
 // of that product (activations rounded by quantize_block_int8, exact integer block

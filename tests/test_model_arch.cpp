@@ -181,6 +181,49 @@ TEST_P(ModelArch, FreeingTheThreadsScratchChangesNoLogit) {
   EXPECT_EQ(0, std::memcmp(before.data(), run().data(), before.size() * sizeof(float))) << c.stem;
 }
 
+// model.batch_invariant: a prompt split anywhere into prefills (a prefix-cache hit's
+// stored rows, then the rest) gives every position's logits, and the decode step after
+// it, bit for bit as one prefill does; and still matches transformers.
+TEST_P(ModelArch, ABatchInvariantBackendComputesThePromptTheSameWhereverItIsSplit) {
+  const Case c = GetParam();
+  const Reference ref = read_reference(c.stem);
+  ASSERT_FALSE(ref.prompts.empty());
+  auto backend = bs::kernels::make_cpu_backend(bs::kernels::DecodeActivations::Exact, /*batch_invariant=*/true);
+  bs::LlamaModel model(model_of(c), *backend, bs::kernels::Precision::F32);
+  bs::Transformer tf(model);
+  const auto& ids = ref.prompts[0];
+  const int64_t len = static_cast<int64_t>(ids.size());
+  ASSERT_GT(len, 12);
+  const std::vector<int32_t> prompt(ids.begin(), ids.end() - 1);
+  auto run = [&](std::vector<int64_t> cuts) {  // prefills of [0, cuts[0]), [cuts[0], cuts[1]), ... the rest
+    cuts.push_back(len - 1);
+    auto cache = tf.make_cache(len);
+    std::vector<float> logits;
+    int64_t at = 0;
+    for (int64_t cut : cuts) {
+      const std::vector<int32_t> part(prompt.begin() + at, prompt.begin() + cut);
+      const auto l = tf.forward(part, cache, /*all_logits=*/true);
+      logits.insert(logits.end(), l.begin(), l.end());
+      at = cut;
+    }
+    bs::KvCache* one[] = {&cache};
+    const auto step = tf.decode_step(std::vector<int32_t>{ids.back()}, one);
+    logits.insert(logits.end(), step.begin(), step.end());
+    return logits;
+  };
+  const auto whole = run({});
+  const Agreement a = compare(whole, ref.logits[0], ref.vocab);
+  EXPECT_LT(a.rel_max, 1e-4) << c.stem;
+  EXPECT_EQ(a.decisive_flips, 0) << c.stem;
+  for (const std::vector<int64_t>& cuts : std::vector<std::vector<int64_t>>{
+           {1}, {4}, {9}, {len - 2}, {3, 11}, {5, 6, 7}}) {
+    const auto split = run(cuts);
+    ASSERT_EQ(split.size(), whole.size());
+    EXPECT_EQ(0, std::memcmp(split.data(), whole.data(), whole.size() * sizeof(float)))
+        << c.stem << ": split at " << cuts[0] << (cuts.size() > 1 ? " and after" : "");
+  }
+}
+
 // The blend at ratio 1 recomputes every token: it equals full prefill on every
 // architecture (the per-head norms and biases included), and every selection rule runs.
 // Gemma 3's local layers: a stored chunk's K/V there were computed with the chunk's own

@@ -59,6 +59,7 @@ void expect_same(const RuntimeConfig& a, const RuntimeConfig& b) {
   EXPECT_EQ(a.model_path, b.model_path);
   EXPECT_EQ(a.precision, b.precision);
   EXPECT_EQ(a.decode_activations, b.decode_activations);
+  EXPECT_EQ(a.batch_invariant, b.batch_invariant);
   EXPECT_EQ(a.chat_template, b.chat_template);
   EXPECT_EQ(a.device_kind, b.device_kind);
   EXPECT_EQ(a.gpus, b.gpus);
@@ -207,6 +208,7 @@ model:
   path: /models/m.gguf
   precision: bf16
   decode_activations: int8
+  batch_invariant: true
   chat_template: /models/chat.jinja
 device:
   kind: cpu
@@ -252,6 +254,7 @@ server: {host: 0.0.0.0, port: 9001, api_keys: [sk-test-0001, sk-test-0002], max_
   EXPECT_EQ(c.model_path, "/models/m.gguf");
   EXPECT_EQ(c.precision, "bf16");
   EXPECT_EQ(c.decode_activations, "int8");
+  EXPECT_TRUE(c.batch_invariant);
   EXPECT_EQ(c.chat_template, "/models/chat.jinja");
   EXPECT_EQ(c.device_kind, "cpu");
   EXPECT_EQ(c.threads, 3);
@@ -383,7 +386,7 @@ TEST(RuntimeConfigErrors, UnknownNestedKeyNamesItsFullPath) {
   EXPECT_THAT(error_of("blend: {learn_passage_tokens: -1}"),
               HasSubstr("blend.learn_passage_tokens: must be >= 0, got -1"));
   EXPECT_THAT(error_of("device: {gpu: 1}"), AllOf(HasSubstr("device.gpu: unknown key"), HasSubstr("kind, gpus, threads")));
-  EXPECT_THAT(error_of("model: {name: x}"), AllOf(HasSubstr("model.name"), HasSubstr("path, precision, decode_activations, chat_template")));
+  EXPECT_THAT(error_of("model: {name: x}"), AllOf(HasSubstr("model.name"), HasSubstr("path, precision, decode_activations, batch_invariant, chat_template")));
   EXPECT_THAT(error_of("server: {addr: x}"), AllOf(HasSubstr("server.addr"), HasSubstr("host, port")));
 }
 
@@ -435,7 +438,7 @@ TEST(RuntimeConfigErrors, WrongTypesNameTheKeyAndTheExpectedType) {
   EXPECT_THAT(error_of("limits: {restart_backoff: soon}"), HasSubstr("limits.restart_backoff:"));
   EXPECT_THAT(error_of("limits: {max_requests: }"), HasSubstr("limits.max_requests: expected an integer, got nothing"));
   // A section that is not a map.
-  EXPECT_THAT(error_of("model: 3"), HasSubstr("model: expected a map with keys (path, precision, decode_activations, chat_template), got '3'"));
+  EXPECT_THAT(error_of("model: 3"), HasSubstr("model: expected a map with keys (path, precision, decode_activations, batch_invariant, chat_template), got '3'"));
   EXPECT_THAT(error_of("tiers: [ram, ssd]"), HasSubstr("tiers: expected a map with keys (ram, ssd, remote), got a list"));
   EXPECT_THAT(error_of("tiers: {ssd: on}"), HasSubstr("tiers.ssd: expected a map"));
 }

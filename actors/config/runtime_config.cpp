@@ -105,6 +105,7 @@ const Fields& model_fields() {
       name_field("precision", &RuntimeConfig::precision, {"auto", "bf16", "f32"}, "precision"),
       name_field("decode_activations", &RuntimeConfig::decode_activations, {"auto", "exact", "int8"},
                  "decode activations"),
+      bool_field("batch_invariant", &RuntimeConfig::batch_invariant),
       {"chat_template",
        [](const YAML::Node& v, const std::string& k, RuntimeConfig& c) {
          c.chat_template = get_string(v, k);

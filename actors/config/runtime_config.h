@@ -99,6 +99,10 @@ struct RuntimeConfig {
   // (kernels::DecodeActivations): auto | exact | int8; auto =
   // $BLENDSERVE_DECODE_ACTIVATIONS, else exact.
   std::string decode_activations = "auto";
+  // Every prefill product and attention row computed as that row alone
+  // (kernels::Backend::batch_invariant): a prefix-cache hit then answers bit for bit
+  // what a cold prefill answers, at a cost in prefill speed; f32 only; CPU only.
+  bool batch_invariant = false;
   // device
   // cpu | cuda (kernels/backend_choice.h; cuda only in a build configured with nvcc).
   std::string device_kind = "cpu";

@@ -206,6 +206,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
     choice.kind = ctx.config.device_kind;
     choice.gpu = device_of(rank);
     choice.decode_activations = ctx.config.decode_activations;
+    choice.batch_invariant = ctx.config.batch_invariant;
     choice.wait_timeout_s = ctx.config.device_wait_timeout;
     try {
       return kernels::make_backend(choice);

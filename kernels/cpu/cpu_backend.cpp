@@ -100,13 +100,15 @@ bool bf16_supported(const cpu::CpuKernels& k) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const cpu::CpuKernels& kernels, DecodeActivations decode)
-      : k_(kernels), bf16_(bf16_supported(kernels)),
-        int8_decode_(decode == DecodeActivations::Int8 && kernels.gemv_int8 != nullptr) {}
+  CpuBackend(const cpu::CpuKernels& kernels, DecodeActivations decode, bool batch_invariant)
+      : k_(kernels), bf16_(!batch_invariant && bf16_supported(kernels)),
+        int8_decode_(decode == DecodeActivations::Int8 && kernels.gemv_int8 != nullptr),
+        batch_invariant_(batch_invariant) {}
 
   std::string name() const override { return "cpu"; }
   std::string kernel_id() const override {
-    return std::string("cpu/") + cpu::isa_name(k_.isa) + (int8_decode_ ? "+int8" : "");
+    return std::string("cpu/") + cpu::isa_name(k_.isa) + (int8_decode_ ? "+int8" : "") +
+           (batch_invariant_ ? "+batch-invariant" : "");
   }
   double setup_seconds() const override { return cpu::onednn_primitive_creation_seconds(); }
   void release_scratch() override {
@@ -117,6 +119,9 @@ class CpuBackend final : public Backend {
   bool supports(Precision precision) const override { return precision == Precision::F32 || bf16_; }
   // The GEMV kernels compute rows independently, in the same order for any count.
   int64_t linear_exact_rows() const override { return kGemvMaxRows; }
+  // The GEMV for every row count (kGemvMaxRows rows a pass) and attention_decode for
+  // every query count: both compute each row alone.
+  bool batch_invariant() const override { return batch_invariant_; }
 
   std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision precision) override {
     return prepare_fused({w}, precision);
@@ -151,6 +156,11 @@ class CpuBackend final : public Backend {
     const int64_t in = w.view.in_features, out = w.view.out_features;
     if (n <= kGemvMaxRows) {
       for (const auto& part : w.parts) gemv_part(part, x, y, n, out);
+    } else if (batch_invariant_) {
+      for (int64_t t0 = 0; t0 < n; t0 += kGemvMaxRows) {
+        const int64_t m = std::min(kGemvMaxRows, n - t0);
+        for (const auto& part : w.parts) gemv_part(part, x + t0 * in, y + t0 * out, m, out);
+      }
     } else {
       // The activations in the GEMM's precision once, for every part.
       const void* xs = x;
@@ -405,7 +415,7 @@ class CpuBackend final : public Backend {
     require(precision);
     check_kv(kv, q_heads);
     if (n_kv > kv.capacity) throw std::out_of_range("cpu attention: n_kv beyond the cache");
-    if (n <= kDecodeMaxQueries)
+    if (n <= kDecodeMaxQueries || batch_invariant_)
       k_.attention_decode(q, qpos, kv, out, n, q_heads, n_kv, scale);
     else if (precision == Precision::BF16 && kv.head_dim % 32 == 0)
       k_.attention_bf16(q, qpos, kv, out, n, q_heads, n_kv, scale);
@@ -449,9 +459,12 @@ class CpuBackend final : public Backend {
   }
 
   void require(Precision precision) const {
-    if (!supports(precision))
-      throw std::invalid_argument(std::string("bf16 needs a CPU with AVX512-BF16 and a oneDNN bf16 matmul; this "
-                                              "backend runs ") + kernel_id() + ": use f32");
+    if (supports(precision)) return;
+    if (batch_invariant_)
+      throw std::invalid_argument("bf16 products are the prefill GEMM's, which are not batch-invariant; this backend "
+                                  "runs " + kernel_id() + ": use f32");
+    throw std::invalid_argument(std::string("bf16 needs a CPU with AVX512-BF16 and a oneDNN bf16 matmul; this "
+                                            "backend runs ") + kernel_id() + ": use f32");
   }
 
   const cpu::CpuKernels& k_;
@@ -459,6 +472,7 @@ class CpuBackend final : public Backend {
   // Decode products of block types through the int8-activation kernel (asked for, and
   // present in this variant).
   const bool int8_decode_;
+  const bool batch_invariant_;  // Backend::batch_invariant()
 };
 
 }  // namespace
@@ -483,14 +497,14 @@ DecodeActivations default_decode_activations() {
 
 std::unique_ptr<Backend> make_cpu_backend() { return make_cpu_backend(default_decode_activations()); }
 
-std::unique_ptr<Backend> make_cpu_backend(DecodeActivations decode) {
-  return std::make_unique<CpuBackend>(cpu::kernels_for(cpu::selected_cpu_isa()), decode);
+std::unique_ptr<Backend> make_cpu_backend(DecodeActivations decode, bool batch_invariant) {
+  return std::make_unique<CpuBackend>(cpu::kernels_for(cpu::selected_cpu_isa()), decode, batch_invariant);
 }
 
-std::unique_ptr<Backend> make_cpu_backend_for(cpu::CpuIsa isa, DecodeActivations decode) {
+std::unique_ptr<Backend> make_cpu_backend_for(cpu::CpuIsa isa, DecodeActivations decode, bool batch_invariant) {
   if (isa > cpu::detect_cpu_isa())
     throw std::invalid_argument(std::string("this CPU cannot run the ") + cpu::isa_name(isa) + " kernels");
-  return std::make_unique<CpuBackend>(cpu::kernels_for(isa), decode);
+  return std::make_unique<CpuBackend>(cpu::kernels_for(isa), decode, batch_invariant);
 }
 
 const char* precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "f32"; }
@@ -503,7 +517,9 @@ Precision choose_precision(std::string_view name, const Backend& backend) {
   else throw std::invalid_argument("precision '" + std::string(name) + "' is not one of auto, bf16, f32");
   if (!backend.supports(p))
     throw std::invalid_argument(std::string("precision ") + precision_name(p) + " is not supported by " +
-                                backend.kernel_id() + " (bf16 needs AVX512-BF16); use auto or f32");
+                                backend.kernel_id() + (backend.batch_invariant() ? " (batch-invariant: f32 only)"
+                                                                                  : " (bf16 needs AVX512-BF16)") +
+                                "; use auto or f32");
   return p;
 }
 

@@ -11,6 +11,7 @@ namespace bs::kernels {
 
 // Throws std::invalid_argument when this CPU cannot execute `isa`.
 std::unique_ptr<Backend> make_cpu_backend_for(cpu::CpuIsa isa,
-                                              DecodeActivations decode = DecodeActivations::Exact);
+                                              DecodeActivations decode = DecodeActivations::Exact,
+                                              bool batch_invariant = false);  // make_cpu_backend says what
 
 }  // namespace bs::kernels

@@ -25,6 +25,7 @@ class ReferenceBackend final : public Backend {
   std::string name() const override { return "reference"; }
   bool supports(Precision) const override { return true; }  // computes fp32 either way
   int64_t linear_exact_rows() const override { return std::numeric_limits<int64_t>::max(); }  // one row at a time
+  bool batch_invariant() const override { return true; }  // every op one row at a time
 
   std::unique_ptr<PreparedWeights> prepare(const WeightView& w, Precision) override {
     auto out = std::make_unique<RefWeights>();

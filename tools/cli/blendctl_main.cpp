@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", opt.device.kind, "Compute backend of the benchmarks: cpu or cuda (builds made with nvcc)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--gpu", opt.device.gpu, "With --device cuda: the GPU's CUDA index")->check(CLI::NonNegativeNumber);
+  app.add_flag("--batch-invariant", opt.device.batch_invariant,
+               "CPU: every prefill row computed as that row alone (model.batch_invariant)");
 
   auto* bench = app.add_subcommand("bench", "Benchmarks (JSON lines on stdout)");
   bench->require_subcommand(1);
