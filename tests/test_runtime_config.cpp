@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "kernels/backend_choice.h"
+#include "kernels/communicator_choice.h"
 
 namespace bs {
 namespace {
@@ -595,6 +597,48 @@ TEST(RuntimeConfigErrors, SeveralDocuments) {
 }
 
 // ---- sizes --------------------------------------------------------------------
+
+// One check for a config however it was made: a file's rules across keys are refused
+// as it is parsed, and a config built in code (CLI flags, tests) meets every value's
+// rule in check_runtime_config, which the Runtime runs first.
+TEST(RuntimeConfigCheck, EveryRuleHoldsForAFileAndForAConfigBuiltInCode) {
+  const auto comms = kernels::communicator_kinds_built();
+  if (std::find(comms.begin(), comms.end(), "nccl") != comms.end()) {
+    EXPECT_THAT(error_of("device:\n  communicator: nccl\n"), HasSubstr("nccl joins GPU ranks, and device.kind is cpu"));
+    const auto kinds = kernels::device_kinds_built();
+    if (std::find(kinds.begin(), kinds.end(), "cuda") != kinds.end()) {
+      EXPECT_THAT(error_of("device:\n  kind: cuda\n  tp: 2\n  gpus: [0]\n"),
+                  HasSubstr("device.gpus: tp 2 on cuda puts each rank on a GPU of its own"));
+      EXPECT_THAT(error_of("device:\n  kind: cuda\n  tp: 2\n  gpus: [1, 1]\n"),
+                  HasSubstr("GPU 1 is listed for ranks 0 and 1"));
+      EXPECT_THAT(error_of("device:\n  kind: cuda\n  tp: 2\n  gpus: [0, 1]\n  communicator: inprocess\n"),
+                  HasSubstr("GPU ranks need nccl"));
+    }
+  }
+  EXPECT_NO_THROW(check_runtime_config(default_runtime_config()));
+  auto refused = [](auto edit) {
+    RuntimeConfig c = default_runtime_config();
+    edit(c);
+    try {
+      check_runtime_config(c);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_THAT(refused([](RuntimeConfig& c) { c.decode_activations = "int4"; }),
+              HasSubstr("model.decode_activations: unknown value 'int4'"));
+  EXPECT_THAT(refused([](RuntimeConfig& c) { c.precision = "fp8"; }), HasSubstr("model.precision"));
+  EXPECT_THAT(refused([](RuntimeConfig& c) { c.device_kind = "tpu"; }), HasSubstr("device.kind: unknown device kind"));
+  EXPECT_THAT(refused([](RuntimeConfig& c) { c.gpus.clear(); }), HasSubstr("device.gpus: must name at least one"));
+  EXPECT_THAT(refused([](RuntimeConfig& c) { c.gpus = {-1}; }), HasSubstr("device.gpus: device indices are >= 0"));
+  EXPECT_THAT(refused([](RuntimeConfig& c) { c.tp = 0; }), HasSubstr("device.tp: must be >= 1"));
+  EXPECT_THAT(refused([](RuntimeConfig& c) { c.threads = -2; }), HasSubstr("device.threads"));
+  EXPECT_THAT(refused([](RuntimeConfig& c) { c.communicator = "mpi"; }), HasSubstr("device.communicator: unknown"));
+  EXPECT_THAT(refused([](RuntimeConfig& c) { c.kv_dtype = "f8"; }), HasSubstr("device.kv_dtype: unknown KV dtype"));
+  EXPECT_THAT(refused([](RuntimeConfig& c) { c.communicator = "nccl"; }),
+              HasSubstr("device.communicator: nccl joins GPU ranks, and device.kind is cpu"));
+}
 
 TEST(RuntimeConfigSizes, Units) {
   EXPECT_EQ(parse_byte_size("2GiB"), 2147483648LL);

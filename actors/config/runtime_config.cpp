@@ -455,6 +455,7 @@ RuntimeConfig parse_runtime_config(const std::string& yaml_text) {
                " (outside a cluster, tiers.remote needs the storage node's host, its data_port as port and the "
                "cluster secret)");
   }
+  check_runtime_config(c);  // the rules across keys (each value was checked as it was read)
   return c;
 }
 

@@ -205,6 +205,13 @@ struct RuntimeConfig {
 // Parses YAML text. Keys absent from the text keep the defaults above (an empty
 // document or `{}` is the default config). Errors are ConfigError naming the key.
 RuntimeConfig parse_runtime_config(const std::string& yaml_text);
+// Every rule a runtime config must keep, however it was made (a YAML file, CLI flags,
+// code): each value in its set or range (the field readers refuse a file's bad value
+// at its key as they read it; a config built in code meets the rule here), and the
+// rules across keys: the communicator fits device.kind, tensor-parallel GPU ranks each
+// have a GPU of their own. parse_runtime_config ends with it; the Runtime starts with
+// it. Throws ConfigError naming the key.
+void check_runtime_config(const RuntimeConfig& c);
 // A file; ConfigError if unreadable. Errors are prefixed with the path.
 RuntimeConfig load_runtime_config(const std::string& path);
 // The embedded default (configs/default.yaml, compiled into the binary).

@@ -163,38 +163,12 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   auto& ctx = *ctx_;
   ctx.config = config;
   ctx.config.model_path = resolve_model_path(ctx.config);
-  kernels::DecodeActivations decode{};
-  if (ctx.config.decode_activations != "auto" &&
-      !kernels::decode_activations_from_name(ctx.config.decode_activations, decode))
-    throw ConfigError("model.decode_activations: unknown value '" + ctx.config.decode_activations +
-                      "' (auto, exact, int8)");
-  if (ctx.config.gpus.empty()) throw ConfigError("device.gpus: must name at least one device (e.g. [0])");
-  // The ranks' devices and what joins them (before any backend: a wrong combination is
-  // refused on any machine, with or without a GPU).
+  // Every rule of a config, however it was made (a file was checked as it was read;
+  // CLI flags and tests build theirs in code): before any backend, so a wrong
+  // combination is refused on any machine, with or without a GPU.
+  check_runtime_config(ctx.config);
   const bool on_cuda = ctx.config.device_kind == "cuda";
-  if (!kernels::is_communicator_kind(ctx.config.communicator))
-    throw ConfigError("device.communicator: unknown communicator '" + ctx.config.communicator +
-                      "' (auto, inprocess, nccl)");
   const std::string comm_kind = kernels::resolve_communicator_kind(ctx.config.communicator, ctx.config.device_kind);
-  if (comm_kind == "nccl" && !on_cuda)
-    throw ConfigError("device.communicator: nccl joins GPU ranks, and device.kind is " + ctx.config.device_kind +
-                      " (inprocess or auto joins CPU ranks)");
-  if (comm_kind == "inprocess" && on_cuda && ctx.config.tp > 1)
-    throw ConfigError("device.communicator: inprocess joins CPU ranks through host memory; GPU ranks need nccl "
-                      "(or auto)");
-  if (on_cuda && ctx.config.tp > 1) {
-    const size_t tp_ranks = static_cast<size_t>(ctx.config.tp);
-    if (ctx.config.gpus.size() < tp_ranks)
-      throw ConfigError("device.gpus: tp " + std::to_string(ctx.config.tp) +
-                        " on cuda puts each rank on a GPU of its own: list " + std::to_string(ctx.config.tp) +
-                        " devices (e.g. [0, 1]); " + std::to_string(ctx.config.gpus.size()) + " listed");
-    for (size_t a = 0; a < tp_ranks; ++a)
-      for (size_t b = a + 1; b < tp_ranks; ++b)
-        if (ctx.config.gpus[a] == ctx.config.gpus[b])
-          throw ConfigError("device.gpus: GPU " + std::to_string(ctx.config.gpus[a]) + " is listed for ranks " +
-                            std::to_string(a) + " and " + std::to_string(b) +
-                            "; NCCL 2.28 refuses two ranks on one GPU");
-  }
   // Rank r's device: gpus[r] on cuda.
   auto device_of = [&](int rank) {
     return on_cuda && static_cast<size_t>(rank) < ctx.config.gpus.size() ? ctx.config.gpus[static_cast<size_t>(rank)]
@@ -219,10 +193,8 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   ctx.backend = make_backend(0);
   ctx.precision = kernels::choose_precision(ctx.config.precision, *ctx.backend);
   kernels::TensorType kv_dtype = kernels::TensorType::F32;
-  if (!kernels::kv_dtype_from_name(ctx.config.kv_dtype, kv_dtype))
-    throw ConfigError("device.kv_dtype: unknown KV dtype '" + ctx.config.kv_dtype + "' (f32, f16, bf16)");
+  kernels::kv_dtype_from_name(ctx.config.kv_dtype, kv_dtype);  // checked above
   const int tp = ctx.config.tp;
-  if (tp < 1) throw ConfigError("device.tp: must be >= 1 (1 = no tensor parallelism)");
   // Rank r's shard of the model; a degree that does not divide it is a configuration error.
   // The operator's chat template (model.chat_template) replaces the model's: checked once
   // the first shard has loaded (its tokens come from the model's tokenizer), a wrong one
