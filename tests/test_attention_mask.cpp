@@ -1,4 +1,4 @@
-// The causal mask of every attention kernel, row by row. tests/test_kernels.cpp
+// The causal mask of every attention kernel, row by row. tests/test_kernels_attention.cpp
 // compares whole outputs with one relative error (max |a - b| over the output's
 // largest value); a mask that lets one query row see one future key moves that
 // row by a few percent of its own size, but rows far into the cache are small
