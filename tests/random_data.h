@@ -33,7 +33,7 @@ inline double rel_max_err(const std::vector<float>& a, const std::vector<float>&
 // scale and high-bit byte uniformly random, the fp16 scale fields finite and of random
 // sign (magnitude 2^-14 .. 2^-6, so products stay in fp32's comfortable range). For
 // the types a test quantizer would need a search to produce (Q5_0, Q5_1, the K-quants),
-// whose dequantization tests/test_gguf.cpp checks against gguf-py bit for bit.
+// whose dequantization tests/test_dequant.cpp checks against gguf-py bit for bit.
 // `block_bytes` and `scale_at` (offsets of the fp16 fields in a block) describe the type.
 inline std::vector<uint8_t> random_blocks(int64_t rows, int64_t cols, int64_t block_elements, int64_t block_bytes,
                                           std::vector<int> scale_at, uint32_t seed) {
