@@ -61,7 +61,7 @@ fi
 TARGETS=(caf_test_actor_protocol test_compute_thread test_blend_runtime test_blend_loaders
          test_blend_prefill_cancel test_blend_batching test_document_interleave test_server
          test_blend_runtime_tensor_parallel test_server_supervision test_blend_streams test_stream_delivery
-         test_remote_store test_remote_tls test_remote_replication test_cluster_control)
+         test_remote_store test_remote_store_peers test_remote_tls test_remote_replication test_cluster_control)
 log "building the runtime tests with -fsanitize=thread"
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLENDSERVE_TSAN=ON \
   -DCAF_INCLUDE_DIR="$CAF_PREFIX/include" -DCAF_CORE_LIBRARY="$CAF_PREFIX/lib/libcaf_core.so" \
@@ -84,6 +84,7 @@ TESTS=(
   "streams|test_blend_streams"
   "stream_delivery|test_stream_delivery"
   "remote_store|test_remote_store --gtest_filter=RemoteStore.*"
+  "remote_store_peers|test_remote_store_peers"
   "remote_tls|test_remote_tls"
   "remote_replication|test_remote_replication"
   "cluster_control|test_cluster_control"
