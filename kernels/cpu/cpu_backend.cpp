@@ -1,5 +1,6 @@
 // The CPU backend: the kernel variant of one ISA (kernels/cpu/kernel_table.h) for the
-// element-wise ops, attention and decode products, oneDNN for prefill GEMMs.
+// element-wise ops, attention and decode products, oneDNN for prefill GEMMs (batch-
+// invariant: the decode products and attention for every row count).
 #include "kernels/cpu/cpu_backend.h"
 
 #include <omp.h>
@@ -25,14 +26,16 @@ namespace bs::kernels {
 namespace {
 
 // Up to this many rows a product reads the stored weights directly (one pass of the
-// GEMV kernel, which takes 8 rows per pass); above it, the packed oneDNN GEMM. A
+// GEMV kernel, which takes 8 rows per pass); above it, the oneDNN GEMM
+// (kernels/cpu/gemm_onednn.h), or with batch_invariant the GEMV 8 rows a pass. A
 // batched decode step (Transformer::decode_step) needs the GEMV, whose rows are
 // exactly the one-token products. Measured on one AVX2 core (SmolLM2-135M, 8 rows):
 // the output projection (Q8_0, 49152 x 576) takes 11.2 ms in the GEMV vs 31.3 ms in
 // oneDNN, a layer's four Q4_1 products 1.02 vs 1.10 ms; a decode step of 8
 // sequences costs 6.8 ms of CPU per token with 8 here vs 7.4 with 4 (two passes).
 constexpr int64_t kGemvMaxRows = 8;
-// Up to this many query tokens attention reads the cache directly (decode).
+// Up to this many query tokens (any number with batch_invariant) attention reads the
+// cache directly (decode).
 constexpr int64_t kDecodeMaxQueries = 4;
 
 // A prepared weight reads the file's rows in place: one part per fused matrix (query,
