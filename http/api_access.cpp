@@ -49,4 +49,23 @@ void send_error(httplib::Response& res, const ApiError& e) {
   if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
 }
 
+ApiError status_error(const httplib::Request& req, int status) {
+  if (status == 404)
+    return ApiError(404, "unknown request URL: " + req.method + " " + req.path, "invalid_request_error", "",
+                    "unknown_url");
+  return ApiError(status, "the request could not be processed (HTTP " + std::to_string(status) + ")",
+                  status >= 500 ? "server_error" : "invalid_request_error");
+}
+
+void send_exception(httplib::Response& res, std::exception_ptr thrown) {
+  std::string what = "internal error";
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  send_error(res, ApiError(500, what, "server_error"));
+}
+
 }  // namespace bs::http

@@ -3,6 +3,7 @@
 // a client sees the same 401s and error bodies from either.
 #pragma once
 
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,5 +37,14 @@ bool authorized(const std::vector<std::string>& keys, const httplib::Request& re
 // The OpenAI error response: e.status, error_body(e) as JSON, and for a 401 the
 // WWW-Authenticate challenge.
 void send_error(httplib::Response& res, const ApiError& e);
+
+// The error for a response that ends >= 400 without a body (no route, a request
+// httplib could not read): a 404 names the method and path (unknown_url), any other
+// status says it (server_error from 500 up, else invalid_request_error).
+ApiError status_error(const httplib::Request& req, int status);
+
+// A handler that threw: 500, server_error, with what it threw ("internal error" for
+// a throw of something that is not a std::exception).
+void send_exception(httplib::Response& res, std::exception_ptr thrown);
 
 }  // namespace bs::http

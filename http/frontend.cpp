@@ -540,24 +540,11 @@ struct FrontendServer::Impl {
     });
     svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      if (res.status == 404)
-        send_error(res, ApiError(404, "unknown request URL: " + req.method + " " + req.path, "invalid_request_error",
-                                 "", "unknown_url"));
-      else
-        send_error(res, ApiError(res.status, "the request could not be processed (HTTP " + std::to_string(res.status) + ")",
-                                 res.status >= 500 ? "server_error" : "invalid_request_error"));
+      send_error(res, status_error(req, res.status));
       return httplib::Server::HandlerResponse::Handled;
     }));
-    svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "internal error";
-      try {
-        std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      send_error(res, ApiError(500, what, "server_error"));
-    });
+    svr.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) { send_exception(res, ep); });
     // Liveness: it answers. /health (and /ready, its readiness) below: some worker is up.
     svr.Get("/live", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"status":"alive","role":"frontend"})", "application/json");

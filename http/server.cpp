@@ -168,26 +168,13 @@ struct Server::Impl {
         send_error(res, ApiError(413, "the request body is larger than the limit (" +
                                           std::to_string(config.max_body_bytes) + " bytes, server.max_body)",
                                  "invalid_request_error", "", "request_too_large"));
-      } else if (res.status == 404) {
-        send_error(res, ApiError(404, "unknown request URL: " + req.method + " " + req.path, "invalid_request_error",
-                                 "", "unknown_url"));
       } else {
-        send_error(res, ApiError(res.status, "the request could not be processed (HTTP " + std::to_string(res.status) +
-                                                 ")",
-                                 res.status >= 500 ? "server_error" : "invalid_request_error"));
+        send_error(res, status_error(req, res.status));
       }
       return httplib::Server::HandlerResponse::Handled;
     }));
-    svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "internal error";
-      try {
-        std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      send_error(res, ApiError(500, what, "server_error"));
-    });
+    svr.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) { send_exception(res, ep); });
     // Counted before the response is written (httplib calls the post-routing
     // handler just before the status line; its logger only after the body): a
     // client that reads /metrics right after its answer must see that answer
@@ -308,12 +295,17 @@ struct Server::Impl {
                      "invalid_request_error", "model", "model_not_found");
   }
 
+  // A completion that arrives while the server drains: 503, service_unavailable.
+  void refuse_while_draining() const {
+    if (draining.load())
+      throw ApiError(503, "the server is shutting down", "server_error", "", "service_unavailable");
+  }
+
   void chat_completion(const httplib::Request& req, httplib::Response& res) {
     ChatCompletionRequest parsed;
     ToolsOffered tools;
     try {
-      if (draining.load())
-        throw ApiError(503, "the server is shutting down", "server_error", "", "service_unavailable");
+      refuse_while_draining();
       parsed = parse_chat_completion(req.body, context_length);
       check_model(parsed.model);
       tools = offered_tools(parsed);
@@ -354,8 +346,7 @@ struct Server::Impl {
   void text_completion(const httplib::Request& req, httplib::Response& res) {
     TextCompletionRequest parsed;
     try {
-      if (draining.load())
-        throw ApiError(503, "the server is shutting down", "server_error", "", "service_unavailable");
+      refuse_while_draining();
       parsed = parse_text_completion(req.body, context_length);
       check_model(parsed.model);
       const Tokenizer& tok = runtime.model().tokenizer();

@@ -542,7 +542,8 @@ std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool parse_s
   return out;
 }
 
-void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space, std::vector<int32_t>& out) const {
+// SentencePiece's escaping: every space as U+2581, with one in front for `prefix_space`.
+static std::string metaspace_escaped(std::string_view text, bool prefix_space) {
   std::string escaped;
   escaped.reserve(text.size() + text.size() / 2 + 3);
   if (prefix_space) escaped += kSpmSpace;
@@ -552,6 +553,11 @@ void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space, std::
     else
       escaped.push_back(c);
   }
+  return escaped;
+}
+
+void Tokenizer::Impl::encode_spm(std::string_view text, bool prefix_space, std::vector<int32_t>& out) const {
+  const std::string escaped = metaspace_escaped(text, prefix_space);
   spm_tokenize(escaped, SpmVocab{&text_to_id, &texts, &spec.scores, &byte_token,
                                  spec.spm_merge_by_rank ? &spm_ranks : nullptr, spm_by_word ? &spm_boundary : nullptr,
                                  words.get()},
@@ -568,14 +574,7 @@ void Tokenizer::Impl::encode_unigram(std::string_view text, bool prefix_space, s
   // Hugging Face's Metaspace: spaces as U+2581, the prefix; with split, each word (a
   // U+2581 and what follows it up to the next) alone, as its MergedWithNext split
   // makes them, a word met before looked up (model/word_cache.h).
-  escaped.reserve(text.size() + text.size() / 2 + 3);
-  if (prefix_space) escaped += kSpmSpace;
-  for (char c : text) {
-    if (c == ' ')
-      escaped += kSpmSpace;
-    else
-      escaped.push_back(c);
-  }
+  escaped = metaspace_escaped(text, prefix_space);
   if (!spec.metaspace_split) {
     unigram->encode(escaped, out);
     return;

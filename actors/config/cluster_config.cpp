@@ -43,12 +43,6 @@ std::string get_name(const YAML::Node& v, const std::string& key) {
   return s;
 }
 
-int get_port(const YAML::Node& v, const std::string& key) {
-  const int p = get_int(v, key);
-  if (p < 1 || p > 65535) fail(key, v, "must be in 1..65535, got " + v.Scalar());
-  return p;
-}
-
 int line_of(const YAML::Node& n) {
   const YAML::Mark m = n.Mark();
   return m.is_null() || m.line < 0 ? 0 : m.line + 1;
@@ -636,18 +630,8 @@ ClusterConfig parse_cluster_config(const std::string& yaml_text, const std::stri
 }
 
 ClusterConfig load_cluster_config(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) throw ConfigError("cannot read config '" + path + "': it is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("cannot read config '" + path + "': " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError("cannot read config '" + path + "': read error");
-  try {
-    return parse_cluster_config(text.str(), path, cluster_environment());
-  } catch (const ConfigError& e) {
-    throw ConfigError(path + ": " + e.what());
-  }
+  return config_yaml::load_config_file(
+      path, [&](const std::string& text) { return parse_cluster_config(text, path, cluster_environment()); });
 }
 
 bool is_cluster_config(const std::string& yaml_text) {

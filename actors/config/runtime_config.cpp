@@ -201,11 +201,7 @@ const std::vector<Field<RemoteTierConfig>>& remote_fields() {
   static const std::vector<Field<R>> f = {
       bool_field("enabled", &R::enabled),
       string_field("host", &R::host),
-      {"port",
-       [](const YAML::Node& v, const std::string& k, R& r) {
-         r.port = get_int(v, k);
-         if (r.port < 0 || r.port > 65535) fail(k, v, "must be in 1..65535 (0: not set), got " + v.Scalar());
-       }},
+      port_field("port", &R::port, true),
       {"secret",
        [](const YAML::Node& v, const std::string& k, R& r) {
          const std::string text = get_string(v, k);
@@ -378,11 +374,7 @@ const Fields& server_fields() {
          c.host = get_string(v, k);
          if (c.host.empty()) fail(k, v, "must not be empty (e.g. 127.0.0.1, or 0.0.0.0 for every interface)");
        }},
-      {"port",
-       [](const YAML::Node& v, const std::string& k, C& c) {
-         c.port = get_int(v, k);
-         if (c.port < 1 || c.port > 65535) fail(k, v, "must be in 1..65535, got " + v.Scalar());
-       }},
+      port_field("port", &C::port),
       {"api_keys",
        [](const YAML::Node& v, const std::string& k, C& c) {
          c.api_keys = get_list<std::string>(v, k, "keys", get_string);
@@ -460,18 +452,7 @@ RuntimeConfig parse_runtime_config(const std::string& yaml_text) {
 }
 
 RuntimeConfig load_runtime_config(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) throw ConfigError("cannot read config '" + path + "': it is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("cannot read config '" + path + "': " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError("cannot read config '" + path + "': read error");
-  try {
-    return parse_runtime_config(text.str());
-  } catch (const ConfigError& e) {
-    throw ConfigError(path + ": " + e.what());
-  }
+  return config_yaml::load_config_file(path, [&](const std::string& text) { return parse_runtime_config(text); });
 }
 
 const std::string& default_config_text() {
@@ -504,13 +485,18 @@ std::string resolve_ssd_path(const RuntimeConfig& c) {
   return normal(fs::path(resolve_data_dir(c)) / p);
 }
 
+// `text` without the white space around it.
+static std::string_view trimmed(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  return text;
+}
+
 double parse_duration(const std::string& text) {
   const auto bad = [&](const std::string& why) {
     return ConfigError("invalid duration '" + text + "': " + why + " (e.g. 5, 500ms, 2s, 1.5m)");
   };
-  std::string_view s(text);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  const std::string_view s = trimmed(text);
   if (s.empty()) throw bad("empty");
   if (s.front() == '-') throw bad("negative");
   size_t i = 0;
@@ -555,9 +541,7 @@ int64_t parse_byte_size(const std::string& text) {
                        (example ? " (e.g. 4096, 512MiB, 1.5GiB, 100MB)" : ""));
   };
   constexpr unsigned __int128 kMax = static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max());
-  std::string_view s(text);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  const std::string_view s = trimmed(text);
   if (s.empty()) throw bad("empty");
   if (s.front() == '-') throw bad("negative");
   size_t i = 0;

@@ -3,13 +3,30 @@
 #include <yaml-cpp/eventhandler.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "actors/config/runtime_config.h"
 
 namespace bs::config_yaml {
+
+std::string read_config_text(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError("cannot read config '" + path + "': it is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("cannot read config '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError("cannot read config '" + path + "': read error");
+  return text.str();
+}
+
 namespace {
 
 std::string list_keys(const Keys& keys) {
@@ -208,6 +225,14 @@ int64_t get_size(const YAML::Node& n, const std::string& key) {
 }
 
 // Seconds as a number (5, 0.25) or with a unit ("500ms", "2s"); > 0.
+int get_port(const YAML::Node& node, const std::string& key, bool zero_unset) {
+  const int p = get_int(node, key);
+  if (p < (zero_unset ? 0 : 1) || p > 65535)
+    fail(key, node,
+         std::string("must be in 1..65535") + (zero_unset ? " (0: not set)" : "") + ", got " + node.Scalar());
+  return p;
+}
+
 int get_int_at_least(const YAML::Node& n, const std::string& key, int least, const std::string& note) {
   const int v = get_int(n, key);
   if (v < least) fail(key, n, "must be >= " + std::to_string(least) + note + ", got " + n.Scalar());

@@ -8,6 +8,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "actors/config/runtime_config.h"  // ConfigError
+
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -18,6 +20,20 @@
 namespace bs::config_yaml {
 
 using Keys = std::vector<std::string_view>;
+
+// The text of the config file at `path`; ConfigError "cannot read config 'path': why"
+// (a directory, a missing or unreadable file, a read error).
+std::string read_config_text(const std::string& path);
+// parse(the text of the file at `path`), its ConfigError prefixed with "path: ".
+template <class Parse>
+auto load_config_file(const std::string& path, Parse parse) -> decltype(parse(std::string())) {
+  const std::string text = read_config_text(path);
+  try {
+    return parse(text);
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
 
 // The one document of a YAML text (an empty text: a null node); ConfigError "invalid
 // YAML at line L, column C: ..." or for several documents.
@@ -46,6 +62,8 @@ int64_t get_size(const YAML::Node& node, const std::string& key);
 double get_duration(const YAML::Node& node, const std::string& key);
 // An integer >= `least`; `note` follows the bound in the message ("must be >= 0 (0 =
 // no queue), got -1").
+// A TCP port: 1..65535, and with `zero_unset` also 0 (not set).
+int get_port(const YAML::Node& node, const std::string& key, bool zero_unset = false);
 int get_int_at_least(const YAML::Node& node, const std::string& key, int least, const std::string& note = "");
 // A list (null: empty) of items read by `get`, each named key[i].
 template <typename T, typename Get>
@@ -98,6 +116,13 @@ Field<T> size_field(std::string_view key, int64_t T::*m) {
 template <class T>
 Field<T> duration_field(std::string_view key, double T::*m) {
   return {key, [m](const YAML::Node& v, const std::string& k, T& out) { out.*m = get_duration(v, k); }};
+}
+// A TCP port (get_port).
+template <class T>
+Field<T> port_field(std::string_view key, int T::*m, bool zero_unset = false) {
+  return {key, [m, zero_unset](const YAML::Node& v, const std::string& k, T& out) {
+            out.*m = get_port(v, k, zero_unset);
+          }};
 }
 // An integer >= `least` (get_int_at_least).
 template <class T>

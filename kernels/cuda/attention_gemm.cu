@@ -8,16 +8,12 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch_grid.cuh"
 
 namespace bs::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-unsigned grid_for(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
-}
 
 // K and V rows [0, n_kv) of every KV head from the paged cache into contiguous bf16:
 // dst [2, kv_heads, n_kv, head_dim].
@@ -99,9 +95,9 @@ void attention_gemm(const CublasHandle& cublas, const float* q, const int32_t* q
   const int64_t d = kv.head_dim, group = q_heads / kv.kv_heads;
   auto* kvc = static_cast<__nv_bfloat16*>(grow(scratch.kv, static_cast<size_t>(2 * kv.kv_heads * n_kv * d) * 2));
   auto* qb = static_cast<__nv_bfloat16*>(grow(scratch.q, static_cast<size_t>(n * q_heads * d) * 2));
-  gather_kv_bf16<<<grid_for(2 * kv.kv_heads * n_kv * d), kThreads, 0, stream>>>(kv, n_kv, kvc);
+  gather_kv_bf16<<<grid_for(2 * kv.kv_heads * n_kv * d, kThreads), kThreads, 0, stream>>>(kv, n_kv, kvc);
   BS_CUDA_CHECK(cudaGetLastError());
-  to_bf16<<<grid_for(n * q_heads * d), kThreads, 0, stream>>>(q, qb, n * q_heads * d);
+  to_bf16<<<grid_for(n * q_heads * d, kThreads), kThreads, 0, stream>>>(q, qb, n * q_heads * d);
   BS_CUDA_CHECK(cudaGetLastError());
 
   // Rows per block: S (fp32) and P (bf16) of the group's heads within kScoreBytes.

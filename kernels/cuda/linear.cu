@@ -7,17 +7,13 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch_grid.cuh"
 #include "kernels/op_math.h"
 
 namespace bs::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-unsigned grid_for(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
-}
 
 template <TensorType T>
 __global__ void dequant_to_bf16(const uint8_t* __restrict__ stored, __nv_bfloat16* __restrict__ out,
@@ -52,7 +48,7 @@ __global__ void add_bias(float* __restrict__ y, const float* __restrict__ bias, 
 template <TensorType T>
 void launch_dequant(const void* stored, void* out, int64_t rows, int64_t cols, int64_t row_bytes,
                     cudaStream_t stream) {
-  dequant_to_bf16<T><<<grid_for(rows * cols), kThreads, 0, stream>>>(
+  dequant_to_bf16<T><<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(
       static_cast<const uint8_t*>(stored), static_cast<__nv_bfloat16*>(out), rows, cols, row_bytes);
   BS_CUDA_CHECK(cudaGetLastError());
 }
@@ -107,7 +103,7 @@ const void* activations_to_bf16(const float* x, int64_t count, DeviceAllocation&
   const size_t need = static_cast<size_t>(count) * 2;
   if (scratch.bytes() < need) scratch = DeviceAllocation(need);
   if (count > 0) {
-    to_bf16<<<grid_for(count), kThreads, 0, stream>>>(x, scratch.as<__nv_bfloat16>(), count);
+    to_bf16<<<grid_for(count, kThreads), kThreads, 0, stream>>>(x, scratch.as<__nv_bfloat16>(), count);
     BS_CUDA_CHECK(cudaGetLastError());
   }
   return scratch.get();
@@ -127,7 +123,7 @@ void linear_padded(const CublasHandle& cublas, const Bf16Weights& w, const float
   if (scratch.y.bytes() < y_bytes) scratch.y = DeviceAllocation(y_bytes);
   auto* xb = scratch.x.as<__nv_bfloat16>();
   const int64_t count = n * w.in_features;
-  to_bf16<<<grid_for(count), kThreads, 0, stream>>>(x, xb, count);
+  to_bf16<<<grid_for(count, kThreads), kThreads, 0, stream>>>(x, xb, count);
   BS_CUDA_CHECK(cudaGetLastError());
   // Rows past n: zero. Rows n..63 may hold an earlier call's values (a larger n, or
   // another product's wider rows), and a row's result does not depend on them anyway;
@@ -144,7 +140,7 @@ void linear_padded(const CublasHandle& cublas, const Bf16Weights& w, const float
   BS_CUDA_CHECK(cudaMemcpyAsync(y, scratch.y.get(), static_cast<size_t>(n * w.out_features) * 4,
                                 cudaMemcpyDeviceToDevice, stream));
   if (bias) {
-    add_bias<<<grid_for(n * w.out_features), kThreads, 0, stream>>>(y, bias, n, w.out_features);
+    add_bias<<<grid_for(n * w.out_features, kThreads), kThreads, 0, stream>>>(y, bias, n, w.out_features);
     BS_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -163,7 +159,7 @@ void linear(const CublasHandle& cublas, const Bf16Weights& w, const float* x, fl
                                static_cast<int>(w.in_features), &beta, y, CUDA_R_32F,
                                static_cast<int>(w.out_features), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (bias) {
-    add_bias<<<grid_for(n * w.out_features), kThreads, 0, stream>>>(y, bias, n, w.out_features);
+    add_bias<<<grid_for(n * w.out_features, kThreads), kThreads, 0, stream>>>(y, bias, n, w.out_features);
     BS_CUDA_CHECK(cudaGetLastError());
   }
 }

@@ -17,6 +17,12 @@ namespace bs::tools {
 // The KV dtype a --kv-dtype option names (f32, f16, bf16); std::invalid_argument else.
 kernels::TensorType kv_dtype_option(const std::string& name);
 
+// The runtime config a benchmark's runtime starts from: the default, with the model,
+// device (kind and GPU), precision and KV dtype asked for, its data in `data_dir`.
+RuntimeConfig bench_runtime_config(const std::string& model_path, const kernels::BackendChoice& device,
+                                   const std::string& precision, const std::string& kv_dtype,
+                                   const std::string& data_dir);
+
 struct BenchOptions {
   std::string model_path;
   kernels::BackendChoice device;  // --device cpu | cuda, --gpu N

@@ -145,9 +145,7 @@ class NodeProcess {
   // SIGTERM, then SIGKILL after 10 s; reaped. Idempotent.
   void stop() {
     if (pid_ <= 0) return;
-    bool killed = false;
-    stop_child(pid_, 10, &killed);
-    if (killed) std::fprintf(stderr, "bench control: the storage node did not exit 10 s after SIGTERM; killed it\n");
+    stop_child_saying(pid_, 10, "bench control: the storage node");
     pid_ = 0;
     set_interrupt_child(0);
   }

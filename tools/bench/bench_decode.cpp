@@ -138,13 +138,7 @@ int bench_decode(const DecodeBenchOptions& opt) {
   if (opt.streams.empty()) throw std::invalid_argument("--streams: at least one stream count");
   const int most = *std::max_element(opt.streams.begin(), opt.streams.end());
   const std::string data_dir = (fs::temp_directory_path() / ("blendctl_decode_" + std::to_string(::getpid()))).string();
-  RuntimeConfig cfg = default_runtime_config();
-  cfg.model_path = opt.model_path;
-  cfg.device_kind = opt.device.kind;
-  cfg.gpus = {opt.device.gpu};
-  cfg.precision = opt.precision;
-  cfg.kv_dtype = opt.kv_dtype;
-  cfg.data_dir = data_dir;
+  RuntimeConfig cfg = bench_runtime_config(opt.model_path, opt.device, opt.precision, opt.kv_dtype, data_dir);
   cfg.ssd.enabled = false;
   cfg.write_back = false;
   cfg.max_requests = std::max(cfg.max_requests, most);

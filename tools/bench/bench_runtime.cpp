@@ -86,14 +86,8 @@ int bench_ttft_runtime(const RuntimeBenchOptions& opt) {
   for (const auto& tier : opt.tiers) {
     if (tier != "ram" && tier != "ssd" && tier != "remote")
       throw std::invalid_argument("unknown tier '" + tier + "' (ram, ssd, remote)");
-    RuntimeConfig cfg = default_runtime_config();
-    cfg.model_path = t.model_path;
-    cfg.device_kind = t.device.kind;
-    cfg.gpus = {t.device.gpu};
+    RuntimeConfig cfg = bench_runtime_config(t.model_path, t.device, t.precision, t.kv_dtype, data_dir);
     cfg.communicator = opt.communicator;
-    cfg.precision = t.precision;
-    cfg.kv_dtype = t.kv_dtype;
-    cfg.data_dir = data_dir;
     cfg.ssd.path = (fs::path(data_dir) / ("kv_" + tier)).string();
     fs::remove_all(cfg.ssd.path);  // cold store: every chunk is written by this run
     cfg.ram.enabled = tier == "ram";

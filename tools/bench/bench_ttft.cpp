@@ -26,8 +26,6 @@ using json = nlohmann::json;
 
 }  // namespace
 
-// Chunks of exactly `chunk_tokens` tokens cut from the dataset's documents,
-// (joined document text), so the sizes are exact and the text is realistic.
 kernels::TensorType kv_dtype_option(const std::string& name) {
   kernels::TensorType type;
   if (!kernels::kv_dtype_from_name(name, type))
@@ -35,6 +33,21 @@ kernels::TensorType kv_dtype_option(const std::string& name) {
   return type;
 }
 
+RuntimeConfig bench_runtime_config(const std::string& model_path, const kernels::BackendChoice& device,
+                                   const std::string& precision, const std::string& kv_dtype,
+                                   const std::string& data_dir) {
+  RuntimeConfig cfg = default_runtime_config();
+  cfg.model_path = model_path;
+  cfg.device_kind = device.kind;
+  cfg.gpus = {device.gpu};
+  cfg.precision = precision;
+  cfg.kv_dtype = kv_dtype;
+  cfg.data_dir = data_dir;
+  return cfg;
+}
+
+// Chunks of exactly `chunk_tokens` tokens cut from the dataset's documents
+// (joined document text), so the sizes are exact and the text is realistic.
 std::vector<std::vector<int32_t>> make_bench_chunks(const Tokenizer& tok, const std::string& dataset, int count,
                                               int chunk_tokens, int skip) {
   std::ifstream in(dataset);

@@ -100,9 +100,7 @@ void SpawnedServer::start(const std::string& bin, const std::string& config, dou
 
 void SpawnedServer::stop() {
   if (pid_ <= 0) return;
-  bool killed = false;
-  stop_child(pid_, 15, &killed);
-  if (killed) std::fprintf(stderr, "bench serve: server did not exit 15 s after SIGTERM; killed it\n");
+  stop_child_saying(pid_, 15, "bench serve: server");
   pid_ = 0;
   set_interrupt_child(0);
 }

@@ -13,11 +13,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/fuzz_lib.sh"
 fuzz_build fuzz_chat_request "$@"
 
-i=0
-while IFS= read -r seed; do
-  printf '%s' "$seed" >"$CORPUS/seed_$i.json"
-  i=$((i + 1))
-done <<'SEEDS'
+fuzz_seeds json '%s' <<'SEEDS'
 {"model":"m","messages":[{"role":"user","content":"hi"}]}
 {"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":8,"temperature":0.5,"top_p":0.9,"seed":1,"stop":["a","b"],"n":1}
 {"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"doc"},{"type":"text","text":"q"}]}],"mode":"blend","ratio":0.15,"top_k":3}
@@ -26,8 +22,7 @@ done <<'SEEDS'
 {"text":"a document"}
 SEEDS
 
-DICT="$BUILD/fuzz_chat_request.dict"
-cat >"$DICT" <<'DICT_END'
+fuzz_dict <<'DICT_END'
 "\"model\""
 "\"messages\""
 "\"role\""

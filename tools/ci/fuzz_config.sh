@@ -22,8 +22,7 @@ printf '\000{}' >"$CORPUS/seed_empty"
 printf '\001cluster: {name: c, secret: 0123456789abcdef}\nnodes: [{name: f, role: frontend, host: 127.0.0.1, port: 1, http_port: 2}, {name: w, role: worker, host: 127.0.0.1, port: 3, http_port: 4}]\n' \
   >"$CORPUS/seed_small_cluster"
 
-DICT="$BUILD/fuzz_config.dict"
-cat >"$DICT" <<'DICT_EOF'
+fuzz_dict <<'DICT_EOF'
 "nodes"
 "cluster"
 "defaults"

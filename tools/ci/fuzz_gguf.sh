@@ -93,8 +93,7 @@ if [ -f "$MODEL" ]; then
   head -c 65536 "$MODEL" >"$CORPUS/seed_real_head_64k.gguf"
 fi
 
-DICT="$BUILD/fuzz_gguf.dict"
-cat >"$DICT" <<'EOF'
+fuzz_dict <<'EOF'
 "GGUF"
 "general.alignment"
 "general.architecture"
@@ -109,8 +108,4 @@ cat >"$DICT" <<'EOF'
 EOF
 
 # ---- run --------------------------------------------------------------------------------
-FLAGS=(-dict="$DICT" -max_len=131072 -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1)
-if [ -n "${FUZZ_FORKS:-}" ]; then
-  FLAGS+=(-fork="$FUZZ_FORKS")
-fi
-fuzz_run "${FLAGS[@]}"
+fuzz_run -dict="$DICT" -max_len=131072 -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1

@@ -2,7 +2,8 @@
 #
 #   source "$(dirname "${BASH_SOURCE[0]}")/fuzz_lib.sh"
 #   fuzz_build TARGET "$@"      # parses [SECONDS], configures and builds; sets the variables below
-#   ... seed "$CORPUS" ...
+#   ... seed "$CORPUS" ...      # or: fuzz_seeds EXT FORMAT <<'SEEDS' (one seed a line)
+#   fuzz_dict <<'DICT_END'      # optional: a libFuzzer dictionary, its path in DICT
 #   fuzz_run [libFuzzer flags...]
 #
 # fuzz_build configures the sanitizer build directory (build-asan, or $BUILD_DIR) with
@@ -14,10 +15,14 @@
 # caller's remaining arguments in FUZZ_ARGS. fuzz_run fuzzes for SECONDS_TO_RUN with
 # -max_total_time and -artifact_prefix plus the flags given and FUZZ_ARGS; it exits
 # non-zero, listing the reproducers, when the fuzzer finds a crash, leak or timeout.
+# fuzz_seeds writes each line of its standard input to $CORPUS/seed_<n>.EXT through
+# printf FORMAT ('%s' as it is, '%b' with its backslash escapes). fuzz_dict writes its
+# standard input to $BUILD/TARGET.dict and sets DICT to that path (-dict="$DICT").
 #
 # Environment: BUILD_DIR, JOBS (default 2), BLENDSERVE_CMAKE_ARGS (extra cmake
 # arguments, word-split), FUZZ_PREBUILT=1 (skip the configure and build: the target is
-# built already).
+# built already), FUZZ_FORKS (fuzz_run runs N parallel jobs with -fork=N; default: one
+# process).
 
 fuzz_build() {
   FUZZ_TARGET="$1"
@@ -50,12 +55,27 @@ fuzz_build() {
   mkdir -p "$CORPUS" "$ARTIFACTS"
 }
 
+fuzz_seeds() {
+  local ext="$1" format="$2" seed i=0
+  while IFS= read -r seed; do
+    # shellcheck disable=SC2059
+    printf "$format" "$seed" >"$CORPUS/seed_$i.$ext"
+    i=$((i + 1))
+  done
+}
+
+fuzz_dict() {
+  DICT="$BUILD/$FUZZ_TARGET.dict"
+  cat >"$DICT"
+}
+
 fuzz_run() {
   log "fuzzing for ${SECONDS_TO_RUN}s (corpus $CORPUS)"
-  local rc
+  local rc forks=()
+  [ -n "${FUZZ_FORKS:-}" ] && forks=(-fork="$FUZZ_FORKS")
   set +e
   "$BUILD/$FUZZ_TARGET" -max_total_time="$SECONDS_TO_RUN" -artifact_prefix="$ARTIFACTS/" "$@" \
-    ${FUZZ_ARGS[@]+"${FUZZ_ARGS[@]}"} "$CORPUS"
+    ${forks[@]+"${forks[@]}"} ${FUZZ_ARGS[@]+"${FUZZ_ARGS[@]}"} "$CORPUS"
   rc=$?
   set -e
   if [ "$rc" -ne 0 ]; then

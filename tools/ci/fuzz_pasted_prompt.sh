@@ -12,11 +12,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/fuzz_lib.sh"
 fuzz_build fuzz_pasted_prompt "$@"
 
-i=0
-while IFS= read -r seed; do
-  printf '%b' "$seed" >"$CORPUS/seed_$i.txt"
-  i=$((i + 1))
-done <<'SEEDS'
+fuzz_seeds txt '%b' <<'SEEDS'
 \x01\x01Where was he educated?
 Context: \x01\x01\x01Question: who?
 Passages:\n\x01\n\x01x

@@ -40,8 +40,7 @@ if [ -f "$REAL" ]; then
   head -c 65536 "$REAL" >"$CORPUS/seed_real_head_64k.safetensors"
 fi
 
-DICT="$BUILD/fuzz_safetensors.dict"
-cat >"$DICT" <<'DICT_END'
+fuzz_dict <<'DICT_END'
 "dtype"
 "shape"
 "data_offsets"
@@ -53,8 +52,4 @@ cat >"$DICT" <<'DICT_END'
 "\xff\xff\xff\xff\xff\xff\xff\xff"
 DICT_END
 
-FLAGS=(-dict="$DICT" -max_len=131072 -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1)
-if [ -n "${FUZZ_FORKS:-}" ]; then
-  FLAGS+=(-fork="$FUZZ_FORKS")
-fi
-fuzz_run "${FLAGS[@]}"
+fuzz_run -dict="$DICT" -max_len=131072 -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1

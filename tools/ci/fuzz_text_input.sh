@@ -17,11 +17,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/fuzz_lib.sh"
 fuzz_build fuzz_text_input "$@"
 
-i=0
-while IFS= read -r seed; do
-  printf '%b' "$seed" >"$CORPUS/seed_$i.txt"
-  i=$((i + 1))
-done <<'SEEDS'
+fuzz_seeds txt '%b' <<'SEEDS'
 Which river flows through Basel? Answer briefly.
 You are a helpful assistant.\000What is 2+2?\000Four.\000And 3+3?
 <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n

@@ -72,4 +72,11 @@ int stop_child(pid_t pid, double timeout_s, bool* killed) {
   return status;
 }
 
+int stop_child_saying(pid_t pid, double timeout_s, const std::string& who) {
+  bool killed = false;
+  const int status = stop_child(pid, timeout_s, &killed);
+  if (killed) std::fprintf(stderr, "%s did not exit %g s after SIGTERM; killed it\n", who.c_str(), timeout_s);
+  return status;
+}
+
 }  // namespace bs::tools

@@ -31,5 +31,8 @@ pid_t spawn_child(const std::vector<std::string>& args, const std::string& log, 
 // timeout_s, then reaped. Returns its waitpid status; whether it had to be killed in
 // *killed (when given).
 int stop_child(pid_t pid, double timeout_s, bool* killed = nullptr);
+// stop_child, saying on stderr "<who> did not exit <timeout_s> s after SIGTERM; killed
+// it" when it had to be killed.
+int stop_child_saying(pid_t pid, double timeout_s, const std::string& who);
 
 }  // namespace bs::tools
