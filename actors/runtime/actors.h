@@ -1,5 +1,6 @@
 // The actor behaviours, one per file (intake.cpp, controller.cpp, ...). Runtime
-// spawns them; tests spawn them alone under CAF's test coordinator.
+// spawns them; tests spawn them alone under CAF's test coordinator. Each is given
+// the parts of the runtime it uses (actor_env.h), its peers' handles and its counters.
 #pragma once
 
 #include <chrono>
@@ -17,7 +18,7 @@
 
 #include "actors/runtime/interfaces.h"
 #include "actors/runtime/restart_intensity.h"
-#include "actors/runtime/runtime_context.h"
+#include "actors/runtime/actor_env.h"
 
 namespace bs {
 
@@ -39,8 +40,8 @@ struct IntakeState {
 // slots and KV page reservations: only it takes them and gives them back (release,
 // sent by whoever ends a request). Spawned detached: tokenizing a long prompt takes
 // milliseconds, and its thread is the pool ledger's one writer.
-intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx,
-                                   HandlesRef h, CountersPtr c);
+intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, IntakeEnv env, HandlesRef h,
+                                   CountersPtr c);
 // One measured cost: the decayed sums of its samples' units (bytes, row-layers, prompt
 // tokens) and seconds, the history weighted 0.7 at each new sample. The estimate is
 // their ratio, so a sample counts by its size. A small load's time is mostly fixed
@@ -78,31 +79,28 @@ struct ControllerState {
 // Looks each part up in the tiers, picks the ratio from measured profiles and
 // hands the plan to the worker. Spawned detached: an SSD lookup opens and reads a file.
 controller_actor::behavior_type controller(controller_actor::stateful_pointer<ControllerState> self,
-                                           RuntimeContext* ctx, HandlesRef h, CountersPtr c);
+                                           ControllerEnv env, HandlesRef h, CountersPtr c);
 // One of tier `tier`'s loaders: streams the tier's parts of a plan into the
 // request's load target layer by layer; stops at a failed gate (a cancel, another
 // loader's failure, a timeout). Spawn detached: its reads block.
-loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, TierId tier,
+loader_actor::behavior_type loader(loader_actor::pointer self, LoaderEnv env, HandlesRef h, TierId tier,
                                    CountersPtr c);
-// Writes entries to the SSD tier, in order. Spawn detached: its writes block.
-writer_actor::behavior_type writer(writer_actor::pointer self, RuntimeContext* ctx, CountersPtr c);
-// Pushes entries to the remote tier's storage node, in order. Spawn detached.
-writer_actor::behavior_type remote_writer(writer_actor::pointer self, RuntimeContext* ctx, CountersPtr c);
-// Hands `kk` to the SSD writer unless its queue (tiers.ssd.write_queue bytes) is
-// full: then it is dropped and counted. True when queued.
-bool enqueue_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk);
-// The same for the remote writer (its own queue, the same byte limit).
-bool enqueue_remote_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk);
+// Writes entries to its tier (the SSD's, or the storage node's: env says which), in
+// order. Spawn detached: its writes block.
+writer_actor::behavior_type writer(writer_actor::pointer self, WriterEnv env, CountersPtr c);
+// Hands `kk` to the writer unless its queue (env.queue_limit bytes) is full: then it
+// is dropped and counted. True when queued.
+bool enqueue_write(const WriterEnv& env, const writer_actor& writer, KeyedKv kk);
 // Owns the execution state of the requests it runs (load targets, prefill runs,
 // decode caches, by request id) and decides each step of the compute thread:
 // prefill layers, decode steps, write-back and document computes.
-worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c);
+worker_actor::behavior_type layer_worker(worker_actor::pointer self, WorkerEnv env, HandlesRef h, CountersPtr c);
 // A tensor-parallel follower rank's load targets and the door to its compute thread.
-rank_worker_actor::behavior_type rank_worker(rank_worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
+rank_worker_actor::behavior_type rank_worker(rank_worker_actor::pointer self, TpRanks* tp, HandlesRef h,
                                              int rank, CountersPtr c);
 // Stores what the worker sends for write-back (chunks, learnt passages, prefix
 // blocks): RAM, the SSD writer, and the remote writer where tiers.remote.write_back says so.
-write_back_actor::behavior_type write_back(write_back_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
+write_back_actor::behavior_type write_back(write_back_actor::pointer self, WriteBackEnv env, HandlesRef h,
                                            CountersPtr c);
 // The decoder's per-request state, by id: sampling, text, stop conditions, and
 // what the result and trace report.
@@ -122,7 +120,7 @@ struct DecoderState {
 // the runtime's per-stream delivery, which only queues: the caller's own code never
 // runs here), one step per message; the result and the trace at the end. Spawned
 // detached: sampling sorts the vocabulary.
-decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderState> self, RuntimeContext* ctx,
+decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderState> self, DecoderEnv env,
                                      HandlesRef h, CountersPtr c);
 struct InspectorState {
   std::vector<CountersPtr> actors;

@@ -32,27 +32,27 @@ void update(MeasuredCost& m, double& value, int64_t units, double seconds, bool 
 }
 
 // The tiers' profiles start from each tier's start value.
-void init_tiers(ControllerState& st, const RuntimeContext& ctx) {
-  if (st.tier_bytes_per_s.size() == ctx.tiers.size()) return;
+void init_tiers(ControllerState& st, const ControllerEnv& env) {
+  if (st.tier_bytes_per_s.size() == env.tiers.size()) return;
   st.tier_bytes_per_s.clear();
-  for (const auto& t : ctx.tiers) st.tier_bytes_per_s.push_back(t.start_bytes_per_s);
-  st.tier_measured.assign(ctx.tiers.size(), MeasuredCost{});
+  for (const auto& t : env.tiers) st.tier_bytes_per_s.push_back(t.start_bytes_per_s);
+  st.tier_measured.assign(env.tiers.size(), MeasuredCost{});
 }
 
 }  // namespace
 
 controller_actor::behavior_type controller(controller_actor::stateful_pointer<ControllerState> self,
-                                           RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
+                                           ControllerEnv env, HandlesRef h, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
-  init_tiers(self->state, *ctx);
+  init_tiers(self->state, env);
   return {
       [=](plan_atom, RequestPlan& r) {
         BusyScope busy(*c, self->mailbox().size());
-        const auto trace = ctx->traces.find(r.id);
+        const auto trace = env.traces.find(r.id);
         const double t_begin = trace->now_s();
         auto& st = self->state;
-        const auto& cfg = ctx->model->full_config();
-        const auto& tiers = ctx->tiers;
+        const auto& cfg = env.model->full_config();
+        const auto& tiers = env.tiers;
         const bool use_chunks = r.options.mode == BlendMode::Reuse || r.options.mode == BlendMode::Blend;
         const bool use_prefix = r.options.mode != BlendMode::Full;
         const size_t nchunks = r.prompt.chunks.size();
@@ -166,7 +166,7 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         const Selection asked = r.options.selection;
         const double est_compute_floor = est_compute(asked, floor);
         std::string reason = "floor";
-        const bool adapt = r.options.mode == BlendMode::Blend && ctx->config.adaptive_ratio && !r.ratio_requested &&
+        const bool adapt = r.options.mode == BlendMode::Blend && env.config.adaptive_ratio && !r.ratio_requested &&
                            cached_tokens > 0;
         if (adapt && asked == Selection::QueryFirst) {
           // query-first cannot hide its recompute behind the load. When the load is
@@ -220,8 +220,8 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         BusyScope busy(*c, self->mailbox().size());
         if (units <= 0 || !(seconds > 0)) return;
         auto& st = self->state;
-        for (size_t t = 0; t < ctx->tiers.size(); ++t)
-          if (source == ctx->tiers[t].name) {
+        for (size_t t = 0; t < env.tiers.size(); ++t)
+          if (source == env.tiers[t].name) {
             update(st.tier_measured[t], st.tier_bytes_per_s[t], units, seconds, /*rate=*/true);
             return;
           }
@@ -236,9 +236,9 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
         nlohmann::json j = {{"compute_s_per_token_layer", st.compute_s_per_token_layer},
                             {"overhead_s_per_prompt_token", st.overhead_s_per_prompt_token},
                             {"compute_samples", st.compute_measured.samples}};
-        for (size_t t = 0; t < ctx->tiers.size(); ++t) {
-          j[ctx->tiers[t].name + "_bytes_per_s"] = st.tier_bytes_per_s[t];
-          j[ctx->tiers[t].name + "_samples"] = st.tier_measured[t].samples;
+        for (size_t t = 0; t < env.tiers.size(); ++t) {
+          j[env.tiers[t].name + "_bytes_per_s"] = st.tier_bytes_per_s[t];
+          j[env.tiers[t].name + "_samples"] = st.tier_measured[t].samples;
         }
         return j.dump();
       },

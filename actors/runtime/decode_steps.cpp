@@ -22,21 +22,21 @@ constexpr auto kGather = std::chrono::milliseconds(50);
 // One decode step for the taken entries. A cancelled request is not computed, but
 // still goes back to the decoder, which finishes it. If the batched step throws,
 // each request is stepped alone, so only the one that fails gets the error.
-void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& batcher,
+void run_decode_batch(const WorkerEnv& env, const HandlesRef& h, DecodeBatcher& batcher,
                       std::vector<DecodeBatcher::Entry> entries, bool interleaved) {
   std::vector<DecodeBatcher::Entry> live;
   for (auto& e : entries) {
     if (e.slot->cancelled.load()) caf::anon_send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
     else live.push_back(std::move(e));
   }
-  TpRanks* tp = ctx->tp.get();
+  TpRanks* tp = env.tp;
   if (live.empty()) {
     // Tensor parallel, between two layers: the followers wait for a decision.
     if (tp && interleaved) tp->announce(RankDecision{RankDecision::Continue, {}, {}});
     return;
   }
   const int64_t B = static_cast<int64_t>(live.size());
-  const int64_t vocab = ctx->model->full_config().vocab;
+  const int64_t vocab = env.model->full_config().vocab;
   std::vector<int32_t> tokens;
   std::vector<uint64_t> ids;
   std::vector<KvCache*> caches;
@@ -53,15 +53,15 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& b
       if (interleaved) tp->announce(RankDecision{RankDecision::Decode, ids, tokens});
       else tp->dispatch(RankJob{RankJob::Decode, 0, {}, false, ids, tokens, false});
     }
-    if (!tp && !ctx->backend->host_accessible()) {
+    if (!tp && !env.backend->host_accessible()) {
       // A device backend picks the next tokens where the logits are (one id per request
       // crosses to the host), with the draws the decoder made for them.
       std::vector<kernels::SampleRow> rows;
       for (const auto& e : live) rows.push_back(e.next);
-      const std::vector<int32_t> picked = ctx->tf->decode_step_sampled(tokens, caches, rows);
+      const std::vector<int32_t> picked = env.tf->decode_step_sampled(tokens, caches, rows);
       for (int64_t b = 0; b < B; ++b) out[b].token = picked[b];
     } else {
-      const std::vector<float> logits = ctx->tf->decode_step(tokens, caches);
+      const std::vector<float> logits = env.tf->decode_step(tokens, caches);
       for (int64_t b = 0; b < B; ++b)
         out[b].logits.assign(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
     }
@@ -75,16 +75,16 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& b
       // decode_step checks every cache before it writes any: stepping alone is safe.
       for (int64_t b = 0; b < B; ++b) {
         try {
-          out[b].logits = ctx->tf->forward(std::span<const int32_t>(&tokens[b], 1), live[b].slot->cache);
+          out[b].logits = env.tf->forward(std::span<const int32_t>(&tokens[b], 1), live[b].slot->cache);
         } catch (const std::exception& e) {
           out[b].error = e.what();
         }
       }
     }
   }
-  ctx->decode_steps.fetch_add(1);
-  ctx->decode_tokens.fetch_add(B);
-  if (interleaved) ctx->interleaved_steps.fetch_add(1);
+  env.decode_steps.fetch_add(1);
+  env.decode_tokens.fetch_add(B);
+  if (interleaved) env.interleaved_steps.fetch_add(1);
   for (int64_t b = 0; b < B; ++b) {
     out[b].batch = static_cast<int32_t>(B);
     out[b].interleaved = interleaved;
@@ -94,31 +94,31 @@ void run_decode_batch(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& b
 
 }  // namespace
 
-std::chrono::steady_clock::duration interleave_interval(const RuntimeContext* ctx) {
+std::chrono::steady_clock::duration interleave_interval(const WorkerEnv& env) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(std::clamp(ctx->config.decode_interleave, 0.0, 86400.0)));
+      std::chrono::duration<double>(std::clamp(env.config.decode_interleave, 0.0, 86400.0)));
 }
 
-void drain_decode(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher) {
+void drain_decode(const WorkerEnv& env, const HandlesRef& h, const BatcherPtr& batcher) {
   bool more = false;
-  auto entries = batcher->take(ctx->config.max_decode_batch, kGather, more);
-  if (more && !ctx->compute->submit([ctx, h, batcher] { drain_decode(ctx, h, batcher); })) {
+  auto entries = batcher->take(env.config.max_decode_batch, kGather, more);
+  if (more && !env.compute->submit([env, h, batcher] { drain_decode(env, h, batcher); })) {
     // Shutting down: whatever waits goes back to the decoder uncomputed (cancelled).
     for (auto& e : batcher->take_all()) {
       e.slot->cancelled = true;
       entries.push_back(std::move(e));
     }
   }
-  run_decode_batch(ctx, h, *batcher, std::move(entries), false);
+  run_decode_batch(env, h, *batcher, std::move(entries), false);
 }
 
-double interleave_decode(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& batcher) {
-  if (!batcher.due(interleave_interval(ctx))) {
-    if (ctx->tp) ctx->tp->announce(RankDecision{RankDecision::Continue, {}, {}});
+double interleave_decode(const WorkerEnv& env, const HandlesRef& h, DecodeBatcher& batcher) {
+  if (!batcher.due(interleave_interval(env))) {
+    if (env.tp) env.tp->announce(RankDecision{RankDecision::Continue, {}, {}});
     return 0;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  run_decode_batch(ctx, h, batcher, batcher.take_now(ctx->config.max_decode_batch), true);
+  run_decode_batch(env, h, batcher, batcher.take_now(env.config.max_decode_batch), true);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

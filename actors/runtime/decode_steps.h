@@ -18,10 +18,10 @@ namespace bs {
 using BatcherPtr = std::shared_ptr<DecodeBatcher>;
 
 // limits.decode_interleave as a clock duration (capped at a day: "never").
-std::chrono::steady_clock::duration interleave_interval(const RuntimeContext* ctx);
+std::chrono::steady_clock::duration interleave_interval(const WorkerEnv& env);
 
 // The compute job behind decode_atom: one batched step of the waiting requests.
-void drain_decode(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher);
+void drain_decode(const WorkerEnv& env, const HandlesRef& h, const BatcherPtr& batcher);
 
 // Between the layers of a long compute on the compute thread: one decode step
 // when one is due (a waiting stream's last step began decode_interleave ago).
@@ -32,6 +32,6 @@ void drain_decode(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& ba
 // Tensor parallel: the followers wait between the same two layers for rank 0's
 // decision, so exactly one is announced here, a step or none.
 // Returns the step's seconds (0: none was due).
-double interleave_decode(RuntimeContext* ctx, const HandlesRef& h, DecodeBatcher& batcher);
+double interleave_decode(const WorkerEnv& env, const HandlesRef& h, DecodeBatcher& batcher);
 
 }  // namespace bs

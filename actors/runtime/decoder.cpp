@@ -21,7 +21,7 @@ using Self = decoder_actor::stateful_pointer<DecoderState>;
 // record, which the intake marks, or `cancelled_here`, what the decoder itself saw: the
 // caller stopped reading, the request never ran or its step was not computed).
 // `d` is its decoding state, null for a request that never ran.
-void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& rec, Decoding* d,
+void finish(Self self, const DecoderEnv& env, const HandlesRef& h, const RecordPtr& rec, Decoding* d,
             const std::string& error, bool cancelled_here = false) {
   const uint64_t id = rec->id;
   if (rec->finished.exchange(true)) {  // the runtime failed it already
@@ -45,7 +45,7 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
       if (t == kMissTier) {
         ++res.chunks_missed;
       } else {
-        ++res.chunks_by_tier[ctx->tiers[static_cast<size_t>(t)].name];
+        ++res.chunks_by_tier[env.tiers[static_cast<size_t>(t)].name];
         if (plan.loaded.chunk_loaded[i]) chunk_tokens += static_cast<int64_t>(plan.prompt.chunks[i].size());
       }
     }
@@ -95,14 +95,14 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
   if (!res.error.empty()) trace.set("error", res.error);
   trace.set("total_s", res.total_seconds);
   self->state.requests.erase(id);
-  ctx->traces.close(id);
+  env.traces.close(id);
   self->send(h->inspector(), trace_atom::value, trace.json());
   if (rec->admitted.exchange(false)) {
     self->send(h->worker(), end_atom::value, id);  // its cache goes
     // Its slot and pages are the intake's to give back (and to the next in its queue).
     self->send(h->intake(), release_atom::value, id);
   }
-  ctx->requests.erase(id);
+  env.requests.erase(id);
   if (rec->callbacks.on_done) rec->callbacks.on_done(res);
 }
 
@@ -111,10 +111,10 @@ void finish(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr
 // streams the text, and asks the worker for the next step, with the draw for the one
 // after, unless the request ends here. One draw per token either way, so a seeded
 // request gets the same tokens on every backend.
-void step(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& rec, Decoding& d,
+void step(Self self, const DecoderEnv& env, const HandlesRef& h, const RecordPtr& rec, Decoding& d,
           const std::vector<float>& logits, int32_t picked, bool first) {
   // A step the worker did not compute (it was cancelled there, or shutting down).
-  if (rec->cancelled.load() || (logits.empty() && picked < 0)) return finish(self, ctx, h, rec, &d, "", true);
+  if (rec->cancelled.load() || (logits.empty() && picked < 0)) return finish(self, env, h, rec, &d, "", true);
   const auto& plan = d.prefill.plan;
   const int64_t done_tokens = static_cast<int64_t>(d.session->tokens().size());
   // Room for the sampled token's KV: the cache holds prompt + max_tokens positions.
@@ -130,21 +130,21 @@ void step(Self self, RuntimeContext* ctx, const HandlesRef& h, const RecordPtr& 
   }
   rec->trace->set("tokens_out", static_cast<int64_t>(d.session->tokens().size()));
   if (!st.text.empty() && rec->callbacks.on_text && !rec->callbacks.on_text(st.text))
-    return finish(self, ctx, h, rec, &d, "", /*cancelled_here=*/true);  // the caller stopped reading
-  if (st.done) return finish(self, ctx, h, rec, &d, "");
+    return finish(self, env, h, rec, &d, "", /*cancelled_here=*/true);  // the caller stopped reading
+  if (st.done) return finish(self, env, h, rec, &d, "");
   d.next = d.session->next_row();
   self->send(h->worker(), decode_atom::value, rec->id, DecodeAsk{st.token, d.next});
 }
 
 }  // namespace
 
-decoder_actor::behavior_type decoder(Self self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
+decoder_actor::behavior_type decoder(Self self, DecoderEnv env, HandlesRef h, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   return {
       [=](start_atom, PrefillOutcome& out) {
         BusyScope busy(*c, self->mailbox().size());
         const uint64_t id = out.plan.id;
-        const RecordPtr rec = ctx->requests.find(id);
+        const RecordPtr rec = env.requests.find(id);
         if (!rec || rec->finished.load()) {
           // The runtime failed it already: only the worker still holds its cache.
           self->send(h->worker(), end_atom::value, id);
@@ -154,15 +154,15 @@ decoder_actor::behavior_type decoder(Self self, RuntimeContext* ctx, HandlesRef 
         std::vector<float> logits = std::move(out.logits);
         d.prefill = std::move(out);
         // A prefill stopped by a cancel ends "cancelled", not as an error.
-        if (rec->cancelled.load()) return finish(self, ctx, h, rec, &d, "");
-        if (!d.prefill.error.empty()) return finish(self, ctx, h, rec, &d, d.prefill.error);
-        d.session = std::make_unique<DecodeSession>(ctx->model->tokenizer(), ctx->model->config().vocab,
+        if (rec->cancelled.load()) return finish(self, env, h, rec, &d, "");
+        if (!d.prefill.error.empty()) return finish(self, env, h, rec, &d, d.prefill.error);
+        d.session = std::make_unique<DecodeSession>(env.model->tokenizer(), env.model->config().vocab,
                                                     d.prefill.plan.sampling);
-        step(self, ctx, h, rec, d, logits, -1, /*first=*/true);
+        step(self, env, h, rec, d, logits, -1, /*first=*/true);
       },
       [=](logits_atom, uint64_t id, DecodeStep& s) {
         BusyScope busy(*c, self->mailbox().size());
-        const RecordPtr rec = ctx->requests.find(id);
+        const RecordPtr rec = env.requests.find(id);
         auto it = self->state.requests.find(id);
         if (!rec || it == self->state.requests.end()) return;  // finished already
         auto& d = it->second;
@@ -171,13 +171,13 @@ decoder_actor::behavior_type decoder(Self self, RuntimeContext* ctx, HandlesRef 
           d.batch_sum += s.batch;
           if (s.interleaved) ++d.interleaved;
         }
-        if (!s.error.empty()) return finish(self, ctx, h, rec, &d, s.error);
-        step(self, ctx, h, rec, d, s.logits, s.token, /*first=*/false);
+        if (!s.error.empty()) return finish(self, env, h, rec, &d, s.error);
+        step(self, env, h, rec, d, s.logits, s.token, /*first=*/false);
       },
       [=](finish_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
         // It never ran (cancelled while queued, or the runtime shut down).
-        if (const RecordPtr rec = ctx->requests.find(id)) finish(self, ctx, h, rec, nullptr, "", true);
+        if (const RecordPtr rec = env.requests.find(id)) finish(self, env, h, rec, nullptr, "", true);
       },
   };
 }

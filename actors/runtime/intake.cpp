@@ -41,10 +41,10 @@ void check(bool ok, RequestErrc code, const std::string& message) {
 }
 
 // The plan's prompt, keys, options and sampling for the record's request; throws RequestError.
-void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
+void prepare(const IntakeEnv& env, const RequestRecord& rec, RequestPlan& r) {
   const auto& q = rec.request;
   r.id = rec.id;
-  check(!ctx.shutting_down.load(), RequestErrc::shutting_down, "the server is shutting down");
+  check(!env.shutting_down.load(), RequestErrc::shutting_down, "the server is shutting down");
   if (q.raw || q.prompt) {
     check(q.messages.empty() && q.documents.empty(), RequestErrc::invalid,
           "a raw or pre-tokenized prompt takes no messages or documents");
@@ -64,9 +64,9 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
   check(s.top_k >= 0, RequestErrc::invalid, "top_k must be >= 0");
   if (q.ratio) check(*q.ratio >= 0.0f && *q.ratio <= 1.0f, RequestErrc::invalid, "ratio must be in [0, 1]");
 
-  const auto& model = *ctx.model;
+  const auto& model = *env.model;
   const int64_t context = model.config().context_length;
-  const int64_t limit = ctx.config.max_prompt_tokens > 0 ? std::min<int64_t>(ctx.config.max_prompt_tokens, context - 1)
+  const int64_t limit = env.config.max_prompt_tokens > 0 ? std::min<int64_t>(env.config.max_prompt_tokens, context - 1)
                                                          : context - 1;
   if (!q.prompt) {
     // Before tokenizing: a text of B bytes takes at least B / (the longest token's
@@ -89,22 +89,22 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
     r.prompt = RagPrompt{};
     r.prompt.suffix = model.tokenizer().encode(q.raw_prompt, false);
     r.prompt.prefix = with_bos(model.tokenizer(), {});  // the model's BOS, where it adds one
-  } else if (q.documents.empty() && ctx.pasted) {
+  } else if (q.documents.empty() && env.pasted) {
     // No documents: the stored chunks pasted into the message, if any, become its parts.
     PastedMatch m;
-    r.prompt = assemble_pasted_prompt(model.tokenizer(), model.chat_template(), q.messages, *ctx.pasted, &m, q.tools);
+    r.prompt = assemble_pasted_prompt(model.tokenizer(), model.chat_template(), q.messages, *env.pasted, &m, q.tools);
     // Stored passages found, but the message's exact prefix blocks save as much compute
     // (the same request again, a conversation's next turn): the prompt is used as
     // written, exact, instead of blending the passages (cut out, the text tokenizes
     // into other blocks). Blending computes the rest and `ratio` of the passages' rows;
     // the exact prefix everything after it.
-    if (m.chunks_found > 0 && ctx.config.prefix_block_tokens > 0) {
+    if (m.chunks_found > 0 && env.config.prefix_block_tokens > 0) {
       RagPrompt plain = assemble_rag_prompt(model.tokenizer(), model.chat_template(), q.messages, {}, q.tools);
-      const int64_t B = ctx.config.prefix_block_tokens;
-      const auto keys = ctx.engine->prefix_block_keys(plain.concatenated(), B, (plain.size() - 1) / B);
+      const int64_t B = env.config.prefix_block_tokens;
+      const auto keys = env.engine->prefix_block_keys(plain.concatenated(), B, (plain.size() - 1) / B);
       int64_t hit = 0;
-      while (hit < static_cast<int64_t>(keys.size()) && ctx.tiered->contains(keys[static_cast<size_t>(hit)])) ++hit;
-      const double ratio = q.ratio ? *q.ratio : ctx.config.blend.ratio;
+      while (hit < static_cast<int64_t>(keys.size()) && env.tiered->contains(keys[static_cast<size_t>(hit)])) ++hit;
+      const double ratio = q.ratio ? *q.ratio : env.config.blend.ratio;
       if (static_cast<double>(hit * B) >= (1.0 - ratio) * static_cast<double>(m.chunk_tokens)) {
         r.prompt = std::move(plain);
         m = PastedMatch{};
@@ -117,12 +117,12 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
     // are learnt instead (those stored already are skipped by the write-back).
     r.store_missed_chunks = false;
     r.pasted = true;
-    if (ctx.config.learn_passage_tokens > 0 && ctx.config.write_back && !q.messages.empty() &&
+    if (env.config.learn_passage_tokens > 0 && env.config.write_back && !q.messages.empty() &&
         q.messages.back().role == "user") {
       int64_t learnt = 0;
       for (const auto& para : blank_line_paragraphs(q.messages.back().content)) {
         auto tokens = document_chunk_tokens(model.tokenizer(), para);
-        if (static_cast<int64_t>(tokens.size()) < ctx.config.learn_passage_tokens) continue;
+        if (static_cast<int64_t>(tokens.size()) < env.config.learn_passage_tokens) continue;
         if (std::find(r.learn.begin(), r.learn.end(), tokens) != r.learn.end()) continue;
         learnt += static_cast<int64_t>(tokens.size());
         r.learn.push_back(std::move(tokens));
@@ -143,30 +143,30 @@ void prepare(RuntimeContext& ctx, const RequestRecord& rec, RequestPlan& r) {
   if (!q.raw)
     for (const auto& stop : model.chat_template().stop_strings()) r.sampling.stop.push_back(stop);
 
-  r.options = ctx.config.blend;
+  r.options = env.config.blend;
   if (q.mode) r.options.mode = *q.mode;
   if (q.ratio) r.options.ratio = *q.ratio;
   r.ratio_requested = q.ratio.has_value();
   try {
-    ctx.engine->validate(r.prompt, r.options, r.sampling.max_tokens, 1);
+    env.engine->validate(r.prompt, r.options, r.sampling.max_tokens, 1);
   } catch (const std::length_error& e) {
     throw RequestError(RequestErrc::too_long, e.what());
   } catch (const std::invalid_argument& e) {
     throw RequestError(RequestErrc::invalid, e.what());
   }
-  const auto& pool = *ctx.kv_pool;
+  const auto& pool = *env.kv_pool;
   const int64_t pages = pool.pages_for(r.cache_capacity());
   check(pages <= pool.total_pages(), RequestErrc::too_long,
         "the prompt (" + std::to_string(n) + " tokens) and max_tokens (" + std::to_string(r.sampling.max_tokens) +
             ") need " + std::to_string(pages) + " KV cache pages; the whole cache has " +
             std::to_string(pool.total_pages()) + " (device.kv_cache_bytes)");
   // The blocks that may come stored: before the first chunk, or before the last token.
-  r.prefix_block = ctx.config.prefix_block_tokens;
+  r.prefix_block = env.config.prefix_block_tokens;
   const int64_t reusable = r.prompt.chunks.empty() ? n - 1 : static_cast<int64_t>(r.prompt.prefix.size());
-  r.prefix_block_keys = ctx.engine->prefix_block_keys(r.prompt.concatenated(), r.prefix_block,
+  r.prefix_block_keys = env.engine->prefix_block_keys(r.prompt.concatenated(), r.prefix_block,
                                                       r.prefix_block > 0 ? reusable / r.prefix_block : 0);
   r.chunk_keys.clear();
-  for (const auto& chunk : r.prompt.chunks) r.chunk_keys.push_back(ctx.engine->chunk_key(chunk));
+  for (const auto& chunk : r.prompt.chunks) r.chunk_keys.push_back(env.engine->chunk_key(chunk));
 }
 
 }  // namespace
@@ -176,8 +176,8 @@ namespace {
 using Self = intake_actor::stateful_pointer<IntakeState>;
 
 // What the ledger says, published for readers (Runtime::in_flight, metrics).
-void publish(Self self, RuntimeContext* ctx) {
-  ctx->in_flight.store(static_cast<int>(self->state.admitted.size()));
+void publish(Self self, const IntakeEnv& env) {
+  env.in_flight.store(static_cast<int>(self->state.admitted.size()));
 }
 
 // How long a request that ran past its deadline may take to stop before it is
@@ -186,8 +186,8 @@ void publish(Self self, RuntimeContext* ctx) {
 constexpr std::chrono::seconds kExpiryGrace{10};
 
 // True while a restart's admission pause lasts; then a resume message is on its way.
-bool paused(Self self, RuntimeContext* ctx) {
-  const auto until = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ctx->admit_after_ns.load()));
+bool paused(Self self, const IntakeEnv& env) {
+  const auto until = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(env.admit_after_ns.load()));
   const auto now = std::chrono::steady_clock::now();
   if (now >= until) return false;
   if (!self->state.resume_due || *self->state.resume_due < until) {
@@ -199,30 +199,30 @@ bool paused(Self self, RuntimeContext* ctx) {
 
 // Takes a slot and the request's KV pages if both are free (only this actor takes
 // them, so what it sees free stays free until it takes it) and admission is not paused.
-bool admit(Self self, RuntimeContext* ctx, const RequestPlan& plan) {
-  return !paused(self, ctx) && static_cast<int>(self->state.admitted.size()) < ctx->config.max_requests &&
-         ctx->kv_pool->try_reserve(ctx->kv_pool->pages_for(plan.cache_capacity()));
+bool admit(Self self, const IntakeEnv& env, const RequestPlan& plan) {
+  return !paused(self, env) && static_cast<int>(self->state.admitted.size()) < env.config.max_requests &&
+         env.kv_pool->try_reserve(env.kv_pool->pages_for(plan.cache_capacity()));
 }
 
 // The sentence a request that ran past limits.max_request_seconds ends with.
-std::string deadline_error(const RuntimeContext& ctx) {
+std::string deadline_error(const IntakeEnv& env) {
   char limit[32];
-  std::snprintf(limit, sizeof limit, "%g", ctx.config.max_request_seconds);
+  std::snprintf(limit, sizeof limit, "%g", env.config.max_request_seconds);
   return std::string("the request ran longer than limits.max_request_seconds (") + limit + " s)";
 }
 
 // Starts an admitted request: it holds its slot and pages (in this actor's ledger)
 // and goes to the controller. Its record says it is admitted: whoever ends it sends
 // the release, once (it clears `admitted` first).
-void start(Self self, RuntimeContext* ctx, const HandlesRef& h, RequestPlan plan) {
-  const int64_t pages = ctx->kv_pool->pages_for(plan.cache_capacity());
-  if (auto rec = ctx->requests.find(plan.id)) {
+void start(Self self, const IntakeEnv& env, const HandlesRef& h, RequestPlan plan) {
+  const int64_t pages = env.kv_pool->pages_for(plan.cache_capacity());
+  if (auto rec = env.requests.find(plan.id)) {
     self->state.admitted[plan.id] = pages;
-    publish(self, ctx);
+    publish(self, env);
     rec->kv_pages = pages;
     rec->admitted = true;
   } else {
-    ctx->kv_pool->unreserve(pages);  // not expected: the record lives until the request ends
+    env.kv_pool->unreserve(pages);  // not expected: the record lives until the request ends
   }
   self->send(h->controller(), plan_atom::value, std::move(plan));
 }
@@ -230,17 +230,17 @@ void start(Self self, RuntimeContext* ctx, const HandlesRef& h, RequestPlan plan
 // The ledger rebuilt from the requests' records (a restarted intake: its
 // predecessor's ledger died with it): every record still admitted holds its slot
 // and pages; nothing else does.
-void rebuild_ledger(Self self, RuntimeContext* ctx) {
+void rebuild_ledger(Self self, const IntakeEnv& env) {
   auto& admitted = self->state.admitted;
   admitted.clear();
   int64_t pages = 0;
-  for (const auto& r : ctx->requests.all())
+  for (const auto& r : env.requests.all())
     if (r->admitted.load()) {
       admitted[r->id] = r->kv_pages.load();
       pages += r->kv_pages.load();
     }
-  ctx->kv_pool->set_reserved(pages);
-  publish(self, ctx);
+  env.kv_pool->set_reserved(pages);
+  publish(self, env);
 }
 
 
@@ -250,20 +250,20 @@ void finish_unstarted(Self self, const HandlesRef& h, uint64_t id) {
   self->send(h->decoder(), finish_atom::value, id);
 }
 
-void end_wait(RuntimeContext* ctx, uint64_t id, std::chrono::steady_clock::time_point queued_at) {
-  ctx->queued.fetch_sub(1);
-  auto trace = ctx->traces.find(id);
+void end_wait(const IntakeEnv& env, uint64_t id, std::chrono::steady_clock::time_point queued_at) {
+  env.queued.fetch_sub(1);
+  auto trace = env.traces.find(id);
   trace->add_event({"intake", "queued", -1, trace->seconds_since_submit(queued_at), trace->now_s(), 0});
 }
 
 // A queued request leaves the queue and the decoder finishes it (a cancel, an
 // expiry); false when it is not queued.
-bool leave_queue(Self self, RuntimeContext* ctx, const HandlesRef& h, uint64_t id) {
+bool leave_queue(Self self, const IntakeEnv& env, const HandlesRef& h, uint64_t id) {
   auto& queue = self->state.queue;
   for (auto it = queue.begin(); it != queue.end(); ++it)
     if (it->id == id) {
       queue.erase(it);
-      end_wait(ctx, id, self->state.queued_at[id]);
+      end_wait(env, id, self->state.queued_at[id]);
       self->state.queued_at.erase(id);
       finish_unstarted(self, h, id);
       return true;
@@ -271,52 +271,52 @@ bool leave_queue(Self self, RuntimeContext* ctx, const HandlesRef& h, uint64_t i
   return false;
 }
 
-bool cancelled(RuntimeContext* ctx, uint64_t id) {
-  auto rec = ctx->requests.find(id);
+bool cancelled(const IntakeEnv& env, uint64_t id) {
+  auto rec = env.requests.find(id);
   return !rec || rec->cancelled.load();
 }
 
 // Starts queued requests while the oldest fits (or drops it: cancelled, shutting down).
-void admit_queued(Self self, RuntimeContext* ctx, const HandlesRef& h) {
+void admit_queued(Self self, const IntakeEnv& env, const HandlesRef& h) {
   auto& queue = self->state.queue;
   while (!queue.empty()) {
-    const bool drop = cancelled(ctx, queue.front().id) || ctx->shutting_down.load();
-    if (!drop && !admit(self, ctx, queue.front())) break;  // the oldest waits for its slot and pages
+    const bool drop = cancelled(env, queue.front().id) || env.shutting_down.load();
+    if (!drop && !admit(self, env, queue.front())) break;  // the oldest waits for its slot and pages
     RequestPlan plan = std::move(queue.front());
     queue.pop_front();
-    end_wait(ctx, plan.id, self->state.queued_at[plan.id]);
+    end_wait(env, plan.id, self->state.queued_at[plan.id]);
     self->state.queued_at.erase(plan.id);
     if (drop) finish_unstarted(self, h, plan.id);
-    else start(self, ctx, h, std::move(plan));
+    else start(self, env, h, std::move(plan));
   }
 }
 
 }  // namespace
 
-intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, RuntimeContext* ctx, HandlesRef h,
+intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> self, IntakeEnv env, HandlesRef h,
                                    CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   // Detached: this runs on the actor's own thread, which from now on is the only one
   // that writes the pool's reservations. A restarted intake starts with an empty
   // queue and the ledger rebuilt (again on reconcile, once the supervisor failed what
   // its predecessor held).
-  ctx->kv_pool->claim_reservations();
-  ctx->queued.store(0);
-  rebuild_ledger(self, ctx);
+  env.kv_pool->claim_reservations();
+  env.queued.store(0);
+  rebuild_ledger(self, env);
   return {
       [=](submit_atom, uint64_t id) -> caf::result<uint64_t> {
         BusyScope busy(*c, self->mailbox().size());
         auto& queue = self->state.queue;
         // The queue is full: refused before any work (tokenizing) is spent on it.
-        if (!queue.empty() && static_cast<int>(queue.size()) >= ctx->config.max_queue)
+        if (!queue.empty() && static_cast<int>(queue.size()) >= env.config.max_queue)
           return make_runtime_error(RequestErrc::overloaded,
                                     "too many requests: " + std::to_string(self->state.admitted.size()) +
                                         " in flight and " + std::to_string(queue.size()) + " waiting");
-        const auto rec = ctx->requests.find(id);
+        const auto rec = env.requests.find(id);
         if (!rec) return make_runtime_error(RequestErrc::internal, "request " + std::to_string(id) + " is not known");
         RequestPlan plan;
         try {
-          prepare(*ctx, *rec, plan);
+          prepare(env, *rec, plan);
         } catch (const RequestError& e) {
           return make_runtime_error(e.code, e.what());
         } catch (const std::exception& e) {
@@ -328,21 +328,21 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
         trace.set("chunks", plan.prompt.chunks.size());
         trace.set("mode", mode_name(plan.options.mode));
         // Queued requests go first: a free slot with a queue is about to be theirs.
-        if (queue.empty() && admit(self, ctx, plan)) {
-          start(self, ctx, h, std::move(plan));
-        } else if (static_cast<int>(queue.size()) >= ctx->config.max_queue) {
+        if (queue.empty() && admit(self, env, plan)) {
+          start(self, env, h, std::move(plan));
+        } else if (static_cast<int>(queue.size()) >= env.config.max_queue) {
           return make_runtime_error(RequestErrc::overloaded,
                                     "too many requests: " + std::to_string(self->state.admitted.size()) + " in flight and " +
                                         std::to_string(queue.size()) + " waiting (KV cache pages promised: " +
-                                        std::to_string(ctx->kv_pool->reserved_pages()) + " of " +
-                                        std::to_string(ctx->kv_pool->total_pages()) + ")");
+                                        std::to_string(env.kv_pool->reserved_pages()) + " of " +
+                                        std::to_string(env.kv_pool->total_pages()) + ")");
         } else {
           self->state.queued_at[id] = std::chrono::steady_clock::now();
           queue.push_back(std::move(plan));
-          ctx->queued.fetch_add(1);
+          env.queued.fetch_add(1);
         }
         // Due limits.max_request_seconds after its submit (the time tokenizing took counts).
-        const double limit = ctx->config.max_request_seconds;
+        const double limit = env.config.max_request_seconds;
         if (limit > 0) {
           const auto due = rec->submitted + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                 std::chrono::duration<double>(limit));
@@ -353,13 +353,13 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
       },
       [=](expire_atom, uint64_t id, int32_t stage) {
         BusyScope busy(*c, self->mailbox().size());
-        const auto rec = ctx->requests.find(id);
+        const auto rec = env.requests.find(id);
         if (!rec || rec->finished.load()) return;  // it ended in time
         if (stage == 0) {
-          rec->expiry_error = deadline_error(*ctx);
+          rec->expiry_error = deadline_error(env);
           rec->expired = true;  // after its sentence, before cancelled: whoever sees the cancel sees why
           rec->cancelled = true;
-          leave_queue(self, ctx, h, id);
+          leave_queue(self, env, h, id);
           self->send(h->worker(), cancel_atom::value, id);  // running: stops at its next step
           self->delayed_send(self, kExpiryGrace, expire_atom::value, id, int32_t{1});
           return;
@@ -367,12 +367,12 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
         // The supervisor ends it (on_done once; its slot back; the worker drops what it
         // holds for it), as it ends what a dead actor held.
         self->send(h->supervisor(), fail_atom::value, id,
-                   deadline_error(*ctx) + " and had not stopped " + std::to_string(kExpiryGrace.count()) + " s later");
+                   deadline_error(env) + " and had not stopped " + std::to_string(kExpiryGrace.count()) + " s later");
       },
       [=](resume_atom) {
         BusyScope busy(*c, self->mailbox().size());
         self->state.resume_due.reset();
-        admit_queued(self, ctx, h);
+        admit_queued(self, env, h);
       },
       [=](release_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
@@ -382,28 +382,28 @@ intake_actor::behavior_type intake(intake_actor::stateful_pointer<IntakeState> s
         if (it != self->state.admitted.end()) {
           const int64_t pages = it->second;
           self->state.admitted.erase(it);
-          publish(self, ctx);  // the slot before the pages: in_flight never counts more than hold pages
-          ctx->kv_pool->unreserve(pages);
+          publish(self, env);  // the slot before the pages: in_flight never counts more than hold pages
+          env.kv_pool->unreserve(pages);
         }
-        admit_queued(self, ctx, h);
+        admit_queued(self, env, h);
       },
       [=](reconcile_atom) {
         BusyScope busy(*c, self->mailbox().size());
-        ctx->kv_pool->claim_reservations();
-        rebuild_ledger(self, ctx);
-        admit_queued(self, ctx, h);
+        env.kv_pool->claim_reservations();
+        rebuild_ledger(self, env);
+        admit_queued(self, env, h);
       },
       [=](cancel_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
         // The caller's cancel (Runtime::cancel) or shutdown's. The intake is the one writer
         // of a record's `cancelled`: set before the worker hears of it, so whoever sees the
         // request stop sees why.
-        const auto rec = ctx->requests.find(id);
+        const auto rec = env.requests.find(id);
         if (!rec) return;  // it ended already
         rec->cancelled = true;
         // Queued: it leaves the queue and the decoder finishes it. Running: it ends at its
         // next step.
-        if (!leave_queue(self, ctx, h, id)) self->send(h->worker(), cancel_atom::value, id);
+        if (!leave_queue(self, env, h, id)) self->send(h->worker(), cancel_atom::value, id);
       },
   };
 }

@@ -57,15 +57,15 @@ namespace {
 using WorkPtr = PrefillWorkPtr;
 
 // limits.load_timeout as a clock duration.
-std::chrono::steady_clock::duration load_timeout(const RuntimeContext* ctx) {
+std::chrono::steady_clock::duration load_timeout(const WorkerEnv& env) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(std::clamp(ctx->config.load_timeout, 0.001, 86400.0)));
+      std::chrono::duration<double>(std::clamp(env.config.load_timeout, 0.001, 86400.0)));
 }
 
 // How often the worker looks at parked prefills (a cancel, a failed load, a
 // timeout, loaders that stopped): decode_interleave, within [1 ms, 50 ms].
-std::chrono::steady_clock::duration poll_interval(const RuntimeContext* ctx) {
-  return std::clamp<std::chrono::steady_clock::duration>(interleave_interval(ctx), std::chrono::milliseconds(1),
+std::chrono::steady_clock::duration poll_interval(const WorkerEnv& env) {
+  return std::clamp<std::chrono::steady_clock::duration>(interleave_interval(env), std::chrono::milliseconds(1),
                                                          std::chrono::milliseconds(50));
 }
 
@@ -136,8 +136,8 @@ using WorkerStatePtr = std::shared_ptr<WorkerState>;
 // The streams already decoding wait as they would inside one long prefill: a step at
 // most every decode_interleave, inline between the layers of a prefill running then, or
 // submitted ahead of the next prefill.
-bool prefill_first(const RuntimeContext* ctx, const WorkerState& w) {
-  if (w.batcher->due(interleave_interval(ctx))) return false;
+bool prefill_first(const WorkerEnv& env, const WorkerState& w) {
+  if (w.batcher->due(interleave_interval(env))) return false;
   if (w.stepping) return true;
   for (const auto& [id, t] : w.prefills)
     if (!t->on_compute && t->phase == PrefillTask::Phase::Ready) return true;
@@ -146,16 +146,16 @@ bool prefill_first(const RuntimeContext* ctx, const WorkerState& w) {
 
 // The owed drain job goes to the compute thread. Shutting down: whatever waits goes
 // back to the decoder uncomputed.
-void submit_drain(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, WorkerState& w) {
+void submit_drain(worker_actor::pointer self, const WorkerEnv& env, const HandlesRef& h, WorkerState& w) {
   w.drain_held = false;
   const BatcherPtr batcher = w.batcher;
-  if (!ctx->compute->submit([ctx, h, batcher] { drain_decode(ctx, h, batcher); }))
+  if (!env.compute->submit([env, h, batcher] { drain_decode(env, h, batcher); }))
     for (auto& e : batcher->take_all()) self->send(h->decoder(), logits_atom::value, e.slot->id, DecodeStep{});
 }
 
 // Ends a prefill: its profile to the controller, the outcome to the decoder, a
 // successful request's cache to its decode slot, the missed parts to write-back.
-void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const TaskPtr& t) {
+void conclude(const WorkerEnv& env, const HandlesRef& h, WorkerState& w, const TaskPtr& t) {
   t->phase = PrefillTask::Phase::Done;
   PrefillOutcome out;
   std::vector<int32_t> exact_prompt;  // automatic prefix caching: the prompt's exact tokens
@@ -189,7 +189,7 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
     // (every row computed, or loaded as exact blocks); with no chunks the tokens the
     // steps append are exact too, and their blocks are stored when the request ends.
     // Stored after the outcome is sent (below), so the first token does not wait.
-    if (ctx->config.write_back && t->plan->prefix_block > 0 && !t->cancelled->load()) {
+    if (env.config.write_back && t->plan->prefix_block > 0 && !t->cancelled->load()) {
       exact_prompt = t->plan->prompt.concatenated();
       if (!t->plan->prompt.chunks.empty()) exact_prompt.resize(t->plan->prompt.prefix.size());
       else {
@@ -204,14 +204,14 @@ void conclude(RuntimeContext* ctx, const HandlesRef& h, WorkerState& w, const Ta
   t->trace->add_event({"worker", "prefill", -1, t->begin_s, t->trace->now_s(), 0});
   // A loader that has not stopped keeps its own reference to the target.
   const uint64_t id = t->plan->id;
-  if (t->work->finished && ctx->config.write_back && !t->cancelled->load()) {
-    store_provisional_chunks(ctx, *t->plan, w.decodes.at(id)->cache);
-    queue_write_back(ctx, h, w.batcher, *t->plan);
+  if (t->work->finished && env.config.write_back && !t->cancelled->load()) {
+    store_provisional_chunks(env, *t->plan, w.decodes.at(id)->cache);
+    queue_write_back(env, h, w.batcher, *t->plan);
   }
   out.plan = *t->plan;
   caf::anon_send(h->decoder(), start_atom::value, std::move(out));
   if (stored_slot)
-    store_prefix_blocks(ctx, h, w.batcher, std::move(exact_prompt), t->plan->prefix_block,
+    store_prefix_blocks(env, h, w.batcher, std::move(exact_prompt), t->plan->prefix_block,
                         static_cast<int64_t>(t->plan->prefix_block_tier.size()), stored_slot);
   w.prefills.erase(id);
 }
@@ -228,7 +228,7 @@ void take_failure(PrefillTask& t) {
   }
 }
 
-bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
+bool launch(worker_actor::pointer self, const WorkerEnv& env, const HandlesRef& h, const WorkerStatePtr& w,
             PrefillTask& t);
 
 // A stored entry failed mid-load and the request's loaders stopped: the prefill
@@ -237,7 +237,7 @@ bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h
 // read by loaders only, never on the compute thread. A failure that names no part
 // still loaded (it cannot come from a loader, but must not loop) computes every
 // part. Each fallback computes at least one more part, so they end.
-void fall_back(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
+void fall_back(worker_actor::pointer self, const WorkerEnv& env, const HandlesRef& h, const WorkerStatePtr& w,
                PrefillTask& t) {
   auto plan = std::make_shared<RequestPlan>(*t.plan);
   auto compute = [&](size_t part) {
@@ -262,7 +262,7 @@ void fall_back(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef
     for (size_t part = 0; part < plan->parts(); ++part) compute(part);
   // The trace says where each chunk came from in the end.
   auto tier_names = nlohmann::json::array();
-  for (TierId x : plan->chunk_tier) tier_names.push_back(x == kMissTier ? "miss" : ctx->tiers[static_cast<size_t>(x)].name);
+  for (TierId x : plan->chunk_tier) tier_names.push_back(x == kMissTier ? "miss" : env.tiers[static_cast<size_t>(x)].name);
   t.trace->set("chunk_tiers", std::move(tier_names));
   t.failed_parts.clear();
   t.fall_back = false;
@@ -273,14 +273,14 @@ void fall_back(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef
   t.work->restart = true;
   // Its cache (and every follower's) is kept: launch sends the loaders at once.
   t.phase = PrefillTask::Phase::Pages;
-  launch(self, ctx, h, w, t);
+  launch(self, env, h, w, t);
 }
 
 // The worker's decision: prefills waiting for pages get them (oldest first), parked
 // and stopping prefills move on (a delivered layer, a cancel, a failure, a timeout,
 // loaders that stopped), then the oldest ready prefill gets the compute thread — one
 // prefill job at a time, so every step is decided here with what is known then.
-void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w) {
+void schedule(worker_actor::pointer self, const WorkerEnv& env, const HandlesRef& h, const WorkerStatePtr& w) {
   using Phase = PrefillTask::Phase;
   const auto now = std::chrono::steady_clock::now();
   std::vector<TaskPtr> concluded;
@@ -294,9 +294,9 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
     if (t->cancelled->load()) {
       t->work->error = "cancelled before its KV cache was allocated";
     } else if (now >= t->deadline) {
-      t->work->error = "no KV cache pages came free within " + std::to_string(ctx->config.load_timeout) +
+      t->work->error = "no KV cache pages came free within " + std::to_string(env.config.load_timeout) +
                  " s (limits.load_timeout)";
-    } else if (!launch(self, ctx, h, w, *t)) {
+    } else if (!launch(self, env, h, w, *t)) {
       continue;
     }
     if (!t->work->error.empty()) concluded.push_back(t);
@@ -309,7 +309,7 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
         take_failure(*t);
       } else if (now >= t->deadline) {
         t->work->error = "loading the stored KV failed: layer " + std::to_string(t->work->run.next_layer()) +
-                   " did not arrive within " + std::to_string(ctx->config.load_timeout) + " s (limits.load_timeout)";
+                   " did not arrive within " + std::to_string(env.config.load_timeout) + " s (limits.load_timeout)";
         gate.fail(t->work->error);
       } else if (gate.delivered(t->work->run.next_layer())) {
         t->phase = Phase::Ready;
@@ -318,7 +318,7 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
         continue;
       }
       t->phase = Phase::Stopping;
-      t->deadline = now + load_timeout(ctx);
+      t->deadline = now + load_timeout(env);
       t->trace->add_event({"worker", "prefill " + t->work->error, t->work->run.next_layer(), t->begin_s, t->trace->now_s(), 0});
     }
     if (t->phase == Phase::Stopping) {
@@ -329,17 +329,17 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
       if (stopped && t->fall_back && !t->cancelled->load()) {
         t->trace->add_event({"worker", "fallback: " + t->work->error, -1, t->begin_s, t->trace->now_s(), 0});
         t->work->error.clear();
-        fall_back(self, ctx, h, w, *t);
+        fall_back(self, env, h, w, *t);
         continue;
       }
       if (!stopped) t->work->error += " (the loaders did not stop within limits.load_timeout)";
       concluded.push_back(t);
     }
   }
-  for (auto& t : concluded) conclude(ctx, h, *w, t);
+  for (auto& t : concluded) conclude(env, h, *w, t);
 
   // A held decode step goes first when it is due or nothing is ahead of it.
-  if (w->drain_held && !prefill_first(ctx, *w)) submit_drain(self, ctx, h, *w);
+  if (w->drain_held && !prefill_first(env, *w)) submit_drain(self, env, h, *w);
   if (!w->stepping) {
     TaskPtr next;
     for (auto& [id, t] : w->prefills)
@@ -350,7 +350,7 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
       w->stepping = true;
       // The work goes with the job (and comes back in its stepped_atom).
       WorkPtr work = std::move(next->work);
-      const bool queued = ctx->compute->submit([ctx, h, work]() mutable { step_prefill(ctx, h, std::move(work)); });
+      const bool queued = env.compute->submit([env, h, work]() mutable { step_prefill(env, h, std::move(work)); });
       if (queued) {
         work.reset();
       } else {
@@ -360,7 +360,7 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
         next->work->error = "the runtime is shutting down";
         next->target->gate.fail(next->work->error);
         next->phase = Phase::Stopping;
-        next->deadline = now + load_timeout(ctx);
+        next->deadline = now + load_timeout(env);
       }
     }
   }
@@ -371,12 +371,12 @@ void schedule(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef&
       waiting = true;
   if (waiting && !w->tick_pending) {
     w->tick_pending = true;
-    self->delayed_send(self, poll_interval(ctx), tick_atom::value);
+    self->delayed_send(self, poll_interval(env), tick_atom::value);
   }
 }
 
 // A step job ended: the prefill is done, failed, or waits for its next layer.
-void on_stepped(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
+void on_stepped(worker_actor::pointer self, const WorkerEnv& env, const HandlesRef& h, const WorkerStatePtr& w,
                 uint64_t id, WorkPtr work) {
   using Phase = PrefillTask::Phase;
   w->stepping = false;
@@ -387,20 +387,20 @@ void on_stepped(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRe
     t->on_compute = false;
     const auto now = std::chrono::steady_clock::now();
     if (t->work->finished) {
-      conclude(ctx, h, *w, t);
+      conclude(env, h, *w, t);
     } else if (!t->work->error.empty() || t->target->gate.failed() || t->cancelled->load()) {
       take_failure(*t);
       t->target->gate.fail(t->work->error);
       t->phase = Phase::Stopping;
-      t->deadline = now + load_timeout(ctx);
+      t->deadline = now + load_timeout(env);
       t->trace->add_event({"worker", "prefill " + t->work->error, t->work->run.next_layer(), t->begin_s, t->trace->now_s(), 0});
     } else {
       // Its next layer is not there yet: the compute thread goes to other work.
       t->phase = Phase::Parked;
-      t->deadline = t->work->waiting_since + load_timeout(ctx);
+      t->deadline = t->work->waiting_since + load_timeout(env);
     }
   }
-  schedule(self, ctx, h, w);
+  schedule(self, env, h, w);
 }
 
 // A prefill gets its cache from the KV page pool (tensor parallel: every follower's
@@ -408,16 +408,16 @@ void on_stepped(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRe
 // least busy loader of the tier with the load target (the cache, the gate). False
 // while a cache is missing (the task stays in Phase::Pages; asked again at the next
 // look, or when a rank answered).
-bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
+bool launch(worker_actor::pointer self, const WorkerEnv& env, const HandlesRef& h, const WorkerStatePtr& w,
             PrefillTask& t) {
   if (!t.has_cache) {
-    auto cache = ctx->kv_pool->try_make_cache(t.plan->cache_capacity());
+    auto cache = env.kv_pool->try_make_cache(t.plan->cache_capacity());
     if (!cache) return false;
     t.target->cache = std::move(*cache);
     t.has_cache = true;
   }
   using RankOpen = PrefillTask::RankOpen;
-  const int ranks = ctx->tp ? ctx->tp->size() : 1;
+  const int ranks = env.tp ? env.tp->size() : 1;
   t.rank_open.resize(static_cast<size_t>(ranks - 1), RankOpen::No);
   bool all_open = true;
   const bool may_ask = std::chrono::steady_clock::now() >= t.ask_ranks_after;
@@ -433,9 +433,9 @@ bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h
   t.target->ranks = ranks;
   t.phase = PrefillTask::Phase::Ready;
   t.work->waiting_since = std::chrono::steady_clock::now();
-  t.deadline = t.work->waiting_since + load_timeout(ctx);
+  t.deadline = t.work->waiting_since + load_timeout(env);
   std::vector<loader_actor> picked;
-  for (size_t tier = 0; tier < ctx->tiers.size(); ++tier) {
+  for (size_t tier = 0; tier < env.tiers.size(); ++tier) {
     bool used = false;
     for (size_t i = 0; i < t.plan->parts() && !used; ++i) used = t.plan->part_tier(i) == static_cast<TierId>(tier);
     if (!used) continue;
@@ -444,14 +444,14 @@ bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h
       if (l && (!best || w->loads_out[l.id()] < w->loads_out[best.id()])) best = l;
     if (!best) {
       // No loader for a tier the plan uses: its parts never arrive.
-      t.work->error = "no loader for the " + ctx->tiers[tier].name + " tier";
+      t.work->error = "no loader for the " + env.tiers[tier].name + " tier";
       continue;
     }
     picked.push_back(best);
     t.loaders.push_back(best.id());
     ++w->loads_out[best.id()];
   }
-  t.target->gate.reset(ctx->model->config().n_layers, t.loaders, ranks);
+  t.target->gate.reset(env.model->config().n_layers, t.loaders, ranks);
   if (!t.work->error.empty()) t.target->gate.fail(t.work->error);
   for (const auto& l : picked) self->send(l, load_atom::value, *t.plan, t.target);
   return true;
@@ -459,14 +459,14 @@ bool launch(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h
 
 // Takes a plan: launched at once when the pool has its pages, else it waits for them
 // (admission promised them: the caches of requests that ended are going).
-void take_prefill(worker_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, const WorkerStatePtr& w,
+void take_prefill(worker_actor::pointer self, const WorkerEnv& env, const HandlesRef& h, const WorkerStatePtr& w,
                   RequestPlan plan) {
   auto t = std::make_shared<PrefillTask>();
   t->order = ++w->arrivals;
-  t->trace = ctx->traces.find(plan.id);
+  t->trace = env.traces.find(plan.id);
   t->begin_s = t->trace->now_s();
   t->target = std::make_shared<LoadTarget>();
-  t->target->gate.reset(ctx->model->config().n_layers, {});
+  t->target->gate.reset(env.model->config().n_layers, {});
   t->batcher = w->batcher;
   t->plan = std::make_shared<const RequestPlan>(std::move(plan));
   t->work = std::make_shared<PrefillWork>();
@@ -477,17 +477,17 @@ void take_prefill(worker_actor::pointer self, RuntimeContext* ctx, const Handles
   t->work->trace = t->trace;
   t->work->cancelled = t->cancelled;
   t->work->waiting_since = std::chrono::steady_clock::now();
-  t->deadline = t->work->waiting_since + load_timeout(ctx);
+  t->deadline = t->work->waiting_since + load_timeout(env);
   t->phase = PrefillTask::Phase::Pages;
   w->prefills[t->plan->id] = t;
-  if (!launch(self, ctx, h, w, *t))
+  if (!launch(self, env, h, w, *t))
     t->trace->add_event({"worker", "waiting for KV pages", -1, t->begin_s, t->trace->now_s(), 0});
-  schedule(self, ctx, h, w);
+  schedule(self, env, h, w);
 }
 
 }  // namespace
 
-worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h, CountersPtr c) {
+worker_actor::behavior_type layer_worker(worker_actor::pointer self, WorkerEnv env, HandlesRef h, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   auto w = std::make_shared<WorkerState>();
   // The worker's load targets die with it: their loaders stop at their next layer.
@@ -502,19 +502,19 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
   return {
       [=](prefill_atom, RequestPlan& plan) {
         BusyScope busy(*c, self->mailbox().size());
-        take_prefill(self, ctx, h, w, std::move(plan));
+        take_prefill(self, env, h, w, std::move(plan));
       },
       [=](layer_atom, uint64_t id, int32_t layer) {
         BusyScope busy(*c, self->mailbox().size());
         if (auto* t = target_of(id)) t->gate.arrive(layer);
-        schedule(self, ctx, h, w);
+        schedule(self, env, h, w);
       },
       [=](load_end_atom, uint64_t id, uint64_t loader) {
         BusyScope busy(*c, self->mailbox().size());
         auto out = w->loads_out.find(loader);
         if (out != w->loads_out.end() && --out->second <= 0) w->loads_out.erase(out);
         if (auto* t = target_of(id)) t->gate.loader_done(loader);
-        schedule(self, ctx, h, w);
+        schedule(self, env, h, w);
       },
       [=](rank_opened_atom, uint64_t id, int32_t rank, bool ok) {
         BusyScope busy(*c, self->mailbox().size());
@@ -524,13 +524,13 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         // Not yet: that rank's pages of ended requests are still going back; asked
         // again at the next look (poll_interval), not in a loop of messages.
         it->second->rank_open[r] = ok ? PrefillTask::RankOpen::Open : PrefillTask::RankOpen::No;
-        if (!ok) it->second->ask_ranks_after = std::chrono::steady_clock::now() + poll_interval(ctx);
-        schedule(self, ctx, h, w);
+        if (!ok) it->second->ask_ranks_after = std::chrono::steady_clock::now() + poll_interval(env);
+        schedule(self, env, h, w);
       },
       [=](rank_load_end_atom, uint64_t id, uint64_t loader, int32_t rank) {
         BusyScope busy(*c, self->mailbox().size());
         if (auto* t = target_of(id)) t->gate.loader_done(loader, rank);
-        schedule(self, ctx, h, w);
+        schedule(self, env, h, w);
       },
       [=](loader_down_atom, uint64_t loader, const std::string& why) {
         BusyScope busy(*c, self->mailbox().size());
@@ -543,7 +543,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
             t->target->gate.fail(why);
             t->target->gate.loader_gone(loader);
           }
-        schedule(self, ctx, h, w);
+        schedule(self, env, h, w);
       },
       [=](rank_down_atom, int32_t rank, const std::string& why) {
         BusyScope busy(*c, self->mailbox().size());
@@ -558,7 +558,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           t->target->gate.fail(why);
           t->target->gate.rank_gone(rank);
         }
-        schedule(self, ctx, h, w);
+        schedule(self, env, h, w);
       },
       [=](load_fail_atom, uint64_t id, int32_t part, const std::string& why) {
         BusyScope busy(*c, self->mailbox().size());
@@ -567,16 +567,16 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           it->second->failed_parts.push_back(part);
           it->second->target->gate.fail(why, /*recoverable=*/true);
         }
-        schedule(self, ctx, h, w);
+        schedule(self, env, h, w);
       },
       [=](stepped_atom, uint64_t id, PrefillWorkPtr& work) {
         BusyScope busy(*c, self->mailbox().size());
-        on_stepped(self, ctx, h, w, id, std::move(work));
+        on_stepped(self, env, h, w, id, std::move(work));
       },
       [=](tick_atom) {
         BusyScope busy(*c, self->mailbox().size());
         w->tick_pending = false;
-        schedule(self, ctx, h, w);
+        schedule(self, env, h, w);
       },
       [=](cancel_atom, uint64_t id) {
         BusyScope busy(*c, self->mailbox().size());
@@ -587,7 +587,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           it->second->target->gate.fail("cancelled");
         }
         if (auto it = w->decodes.find(id); it != w->decodes.end()) it->second->cancelled = true;
-        schedule(self, ctx, h, w);
+        schedule(self, env, h, w);
       },
       [=](decode_atom, uint64_t id, const DecodeAsk& ask) {
         BusyScope busy(*c, self->mailbox().size());
@@ -600,8 +600,8 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         // join it. Held while prefills go first (prefill_first).
         if (!it->second->exact_tokens.empty()) it->second->exact_tokens.push_back(ask.token);
         if (w->batcher->add(it->second, ask.token, ask.next)) {
-          if (prefill_first(ctx, *w)) w->drain_held = true;
-          else submit_drain(self, ctx, h, *w);
+          if (prefill_first(env, *w)) w->drain_held = true;
+          else submit_drain(self, env, h, *w);
         }
       },
       [=](end_atom, uint64_t id) {
@@ -614,10 +614,10 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
           // first token).
           // The last token asked for may still be stepping (a cancel): its row is left out.
           auto& slot = it->second;
-          if (ctx->config.write_back && ctx->config.prefix_block_tokens > 0 && !slot->exact_tokens.empty()) {
+          if (env.config.write_back && env.config.prefix_block_tokens > 0 && !slot->exact_tokens.empty()) {
             slot->exact_tokens.pop_back();
-            const int64_t B = ctx->config.prefix_block_tokens;
-            store_prefix_blocks(ctx, h, w->batcher, std::move(slot->exact_tokens), B, slot->prompt_tokens / B, slot);
+            const int64_t B = env.config.prefix_block_tokens;
+            store_prefix_blocks(env, h, w->batcher, std::move(slot->exact_tokens), B, slot->prompt_tokens / B, slot);
           }
           w->decodes.erase(it);
         }
@@ -629,22 +629,22 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, RuntimeCont
         // The followers free its caches after every job already sent for it: the End
         // goes out from the compute thread, in order (a job that runs after it sees the
         // flags set above and tells the followers nothing of this request).
-        if (ctx->tp)
-          ctx->compute->submit([ctx, id] { ctx->tp->dispatch(RankJob{RankJob::End, id, {}, false, {}, {}, false}); });
-        schedule(self, ctx, h, w);
+        if (env.tp)
+          env.compute->submit([env, id] { env.tp->dispatch(RankJob{RankJob::End, id, {}, false, {}, {}, false}); });
+        schedule(self, env, h, w);
       },
       [=](document_atom, const std::vector<int32_t>& tokens) -> caf::typed_response_promise<KeyedKv> {
         BusyScope busy(*c, self->mailbox().size());
         auto reply = self->make_response_promise<KeyedKv>();
-        const ChunkKey key = ctx->engine->chunk_key(tokens);
+        const ChunkKey key = env.engine->chunk_key(tokens);
         // Urgent, like a prefill (a caller waits for it), and like a prefill it lets
         // the decoding streams step between its layers instead of freezing them.
         // The answer goes back through this actor (document_done): the promise is
         // delivered in its context, not on the compute thread.
-        const bool queued = ctx->compute->submit([ctx, h, batcher = w->batcher, tokens, key, reply] {
+        const bool queued = env.compute->submit([env, h, batcher = w->batcher, tokens, key, reply] {
           DocumentKv done{reply, KeyedKv{key, nullptr}, ""};
           try {
-            done.kv.kv = compute_alone(ctx, h, batcher, tokens, false);
+            done.kv.kv = compute_alone(env, h, batcher, tokens, false);
           } catch (const std::exception& e) {
             done.error = e.what();
           } catch (...) {

@@ -30,17 +30,17 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-void load_request(loader_actor::pointer self, RuntimeContext* ctx, const HandlesRef& h, TierId tier,
+void load_request(loader_actor::pointer self, const LoaderEnv& env, const HandlesRef& h, TierId tier,
                   const RequestPlan& r, const LoadTargetPtr& target, kernels::Stream& copy_stream) {
   const uint64_t me = self->id();
   // Stored chunks hold every KV head, whatever the tensor-parallel degree; each of
   // the target's ranks gets rank_heads of them (a contiguous run of the layer).
-  const auto& cfg = ctx->model->full_config();
+  const auto& cfg = env.model->full_config();
   const int ranks = std::max(target->ranks, 1);
   const int rank_heads = cfg.n_kv_heads / ranks;
-  const StoredTier& stored = ctx->tiers[static_cast<size_t>(tier)];
+  const StoredTier& stored = env.tiers[static_cast<size_t>(tier)];
   const std::string actor = "loader-" + stored.name;
-  const auto trace = ctx->traces.find(r.id);
+  const auto trace = env.traces.find(r.id);
   // The followers' workers, told when this loader is done with the request: nothing
   // more of it comes to them (they tell the worker, after what they were sent).
   std::vector<rank_worker_actor> followers;
@@ -50,7 +50,7 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
       if (f) self->send(f, rank_load_end_atom::value, r.id, me);
     self->send(h->worker(), load_end_atom::value, r.id, me);
   };
-  const bool promote = ctx->ram && stored.store != ctx->ram.get();
+  const bool promote = env.ram && stored.store != env.ram;
   struct Part {
     int32_t index;  // in the plan's parts
     int64_t offset, length;
@@ -96,7 +96,7 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
       stopped = true;
       break;
     }
-    if (ctx->loader_fault) ctx->loader_fault(stored.name, l);  // tests: a loader that throws here
+    if (env.fault && *env.fault) (*env.fault)(stored.name, l);  // tests: a loader that throws here
     const auto t0 = clock_type::now();
     const double begin = trace->now_s();
     int64_t layer_bytes = 0;
@@ -143,8 +143,8 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
     for (size_t f = 0; f < to_ranks.size(); ++f)
       if (followers[f]) self->send(followers[f], rank_kv_atom::value, std::move(to_ranks[f]));
     // The worker's compute waits for this event before layer l (on the device).
-    auto copied = std::shared_ptr<kernels::Event>(ctx->backend->make_event());
-    ctx->backend->record(*copied, &copy_stream);
+    auto copied = std::shared_ptr<kernels::Event>(env.backend->make_event());
+    env.backend->record(*copied, &copy_stream);
     target->copied.add(l, copied);
     busy += std::chrono::duration<double>(clock_type::now() - t0).count();
     bytes += layer_bytes;
@@ -154,9 +154,9 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   // The copies are done before the loader says so: once it has, the worker may give
   // the cache's pages to another request.
   {
-    const auto drained = ctx->backend->make_event();
-    ctx->backend->record(*drained, &copy_stream);
-    ctx->backend->synchronize(*drained);
+    const auto drained = env.backend->make_event();
+    env.backend->record(*drained, &copy_stream);
+    env.backend->synchronize(*drained);
   }
   // The KV is in the request's cache now: release the pinned RAM entries (an
   // evicted one is freed now, not when the request ends) and the opened files.
@@ -169,20 +169,20 @@ void load_request(loader_actor::pointer self, RuntimeContext* ctx, const Handles
   self->send(h->controller(), profile_atom::value, stored.name, bytes, busy);
   // Promotion: the next request finds these chunks in RAM.
   if (promote)
-    for (auto& p : parts) ctx->ram->put(p.key, std::move(p.staged));
+    for (auto& p : parts) env.ram->put(p.key, std::move(p.staged));
 }
 
 }  // namespace
 
-loader_actor::behavior_type loader(loader_actor::pointer self, RuntimeContext* ctx, HandlesRef h, TierId tier,
+loader_actor::behavior_type loader(loader_actor::pointer self, LoaderEnv env, HandlesRef h, TierId tier,
                                    CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   // This loader's copies into device memory go on its own stream (kernels/device_memory.h).
-  std::shared_ptr<kernels::Stream> copy_stream = ctx->backend->make_stream();
+  std::shared_ptr<kernels::Stream> copy_stream = env.backend->make_stream();
   return {
       [=](load_atom, const RequestPlan& r, const LoadTargetPtr& target) {
         BusyScope busy(*c, self->mailbox().size());
-        load_request(self, ctx, h, tier, r, target, *copy_stream);
+        load_request(self, env, h, tier, r, target, *copy_stream);
       },
   };
 }

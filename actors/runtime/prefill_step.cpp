@@ -11,8 +11,8 @@ namespace {
 
 // Between two layers of a prefill: a due decode step of the other requests, its
 // time counted in the prefill's pauses (and in its wait for the next layer).
-void pause_for_decode(RuntimeContext* ctx, const HandlesRef& h, PrefillWork& t) {
-  const double s = interleave_decode(ctx, h, *t.batcher);
+void pause_for_decode(const WorkerEnv& env, const HandlesRef& h, PrefillWork& t) {
+  const double s = interleave_decode(env, h, *t.batcher);
   if (s > 0) {
     ++t.pauses;
     t.pause_seconds += s;
@@ -25,9 +25,9 @@ std::string cancelled_before(const PrefillWork& t) {
   return "cancelled before layer " + std::to_string(t.run.next_layer());
 }
 
-void step_prefill(RuntimeContext* ctx, const HandlesRef& h, PrefillWorkPtr t) {
+void step_prefill(const WorkerEnv& env, const HandlesRef& h, PrefillWorkPtr t) {
   auto& gate = t->target->gate;
-  TpRanks* tp = ctx->tp.get();
+  TpRanks* tp = env.tp;
   try {
     if (t->cancelled->load()) {
       // Before any rank is told: a request that ended is never begun again on a follower.
@@ -41,7 +41,7 @@ void step_prefill(RuntimeContext* ctx, const HandlesRef& h, PrefillWorkPtr t) {
         t->restart = false;
       }
       if (!t->begun) {
-        t->run = ctx->engine->begin(t->plan->prompt, t->plan->loaded, t->target->cache, t->plan->options, 1,
+        t->run = env.engine->begin(t->plan->prompt, t->plan->loaded, t->target->cache, t->plan->options, 1,
                                     t->trace->submitted());
         t->begun = true;
       }
@@ -69,21 +69,21 @@ void step_prefill(RuntimeContext* ctx, const HandlesRef& h, PrefillWorkPtr t) {
         const int layer = t->run.next_layer();
         // The loaders' copies of this layer (each on its copy stream) come before its
         // compute: the device waits, this thread does not.
-        for (const auto& copied : t->target->copied.take(layer)) ctx->backend->wait(*copied);
-        const double waited = ctx->tf->collective_stats().seconds;
-        ctx->engine->step(t->run, t->waiting_since);
+        for (const auto& copied : t->target->copied.take(layer)) env.backend->wait(*copied);
+        const double waited = env.tf->collective_stats().seconds;
+        env.engine->step(t->run, t->waiting_since);
         t->trace->set("prefill_layer", layer + 1);  // progress, for the live view of requests in flight
         if (tp) {
-          const double wait = ctx->tf->collective_stats().seconds - waited, end = t->trace->now_s();
+          const double wait = env.tf->collective_stats().seconds - waited, end = t->trace->now_s();
           t->collective_seconds += wait;
           t->trace->add_event({"rank-0", "collective wait", layer, end - wait, end, 0});
         }
         // The wait for the next layer starts now; a decode step run here counts in it.
         t->waiting_since = std::chrono::steady_clock::now();
-        pause_for_decode(ctx, h, *t);
+        pause_for_decode(env, h, *t);
       }
       if (last == RankDecision::Finish) {
-        t->result = ctx->engine->finish(std::move(t->run));
+        t->result = env.engine->finish(std::move(t->run));
         t->finished = true;
         if (tp) t->trace->set("rank-0_collective_s", t->collective_seconds);
       }

@@ -59,7 +59,7 @@ std::string cancelled_before(const PrefillWork& t);
 // first job begins it), runs a due decode step between layers, and ends the
 // prefill after its last layer. Stops at a cancel, a failed gate or an undelivered
 // layer; the worker decides what comes next (stepped_atom).
-void step_prefill(RuntimeContext* ctx, const HandlesRef& h, PrefillWorkPtr t);
+void step_prefill(const WorkerEnv& env, const HandlesRef& h, PrefillWorkPtr t);
 
 // A finished prefill's facts in its trace: per-layer waits and computes (from the
 // prefill's own timings), how much of the load was hidden behind compute.

@@ -18,7 +18,7 @@ namespace bs {
 // due decode steps between its layers (a long document must not stall the
 // streams). Tensor parallel: on every rank (rank 0 gets the whole chunk); a
 // failure stops the other ranks too.
-std::shared_ptr<const ChunkKv> compute_alone(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher,
+std::shared_ptr<const ChunkKv> compute_alone(const WorkerEnv& env, const HandlesRef& h, const BatcherPtr& batcher,
                                              const std::vector<int32_t>& tokens, bool prefix);
 
 // Queues the background computes of the parts a prefill had to compute (missed,
@@ -27,7 +27,7 @@ std::shared_ptr<const ChunkKv> compute_alone(RuntimeContext* ctx, const HandlesR
 // request warms the cache for the blend requests after it. Single flight (chunk_flights.h): a chunk whose compute another
 // request queued already joins it; a provisional entry stored meanwhile is no reason
 // to skip (the compute replaces it).
-void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher, const RequestPlan& plan);
+void queue_write_back(const WorkerEnv& env, const HandlesRef& h, const BatcherPtr& batcher, const RequestPlan& plan);
 
 // Reusable at once (chunk_flights.h): each chunk this prefill had to compute, not
 // stored yet, is put in RAM from the request's own cache as a provisional entry
@@ -40,7 +40,7 @@ void queue_write_back(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr
 // and only where the cache is host memory holding every head (not a device cache: a
 // device-to-host copy on this thread; not a tensor-parallel rank's). A memcpy and a rotation of K per layer:
 // SmolLM2, 1,800 tokens of documents, ~40 MB.
-void store_provisional_chunks(RuntimeContext* ctx, const RequestPlan& plan, const KvCache& cache);
+void store_provisional_chunks(const WorkerEnv& env, const RequestPlan& plan, const KvCache& cache);
 
 // Automatic prefix caching: stores the whole `block`-token blocks of `tokens` (the
 // first tokens of a request's cache whose KV equals a full prefill's; every one of
@@ -55,7 +55,7 @@ void store_provisional_chunks(RuntimeContext* ctx, const RequestPlan& plan, cons
 // 0, where a prefix always is) and cut into blocks; a job its bounded queue refuses is
 // counted and not stored. The deepest block is stored first: a tier's LRU then evicts
 // a prompt's later blocks before the earlier ones every later block needs.
-void store_prefix_blocks(RuntimeContext* ctx, const HandlesRef& h, const BatcherPtr& batcher,
+void store_prefix_blocks(const WorkerEnv& env, const HandlesRef& h, const BatcherPtr& batcher,
                          std::vector<int32_t> tokens, int64_t block, int64_t first, const DecodeSlotPtr& slot);
 
 }  // namespace bs

@@ -30,11 +30,11 @@ struct RankWorkerState {
 
 }  // namespace
 
-rank_worker_actor::behavior_type rank_worker(rank_worker_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
+rank_worker_actor::behavior_type rank_worker(rank_worker_actor::pointer self, TpRanks* tp, HandlesRef h,
                                              int rank, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   auto st = std::make_shared<RankWorkerState>();
-  RankFollower& me = ctx->tp->follower(rank);
+  RankFollower& me = tp->follower(rank);
   st->copy_stream = me.backend().make_stream();
   return {
       [=, &me](rank_job_atom, RankJob& job) {
@@ -48,7 +48,7 @@ rank_worker_actor::behavior_type rank_worker(rank_worker_actor::pointer self, Ru
         }
         // Shutting down: the job will not run (rank 0 stopped computing too).
         if (!me.compute().submit([&me, job = std::move(job), target] { me.execute(job, target); }))
-          ctx->tp->job_done(rank);
+          tp->job_done(rank);
       },
       [=, &me](rank_open_atom, uint64_t id, int64_t capacity) {
         BusyScope busy(*c, self->mailbox().size());

@@ -106,18 +106,21 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
     h->update([&](ActorSet& s) { s.*field = x; });
     return caf::actor_cast<caf::actor>(x);
   };
-  if (name == "intake") return put(&ActorSet::intake, sys.spawn<caf::detached>(intake, ctx, h, c));
-  if (name == "controller") return put(&ActorSet::controller, sys.spawn<caf::detached>(controller, ctx, h, c));
-  if (name == "ssd-writer") return put(&ActorSet::ssd_writer, sys.spawn<caf::detached>(writer, ctx, c));
+  if (name == "intake") return put(&ActorSet::intake, sys.spawn<caf::detached>(intake, intake_env(*ctx), h, c));
+  if (name == "controller")
+    return put(&ActorSet::controller, sys.spawn<caf::detached>(controller, controller_env(*ctx), h, c));
+  if (name == "ssd-writer")
+    return put(&ActorSet::ssd_writer, sys.spawn<caf::detached>(writer, ssd_writer_env(*ctx), c));
   if (name == "remote-writer")
-    return put(&ActorSet::remote_writer, sys.spawn<caf::detached>(remote_writer, ctx, c));
-  if (name == "layer-worker") return put(&ActorSet::worker, sys.spawn(layer_worker, ctx, h, c));
-  if (name == "write-back") return put(&ActorSet::write_back, sys.spawn<caf::detached>(write_back, ctx, h, c));
-  if (name == "decoder") return put(&ActorSet::decoder, sys.spawn<caf::detached>(decoder, ctx, h, c));
+    return put(&ActorSet::remote_writer, sys.spawn<caf::detached>(writer, remote_writer_env(*ctx), c));
+  if (name == "layer-worker") return put(&ActorSet::worker, sys.spawn(layer_worker, worker_env(*ctx), h, c));
+  if (name == "write-back")
+    return put(&ActorSet::write_back, sys.spawn<caf::detached>(write_back, write_back_env(*ctx), h, c));
+  if (name == "decoder") return put(&ActorSet::decoder, sys.spawn<caf::detached>(decoder, decoder_env(*ctx), h, c));
   // "rank-worker-<r>": tensor-parallel follower rank r.
   for (int r = 1; ctx->tp && r < ctx->tp->size(); ++r)
     if (name == "rank-worker-" + std::to_string(r)) {
-      auto x = sys.spawn<caf::detached>(rank_worker, ctx, h, r, c);
+      auto x = sys.spawn<caf::detached>(rank_worker, ctx->tp.get(), h, r, c);
       h->update([&](ActorSet& s) {
         s.rank_workers.resize(static_cast<size_t>(ctx->tp->size() - 1));
         s.rank_workers[static_cast<size_t>(r - 1)] = x;
@@ -128,7 +131,7 @@ caf::actor Runtime::Actors::spawn(RuntimeContext* ctx, const std::string& name) 
   for (size_t t = 0; t < ctx->tiers.size(); ++t)
     for (int i = 0; i < ctx->tiers[t].loaders; ++i)
       if (name == loader_name(*ctx, t, i)) {
-        auto x = sys.spawn<caf::detached>(loader, ctx, h, static_cast<TierId>(t), c);
+        auto x = sys.spawn<caf::detached>(loader, loader_env(*ctx), h, static_cast<TierId>(t), c);
         h->update([&](ActorSet& s) {
           s.loaders.resize(ctx->tiers.size());
           s.loaders[t].resize(static_cast<size_t>(ctx->tiers[t].loaders));
@@ -399,7 +402,7 @@ Runtime::Runtime(const RuntimeConfig& config) : ctx_(std::make_unique<RuntimeCon
   if (ctx.ram && ctx.ssd) {
     ctx.ram->set_eviction_listener([c, h](const ChunkKey& key, std::shared_ptr<const ChunkKv> kv) {
       if (!c->ssd->contains(key) && !c->flights.provisional(key))
-        enqueue_write(*c, h->ssd_writer(), KeyedKv{key, std::move(kv)});
+        enqueue_write(ssd_writer_env(*c), h->ssd_writer(), KeyedKv{key, std::move(kv)});
     });
   }
 }

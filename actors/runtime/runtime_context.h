@@ -1,4 +1,4 @@
-// What every actor of one runtime shares: the config, the model and its compute,
+// The parts of one runtime: the config, the model and its compute,
 // the store tiers, the compute thread, the tensor-parallel ranks, two append-only
 // books found by request id (traces, the front end's records), and the locked index
 // of stored chunks that plain requests' pasted passages are looked up in.
@@ -8,8 +8,9 @@
 // is mutable here is statistics and the writers' queue gauges (atomics that actors
 // add to), the supervisor's admission pause and failure, and the test hooks (set
 // before the first request).
-// Owned by Runtime; actors get a pointer that outlives them (the actor system is
-// shut down before the context dies).
+// Owned by Runtime, which alone sees it whole: each actor is given only the parts it
+// uses (actor_env.h), references and pointers into this that outlive the actors (the
+// actor system is shut down before the context dies).
 #pragma once
 
 #include <atomic>
@@ -24,6 +25,7 @@
 #include "actors/runtime/load_target.h"
 #include "actors/runtime/plan.h"
 #include "actors/runtime/request_record.h"
+#include "actors/runtime/stored_tier.h"
 #include "actors/runtime/trace.h"
 #include "actors/config/runtime_config.h"
 #include "actors/runtime/tp_ranks.h"
@@ -36,35 +38,6 @@
 #include "storage/tiered_store.h"
 
 namespace bs {
-
-// Chunk KV on its way to a tier's writer (the SSD's, the remote tier's): bounded by
-// tiers.ssd.write_queue.
-struct WriteQueue {
-  std::atomic<int64_t> bytes{0};       // queued now
-  std::atomic<int64_t> high_water{0};  // the most ever queued at once
-  std::atomic<int64_t> dropped{0};     // entries refused because the queue was full (or its writer died)
-  std::atomic<int64_t> written{0};     // entries the writer handled
-};
-
-// A stored tier: where chunk KV may come from. RuntimeContext::tiers lists them in
-// lookup order (RAM, then SSD, then the remote tier) and a TierId is
-// the index. Everything per tier — the controller's lookup and profile, the
-// loaders, trace and metrics labels, result counters — follows this list, so a
-// tier is added in one place (Runtime's constructor).
-// What the tier's loaders moved since start (monotonic; /metrics, the console).
-struct TierLoadCounters {
-  std::atomic<int64_t> bytes{0};  // K/V bytes loaded into requests' caches
-  std::atomic<int64_t> ns{0};     // loader time spent on them (reading and writing into the caches)
-  std::atomic<int64_t> loads{0};  // requests' loads finished (stopped and failed ones included)
-};
-
-struct StoredTier {
-  std::string name;                 // "ram", "ssd", "remote": profile sources, metrics labels, actor names
-  KvStore* store = nullptr;         // owned by the context
-  double start_bytes_per_s = 1e9;   // the controller's estimate until it measured the tier
-  int loaders = 1;                  // loader actors: this many requests' loads at once
-  std::shared_ptr<TierLoadCounters> load = std::make_shared<TierLoadCounters>();
-};
 
 // Why the runtime no longer serves (a role failed for good); set once, never cleared.
 class RuntimeFailure {

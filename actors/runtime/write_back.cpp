@@ -20,49 +20,49 @@
 
 namespace bs {
 
-write_back_actor::behavior_type write_back(write_back_actor::pointer self, RuntimeContext* ctx, HandlesRef h,
+write_back_actor::behavior_type write_back(write_back_actor::pointer self, WriteBackEnv env, HandlesRef h,
                                            CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   return {
       [=](kv_ready_atom, KeyedKv kk) {
         BusyScope busy(*c, self->mailbox().size());
-        if (ctx->ram) ctx->ram->put(kk.key, kk.kv);
+        if (env.ram) env.ram->put(kk.key, kk.kv);
         // Plain requests that paste this chunk's text find it (a prefix block is only
         // ever the beginning of a prompt: not indexed).
-        if (ctx->pasted && kk.kv && kk.pasted_passage) ctx->pasted->add(kk.kv->tokens);
-        if (ctx->remote && ctx->config.remote.write_back) enqueue_remote_write(*ctx, h->remote_writer(), kk);
-        if (ctx->ssd) enqueue_write(*ctx, h->ssd_writer(), std::move(kk));
+        if (env.pasted && kk.kv && kk.pasted_passage) env.pasted->add(kk.kv->tokens);
+        if (env.remote && env.config.remote.write_back) enqueue_write(env.remote_writes, h->remote_writer(), kk);
+        if (env.ssd) enqueue_write(env.ssd_writes, h->ssd_writer(), std::move(kk));
       },
       [=](doc_write_atom, DocumentWrite w) -> DocumentWritten {
         BusyScope busy(*c, self->mailbox().size());
         DocumentWritten out;
         out.on_storage_node = w.on_storage_node;
         std::shared_ptr<const ChunkKv> kv = std::move(w.kv);
-        if (ctx->remote && ctx->config.remote.write_back && !w.on_storage_node) {
-          if (!kv) kv = ctx->tiered->get(w.key);  // held here only: the node gets this node's copy
+        if (env.remote && env.config.remote.write_back && !w.on_storage_node) {
+          if (!kv) kv = env.tiered->get(w.key);  // held here only: the node gets this node's copy
           // Synchronous (bounded by the remote tier's I/O timeout): the caller learns
           // whether the cluster has the document, unlike write-back's best-effort queue.
-          out.on_storage_node = kv && ctx->remote->put(w.key, kv);
+          out.on_storage_node = kv && env.remote->put(w.key, kv);
         }
-        if (!w.already_stored && kv) ctx->tiered->put(w.key, std::move(kv));
-        for (const auto& t : ctx->tiers)
-          if (t.store != ctx->remote.get() && t.store->contains(w.key)) out.tiers.push_back(t.name);
-        if (ctx->pasted && (!out.tiers.empty() || out.on_storage_node)) ctx->pasted->add(w.tokens);
+        if (!w.already_stored && kv) env.tiered->put(w.key, std::move(kv));
+        for (const auto& t : env.tiers)
+          if (t.store != env.remote && t.store->contains(w.key)) out.tiers.push_back(t.name);
+        if (env.pasted && (!out.tiers.empty() || out.on_storage_node)) env.pasted->add(w.tokens);
         return out;
       },
       [=](doc_erase_atom, ChunkKey key) -> bool {
         BusyScope busy(*c, self->mailbox().size());
-        const bool here = ctx->tiered->erase(key);
-        const bool on_node = ctx->remote && ctx->remote->erase(key);
+        const bool here = env.tiered->erase(key);
+        const bool on_node = env.remote && env.remote->erase(key);
         return here || on_node;
       },
       [=](flush_atom) -> caf::result<bool> {
         BusyScope busy(*c, self->mailbox().size());
         // Each writer handles messages in order: its answer comes after every store
         // sent above. The remote writer's, then the SSD writer's.
-        const writer_actor remote = ctx->remote ? h->remote_writer() : writer_actor{};
+        const writer_actor remote = env.remote ? h->remote_writer() : writer_actor{};
         if (!remote) {
-          if (ctx->ssd) return self->delegate(h->ssd_writer(), flush_atom::value);
+          if (env.ssd) return self->delegate(h->ssd_writer(), flush_atom::value);
           return true;
         }
         auto done = self->make_response_promise<bool>();
@@ -70,7 +70,7 @@ write_back_actor::behavior_type write_back(write_back_actor::pointer self, Runti
         self->request(remote, bound, flush_atom::value)
             .then(
                 [=](bool) mutable {
-                  if (ctx->ssd)
+                  if (env.ssd)
                     done.delegate(h->ssd_writer(), flush_atom::value);
                   else
                     done.deliver(true);

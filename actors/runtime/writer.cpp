@@ -3,8 +3,8 @@
 // prefix blocks), demotions from RAM to the SSD, pushes to the storage node — apart
 // from the tier's loader, so a load never waits behind a write, its fsync or its
 // network transfer. Its queue is bounded in bytes (tiers.ssd.write_queue; the remote
-// writer's queue has the same limit): senders go through enqueue_write() /
-// enqueue_remote_write(), which drop an entry that does not fit (counted; the tier is
+// writer's queue has the same limit): senders go through enqueue_write(), which
+// drops an entry that does not fit (counted; the tier is
 // a cache and the chunk is recomputed on a later miss) instead of letting the mailbox
 // pin unbounded chunk KV while the device is slow. Spawned detached: its writes block
 // its own thread (the remote store's calls are bounded by its I/O timeout).
@@ -15,13 +15,12 @@
 
 namespace bs {
 
-namespace {
-
-bool enqueue(WriteQueue& q, int64_t limit, const writer_actor& writer, KeyedKv kk) {
+bool enqueue_write(const WriterEnv& w, const writer_actor& writer, KeyedKv kk) {
   if (!writer || !kk.kv) return false;
+  WriteQueue& q = *w.queue;
   const auto bytes = static_cast<int64_t>(kk.kv->bytes());
   // Reserve first, so two senders racing for the last room cannot both get it.
-  if (q.bytes.fetch_add(bytes) + bytes > limit) {
+  if (q.bytes.fetch_add(bytes) + bytes > w.queue_limit) {
     q.bytes.fetch_sub(bytes);
     q.dropped.fetch_add(1);
     return false;
@@ -34,43 +33,24 @@ bool enqueue(WriteQueue& q, int64_t limit, const writer_actor& writer, KeyedKv k
   return true;
 }
 
-writer_actor::behavior_type tier_writer(writer_actor::pointer self, RuntimeContext* ctx, KvStore* store,
-                                        WriteQueue* queue, CountersPtr c) {
+writer_actor::behavior_type writer(writer_actor::pointer self, WriterEnv env, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   return {
       [=](store_atom, KeyedKv kk) {
         BusyScope busy(*c, self->mailbox().size());
         const auto bytes = kk.kv ? static_cast<int64_t>(kk.kv->bytes()) : int64_t{0};
-        if (ctx->writer_fault) ctx->writer_fault();  // tests: a slow or failing device
+        if (env.fault && *env.fault) (*env.fault)();  // tests: a slow or failing device
         // An I/O failure (a full disk, a storage node away) is a later miss; the
         // entry is not kept.
-        if (store && kk.kv && !store->contains(kk.key)) store->put(kk.key, kk.kv);
-        queue->bytes.fetch_sub(bytes);
-        queue->written.fetch_add(1);
+        if (env.store && kk.kv && !env.store->contains(kk.key)) env.store->put(kk.key, kk.kv);
+        env.queue->bytes.fetch_sub(bytes);
+        env.queue->written.fetch_add(1);
       },
       [=](flush_atom) -> bool {  // FIFO: every earlier store is done
         BusyScope busy(*c, self->mailbox().size());
         return true;
       },
   };
-}
-
-}  // namespace
-
-bool enqueue_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk) {
-  return enqueue(ctx.ssd_write_queue, ctx.config.ssd.write_queue_bytes, writer, std::move(kk));
-}
-
-bool enqueue_remote_write(RuntimeContext& ctx, const writer_actor& writer, KeyedKv kk) {
-  return enqueue(ctx.remote_write_queue, ctx.config.ssd.write_queue_bytes, writer, std::move(kk));
-}
-
-writer_actor::behavior_type writer(writer_actor::pointer self, RuntimeContext* ctx, CountersPtr c) {
-  return tier_writer(self, ctx, ctx->ssd.get(), &ctx->ssd_write_queue, std::move(c));
-}
-
-writer_actor::behavior_type remote_writer(writer_actor::pointer self, RuntimeContext* ctx, CountersPtr c) {
-  return tier_writer(self, ctx, ctx->remote.get(), &ctx->remote_write_queue, std::move(c));
 }
 
 }  // namespace bs
