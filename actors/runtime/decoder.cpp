@@ -15,13 +15,13 @@
 namespace bs {
 namespace {
 
-using Self = decoder_actor::stateful_pointer<DecoderState>;
+using DecoderSelf = decoder_actor::stateful_pointer<DecoderState>;
 
 // Ends request `id` (error empty: as its decode session says, or cancelled: by the
 // record, which the intake marks, or `cancelled_here`, what the decoder itself saw: the
 // caller stopped reading, the request never ran or its step was not computed).
 // `d` is its decoding state, null for a request that never ran.
-void finish(Self self, const DecoderEnv& env, const HandlesRef& h, const RecordPtr& rec, Decoding* d,
+void finish(DecoderSelf self, const DecoderEnv& env, const HandlesRef& h, const RecordPtr& rec, Decoding* d,
             const std::string& error, bool cancelled_here = false) {
   const uint64_t id = rec->id;
   if (rec->finished.exchange(true)) {  // the runtime failed it already
@@ -111,7 +111,7 @@ void finish(Self self, const DecoderEnv& env, const HandlesRef& h, const RecordP
 // streams the text, and asks the worker for the next step, with the draw for the one
 // after, unless the request ends here. One draw per token either way, so a seeded
 // request gets the same tokens on every backend.
-void step(Self self, const DecoderEnv& env, const HandlesRef& h, const RecordPtr& rec, Decoding& d,
+void step(DecoderSelf self, const DecoderEnv& env, const HandlesRef& h, const RecordPtr& rec, Decoding& d,
           const std::vector<float>& logits, int32_t picked, bool first) {
   // A step the worker did not compute (it was cancelled there, or shutting down).
   if (rec->cancelled.load() || (logits.empty() && picked < 0)) return finish(self, env, h, rec, &d, "", true);
@@ -138,7 +138,7 @@ void step(Self self, const DecoderEnv& env, const HandlesRef& h, const RecordPtr
 
 }  // namespace
 
-decoder_actor::behavior_type decoder(Self self, DecoderEnv env, HandlesRef h, CountersPtr c) {
+decoder_actor::behavior_type decoder(DecoderSelf self, DecoderEnv env, HandlesRef h, CountersPtr c) {
   self->set_exception_handler(exit_on_exception(c->name));
   return {
       [=](start_atom, PrefillOutcome& out) {

@@ -173,10 +173,10 @@ void prepare(const IntakeEnv& env, const RequestRecord& rec, RequestPlan& r) {
 
 namespace {
 
-using Self = intake_actor::stateful_pointer<IntakeState>;
+using IntakeSelf = intake_actor::stateful_pointer<IntakeState>;
 
 // What the ledger says, published for readers (Runtime::in_flight, metrics).
-void publish(Self self, const IntakeEnv& env) {
+void publish(IntakeSelf self, const IntakeEnv& env) {
   env.in_flight.store(static_cast<int>(self->state.admitted.size()));
 }
 
@@ -186,7 +186,7 @@ void publish(Self self, const IntakeEnv& env) {
 constexpr std::chrono::seconds kExpiryGrace{10};
 
 // True while a restart's admission pause lasts; then a resume message is on its way.
-bool paused(Self self, const IntakeEnv& env) {
+bool paused(IntakeSelf self, const IntakeEnv& env) {
   const auto until = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(env.admit_after_ns.load()));
   const auto now = std::chrono::steady_clock::now();
   if (now >= until) return false;
@@ -199,7 +199,7 @@ bool paused(Self self, const IntakeEnv& env) {
 
 // Takes a slot and the request's KV pages if both are free (only this actor takes
 // them, so what it sees free stays free until it takes it) and admission is not paused.
-bool admit(Self self, const IntakeEnv& env, const RequestPlan& plan) {
+bool admit(IntakeSelf self, const IntakeEnv& env, const RequestPlan& plan) {
   return !paused(self, env) && static_cast<int>(self->state.admitted.size()) < env.config.max_requests &&
          env.kv_pool->try_reserve(env.kv_pool->pages_for(plan.cache_capacity()));
 }
@@ -214,7 +214,7 @@ std::string deadline_error(const IntakeEnv& env) {
 // Starts an admitted request: it holds its slot and pages (in this actor's ledger)
 // and goes to the controller. Its record says it is admitted: whoever ends it sends
 // the release, once (it clears `admitted` first).
-void start(Self self, const IntakeEnv& env, const HandlesRef& h, RequestPlan plan) {
+void start(IntakeSelf self, const IntakeEnv& env, const HandlesRef& h, RequestPlan plan) {
   const int64_t pages = env.kv_pool->pages_for(plan.cache_capacity());
   if (auto rec = env.requests.find(plan.id)) {
     self->state.admitted[plan.id] = pages;
@@ -230,7 +230,7 @@ void start(Self self, const IntakeEnv& env, const HandlesRef& h, RequestPlan pla
 // The ledger rebuilt from the requests' records (a restarted intake: its
 // predecessor's ledger died with it): every record still admitted holds its slot
 // and pages; nothing else does.
-void rebuild_ledger(Self self, const IntakeEnv& env) {
+void rebuild_ledger(IntakeSelf self, const IntakeEnv& env) {
   auto& admitted = self->state.admitted;
   admitted.clear();
   int64_t pages = 0;
@@ -246,7 +246,7 @@ void rebuild_ledger(Self self, const IntakeEnv& env) {
 
 // A request that leaves the queue without running: the decoder finishes it (as
 // cancelled), which calls on_done and records its trace.
-void finish_unstarted(Self self, const HandlesRef& h, uint64_t id) {
+void finish_unstarted(IntakeSelf self, const HandlesRef& h, uint64_t id) {
   self->send(h->decoder(), finish_atom::value, id);
 }
 
@@ -258,7 +258,7 @@ void end_wait(const IntakeEnv& env, uint64_t id, std::chrono::steady_clock::time
 
 // A queued request leaves the queue and the decoder finishes it (a cancel, an
 // expiry); false when it is not queued.
-bool leave_queue(Self self, const IntakeEnv& env, const HandlesRef& h, uint64_t id) {
+bool leave_queue(IntakeSelf self, const IntakeEnv& env, const HandlesRef& h, uint64_t id) {
   auto& queue = self->state.queue;
   for (auto it = queue.begin(); it != queue.end(); ++it)
     if (it->id == id) {
@@ -277,7 +277,7 @@ bool cancelled(const IntakeEnv& env, uint64_t id) {
 }
 
 // Starts queued requests while the oldest fits (or drops it: cancelled, shutting down).
-void admit_queued(Self self, const IntakeEnv& env, const HandlesRef& h) {
+void admit_queued(IntakeSelf self, const IntakeEnv& env, const HandlesRef& h) {
   auto& queue = self->state.queue;
   while (!queue.empty()) {
     const bool drop = cancelled(env, queue.front().id) || env.shutting_down.load();

@@ -48,6 +48,7 @@
 #include "storage/remote_store.h"
 #include "storage/storage_server.h"
 #include "tools/cli/progress.h"
+#include "tools/bench/json_line.h"
 
 namespace bs::tools {
 
@@ -58,7 +59,7 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // The nearest-rank percentile (q in [0, 1]) of `v`; 0 for an empty one.
-double percentile(std::vector<double> v, double q) {
+double nearest_rank_percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   q = std::clamp(q, 0.0, 1.0);
@@ -78,13 +79,6 @@ int64_t tokens_for_bytes(int64_t bytes, int layers, int kv_heads, int head_dim) 
 constexpr const char* kSelf = "bench-control";  // who the proofs say asks (a frontend's name)
 constexpr const char* kNode = "storage";
 
-void print(const json& j) {
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
-}
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 // ------------------------------------------------------------ the storage node
 
 std::string random_secret() {
@@ -92,23 +86,6 @@ std::string random_secret() {
   std::string s;
   for (int i = 0; i < 32; ++i) s += "0123456789abcdef"[rd() % 16];
   return s;
-}
-
-int free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    const std::string err = std::strerror(errno);
-    ::close(fd);
-    throw std::runtime_error("cannot find a free loopback port: " + err);
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 // `blendserve --config F --node storage` as a child of this process (its output in
@@ -154,13 +131,6 @@ class NodeProcess {
   std::string log_;
   pid_t pid_ = 0;
 };
-
-std::string self_dir() {
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) throw std::runtime_error("cannot resolve /proc/self/exe: " + ec.message());
-  return exe.parent_path().string();
-}
 
 // A cluster config whose storage node serves on `control_port` / `data_port` (the
 // frontend and worker entries are required by the format; they are never started).
@@ -337,8 +307,8 @@ json stats_json(const PhaseStats& s) {
           {"counted", s.rtt_ms.size()},
           {"failed", s.failed},
           {"timed_out", s.timed_out},
-          {"p50_ms", percentile(s.rtt_ms, 0.5)},
-          {"p99_ms", percentile(s.rtt_ms, 0.99)},
+          {"p50_ms", nearest_rank_percentile(s.rtt_ms, 0.5)},
+          {"p99_ms", nearest_rank_percentile(s.rtt_ms, 0.99)},
           {"max_ms", s.rtt_ms.empty() ? 0.0 : *std::max_element(s.rtt_ms.begin(), s.rtt_ms.end())},
           {"mean_ms", mean}};
 }
@@ -374,7 +344,7 @@ void print_samples(const ProbeRun& run, const char* phase, int rep, const std::v
         j["transfer_offset_s"] = p.start_s - t.start_s;
         j["transfer_s"] = t.end_s - t.start_s;
       }
-    print(j);
+    print_json_line(j);
   }
 }
 
@@ -540,18 +510,18 @@ int bench_control(const ControlBenchOptions& opt) {
           j["transfers"] = transfers.size();
           j["transfers_failed"] = failed;
           j["transfer_bytes"] = transfer_bytes;
-          j["transfer_s_p50"] = percentile(durations, 0.5);
+          j["transfer_s_p50"] = nearest_rank_percentile(durations, 0.5);
           j["bytes_per_s"] = seconds > 0 ? static_cast<double>(bytes) / seconds : 0.0;
         }
         if (opt.print_samples) print_samples(run, loaded ? "loaded" : "idle", rep, transfers);
-        print(j);
+        print_json_line(j);
         progress.tick();
         if (run.dropped) break;
       }
     }
   }  // the actor system goes before the node
 
-  const double idle_p50 = percentile(idle_all.rtt_ms, 0.5);
+  const double idle_p50 = nearest_rank_percentile(idle_all.rtt_ms, 0.5);
   const json idle = stats_json(idle_all), loaded = stats_json(loaded_all);
   const double delay_p99 = loaded["p99_ms"].get<double>() - idle_p50;
   const double delay_max = loaded["max_ms"].get<double>() - idle_p50;
@@ -583,7 +553,7 @@ int bench_control(const ControlBenchOptions& opt) {
                   {"delay_max_ms", loaded_all.rtt_ms.empty() || idle_all.rtt_ms.empty() ? json() : json(delay_max)},
                   {"transfers", transfer_s.size()},
                   {"transfers_failed", transfers_failed},
-                  {"transfer_s_p50", percentile(transfer_s, 0.5)},
+                  {"transfer_s_p50", nearest_rank_percentile(transfer_s, 0.5)},
                   {"bytes_per_s", loaded_transfer_seconds > 0 ? static_cast<double>(loaded_bytes) / loaded_transfer_seconds : 0.0},
                   {"control_failed", failed},
                   {"control_timed_out", timed_out},
@@ -593,7 +563,7 @@ int bench_control(const ControlBenchOptions& opt) {
                   {"within_target_max", clean && delay_max <= target_ms}};
   if (!first_error.empty()) summary["first_error"] = first_error;
   if (stop_requested()) summary["interrupted"] = true;  // the phases ended early
-  print(summary);
+  print_json_line(summary);
   if (local) {
     const auto st = local->server.stats();
     std::fprintf(stderr, "bench control: node served %lld layers, %.1f MB\n", static_cast<long long>(st.layers_served),

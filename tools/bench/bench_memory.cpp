@@ -26,6 +26,7 @@
 #include "model/random_model.h"
 #include "model/transformer.h"
 #include "tools/bench/bench.h"
+#include "tools/cli/progress.h"
 
 namespace bs::tools {
 namespace {
@@ -37,10 +38,6 @@ int64_t status_bytes(const std::string& field) {
   while (std::getline(in, line))
     if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
   throw std::runtime_error("/proc/self/status has no " + field);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace

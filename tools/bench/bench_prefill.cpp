@@ -18,14 +18,12 @@
 #include "model/llama_model.h"
 #include "model/transformer.h"
 #include "tools/bench/bench.h"
+#include "tools/cli/progress.h"
 
 namespace bs::tools {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
 
 nlohmann::json breakdown(const kernels::ProfilingBackend& prof, double total) {
   nlohmann::json b = nlohmann::json::object();

@@ -19,6 +19,7 @@
 #include "storage/tls.h"
 #include "tools/bench/bench.h"
 #include "tools/cli/progress.h"
+#include "tools/bench/json_line.h"
 
 namespace bs::tools {
 
@@ -27,10 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-void print(const nlohmann::json& j) {
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
-}
 
 }  // namespace
 
@@ -141,13 +138,13 @@ int bench_remote(const RemoteBenchOptions& opt) {
         }
         const double gbps = bytes_per_pass / s / 1e9;
         best = std::max(best, gbps);
-        print({{"bench", "remote"}, {"transport", transport}, {"order", opt.order}, {"layers_in_flight", lif},
+        print_json_line({{"bench", "remote"}, {"transport", transport}, {"order", opt.order}, {"layers_in_flight", lif},
                {"repeat", rep}, {"chunks", opt.chunks}, {"tokens", opt.tokens}, {"layers", opt.layers},
                {"kv_dtype", opt.kv_dtype}, {"bytes", bytes_per_pass}, {"seconds", s}, {"gb_per_s", gbps}, {"ok", ok}});
         progress.tick();
       }
       best_of[transport][lif] = best;
-      print({{"bench", "remote_summary"}, {"transport", transport}, {"order", opt.order}, {"layers_in_flight", lif},
+      print_json_line({{"bench", "remote_summary"}, {"transport", transport}, {"order", opt.order}, {"layers_in_flight", lif},
              {"best_gb_per_s", best}, {"repeats", opt.repeats}, {"bytes", bytes_per_pass}});
     }
     const auto st = server.stats();
@@ -158,7 +155,7 @@ int bench_remote(const RemoteBenchOptions& opt) {
   if (best_of.count("plain") && best_of.count("tls"))
     for (const int lif : opt.layers_in_flight)
       if (best_of["plain"][lif] > 0)
-        print({{"bench", "remote_tls_cost"}, {"layers_in_flight", lif}, {"plain_gb_per_s", best_of["plain"][lif]},
+        print_json_line({{"bench", "remote_tls_cost"}, {"layers_in_flight", lif}, {"plain_gb_per_s", best_of["plain"][lif]},
                {"tls_gb_per_s", best_of["tls"][lif]}, {"tls_over_plain", best_of["tls"][lif] / best_of["plain"][lif]}});
   return failed ? 1 : 0;
 }

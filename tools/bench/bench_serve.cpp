@@ -41,6 +41,7 @@
 #include "tools/bench/serve_client.h"
 #include "tools/bench/serve_workload.h"
 #include "tools/bench/spawned_server.h"
+#include "tools/cli/progress.h"
 
 namespace bs::tools {
 
@@ -49,8 +50,6 @@ namespace {
 using namespace serve;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // ------------------------------------------------------------ statistics
 

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "tools/bench/bench_serve.h"
+#include "tools/cli/progress.h"
 
 namespace bs::tools {
 
@@ -57,10 +58,6 @@ void SseParser::line(std::string_view l) {
 namespace bs::tools::serve {
 
 using json = nlohmann::json;
-
-namespace {
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-}  // namespace
 
 json Violations::to_json() const {
   std::lock_guard<std::mutex> lock(mu_);

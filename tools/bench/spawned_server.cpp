@@ -18,38 +18,14 @@
 #include "tools/bench/serve_client.h"
 #include "tools/cli/child_process.h"
 #include "tools/cli/interrupt.h"
+#include "tools/cli/progress.h"
+#include "tools/cli/tcp_probe.h"
 
 namespace bs::tools::serve {
 namespace {
 
 namespace fs = std::filesystem;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-std::string self_dir() {
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) throw std::runtime_error("cannot resolve /proc/self/exe: " + ec.message());
-  return exe.parent_path().string();
-}
-
-int free_loopback_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    const std::string err = std::strerror(errno);
-    close(fd);
-    throw std::runtime_error("cannot find a free loopback port: " + err);
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 }  // namespace
 

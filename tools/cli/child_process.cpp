@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <thread>
 
@@ -77,6 +78,13 @@ int stop_child_saying(pid_t pid, double timeout_s, const std::string& who) {
   const int status = stop_child(pid, timeout_s, &killed);
   if (killed) std::fprintf(stderr, "%s did not exit %g s after SIGTERM; killed it\n", who.c_str(), timeout_s);
   return status;
+}
+
+std::string self_dir() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw std::runtime_error("cannot resolve /proc/self/exe: " + ec.message());
+  return exe.parent_path().string();
 }
 
 }  // namespace bs::tools

@@ -35,4 +35,8 @@ int stop_child(pid_t pid, double timeout_s, bool* killed = nullptr);
 // it" when it had to be killed.
 int stop_child_saying(pid_t pid, double timeout_s, const std::string& who);
 
+// The directory of this executable (/proc/self/exe), where the tools find the
+// blendserve binary built beside them. std::runtime_error if it cannot be read.
+std::string self_dir();
+
 }  // namespace bs::tools

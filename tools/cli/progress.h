@@ -1,4 +1,5 @@
-// Progress of a long-running command on stderr: "label: done/total, elapsed, ETA".
+// Progress of a long-running command on stderr: "label: done/total, elapsed, ETA", and
+// the seconds since a start that commands and benchmarks time their steps with.
 // Results go to stdout as JSON lines; this never touches stdout.
 #pragma once
 
@@ -7,6 +8,11 @@
 #include <string>
 
 namespace bs::tools {
+
+// Seconds of the steady clock since t0.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 class Progress {
  public:

@@ -1,8 +1,11 @@
 #include "tools/cli/tcp_probe.h"
 
 #include <cerrno>
+#include <stdexcept>
+#include <cstring>
 
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -31,6 +34,23 @@ bool tcp_accepts(const std::string& host, int port, double timeout_s) {
   }
   ::freeaddrinfo(res);
   return ok;
+}
+
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const std::string err = std::strerror(errno);
+    ::close(fd);
+    throw std::runtime_error("cannot find a free loopback port: " + err);
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
 
 }  // namespace bs::tools

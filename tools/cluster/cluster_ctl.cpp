@@ -33,6 +33,7 @@
 #include "http/cluster_tls.h"
 #include "storage/tls.h"
 #include "tools/cli/process_report.h"
+#include "tools/cli/progress.h"
 #include "tools/cli/tcp_probe.h"
 
 namespace bs::tools {
@@ -42,7 +43,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 // The config as members are started with it (and as their command lines show it).

@@ -21,6 +21,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "actors/config/runtime_config.h"
+#include "tools/cli/child_process.h"
 
 namespace bs::tools {
 namespace {
@@ -316,12 +317,6 @@ std::string sh(const std::string& s) {
   std::string out = "'";
   for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
   return out + "'";
-}
-
-std::string self_dir() {
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : self.parent_path().string();
 }
 
 // Runs argv, its stdout returned; throws with its exit status.
