@@ -281,9 +281,11 @@ class BlendEngine {
 
   ChunkKey chunk_key(std::span<const int32_t> tokens) const;
   ChunkKey prefix_key(std::span<const int32_t> tokens) const;
-  // The keys of the whole `block`-token blocks of `tokens` (make_prefix_block_key,
-  // chained from the first), at most max_blocks of them.
-  std::vector<ChunkKey> prefix_block_keys(std::span<const int32_t> tokens, int64_t block, int64_t max_blocks) const;
+  // The keys of the blocks of tokens [0, end) (make_prefix_block_key, chained from the
+  // first): the whole `block`-token blocks, then, where end is not a multiple of
+  // block, the partial block of the last end % block tokens (the same prompt again
+  // finds every token before its last stored). end <= tokens.size().
+  std::vector<ChunkKey> prefix_block_keys(std::span<const int32_t> tokens, int64_t block, int64_t end) const;
 
  private:
   // KV of `tokens` computed behind `before` (positions 0..p-1, dropped): rows p.. of

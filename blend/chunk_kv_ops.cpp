@@ -41,13 +41,14 @@ ChunkKey BlendEngine::prefix_key(std::span<const int32_t> tokens) const {
   return make_chunk_key(tf_.model().fingerprint(), KvKind::Prefix, tokens);
 }
 std::vector<ChunkKey> BlendEngine::prefix_block_keys(std::span<const int32_t> tokens, int64_t block,
-                                                     int64_t max_blocks) const {
+                                                     int64_t end) const {
   std::vector<ChunkKey> keys;
   if (block <= 0) return keys;
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()) / block, max_blocks);
+  end = std::clamp<int64_t>(end, 0, static_cast<int64_t>(tokens.size()));
   ChunkKey previous{};
-  for (int64_t j = 0; j < n; ++j) {
-    previous = make_prefix_block_key(tf_.model().fingerprint(), previous, tokens.subspan(j * block, block));
+  for (int64_t at = 0; at < end; at += block) {
+    const int64_t m = std::min(block, end - at);
+    previous = make_prefix_block_key(tf_.model().fingerprint(), previous, tokens.subspan(at, m));
     keys.push_back(previous);
   }
   return keys;

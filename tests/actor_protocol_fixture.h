@@ -328,7 +328,8 @@ struct fixture : context_base, test_coordinator_fixture<test_config> {
     r.ratio_requested = ratio.has_value();
     r.sampling = rec->request.sampling;
     r.prefix_block = ctx->config.prefix_block_tokens;
-    r.prefix_block_keys = ctx->engine->prefix_block_keys(r.prompt.prefix, r.prefix_block, 1000);
+    r.prefix_end = static_cast<int64_t>(r.prompt.prefix.size());
+    r.prefix_block_keys = ctx->engine->prefix_block_keys(r.prompt.prefix, r.prefix_block, r.prefix_end);
     for (const auto& c : r.prompt.chunks) r.chunk_keys.push_back(ctx->engine->chunk_key(c));
     r.chunk_tier.assign(r.prompt.chunks.size(), kMissTier);
     r.loaded.chunk_loaded.assign(r.prompt.chunks.size(), 0);

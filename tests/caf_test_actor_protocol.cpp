@@ -37,6 +37,7 @@ CAF_TEST(a_plan_and_an_outcome_survive_serialization_and_are_registered_by_name)
   auto r = intake_output({kDocs[0], kDocs[1]}, 0.3f, BlendMode::Blend);
   r.chunk_tier = {kRam, kMissTier};
   r.prefix_block = 16;
+  r.prefix_end = 27;  // a whole block and a partial one of 11 tokens
   r.prefix_block_keys = {ChunkKey{1, 2}, ChunkKey{3, 4}};
   r.prefix_block_tier = {kSsd, kRam};
   r.loaded.prefix_cached = 32;
@@ -61,6 +62,9 @@ CAF_TEST(a_plan_and_an_outcome_survive_serialization_and_are_registered_by_name)
   CAF_CHECK_EQUAL(p.prompt.chunks, r.prompt.chunks);
   CAF_CHECK_EQUAL(p.prompt.suffix, r.prompt.suffix);
   CAF_CHECK_EQUAL(p.prefix_block, 16);
+  CAF_CHECK_EQUAL(p.prefix_end, 27);
+  CAF_CHECK_EQUAL(p.block_length(1), 11);
+  CAF_CHECK_EQUAL(p.blocks_tokens(2), 27);
   CAF_CHECK(p.prefix_block_keys == r.prefix_block_keys);
   CAF_CHECK(p.chunk_keys == r.chunk_keys);
   CAF_CHECK(p.options.mode == BlendMode::Blend);

@@ -37,12 +37,13 @@ CAF_TEST(intake_answers_the_id_and_hands_the_prepared_plan_to_the_controller) {
   CAF_CHECK(!(r.chunk_keys[0] == r.chunk_keys[1]));
   CAF_CHECK(!r.prompt.prefix.empty());
   CAF_CHECK(!r.prompt.suffix.empty());
-  // The prefix's whole blocks (before the first chunk), chained keys.
-  CAF_CHECK_EQUAL(r.prefix_block, ctx->config.prefix_block_tokens);
-  CAF_CHECK_EQUAL(static_cast<int64_t>(r.prefix_block_keys.size()),
-                  static_cast<int64_t>(r.prompt.prefix.size()) / ctx->config.prefix_block_tokens);
-  CAF_CHECK(r.prefix_block_keys ==
-            ctx->engine->prefix_block_keys(r.prompt.prefix, r.prefix_block, 1000));
+  // The prefix's blocks (before the first chunk: whole blocks, then a partial one),
+  // chained keys.
+  const int64_t P = static_cast<int64_t>(r.prompt.prefix.size()), B = ctx->config.prefix_block_tokens;
+  CAF_CHECK_EQUAL(r.prefix_block, B);
+  CAF_CHECK_EQUAL(r.prefix_end, P);
+  CAF_CHECK_EQUAL(static_cast<int64_t>(r.prefix_block_keys.size()), (P + B - 1) / B);
+  CAF_CHECK(r.prefix_block_keys == ctx->engine->prefix_block_keys(r.prompt.prefix, r.prefix_block, P));
   // Options from the config; sampling completed with the template's stops.
   CAF_CHECK(r.options.mode == ctx->config.blend.mode);
   CAF_CHECK_EQUAL(r.options.ratio, ctx->config.blend.ratio);

@@ -158,7 +158,7 @@ class OpenAIClient(unittest.TestCase):
 
     def test_prefix_caching(self):
         """Automatic prefix caching (blend.prefix_block_tokens, 16): an identical request
-        loads all of its prompt but the last block's rest and answers the same; turn 3 of
+        loads all of its prompt but its last token and answers the same; turn 3 of
         a conversation loads at least 90% of turn 2's prompt (turn 2's prompt and the
         answer generated for it)."""
         notes = "\n".join("Note %d: the archive lists item %d under shelf %d, row %d." % (i, 7 * i, i % 9, i % 4)
@@ -203,7 +203,7 @@ class OpenAIClient(unittest.TestCase):
             for question in ["Name a colour.", "Say hello."]:
                 first = ask(warm, question)
                 deadline = time.time() + 60  # the blocks are stored after the first token
-                blocks = (first.usage.prompt_tokens - 1) // 16 * 16  # all but the last token's block
+                blocks = first.usage.prompt_tokens - 1  # all but the last token (the last block partial)
                 time.sleep(1)  # then they are mostly there: the first request's rows, not a retry's
                 again = ask(warm, question)
                 while again.usage.prompt_tokens_details.cached_tokens < blocks and time.time() < deadline:

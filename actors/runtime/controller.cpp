@@ -89,12 +89,12 @@ controller_actor::behavior_type controller(controller_actor::stateful_pointer<Co
           const auto all = r.prompt.concatenated();
           for (size_t j = 0; j < r.prefix_block_keys.size(); ++j) {
             const auto block = std::span<const int32_t>(all).subspan(j * static_cast<size_t>(r.prefix_block),
-                                                                     static_cast<size_t>(r.prefix_block));
+                                                                     static_cast<size_t>(r.block_length(j)));
             const TierId t = locate(r.prefix_block_keys[j], block);
             if (t == kMissTier) break;
             r.prefix_block_tier.push_back(t);
           }
-          const int64_t hit = static_cast<int64_t>(r.prefix_block_tier.size()) * r.prefix_block;
+          const int64_t hit = r.blocks_tokens(r.prefix_block_tier.size());
           // Without chunks the blocks may reach past the template's prefix (an earlier
           // turn's question, the same request again): the cut moves to cover them; the
           // prompt's tokens are unchanged.

@@ -101,11 +101,12 @@ void prepare(const IntakeEnv& env, const RequestRecord& rec, RequestPlan& r) {
     if (m.chunks_found > 0 && env.config.prefix_block_tokens > 0) {
       RagPrompt plain = assemble_rag_prompt(model.tokenizer(), model.chat_template(), q.messages, {}, q.tools);
       const int64_t B = env.config.prefix_block_tokens;
-      const auto keys = env.engine->prefix_block_keys(plain.concatenated(), B, (plain.size() - 1) / B);
+      const int64_t end = plain.size() - 1;
+      const auto keys = env.engine->prefix_block_keys(plain.concatenated(), B, end);
       int64_t hit = 0;
       while (hit < static_cast<int64_t>(keys.size()) && env.tiered->contains(keys[static_cast<size_t>(hit)])) ++hit;
       const double ratio = q.ratio ? *q.ratio : env.config.blend.ratio;
-      if (static_cast<double>(hit * B) >= (1.0 - ratio) * static_cast<double>(m.chunk_tokens)) {
+      if (static_cast<double>(std::min(hit * B, end)) >= (1.0 - ratio) * static_cast<double>(m.chunk_tokens)) {
         r.prompt = std::move(plain);
         m = PastedMatch{};
         rec.trace->set("pasted_chunks_over_prefix", true);
@@ -162,9 +163,8 @@ void prepare(const IntakeEnv& env, const RequestRecord& rec, RequestPlan& r) {
             std::to_string(pool.total_pages()) + " (device.kv_cache_bytes)");
   // The blocks that may come stored: before the first chunk, or before the last token.
   r.prefix_block = env.config.prefix_block_tokens;
-  const int64_t reusable = r.prompt.chunks.empty() ? n - 1 : static_cast<int64_t>(r.prompt.prefix.size());
-  r.prefix_block_keys = env.engine->prefix_block_keys(r.prompt.concatenated(), r.prefix_block,
-                                                      r.prefix_block > 0 ? reusable / r.prefix_block : 0);
+  r.prefix_end = r.prefix_block > 0 ? (r.prompt.chunks.empty() ? n - 1 : static_cast<int64_t>(r.prompt.prefix.size())) : 0;
+  r.prefix_block_keys = env.engine->prefix_block_keys(r.prompt.concatenated(), r.prefix_block, r.prefix_end);
   r.chunk_keys.clear();
   for (const auto& chunk : r.prompt.chunks) r.chunk_keys.push_back(env.engine->chunk_key(chunk));
 }

@@ -212,7 +212,9 @@ void conclude(const WorkerEnv& env, const HandlesRef& h, WorkerState& w, const T
   caf::anon_send(h->decoder(), start_atom::value, std::move(out));
   if (stored_slot)
     store_prefix_blocks(env, h, w.batcher, std::move(exact_prompt), t->plan->prefix_block,
-                        static_cast<int64_t>(t->plan->prefix_block_tier.size()), stored_slot);
+                        std::min<int64_t>(static_cast<int64_t>(t->plan->prefix_block_tier.size()),
+                                          t->plan->prefix_end / t->plan->prefix_block),
+                        t->plan->prefix_end, stored_slot);
   w.prefills.erase(id);
 }
 
@@ -245,7 +247,7 @@ void fall_back(worker_actor::pointer self, const WorkerEnv& env, const HandlesRe
       // The blocks from this one on are computed (a block is used only behind the ones
       // before it).
       plan->prefix_block_tier.resize(plan->block_of(part));
-      plan->loaded.prefix_cached = static_cast<int64_t>(plan->prefix_block_tier.size()) * plan->prefix_block;
+      plan->loaded.prefix_cached = plan->blocks_tokens(plan->prefix_block_tier.size());
     } else {
       plan->chunk_tier[part] = kMissTier;
       plan->loaded.chunk_loaded[part] = 0;
@@ -617,7 +619,7 @@ worker_actor::behavior_type layer_worker(worker_actor::pointer self, WorkerEnv e
           if (env.config.write_back && env.config.prefix_block_tokens > 0 && !slot->exact_tokens.empty()) {
             slot->exact_tokens.pop_back();
             const int64_t B = env.config.prefix_block_tokens;
-            store_prefix_blocks(env, h, w->batcher, std::move(slot->exact_tokens), B, slot->prompt_tokens / B, slot);
+            store_prefix_blocks(env, h, w->batcher, std::move(slot->exact_tokens), B, slot->prompt_tokens / B, 0, slot);
           }
           w->decodes.erase(it);
         }

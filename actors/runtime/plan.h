@@ -11,6 +11,7 @@
 // goes into its inspect overload in the same change.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -33,12 +34,15 @@ struct RequestPlan {
   // -- the intake: what to compute
   RagPrompt prompt;
   std::vector<ChunkKey> chunk_keys;  // one per prompt chunk
-  // Automatic prefix caching: the prompt's first tokens in blocks of prefix_block
-  // (blend.prefix_block_tokens; 0: off), the keys of the blocks that may come stored
-  // (make_prefix_block_key: each chains every token before it) — the whole blocks
-  // before the first chunk, or, with no chunks, before the last prompt token (which is
-  // always computed: its logits are the first token's).
+  // Automatic prefix caching: the prompt's first prefix_end tokens in blocks of
+  // prefix_block (blend.prefix_block_tokens; 0: off), the keys of the blocks that may
+  // come stored (make_prefix_block_key: each chains every token before it). prefix_end:
+  // the first chunk's offset, or, with no chunks, the last prompt token's (which is
+  // always computed: its logits are the first token's). Whole blocks, then a partial
+  // last block of prefix_end % prefix_block tokens, which only the same tokens before
+  // the same cut find again (the same request again, a retry, a regenerate).
   int64_t prefix_block = 0;
+  int64_t prefix_end = 0;
   std::vector<ChunkKey> prefix_block_keys;
   // Passages learnt on first sight (blend.learn_passage_tokens): the chunk tokens of the
   // pasted message's paragraphs that were not found stored; the worker computes each
@@ -69,10 +73,18 @@ struct RequestPlan {
   size_t parts() const { return prompt.chunks.size() + prefix_block_tier.size(); }
   bool is_prefix_block(size_t part) const { return part >= prompt.chunks.size(); }
   size_t block_of(size_t part) const { return part - prompt.chunks.size(); }
+  // Prefix block j's tokens: prefix_block, or fewer for a partial last block.
+  int64_t block_length(size_t j) const {
+    return std::min(prefix_block, prefix_end - static_cast<int64_t>(j) * prefix_block);
+  }
+  // The tokens of prefix blocks 0..n-1.
+  int64_t blocks_tokens(size_t n) const {
+    return n == 0 ? 0 : static_cast<int64_t>(n - 1) * prefix_block + block_length(n - 1);
+  }
   std::span<const int32_t> part_tokens(size_t part) const {
     if (!is_prefix_block(part)) return prompt.chunks[part];
     return std::span<const int32_t>(prompt.prefix).subspan(block_of(part) * static_cast<size_t>(prefix_block),
-                                                           static_cast<size_t>(prefix_block));
+                                                           static_cast<size_t>(block_length(block_of(part))));
   }
   const ChunkKey& part_key(size_t part) const {
     return is_prefix_block(part) ? prefix_block_keys[block_of(part)] : chunk_keys[part];
@@ -144,7 +156,7 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RequestPlan& x) {
-  return f(x.id, x.prompt, x.chunk_keys, x.prefix_block, x.prefix_block_keys, x.learn, x.store_missed_chunks, x.pasted, x.options,
+  return f(x.id, x.prompt, x.chunk_keys, x.prefix_block, x.prefix_end, x.prefix_block_keys, x.learn, x.store_missed_chunks, x.pasted, x.options,
            x.ratio_requested, x.sampling, x.chunk_tier, x.prefix_block_tier, x.loaded, x.decision);
 }
 

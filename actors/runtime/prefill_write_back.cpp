@@ -1,5 +1,6 @@
 #include "actors/runtime/prefill_write_back.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <span>
@@ -78,26 +79,39 @@ void store_provisional_chunks(const WorkerEnv& env, const RequestPlan& plan, con
 }
 
 void store_prefix_blocks(const WorkerEnv& env, const HandlesRef& h, const BatcherPtr& batcher,
-                         std::vector<int32_t> tokens, int64_t block, int64_t first, const DecodeSlotPtr& slot) {
+                         std::vector<int32_t> tokens, int64_t block, int64_t first, int64_t tail_end,
+                         const DecodeSlotPtr& slot) {
   const int64_t B = block;
   if (B <= 0) return;
-  const int64_t end = static_cast<int64_t>(tokens.size()) / B;
-  if (end <= first) return;
-  tokens.resize(static_cast<size_t>(end * B));
-  const auto keys = env.engine->prefix_block_keys(tokens, B, end);
-  std::vector<int64_t> missing;
-  for (int64_t j = end - 1; j >= first; --j)
-    if (!env.tiered->contains(keys[static_cast<size_t>(j)])) missing.push_back(j);
+  const int64_t end = static_cast<int64_t>(tokens.size()) / B;  // whole blocks
+  tail_end = std::clamp<int64_t>(tail_end, 0, static_cast<int64_t>(tokens.size()));
+  const bool tail = tail_end % B != 0;
+  tokens.resize(static_cast<size_t>(std::max(end * B, tail_end)));
+  // Each block to store: its key, first row and rows; the deepest first.
+  struct Block {
+    ChunkKey key;
+    int64_t from, rows;
+  };
+  std::vector<Block> missing;
+  if (tail) {
+    const auto keys = env.engine->prefix_block_keys(tokens, B, tail_end);
+    if (!env.tiered->contains(keys.back())) missing.push_back({keys.back(), tail_end / B * B, tail_end % B});
+  }
+  if (end > first) {
+    const auto keys = env.engine->prefix_block_keys(tokens, B, end * B);
+    for (int64_t j = end - 1; j >= first; --j)
+      if (!env.tiered->contains(keys[static_cast<size_t>(j)])) missing.push_back({keys[static_cast<size_t>(j)], j * B, B});
+  }
   if (missing.empty()) return;
   auto send = [h](const ChunkKey& key, std::shared_ptr<ChunkKv> kv) {
     caf::anon_send(h->write_back(), kv_ready_atom::value, KeyedKv{key, std::move(kv), false});
   };
   if (env.tp) {
     const bool queued = env.compute->submit(
-        [env, h, batcher, tokens = std::move(tokens), keys, missing, B, send] {
+        [env, h, batcher, tokens = std::move(tokens), missing, send] {
           try {
             const auto whole = compute_alone(env, h, batcher, tokens, true);
-            for (int64_t j : missing) send(keys[static_cast<size_t>(j)], slice_rows(*whole, j * B, B));
+            for (const auto& b : missing) send(b.key, slice_rows(*whole, b.from, b.rows));
           } catch (const std::exception& e) {
             // A cache: the blocks are stored by the next prompt that begins with them.
             std::fprintf(stderr, "blendserve: computing a prompt's prefix blocks failed: %s\n", e.what());
@@ -111,21 +125,22 @@ void store_prefix_blocks(const WorkerEnv& env, const HandlesRef& h, const Batche
   // cache's rows cross to the host synchronously, which does not belong on the worker's
   // (CAF scheduler) thread: there they are copied by a background job on the compute
   // thread, which the slot keeps the cache alive for.
-  auto copy = [env, tokens = std::move(tokens), keys, missing, B, send](const KvCache& cache) {
+  auto copy = [env, tokens = std::move(tokens), missing, send](const KvCache& cache) {
     const auto& cfg = env.model->full_config();
-    for (int64_t j : missing) {
+    for (const auto& b : missing) {
+      const int64_t m = b.rows;
       auto kv = std::make_shared<ChunkKv>();
-      kv->tokens.assign(tokens.begin() + j * B, tokens.begin() + (j + 1) * B);
+      kv->tokens.assign(tokens.begin() + b.from, tokens.begin() + b.from + m);
       kv->n_layers = cfg.n_layers;
       kv->kv_heads = cfg.n_kv_heads;
       kv->head_dim = cfg.head_dim;
       kv->dtype = cache.dtype();
       kv->allocate();
-      const int64_t head_bytes = B * cfg.head_dim * kv->elem_bytes();
+      const int64_t head_bytes = m * cfg.head_dim * kv->elem_bytes();
       for (int l = 0; l < cfg.n_layers; ++l)
         for (int kh = 0; kh < cfg.n_kv_heads; ++kh)
-          cache.read_rows_raw(l, kh, j * B, B, kv->k_layer(l) + kh * head_bytes, kv->v_layer(l) + kh * head_bytes);
-      send(keys[static_cast<size_t>(j)], std::move(kv));
+          cache.read_rows_raw(l, kh, b.from, m, kv->k_layer(l) + kh * head_bytes, kv->v_layer(l) + kh * head_bytes);
+      send(b.key, std::move(kv));
     }
   };
   if (env.backend->host_accessible()) return copy(slot->cache);

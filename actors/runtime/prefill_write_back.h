@@ -46,7 +46,9 @@ void store_provisional_chunks(const WorkerEnv& env, const RequestPlan& plan, con
 // first tokens of a request's cache whose KV equals a full prefill's; every one of
 // them written there by a step that has ended) from block `first` on that are not
 // stored yet, each an entry of its own under its chained key (plan.h), so the next
-// prompt that begins with them loads them. The rows are copied from the request's own
+// prompt that begins with them loads them; and, where `tail_end` (the prompt's
+// RequestPlan::prefix_end; 0: none) is not a multiple of block, the partial block of
+// tokens [tail_end - tail_end % block, tail_end), which the same prompt again finds. The rows are copied from the request's own
 // cache here, on the worker's thread, before anything else is decided: a memcpy per
 // head and layer (SmolLM2, 16 tokens: 0.4 MB), and the next request's plan finds them
 // (a device cache: copied by a background job, below).
@@ -56,6 +58,7 @@ void store_provisional_chunks(const WorkerEnv& env, const RequestPlan& plan, con
 // counted and not stored. The deepest block is stored first: a tier's LRU then evicts
 // a prompt's later blocks before the earlier ones every later block needs.
 void store_prefix_blocks(const WorkerEnv& env, const HandlesRef& h, const BatcherPtr& batcher,
-                         std::vector<int32_t> tokens, int64_t block, int64_t first, const DecodeSlotPtr& slot);
+                         std::vector<int32_t> tokens, int64_t block, int64_t first, int64_t tail_end,
+                         const DecodeSlotPtr& slot);
 
 }  // namespace bs
