@@ -9,7 +9,9 @@ drives each with the official OpenAI client, streaming, greedy:
              tokens); each turn's time to first token (TTFT) on the server that ran
              the turns before, and, for blendserve, on a cold server (a fresh one per
              turn, the same messages: what no reuse costs)
-  identical  one request, then the same request again: the second's TTFT
+  identical  one request, then the same request again --identical-repeats times: the
+             median of those TTFTs (one sample scatters by as much as the two engines
+             differ: ~10 ms on 2 vCPUs)
   pasted     six retrieved passages (MuSiQue-like, from tests/data/rag_qa_small.jsonl)
              pasted into a plain message, then, --learn-wait seconds later (blendserve
              learns pasted passages in the background), the same passages reversed
@@ -19,10 +21,14 @@ Progress on stderr, one JSON object per measurement on stdout:
   {"engine":"blendserve","workload":"chat","turn":4,"prompt_tokens":...,"cached_tokens":...,"ttft_s":...}
   {"engine":"blendserve","workload":"chat","turn":4,"cold":true,"ttft_s":...}
   {"ratio":"blendserve/llama-server","workload":"chat","turn":4,"value":...}
-Medians of --repeats runs (each run on fresh servers).
+Medians of --repeats runs (each run on fresh servers, the engines one after the other).
+--workloads picks some of them; --server given twice compares two blendserve binaries
+in the same runs (an A/B of a change: each is named by its path).
 
     .venv-test/bin/python tools/bench/bench_prefix_cache.py --server build/blendserve \
         [--llama-server build-llamacpp/build/bin/llama-server] [--model models/X.gguf]
+    .venv-test/bin/python tools/bench/bench_prefix_cache.py --server A/blendserve --server B/blendserve \
+        --llama-server build-llamacpp/build/bin/llama-server --workloads identical --identical-repeats 20
 """
 import argparse
 import json
@@ -141,33 +147,38 @@ def cached_of(usage):
     return getattr(d, "cached_tokens", None) if d else None
 
 
-def run_engine(name, start, turns, max_tokens, cold, learn_wait):
-    """One run of both workloads on fresh servers: {(workload, turn): row}."""
+def run_engine(name, start, turns, max_tokens, cold, learn_wait, identical_repeats, workloads):
+    """One run of the workloads on fresh servers: {(workload, turn): row}."""
     rows = {}
     server = start()
     try:
         model = model_id(server.base)
         conversation = [notes_prompt()]
-        for t in range(turns):
+        for t in range(turns if "chat" in workloads else 0):
             conversation.append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
             ttft, text, usage = ask(server.base, model, conversation, max_tokens)
             rows[("chat", t + 1)] = {"ttft_s": ttft, "prompt_tokens": usage.prompt_tokens if usage else None,
                                      "cached_tokens": cached_of(usage)}
             conversation.append({"role": "assistant", "content": text})
         one = [notes_prompt(), {"role": "user", "content": QUESTIONS[-1]}]
-        ask(server.base, model, one, max_tokens)
-        ttft, _, usage = ask(server.base, model, one, max_tokens)
-        rows[("identical", 2)] = {"ttft_s": ttft, "prompt_tokens": usage.prompt_tokens if usage else None,
-                                  "cached_tokens": cached_of(usage)}
-        docs, q1, q2 = pasted_cases()
-        ask(server.base, model, pasted_message(docs, q1), max_tokens)
-        time.sleep(learn_wait)
-        ttft, _, usage = ask(server.base, model, pasted_message(list(reversed(docs)), q2), max_tokens)
-        rows[("pasted", 2)] = {"ttft_s": ttft, "prompt_tokens": usage.prompt_tokens if usage else None,
-                               "cached_tokens": cached_of(usage)}
+        if "identical" in workloads:
+            ask(server.base, model, one, max_tokens)
+            again = [ask(server.base, model, one, max_tokens) for _ in range(identical_repeats)]
+            usage = again[-1][2]
+            rows[("identical", 2)] = {"ttft_s": statistics.median(a[0] for a in again),
+                                      "ttft_each_s": [round(a[0], 4) for a in again],
+                                      "prompt_tokens": usage.prompt_tokens if usage else None,
+                                      "cached_tokens": cached_of(usage)}
+        if "pasted" in workloads:
+            docs, q1, q2 = pasted_cases()
+            ask(server.base, model, pasted_message(docs, q1), max_tokens)
+            time.sleep(learn_wait)
+            ttft, _, usage = ask(server.base, model, pasted_message(list(reversed(docs)), q2), max_tokens)
+            rows[("pasted", 2)] = {"ttft_s": ttft, "prompt_tokens": usage.prompt_tokens if usage else None,
+                                   "cached_tokens": cached_of(usage)}
     finally:
         server.stop()
-    if cold:
+    if cold and "chat" in workloads:
         # The same turns on a fresh server each: nothing to reuse (what they cost cold).
         conversation = [notes_prompt()]
         for t in range(turns):
@@ -186,7 +197,8 @@ def run_engine(name, start, turns, max_tokens, cold, learn_wait):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", required=True, help="the blendserve binary")
+    ap.add_argument("--server", required=True, action="append",
+                    help="the blendserve binary (twice: an A/B of two binaries, named by their paths)")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (optional)")
     ap.add_argument("--model", help="GGUF (default: blendserve's embedded default, SmolLM2)")
     ap.add_argument("--turns", type=int, default=4)
@@ -194,19 +206,26 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--block-tokens", type=int, help="blendserve's blend.prefix_block_tokens (default: its own)")
+    ap.add_argument("--identical-repeats", type=int, default=10,
+                    help="times the identical request is sent again (default 10; the median is reported)")
+    ap.add_argument("--workloads", nargs="+", choices=["chat", "identical", "pasted"],
+                    default=["chat", "identical", "pasted"])
     ap.add_argument("--learn-wait", type=float, default=2.0,
                     help="seconds between the pasted workload's two requests (default 2)")
     args = ap.parse_args()
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     model = args.model or os.path.join(root, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    engines = [("blendserve", lambda: BlendServe(args.server, args.model, args.block_tokens), True)]
+    names = ["blendserve"] if len(args.server) == 1 else args.server
+    engines = [(name, lambda b=binary: BlendServe(b, args.model, args.block_tokens), True)
+               for name, binary in zip(names, args.server)]
     if args.llama_server:
         engines.append(("llama-server", lambda: LlamaServer(args.llama_server, model, args.threads), False))
     results = {}
     for rep in range(args.repeats):
         for name, start, cold in engines:
             log("run %d/%d: %s" % (rep + 1, args.repeats, name))
-            for key, row in run_engine(name, start, args.turns, args.max_tokens, cold, args.learn_wait).items():
+            for key, row in run_engine(name, start, args.turns, args.max_tokens, cold, args.learn_wait,
+                                       args.identical_repeats, args.workloads).items():
                 results.setdefault((name,) + key, []).append(row)
     medians = {}
     for (name, workload, turn), rows in sorted(results.items()):
@@ -217,22 +236,25 @@ def main():
         for k in ("prompt_tokens", "cached_tokens"):
             if rows[0].get(k) is not None:
                 out[k] = rows[-1][k]
+        if "ttft_each_s" in rows[0]:
+            out["ttft_each_s"] = [r["ttft_each_s"] for r in rows]
         out["repeats"] = len(rows)
         medians[(name, workload, turn)] = out["ttft_s"]
         print(json.dumps(out), flush=True)
     for (name, workload, turn), v in sorted(medians.items()):
-        if name != "blendserve":
+        if name not in names:
             continue
         if ("llama-server", workload, turn) in medians:
-            print(json.dumps({"ratio": "blendserve/llama-server", "workload": workload, "turn": turn,
+            print(json.dumps({"ratio": name + "/llama-server", "workload": workload, "turn": turn,
                               "value": v / medians[("llama-server", workload, turn)]}), flush=True)
-        if workload == "chat" and ("blendserve", "chat-cold", turn) in medians:
-            print(json.dumps({"ratio": "warm/cold", "engine": "blendserve", "workload": "chat", "turn": turn,
-                              "value": v / medians[("blendserve", "chat-cold", turn)]}), flush=True)
+        if workload == "chat" and (name, "chat-cold", turn) in medians:
+            print(json.dumps({"ratio": "warm/cold", "engine": name, "workload": "chat", "turn": turn,
+                              "value": v / medians[(name, "chat-cold", turn)]}), flush=True)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
                platform.processor())
     print(json.dumps({"cpu": cpu, "threads": args.threads, "model": os.path.basename(model),
-                      "block_tokens": args.block_tokens, "learn_wait_s": args.learn_wait}), flush=True)
+                      "block_tokens": args.block_tokens, "learn_wait_s": args.learn_wait,
+                      "identical_repeats": args.identical_repeats}), flush=True)
 
 
 if __name__ == "__main__":
