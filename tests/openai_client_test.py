@@ -184,10 +184,10 @@ class OpenAIClient(unittest.TestCase):
 
     def test_batch_invariant_prefix_caching_answers_as_a_cold_server(self):
         """model.batch_invariant: a request with all but its last token loaded from the
-        prefix cache answers a cold server's greedy tokens, also in a near-tie ("Say
-        hello." computed after a 16-token hit, then with 32 stored, answers "Hello there,
-        welcome..." with the default products on an AVX2 EPYC, where a cold server
-        answers "Hello! I'm here..."). Two more servers: one reusing, one reusing
+        prefix cache answers a cold server's greedy tokens, also in a near-tie (with the
+        default products on an AVX2 EPYC, "Say hello." computed after a 16-token hit,
+        then with 32 tokens stored, answered "Hello there, welcome..." where a cold
+        server answers "Hello! I'm here..."). Two more servers: one reusing, one reusing
         nothing."""
         config = "model:\n  batch_invariant: true\nblend:\n  prefix_block_tokens: %d\n"
         warm = ServeProcess(SERVER_BINARY, config % 16, prefix="bs_openai_inv_")
@@ -199,7 +199,8 @@ class OpenAIClient(unittest.TestCase):
                 return c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
                                                  max_tokens=40, temperature=0)
             # "Name a colour." first: it stores the chat template's first block, so "Say
-            # hello." is computed after a 16-token hit, then loaded with 32 stored.
+            # hello." is computed after a 16-token hit, then loaded with all but its last
+            # token stored.
             for question in ["Name a colour.", "Say hello."]:
                 first = ask(warm, question)
                 deadline = time.time() + 60  # the blocks are stored after the first token

@@ -48,10 +48,11 @@ void store_provisional_chunks(const WorkerEnv& env, const RequestPlan& plan, con
 // stored yet, each an entry of its own under its chained key (plan.h), so the next
 // prompt that begins with them loads them; and, where `tail_end` (the prompt's
 // RequestPlan::prefix_end; 0: none) is not a multiple of block, the partial block of
-// tokens [tail_end - tail_end % block, tail_end), which the same prompt again finds. The rows are copied from the request's own
-// cache here, on the worker's thread, before anything else is decided: a memcpy per
-// head and layer (SmolLM2, 16 tokens: 0.4 MB), and the next request's plan finds them
-// (a device cache: copied by a background job, below).
+// tokens [tail_end - tail_end % block, tail_end), which the same prompt again finds.
+// The rows are copied from the request's own cache here, on the worker's thread,
+// before anything else is decided: a memcpy per head and layer (SmolLM2, 16 tokens:
+// 0.4 MB), and the next request's plan finds them (a device cache: copied by a
+// background job, below).
 // Tensor parallel, where rank 0's cache holds only its KV heads: the tokens are
 // computed alone on every rank in the compute thread's background (exact at position
 // 0, where a prefix always is) and cut into blocks; a job its bounded queue refuses is
